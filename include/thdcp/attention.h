@@ -1,0 +1,53 @@
+// Attention over a segment table on the CPU: the reference backend.
+//
+// Storage is bf16, fp16 (raw 16-bit storage, exact conversions) or fp32; arithmetic is fp32
+// (or fp64 for tests). The CUDA backend has the same signature in namespace thdcp::cuda.
+#pragma once
+
+#include <cstdint>
+
+#include "thdcp/segment_table.h"
+#include "thdcp/tensor.h"
+
+namespace thdcp {
+
+enum class Accumulate {
+  kFloat32,  // as the GPU kernels do
+  kFloat64,  // for tests that need a tighter reference
+};
+
+struct AttentionOptions {
+  float softmax_scale = 0.0f;  // scale of q.k; 0 means 1/sqrt(head_dim)
+  Accumulate accumulate = Accumulate::kFloat32;
+  int num_threads = 0;  // CPU worker threads; 0 means all hardware threads
+};
+
+// Head dims the CPU backend supports: multiples of 8 in [8, 256].
+bool cpu_supports_head_dim(int64_t head_dim);
+
+namespace cpu {
+
+// Forward attention over `table` (mask = table.mask).
+//   q         [table.q_rows, Hq, D]        storage dtype
+//   k, v      [table.k_rows, Hkv, D]       same dtype as q; Hq a multiple of Hkv (GQA/MQA)
+//   out       [table.q_rows, Hq, D]        same dtype as q; every row is written, rows that
+//                                          are padding or see no key get 0
+//   lse       Hq * table.q_rows floats, [Hq, q_rows]: natural log of the softmax denominator
+//             of the scaled scores; -inf for rows that are padding or see no key
+//   max_logit Hq floats or nullptr: max over allowed pairs of the scaled score; -inf if none
+// Throws thdcp::Error, before writing anything, when shapes, dtypes or the table are wrong.
+void attention_forward(const SegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
+                       ThdTensor out, float* lse, float* max_logit, const AttentionOptions& options = {});
+
+// Backward attention over `table`, from the forward's out and lse.
+//   dout      [q_rows, Hq, D]  same dtype as q
+//   dq        [q_rows, Hq, D]  q's dtype or fp32
+//   dk, dv    [k_rows, Hkv, D] k's dtype or fp32 (fp32 lets CP sum partial gradients
+//                              across ranks before the one rounding to storage)
+// Every row is written; rows no query saw get exactly 0.
+void attention_backward(const SegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
+                        ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
+                        ThdTensor dv, const AttentionOptions& options = {});
+
+}  // namespace cpu
+}  // namespace thdcp

@@ -1,0 +1,43 @@
+// Value comparisons with tolerances derived from the storage dtype (STYLE.md, Tests).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "thdcp/attention.h"
+#include "thdcp/dtype.h"
+
+namespace thdcp {
+
+// |actual - reference| <= rtol * |reference| + atol_scale * max|reference|
+struct Tolerance {
+  double rtol = 0.0;
+  double atol_scale = 0.0;
+};
+
+// Tolerance between two results that each went through `roundings` roundings to the
+// storage dtype (1: a result against an unrounded fp64 reference; 2: two rounded results)
+// after arithmetic in `accumulate` precision:
+//   rtol       = roundings * u(storage), u = unit roundoff (2^-8 bf16, 2^-11 fp16, 2^-24 fp32)
+//   atol_scale = 2^-24 * 128 for fp32 arithmetic: sums of up to ~16K terms in a different
+//                order drift by about sqrt(n) * u_fp32 relative to the largest value;
+//                2^-52 * 128 for fp64 arithmetic, plus the fp32 lse carried between passes.
+Tolerance derive_tolerance(DType storage, Accumulate accumulate, int roundings);
+
+struct Comparison {
+  int64_t count = 0;
+  int64_t mismatches = 0;     // elements outside the tolerance (NaN always counts)
+  double max_abs_error = 0;   // over elements where both are finite or both the same inf
+  double max_rel_error = 0;   // max_abs_error / max|reference|
+  double reference_max = 0;   // max|reference| over finite elements
+  int64_t worst_index = -1;   // first element with the largest excess over tolerance
+  bool passed() const { return mismatches == 0; }
+  std::string summary() const;
+};
+
+// Compares n elements of `actual` (dtype a) against `reference` (dtype r). Infinities
+// compare equal only to the same infinity (lse = -inf rows); NaN never passes.
+Comparison compare_values(const void* actual, DType actual_dtype, const void* reference, DType reference_dtype,
+                          int64_t n, const Tolerance& tolerance);
+
+}  // namespace thdcp

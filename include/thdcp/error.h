@@ -1,0 +1,36 @@
+// thdcp::Error and the check macros used at every API edge.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace thdcp {
+
+// The one exception type of the library. Its message names the argument, the value
+// and what the caller should change; the library never calls exit().
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+namespace detail {
+[[noreturn]] void throw_error(const char* file, int line, const std::string& message);
+}  // namespace detail
+
+}  // namespace thdcp
+
+// THDCP_CHECK(cond, stream-expression): throws thdcp::Error with the streamed message
+// and the location when cond is false.
+//   THDCP_CHECK(cp >= 1, "cp=" << cp << " must be >= 1");
+#define THDCP_CHECK(cond, message)                                     \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      std::ostringstream thdcp_check_stream_;                          \
+      thdcp_check_stream_ << message;                                  \
+      ::thdcp::detail::throw_error(__FILE__, __LINE__,                 \
+                                   thdcp_check_stream_.str());         \
+    }                                                                  \
+  } while (0)
+
+#define THDCP_FAIL(message) THDCP_CHECK(false, message)

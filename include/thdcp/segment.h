@@ -1,0 +1,86 @@
+// One entry of a segment table (DESIGN.md section 4) and the formulas that fill it.
+//
+// A segment is a block of query rows of one sequence attending to a block of key rows of
+// the same sequence. The attention kernels (CPU and CUDA) only ever see segments, so the
+// single-device and the context-parallel calls are the same launch with different tables.
+#pragma once
+
+#include <cstdint>
+
+#include "thdcp/dual_chunk.h"
+#include "thdcp/host_device.h"
+#include "thdcp/mask.h"
+
+namespace thdcp {
+
+struct Segment {
+  int32_t q_row;   // first query row of the block in the Q/O tensors
+  int32_t q_len;   // valid query rows
+  int32_t q_pos;   // position within its sequence of the first query row
+  int32_t q_span;  // rows the block occupies in memory (>= q_len); the rest is padding,
+                   // written as 0
+  int32_t k_row;   // first key row in the K/V tensors
+  int32_t k_len;   // key rows the queries may reach
+  int32_t k_pos;   // position within its sequence of the first key row
+  int32_t reserved = 0;
+};
+
+// Single device: the whole sequence attends to itself.
+THDCP_HD Segment single_device_segment(int64_t padded_start, int64_t padded_len, int64_t length) {
+  Segment s;
+  s.q_row = static_cast<int32_t>(padded_start);
+  s.q_len = static_cast<int32_t>(length);
+  s.q_pos = 0;
+  s.q_span = static_cast<int32_t>(padded_len);
+  s.k_row = static_cast<int32_t>(padded_start);
+  s.k_len = static_cast<int32_t>(length);
+  s.k_pos = 0;
+  s.reserved = 0;
+  return s;
+}
+
+// AllGather CP on `rank`: the segment of `slot` (0 or 1) of a sequence. Queries are the
+// rank's local rows; keys are rows of the gathered K/V in sequence order (the global padded
+// layout), restricted to the positions the mask can reach from this chunk. The restriction
+// only saves work: the mask is still applied inside the kernels.
+THDCP_HD Segment cp_segment(int64_t padded_start, int64_t padded_len, int64_t length, int cp,
+                            int rank, int slot, const Mask& mask) {
+  const int64_t chunk_rows = dual_chunk_rows(padded_len, cp);
+  const int chunk = dual_chunk_index(cp, rank, slot);
+  const int64_t q_len = dual_chunk_valid_rows(length, chunk_rows, chunk);
+  const int64_t q_pos = static_cast<int64_t>(chunk) * chunk_rows;
+  int64_t k_pos = 0;
+  int64_t k_end = length;
+  if (q_len == 0) {
+    k_end = 0;
+  } else {
+    if (mask.window_left >= 0 && q_pos - mask.window_left > 0) k_pos = q_pos - mask.window_left;
+    if (mask.window_right >= 0 && q_pos + q_len + mask.window_right < length) {
+      k_end = q_pos + q_len + mask.window_right;
+    }
+  }
+  Segment s;
+  s.q_row = static_cast<int32_t>(padded_start / cp + slot * chunk_rows);
+  s.q_len = static_cast<int32_t>(q_len);
+  s.q_pos = static_cast<int32_t>(q_pos);
+  s.q_span = static_cast<int32_t>(chunk_rows);
+  s.k_row = static_cast<int32_t>(padded_start + k_pos);
+  s.k_len = static_cast<int32_t>(k_end > k_pos ? k_end - k_pos : 0);
+  s.k_pos = static_cast<int32_t>(k_pos);
+  s.reserved = 0;
+  return s;
+}
+
+// Keys (as positions) that query row `q_index` (0-based within the segment) sees.
+THDCP_HD PositionRange segment_visible_keys(const Segment& s, const Mask& mask, int64_t q_index) {
+  return visible_keys(mask, s.q_pos + q_index, s.k_pos, static_cast<int64_t>(s.k_pos) + s.k_len);
+}
+
+// Number of (query, key) pairs the mask allows within a segment.
+THDCP_HD int64_t segment_pairs(const Segment& s, const Mask& mask) {
+  int64_t pairs = 0;
+  for (int64_t t = 0; t < s.q_len; ++t) pairs += segment_visible_keys(s, mask, t).size();
+  return pairs;
+}
+
+}  // namespace thdcp

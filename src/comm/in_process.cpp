@@ -1,0 +1,145 @@
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "thdcp/comm.h"
+#include "thdcp/error.h"
+
+namespace thdcp {
+
+namespace {
+
+// State shared by the ranks of one in-process group. Collectives follow one pattern:
+// every rank publishes its pointers, a barrier, every rank reads what it needs from the
+// others, a second barrier so nobody returns (and frees its buffers) while being read.
+class InProcessGroup {
+ public:
+  explicit InProcessGroup(int size) : size_(size), sends_(size), recvs_(size) {}
+
+  int size() const { return size_; }
+
+  void publish(int rank, const void* send, void* recv) {
+    sends_[rank] = send;
+    recvs_[rank] = recv;
+  }
+  const void* send_of(int rank) const { return sends_[rank]; }
+
+  void barrier() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (aborted_) throw Error("in-process communicator: another rank failed, collective abandoned");
+    const long generation = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != generation || aborted_; });
+    if (generation_ == generation) {
+      throw Error("in-process communicator: another rank failed, collective abandoned");
+    }
+  }
+
+  void abort() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  int size_;
+  std::vector<const void*> sends_;
+  std::vector<void*> recvs_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  long generation_ = 0;
+  bool aborted_ = false;
+};
+
+class InProcessCommunicator final : public Communicator {
+ public:
+  InProcessCommunicator(InProcessGroup& group, int rank) : group_(group), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_.size(); }
+  const char* kind() const override { return "in-process"; }
+
+  void all_gather(const void* send, void* recv, size_t bytes) override {
+    group_.publish(rank_, send, recv);
+    group_.barrier();
+    for (int r = 0; r < size(); ++r) {
+      std::memcpy(static_cast<unsigned char*>(recv) + r * bytes, group_.send_of(r), bytes);
+    }
+    group_.barrier();
+  }
+
+  void reduce_scatter_sum(const float* send, float* recv, size_t count) override {
+    group_.publish(rank_, send, recv);
+    group_.barrier();
+    const size_t offset = static_cast<size_t>(rank_) * count;
+    for (size_t i = 0; i < count; ++i) {
+      float sum = 0.0f;
+      for (int r = 0; r < size(); ++r) sum += static_cast<const float*>(group_.send_of(r))[offset + i];
+      recv[i] = sum;
+    }
+    group_.barrier();
+  }
+
+  void all_reduce_max(float* data, size_t count) override {
+    // Reduce into a private copy first: `data` is both this rank's input and output.
+    std::vector<float> result(data, data + count);
+    group_.publish(rank_, data, data);
+    group_.barrier();
+    for (int r = 0; r < size(); ++r) {
+      const float* other = static_cast<const float*>(group_.send_of(r));
+      for (size_t i = 0; i < count; ++i) result[i] = other[i] > result[i] ? other[i] : result[i];
+    }
+    group_.barrier();
+    std::memcpy(data, result.data(), count * sizeof(float));
+  }
+
+ private:
+  InProcessGroup& group_;
+  int rank_;
+};
+
+}  // namespace
+
+void run_in_process(int size, const std::function<void(Communicator&)>& body) {
+  THDCP_CHECK(size >= 1, "in-process group size " << size << " must be >= 1");
+  InProcessGroup group(size);
+  std::vector<std::exception_ptr> failures(static_cast<size_t>(size));
+  auto rank_main = [&](int rank) {
+    InProcessCommunicator comm(group, rank);
+    try {
+      body(comm);
+    } catch (...) {
+      failures[static_cast<size_t>(rank)] = std::current_exception();
+      group.abort();
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) threads.emplace_back(rank_main, r);
+  for (auto& t : threads) t.join();
+  // Prefer the exception that caused the abort over the "another rank failed" ones.
+  std::exception_ptr first;
+  for (const auto& f : failures) {
+    if (!f) continue;
+    try {
+      std::rethrow_exception(f);
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("another rank failed") == std::string::npos) std::rethrow_exception(f);
+      if (!first) first = f;
+    } catch (...) {
+      std::rethrow_exception(f);
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace thdcp

@@ -1,0 +1,98 @@
+// MPI implementation of the communicator (built with THDCP_WITH_MPI).
+#include <mpi.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "thdcp/error.h"
+#include "thdcp/mpi.h"
+
+#define THDCP_CHECK_MPI(call)                                                  \
+  do {                                                                         \
+    const int thdcp_mpi_status_ = (call);                                      \
+    if (thdcp_mpi_status_ != MPI_SUCCESS) {                                    \
+      char thdcp_mpi_text_[MPI_MAX_ERROR_STRING];                              \
+      int thdcp_mpi_len_ = 0;                                                  \
+      MPI_Error_string(thdcp_mpi_status_, thdcp_mpi_text_, &thdcp_mpi_len_);   \
+      THDCP_FAIL(#call << " failed: " << std::string(thdcp_mpi_text_, thdcp_mpi_len_)); \
+    }                                                                          \
+  } while (0)
+
+namespace thdcp::mpi {
+
+namespace {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+    THDCP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
+    THDCP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* kind() const override { return "mpi"; }
+
+  void all_gather(const void* send, void* recv, size_t bytes) override {
+    // MPI counts are int: move large buffers as blocks of a contiguous type.
+    MPI_Datatype type = MPI_BYTE;
+    size_t count = bytes;
+    const bool blocked = bytes > static_cast<size_t>(INT32_MAX);
+    if (blocked) {
+      THDCP_CHECK(bytes % 4096 == 0, "all_gather of " << bytes << " bytes: buffers over 2 GiB must be a multiple of 4096 bytes");
+      THDCP_CHECK_MPI(MPI_Type_contiguous(4096, MPI_BYTE, &type));
+      THDCP_CHECK_MPI(MPI_Type_commit(&type));
+      count = bytes / 4096;
+    }
+    THDCP_CHECK_MPI(MPI_Allgather(send, static_cast<int>(count), type, recv, static_cast<int>(count), type, comm_));
+    if (blocked) MPI_Type_free(&type);
+  }
+
+  void reduce_scatter_sum(const float* send, float* recv, size_t count) override {
+    THDCP_CHECK(count <= static_cast<size_t>(INT32_MAX), "reduce_scatter of " << count << " floats per rank exceeds MPI's int counts");
+    THDCP_CHECK_MPI(MPI_Reduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_));
+  }
+
+  void all_reduce_max(float* data, size_t count) override {
+    THDCP_CHECK(count <= static_cast<size_t>(INT32_MAX), "all_reduce of " << count << " floats exceeds MPI's int counts");
+    THDCP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_MAX, comm_));
+  }
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace
+
+bool built_with_mpi() { return true; }
+
+Session::Session(int* argc, char*** argv) {
+  int initialized = 0;
+  THDCP_CHECK_MPI(MPI_Initialized(&initialized));
+  if (!initialized) {
+    THDCP_CHECK_MPI(MPI_Init(argc, argv));
+    owns_ = true;
+  }
+}
+
+Session::~Session() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owns_ && !finalized) MPI_Finalize();
+}
+
+void Session::abort(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();  // MPI_Abort does not return; this only satisfies [[noreturn]]
+}
+
+std::unique_ptr<Communicator> world() {
+  int initialized = 0;
+  THDCP_CHECK_MPI(MPI_Initialized(&initialized));
+  THDCP_CHECK(initialized, "thdcp::mpi::world() needs MPI initialised: create a thdcp::mpi::Session first");
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+}
+
+}  // namespace thdcp::mpi

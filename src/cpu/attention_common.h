@@ -1,0 +1,76 @@
+// Shared pieces of the CPU forward and backward passes: argument checks and the loading
+// of one KV head's rows into arithmetic precision.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "thdcp/attention.h"
+#include "thdcp/error.h"
+
+namespace thdcp::cpu::detail {
+
+// Checks one THD tensor argument's shape and dtype. `rows` < 0 skips the rows check.
+void check_tensor(const char* name, const ConstThdTensor& t, int64_t rows, int64_t heads, int64_t head_dim);
+
+// Checks q/k/v against the table and each other (shared by forward and backward).
+void check_qkv(const SegmentTable& table, const ConstThdTensor& q, const ConstThdTensor& k,
+               const ConstThdTensor& v);
+
+// An output may be stored in the inputs' dtype or, for accumulation across calls, in fp32.
+void check_output_dtype(const char* name, DType dtype, DType input_dtype);
+
+float resolve_scale(const AttentionOptions& options, int64_t head_dim);
+
+// Element (row, head, d) of a THD tensor as arithmetic type Acc.
+template <typename Acc>
+inline Acc load(const ConstThdTensor& t, int64_t row, int64_t head, int64_t d) {
+  return static_cast<Acc>(
+      load_as_float(t.data, t.dtype, static_cast<size_t>((row * t.heads + head) * t.head_dim + d)));
+}
+
+// Rows [first_row, first_row + rows) of head `head` of `t`, in two layouts:
+//   by_row[j * D + d]   (for sums over keys that produce a D-vector)
+//   by_dim[d * rows + j] (for dot products with a query: the inner loop runs over keys)
+template <typename Acc>
+void load_head_rows(const ConstThdTensor& t, int64_t head, int64_t first_row, int64_t rows, std::vector<Acc>* by_row,
+                    std::vector<Acc>* by_dim) {
+  const int64_t dim = t.head_dim;
+  if (by_row) by_row->resize(static_cast<size_t>(rows * dim));
+  if (by_dim) by_dim->resize(static_cast<size_t>(rows * dim));
+  for (int64_t j = 0; j < rows; ++j) {
+    for (int64_t d = 0; d < dim; ++d) {
+      const Acc x = load<Acc>(t, first_row + j, head, d);
+      if (by_row) (*by_row)[j * dim + d] = x;
+      if (by_dim) (*by_dim)[d * rows + j] = x;
+    }
+  }
+}
+
+// scores[j] = scale * sum_d query[d] * keys_by_dim[d * stride + j] for j in [begin, end).
+template <typename Acc>
+void scaled_scores(const Acc* __restrict query, const Acc* __restrict keys_by_dim, int64_t stride, int64_t dim,
+                   int64_t begin, int64_t end, Acc scale, Acc* __restrict scores) {
+  for (int64_t j = begin; j < end; ++j) scores[j] = 0;
+  for (int64_t d = 0; d < dim; ++d) {
+    const Acc qd = query[d];
+    const Acc* __restrict kd = keys_by_dim + d * stride;
+    for (int64_t j = begin; j < end; ++j) scores[j] += qd * kd[j];
+  }
+  for (int64_t j = begin; j < end; ++j) scores[j] *= scale;
+}
+
+// out[d] = sum_j weights[j] * rows_by_row[j * dim + d] for j in [begin, end).
+template <typename Acc>
+void weighted_sum(const Acc* __restrict weights, const Acc* __restrict rows_by_row, int64_t dim, int64_t begin,
+                  int64_t end, Acc* __restrict out) {
+  for (int64_t d = 0; d < dim; ++d) out[d] = 0;
+  for (int64_t j = begin; j < end; ++j) {
+    const Acc w = weights[j];
+    const Acc* __restrict row = rows_by_row + j * dim;
+    for (int64_t d = 0; d < dim; ++d) out[d] += w * row[d];
+  }
+}
+
+}  // namespace thdcp::cpu::detail

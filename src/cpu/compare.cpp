@@ -1,0 +1,63 @@
+#include "thdcp/compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "thdcp/error.h"
+
+namespace thdcp {
+
+Tolerance derive_tolerance(DType storage, Accumulate accumulate, int roundings) {
+  THDCP_CHECK(roundings >= 0, "roundings=" << roundings << " must be >= 0");
+  Tolerance t;
+  t.rtol = roundings * dtype_unit_roundoff(storage);
+  t.atol_scale = 128.0 * (accumulate == Accumulate::kFloat32 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -52));
+  if (accumulate == Accumulate::kFloat64) t.atol_scale += 8.0 * std::ldexp(1.0, -24);  // fp32 lse
+  return t;
+}
+
+std::string Comparison::summary() const {
+  std::ostringstream out;
+  out << "max abs err " << max_abs_error << ", max rel err " << max_rel_error << ", " << mismatches << "/" << count
+      << " outside tolerance";
+  if (worst_index >= 0) out << " (worst at " << worst_index << ")";
+  return out.str();
+}
+
+Comparison compare_values(const void* actual, DType actual_dtype, const void* reference, DType reference_dtype,
+                          int64_t n, const Tolerance& tolerance) {
+  Comparison c;
+  c.count = n;
+  for (int64_t i = 0; i < n; ++i) {
+    const double r = load_as_float(reference, reference_dtype, static_cast<size_t>(i));
+    if (std::isfinite(r)) c.reference_max = std::max(c.reference_max, std::fabs(r));
+  }
+  const double atol = tolerance.atol_scale * c.reference_max;
+  double worst_excess = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double a = load_as_float(actual, actual_dtype, static_cast<size_t>(i));
+    const double r = load_as_float(reference, reference_dtype, static_cast<size_t>(i));
+    double excess;
+    if (std::isnan(a) || std::isnan(r)) {
+      excess = INFINITY;
+    } else if (std::isinf(a) || std::isinf(r)) {
+      excess = (a == r) ? 0.0 : INFINITY;
+    } else {
+      const double err = std::fabs(a - r);
+      c.max_abs_error = std::max(c.max_abs_error, err);
+      excess = err - (tolerance.rtol * std::fabs(r) + atol);
+    }
+    if (excess > 0) {
+      ++c.mismatches;
+      if (excess > worst_excess) {
+        worst_excess = excess;
+        c.worst_index = i;
+      }
+    }
+  }
+  c.max_rel_error = c.reference_max > 0 ? c.max_abs_error / c.reference_max : c.max_abs_error;
+  return c;
+}
+
+}  // namespace thdcp

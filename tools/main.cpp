@@ -1,0 +1,52 @@
+// thdcp: attention over packed sequences with context parallelism.
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "commands.h"
+#include "thdcp/error.h"
+#include "thdcp/mpi.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: thdcp <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  run    the main job: a packed batch through AllGather CP, forward and backward,\n"
+    "         checked against the single-device reference (thdcp run --help)\n"
+    "\n"
+    "Exit codes: 0 success, 1 a check failed, 2 bad input.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Under mpirun every process is one CP rank; MPI lives as long as main.
+  std::unique_ptr<thdcp::mpi::Session> mpi_session;
+  try {
+    if (thdcp::mpi::launched_by_mpi() && thdcp::mpi::built_with_mpi()) {
+      mpi_session = std::make_unique<thdcp::mpi::Session>(&argc, &argv);
+    }
+    std::vector<std::string> args(argv + 1, argv + argc);
+    if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+      std::fputs(kUsage, args.empty() ? stderr : stdout);
+      return args.empty() ? 2 : 0;
+    }
+    const std::string command = args[0];
+    args.erase(args.begin());
+    if (command == "run") return thdcp::tools::run_command(args);
+    throw thdcp::tools::UsageError("unknown command '" + command + "': use run (see thdcp --help)");
+  } catch (const thdcp::Error& e) {
+    std::fprintf(stderr, "thdcp: error: %s\n", e.what());
+    // A rank that stops alone must not leave the others waiting in a collective.
+    if (mpi_session) mpi_session->abort(2);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "thdcp: internal error: %s\n", e.what());
+    if (mpi_session) mpi_session->abort(3);
+    return 3;
+  }
+}

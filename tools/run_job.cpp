@@ -1,0 +1,218 @@
+#include "run_job.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "thdcp/dispatch.h"
+#include "thdcp/segment_table.h"
+#include "thdcp/workload.h"
+
+namespace thdcp::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+AttentionOptions attention_options(const RunConfig& config, int threads) {
+  AttentionOptions options;
+  options.num_threads = threads;
+  return options;
+}
+
+GlobalOutputs allocate_outputs(const RunConfig& c, int64_t rows) {
+  GlobalOutputs o;
+  o.out = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
+  o.dq = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
+  o.dk = HostTensor(c.dtype, rows, c.kv_heads, c.head_dim);
+  o.dv = HostTensor(c.dtype, rows, c.kv_heads, c.head_dim);
+  o.lse.assign(static_cast<size_t>(c.q_heads * rows), 0.0f);
+  o.max_logit.assign(static_cast<size_t>(c.q_heads), 0.0f);
+  return o;
+}
+
+GlobalOutputs run_reference(const RunConfig& c, const GlobalBatch& batch, RunReport& report) {
+  const SegmentTable table = build_segment_table(batch.layout.view(), c.mask);
+  GlobalOutputs ref = allocate_outputs(c, batch.layout.total_rows());
+  const AttentionOptions options = attention_options(c, c.threads);
+  auto start = Clock::now();
+  cpu::attention_forward(table, batch.q.view(), batch.k.view(), batch.v.view(), ref.out.view(), ref.lse.data(),
+                         ref.max_logit.data(), options);
+  report.reference_forward_s = seconds_since(start);
+  start = Clock::now();
+  cpu::attention_backward(table, batch.q.view(), batch.k.view(), batch.v.view(), ref.out.view(), batch.dout.view(),
+                          ref.lse.data(), ref.dq.view(), ref.dk.view(), ref.dv.view(), options);
+  report.reference_backward_s = seconds_since(start);
+  return ref;
+}
+
+HostTensor split(const HostTensor& global, const LayoutView& layout, int cp, int rank) {
+  HostTensor local(global.dtype(), global.tokens() / cp, global.heads(), global.head_dim());
+  split_for_rank(global.data(), local.data(), global.row_bytes(), layout, cp, rank);
+  return local;
+}
+
+// Brings every rank's local rows of a [T/cp, ...] tensor (rows of row_bytes) into the
+// global tensor, on every rank.
+void assemble(Communicator& comm, const LayoutView& layout, const void* local, void* global, size_t row_bytes) {
+  const int cp = comm.size();
+  const size_t local_bytes = static_cast<size_t>(layout.total_rows() / cp) * row_bytes;
+  std::vector<unsigned char> gathered(local_bytes * cp);
+  comm.all_gather(local, gathered.data(), local_bytes);
+  for (int r = 0; r < cp; ++r) merge_from_rank(gathered.data() + r * local_bytes, global, row_bytes, layout, cp, r);
+}
+
+struct RankTimes {
+  cp::Timings forward, backward;
+  double forward_wall = 0, backward_wall = 0;
+};
+
+// Folds one rank's times into the report: the slowest rank sets each number.
+void add_rank_times(RunReport& report, const RankTimes& t) {
+  for (auto [into, from] : {std::make_pair(&report.forward_phases, &t.forward),
+                            std::make_pair(&report.backward_phases, &t.backward)}) {
+    into->check = std::max(into->check, from->check);
+    into->gather = std::max(into->gather, from->gather);
+    into->reorder = std::max(into->reorder, from->reorder);
+    into->attention = std::max(into->attention, from->attention);
+    into->reduce = std::max(into->reduce, from->reduce);
+  }
+  report.cp_forward_s = std::max(report.cp_forward_s, t.forward_wall);
+  report.cp_backward_s = std::max(report.cp_backward_s, t.backward_wall);
+}
+
+// One rank's share of the job. Writes the assembled global outputs into `outputs`.
+RankTimes run_rank(Communicator& comm, const RunConfig& c, const GlobalBatch& batch, int threads,
+                   GlobalOutputs& outputs) {
+  RankTimes times;
+  const LayoutView layout = batch.layout.view();
+  const int cp = comm.size();
+  const int rank = comm.rank();
+  const int64_t local_rows = layout.total_rows() / cp;
+  const HostTensor q = split(batch.q, layout, cp, rank);
+  const HostTensor k = split(batch.k, layout, cp, rank);
+  const HostTensor v = split(batch.v, layout, cp, rank);
+  const HostTensor dout = split(batch.dout, layout, cp, rank);
+  HostTensor out(c.dtype, local_rows, c.q_heads, c.head_dim);
+  HostTensor dq(c.dtype, local_rows, c.q_heads, c.head_dim);
+  HostTensor dk(c.dtype, local_rows, c.kv_heads, c.head_dim);
+  HostTensor dv(c.dtype, local_rows, c.kv_heads, c.head_dim);
+  std::vector<float> lse(static_cast<size_t>(c.q_heads * local_rows));
+  std::vector<float> max_logit(static_cast<size_t>(c.q_heads));
+  const AttentionOptions options = attention_options(c, threads);
+
+  auto start = Clock::now();
+  cp::forward(comm, layout, c.mask, q.view(), k.view(), v.view(), out.view(), lse.data(), max_logit.data(), options,
+              &times.forward);
+  times.forward_wall = seconds_since(start);
+  start = Clock::now();
+  cp::backward(comm, layout, c.mask, q.view(), k.view(), v.view(), out.view(), dout.view(), lse.data(), dq.view(),
+               dk.view(), dv.view(), options, &times.backward);
+  times.backward_wall = seconds_since(start);
+
+  assemble(comm, layout, out.data(), outputs.out.data(), out.row_bytes());
+  assemble(comm, layout, dq.data(), outputs.dq.data(), dq.row_bytes());
+  assemble(comm, layout, dk.data(), outputs.dk.data(), dk.row_bytes());
+  assemble(comm, layout, dv.data(), outputs.dv.data(), dv.row_bytes());
+  for (int64_t h = 0; h < c.q_heads; ++h) {
+    assemble(comm, layout, lse.data() + h * local_rows, outputs.lse.data() + h * layout.total_rows(), sizeof(float));
+  }
+  outputs.max_logit = max_logit;
+  return times;
+}
+
+void fill_layout_stats(const RunConfig& c, const GlobalBatch& batch, RunReport& report) {
+  const LayoutView layout = batch.layout.view();
+  report.config = c;
+  report.rows = layout.total_rows();
+  report.valid_tokens = batch.layout.valid_tokens();
+  report.documents = layout.num_seqs;
+  for (int b = 0; b < layout.num_seqs; ++b) report.longest = std::max(report.longest, layout.length(b));
+  report.total_pairs = table_pairs(build_segment_table(layout, c.mask));
+  for (int r = 0; r < c.cp; ++r) {
+    report.rank_pairs.push_back(table_pairs(build_cp_segment_table(layout, c.cp, r, c.mask)));
+    int64_t valid = 0;
+    for (const Segment& s : build_cp_segment_table(layout, c.cp, r, c.mask).segments) valid += s.q_len;
+    report.rank_valid_tokens.push_back(valid);
+  }
+}
+
+void check_against_reference(const RunConfig& c, const GlobalOutputs& got, const GlobalOutputs& ref,
+                             RunReport& report) {
+  // Both sides use fp32 arithmetic and round to the storage dtype once.
+  const Tolerance storage = derive_tolerance(c.dtype, Accumulate::kFloat32, 2);
+  const Tolerance fp32 = derive_tolerance(DType::kFloat32, Accumulate::kFloat32, 2);
+  auto tensor = [&](const char* name, const HostTensor& a, const HostTensor& b) {
+    report.checks.push_back({name, compare_values(a.data(), a.dtype(), b.data(), b.dtype(), a.numel(), storage)});
+  };
+  auto floats = [&](const char* name, const std::vector<float>& a, const std::vector<float>& b) {
+    report.checks.push_back({name, compare_values(a.data(), DType::kFloat32, b.data(), DType::kFloat32,
+                                                  static_cast<int64_t>(a.size()), fp32)});
+  };
+  tensor("out", got.out, ref.out);
+  floats("lse", got.lse, ref.lse);
+  floats("max_logit", got.max_logit, ref.max_logit);
+  tensor("dq", got.dq, ref.dq);
+  tensor("dk", got.dk, ref.dk);
+  tensor("dv", got.dv, ref.dv);
+  report.checked = true;
+}
+
+}  // namespace
+
+bool RunReport::passed() const {
+  if (!checked) return true;
+  return std::all_of(checks.begin(), checks.end(), [](const TensorCheck& t) { return t.comparison.passed(); });
+}
+
+GlobalBatch make_default_batch(const RunConfig& c) {
+  GlobalBatch batch;
+  batch.lengths = sample_lengths(c.tokens, c.cp, LengthDistribution{}, c.seed);
+  batch.layout = make_layout(batch.lengths, c.cp);
+  const int64_t rows = batch.layout.total_rows();
+  batch.q = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
+  batch.k = HostTensor(c.dtype, rows, c.kv_heads, c.head_dim);
+  batch.v = HostTensor(c.dtype, rows, c.kv_heads, c.head_dim);
+  batch.dout = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
+  fill_normal(batch.q, c.seed + 1);
+  fill_normal(batch.k, c.seed + 2);
+  fill_normal(batch.v, c.seed + 3);
+  fill_normal(batch.dout, c.seed + 4);
+  return batch;
+}
+
+RunReport run_in_process_job(const RunConfig& c, const GlobalBatch& batch) {
+  RunReport report;
+  report.communicator = "in-process";
+  fill_layout_stats(c, batch, report);
+  GlobalOutputs outputs = allocate_outputs(c, batch.layout.total_rows());
+  std::vector<RankTimes> times(static_cast<size_t>(c.cp));
+  // The ranks share this machine's cores.
+  const int cores = c.threads > 0 ? c.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = std::max(1, cores / c.cp);
+  run_in_process(c.cp, [&](Communicator& comm) {
+    // Rank 0 assembles into the report's outputs, the others into a copy of their own.
+    GlobalOutputs own = comm.rank() == 0 ? GlobalOutputs{} : allocate_outputs(c, batch.layout.total_rows());
+    times[comm.rank()] = run_rank(comm, c, batch, threads, comm.rank() == 0 ? outputs : own);
+  });
+  for (const RankTimes& t : times) add_rank_times(report, t);
+  if (c.check) check_against_reference(c, outputs, run_reference(c, batch, report), report);
+  return report;
+}
+
+RunReport run_rank_job(Communicator& comm, const RunConfig& c, const GlobalBatch& batch) {
+  RunReport report;
+  report.communicator = comm.kind();
+  fill_layout_stats(c, batch, report);
+  GlobalOutputs outputs = allocate_outputs(c, batch.layout.total_rows());
+  add_rank_times(report, run_rank(comm, c, batch, c.threads, outputs));
+  if (c.check && comm.rank() == 0) check_against_reference(c, outputs, run_reference(c, batch, report), report);
+  return report;
+}
+
+}  // namespace thdcp::tools
