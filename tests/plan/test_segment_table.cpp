@@ -1,0 +1,136 @@
+// Segment tables allow exactly the (query, key) pairs of the global mask: for a single
+// device, and for the union over the ranks of AllGather CP.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "support/random_batch.h"
+#include "thdcp/dispatch.h"
+#include "thdcp/segment_table.h"
+
+namespace thdcp {
+namespace {
+
+// Every pair (global query row, global key row) the mask allows, brute force.
+std::vector<int64_t> global_pairs(const LayoutView& layout, const Mask& mask) {
+  const int64_t rows = layout.total_rows();
+  std::vector<int64_t> pairs;
+  for (int b = 0; b < layout.num_seqs; ++b) {
+    const int64_t start = layout.padded_start(b);
+    for (int64_t i = 0; i < layout.length(b); ++i) {
+      for (int64_t j = 0; j < layout.length(b); ++j) {
+        if (mask.allows(i, j)) pairs.push_back((start + i) * rows + start + j);
+      }
+    }
+  }
+  std::sort(pairs.begin(), pairs.end());
+  return pairs;
+}
+
+// Pairs a table allows, with query rows mapped to global rows by `query_rows`.
+void table_pairs_into(const SegmentTable& table, const std::vector<int32_t>& query_rows, int64_t rows,
+                      std::vector<int64_t>& pairs) {
+  for (const Segment& s : table.segments) {
+    for (int64_t t = 0; t < s.q_len; ++t) {
+      const PositionRange keys = segment_visible_keys(s, table.mask, t);
+      const int64_t q_global = query_rows[static_cast<size_t>(s.q_row + t)];
+      for (int64_t p = keys.begin; p < keys.end; ++p) pairs.push_back(q_global * rows + s.k_row + (p - s.k_pos));
+    }
+  }
+}
+
+std::vector<int64_t> test_lengths(Rng& rng, int cp) {
+  std::vector<int64_t> lengths = test::random_lengths(rng, 6, 120);
+  // 0, 1, a non-multiple of 2*cp, and a sequence long enough for windows wider than a chunk.
+  lengths.push_back(0);
+  lengths.push_back(1);
+  lengths.push_back(2 * cp + 1);
+  lengths.push_back(300);
+  return lengths;
+}
+
+class SegmentTablePairs : public ::testing::TestWithParam<Mask> {};
+
+TEST_P(SegmentTablePairs, SingleDeviceAndEveryCpSizeMatchTheMask) {
+  const Mask mask = GetParam();
+  Rng rng(static_cast<uint64_t>(mask.window_left * 7919 + mask.window_right + 17));
+  for (int cp = 1; cp <= 8; ++cp) {
+    const BatchLayout layout = make_layout(test_lengths(rng, cp), cp);
+    const LayoutView view = layout.view();
+    const int64_t rows = layout.total_rows();
+    const std::vector<int64_t> expected = global_pairs(view, mask);
+
+    std::vector<int32_t> identity(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) identity[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    std::vector<int64_t> single;
+    const SegmentTable single_table = build_segment_table(view, mask);
+    table_pairs_into(single_table, identity, rows, single);
+    std::sort(single.begin(), single.end());
+    EXPECT_EQ(single, expected) << "single device, " << test::mask_label(mask);
+    EXPECT_EQ(table_pairs(single_table), static_cast<int64_t>(expected.size()));
+
+    std::vector<int64_t> union_of_ranks;
+    int64_t counted = 0;
+    for (int rank = 0; rank < cp; ++rank) {
+      const SegmentTable table = build_cp_segment_table(view, cp, rank, mask);
+      EXPECT_EQ(table.q_rows, rows / cp);
+      EXPECT_EQ(table.k_rows, rows);
+      validate_segment_table(table);
+      table_pairs_into(table, rank_row_map(view, cp, rank), rows, union_of_ranks);
+      counted += table_pairs(table);
+    }
+    std::sort(union_of_ranks.begin(), union_of_ranks.end());
+    // Equality of sorted lists also shows no pair is produced by two ranks.
+    EXPECT_EQ(union_of_ranks, expected) << "cp " << cp << ", " << test::mask_label(mask);
+    EXPECT_EQ(counted, static_cast<int64_t>(expected.size()));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Masks, SegmentTablePairs, ::testing::ValuesIn(test::all_test_masks()),
+                         [](const ::testing::TestParamInfo<Mask>& param_info) { return test::mask_label(param_info.param); });
+
+TEST(SegmentTable, CpQueryBlocksTileTheLocalTensor) {
+  // With q_span, the segments of a rank cover every local row exactly once, so a kernel
+  // that writes its segments writes every row (padding included).
+  const BatchLayout layout = make_layout({13, 0, 5, 64}, 4, Capacity{6, 160});
+  for (int rank = 0; rank < 4; ++rank) {
+    const SegmentTable table = build_cp_segment_table(layout.view(), 4, rank, Mask::causal());
+    std::vector<int> covered(static_cast<size_t>(table.q_rows), 0);
+    for (const Segment& s : table.segments) {
+      for (int64_t r = s.q_row; r < s.q_row + s.q_span; ++r) ++covered[static_cast<size_t>(r)];
+    }
+    for (int c : covered) EXPECT_EQ(c, 1);
+  }
+}
+
+TEST(SegmentTable, KeyRangeIsRestrictedToTheWindow) {
+  // A 256-token sequence, cp 2: chunk 3 of rank 0 starts at 192; window (16, 0) reaches
+  // back to 176, and causal keys stop at the chunk's end.
+  const BatchLayout layout = make_layout({256}, 2);
+  const SegmentTable table = build_cp_segment_table(layout.view(), 2, 0, Mask::window(16, 0));
+  ASSERT_EQ(table.segments.size(), 2u);
+  const Segment& late = table.segments[1];
+  EXPECT_EQ(late.q_pos, 192);
+  EXPECT_EQ(late.k_pos, 176);
+  EXPECT_EQ(late.k_len, 256 - 176);
+  EXPECT_EQ(late.k_row, 176);
+}
+
+TEST(SegmentTable, ValidationRejectsBrokenTables) {
+  SegmentTable table;
+  table.q_rows = 8;
+  table.k_rows = 8;
+  table.segments = {single_device_segment(0, 4, 4), single_device_segment(2, 4, 4)};
+  EXPECT_THDCP_ERROR(validate_segment_table(table), "overlap");
+  table.segments = {single_device_segment(0, 4, 4), single_device_segment(4, 6, 4)};
+  EXPECT_THDCP_ERROR(validate_segment_table(table), "do not fit a Q tensor of 8 rows");
+  table.segments = {single_device_segment(0, 4, 5)};
+  EXPECT_THDCP_ERROR(validate_segment_table(table), "q_len <= q_span");
+  table.segments = {single_device_segment(0, 4, 4)};
+  table.mask = Mask::window(-2, 0);
+  EXPECT_THDCP_ERROR(validate_segment_table(table), "window_left=-2");
+}
+
+}  // namespace
+}  // namespace thdcp
