@@ -114,7 +114,8 @@ void print_report(const RunReport& r) {
   if (r.checked) {
     std::printf("  %-20s %8.3f %10.3f\n", "single-device ref", r.reference_forward_s, r.reference_backward_s);
   }
-  std::printf("  (phases: slowest rank; in-process ranks share this machine's cores)\n");
+  std::printf("  (phases: the slowest rank's%s)\n",
+              r.communicator == "in-process" ? "; in-process ranks share this machine's cores" : "");
 
   if (!r.checked) {
     std::printf("\ncheck skipped (--no-check)\n");

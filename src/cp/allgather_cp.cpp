@@ -74,7 +74,8 @@ void check_collectively(Communicator& comm, const LayoutView& layout, const Mask
   std::vector<RankDescriptor> all(static_cast<size_t>(comm.size()));
   comm.all_gather(&mine, all.data(), sizeof(RankDescriptor));
   for (int r = 0; r < comm.size(); ++r) {
-    THDCP_CHECK(all[r].ok, (r == comm.rank() ? "" : "rank " + std::to_string(r) + ": ") << all[r].message);
+    // The failing rank's message already carries its location; the others say whose it is.
+    if (!all[r].ok) throw Error((r == comm.rank() ? "" : "rank " + std::to_string(r) + ": ") + all[r].message);
   }
   const RankDescriptor& ref = all[0];
   for (int r = 1; r < comm.size(); ++r) {

@@ -1,0 +1,54 @@
+// The in-process communicator: collective results and release on failure.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "support/random_batch.h"
+#include "thdcp/comm.h"
+
+namespace thdcp {
+namespace {
+
+TEST(InProcessComm, Collectives) {
+  const int size = 4;
+  std::vector<std::vector<float>> gathered(size), scattered(size), maxima(size);
+  run_in_process(size, [&](Communicator& comm) {
+    const int r = comm.rank();
+    EXPECT_EQ(comm.size(), size);
+    std::vector<float> send = {static_cast<float>(r), static_cast<float>(10 * r)};
+    std::vector<float> all(2 * size);
+    comm.all_gather(send.data(), all.data(), 2 * sizeof(float));
+    gathered[r] = all;
+    // Rank r contributes r + 1 to block b's element i: block b's sum is sum_r (r + 1) * (b + i + 1).
+    std::vector<float> blocks(3 * size);
+    for (int b = 0; b < size; ++b) {
+      for (int i = 0; i < 3; ++i) blocks[b * 3 + i] = static_cast<float>((r + 1) * (b + i + 1));
+    }
+    std::vector<float> mine(3);
+    comm.reduce_scatter_sum(blocks.data(), mine.data(), 3);
+    scattered[r] = mine;
+    std::vector<float> m = {static_cast<float>(r), static_cast<float>(-r), r == 2 ? 100.0f : -1.0f};
+    comm.all_reduce_max(m.data(), m.size());
+    maxima[r] = m;
+  });
+  for (int r = 0; r < size; ++r) {
+    EXPECT_EQ(gathered[r], (std::vector<float>{0, 0, 1, 10, 2, 20, 3, 30}));
+    const float rank_sum = 1 + 2 + 3 + 4;
+    EXPECT_EQ(scattered[r], (std::vector<float>{rank_sum * (r + 1), rank_sum * (r + 2), rank_sum * (r + 3)}));
+    EXPECT_EQ(maxima[r], (std::vector<float>{3, 0, 100}));
+  }
+}
+
+TEST(InProcessComm, FailingRankReleasesTheOthers) {
+  // Rank 0 throws before its collective; the others must not hang in theirs.
+  EXPECT_THDCP_ERROR(run_in_process(3,
+                                    [](Communicator& comm) {
+                                      if (comm.rank() == 0) THDCP_FAIL("rank 0 gives up");
+                                      float x = 1.0f;
+                                      comm.all_reduce_max(&x, 1);
+                                    }),
+                     "rank 0 gives up");
+}
+
+}  // namespace
+}  // namespace thdcp

@@ -1,0 +1,72 @@
+// AllGather CP over MPI: one rank per process, cp = the number of processes. Registered
+// with ctest as `mpirun -np 2` and `mpirun -np 4`. Every rank builds the same batch,
+// computes the single-device reference, and checks the rows it owns.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <tuple>
+
+#include "support/cp_check.h"
+#include "thdcp/mpi.h"
+
+namespace thdcp {
+namespace {
+
+Communicator& world() {
+  static std::unique_ptr<Communicator> comm = mpi::world();
+  return *comm;
+}
+
+class CpOverMpi : public ::testing::TestWithParam<std::tuple<Mask, int, DType>> {};
+
+TEST_P(CpOverMpi, EqualsSingleDevice) {
+  const auto [mask, ratio, dtype] = GetParam();
+  Communicator& comm = world();
+  const int cp = comm.size();
+  Rng rng(static_cast<uint64_t>(cp * 7 + mask.window_left * 13 + mask.window_right * 5 + ratio));
+  std::vector<int64_t> lengths = test::random_lengths(rng, 5, 300);
+  for (int64_t extra : {int64_t{0}, int64_t{1}, int64_t{2 * cp + 1}, int64_t{900}}) lengths.push_back(extra);
+  const test::Batch b = test::make_batch(make_layout(lengths, cp), dtype, 2 * ratio, 2, 16, rng.next());
+  AttentionOptions options;
+  options.num_threads = 1;
+  const test::GlobalResult reference = test::single_device(b, mask, options);
+  EXPECT_TRUE(test::check_cp_rank(comm, b, mask, reference, options));
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, CpOverMpi,
+                         ::testing::Combine(::testing::ValuesIn(test::all_test_masks()), ::testing::Values(1, 4),
+                                            ::testing::Values(DType::kBFloat16, DType::kFloat32)),
+                         [](const ::testing::TestParamInfo<std::tuple<Mask, int, DType>>& param_info) {
+                           return test::mask_label(std::get<0>(param_info.param)) + "_gqa" +
+                                  std::to_string(std::get<1>(param_info.param)) + "_" +
+                                  dtype_name(std::get<2>(param_info.param));
+                         });
+
+TEST(CpOverMpiErrors, OneBadRankMakesEveryRankThrow) {
+  Communicator& comm = world();
+  const BatchLayout layout = make_layout({10, 7}, comm.size());
+  const int64_t rows = comm.rank() == comm.size() - 1 ? 3 : layout.total_rows() / comm.size();
+  HostTensor t(DType::kBFloat16, rows, 1, 16);
+  std::vector<float> lse(static_cast<size_t>(rows));
+  EXPECT_THDCP_ERROR(cp::forward(comm, layout.view(), Mask::causal(), t.view(), t.view(), t.view(), t.view(),
+                                 lse.data(), nullptr),
+                     "q has 3 rows but this rank holds");
+}
+
+}  // namespace
+}  // namespace thdcp
+
+int main(int argc, char** argv) {
+  thdcp::mpi::Session session(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  // Only rank 0 prints the per-test lines; every rank's failures still print.
+  if (thdcp::world().rank() != 0) {
+    delete ::testing::UnitTest::GetInstance()->listeners().Release(
+        ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
+  }
+  const int failed = RUN_ALL_TESTS();
+  // The job fails if any rank failed.
+  float any = failed ? 1.0f : 0.0f;
+  thdcp::world().all_reduce_max(&any, 1);
+  return any > 0 ? 1 : 0;
+}
