@@ -34,7 +34,7 @@ TEST_P(CpOverMpi, EqualsSingleDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, CpOverMpi,
-                         ::testing::Combine(::testing::ValuesIn(test::all_test_masks()), ::testing::Values(1, 4),
+                         ::testing::Combine(::testing::ValuesIn(test::all_test_masks()), ::testing::Values(1, 2, 4),
                                             ::testing::Values(DType::kBFloat16, DType::kFloat32)),
                          [](const ::testing::TestParamInfo<std::tuple<Mask, int, DType>>& param_info) {
                            return test::mask_label(std::get<0>(param_info.param)) + "_gqa" +
