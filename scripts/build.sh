@@ -11,6 +11,7 @@ have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v python3 >/dev/null 2>&1 || need+=(python3)  # the CLI tests check files with it
 if command -v dpkg-query >/dev/null 2>&1; then
   for pkg in libgtest-dev libopenmpi-dev openmpi-bin; do
     have_pkg "$pkg" || need+=("$pkg")

@@ -8,5 +8,6 @@
 namespace thdcp::tools {
 
 int run_command(const std::vector<std::string>& args);
+int plan_command(const std::vector<std::string>& args);
 
 }  // namespace thdcp::tools

@@ -18,6 +18,7 @@ const char* kUsage =
     "commands:\n"
     "  run    the main job: a packed batch through AllGather CP, forward and backward,\n"
     "         checked against the single-device reference (thdcp run --help)\n"
+    "  plan   capacities (max_seqs) for CUDA graphs from document lengths (thdcp plan --help)\n"
     "\n"
     "Exit codes: 0 success, 1 a check failed, 2 bad input.\n";
 
@@ -38,7 +39,8 @@ int main(int argc, char** argv) {
     const std::string command = args[0];
     args.erase(args.begin());
     if (command == "run") return thdcp::tools::run_command(args);
-    throw thdcp::tools::UsageError("unknown command '" + command + "': use run (see thdcp --help)");
+    if (command == "plan") return thdcp::tools::plan_command(args);
+    throw thdcp::tools::UsageError("unknown command '" + command + "': use run or plan (see thdcp --help)");
   } catch (const thdcp::Error& e) {
     std::fprintf(stderr, "thdcp: error: %s\n", e.what());
     // A rank that stops alone must not leave the others waiting in a collective.

@@ -1,11 +1,15 @@
 // `thdcp run`: argument handling and the summary table.
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "args.h"
 #include "commands.h"
+#include "json.h"
+#include "progress.h"
+#include "run_inputs.h"
 #include "run_job.h"
 #include "thdcp/attention.h"
 #include "thdcp/mpi.h"
@@ -33,7 +37,20 @@ const char* kRunHelp =
     "  --head-dim D      head dimension (default 64)\n"
     "  --dtype T         bf16 (default), fp16 or fp32\n"
     "  --threads N       CPU threads in all (default: every core)\n"
-    "  --no-check        skip the single-device reference\n";
+    "\n"
+    "input and output:\n"
+    "  --lengths FILE    document lengths, one per line ('#' comments allowed), packed in order\n"
+    "                    into batches of --tokens rows (each padded to a multiple of 2*cp)\n"
+    "  --batch K         which packed batch of --lengths to run (default 0)\n"
+    "  --load DIR        q.npy, k.npy, v.npy, cu_seqlens.npy [, cu_seqlens_padded.npy, dout.npy]\n"
+    "                    ([T, H, D]; float32, float16, or bfloat16 stored as uint16 with\n"
+    "                    --dtype bf16); re-padded for the CP size when needed, outputs mapped back\n"
+    "  --save DIR        write inputs and outputs (out, lse, max_logit, dq, dk, dv) as .npy in the\n"
+    "                    input's layout (padding rows 0, lse -inf); only after a successful run\n"
+    "  --json FILE       machine-readable summary\n"
+    "  --check           always run the single-device reference (default: when it is cheap)\n"
+    "  --no-check        never run it\n"
+    "  --quiet           no progress line (it is only shown when stdout is a terminal)\n";
 
 RunConfig parse_run_config(const Args& args) {
   RunConfig c;
@@ -53,6 +70,21 @@ RunConfig parse_run_config(const Args& args) {
     const auto [left, right] = args.get_pair("window", {-1, -1}, ',');
     c.mask = Mask::window(static_cast<int32_t>(left), static_cast<int32_t>(right));
   }
+  if (args.has("check") && args.has("no-check")) throw UsageError("--check and --no-check contradict each other");
+  c.check = args.has("check") ? CheckMode::kAlways : args.has("no-check") ? CheckMode::kNever : CheckMode::kAuto;
+  c.quiet = args.has("quiet");
+  c.lengths_file = args.get("lengths", "");
+  c.batch_index = args.get_int("batch", 0, 0, INT32_MAX);
+  c.load_dir = args.get("load", "");
+  c.save_dir = args.get("save", "");
+  c.json_file = args.get("json", "");
+  if (args.has("batch") && c.lengths_file.empty()) throw UsageError("--batch picks a batch of --lengths: give --lengths too");
+  if (!c.load_dir.empty() && !c.lengths_file.empty()) {
+    throw UsageError("--load and --lengths both give the batch: use one of them");
+  }
+  if (!c.load_dir.empty() && args.has("tokens")) {
+    throw UsageError("--tokens has no meaning with --load: the loaded tensors fix the rows");
+  }
   const auto [hq, hkv] = args.get_pair("heads", {c.q_heads, c.kv_heads}, ':');
   if (hq < 1 || hkv < 1) throw UsageError("--heads " + args.get("heads", "") + ": both counts must be >= 1");
   if (hq % hkv != 0) {
@@ -66,7 +98,6 @@ RunConfig parse_run_config(const Args& args) {
   }
   c.dtype = parse_dtype(args.get("dtype", "bf16"));
   c.threads = static_cast<int>(args.get_int("threads", 0, 0, 4096));
-  c.check = !args.has("no-check");
   if (c.tokens < 2 * c.cp) {
     throw UsageError("--tokens " + std::to_string(c.tokens) + ": a batch needs at least 2*cp=" +
                      std::to_string(2 * c.cp) + " rows");
@@ -80,14 +111,14 @@ std::string mask_name(const Mask& m) {
   return "window(" + std::to_string(m.window_left) + "," + std::to_string(m.window_right) + ")";
 }
 
-void print_report(const RunReport& r) {
+void print_report(const RunReport& r, const GlobalBatch& batch) {
   const RunConfig& c = r.config;
   std::printf("thdcp run: AllGather CP, CPU backend, %s communicator\n", r.communicator.c_str());
   std::printf("  cp=%d  mask=%s  heads=%lld:%lld  head_dim=%lld  dtype=%s  seed=%llu\n", c.cp,
               mask_name(c.mask).c_str(), static_cast<long long>(c.q_heads), static_cast<long long>(c.kv_heads),
               static_cast<long long>(c.head_dim), dtype_name(c.dtype), static_cast<unsigned long long>(c.seed));
   const double padding = r.rows > 0 ? 100.0 * static_cast<double>(r.rows - r.valid_tokens) / r.rows : 0.0;
-  std::printf("\nbatch\n");
+  std::printf("\nbatch: %s\n", batch.source.c_str());
   std::printf("  %-22s %lld\n", "rows (T)", static_cast<long long>(r.rows));
   std::printf("  %-22s %lld\n", "valid tokens", static_cast<long long>(r.valid_tokens));
   std::printf("  %-22s %lld (longest %lld)\n", "documents", static_cast<long long>(r.documents),
@@ -118,7 +149,7 @@ void print_report(const RunReport& r) {
               r.communicator == "in-process" ? "; in-process ranks share this machine's cores" : "");
 
   if (!r.checked) {
-    std::printf("\ncheck skipped (--no-check)\n");
+    std::printf("\n%s\n", r.check_note.c_str());
     return;
   }
   std::printf("\ncheck against the single-device reference\n");
@@ -131,36 +162,108 @@ void print_report(const RunReport& r) {
   std::printf("\nresult: %s\n", r.passed() ? "PASS" : "FAIL");
 }
 
+Json report_json(const RunReport& r, const GlobalBatch& batch) {
+  const RunConfig& c = r.config;
+  Json config = Json::object();
+  config.set("cp", c.cp)
+      .set("communicator", r.communicator)
+      .set("backend", "cpu")
+      .set("window_left", c.mask.window_left)
+      .set("window_right", c.mask.window_right)
+      .set("mask", mask_name(c.mask))
+      .set("q_heads", c.q_heads)
+      .set("kv_heads", c.kv_heads)
+      .set("head_dim", c.head_dim)
+      .set("dtype", dtype_name(c.dtype))
+      .set("seed", static_cast<int64_t>(c.seed))
+      .set("source", batch.source);
+  Json layout = Json::object();
+  layout.set("rows", r.rows)
+      .set("valid_tokens", r.valid_tokens)
+      .set("documents", r.documents)
+      .set("longest_document", r.longest)
+      .set("padding_fraction", r.rows > 0 ? static_cast<double>(r.rows - r.valid_tokens) / r.rows : 0.0)
+      .set("pairs", r.total_pairs)
+      .set("rank_pairs", Json::array_of(r.rank_pairs))
+      .set("rank_valid_tokens", Json::array_of(r.rank_valid_tokens));
+  auto phases = [](const cp::Timings& t, double wall) {
+    Json j = Json::object();
+    j.set("total", wall).set("check", t.check).set("gather", t.gather).set("reorder", t.reorder);
+    j.set("attention", t.attention).set("reduce", t.reduce);
+    return j;
+  };
+  Json times = Json::object();
+  times.set("cp_forward", phases(r.forward_phases, r.cp_forward_s))
+      .set("cp_backward", phases(r.backward_phases, r.cp_backward_s));
+  if (r.checked) times.set("reference_forward", r.reference_forward_s).set("reference_backward", r.reference_backward_s);
+  Json checks = Json::object();
+  for (const TensorCheck& t : r.checks) {
+    Json one = Json::object();
+    one.set("max_abs_error", t.comparison.max_abs_error)
+        .set("max_rel_error", t.comparison.max_rel_error)
+        .set("mismatches", t.comparison.mismatches)
+        .set("count", t.comparison.count)
+        .set("passed", t.comparison.passed());
+    checks.set(t.name, one);
+  }
+  Json root = Json::object();
+  root.set("command", "run").set("config", config).set("layout", layout).set("seconds", times);
+  root.set("checked", r.checked);
+  if (!r.checked) root.set("check_note", r.check_note);
+  root.set("checks", checks).set("passed", r.passed());
+  return root;
+}
+
 }  // namespace
 
 int run_command(const std::vector<std::string>& argv) {
   const Args args(argv,
-                  {"cp", "tokens", "seed", "mask", "window", "heads", "head-dim", "dtype", "threads"},
-                  {"no-check", "help"});
+                  {"cp", "tokens", "seed", "mask", "window", "heads", "head-dim", "dtype", "threads", "lengths",
+                   "batch", "load", "save", "json"},
+                  {"check", "no-check", "quiet", "help"});
   if (args.has("help")) {
     std::fputs(kRunHelp, stdout);
     return 0;
   }
   RunConfig config = parse_run_config(args);
+  std::unique_ptr<Communicator> comm;
   if (mpi::launched_by_mpi() && mpi::built_with_mpi()) {
-    auto comm = mpi::world();
+    comm = mpi::world();
     if (args.has("cp") && config.cp != comm->size()) {
       throw UsageError("--cp " + std::to_string(config.cp) + " but mpirun started " + std::to_string(comm->size()) +
                        " processes: under MPI cp is the number of processes (drop --cp or match -np)");
     }
     config.cp = comm->size();
-    const GlobalBatch batch = make_default_batch(config);
-    const RunReport report = run_rank_job(*comm, config, batch);
-    // Rank 0 decides; every rank exits with its verdict.
-    float failed = report.passed() ? 0.0f : 1.0f;
-    comm->all_reduce_max(&failed, 1);
-    if (comm->rank() == 0) print_report(report);
-    return failed > 0 ? 1 : 0;
   }
-  const GlobalBatch batch = make_default_batch(config);
-  const RunReport report = run_in_process_job(config, batch);
-  print_report(report);
-  return report.passed() ? 0 : 1;
+  const bool root = !comm || comm->rank() == 0;
+  Progress progress(config.quiet || !root);
+  progress.phase("preparing the batch");
+  GlobalBatch batch;
+  if (!config.load_dir.empty()) {
+    batch = load_batch(config, args.has("dtype"), args.has("heads"), args.has("head-dim"));
+  } else if (!config.lengths_file.empty()) {
+    batch = make_batch_from_lengths(config);
+  } else {
+    batch = make_default_batch(config);
+  }
+  GlobalOutputs outputs;
+  RunReport report = comm ? run_rank_job(*comm, config, batch, outputs, progress)
+                          : run_in_process_job(config, batch, outputs, progress);
+  bool passed = report.passed();
+  if (comm) {
+    // Rank 0 decides; every rank exits with its verdict.
+    float failed = passed ? 0.0f : 1.0f;
+    comm->all_reduce_max(&failed, 1);
+    passed = failed == 0.0f;
+  }
+  if (!root) return passed ? 0 : 1;
+  progress.done();
+  if (passed && !config.save_dir.empty()) save_run(config.save_dir, batch, outputs);
+  if (!config.json_file.empty()) write_json_file(config.json_file, report_json(report, batch));
+  print_report(report, batch);
+  if (!passed && !config.save_dir.empty()) std::printf("nothing saved to %s: the check failed\n", config.save_dir.c_str());
+  if (passed && !config.save_dir.empty()) std::printf("saved inputs and outputs to %s\n", config.save_dir.c_str());
+  return passed ? 0 : 1;
 }
 
 }  // namespace thdcp::tools

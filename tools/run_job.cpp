@@ -1,7 +1,10 @@
 #include "run_job.h"
 
+#include "progress.h"
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -25,6 +28,8 @@ AttentionOptions attention_options(const RunConfig& config, int threads) {
   return options;
 }
 
+}  // namespace
+
 GlobalOutputs allocate_outputs(const RunConfig& c, int64_t rows) {
   GlobalOutputs o;
   o.out = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
@@ -36,18 +41,23 @@ GlobalOutputs allocate_outputs(const RunConfig& c, int64_t rows) {
   return o;
 }
 
-GlobalOutputs run_reference(const RunConfig& c, const GlobalBatch& batch, RunReport& report) {
+namespace {
+
+GlobalOutputs run_reference(const RunConfig& c, const GlobalBatch& batch, RunReport& report, Progress& progress) {
   const SegmentTable table = build_segment_table(batch.layout.view(), c.mask);
   GlobalOutputs ref = allocate_outputs(c, batch.layout.total_rows());
   const AttentionOptions options = attention_options(c, c.threads);
+  progress.phase("single-device reference, forward");
   auto start = Clock::now();
   cpu::attention_forward(table, batch.q.view(), batch.k.view(), batch.v.view(), ref.out.view(), ref.lse.data(),
                          ref.max_logit.data(), options);
   report.reference_forward_s = seconds_since(start);
+  progress.phase("single-device reference, backward");
   start = Clock::now();
   cpu::attention_backward(table, batch.q.view(), batch.k.view(), batch.v.view(), ref.out.view(), batch.dout.view(),
                           ref.lse.data(), ref.dq.view(), ref.dk.view(), ref.dv.view(), options);
   report.reference_backward_s = seconds_since(start);
+  progress.done();
   return ref;
 }
 
@@ -88,7 +98,7 @@ void add_rank_times(RunReport& report, const RankTimes& t) {
 
 // One rank's share of the job. Writes the assembled global outputs into `outputs`.
 RankTimes run_rank(Communicator& comm, const RunConfig& c, const GlobalBatch& batch, int threads,
-                   GlobalOutputs& outputs) {
+                   GlobalOutputs& outputs, Progress& progress) {
   RankTimes times;
   const LayoutView layout = batch.layout.view();
   const int cp = comm.size();
@@ -110,10 +120,12 @@ RankTimes run_rank(Communicator& comm, const RunConfig& c, const GlobalBatch& ba
   cp::forward(comm, layout, c.mask, q.view(), k.view(), v.view(), out.view(), lse.data(), max_logit.data(), options,
               &times.forward);
   times.forward_wall = seconds_since(start);
+  progress.step();
   start = Clock::now();
   cp::backward(comm, layout, c.mask, q.view(), k.view(), v.view(), out.view(), dout.view(), lse.data(), dq.view(),
                dk.view(), dv.view(), options, &times.backward);
   times.backward_wall = seconds_since(start);
+  progress.step();
 
   assemble(comm, layout, out.data(), outputs.out.data(), out.row_bytes());
   assemble(comm, layout, dq.data(), outputs.dq.data(), dq.row_bytes());
@@ -134,6 +146,7 @@ void fill_layout_stats(const RunConfig& c, const GlobalBatch& batch, RunReport& 
   report.documents = layout.num_seqs;
   for (int b = 0; b < layout.num_seqs; ++b) report.longest = std::max(report.longest, layout.length(b));
   report.total_pairs = table_pairs(build_segment_table(layout, c.mask));
+  report.reference_flops = 14.0 * static_cast<double>(report.total_pairs) * c.head_dim * c.q_heads;
   for (int r = 0; r < c.cp; ++r) {
     report.rank_pairs.push_back(table_pairs(build_cp_segment_table(layout, c.cp, r, c.mask)));
     int64_t valid = 0;
@@ -163,6 +176,24 @@ void check_against_reference(const RunConfig& c, const GlobalOutputs& got, const
   report.checked = true;
 }
 
+// Whether to run the reference, and if not, why.
+bool should_check(const RunConfig& c, RunReport& report) {
+  if (c.check == CheckMode::kNever) {
+    report.check_note = "check skipped (--no-check)";
+    return false;
+  }
+  if (c.check == CheckMode::kAuto && report.reference_flops > kAutoCheckFlopLimit) {
+    char note[200];
+    std::snprintf(note, sizeof(note),
+                  "check skipped: the CPU reference needs %.2g FLOP (over %.0g, about a minute on two cores); "
+                  "pass --check to run it",
+                  report.reference_flops, kAutoCheckFlopLimit);
+    report.check_note = note;
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool RunReport::passed() const {
@@ -170,48 +201,42 @@ bool RunReport::passed() const {
   return std::all_of(checks.begin(), checks.end(), [](const TensorCheck& t) { return t.comparison.passed(); });
 }
 
-GlobalBatch make_default_batch(const RunConfig& c) {
-  GlobalBatch batch;
-  batch.lengths = sample_lengths(c.tokens, c.cp, LengthDistribution{}, c.seed);
-  batch.layout = make_layout(batch.lengths, c.cp);
-  const int64_t rows = batch.layout.total_rows();
-  batch.q = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
-  batch.k = HostTensor(c.dtype, rows, c.kv_heads, c.head_dim);
-  batch.v = HostTensor(c.dtype, rows, c.kv_heads, c.head_dim);
-  batch.dout = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
-  fill_normal(batch.q, c.seed + 1);
-  fill_normal(batch.k, c.seed + 2);
-  fill_normal(batch.v, c.seed + 3);
-  fill_normal(batch.dout, c.seed + 4);
-  return batch;
-}
-
-RunReport run_in_process_job(const RunConfig& c, const GlobalBatch& batch) {
+RunReport run_in_process_job(const RunConfig& c, const GlobalBatch& batch, GlobalOutputs& outputs,
+                             Progress& progress) {
   RunReport report;
   report.communicator = "in-process";
   fill_layout_stats(c, batch, report);
-  GlobalOutputs outputs = allocate_outputs(c, batch.layout.total_rows());
+  outputs = allocate_outputs(c, batch.layout.total_rows());
   std::vector<RankTimes> times(static_cast<size_t>(c.cp));
   // The ranks share this machine's cores.
   const int cores = c.threads > 0 ? c.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = std::max(1, cores / c.cp);
+  progress.phase("AllGather CP forward + backward (ranks done, of 2 passes each)");
+  progress.set_total(2 * c.cp);
   run_in_process(c.cp, [&](Communicator& comm) {
-    // Rank 0 assembles into the report's outputs, the others into a copy of their own.
+    // Rank 0 assembles into `outputs`, the others into a copy of their own.
     GlobalOutputs own = comm.rank() == 0 ? GlobalOutputs{} : allocate_outputs(c, batch.layout.total_rows());
-    times[comm.rank()] = run_rank(comm, c, batch, threads, comm.rank() == 0 ? outputs : own);
+    times[comm.rank()] = run_rank(comm, c, batch, threads, comm.rank() == 0 ? outputs : own, progress);
   });
+  progress.done();
   for (const RankTimes& t : times) add_rank_times(report, t);
-  if (c.check) check_against_reference(c, outputs, run_reference(c, batch, report), report);
+  if (should_check(c, report)) check_against_reference(c, outputs, run_reference(c, batch, report, progress), report);
   return report;
 }
 
-RunReport run_rank_job(Communicator& comm, const RunConfig& c, const GlobalBatch& batch) {
+RunReport run_rank_job(Communicator& comm, const RunConfig& c, const GlobalBatch& batch, GlobalOutputs& outputs,
+                       Progress& progress) {
   RunReport report;
   report.communicator = comm.kind();
   fill_layout_stats(c, batch, report);
-  GlobalOutputs outputs = allocate_outputs(c, batch.layout.total_rows());
-  add_rank_times(report, run_rank(comm, c, batch, c.threads, outputs));
-  if (c.check && comm.rank() == 0) check_against_reference(c, outputs, run_reference(c, batch, report), report);
+  outputs = allocate_outputs(c, batch.layout.total_rows());
+  progress.phase("AllGather CP forward + backward (this rank's passes)");
+  progress.set_total(2);
+  add_rank_times(report, run_rank(comm, c, batch, c.threads, outputs, progress));
+  progress.done();
+  if (comm.rank() == 0 && should_check(c, report)) {
+    check_against_reference(c, outputs, run_reference(c, batch, report, progress), report);
+  }
   return report;
 }
 

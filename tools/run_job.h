@@ -16,6 +16,9 @@
 
 namespace thdcp::tools {
 
+// When the single-device reference runs: kAuto skips it when it would be expensive.
+enum class CheckMode { kAuto, kAlways, kNever };
+
 struct RunConfig {
   int cp = 4;
   uint64_t seed = 1234;
@@ -26,14 +29,30 @@ struct RunConfig {
   DType dtype = DType::kBFloat16;
   int64_t tokens = 16384;
   int threads = 0;
-  bool check = true;
+  CheckMode check = CheckMode::kAuto;
+  bool quiet = false;
+  std::string lengths_file;  // --lengths
+  int64_t batch_index = 0;   // --batch
+  std::string load_dir;      // --load
+  std::string save_dir;      // --save
+  std::string json_file;     // --json
 };
 
-// A batch in the global (unsplit) layout.
+// kAuto runs the reference only below this many floating-point operations (fwd + bwd,
+// 14 * pairs * D * Hq): about a minute on two cores.
+constexpr double kAutoCheckFlopLimit = 2e12;
+
+// A batch in the global (unsplit) layout the job runs on: every padded length a multiple
+// of 2*cp.
 struct GlobalBatch {
+  std::string source;  // where it came from, for the summary
   std::vector<int64_t> lengths;
   BatchLayout layout;
   HostTensor q, k, v, dout;
+  // The layout the user gave (--load) and, for each row of `layout`, its row there (-1 for
+  // padding that thdcp added). Equal to `layout` and the identity otherwise.
+  BatchLayout user_layout;
+  std::vector<int32_t> user_rows;
 };
 
 // Outputs in the global layout.
@@ -60,16 +79,23 @@ struct RunReport {
   cp::Timings forward_phases, backward_phases;  // slowest rank per phase
   std::vector<TensorCheck> checks;
   bool checked = false;
+  double reference_flops = 0;  // 14 * pairs * D * Hq
+  std::string check_note;      // why the check was skipped, if it was
   bool passed() const;
 };
 
-GlobalBatch make_default_batch(const RunConfig& config);
+class Progress;
 
-// Runs the job with every rank a thread of this process.
-RunReport run_in_process_job(const RunConfig& config, const GlobalBatch& batch);
+// Runs the job with every rank a thread of this process. `outputs` receives the CP results in
+// the job's global layout.
+RunReport run_in_process_job(const RunConfig& config, const GlobalBatch& batch, GlobalOutputs& outputs,
+                             Progress& progress);
 
 // Runs this process's rank of the job over `comm` (e.g. MPI); every rank builds the same
 // batch. The report is complete on rank 0 (the others hold their own timings).
-RunReport run_rank_job(Communicator& comm, const RunConfig& config, const GlobalBatch& batch);
+RunReport run_rank_job(Communicator& comm, const RunConfig& config, const GlobalBatch& batch, GlobalOutputs& outputs,
+                       Progress& progress);
+
+GlobalOutputs allocate_outputs(const RunConfig& config, int64_t rows);
 
 }  // namespace thdcp::tools

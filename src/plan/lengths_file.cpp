@@ -1,0 +1,123 @@
+// Readers of the planner's text inputs: lengths files and batches files (thdcp/planner.h).
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include "thdcp/error.h"
+#include "thdcp/planner.h"
+
+namespace thdcp {
+
+namespace {
+
+// Offsets are int32 (cu_seqlens), so no document can be longer than that.
+constexpr int64_t kMaxLength = std::numeric_limits<int32_t>::max();
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
+
+std::ifstream open_text(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  THDCP_CHECK(in.is_open(), path << ": cannot open the " << what << " file (" << std::strerror(errno)
+                                 << "): check the path");
+  return in;
+}
+
+// The line without its '#' comment.
+std::string strip_comment(const std::string& line) {
+  const size_t hash = line.find('#');
+  return hash == std::string::npos ? line : line.substr(0, hash);
+}
+
+// One length: decimal digits, >= 1, <= kMaxLength.
+int64_t parse_length(const std::string& text, const std::string& path, int64_t line) {
+  const std::string at = path + ":" + std::to_string(line) + ": ";
+  THDCP_CHECK(!text.empty(), at << "empty field: separate lengths by single commas or spaces");
+  size_t i = text[0] == '+' ? 1 : 0;
+  THDCP_CHECK(text[0] != '-', at << "'" << text << "' is negative: a document length counts tokens (>= 1)");
+  THDCP_CHECK(i < text.size(), at << "'" << text << "' is not a document length: use a whole number >= 1");
+  int64_t value = 0;
+  for (; i < text.size(); ++i) {
+    const char c = text[i];
+    THDCP_CHECK(c >= '0' && c <= '9', at << "'" << text << "' is not a document length: use a whole number >= 1");
+    value = value * 10 + (c - '0');
+    THDCP_CHECK(value <= kMaxLength, at << "'" << text << "' is longer than int32 offsets allow (2^31-1 tokens)");
+  }
+  THDCP_CHECK(value >= 1, at << "'" << text << "' is a zero-length document: remove the line "
+                                "(empty documents take a capacity slot without any token)");
+  return value;
+}
+
+// Splits a comment-free line into fields separated by whitespace and/or one comma. A comma
+// with no value on one side (",,", a leading or a trailing comma) gives an empty field, which
+// parse_length reports rather than silently skipping a value the user meant to write.
+std::vector<std::string> split_fields(const std::string& text) {
+  std::vector<std::string> fields;
+  bool value_since_comma = false;  // a value was seen since the line start or the last comma
+  bool seen_comma = false;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (is_space(text[i])) {
+      ++i;
+    } else if (text[i] == ',') {
+      if (!value_since_comma) fields.push_back("");
+      value_since_comma = false;
+      seen_comma = true;
+      ++i;
+    } else {
+      const size_t begin = i;
+      while (i < text.size() && !is_space(text[i]) && text[i] != ',') ++i;
+      fields.push_back(text.substr(begin, i - begin));
+      value_since_comma = true;
+    }
+  }
+  if (seen_comma && !value_since_comma) fields.push_back("");
+  return fields;
+}
+
+}  // namespace
+
+DocumentLengths read_lengths_file(const std::string& path) {
+  std::ifstream in = open_text(path, "lengths");
+  DocumentLengths out;
+  out.source = path;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    std::string text = strip_comment(line);
+    size_t begin = 0, end = text.size();
+    while (begin < end && is_space(text[begin])) ++begin;
+    while (end > begin && is_space(text[end - 1])) --end;
+    if (begin == end) continue;
+    text = text.substr(begin, end - begin);
+    THDCP_CHECK(text.find_first_of(", \t") == std::string::npos,
+                path << ":" << number << ": '" << text << "' holds more than one value: a lengths file has one "
+                     << "document length per line (use a batches file for several documents per line)");
+    out.lengths.push_back(parse_length(text, path, number));
+    out.lines.push_back(number);
+  }
+  THDCP_CHECK(!in.bad(), path << ": read error (" << std::strerror(errno) << ")");
+  THDCP_CHECK(!out.lengths.empty(), path << ": no document lengths found: write one length (>= 1) per line");
+  return out;
+}
+
+DocumentBatches read_batches_file(const std::string& path) {
+  std::ifstream in = open_text(path, "batches");
+  DocumentBatches out;
+  out.source = path;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    const std::vector<std::string> fields = split_fields(strip_comment(line));
+    if (fields.empty()) continue;
+    std::vector<int64_t> batch;
+    batch.reserve(fields.size());
+    for (const std::string& field : fields) batch.push_back(parse_length(field, path, number));
+    out.batches.push_back(std::move(batch));
+    out.lines.push_back(number);
+  }
+  THDCP_CHECK(!in.bad(), path << ": read error (" << std::strerror(errno) << ")");
+  THDCP_CHECK(!out.batches.empty(),
+              path << ": no batches found: write one batch per line, its document lengths separated by spaces or commas");
+  return out;
+}
+
+}  // namespace thdcp

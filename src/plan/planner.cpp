@@ -1,0 +1,274 @@
+#include "thdcp/planner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+#include <set>
+
+#include "thdcp/error.h"
+#include "thdcp/layout.h"
+#include "thdcp/segment.h"
+#include "thdcp/segment_table.h"
+
+namespace thdcp {
+
+namespace {
+
+// "FILE:LINE: " when the origin is known, "SOURCE: " or "" otherwise.
+std::string where(const std::string& source, const std::vector<int64_t>& lines, size_t index) {
+  if (source.empty()) return "";
+  if (index < lines.size()) return source + ":" + std::to_string(lines[index]) + ": ";
+  return source + ": ";
+}
+
+int64_t padded_to(int64_t length, int64_t alignment) { return (length + alignment - 1) / alignment * alignment; }
+
+std::string format_bytes(int64_t bytes) {
+  char text[32];
+  if (bytes < 1024) {
+    std::snprintf(text, sizeof(text), "%lld B", static_cast<long long>(bytes));
+  } else if (bytes < 1024 * 1024) {
+    std::snprintf(text, sizeof(text), "%.1f KiB", bytes / 1024.0);
+  } else {
+    std::snprintf(text, sizeof(text), "%.1f MiB", bytes / (1024.0 * 1024.0));
+  }
+  return text;
+}
+
+std::string format_percent(double fraction) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f%%", 100.0 * fraction);
+  return text;
+}
+
+void check_cp_sizes(const std::vector<int>& cp_sizes) {
+  THDCP_CHECK(!cp_sizes.empty(), "the list of CP sizes is empty: give at least one (e.g. 1,2,4,8)");
+  std::set<int> seen;
+  for (int cp : cp_sizes) {
+    THDCP_CHECK(cp >= 1, "CP size " << cp << " must be >= 1 (1 means no context parallelism)");
+    THDCP_CHECK(seen.insert(cp).second, "CP size " << cp << " is listed twice: give each CP size once");
+  }
+}
+
+DocsPerBatch docs_per_batch(const DocumentBatches& input) {
+  DocsPerBatch d;
+  d.batches = static_cast<int64_t>(input.batches.size());
+  for (const auto& batch : input.batches) d.counts.push_back(static_cast<int64_t>(batch.size()));
+  d.mean = static_cast<double>(std::accumulate(d.counts.begin(), d.counts.end(), int64_t{0})) / d.batches;
+  d.p50 = percentile_nearest_rank(d.counts, 50);
+  d.p90 = percentile_nearest_rank(d.counts, 90);
+  d.p99 = percentile_nearest_rank(d.counts, 99);
+  d.max = percentile_nearest_rank(d.counts, 100);
+  return d;
+}
+
+CapacityCandidate candidate(const std::string& label, int64_t real_sequences, const std::vector<int64_t>& counts) {
+  CapacityCandidate c;
+  c.label = label;
+  c.max_seqs = real_sequences + 1;  // one placeholder is always reserved
+  for (int64_t n : counts) c.fallback_batches += n > c.max_seqs - 1 ? 1 : 0;
+  c.fallback_fraction = static_cast<double>(c.fallback_batches) / static_cast<double>(counts.size());
+  c.metadata_bytes = capacity_metadata_bytes(c.max_seqs);
+  return c;
+}
+
+RankBalance rank_balance(const DocumentBatches& input, int cp, const Mask& mask) {
+  RankBalance balance;
+  balance.rank_pairs.assign(cp, 0);
+  double busiest_sum = 0;
+  double mean_sum = 0;
+  for (size_t b = 0; b < input.batches.size(); ++b) {
+    const BatchLayout layout = make_layout(input.batches[b], cp);
+    int64_t busiest = 0;
+    int64_t batch_total = 0;
+    for (int rank = 0; rank < cp; ++rank) {
+      const int64_t pairs = table_pairs(build_cp_segment_table(layout.view(), cp, rank, mask));
+      balance.rank_pairs[rank] += pairs;
+      busiest = std::max(busiest, pairs);
+      batch_total += pairs;
+    }
+    balance.total_pairs += batch_total;
+    const double mean = static_cast<double>(batch_total) / cp;
+    busiest_sum += static_cast<double>(busiest);
+    mean_sum += mean;
+    const double ratio = mean > 0 ? busiest / mean : 1.0;
+    if (ratio > balance.worst_batch_max_over_mean) {
+      balance.worst_batch_max_over_mean = ratio;
+      balance.worst_batch = static_cast<int64_t>(b);
+    }
+  }
+  const double mean = static_cast<double>(balance.total_pairs) / cp;
+  const int64_t busiest = *std::max_element(balance.rank_pairs.begin(), balance.rank_pairs.end());
+  balance.total_max_over_mean = mean > 0 ? busiest / mean : 1.0;
+  balance.step_max_over_mean = mean_sum > 0 ? busiest_sum / mean_sum : 1.0;
+  return balance;
+}
+
+void recommend(CpPlan& plan, double fallback_budget) {
+  const std::vector<CapacityCandidate>& c = plan.candidates;
+  const int never = static_cast<int>(c.size()) - 1;  // T/(2cp): never falls back
+  int pick = never;
+  for (int i = 0; i < never; ++i) {
+    if (c[i].fallback_fraction <= fallback_budget) {
+      pick = i;
+      break;
+    }
+  }
+  if (pick != never && c[never].max_seqs <= 2 * c[pick].max_seqs) {
+    plan.recommended = never;
+    plan.reason = "max_seqs=" + std::to_string(c[never].max_seqs) + " (T/(2cp)+1) never falls back, whatever the "
+                  "data, and is at most twice " + c[pick].label + "+1=" + std::to_string(c[pick].max_seqs) +
+                  "; metadata " + format_bytes(c[never].metadata_bytes) + " per rank";
+    return;
+  }
+  plan.recommended = pick;
+  const CapacityCandidate& r = c[pick];
+  if (pick == never) {
+    plan.reason = "max_seqs=" + std::to_string(r.max_seqs) + " (T/(2cp)+1): every smaller candidate falls back "
+                  "in more than " + format_percent(fallback_budget) + " of batches; metadata " +
+                  format_bytes(r.metadata_bytes) + " per rank";
+    return;
+  }
+  plan.reason = "max_seqs=" + std::to_string(r.max_seqs) + " (" + r.label + "+1): " +
+                format_percent(r.fallback_fraction) + " of batches fall back to eager (budget " +
+                format_percent(fallback_budget) + "), metadata " + format_bytes(r.metadata_bytes) +
+                " per rank; T/(2cp)+1=" + std::to_string(c[never].max_seqs) +
+                " would never fall back but sizes every graph's grids for that many sequences";
+}
+
+}  // namespace
+
+int64_t packing_alignment(const std::vector<int>& cp_sizes) {
+  check_cp_sizes(cp_sizes);
+  int64_t alignment = 1;
+  for (int cp : cp_sizes) {
+    const int64_t two_cp = 2 * static_cast<int64_t>(cp);
+    const int64_t g = std::gcd(alignment, two_cp);
+    THDCP_CHECK(alignment / g <= std::numeric_limits<int32_t>::max() / two_cp,
+                "the CP sizes have no common alignment below 2^31 rows (lcm of 2*cp): use fewer or "
+                "power-of-two CP sizes");
+    alignment = alignment / g * two_cp;
+  }
+  return alignment;
+}
+
+DocumentBatches pack_documents(const DocumentLengths& documents, int64_t tokens, int64_t alignment) {
+  THDCP_CHECK(alignment >= 1, "packing alignment " << alignment << " must be >= 1");
+  THDCP_CHECK(tokens >= alignment, "tokens=" << tokens << " is smaller than the packing alignment "
+                                             << alignment << " (lcm of 2*cp): raise tokens");
+  DocumentBatches out;
+  out.source = documents.source;
+  int64_t used = 0;
+  for (size_t i = 0; i < documents.lengths.size(); ++i) {
+    const int64_t length = documents.lengths[i];
+    THDCP_CHECK(length >= 1, where(documents.source, documents.lines, i)
+                                 << "document " << i << " has length " << length << ": lengths must be >= 1");
+    const int64_t rows = padded_to(length, alignment);
+    THDCP_CHECK(rows <= tokens, where(documents.source, documents.lines, i)
+                                    << "document " << i << " has " << length << " tokens (" << rows
+                                    << " rows padded to a multiple of " << alignment << ") but a batch holds tokens="
+                                    << tokens << " rows: raise tokens to at least " << rows
+                                    << " or split the document");
+    if (out.batches.empty() || used + rows > tokens) {
+      out.batches.emplace_back();
+      if (i < documents.lines.size()) out.lines.push_back(documents.lines[i]);
+      used = 0;
+    }
+    out.batches.back().push_back(length);
+    used += rows;
+  }
+  THDCP_CHECK(!out.batches.empty(), (documents.source.empty() ? std::string("the documents") : documents.source)
+                                        << ": no documents to pack: give at least one length");
+  return out;
+}
+
+int64_t min_tokens_for(const DocumentBatches& batches, const std::vector<int>& cp_sizes) {
+  const int64_t alignment = packing_alignment(cp_sizes);
+  int64_t tokens = alignment;
+  for (const auto& batch : batches.batches) {
+    for (int cp : cp_sizes) {
+      int64_t rows = 0;
+      for (int64_t length : batch) rows += padded_to(length, 2 * static_cast<int64_t>(cp));
+      tokens = std::max(tokens, padded_to(rows, alignment));
+    }
+  }
+  return tokens;
+}
+
+int64_t percentile_nearest_rank(std::vector<int64_t> values, int p) {
+  THDCP_CHECK(!values.empty(), "percentile of an empty list: there are no batches");
+  THDCP_CHECK(p > 0 && p <= 100, "percentile p=" << p << " must be in (0, 100]");
+  std::sort(values.begin(), values.end());
+  const int64_t n = static_cast<int64_t>(values.size());
+  const int64_t rank = std::max<int64_t>(1, (p * n + 99) / 100);  // ceil(p * n / 100), exact in integers
+  return values[rank - 1];
+}
+
+int64_t capacity_metadata_bytes(int64_t max_seqs) {
+  THDCP_CHECK(max_seqs >= 1, "max_seqs=" << max_seqs << " must be >= 1");
+  return 2 * (max_seqs + 1) * static_cast<int64_t>(sizeof(int32_t)) +
+         2 * max_seqs * static_cast<int64_t>(sizeof(Segment));
+}
+
+CapacityPlan plan_capacity(const DocumentBatches& input, const PlanOptions& options) {
+  check_cp_sizes(options.cp_sizes);
+  THDCP_CHECK(options.tokens >= 1, "tokens=" << options.tokens << " must be >= 1 (rows per batch)");
+  THDCP_CHECK(options.fallback_budget >= 0 && options.fallback_budget <= 1,
+              "fallback budget " << options.fallback_budget << " must be a fraction in [0, 1]");
+  const std::string source = input.source.empty() ? std::string("the batches") : input.source;
+  THDCP_CHECK(!input.batches.empty(), source << ": no batches: give at least one");
+  for (int cp : options.cp_sizes) {
+    THDCP_CHECK(options.tokens % (2 * static_cast<int64_t>(cp)) == 0,
+                "tokens=" << options.tokens << " is not a multiple of 2*cp=" << 2 * cp
+                          << ": round it to a multiple of " << packing_alignment(options.cp_sizes));
+  }
+  for (size_t b = 0; b < input.batches.size(); ++b) {
+    const auto& batch = input.batches[b];
+    THDCP_CHECK(!batch.empty(), where(input.source, input.lines, b) << "batch " << b << " has no documents");
+    for (int cp : options.cp_sizes) {
+      int64_t rows = 0;
+      for (int64_t length : batch) {
+        THDCP_CHECK(length >= 1, where(input.source, input.lines, b)
+                                     << "batch " << b << " has a document of length " << length
+                                     << ": lengths must be >= 1");
+        rows += padded_to(length, 2 * static_cast<int64_t>(cp));
+      }
+      THDCP_CHECK(rows <= options.tokens, where(input.source, input.lines, b)
+                                              << "batch " << b << " needs " << rows
+                                              << " rows with its documents padded to multiples of 2*cp=" << 2 * cp
+                                              << " but tokens=" << options.tokens
+                                              << ": raise tokens to at least " << rows);
+    }
+  }
+
+  CapacityPlan plan;
+  plan.tokens = options.tokens;
+  plan.packing_alignment = packing_alignment(options.cp_sizes);
+  plan.docs_per_batch = docs_per_batch(input);
+  const DocsPerBatch& d = plan.docs_per_batch;
+  for (int cp : options.cp_sizes) {
+    CpPlan p;
+    p.cp = cp;
+    const int64_t two_cp = 2 * static_cast<int64_t>(cp);
+    for (const auto& batch : input.batches) {
+      for (int64_t length : batch) {
+        p.valid_tokens += length;
+        p.padded_rows += padded_to(length, two_cp);
+        p.longest_document = std::max(p.longest_document, length);
+      }
+    }
+    p.padding_fraction = static_cast<double>(p.padded_rows - p.valid_tokens) / static_cast<double>(p.padded_rows);
+    const double capacity_rows = static_cast<double>(d.batches) * static_cast<double>(options.tokens);
+    p.slack_fraction = (capacity_rows - static_cast<double>(p.padded_rows)) / capacity_rows;
+    p.longest_rows_per_rank = padded_to(p.longest_document, two_cp) / cp;
+    p.candidates = {candidate("P90", d.p90, d.counts), candidate("P99", d.p99, d.counts),
+                    candidate("max", d.max, d.counts), candidate("T/(2cp)", options.tokens / two_cp, d.counts)};
+    p.balance = rank_balance(input, cp, options.mask);
+    recommend(p, options.fallback_budget);
+    plan.per_cp.push_back(std::move(p));
+  }
+  return plan;
+}
+
+}  // namespace thdcp

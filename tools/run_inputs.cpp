@@ -1,0 +1,277 @@
+#include "run_inputs.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "args.h"
+#include "npy.h"
+#include "thdcp/layout.h"
+#include "thdcp/planner.h"
+#include "thdcp/workload.h"
+
+namespace thdcp::tools {
+
+namespace {
+
+// Random tensors for a layout the job runs on, seeded from the config.
+GlobalBatch random_batch(const RunConfig& c, std::vector<int64_t> lengths, std::string source) {
+  GlobalBatch batch;
+  batch.source = std::move(source);
+  batch.lengths = std::move(lengths);
+  batch.layout = make_layout(batch.lengths, c.cp);
+  const int64_t rows = batch.layout.total_rows();
+  batch.q = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
+  batch.k = HostTensor(c.dtype, rows, c.kv_heads, c.head_dim);
+  batch.v = HostTensor(c.dtype, rows, c.kv_heads, c.head_dim);
+  batch.dout = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
+  fill_normal(batch.q, c.seed + 1);
+  fill_normal(batch.k, c.seed + 2);
+  fill_normal(batch.v, c.seed + 3);
+  fill_normal(batch.dout, c.seed + 4);
+  batch.user_layout = batch.layout;
+  batch.user_rows.resize(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) batch.user_rows[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+  return batch;
+}
+
+std::string join(const std::string& dir, const std::string& name) {
+  return dir.empty() || dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+// The storage dtype of a float array and --dtype: "<u2" holds raw 16-bit words whose meaning
+// --dtype gives (bf16 unless it says fp16).
+DType dtype_of(const NpyArray& a, const RunConfig& c, bool dtype_given) {
+  DType d;
+  if (a.descr == "<f4") {
+    d = DType::kFloat32;
+  } else if (a.descr == "<f2") {
+    d = DType::kFloat16;
+  } else if (a.descr == "<u2") {
+    d = dtype_given ? c.dtype : DType::kBFloat16;
+    if (d == DType::kFloat32) {
+      throw UsageError(a.path + " holds 16-bit words (<u2) but --dtype is fp32: use --dtype bf16 (or fp16)");
+    }
+  } else {
+    throw UsageError(a.path + ": dtype " + a.descr + " is not a tensor dtype: use float32 (<f4), float16 (<f2) or "
+                     "bfloat16 stored as uint16 (<u2)");
+  }
+  if (dtype_given && d != c.dtype) {
+    throw UsageError(a.path + " holds " + dtype_name(d) + " but --dtype is " + dtype_name(c.dtype) +
+                     ": drop --dtype or convert the file");
+  }
+  return d;
+}
+
+HostTensor tensor_from(const NpyArray& a, DType dtype) {
+  HostTensor t(dtype, a.shape[0], a.shape[1], a.shape[2]);
+  std::memcpy(t.data(), a.data.data(), a.data.size());
+  return t;
+}
+
+// Copies the valid rows of every sequence from `from` (layout `src`) to `to` (layout `dst`).
+void copy_valid_rows(const HostTensor& from, const LayoutView& src, HostTensor& to, const LayoutView& dst) {
+  const size_t row_bytes = from.row_bytes();
+  for (int b = 0; b < src.num_seqs; ++b) {
+    std::memcpy(static_cast<char*>(to.data()) + dst.padded_start(b) * row_bytes,
+                static_cast<const char*>(from.data()) + src.padded_start(b) * row_bytes,
+                static_cast<size_t>(src.length(b)) * row_bytes);
+  }
+}
+
+std::string descr_of(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "<f4";
+    case DType::kFloat16: return "<f2";
+    case DType::kBFloat16: return "<u2";
+  }
+  return "<u2";
+}
+
+}  // namespace
+
+GlobalBatch make_default_batch(const RunConfig& c) {
+  return random_batch(c, sample_lengths(c.tokens, c.cp, LengthDistribution{}, c.seed),
+                      "built-in: lognormal lengths (median 1500, sigma 1, max 16384)");
+}
+
+GlobalBatch make_batch_from_lengths(const RunConfig& c) {
+  const DocumentLengths documents = read_lengths_file(c.lengths_file);
+  const DocumentBatches batches = pack_documents(documents, c.tokens, 2 * static_cast<int64_t>(c.cp));
+  const int64_t count = static_cast<int64_t>(batches.batches.size());
+  if (c.batch_index >= count) {
+    throw UsageError("--batch " + std::to_string(c.batch_index) + ": " + c.lengths_file + " packs into " +
+                     std::to_string(count) + " batches of " + std::to_string(c.tokens) +
+                     " rows: pick one of 0.." + std::to_string(count - 1));
+  }
+  return random_batch(c, batches.batches[static_cast<size_t>(c.batch_index)],
+                      c.lengths_file + ", batch " + std::to_string(c.batch_index) + " of " + std::to_string(count));
+}
+
+GlobalBatch load_batch(RunConfig& c, bool dtype_given, bool heads_given, bool head_dim_given) {
+  const std::string& dir = c.load_dir;
+  const NpyArray q = read_npy(join(dir, "q.npy"));
+  const NpyArray k = read_npy(join(dir, "k.npy"));
+  const NpyArray v = read_npy(join(dir, "v.npy"));
+  const NpyArray cu = read_npy(join(dir, "cu_seqlens.npy"));
+  check_npy_shape(q, {-1, -1, -1}, "q ([T, Hq, D])");
+  const int64_t rows = q.shape[0], q_heads = q.shape[1], head_dim = q.shape[2];
+  check_npy_shape(k, {rows, -1, head_dim}, "k ([T, Hkv, D], T and D of q)");
+  check_npy_shape(v, k.shape, "v (the shape of k)");
+  check_npy_shape(cu, {-1}, "cu_seqlens ([num_seqs + 1])");
+  const DType dtype = dtype_of(q, c, dtype_given);
+  for (const NpyArray* a : {&k, &v}) {
+    if (a->descr != q.descr) throw UsageError(a->path + " has dtype " + a->descr + " but q.npy has " + q.descr);
+  }
+  if (heads_given && (c.q_heads != q_heads || c.kv_heads != k.shape[1])) {
+    throw UsageError("--heads " + std::to_string(c.q_heads) + ":" + std::to_string(c.kv_heads) +
+                     " disagrees with the loaded q/k (" + std::to_string(q_heads) + ":" + std::to_string(k.shape[1]) +
+                     " heads): drop --heads");
+  }
+  if (head_dim_given && c.head_dim != head_dim) {
+    throw UsageError("--head-dim " + std::to_string(c.head_dim) + " disagrees with the loaded head dim " +
+                     std::to_string(head_dim) + ": drop --head-dim");
+  }
+  if (k.shape[1] < 1 || q_heads % k.shape[1] != 0) {
+    throw UsageError(q.path + " has " + std::to_string(q_heads) + " heads, not a multiple of the " +
+                     std::to_string(k.shape[1]) + " heads of " + k.path + " (GQA/MQA need Hq % Hkv == 0)");
+  }
+  if (!cpu_supports_head_dim(head_dim)) {
+    throw UsageError(q.path + ": head dim " + std::to_string(head_dim) + " is not supported: use a multiple of 8 in [8, 256]");
+  }
+  c.q_heads = q_heads;
+  c.kv_heads = k.shape[1];
+  c.head_dim = head_dim;
+  c.dtype = dtype;
+
+  std::vector<int64_t> cu_padded_values;
+  const std::string padded_path = join(dir, "cu_seqlens_padded.npy");
+  const std::vector<int64_t> cu_values = npy_to_int64(cu, "cu_seqlens");
+  if (file_exists(padded_path)) {
+    const NpyArray cup = read_npy(padded_path);
+    check_npy_shape(cup, cu.shape, "cu_seqlens_padded (the shape of cu_seqlens)");
+    cu_padded_values = npy_to_int64(cup, "cu_seqlens_padded");
+  } else {
+    // No padding: sequences back to back, so cu_seqlens alone must cover q's rows.
+    if (!cu_values.empty() && cu_values.back() != rows) {
+      throw UsageError(cu.path + ": its last entry is " + std::to_string(cu_values.back()) + " but q.npy has T=" +
+                       std::to_string(rows) + " rows: without cu_seqlens_padded.npy the sequences must fill q exactly"
+                       " (or add cu_seqlens_padded.npy)");
+    }
+    cu_padded_values = cu_values;
+  }
+
+  GlobalBatch batch;
+  batch.source = "loaded from " + dir;
+  batch.user_layout = layout_from_int64(cu_values, cu_padded_values);
+  const LayoutView user = batch.user_layout.view();
+  validate_layout(user, rows, 0);
+  for (int b = 0; b < user.num_seqs; ++b) batch.lengths.push_back(user.length(b));
+
+  HostTensor q_user = tensor_from(q, dtype), k_user = tensor_from(k, dtype), v_user = tensor_from(v, dtype);
+  HostTensor dout_user;
+  const std::string dout_path = join(dir, "dout.npy");
+  if (file_exists(dout_path)) {
+    const NpyArray dout = read_npy(dout_path);
+    check_npy_shape(dout, q.shape, "dout (the shape of q)");
+    if (dout.descr != q.descr) throw UsageError(dout.path + " has dtype " + dout.descr + " but q.npy has " + q.descr);
+    dout_user = tensor_from(dout, dtype);
+  } else {
+    dout_user = HostTensor(dtype, rows, q_heads, head_dim);
+    fill_normal(dout_user, c.seed + 4);
+  }
+
+  // Keep the user's layout when it already suits the CP size; otherwise pad each sequence
+  // to a multiple of 2*cp and remember where every row came from.
+  bool aligned = true;
+  for (int b = 0; b < user.num_seqs; ++b) aligned = aligned && user.padded_length(b) % (2 * c.cp) == 0;
+  if (aligned) {
+    batch.layout = batch.user_layout;
+    batch.q = std::move(q_user);
+    batch.k = std::move(k_user);
+    batch.v = std::move(v_user);
+    batch.dout = std::move(dout_user);
+    batch.user_rows.resize(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) batch.user_rows[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+    return batch;
+  }
+  batch.layout = make_layout(batch.lengths, c.cp);
+  const LayoutView job = batch.layout.view();
+  const int64_t job_rows = job.total_rows();
+  batch.q = HostTensor(dtype, job_rows, q_heads, head_dim);
+  batch.k = HostTensor(dtype, job_rows, k.shape[1], head_dim);
+  batch.v = HostTensor(dtype, job_rows, k.shape[1], head_dim);
+  batch.dout = HostTensor(dtype, job_rows, q_heads, head_dim);
+  copy_valid_rows(q_user, user, batch.q, job);
+  copy_valid_rows(k_user, user, batch.k, job);
+  copy_valid_rows(v_user, user, batch.v, job);
+  copy_valid_rows(dout_user, user, batch.dout, job);
+  batch.user_rows.assign(static_cast<size_t>(job_rows), -1);
+  for (int b = 0; b < job.num_seqs; ++b) {
+    for (int64_t i = 0; i < job.length(b); ++i) {
+      batch.user_rows[static_cast<size_t>(job.padded_start(b) + i)] = static_cast<int32_t>(user.padded_start(b) + i);
+    }
+  }
+  batch.source += " (re-padded to multiples of 2*cp=" + std::to_string(2 * c.cp) + ")";
+  return batch;
+}
+
+HostTensor to_user_layout(const GlobalBatch& batch, const HostTensor& tensor) {
+  HostTensor user(tensor.dtype(), batch.user_layout.total_rows(), tensor.heads(), tensor.head_dim());
+  const size_t row_bytes = tensor.row_bytes();
+  for (size_t r = 0; r < batch.user_rows.size(); ++r) {
+    if (batch.user_rows[r] < 0) continue;
+    std::memcpy(static_cast<char*>(user.data()) + batch.user_rows[r] * row_bytes,
+                static_cast<const char*>(tensor.data()) + r * row_bytes, row_bytes);
+  }
+  return user;
+}
+
+std::vector<float> lse_to_user_layout(const GlobalBatch& batch, const std::vector<float>& lse, int64_t heads) {
+  const int64_t job_rows = batch.layout.total_rows(), user_rows = batch.user_layout.total_rows();
+  // Rows that hold no query (padding) have lse = -inf, as the kernels write them.
+  std::vector<float> user(static_cast<size_t>(heads * user_rows), -INFINITY);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t r = 0; r < job_rows; ++r) {
+      const int32_t u = batch.user_rows[static_cast<size_t>(r)];
+      if (u >= 0) user[static_cast<size_t>(h * user_rows + u)] = lse[static_cast<size_t>(h * job_rows + r)];
+    }
+  }
+  return user;
+}
+
+void save_run(const std::string& dir, const GlobalBatch& batch, const GlobalOutputs& outputs) {
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    throw Error("--save " + dir + ": cannot create the directory: " + std::strerror(errno));
+  }
+  const int64_t heads = outputs.out.heads();
+  const int64_t rows = batch.user_layout.total_rows();
+  auto save_tensor = [&](const char* name, const HostTensor& t) {
+    write_npy(join(dir, name), descr_of(t.dtype()), {t.tokens(), t.heads(), t.head_dim()}, t.data());
+  };
+  auto save_offsets = [&](const char* name, const std::vector<int32_t>& offsets) {
+    write_npy(join(dir, name), "<i4", {static_cast<int64_t>(offsets.size())}, offsets.data());
+  };
+  save_tensor("q.npy", to_user_layout(batch, batch.q));
+  save_tensor("k.npy", to_user_layout(batch, batch.k));
+  save_tensor("v.npy", to_user_layout(batch, batch.v));
+  save_tensor("dout.npy", to_user_layout(batch, batch.dout));
+  save_offsets("cu_seqlens.npy", batch.user_layout.cu_seqlens);
+  save_offsets("cu_seqlens_padded.npy", batch.user_layout.cu_seqlens_padded);
+  save_tensor("out.npy", to_user_layout(batch, outputs.out));
+  save_tensor("dq.npy", to_user_layout(batch, outputs.dq));
+  save_tensor("dk.npy", to_user_layout(batch, outputs.dk));
+  save_tensor("dv.npy", to_user_layout(batch, outputs.dv));
+  const std::vector<float> lse = lse_to_user_layout(batch, outputs.lse, heads);
+  write_npy(join(dir, "lse.npy"), "<f4", {heads, rows}, lse.data());
+  write_npy(join(dir, "max_logit.npy"), "<f4", {heads}, outputs.max_logit.data());
+}
+
+}  // namespace thdcp::tools
