@@ -82,9 +82,7 @@ void print_plan(const CapacityPlan& plan, const DocumentBatches& batches) {
                   static_cast<long long>(c.fallback_batches), 100.0 * c.fallback_fraction,
                   bytes_text(c.metadata_bytes).c_str(), static_cast<int>(i) == p.recommended ? "  <- recommended" : "");
     }
-    std::printf("  recommendation: max_seqs=%lld, max_tokens=%lld: %s\n",
-                static_cast<long long>(p.candidates[static_cast<size_t>(p.recommended)].max_seqs),
-                static_cast<long long>(plan.tokens), p.reason.c_str());
+    std::printf("  recommendation (max_tokens=%lld): %s\n", static_cast<long long>(plan.tokens), p.reason.c_str());
   }
 }
 

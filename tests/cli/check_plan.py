@@ -87,7 +87,7 @@ def main():
             best = never
         check(entry["recommended_max_seqs"] == best[1] if "recommended_max_seqs" in entry else entry["recommended"] == best[0],
               "cp=%d recommendation %s" % (cp, best))
-        check(("recommendation: max_seqs=%d, max_tokens=%d" % (best[1], TOKENS)) in printed, "cp=%d printed recommendation" % cp)
+        check(("recommendation (max_tokens=%d): max_seqs=%d (" % (TOKENS, best[1])) in printed, "cp=%d printed recommendation" % cp)
 
     check(root.tag == SVG + "svg", "the plot is an <svg> document")
     texts = " ".join(t.text or "" for t in root.iter(SVG + "text"))
