@@ -6,6 +6,9 @@
 #include <vector>
 
 #include "args.h"
+#if defined(THDCP_CLI_WITH_CUDA)
+#include "bench_command.h"
+#endif
 #include "commands.h"
 #include "thdcp/error.h"
 #include "thdcp/mpi.h"
@@ -19,6 +22,7 @@ const char* kUsage =
     "  run    the main job: a packed batch through AllGather CP, forward and backward,\n"
     "         checked against the single-device reference (thdcp run --help)\n"
     "  plan   capacities (max_seqs) for CUDA graphs from document lengths (thdcp plan --help)\n"
+    "  bench  verify, then time the CUDA attention kernels (thdcp bench --help; needs CUDA)\n"
     "\n"
     "Exit codes: 0 success, 1 a check failed, 2 bad input.\n";
 
@@ -40,7 +44,14 @@ int main(int argc, char** argv) {
     args.erase(args.begin());
     if (command == "run") return thdcp::tools::run_command(args);
     if (command == "plan") return thdcp::tools::plan_command(args);
-    throw thdcp::tools::UsageError("unknown command '" + command + "': use run or plan (see thdcp --help)");
+    if (command == "bench") {
+#if defined(THDCP_CLI_WITH_CUDA)
+      return thdcp::tools::bench_command(args);
+#else
+      throw thdcp::tools::UsageError("thdcp bench times the CUDA kernels: this thdcp was built without CUDA");
+#endif
+    }
+    throw thdcp::tools::UsageError("unknown command '" + command + "': use run, plan or bench (see thdcp --help)");
   } catch (const thdcp::Error& e) {
     std::fprintf(stderr, "thdcp: error: %s\n", e.what());
     // A rank that stops alone must not leave the others waiting in a collective.

@@ -28,6 +28,7 @@ const char* kRunHelp =
     "one rank (cp = N); otherwise the ranks are threads of this process.\n"
     "\n"
     "options:\n"
+    "  --backend B       auto (default: cuda when a GPU is visible, else cpu), cpu or cuda\n"
     "  --cp N            context-parallel size (default 4; under mpirun: the process count)\n"
     "  --tokens T        rows of the packed batch (default 16384)\n"
     "  --seed S          seed of lengths and tensor values (default 1234)\n"
@@ -97,6 +98,16 @@ RunConfig parse_run_config(const Args& args) {
     throw UsageError("--head-dim " + std::to_string(c.head_dim) + ": use a multiple of 8 in [8, 256]");
   }
   c.dtype = parse_dtype(args.get("dtype", "bf16"));
+  const std::string backend = args.get("backend", "auto");
+  if (backend == "auto") {
+    c.backend = Backend::kAuto;
+  } else if (backend == "cpu") {
+    c.backend = Backend::kCpu;
+  } else if (backend == "cuda") {
+    c.backend = Backend::kCuda;
+  } else {
+    throw UsageError("--backend " + backend + ": use auto, cpu or cuda");
+  }
   c.threads = static_cast<int>(args.get_int("threads", 0, 0, 4096));
   if (c.tokens < 2 * c.cp) {
     throw UsageError("--tokens " + std::to_string(c.tokens) + ": a batch needs at least 2*cp=" +
@@ -111,9 +122,12 @@ std::string mask_name(const Mask& m) {
   return "window(" + std::to_string(m.window_left) + "," + std::to_string(m.window_right) + ")";
 }
 
-void print_report(const RunReport& r, const GlobalBatch& batch) {
+const char* backend_name(Backend b) { return b == Backend::kCuda ? "CUDA" : "CPU"; }
+
+void print_report(const RunReport& r, const GlobalBatch& batch, const std::string& device) {
   const RunConfig& c = r.config;
-  std::printf("thdcp run: AllGather CP, CPU backend, %s communicator\n", r.communicator.c_str());
+  std::printf("thdcp run: AllGather CP, %s backend (%s), %s communicator\n", backend_name(c.backend), device.c_str(),
+              r.communicator.c_str());
   std::printf("  cp=%d  mask=%s  heads=%lld:%lld  head_dim=%lld  dtype=%s  seed=%llu\n", c.cp,
               mask_name(c.mask).c_str(), static_cast<long long>(c.q_heads), static_cast<long long>(c.kv_heads),
               static_cast<long long>(c.head_dim), dtype_name(c.dtype), static_cast<unsigned long long>(c.seed));
@@ -137,16 +151,24 @@ void print_report(const RunReport& r, const GlobalBatch& batch) {
   const cp::Timings& f = r.forward_phases;
   const cp::Timings& b = r.backward_phases;
   std::printf("  %-20s %8.3f %10.3f\n", "cp, whole step", r.cp_forward_s, r.cp_backward_s);
-  std::printf("  %-20s %8.3f %10.3f\n", "  check", f.check, b.check);
-  std::printf("  %-20s %8.3f %10.3f\n", "  all-gather K/V", f.gather, b.gather);
-  std::printf("  %-20s %8.3f %10.3f\n", "  reorder", f.reorder, b.reorder);
-  std::printf("  %-20s %8.3f %10.3f\n", "  attention", f.attention, b.attention);
-  std::printf("  %-20s %8.3f %10.3f\n", "  reduce", f.reduce, b.reduce);
+  if (c.backend == Backend::kCpu) {
+    std::printf("  %-20s %8.3f %10.3f\n", "  check", f.check, b.check);
+    std::printf("  %-20s %8.3f %10.3f\n", "  all-gather K/V", f.gather, b.gather);
+    std::printf("  %-20s %8.3f %10.3f\n", "  reorder", f.reorder, b.reorder);
+    std::printf("  %-20s %8.3f %10.3f\n", "  attention", f.attention, b.attention);
+    std::printf("  %-20s %8.3f %10.3f\n", "  reduce", f.reduce, b.reduce);
+  }
   if (r.checked) {
     std::printf("  %-20s %8.3f %10.3f\n", "single-device ref", r.reference_forward_s, r.reference_backward_s);
   }
-  std::printf("  (phases: the slowest rank's%s)\n",
-              r.communicator == "in-process" ? "; in-process ranks share this machine's cores" : "");
+  if (c.backend == Backend::kCuda) {
+    std::printf("  (the slowest rank's; the collectives are staged through host memory%s, so these are not\n"
+                "   performance figures: see thdcp bench)\n",
+                r.communicator.rfind("in-process", 0) == 0 ? " and the ranks share one GPU" : "");
+  } else {
+    std::printf("  (phases: the slowest rank's%s)\n",
+                r.communicator == "in-process" ? "; in-process ranks share this machine's cores" : "");
+  }
 
   if (!r.checked) {
     std::printf("\n%s\n", r.check_note.c_str());
@@ -167,7 +189,7 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
   Json config = Json::object();
   config.set("cp", c.cp)
       .set("communicator", r.communicator)
-      .set("backend", "cpu")
+      .set("backend", c.backend == Backend::kCuda ? "cuda" : "cpu")
       .set("window_left", c.mask.window_left)
       .set("window_right", c.mask.window_right)
       .set("mask", mask_name(c.mask))
@@ -218,8 +240,8 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
 
 int run_command(const std::vector<std::string>& argv) {
   const Args args(argv,
-                  {"cp", "tokens", "seed", "mask", "window", "heads", "head-dim", "dtype", "threads", "lengths",
-                   "batch", "load", "save", "json"},
+                  {"backend", "cp", "tokens", "seed", "mask", "window", "heads", "head-dim", "dtype", "threads",
+                   "lengths", "batch", "load", "save", "json"},
                   {"check", "no-check", "quiet", "help"});
   if (args.has("help")) {
     std::fputs(kRunHelp, stdout);
@@ -246,6 +268,9 @@ int run_command(const std::vector<std::string>& argv) {
   } else {
     batch = make_default_batch(config);
   }
+  // After loading: --load fixes the dtype and head dim the backend must support.
+  std::string device;
+  config.backend = resolve_backend(config, &device);
   GlobalOutputs outputs;
   RunReport report = comm ? run_rank_job(*comm, config, batch, outputs, progress)
                           : run_in_process_job(config, batch, outputs, progress);
@@ -260,7 +285,7 @@ int run_command(const std::vector<std::string>& argv) {
   progress.done();
   if (passed && !config.save_dir.empty()) save_run(config.save_dir, batch, outputs);
   if (!config.json_file.empty()) write_json_file(config.json_file, report_json(report, batch));
-  print_report(report, batch);
+  print_report(report, batch, device);
   if (!passed && !config.save_dir.empty()) std::printf("nothing saved to %s: the check failed\n", config.save_dir.c_str());
   if (passed && !config.save_dir.empty()) std::printf("saved inputs and outputs to %s\n", config.save_dir.c_str());
   return passed ? 0 : 1;

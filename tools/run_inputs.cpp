@@ -8,6 +8,7 @@
 
 #include "args.h"
 #include "npy.h"
+#include "thdcp/dispatch.h"
 #include "thdcp/layout.h"
 #include "thdcp/planner.h"
 #include "thdcp/workload.h"
@@ -221,6 +222,12 @@ GlobalBatch load_batch(RunConfig& c, bool dtype_given, bool heads_given, bool he
   }
   batch.source += " (re-padded to multiples of 2*cp=" + std::to_string(2 * c.cp) + ")";
   return batch;
+}
+
+HostTensor split_for_rank(const HostTensor& global, const LayoutView& layout, int cp, int rank) {
+  HostTensor local(global.dtype(), global.tokens() / cp, global.heads(), global.head_dim());
+  thdcp::split_for_rank(global.data(), local.data(), global.row_bytes(), layout, cp, rank);
+  return local;
 }
 
 HostTensor to_user_layout(const GlobalBatch& batch, const HostTensor& tensor) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "run_inputs.h"
 #include "thdcp/dispatch.h"
 #include "thdcp/segment_table.h"
 #include "thdcp/workload.h"
@@ -61,12 +62,6 @@ GlobalOutputs run_reference(const RunConfig& c, const GlobalBatch& batch, RunRep
   return ref;
 }
 
-HostTensor split(const HostTensor& global, const LayoutView& layout, int cp, int rank) {
-  HostTensor local(global.dtype(), global.tokens() / cp, global.heads(), global.head_dim());
-  split_for_rank(global.data(), local.data(), global.row_bytes(), layout, cp, rank);
-  return local;
-}
-
 // Brings every rank's local rows of a [T/cp, ...] tensor (rows of row_bytes) into the
 // global tensor, on every rank.
 void assemble(Communicator& comm, const LayoutView& layout, const void* local, void* global, size_t row_bytes) {
@@ -77,13 +72,8 @@ void assemble(Communicator& comm, const LayoutView& layout, const void* local, v
   for (int r = 0; r < cp; ++r) merge_from_rank(gathered.data() + r * local_bytes, global, row_bytes, layout, cp, r);
 }
 
-struct RankTimes {
-  cp::Timings forward, backward;
-  double forward_wall = 0, backward_wall = 0;
-};
-
 // Folds one rank's times into the report: the slowest rank sets each number.
-void add_rank_times(RunReport& report, const RankTimes& t) {
+void add_rank_times(RunReport& report, const RankResult& t) {
   for (auto [into, from] : {std::make_pair(&report.forward_phases, &t.forward),
                             std::make_pair(&report.backward_phases, &t.backward)}) {
     into->check = std::max(into->check, from->check);
@@ -96,46 +86,55 @@ void add_rank_times(RunReport& report, const RankTimes& t) {
   report.cp_backward_s = std::max(report.cp_backward_s, t.backward_wall);
 }
 
-// One rank's share of the job. Writes the assembled global outputs into `outputs`.
-RankTimes run_rank(Communicator& comm, const RunConfig& c, const GlobalBatch& batch, int threads,
-                   GlobalOutputs& outputs, Progress& progress) {
-  RankTimes times;
+// One rank's share of the job on the CPU backend.
+RankResult run_rank_cpu(Communicator& comm, const RunConfig& c, const GlobalBatch& batch, int threads,
+                        Progress& progress) {
+  RankResult r;
   const LayoutView layout = batch.layout.view();
   const int cp = comm.size();
   const int rank = comm.rank();
   const int64_t local_rows = layout.total_rows() / cp;
-  const HostTensor q = split(batch.q, layout, cp, rank);
-  const HostTensor k = split(batch.k, layout, cp, rank);
-  const HostTensor v = split(batch.v, layout, cp, rank);
-  const HostTensor dout = split(batch.dout, layout, cp, rank);
-  HostTensor out(c.dtype, local_rows, c.q_heads, c.head_dim);
-  HostTensor dq(c.dtype, local_rows, c.q_heads, c.head_dim);
-  HostTensor dk(c.dtype, local_rows, c.kv_heads, c.head_dim);
-  HostTensor dv(c.dtype, local_rows, c.kv_heads, c.head_dim);
-  std::vector<float> lse(static_cast<size_t>(c.q_heads * local_rows));
-  std::vector<float> max_logit(static_cast<size_t>(c.q_heads));
+  const HostTensor q = split_for_rank(batch.q, layout, cp, rank);
+  const HostTensor k = split_for_rank(batch.k, layout, cp, rank);
+  const HostTensor v = split_for_rank(batch.v, layout, cp, rank);
+  const HostTensor dout = split_for_rank(batch.dout, layout, cp, rank);
+  r.out = HostTensor(c.dtype, local_rows, c.q_heads, c.head_dim);
+  r.dq = HostTensor(c.dtype, local_rows, c.q_heads, c.head_dim);
+  r.dk = HostTensor(c.dtype, local_rows, c.kv_heads, c.head_dim);
+  r.dv = HostTensor(c.dtype, local_rows, c.kv_heads, c.head_dim);
+  r.lse.resize(static_cast<size_t>(c.q_heads * local_rows));
+  r.max_logit.resize(static_cast<size_t>(c.q_heads));
   const AttentionOptions options = attention_options(c, threads);
 
   auto start = Clock::now();
-  cp::forward(comm, layout, c.mask, q.view(), k.view(), v.view(), out.view(), lse.data(), max_logit.data(), options,
-              &times.forward);
-  times.forward_wall = seconds_since(start);
+  cp::forward(comm, layout, c.mask, q.view(), k.view(), v.view(), r.out.view(), r.lse.data(), r.max_logit.data(),
+              options, &r.forward);
+  r.forward_wall = seconds_since(start);
   progress.step();
   start = Clock::now();
-  cp::backward(comm, layout, c.mask, q.view(), k.view(), v.view(), out.view(), dout.view(), lse.data(), dq.view(),
-               dk.view(), dv.view(), options, &times.backward);
-  times.backward_wall = seconds_since(start);
+  cp::backward(comm, layout, c.mask, q.view(), k.view(), v.view(), r.out.view(), dout.view(), r.lse.data(),
+               r.dq.view(), r.dk.view(), r.dv.view(), options, &r.backward);
+  r.backward_wall = seconds_since(start);
   progress.step();
+  return r;
+}
 
-  assemble(comm, layout, out.data(), outputs.out.data(), out.row_bytes());
-  assemble(comm, layout, dq.data(), outputs.dq.data(), dq.row_bytes());
-  assemble(comm, layout, dk.data(), outputs.dk.data(), dk.row_bytes());
-  assemble(comm, layout, dv.data(), outputs.dv.data(), dv.row_bytes());
+// Runs this rank on the configured backend and assembles the global outputs on every rank.
+RankResult run_rank(Communicator& comm, const RunConfig& c, const GlobalBatch& batch, int threads,
+                    GlobalOutputs& outputs, Progress& progress) {
+  RankResult r = c.backend == Backend::kCuda ? run_rank_cuda(comm, c, batch, progress)
+                                             : run_rank_cpu(comm, c, batch, threads, progress);
+  const LayoutView layout = batch.layout.view();
+  const int64_t local_rows = layout.total_rows() / comm.size();
+  assemble(comm, layout, r.out.data(), outputs.out.data(), r.out.row_bytes());
+  assemble(comm, layout, r.dq.data(), outputs.dq.data(), r.dq.row_bytes());
+  assemble(comm, layout, r.dk.data(), outputs.dk.data(), r.dk.row_bytes());
+  assemble(comm, layout, r.dv.data(), outputs.dv.data(), r.dv.row_bytes());
   for (int64_t h = 0; h < c.q_heads; ++h) {
-    assemble(comm, layout, lse.data() + h * local_rows, outputs.lse.data() + h * layout.total_rows(), sizeof(float));
+    assemble(comm, layout, r.lse.data() + h * local_rows, outputs.lse.data() + h * layout.total_rows(), sizeof(float));
   }
-  outputs.max_logit = max_logit;
-  return times;
+  outputs.max_logit = r.max_logit;
+  return r;
 }
 
 void fill_layout_stats(const RunConfig& c, const GlobalBatch& batch, RunReport& report) {
@@ -157,11 +156,15 @@ void fill_layout_stats(const RunConfig& c, const GlobalBatch& batch, RunReport& 
 
 void check_against_reference(const RunConfig& c, const GlobalOutputs& got, const GlobalOutputs& ref,
                              RunReport& report) {
-  // Both sides use fp32 arithmetic and round to the storage dtype once.
-  const Tolerance storage = derive_tolerance(c.dtype, Accumulate::kFloat32, 2);
-  const Tolerance fp32 = derive_tolerance(DType::kFloat32, Accumulate::kFloat32, 2);
+  // CPU: both sides use fp32 arithmetic and round to the storage dtype once. CUDA: the
+  // tensor cores also round P (and dS) to the storage dtype (derive_tensor_core_tolerance).
+  const bool gpu = c.backend == Backend::kCuda;
+  const Tolerance out_tol = gpu ? derive_tensor_core_tolerance(c.dtype, 1) : derive_tolerance(c.dtype, Accumulate::kFloat32, 2);
+  const Tolerance grad_tol = gpu ? derive_tensor_core_tolerance(c.dtype, 2) : out_tol;
+  const Tolerance fp32 = gpu ? tensor_core_fp32_tolerance() : derive_tolerance(DType::kFloat32, Accumulate::kFloat32, 2);
   auto tensor = [&](const char* name, const HostTensor& a, const HostTensor& b) {
-    report.checks.push_back({name, compare_values(a.data(), a.dtype(), b.data(), b.dtype(), a.numel(), storage)});
+    const Tolerance& tol = std::string(name) == "out" ? out_tol : grad_tol;
+    report.checks.push_back({name, compare_values(a.data(), a.dtype(), b.data(), b.dtype(), a.numel(), tol)});
   };
   auto floats = [&](const char* name, const std::vector<float>& a, const std::vector<float>& b) {
     report.checks.push_back({name, compare_values(a.data(), DType::kFloat32, b.data(), DType::kFloat32,
@@ -204,10 +207,10 @@ bool RunReport::passed() const {
 RunReport run_in_process_job(const RunConfig& c, const GlobalBatch& batch, GlobalOutputs& outputs,
                              Progress& progress) {
   RunReport report;
-  report.communicator = "in-process";
+  report.communicator = c.backend == Backend::kCuda ? "in-process, host-staged" : "in-process";
   fill_layout_stats(c, batch, report);
   outputs = allocate_outputs(c, batch.layout.total_rows());
-  std::vector<RankTimes> times(static_cast<size_t>(c.cp));
+  std::vector<RankResult> times(static_cast<size_t>(c.cp));
   // The ranks share this machine's cores.
   const int cores = c.threads > 0 ? c.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = std::max(1, cores / c.cp);
@@ -219,7 +222,7 @@ RunReport run_in_process_job(const RunConfig& c, const GlobalBatch& batch, Globa
     times[comm.rank()] = run_rank(comm, c, batch, threads, comm.rank() == 0 ? outputs : own, progress);
   });
   progress.done();
-  for (const RankTimes& t : times) add_rank_times(report, t);
+  for (const RankResult& t : times) add_rank_times(report, t);
   if (should_check(c, report)) check_against_reference(c, outputs, run_reference(c, batch, report, progress), report);
   return report;
 }

@@ -16,10 +16,14 @@
 
 namespace thdcp::tools {
 
+// Where the attention runs. kAuto: CUDA when thdcp was built with it and a GPU is visible.
+enum class Backend { kAuto, kCpu, kCuda };
+
 // When the single-device reference runs: kAuto skips it when it would be expensive.
 enum class CheckMode { kAuto, kAlways, kNever };
 
 struct RunConfig {
+  Backend backend = Backend::kAuto;  // resolved (kCpu or kCuda) before the job runs
   int cp = 4;
   uint64_t seed = 1234;
   Mask mask = Mask::causal();
@@ -85,6 +89,24 @@ struct RunReport {
 };
 
 class Progress;
+
+// One rank's local results (T/cp rows, the rank's dual-chunk order) and its times.
+struct RankResult {
+  HostTensor out, dq, dk, dv;
+  std::vector<float> lse, max_logit;
+  cp::Timings forward, backward;  // phases (CPU backend; the CUDA backend reports totals only)
+  double forward_wall = 0, backward_wall = 0;
+};
+
+// config.backend kAuto -> kCuda when thdcp was built with CUDA, a device is visible and the
+// kernels support the dtype and head dim, else kCpu; kCuda without one of those is a
+// UsageError naming what is missing. `why` says what was found (the GPU's name).
+Backend resolve_backend(const RunConfig& config, std::string* why);
+
+// This rank's CP forward and backward on the CUDA backend (run_cuda.cpp): the local tensors
+// are uploaded, K/V gathered through a host-staged communicator over `comm`, results
+// downloaded. Device: rank % device count.
+RankResult run_rank_cuda(Communicator& comm, const RunConfig& config, const GlobalBatch& batch, Progress& progress);
 
 // Runs the job with every rank a thread of this process. `outputs` receives the CP results in
 // the job's global layout.

@@ -24,6 +24,18 @@ struct Tolerance {
 //                2^-52 * 128 for fp64 arithmetic, plus the fp32 lse carried between passes.
 Tolerance derive_tolerance(DType storage, Accumulate accumulate, int roundings);
 
+// Tolerance of a tensor-core (GPU) result against the fp32 CPU reference. On top of
+// derive_tolerance(storage, fp32, 2), the GPU rounds `rounded_operands` intermediate
+// operands to the storage dtype before a matrix product (P before P.V for out; P and dS for
+// the gradients), as every tensor-core attention does. Each such product is a sum of
+// weights times rows with every weight off by at most u relative, so it is off by at most
+// u * sum|w_j||x_j|: a few u of the largest value in the worst case. 4u of max|ref| is
+// allowed per rounded operand. lse and max_logit, fp32 results of fp32 arithmetic, use
+// tensor_core_fp32_tolerance(): they differ only by summation order and the hardware
+// exp2/log2 approximations, far below 2^-16 relative.
+Tolerance derive_tensor_core_tolerance(DType storage, int rounded_operands);
+Tolerance tensor_core_fp32_tolerance();
+
 struct Comparison {
   int64_t count = 0;
   int64_t mismatches = 0;     // elements outside the tolerance (NaN always counts)

@@ -17,6 +17,15 @@ Tolerance derive_tolerance(DType storage, Accumulate accumulate, int roundings) 
   return t;
 }
 
+Tolerance derive_tensor_core_tolerance(DType storage, int rounded_operands) {
+  THDCP_CHECK(rounded_operands >= 0, "rounded_operands=" << rounded_operands << " must be >= 0");
+  Tolerance t = derive_tolerance(storage, Accumulate::kFloat32, 2);
+  t.atol_scale += 4.0 * rounded_operands * dtype_unit_roundoff(storage);
+  return t;
+}
+
+Tolerance tensor_core_fp32_tolerance() { return Tolerance{std::ldexp(1.0, -16), std::ldexp(1.0, -16)}; }
+
 std::string Comparison::summary() const {
   std::ostringstream out;
   out << "max abs err " << max_abs_error << ", max rel err " << max_rel_error << ", " << mismatches << "/" << count

@@ -1,0 +1,35 @@
+// Device-side row reorders of AllGather CP (DESIGN.md sections 3 and 5), from the global
+// layout's cu_seqlens_padded alone: nothing is read back to the host, grids are sized by
+// capacity (total_rows), so the calls can be captured in a CUDA graph.
+//
+// "Gathered order" is what an all-gather of the ranks' local tensors produces: cp blocks of
+// T/cp rows, rank after rank, each block in the rank's dual-chunk local order. "Sequence
+// order" is the global padded layout (T rows, sequence after sequence).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "thdcp/dtype.h"
+
+namespace thdcp::cuda {
+
+// ordered[g] = gathered[owner(g)] for every global row g.
+//   row_bytes          bytes per row, a multiple of 16 (rows are moved in 16-byte words)
+//   cu_seqlens_padded  device int32 array of max_seqs + 1 entries, every padded length a
+//                      multiple of 2*cp, last entry total_rows
+void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_bytes,
+                                const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
+                                cudaStream_t stream);
+
+// gathered[owner(g)] = ordered[g]: the inverse, for gradients going back to their ranks.
+void sequence_to_gathered_order(const void* ordered, void* gathered, size_t row_bytes,
+                                const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
+                                cudaStream_t stream);
+
+// dst[i] = src[i] rounded to `dtype` (to nearest even; fp32 is a copy), n elements.
+void convert_from_fp32(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream);
+
+}  // namespace thdcp::cuda

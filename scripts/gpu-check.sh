@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# One GPU run in one command: configure + build (Release, Ninja, own build dir), the GPU
+# tests (ctest -L gpu) and the full suite, compute-sanitizer memcheck on small GPU cases,
+# `thdcp bench` and the PyTorch peers on the same batch. Logs go to OUTDIR (8 files, so
+# they fit what a lent device machine sends back); the summary is printed last.
+#   usage: scripts/gpu-check.sh OUTDIR
+set -u -o pipefail
+
+if [ $# -ne 1 ]; then
+  echo "usage: $0 OUTDIR" >&2
+  exit 2
+fi
+OUTDIR=$1
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${THDCP_GPU_BUILD_DIR:-$ROOT/build-gpu-check}
+mkdir -p "$OUTDIR"
+SUMMARY=$OUTDIR/summary.txt
+: > "$SUMMARY"
+status=0
+
+say() { echo "$*" | tee -a "$SUMMARY"; }
+
+# step NAME LOG COMMAND...: runs COMMAND, appending its output to OUTDIR/LOG.
+step() {
+  local name=$1 log=$OUTDIR/$2
+  shift 2
+  echo "== $name: $*" >> "$log"
+  local start=$SECONDS
+  if "$@" >> "$log" 2>&1; then
+    say "ok      $name ($((SECONDS - start)) s)"
+  else
+    local rc=$?
+    say "FAILED  $name (exit $rc, $((SECONDS - start)) s; see $(basename "$log"))"
+    tail -n 40 "$log"
+    status=1
+  fi
+}
+
+say "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
+step configure build.log cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTHDCP_WITH_CUDA=ON
+# -k 0: a target that fails to build does not stop the others (the log names it).
+step build build.log cmake --build "$BUILD" -- -k 0
+step "ctest -L gpu" ctest-gpu.log ctest --test-dir "$BUILD" -L gpu --output-on-failure
+step "ctest (all)" ctest-all.log ctest --test-dir "$BUILD" --output-on-failure -j 4
+step memcheck memcheck.log compute-sanitizer --tool memcheck --error-exitcode 1 \
+  "$BUILD/tests/cuda/test_cuda_attention" \
+  --gtest_filter='EdgeCases/CudaAttentionEdge.MatchesCpuReference/empty_and_len1_causal_bf16_d64:EdgeCases/CudaAttentionEdge.MatchesCpuReference/cp2_rank0_causal_bf16_d64:CudaGraph.*'
+# The main job on its default workload: CUDA backend, cp = 4 ranks on this GPU, checked
+# against the CPU reference.
+step "thdcp run" run.log "$BUILD/thdcp" run --quiet
+LENGTHS=$BUILD/bench_lengths.txt
+step bench bench.log "$BUILD/thdcp" bench --lengths-out "$LENGTHS"
+if [ -s "$LENGTHS" ]; then
+  step peers peers.log env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/peer_attention.py" --lengths "$LENGTHS"
+else
+  say "skipped peers (the bench wrote no lengths)"
+fi
+
+{
+  echo
+  echo "--- ctest -L gpu"
+  grep -E "tests passed|tests failed|Total Test time|\*\*\*Skipped|\*\*\*Failed|Failed  " "$OUTDIR/ctest-gpu.log"
+  echo "--- ctest (all)"
+  grep -E "tests passed|tests failed|Total Test time|\*\*\*Failed" "$OUTDIR/ctest-all.log"
+  echo "--- memcheck"
+  grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUTDIR/memcheck.log" | tail -n 5
+  echo "--- thdcp run"
+  grep -E "^thdcp run:|result:|^  (out|lse|max_logit|dq|dk|dv) " "$OUTDIR/run.log"
+  echo "--- bench"
+  grep -vE "^== " "$OUTDIR/bench.log" | grep -vE "^verify" | tail -n 12
+  grep -E "^verify" "$OUTDIR/bench.log" | awk '{print $1, $2, $3, $4, $5, $6}' | head -n 12
+  echo "--- peers"
+  grep -vE "^== " "$OUTDIR/peers.log" 2>/dev/null | tail -n 14
+} | tee -a "$SUMMARY"
+exit $status

@@ -1,0 +1,532 @@
+// The backward kernels (FA2-style recomputation from lse). Deterministic mode runs two
+// passes with no atomics whose order could vary:
+//   dq_kernel:  one block per (query tile, query head); loops over the visible key tiles:
+//               S = Q K^T, P = exp(S - lse), dP = dO V^T, dS = P (dP - delta), dQ += dS K.
+//   dkv_kernel: one block per (key tile of a segment, KV head); loops over the query heads
+//               of the group and the query tiles that see the key tile:
+//               dV += P^T dO, dK += dS^T Q, accumulated in registers, then added once into
+//               fp32 dK/dV (one addition per segment that reaches the key row).
+// Options::deterministic == false fuses dQ into dkv_kernel instead (dQ += dS K, fp32
+// atomics into a workspace), which skips dq_kernel's recomputation of S and dP; on an H200
+// it measured slower than the two passes (bench/RESULTS.md), so it is not the default.
+// Each warp owns 16 rows (queries in dq_kernel, keys in dkv_kernel), so the products whose
+// reduction runs over those rows' partners stay inside the warp's registers.
+#pragma once
+
+#include <cmath>
+
+#include "tensor_core.cuh"
+#include "thdcp/cuda/check.h"
+#include "thdcp/mask.h"
+#include "thdcp/segment.h"
+
+namespace thdcp::cuda::detail {
+
+template <int kHeadDim>
+struct DqShape {
+  static constexpr int kTileM = kDqTileRows;
+  static constexpr int kTileN = 64;
+  static constexpr int kWarps = kTileM / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr size_t kSmemBytes = (2 * kTileM + 4 * kTileN) * kHeadDim * 2;
+};
+
+template <int kHeadDim>
+struct DkvShape {
+  static constexpr int kTileN = kDkvTileRows;                // keys per block
+  static constexpr int kTileM = kHeadDim >= 128 ? 32 : 64;  // queries per step (registers)
+  static constexpr int kWarps = kTileN / 16;
+  static constexpr int kThreads = kWarps * 32;
+  // dS^T staged for the fused dQ product: kTileN key rows of kTileM queries, padded by 8
+  // elements so the eight rows an ldmatrix phase reads fall in different banks.
+  static constexpr int kDsStride = kTileM + 8;
+  static constexpr size_t kSmemBytes =
+      (2 * kTileN + 4 * kTileM) * kHeadDim * 2 + 4 * kTileM * sizeof(float) + kTileN * kDsStride * 2;
+};
+
+template <typename Storage, int kHeadDim>
+__global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const BackwardParams p) {
+  using Traits = StorageTraits<Storage>;
+  using Element = typename Traits::Element;
+  using Shape = DqShape<kHeadDim>;
+  constexpr int kM = Shape::kTileM;
+  constexpr int kN = Shape::kTileN;
+  constexpr int kD = kHeadDim;
+  constexpr int kThreads = Shape::kThreads;
+
+  const int total_tiles = __ldg(p.q_tile_start + p.num_segments);
+  if (static_cast<int>(blockIdx.x) >= total_tiles) return;
+  const int tile = total_tiles - 1 - static_cast<int>(blockIdx.x);
+  const int head = blockIdx.y;
+  const int segment_index = find_segment(p.q_tile_start, p.num_segments, tile);
+  const Segment seg = p.segments[segment_index];
+  const int m0 = (tile - __ldg(p.q_tile_start + segment_index)) * kM;
+  const int span_rows = min(kM, seg.q_span - m0);
+  const int valid_q = max(0, min(kM, seg.q_len - m0));
+  const int kv_head = head / (p.q_heads / p.kv_heads);
+  const Mask mask{p.window_left, p.window_right};
+
+  int n_begin = 0;
+  int n_end = 0;
+  int64_t full_begin = 0;
+  int64_t full_end = 0;
+  if (valid_q > 0 && seg.k_len > 0) {
+    const PositionRange first = segment_visible_keys(seg, mask, m0);
+    const PositionRange last = segment_visible_keys(seg, mask, m0 + valid_q - 1);
+    const int64_t key_begin = first.begin - seg.k_pos;
+    const int64_t key_end = last.end - seg.k_pos;
+    if (key_end > key_begin) {
+      n_begin = static_cast<int>(key_begin / kN);
+      n_end = static_cast<int>((key_end + kN - 1) / kN);
+    }
+    full_begin = last.begin - seg.k_pos;
+    full_end = first.end - seg.k_pos;
+  }
+  // Key tiles [unmasked_begin, unmasked_end) need no per-element mask: every row of the
+  // tile is a valid query that sees every key of the tile. Empty unless all rows are valid.
+  int unmasked_begin = 0;
+  int unmasked_end = 0;
+  if (valid_q == kM && full_end - full_begin >= kN) {
+    unmasked_begin = static_cast<int>((full_begin + kN - 1) / kN);
+    unmasked_end = static_cast<int>(full_end / kN);
+  }
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  Element* q_tile = reinterpret_cast<Element*>(smem);
+  Element* do_tile = q_tile + kM * kD;
+  Element* k_tiles = do_tile + kM * kD;
+  Element* v_tiles = k_tiles + 2 * kN * kD;
+
+  const Element* q = static_cast<const Element*>(p.q);
+  const Element* dout = static_cast<const Element*>(p.dout);
+  const Element* k = static_cast<const Element*>(p.k);
+  const Element* v = static_cast<const Element*>(p.v);
+  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
+  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
+
+  // Rows past q_len are zero-filled: padding rows of dout may hold anything.
+  load_tile_async<kM, kD, kThreads>(q_tile, q, seg.q_row + m0, valid_q, q_stride, head);
+  load_tile_async<kM, kD, kThreads>(do_tile, dout, seg.q_row + m0, valid_q, q_stride, head);
+  auto load_kv = [&](int n, int buffer) {
+    const int rows = min(kN, seg.k_len - n * kN);
+    load_tile_async<kN, kD, kThreads>(k_tiles + buffer * kN * kD, k, seg.k_row + n * kN, rows, kv_stride, kv_head);
+    load_tile_async<kN, kD, kThreads>(v_tiles + buffer * kN * kD, v, seg.k_row + n * kN, rows, kv_stride, kv_head);
+  };
+  if (n_begin < n_end) load_kv(n_begin, 0);
+  cp_async_commit();
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group_row = lane >> 2;
+  const int pair_col = (lane & 3) * 2;
+  const int warp_row0 = warp * 16;
+
+  // lse (as a log2 offset) and delta of the thread's two rows. A row with lse = -inf saw no
+  // key: every P of it is 0, which the mask already gives.
+  float lse_log2[2];
+  float delta[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = warp_row0 + group_row + half * 8;
+    lse_log2[half] = 0.0f;
+    delta[half] = 0.0f;
+    if (r < valid_q) {
+      const int64_t index = static_cast<int64_t>(head) * p.q_rows + seg.q_row + m0 + r;
+      const float lse = p.lse[index];
+      lse_log2[half] = lse == -INFINITY ? 0.0f : lse * 1.4426950408889634f;
+      delta[half] = p.delta[index];
+    }
+  }
+
+  float dq[kD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+
+  for (int n = n_begin; n < n_end; ++n) {
+    const int buffer = (n - n_begin) & 1;
+    if (n + 1 < n_end) {
+      load_kv(n + 1, buffer ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const Element* k_tile = k_tiles + buffer * kN * kD;
+    const Element* v_tile = v_tiles + buffer * kN * kD;
+
+    float s[kN / 8][4];
+    float dp[kN / 8][4];
+#pragma unroll
+    for (int i = 0; i < kN / 8; ++i) {
+      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+      dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t a[4];
+      uint32_t a_do[4];
+      load_a_fragment<kD>(a, q_tile, warp_row0, kk * 16);
+      load_a_fragment<kD>(a_do, do_tile, warp_row0, kk * 16);
+#pragma unroll
+      for (int np = 0; np < kN / 16; ++np) {
+        uint32_t b[4];
+        load_b_fragments_nk<kD>(b, k_tile, np * 16, kk * 16);
+        mma_16816<Storage>(s[2 * np], a, b[0], b[1]);
+        mma_16816<Storage>(s[2 * np + 1], a, b[2], b[3]);
+        load_b_fragments_nk<kD>(b, v_tile, np * 16, kk * 16);
+        mma_16816<Storage>(dp[2 * np], a_do, b[0], b[1]);
+        mma_16816<Storage>(dp[2 * np + 1], a_do, b[2], b[3]);
+      }
+    }
+
+    const int key0 = n * kN;
+    const bool needs_mask = n < unmasked_begin || n >= unmasked_end;
+#pragma unroll
+    for (int nf = 0; nf < kN / 8; ++nf) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e >> 1;
+        bool allowed = true;
+        if (needs_mask) {
+          const int q_index = m0 + warp_row0 + group_row + half * 8;
+          const int key_index = key0 + nf * 8 + pair_col + (e & 1);
+          allowed = q_index < seg.q_len && key_index < seg.k_len &&
+                    mask.allows(static_cast<int64_t>(seg.q_pos) + q_index,
+                                static_cast<int64_t>(seg.k_pos) + key_index);
+        }
+        const float prob = allowed ? exp2f(fmaf(s[nf][e], p.scale_log2, -lse_log2[half])) : 0.0f;
+        // dS = P (dP - delta); selected, not multiplied, so nothing from a masked entry leaks.
+        s[nf][e] = allowed ? prob * (dp[nf][e] - delta[half]) : 0.0f;
+      }
+    }
+
+    // dQ += dS K (dS rounded to the storage type for the tensor cores).
+#pragma unroll
+    for (int j = 0; j < kN / 16; ++j) {
+      const uint32_t a[4] = {Traits::pack(s[2 * j][0], s[2 * j][1]), Traits::pack(s[2 * j][2], s[2 * j][3]),
+                             Traits::pack(s[2 * j + 1][0], s[2 * j + 1][1]),
+                             Traits::pack(s[2 * j + 1][2], s[2 * j + 1][3])};
+#pragma unroll
+      for (int dp_col = 0; dp_col < kD / 16; ++dp_col) {
+        uint32_t b[4];
+        load_b_fragments_kn<kD>(b, k_tile, j * 16, dp_col * 16);
+        mma_16816<Storage>(dq[2 * dp_col], a, b[0], b[1]);
+        mma_16816<Storage>(dq[2 * dp_col + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = warp_row0 + group_row + half * 8;
+    if (r >= span_rows) continue;
+    const int64_t offset = (static_cast<int64_t>(seg.q_row) + m0 + r) * q_stride +
+                           static_cast<int64_t>(head) * kD + pair_col;
+    if (p.dq_fp32) {
+      float* dst = static_cast<float*>(p.dq) + offset;
+#pragma unroll
+      for (int df = 0; df < kD / 8; ++df) {
+        *reinterpret_cast<float2*>(dst + df * 8) =
+            make_float2(dq[df][2 * half] * p.scale, dq[df][2 * half + 1] * p.scale);
+      }
+    } else {
+      Element* dst = static_cast<Element*>(p.dq) + offset;
+#pragma unroll
+      for (int df = 0; df < kD / 8; ++df) {
+        *reinterpret_cast<uint32_t*>(dst + df * 8) =
+            Traits::pack(dq[df][2 * half] * p.scale, dq[df][2 * half + 1] * p.scale);
+      }
+    }
+  }
+}
+
+// kFuseDq: also accumulate dQ += dS K into p.dq_accum with fp32 atomics (the order of the
+// additions, hence the last bits, varies between runs). Without it dq_kernel computes dQ.
+template <typename Storage, int kHeadDim, bool kFuseDq>
+__global__ void __launch_bounds__(DkvShape<kHeadDim>::kThreads) dkv_kernel(const BackwardParams p) {
+  using Traits = StorageTraits<Storage>;
+  using Element = typename Traits::Element;
+  using Shape = DkvShape<kHeadDim>;
+  constexpr int kN = Shape::kTileN;
+  constexpr int kM = Shape::kTileM;
+  constexpr int kD = kHeadDim;
+  constexpr int kThreads = Shape::kThreads;
+
+  const int total_tiles = __ldg(p.k_tile_start + p.num_segments);
+  if (static_cast<int>(blockIdx.x) >= total_tiles) return;
+  const int tile = total_tiles - 1 - static_cast<int>(blockIdx.x);
+  const int kv_head = blockIdx.y;
+  const int group = p.q_heads / p.kv_heads;
+  const int segment_index = find_segment(p.k_tile_start, p.num_segments, tile);
+  const Segment seg = p.segments[segment_index];
+  const int n0 = (tile - __ldg(p.k_tile_start + segment_index)) * kN;
+  const int valid_k = min(kN, seg.k_len - n0);
+  const Mask mask{p.window_left, p.window_right};
+
+  // Query indices that can see a key of [n0, n0 + valid_k): i - window_right <= j <= i +
+  // window_left for some j. Only a bound: the mask is applied per element below.
+  int64_t q_begin = 0;
+  int64_t q_end = seg.q_len;
+  {
+    const int64_t first_key = static_cast<int64_t>(seg.k_pos) + n0;
+    const int64_t last_key = first_key + valid_k - 1;
+    if (mask.window_right >= 0) q_begin = max(q_begin, first_key - mask.window_right - seg.q_pos);
+    if (mask.window_left >= 0) q_end = min(q_end, last_key + mask.window_left + 1 - seg.q_pos);
+  }
+  const int m_begin = static_cast<int>(q_begin / kM);
+  const int m_count = q_end > q_begin ? static_cast<int>((q_end + kM - 1) / kM) - m_begin : 0;
+  const int steps = m_count * group;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  Element* k_tile = reinterpret_cast<Element*>(smem);
+  Element* v_tile = k_tile + kN * kD;
+  Element* q_tiles = v_tile + kN * kD;
+  Element* do_tiles = q_tiles + 2 * kM * kD;
+  float* lse_rows = reinterpret_cast<float*>(do_tiles + 2 * kM * kD);
+  float* delta_rows = lse_rows + 2 * kM;
+  Element* ds_tile = reinterpret_cast<Element*>(delta_rows + 2 * kM);
+
+  const Element* q = static_cast<const Element*>(p.q);
+  const Element* dout = static_cast<const Element*>(p.dout);
+  const Element* k = static_cast<const Element*>(p.k);
+  const Element* v = static_cast<const Element*>(p.v);
+  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
+  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
+
+  if (steps == 0) return;  // no query sees these keys: their gradients stay 0
+
+  load_tile_async<kN, kD, kThreads>(k_tile, k, seg.k_row + n0, valid_k, kv_stride, kv_head);
+  load_tile_async<kN, kD, kThreads>(v_tile, v, seg.k_row + n0, valid_k, kv_stride, kv_head);
+  auto load_q = [&](int step, int buffer) {
+    const int head = kv_head * group + step / m_count;
+    const int m0 = (m_begin + step % m_count) * kM;
+    const int rows = max(0, min(kM, seg.q_len - m0));
+    load_tile_async<kM, kD, kThreads>(q_tiles + buffer * kM * kD, q, seg.q_row + m0, rows, q_stride, head);
+    load_tile_async<kM, kD, kThreads>(do_tiles + buffer * kM * kD, dout, seg.q_row + m0, rows, q_stride, head);
+    const int t = threadIdx.x;
+    if (t < 2 * kM) {
+      const int r = t % kM;
+      const bool valid = r < rows;
+      const int64_t index = static_cast<int64_t>(head) * p.q_rows + seg.q_row + m0 + (valid ? r : 0);
+      const float* src = t < kM ? p.lse + index : p.delta + index;
+      float* dst = (t < kM ? lse_rows : delta_rows) + buffer * kM + r;
+      cp_async_4(smem_address(dst), src, valid);
+    }
+  };
+  load_q(0, 0);
+  cp_async_commit();
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group_row = lane >> 2;
+  const int pair_col = (lane & 3) * 2;
+  const int warp_row0 = warp * 16;
+
+  float dk[kD / 8][4];
+  float dv[kD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) {
+    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+    dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+  }
+
+  for (int step = 0; step < steps; ++step) {
+    const int buffer = step & 1;
+    if (step + 1 < steps) {
+      load_q(step + 1, buffer ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const Element* q_tile = q_tiles + buffer * kM * kD;
+    const Element* do_tile = do_tiles + buffer * kM * kD;
+    const float* lse_tile = lse_rows + buffer * kM;
+    const float* delta_tile = delta_rows + buffer * kM;
+    const int m0 = (m_begin + step % m_count) * kM;
+
+    // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the queries.
+    float st[kM / 8][4];
+    float dpt[kM / 8][4];
+#pragma unroll
+    for (int i = 0; i < kM / 8; ++i) {
+      st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
+      dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t a_k[4];
+      uint32_t a_v[4];
+      load_a_fragment<kD>(a_k, k_tile, warp_row0, kk * 16);
+      load_a_fragment<kD>(a_v, v_tile, warp_row0, kk * 16);
+#pragma unroll
+      for (int np = 0; np < kM / 16; ++np) {
+        uint32_t b[4];
+        load_b_fragments_nk<kD>(b, q_tile, np * 16, kk * 16);
+        mma_16816<Storage>(st[2 * np], a_k, b[0], b[1]);
+        mma_16816<Storage>(st[2 * np + 1], a_k, b[2], b[3]);
+        load_b_fragments_nk<kD>(b, do_tile, np * 16, kk * 16);
+        mma_16816<Storage>(dpt[2 * np], a_v, b[0], b[1]);
+        mma_16816<Storage>(dpt[2 * np + 1], a_v, b[2], b[3]);
+      }
+    }
+
+    // P^T into st, dS^T into dpt.
+#pragma unroll
+    for (int nf = 0; nf < kM / 8; ++nf) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key_index = n0 + warp_row0 + group_row + (e >> 1) * 8;
+        const int column = nf * 8 + pair_col + (e & 1);
+        const int q_index = m0 + column;
+        const bool allowed = q_index < seg.q_len && key_index < seg.k_len &&
+                             mask.allows(static_cast<int64_t>(seg.q_pos) + q_index,
+                                         static_cast<int64_t>(seg.k_pos) + key_index);
+        const float lse = lse_tile[column];
+        const float prob =
+            allowed && lse != -INFINITY ? exp2f(fmaf(st[nf][e], p.scale_log2, -lse * 1.4426950408889634f)) : 0.0f;
+        st[nf][e] = prob;
+        dpt[nf][e] = allowed ? prob * (dpt[nf][e] - delta_tile[column]) : 0.0f;
+      }
+    }
+
+    if constexpr (kFuseDq) {
+      // Stage dS^T (storage type) for the dQ product after the barrier below.
+#pragma unroll
+      for (int nf = 0; nf < kM / 8; ++nf) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int key_row = warp_row0 + group_row + half * 8;
+          *reinterpret_cast<uint32_t*>(ds_tile + key_row * Shape::kDsStride + nf * 8 + pair_col) =
+              Traits::pack(dpt[nf][2 * half], dpt[nf][2 * half + 1]);
+        }
+      }
+    }
+
+    // dV += P^T dO and dK += dS^T Q (reduction over this step's queries).
+#pragma unroll
+    for (int j = 0; j < kM / 16; ++j) {
+      const uint32_t a_p[4] = {Traits::pack(st[2 * j][0], st[2 * j][1]), Traits::pack(st[2 * j][2], st[2 * j][3]),
+                               Traits::pack(st[2 * j + 1][0], st[2 * j + 1][1]),
+                               Traits::pack(st[2 * j + 1][2], st[2 * j + 1][3])};
+      const uint32_t a_ds[4] = {Traits::pack(dpt[2 * j][0], dpt[2 * j][1]),
+                                Traits::pack(dpt[2 * j][2], dpt[2 * j][3]),
+                                Traits::pack(dpt[2 * j + 1][0], dpt[2 * j + 1][1]),
+                                Traits::pack(dpt[2 * j + 1][2], dpt[2 * j + 1][3])};
+#pragma unroll
+      for (int dcol = 0; dcol < kD / 16; ++dcol) {
+        uint32_t b[4];
+        load_b_fragments_kn<kD>(b, do_tile, j * 16, dcol * 16);
+        mma_16816<Storage>(dv[2 * dcol], a_p, b[0], b[1]);
+        mma_16816<Storage>(dv[2 * dcol + 1], a_p, b[2], b[3]);
+        load_b_fragments_kn<kD>(b, q_tile, j * 16, dcol * 16);
+        mma_16816<Storage>(dk[2 * dcol], a_ds, b[0], b[1]);
+        mma_16816<Storage>(dk[2 * dcol + 1], a_ds, b[2], b[3]);
+      }
+    }
+    if constexpr (kFuseDq) {
+      __syncthreads();  // every warp's dS^T rows are staged
+      // dQ[q, d] += sum over the block's keys of dS[q, key] K[key, d]. Warp w takes columns
+      // [w * kD / 4, (w + 1) * kD / 4) for all kM queries; A = dS read transposed from the
+      // key-major stage, B = K read transposed from its row-major tile.
+      constexpr int kCols = kD / Shape::kWarps;
+      float dq_part[kM / 16][kCols / 8][4];
+#pragma unroll
+      for (int mi = 0; mi < kM / 16; ++mi) {
+#pragma unroll
+        for (int nf = 0; nf < kCols / 8; ++nf) dq_part[mi][nf][0] = dq_part[mi][nf][1] = dq_part[mi][nf][2] = dq_part[mi][nf][3] = 0.0f;
+      }
+      const int col0 = warp * kCols;
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) {
+        uint32_t a[kM / 16][4];
+#pragma unroll
+        for (int mi = 0; mi < kM / 16; ++mi) {
+          const int key_row = kk * 16 + (lane & 7) + ((lane >> 4) << 3);
+          const int query_col = mi * 16 + (((lane >> 3) & 1) << 3);
+          ldmatrix_x4_trans(a[mi], smem_address(ds_tile + key_row * Shape::kDsStride + query_col));
+        }
+#pragma unroll
+        for (int np = 0; np < kCols / 16; ++np) {
+          uint32_t b[4];
+          load_b_fragments_kn<kD>(b, k_tile, kk * 16, col0 + np * 16);
+#pragma unroll
+          for (int mi = 0; mi < kM / 16; ++mi) {
+            mma_16816<Storage>(dq_part[mi][2 * np], a[mi], b[0], b[1]);
+            mma_16816<Storage>(dq_part[mi][2 * np + 1], a[mi], b[2], b[3]);
+          }
+        }
+      }
+      const int head = kv_head * group + step / m_count;
+#pragma unroll
+      for (int mi = 0; mi < kM / 16; ++mi) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int q_index = m0 + mi * 16 + group_row + half * 8;
+          if (q_index >= seg.q_len) continue;
+          float* dst = p.dq_accum + (static_cast<int64_t>(seg.q_row) + q_index) * q_stride +
+                       static_cast<int64_t>(head) * kD + col0 + pair_col;
+#pragma unroll
+          for (int nf = 0; nf < kCols / 8; ++nf) {
+            atomicAdd(dst + nf * 8, dq_part[mi][nf][2 * half]);
+            atomicAdd(dst + nf * 8 + 1, dq_part[mi][nf][2 * half + 1]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // One fp32 addition per (segment, element): with at most two segments reaching a key row
+  // and the accumulator starting at zero, the result does not depend on their order.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key_index = n0 + warp_row0 + group_row + half * 8;
+    if (key_index >= valid_k + n0) continue;
+    const int64_t offset = (static_cast<int64_t>(seg.k_row) + key_index) * kv_stride +
+                           static_cast<int64_t>(kv_head) * kD + pair_col;
+#pragma unroll
+    for (int df = 0; df < kD / 8; ++df) {
+      atomicAdd(p.dk_accum + offset + df * 8, dk[df][2 * half] * p.scale);
+      atomicAdd(p.dk_accum + offset + df * 8 + 1, dk[df][2 * half + 1] * p.scale);
+      atomicAdd(p.dv_accum + offset + df * 8, dv[df][2 * half]);
+      atomicAdd(p.dv_accum + offset + df * 8 + 1, dv[df][2 * half + 1]);
+    }
+  }
+}
+
+template <typename Storage, int kHeadDim>
+void launch_backward(const BackwardParams& params, int grid_q_tiles, int grid_k_tiles, cudaStream_t stream) {
+  using Dq = DqShape<kHeadDim>;
+  using Dkv = DkvShape<kHeadDim>;
+  static const cudaError_t dq_status = cudaFuncSetAttribute(
+      dq_kernel<Storage, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kSmemBytes);
+  static const cudaError_t dkv_status = cudaFuncSetAttribute(
+      dkv_kernel<Storage, kHeadDim, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dkv::kSmemBytes);
+  static const cudaError_t fused_status = cudaFuncSetAttribute(
+      dkv_kernel<Storage, kHeadDim, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dkv::kSmemBytes);
+  THDCP_CHECK_CUDA(dq_status);
+  THDCP_CHECK_CUDA(dkv_status);
+  THDCP_CHECK_CUDA(fused_status);
+  const bool fused = params.dq_accum != nullptr;
+  if (grid_k_tiles > 0 && params.kv_heads > 0) {
+    const dim3 grid(static_cast<unsigned>(grid_k_tiles), static_cast<unsigned>(params.kv_heads));
+    if (fused) {
+      dkv_kernel<Storage, kHeadDim, true><<<grid, Dkv::kThreads, Dkv::kSmemBytes, stream>>>(params);
+    } else {
+      dkv_kernel<Storage, kHeadDim, false><<<grid, Dkv::kThreads, Dkv::kSmemBytes, stream>>>(params);
+    }
+    THDCP_CHECK_CUDA(cudaGetLastError());
+  }
+  if (!fused && grid_q_tiles > 0 && params.q_heads > 0) {
+    const dim3 grid(static_cast<unsigned>(grid_q_tiles), static_cast<unsigned>(params.q_heads));
+    dq_kernel<Storage, kHeadDim><<<grid, Dq::kThreads, Dq::kSmemBytes, stream>>>(params);
+    THDCP_CHECK_CUDA(cudaGetLastError());
+  }
+}
+
+}  // namespace thdcp::cuda::detail

@@ -1,0 +1,6 @@
+// Backward attention, fp16 storage, head_dim 64: the one instantiation of this file.
+#include "attention_backward.cuh"
+
+namespace thdcp::cuda::detail {
+template void launch_backward<Fp16Tag, 64>(const BackwardParams&, int, int, cudaStream_t);
+}  // namespace thdcp::cuda::detail

@@ -1,0 +1,50 @@
+// Kernel launchers, one explicit instantiation per (dtype, head dim) per file
+// (attention_{fwd,bwd}_{bf16,fp16}_d{64,128}.cu), and the small helper kernels.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "attention_params.h"
+#include "thdcp/dtype.h"
+#include "thdcp/mask.h"
+
+namespace thdcp::cuda::detail {
+
+// Query rows per forward block, query rows per dQ block, key rows per dK/dV block. The host
+// sizes grids and schedules with them.
+constexpr int kForwardTileRows = 128;
+constexpr int kDqTileRows = 64;
+constexpr int kDkvTileRows = 64;
+
+// Storage tags for the templates (the kernels never see thdcp::DType).
+struct Bf16Tag {};
+struct Fp16Tag {};
+
+template <typename Storage, int kHeadDim>
+void launch_forward(const ForwardParams& params, int grid_tiles, cudaStream_t stream);
+
+template <typename Storage, int kHeadDim>
+void launch_backward(const BackwardParams& params, int grid_q_tiles, int grid_k_tiles, cudaStream_t stream);
+
+// Tile schedule: start[s] = sum over s' < s of tiles(s'), for query tiles of `q_tile_rows`
+// (over q_span) into q_start and key tiles of `k_tile_rows` (over k_len, segments with
+// queries only) into k_start (may be null). Also fills max_logit (may be null) with -inf.
+void launch_schedule(const Segment* segments, int num_segments, int q_tile_rows, int* q_start, int k_tile_rows,
+                     int* k_start, float* max_logit, int q_heads, cudaStream_t stream);
+
+// delta[h, row] = sum_d dout[row, h, d] * out[row, h, d] for every row (fp32).
+void launch_delta(const void* out, const void* dout, DType dtype, int64_t rows, int heads, int head_dim, float* delta,
+                  cudaStream_t stream);
+
+// dst[i] = scale * src[i], rounded to dtype (fp32, bf16 or fp16), for n elements.
+void launch_cast(const float* src, void* dst, DType dtype, int64_t n, float scale, cudaStream_t stream);
+// The same with scale 1.
+void launch_cast(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream);
+
+// The device table builders (segment_table.cu).
+void launch_build_single_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
+                               Segment* segments, cudaStream_t stream);
+void launch_build_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs, int cp,
+                           int rank, Mask mask, Segment* segments, cudaStream_t stream);
+
+}  // namespace thdcp::cuda::detail

@@ -1,0 +1,196 @@
+// Device segment-table builders and the small kernels around the attention launches
+// (tile schedule, delta = rowsum(dO * O), fp32 -> 16-bit cast).
+//
+// The builders call the same __host__ __device__ functions as the host builders
+// (single_device_segment, cp_segment in thdcp/segment.h): the index math exists once.
+#include <cub/block/block_scan.cuh>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "launch.h"
+#include "thdcp/cuda/check.h"
+#include "thdcp/segment.h"
+
+namespace thdcp::cuda::detail {
+
+namespace {
+
+constexpr int kBuildThreads = 128;
+constexpr int kScheduleThreads = 1024;
+
+__global__ void build_single_table_kernel(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
+                                          Segment* segments) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= max_seqs) return;
+  const int64_t start = cu_seqlens_padded[b];
+  segments[b] = single_device_segment(start, cu_seqlens_padded[b + 1] - start, cu_seqlens[b + 1] - cu_seqlens[b]);
+}
+
+__global__ void build_cp_table_kernel(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
+                                      int cp, int rank, Mask mask, Segment* segments) {
+  const int index = blockIdx.x * blockDim.x + threadIdx.x;
+  if (index >= 2 * max_seqs) return;
+  const int b = index / 2;
+  const int slot = index % 2;
+  const int64_t start = cu_seqlens_padded[b];
+  segments[index] = cp_segment(start, cu_seqlens_padded[b + 1] - start, cu_seqlens[b + 1] - cu_seqlens[b], cp, rank,
+                               slot, mask);
+}
+
+// One block: exclusive prefix sums of the tiles of every segment.
+__global__ void __launch_bounds__(kScheduleThreads)
+    schedule_kernel(const Segment* segments, int num_segments, int q_tile_rows, int* q_start, int k_tile_rows,
+                    int* k_start, float* max_logit, int q_heads) {
+  using Scan = cub::BlockScan<int, kScheduleThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  int q_carry = 0;
+  int k_carry = 0;
+  if (threadIdx.x == 0) {
+    q_start[0] = 0;
+    if (k_start) k_start[0] = 0;
+  }
+  for (int base = 0; base < num_segments; base += kScheduleThreads) {
+    const int s = base + static_cast<int>(threadIdx.x);
+    int q_tiles = 0;
+    int k_tiles = 0;
+    if (s < num_segments) {
+      const Segment seg = segments[s];
+      q_tiles = (seg.q_span + q_tile_rows - 1) / q_tile_rows;
+      k_tiles = seg.q_len > 0 ? (seg.k_len + k_tile_rows - 1) / k_tile_rows : 0;
+    }
+    int q_inclusive = 0;
+    int q_total = 0;
+    Scan(scan_storage).InclusiveSum(q_tiles, q_inclusive, q_total);
+    __syncthreads();
+    int k_inclusive = 0;
+    int k_total = 0;
+    Scan(scan_storage).InclusiveSum(k_tiles, k_inclusive, k_total);
+    __syncthreads();
+    if (s < num_segments) {
+      q_start[s + 1] = q_carry + q_inclusive;
+      if (k_start) k_start[s + 1] = k_carry + k_inclusive;
+    }
+    q_carry += q_total;
+    k_carry += k_total;
+  }
+  if (max_logit) {
+    for (int h = threadIdx.x; h < q_heads; h += kScheduleThreads) max_logit[h] = -INFINITY;
+  }
+}
+
+template <typename Element>
+__device__ __forceinline__ float to_float(Element x);
+template <>
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <>
+__device__ __forceinline__ float to_float(__half x) {
+  return __half2float(x);
+}
+
+// One warp per (row, head).
+template <typename Element>
+__global__ void delta_kernel(const Element* out, const Element* dout, int64_t pairs, int head_dim, float* delta,
+                             int64_t rows, int heads) {
+  const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (pair >= pairs) return;
+  const int64_t row = pair / heads;
+  const int head = static_cast<int>(pair % heads);
+  const Element* o = out + pair * head_dim;
+  const Element* d = dout + pair * head_dim;
+  float sum = 0.0f;
+  for (int i = lane; i < head_dim; i += 32) sum += to_float(o[i]) * to_float(d[i]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) delta[static_cast<int64_t>(head) * rows + row] = sum;
+}
+
+template <typename Element>
+__device__ __forceinline__ Element from_float(float x);
+template <>
+__device__ __forceinline__ float from_float(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half from_float(float x) {
+  return __float2half_rn(x);
+}
+
+template <typename Element>
+__global__ void cast_kernel(const float* src, Element* dst, int64_t n, float scale) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = from_float<Element>(scale * src[i]);
+  }
+}
+
+unsigned blocks_for(int64_t items, int threads) { return static_cast<unsigned>((items + threads - 1) / threads); }
+
+}  // namespace
+
+void launch_build_single_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
+                               Segment* segments, cudaStream_t stream) {
+  if (max_seqs == 0) return;
+  build_single_table_kernel<<<blocks_for(max_seqs, kBuildThreads), kBuildThreads, 0, stream>>>(
+      cu_seqlens, cu_seqlens_padded, max_seqs, segments);
+  THDCP_CHECK_CUDA(cudaGetLastError());
+}
+
+void launch_build_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs, int cp,
+                           int rank, Mask mask, Segment* segments, cudaStream_t stream) {
+  if (max_seqs == 0) return;
+  build_cp_table_kernel<<<blocks_for(2 * static_cast<int64_t>(max_seqs), kBuildThreads), kBuildThreads, 0,
+                          stream>>>(cu_seqlens, cu_seqlens_padded, max_seqs, cp, rank, mask, segments);
+  THDCP_CHECK_CUDA(cudaGetLastError());
+}
+
+void launch_schedule(const Segment* segments, int num_segments, int q_tile_rows, int* q_start, int k_tile_rows,
+                     int* k_start, float* max_logit, int q_heads, cudaStream_t stream) {
+  schedule_kernel<<<1, kScheduleThreads, 0, stream>>>(segments, num_segments, q_tile_rows, q_start, k_tile_rows,
+                                                      k_start, max_logit, q_heads);
+  THDCP_CHECK_CUDA(cudaGetLastError());
+}
+
+void launch_delta(const void* out, const void* dout, DType dtype, int64_t rows, int heads, int head_dim, float* delta,
+                  cudaStream_t stream) {
+  const int64_t pairs = rows * heads;
+  if (pairs == 0) return;
+  constexpr int kThreads = 256;
+  const unsigned blocks = blocks_for(pairs * 32, kThreads);
+  if (dtype == DType::kBFloat16) {
+    delta_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(out),
+                                                  static_cast<const __nv_bfloat16*>(dout), pairs, head_dim, delta,
+                                                  rows, heads);
+  } else {
+    delta_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __half*>(out), static_cast<const __half*>(dout),
+                                                  pairs, head_dim, delta, rows, heads);
+  }
+  THDCP_CHECK_CUDA(cudaGetLastError());
+}
+
+void launch_cast(const float* src, void* dst, DType dtype, int64_t n, float scale, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(n, kThreads), 65536));
+  if (dtype == DType::kBFloat16) {
+    cast_kernel<<<blocks, kThreads, 0, stream>>>(src, static_cast<__nv_bfloat16*>(dst), n, scale);
+  } else if (dtype == DType::kFloat16) {
+    cast_kernel<<<blocks, kThreads, 0, stream>>>(src, static_cast<__half*>(dst), n, scale);
+  } else {
+    cast_kernel<<<blocks, kThreads, 0, stream>>>(src, static_cast<float*>(dst), n, scale);
+  }
+  THDCP_CHECK_CUDA(cudaGetLastError());
+}
+
+void launch_cast(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream) {
+  launch_cast(src, dst, dtype, n, 1.0f, stream);
+}
+
+}  // namespace thdcp::cuda::detail

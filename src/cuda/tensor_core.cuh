@@ -1,0 +1,181 @@
+// Warp-level building blocks of the attention kernels (sm_80+): cp.async tile loads into a
+// swizzled shared-memory layout, ldmatrix, mma.sync m16n8k16 with fp32 accumulators.
+//
+// Shared-memory tiles hold rows of kHeadDim 16-bit elements as 16-byte chunks; chunk c of
+// row r is stored at chunk position c ^ (r & 7). The eight rows an ldmatrix reads in one
+// phase then hit eight different bank groups, so the loads are free of bank conflicts.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "launch.h"
+
+namespace thdcp::cuda::detail {
+
+template <typename Storage>
+struct StorageTraits;
+
+template <>
+struct StorageTraits<Bf16Tag> {
+  using Element = __nv_bfloat16;
+  using Pair = __nv_bfloat162;
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const Pair p = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&p);
+  }
+  static __device__ __forceinline__ float to_float(Element x) { return __bfloat162float(x); }
+};
+
+template <>
+struct StorageTraits<Fp16Tag> {
+  using Element = __half;
+  using Pair = __half2;
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const Pair p = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&p);
+  }
+  static __device__ __forceinline__ float to_float(Element x) { return __half2float(x); }
+};
+
+// c += a * b for one m16n8k16 tile (row-major A, column-major B).
+template <typename Storage>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void mma_16816<Bf16Tag>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma_16816<Fp16Tag>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+// 16-byte global -> shared copy; with valid == false the destination is zero-filled and
+// nothing is read.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+// 4-byte variant (lse and delta rows).
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Element offset of (row, 16-byte chunk) in a swizzled tile of kHeadDim-element rows.
+template <int kHeadDim>
+__device__ __forceinline__ int swizzled_offset(int row, int chunk) {
+  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+}
+
+// Copies rows [0, kRows) of head `head` of a THD tensor, starting at `first_row`, into a
+// swizzled shared tile; rows >= valid_rows are zero-filled (never read).
+template <int kRows, int kHeadDim, int kThreads, typename Element>
+__device__ __forceinline__ void load_tile_async(Element* tile, const Element* tensor, int64_t first_row,
+                                                int valid_rows, int64_t row_stride, int head) {
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kTotal = kRows * kChunks;
+  static_assert(kTotal % kThreads == 0, "tile chunks must split evenly over the threads");
+#pragma unroll
+  for (int i = 0; i < kTotal / kThreads; ++i) {
+    const int index = i * kThreads + static_cast<int>(threadIdx.x);
+    const int row = index / kChunks;
+    const int chunk = index % kChunks;
+    const bool valid = row < valid_rows;
+    const Element* src =
+        valid ? tensor + (first_row + row) * row_stride + static_cast<int64_t>(head) * kHeadDim + chunk * 8 : tensor;
+    cp_async_16(smem_address(tile + swizzled_offset<kHeadDim>(row, chunk)), src, valid);
+  }
+}
+
+// A-operand fragment (16 rows x 16 columns starting at (row0, col0)) of a row-major tile.
+template <int kHeadDim, typename Element>
+__device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const Element* tile, int row0, int col0) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int row = row0 + (lane & 15);
+  const int chunk = (col0 >> 3) + (lane >> 4);
+  ldmatrix_x4(a, smem_address(tile + swizzled_offset<kHeadDim>(row, chunk)));
+}
+
+// B-operand fragments of two n8 blocks, where the tile stores B transposed (row n holds
+// column n of B: K in Q.K^T). b[0], b[1]: columns n0..n0+7; b[2], b[3]: n0+8..n0+15;
+// k = col0..col0+15.
+template <int kHeadDim, typename Element>
+__device__ __forceinline__ void load_b_fragments_nk(uint32_t (&b)[4], const Element* tile, int n0, int col0) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int row = n0 + (lane & 7) + ((lane >> 4) << 3);
+  const int chunk = (col0 >> 3) + ((lane >> 3) & 1);
+  ldmatrix_x4(b, smem_address(tile + swizzled_offset<kHeadDim>(row, chunk)));
+}
+
+// B-operand fragments of two n8 blocks, where the tile stores B as is (row k, column n:
+// V in P.V). k = k0..k0+15; b[0], b[1]: columns col0..col0+7; b[2], b[3]: col0+8..col0+15.
+template <int kHeadDim, typename Element>
+__device__ __forceinline__ void load_b_fragments_kn(uint32_t (&b)[4], const Element* tile, int k0, int col0) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int row = k0 + (lane & 7) + (((lane >> 3) & 1) << 3);
+  const int chunk = (col0 >> 3) + (lane >> 4);
+  ldmatrix_x4_trans(b, smem_address(tile + swizzled_offset<kHeadDim>(row, chunk)));
+}
+
+// The segment whose tile range holds `tile`: the largest s with start[s] <= tile.
+__device__ __forceinline__ int find_segment(const int* start, int num_segments, int tile) {
+  int lo = 0;
+  int hi = num_segments - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (__ldg(start + mid) <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// Max of two floats through the integer order of their bits (no NaN reaches here).
+__device__ __forceinline__ void atomic_max_float(float* address, float value) {
+  if (value >= 0.0f) {
+    atomicMax(reinterpret_cast<int*>(address), __float_as_int(value));
+  } else {
+    atomicMin(reinterpret_cast<unsigned int*>(address), __float_as_uint(value));
+  }
+}
+
+}  // namespace thdcp::cuda::detail
