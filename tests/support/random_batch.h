@@ -11,6 +11,7 @@
 
 #include "thdcp/attention.h"
 #include "thdcp/compare.h"
+#include "support/expect_error.h"
 #include "thdcp/error.h"
 #include "thdcp/layout.h"
 #include "thdcp/tensor.h"
@@ -97,14 +98,3 @@ inline std::vector<Mask> all_test_masks() {
 
 }  // namespace thdcp::test
 
-// Expects `statement` to throw thdcp::Error whose message contains `substring`.
-#define EXPECT_THDCP_ERROR(statement, substring)                                          \
-  do {                                                                                    \
-    try {                                                                                 \
-      statement;                                                                          \
-      ADD_FAILURE() << "expected thdcp::Error containing \"" << (substring) << "\"";      \
-    } catch (const ::thdcp::Error& thdcp_test_error_) {                                   \
-      EXPECT_NE(std::string(thdcp_test_error_.what()).find(substring), std::string::npos) \
-          << "message: " << thdcp_test_error_.what();                                     \
-    }                                                                                     \
-  } while (0)

@@ -3,6 +3,7 @@
 
 #include <fstream>
 
+#include "support/expect_error.h"
 #include "thdcp/error.h"
 #include "thdcp/planner.h"
 
@@ -15,17 +16,7 @@ std::string write_temp(const std::string& name, const std::string& text) {
   return path;
 }
 
-template <typename Fn>
-void expect_error(Fn fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no thdcp::Error thrown";
-  } catch (const Error& e) {
-    for (const std::string& part : parts) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "message: " << e.what() << "\nmissing: " << part;
-    }
-  }
-}
+using test::expect_error;
 
 TEST(LengthsFile, ReadsLengthsCommentsAndBlankLines) {
   const std::string path = write_temp("lengths_ok.txt", "# header\n12\n\n  7  # trailing comment\r\n+3\n\t\n1024\n");

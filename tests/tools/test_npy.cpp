@@ -11,6 +11,7 @@
 
 #include "atomic_file.h"
 #include "npy.h"
+#include "support/expect_error.h"
 #include "thdcp/error.h"
 
 namespace thdcp::tools {
@@ -59,18 +60,7 @@ float half_to_float(uint16_t h) {
   return static_cast<float>(sign ? -v : v);
 }
 
-// Expects `fn` to throw thdcp::Error whose message contains every one of `parts`.
-template <typename Fn>
-void expect_error(Fn fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no thdcp::Error thrown";
-  } catch (const Error& e) {
-    for (const std::string& part : parts) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "message: " << e.what() << "\nmissing: " << part;
-    }
-  }
-}
+using test::expect_error;
 
 TEST(Npy, ReadsFloat32WrittenByNumpy) {
   const NpyArray a = read_npy(fixture("f4_v1.npy"));

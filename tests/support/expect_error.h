@@ -1,0 +1,29 @@
+// Expecting thdcp::Error with a message that says what is wrong.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "thdcp/error.h"
+
+namespace thdcp::test {
+
+// Expects `fn` to throw thdcp::Error whose message contains every one of `parts`.
+template <typename Fn>
+void expect_error(Fn fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no thdcp::Error thrown";
+  } catch (const Error& e) {
+    for (const std::string& part : parts) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "message: " << e.what() << "\nmissing: " << part;
+    }
+  }
+}
+
+}  // namespace thdcp::test
+
+// Expects `statement` to throw thdcp::Error whose message contains `substring`.
+#define EXPECT_THDCP_ERROR(statement, substring) ::thdcp::test::expect_error([&] { statement; }, {substring})
