@@ -32,7 +32,7 @@ DeviceSegmentTable table_shape(const DeviceLayout& layout, int cp, const Mask& m
 }
 
 CpWorkspace workspace_layout(const DeviceLayout& layout, int cp, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                             DType dtype, bool backward) {
+                             DType dtype, bool backward, const Options& options) {
   THDCP_CHECK(cp >= 1, "cp=" << cp << " must be >= 1");
   THDCP_CHECK(layout.max_seqs >= 1, "layout.max_seqs=" << layout.max_seqs << " must be >= 1");
   THDCP_CHECK(layout.total_rows >= 0 && layout.total_rows % (2 * cp) == 0,
@@ -57,7 +57,7 @@ CpWorkspace workspace_layout(const DeviceLayout& layout, int cp, int64_t q_heads
     w.dv_partial = take(kv_fp32);
     w.rank_ordered = take(kv_fp32);
     w.reduced = take(kv_fp32 / cp);
-    w.attention_bytes = backward_workspace_size(table, q_heads, kv_heads, head_dim, DType::kFloat32);
+    w.attention_bytes = backward_workspace_size(table, q_heads, kv_heads, head_dim, DType::kFloat32, options);
   } else {
     w.attention_bytes = forward_workspace_size(table);
   }
@@ -110,19 +110,19 @@ StepInputs prepare_step(Communicator& comm, const DeviceLayout& layout, const Ma
 
 size_t cp_forward_workspace_size(const DeviceLayout& layout, int cp, int64_t q_heads, int64_t kv_heads,
                                  int64_t head_dim, DType dtype) {
-  return workspace_layout(layout, cp, q_heads, kv_heads, head_dim, dtype, false).total;
+  return workspace_layout(layout, cp, q_heads, kv_heads, head_dim, dtype, false, Options{}).total;
 }
 
 size_t cp_backward_workspace_size(const DeviceLayout& layout, int cp, int64_t q_heads, int64_t kv_heads,
-                                  int64_t head_dim, DType dtype) {
-  return workspace_layout(layout, cp, q_heads, kv_heads, head_dim, dtype, true).total;
+                                  int64_t head_dim, DType dtype, const Options& options) {
+  return workspace_layout(layout, cp, q_heads, kv_heads, head_dim, dtype, true, options).total;
 }
 
 void cp_forward(Communicator& comm, const DeviceLayout& layout, const Mask& mask, ConstThdTensor q, ConstThdTensor k,
                 ConstThdTensor v, ThdTensor out, float* lse, float* max_logit, void* workspace, size_t workspace_bytes,
                 cudaStream_t stream, const Options& options) {
   const int cp = comm.size();
-  const CpWorkspace w = workspace_layout(layout, cp, q.heads, k.heads, q.head_dim, q.dtype, false);
+  const CpWorkspace w = workspace_layout(layout, cp, q.heads, k.heads, q.head_dim, q.dtype, false, options);
   check_call(comm, layout, q, k, workspace_bytes, w);
   auto* base = static_cast<unsigned char*>(workspace);
   const StepInputs in = prepare_step(comm, layout, mask, k, v, base, w, stream);
@@ -135,7 +135,7 @@ void cp_backward(Communicator& comm, const DeviceLayout& layout, const Mask& mas
                  ThdTensor dq, ThdTensor dk, ThdTensor dv, void* workspace, size_t workspace_bytes,
                  cudaStream_t stream, const Options& options) {
   const int cp = comm.size();
-  const CpWorkspace w = workspace_layout(layout, cp, q.heads, k.heads, q.head_dim, q.dtype, true);
+  const CpWorkspace w = workspace_layout(layout, cp, q.heads, k.heads, q.head_dim, q.dtype, true, options);
   check_call(comm, layout, q, k, workspace_bytes, w);
   const int64_t local_rows = layout.total_rows / cp;
   THDCP_CHECK(dk.tokens == local_rows && dv.tokens == local_rows && dk.heads == k.heads && dv.heads == k.heads &&

@@ -339,16 +339,16 @@ void attention_backward(const DeviceSegmentTable& table, ConstThdTensor q, Const
   const size_t dq_bytes = sizeof(float) * static_cast<size_t>(dq.numel());
   if (fused_dq && dq_bytes > 0) THDCP_CHECK_CUDA(cudaMemsetAsync(params.dq_accum, 0, dq_bytes, stream));
   if (table.capacity > 0) {
+    const int dkv_tile_rows = fused_dq ? detail::kDkvFusedTileRows : detail::kDkvTileRows;
     detail::launch_schedule(table.segments, table.capacity, detail::kDqTileRows, at<int>(workspace, layout.q_start),
-                            detail::kDkvTileRows, at<int>(workspace, layout.k_start), nullptr, params.q_heads,
-                            stream);
+                            dkv_tile_rows, at<int>(workspace, layout.k_start), nullptr, params.q_heads, stream);
     detail::launch_delta(out.data, dout.data, q.dtype, table.q_rows, params.q_heads, static_cast<int>(q.head_dim),
                          params.delta, stream);
     const int64_t grid_q = ceil_div(table.q_rows, detail::kDqTileRows) + table.capacity;
     // Key tiles: each segment's keys lie inside its sequence's valid rows, and at most
     // segments_per_key_row segments share a row.
     const int64_t grid_k =
-        ceil_div(table.k_rows * segments_per_key_row(table.kind), detail::kDkvTileRows) + table.capacity;
+        ceil_div(table.k_rows * segments_per_key_row(table.kind), dkv_tile_rows) + table.capacity;
     THDCP_CHECK(grid_q <= std::numeric_limits<int32_t>::max() && grid_k <= std::numeric_limits<int32_t>::max(),
                 "too many tiles: " << grid_q << " query, " << grid_k << " key");
     const bool bf16 = q.dtype == DType::kBFloat16;

@@ -7,10 +7,16 @@
 //               dV += P^T dO, dK += dS^T Q, accumulated in registers, then added once into
 //               fp32 dK/dV (one addition per segment that reaches the key row).
 // Options::deterministic == false fuses dQ into dkv_kernel instead (dQ += dS K, fp32
-// atomics into a workspace), which skips dq_kernel's recomputation of S and dP; on an H200
-// it measured slower than the two passes (bench/RESULTS.md), so it is not the default.
-// Each warp owns 16 rows (queries in dq_kernel, keys in dkv_kernel), so the products whose
-// reduction runs over those rows' partners stay inside the warp's registers.
+// atomics into a workspace), which skips dq_kernel's recomputation of S and dP.
+// dkv_kernel is bound by shared-memory reads (ldmatrix) more than by the tensor cores, so it
+// splits each product over its warps in two dimensions (FlashAttention-2's layout) to feed
+// more MMAs from each fragment read than "one warp owns 16 keys and all of dK/dV" did:
+// 32 keys x 32 queries of S^T and dP^T per warp, P^T and dS^T staged in shared memory, then
+// 32 keys x D/2 columns of dV and dK per warp. Blocks hold 64 keys (4 warps, two blocks per
+// SM) in the deterministic mode and 128 keys (8 warps) when dQ is fused, which halves the
+// dQ atomics; the other choice measured slower for each (bench/RESULTS.md).
+// dq_kernel: each warp owns 16 query rows (measured faster than 32 rows per warp, whose
+// 128-row tiles leave one block per SM or spill).
 #pragma once
 
 #include <cmath>
@@ -31,18 +37,32 @@ struct DqShape {
   static constexpr size_t kSmemBytes = (2 * kTileM + 4 * kTileN) * kHeadDim * 2;
 };
 
-template <int kHeadDim>
+// kFuseDq selects the tile of the fused-dQ path (see kDkvFusedTileRows in launch.h).
+template <int kHeadDim, bool kFuseDq>
 struct DkvShape {
-  static constexpr int kTileN = kDkvTileRows;                // keys per block
-  static constexpr int kTileM = kHeadDim >= 128 ? 32 : 64;  // queries per step (registers)
+  static constexpr int kTileN = kFuseDq ? kDkvFusedTileRows : kDkvTileRows;  // keys per block
+  static constexpr int kTileM = 64;            // queries per step
   static constexpr int kWarps = kTileN / 16;
   static constexpr int kThreads = kWarps * 32;
-  // dS^T staged for the fused dQ product: kTileN key rows of kTileM queries, padded by 8
-  // elements so the eight rows an ldmatrix phase reads fall in different banks.
-  static constexpr int kDsStride = kTileM + 8;
+  // Blocks per SM the registers and shared memory allow (one 8-warp block of 128 keys; two
+  // 4-warp blocks of 64 keys, which overlap each other's barriers).
+  static constexpr int kMinBlocks = kWarps <= 4 ? 2 : 1;
+  // Warp w: keys [32 (w / 2), +32); queries [32 (w % 2), +32) of S^T and dP^T, and head-dim
+  // columns [(w % 2) D / 2, +D / 2) of dV and dK.
+  static_assert(kTileN == 32 * (kWarps / 2) && kTileM == 64, "warp layout");
+  // P^T and dS^T staged in storage precision: kTileN key rows of kTileM queries, swizzled
+  // like the other tiles (stage_offset). At D = 128: 113 KiB for 64 keys (two blocks fill an
+  // H100/H200 SM's 228 KiB), 161 KiB for 128 keys (within sm_80's 163 KiB).
   static constexpr size_t kSmemBytes =
-      (2 * kTileN + 4 * kTileM) * kHeadDim * 2 + 4 * kTileM * sizeof(float) + kTileN * kDsStride * 2;
+      (2 * kTileN + 4 * kTileM) * kHeadDim * 2 + 4 * kTileM * sizeof(float) + 2 * kTileN * kTileM * 2;
 };
+
+// Element offset of (key row, query column) in a P^T / dS^T stage of 64-element rows: the
+// 16-byte chunk c of row r sits at c ^ (r & 7), so the eight rows an ldmatrix phase reads and
+// the eight rows a fragment store writes fall in different banks.
+__device__ __forceinline__ int stage_offset(int row, int column) {
+  return row * 64 + ((((column >> 3) ^ row) & 7) << 3) + (column & 7);
+}
 
 template <typename Storage, int kHeadDim>
 __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const BackwardParams p) {
@@ -246,13 +266,14 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
 // kFuseDq: also accumulate dQ += dS K into p.dq_accum with fp32 atomics (the order of the
 // additions, hence the last bits, varies between runs). Without it dq_kernel computes dQ.
 template <typename Storage, int kHeadDim, bool kFuseDq>
-__global__ void __launch_bounds__(DkvShape<kHeadDim>::kThreads) dkv_kernel(const BackwardParams p) {
+__global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShape<kHeadDim, kFuseDq>::kMinBlocks) dkv_kernel(const BackwardParams p) {
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
-  using Shape = DkvShape<kHeadDim>;
+  using Shape = DkvShape<kHeadDim, kFuseDq>;
   constexpr int kN = Shape::kTileN;
   constexpr int kM = Shape::kTileM;
   constexpr int kD = kHeadDim;
+  constexpr int kHalfD = kD / 2;
   constexpr int kThreads = Shape::kThreads;
 
   const int total_tiles = __ldg(p.k_tile_start + p.num_segments);
@@ -287,7 +308,8 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim>::kThreads) dkv_kernel(const
   Element* do_tiles = q_tiles + 2 * kM * kD;
   float* lse_rows = reinterpret_cast<float*>(do_tiles + 2 * kM * kD);
   float* delta_rows = lse_rows + 2 * kM;
-  Element* ds_tile = reinterpret_cast<Element*>(delta_rows + 2 * kM);
+  Element* pt_tile = reinterpret_cast<Element*>(delta_rows + 2 * kM);  // P^T  [key][query]
+  Element* ds_tile = pt_tile + kN * kM;                                  // dS^T [key][query]
 
   const Element* q = static_cast<const Element*>(p.q);
   const Element* dout = static_cast<const Element*>(p.dout);
@@ -323,14 +345,19 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim>::kThreads) dkv_kernel(const
   const int lane = threadIdx.x % 32;
   const int group_row = lane >> 2;
   const int pair_col = (lane & 3) * 2;
-  const int warp_row0 = warp * 16;
+  const int key_row0 = (warp >> 1) * 32;     // the warp's 32 keys (every product)
+  const int query_col0 = (warp & 1) * 32;    // its 32 queries of S^T and dP^T
+  const int dim_col0 = (warp & 1) * kHalfD;  // its head-dim half of dV and dK
 
-  float dk[kD / 8][4];
-  float dv[kD / 8][4];
+  float dk[2][kHalfD / 8][4];
+  float dv[2][kHalfD / 8][4];
 #pragma unroll
-  for (int i = 0; i < kD / 8; ++i) {
-    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
-    dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int i = 0; i < kHalfD / 8; ++i) {
+      dk[mi][i][0] = dk[mi][i][1] = dk[mi][i][2] = dk[mi][i][3] = 0.0f;
+      dv[mi][i][0] = dv[mi][i][1] = dv[mi][i][2] = dv[mi][i][3] = 0.0f;
+    }
   }
 
   for (int step = 0; step < steps; ++step) {
@@ -348,114 +375,150 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim>::kThreads) dkv_kernel(const
     const float* lse_tile = lse_rows + buffer * kM;
     const float* delta_tile = delta_rows + buffer * kM;
     const int m0 = (m_begin + step % m_count) * kM;
-
-    // S^T = K Q^T and dP^T = V dO^T: rows are this warp's 16 keys, columns the queries.
-    float st[kM / 8][4];
-    float dpt[kM / 8][4];
-#pragma unroll
-    for (int i = 0; i < kM / 8; ++i) {
-      st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
-      dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.0f;
+    // Every (query, key) pair of the step is a valid pair the mask allows: no per-element mask.
+    bool unmasked = valid_k == kN && m0 + kM <= seg.q_len;
+    {
+      const int64_t first_query = static_cast<int64_t>(seg.q_pos) + m0;
+      const int64_t first_key = static_cast<int64_t>(seg.k_pos) + n0;
+      if (mask.window_left >= 0) unmasked = unmasked && first_key >= first_query + kM - 1 - mask.window_left;
+      if (mask.window_right >= 0) unmasked = unmasked && first_key + kN - 1 <= first_query + mask.window_right;
     }
+
+    {
+      // S^T = K Q^T and dP^T = V dO^T for the warp's 32 keys x 32 queries.
+      float st[2][4][4];
+      float dpt[2][4][4];
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      uint32_t a_k[4];
-      uint32_t a_v[4];
-      load_a_fragment<kD>(a_k, k_tile, warp_row0, kk * 16);
-      load_a_fragment<kD>(a_v, v_tile, warp_row0, kk * 16);
+      for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
-      for (int np = 0; np < kM / 16; ++np) {
+        for (int i = 0; i < 4; ++i) {
+          st[mi][i][0] = st[mi][i][1] = st[mi][i][2] = st[mi][i][3] = 0.0f;
+          dpt[mi][i][0] = dpt[mi][i][1] = dpt[mi][i][2] = dpt[mi][i][3] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        uint32_t a_k[2][4];
+        uint32_t a_v[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          load_a_fragment<kD>(a_k[mi], k_tile, key_row0 + 16 * mi, kk * 16);
+          load_a_fragment<kD>(a_v[mi], v_tile, key_row0 + 16 * mi, kk * 16);
+        }
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t b[4];
+          load_b_fragments_nk<kD>(b, q_tile, query_col0 + np * 16, kk * 16);
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            mma_16816<Storage>(st[mi][2 * np], a_k[mi], b[0], b[1]);
+            mma_16816<Storage>(st[mi][2 * np + 1], a_k[mi], b[2], b[3]);
+          }
+          load_b_fragments_nk<kD>(b, do_tile, query_col0 + np * 16, kk * 16);
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            mma_16816<Storage>(dpt[mi][2 * np], a_v[mi], b[0], b[1]);
+            mma_16816<Storage>(dpt[mi][2 * np + 1], a_v[mi], b[2], b[3]);
+          }
+        }
+      }
+
+      // P^T and dS^T = P^T (dP^T - delta), staged in the storage type for the products
+      // below (which read them across warps).
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int nf = 0; nf < 4; ++nf) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int key_local = key_row0 + 16 * mi + group_row + half * 8;
+            const int key_index = n0 + key_local;
+            float prob[2];
+            float ds[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int column = query_col0 + nf * 8 + pair_col + c;
+              const int q_index = m0 + column;
+              const bool allowed = unmasked || (q_index < seg.q_len && key_index < seg.k_len &&
+                                                mask.allows(static_cast<int64_t>(seg.q_pos) + q_index,
+                                                            static_cast<int64_t>(seg.k_pos) + key_index));
+              const float lse = lse_tile[column];
+              prob[c] = allowed && lse != -INFINITY
+                            ? exp2f(fmaf(st[mi][nf][2 * half + c], p.scale_log2, -lse * 1.4426950408889634f))
+                            : 0.0f;
+              ds[c] = allowed ? prob[c] * (dpt[mi][nf][2 * half + c] - delta_tile[column]) : 0.0f;
+            }
+            const int offset = stage_offset(key_local, query_col0 + nf * 8 + pair_col);
+            *reinterpret_cast<uint32_t*>(pt_tile + offset) = Traits::pack(prob[0], prob[1]);
+            *reinterpret_cast<uint32_t*>(ds_tile + offset) = Traits::pack(ds[0], ds[1]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp's P^T and dS^T rows are staged
+
+    // dV += P^T dO and dK += dS^T Q for the warp's 32 keys x D/2 columns (reduction over
+    // the step's kM queries).
+#pragma unroll
+    for (int j = 0; j < kM / 16; ++j) {
+      uint32_t a_p[2][4];
+      uint32_t a_ds[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const int offset = stage_offset(key_row0 + 16 * mi + (lane & 15), j * 16 + (lane >> 4) * 8);
+        ldmatrix_x4(a_p[mi], smem_address(pt_tile + offset));
+        ldmatrix_x4(a_ds[mi], smem_address(ds_tile + offset));
+      }
+#pragma unroll
+      for (int dcol = 0; dcol < kHalfD / 16; ++dcol) {
         uint32_t b[4];
-        load_b_fragments_nk<kD>(b, q_tile, np * 16, kk * 16);
-        mma_16816<Storage>(st[2 * np], a_k, b[0], b[1]);
-        mma_16816<Storage>(st[2 * np + 1], a_k, b[2], b[3]);
-        load_b_fragments_nk<kD>(b, do_tile, np * 16, kk * 16);
-        mma_16816<Storage>(dpt[2 * np], a_v, b[0], b[1]);
-        mma_16816<Storage>(dpt[2 * np + 1], a_v, b[2], b[3]);
-      }
-    }
-
-    // P^T into st, dS^T into dpt.
+        load_b_fragments_kn<kD>(b, do_tile, j * 16, dim_col0 + dcol * 16);
 #pragma unroll
-    for (int nf = 0; nf < kM / 8; ++nf) {
+        for (int mi = 0; mi < 2; ++mi) {
+          mma_16816<Storage>(dv[mi][2 * dcol], a_p[mi], b[0], b[1]);
+          mma_16816<Storage>(dv[mi][2 * dcol + 1], a_p[mi], b[2], b[3]);
+        }
+        load_b_fragments_kn<kD>(b, q_tile, j * 16, dim_col0 + dcol * 16);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key_index = n0 + warp_row0 + group_row + (e >> 1) * 8;
-        const int column = nf * 8 + pair_col + (e & 1);
-        const int q_index = m0 + column;
-        const bool allowed = q_index < seg.q_len && key_index < seg.k_len &&
-                             mask.allows(static_cast<int64_t>(seg.q_pos) + q_index,
-                                         static_cast<int64_t>(seg.k_pos) + key_index);
-        const float lse = lse_tile[column];
-        const float prob =
-            allowed && lse != -INFINITY ? exp2f(fmaf(st[nf][e], p.scale_log2, -lse * 1.4426950408889634f)) : 0.0f;
-        st[nf][e] = prob;
-        dpt[nf][e] = allowed ? prob * (dpt[nf][e] - delta_tile[column]) : 0.0f;
-      }
-    }
-
-    if constexpr (kFuseDq) {
-      // Stage dS^T (storage type) for the dQ product after the barrier below.
-#pragma unroll
-      for (int nf = 0; nf < kM / 8; ++nf) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int key_row = warp_row0 + group_row + half * 8;
-          *reinterpret_cast<uint32_t*>(ds_tile + key_row * Shape::kDsStride + nf * 8 + pair_col) =
-              Traits::pack(dpt[nf][2 * half], dpt[nf][2 * half + 1]);
+        for (int mi = 0; mi < 2; ++mi) {
+          mma_16816<Storage>(dk[mi][2 * dcol], a_ds[mi], b[0], b[1]);
+          mma_16816<Storage>(dk[mi][2 * dcol + 1], a_ds[mi], b[2], b[3]);
         }
       }
     }
 
-    // dV += P^T dO and dK += dS^T Q (reduction over this step's queries).
-#pragma unroll
-    for (int j = 0; j < kM / 16; ++j) {
-      const uint32_t a_p[4] = {Traits::pack(st[2 * j][0], st[2 * j][1]), Traits::pack(st[2 * j][2], st[2 * j][3]),
-                               Traits::pack(st[2 * j + 1][0], st[2 * j + 1][1]),
-                               Traits::pack(st[2 * j + 1][2], st[2 * j + 1][3])};
-      const uint32_t a_ds[4] = {Traits::pack(dpt[2 * j][0], dpt[2 * j][1]),
-                                Traits::pack(dpt[2 * j][2], dpt[2 * j][3]),
-                                Traits::pack(dpt[2 * j + 1][0], dpt[2 * j + 1][1]),
-                                Traits::pack(dpt[2 * j + 1][2], dpt[2 * j + 1][3])};
-#pragma unroll
-      for (int dcol = 0; dcol < kD / 16; ++dcol) {
-        uint32_t b[4];
-        load_b_fragments_kn<kD>(b, do_tile, j * 16, dcol * 16);
-        mma_16816<Storage>(dv[2 * dcol], a_p, b[0], b[1]);
-        mma_16816<Storage>(dv[2 * dcol + 1], a_p, b[2], b[3]);
-        load_b_fragments_kn<kD>(b, q_tile, j * 16, dcol * 16);
-        mma_16816<Storage>(dk[2 * dcol], a_ds, b[0], b[1]);
-        mma_16816<Storage>(dk[2 * dcol + 1], a_ds, b[2], b[3]);
-      }
-    }
     if constexpr (kFuseDq) {
-      __syncthreads();  // every warp's dS^T rows are staged
-      // dQ[q, d] += sum over the block's keys of dS[q, key] K[key, d]. Warp w takes columns
-      // [w * kD / 4, (w + 1) * kD / 4) for all kM queries; A = dS read transposed from the
-      // key-major stage, B = K read transposed from its row-major tile.
-      constexpr int kCols = kD / Shape::kWarps;
-      float dq_part[kM / 16][kCols / 8][4];
+      // dQ[q, d] += sum over the block's keys of dS[q, key] K[key, d]. With W warps, warp w
+      // takes queries [32 (w / (W / 2)), +32) and columns [(w % (W / 2)) 2D / W, +2D / W);
+      // A = dS read transposed from the key-major stage, B = K read transposed from its
+      // row-major tile.
+      constexpr int kColumnGroups = Shape::kWarps / 2;
+      constexpr int kCols = kD / kColumnGroups;
+      const int q_row0 = (warp / kColumnGroups) * 32;
+      const int col0 = (warp % kColumnGroups) * kCols;
+      float dq_part[2][kCols / 8][4];
 #pragma unroll
-      for (int mi = 0; mi < kM / 16; ++mi) {
+      for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
-        for (int nf = 0; nf < kCols / 8; ++nf) dq_part[mi][nf][0] = dq_part[mi][nf][1] = dq_part[mi][nf][2] = dq_part[mi][nf][3] = 0.0f;
+        for (int nf = 0; nf < kCols / 8; ++nf) {
+          dq_part[mi][nf][0] = dq_part[mi][nf][1] = dq_part[mi][nf][2] = dq_part[mi][nf][3] = 0.0f;
+        }
       }
-      const int col0 = warp * kCols;
 #pragma unroll
       for (int kk = 0; kk < kN / 16; ++kk) {
-        uint32_t a[kM / 16][4];
+        uint32_t a[2][4];
 #pragma unroll
-        for (int mi = 0; mi < kM / 16; ++mi) {
+        for (int mi = 0; mi < 2; ++mi) {
           const int key_row = kk * 16 + (lane & 7) + ((lane >> 4) << 3);
-          const int query_col = mi * 16 + (((lane >> 3) & 1) << 3);
-          ldmatrix_x4_trans(a[mi], smem_address(ds_tile + key_row * Shape::kDsStride + query_col));
+          const int query_col = q_row0 + mi * 16 + (((lane >> 3) & 1) << 3);
+          ldmatrix_x4_trans(a[mi], smem_address(ds_tile + stage_offset(key_row, query_col)));
         }
 #pragma unroll
         for (int np = 0; np < kCols / 16; ++np) {
           uint32_t b[4];
           load_b_fragments_kn<kD>(b, k_tile, kk * 16, col0 + np * 16);
 #pragma unroll
-          for (int mi = 0; mi < kM / 16; ++mi) {
+          for (int mi = 0; mi < 2; ++mi) {
             mma_16816<Storage>(dq_part[mi][2 * np], a[mi], b[0], b[1]);
             mma_16816<Storage>(dq_part[mi][2 * np + 1], a[mi], b[2], b[3]);
           }
@@ -463,10 +526,10 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim>::kThreads) dkv_kernel(const
       }
       const int head = kv_head * group + step / m_count;
 #pragma unroll
-      for (int mi = 0; mi < kM / 16; ++mi) {
+      for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int q_index = m0 + mi * 16 + group_row + half * 8;
+          const int q_index = m0 + q_row0 + mi * 16 + group_row + half * 8;
           if (q_index >= seg.q_len) continue;
           float* dst = p.dq_accum + (static_cast<int64_t>(seg.q_row) + q_index) * q_stride +
                        static_cast<int64_t>(head) * kD + col0 + pair_col;
@@ -478,23 +541,26 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim>::kThreads) dkv_kernel(const
         }
       }
     }
-    __syncthreads();
+    __syncthreads();  // the Q/dO buffer and the stages are refilled by the next step
   }
 
   // One fp32 addition per (segment, element): with at most two segments reaching a key row
   // and the accumulator starting at zero, the result does not depend on their order.
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int key_index = n0 + warp_row0 + group_row + half * 8;
-    if (key_index >= valid_k + n0) continue;
-    const int64_t offset = (static_cast<int64_t>(seg.k_row) + key_index) * kv_stride +
-                           static_cast<int64_t>(kv_head) * kD + pair_col;
+  for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
-    for (int df = 0; df < kD / 8; ++df) {
-      atomicAdd(p.dk_accum + offset + df * 8, dk[df][2 * half] * p.scale);
-      atomicAdd(p.dk_accum + offset + df * 8 + 1, dk[df][2 * half + 1] * p.scale);
-      atomicAdd(p.dv_accum + offset + df * 8, dv[df][2 * half]);
-      atomicAdd(p.dv_accum + offset + df * 8 + 1, dv[df][2 * half + 1]);
+    for (int half = 0; half < 2; ++half) {
+      const int key_local = key_row0 + 16 * mi + group_row + half * 8;
+      if (key_local >= valid_k) continue;
+      const int64_t offset = (static_cast<int64_t>(seg.k_row) + n0 + key_local) * kv_stride +
+                             static_cast<int64_t>(kv_head) * kD + dim_col0 + pair_col;
+#pragma unroll
+      for (int df = 0; df < kHalfD / 8; ++df) {
+        atomicAdd(p.dk_accum + offset + df * 8, dk[mi][df][2 * half] * p.scale);
+        atomicAdd(p.dk_accum + offset + df * 8 + 1, dk[mi][df][2 * half + 1] * p.scale);
+        atomicAdd(p.dv_accum + offset + df * 8, dv[mi][df][2 * half]);
+        atomicAdd(p.dv_accum + offset + df * 8 + 1, dv[mi][df][2 * half + 1]);
+      }
     }
   }
 }
@@ -502,13 +568,21 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim>::kThreads) dkv_kernel(const
 template <typename Storage, int kHeadDim>
 void launch_backward(const BackwardParams& params, int grid_q_tiles, int grid_k_tiles, cudaStream_t stream) {
   using Dq = DqShape<kHeadDim>;
-  using Dkv = DkvShape<kHeadDim>;
+  using Dkv = DkvShape<kHeadDim, false>;
+  using DkvFused = DkvShape<kHeadDim, true>;
   static const cudaError_t dq_status = cudaFuncSetAttribute(
       dq_kernel<Storage, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kSmemBytes);
   static const cudaError_t dkv_status = cudaFuncSetAttribute(
       dkv_kernel<Storage, kHeadDim, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dkv::kSmemBytes);
   static const cudaError_t fused_status = cudaFuncSetAttribute(
-      dkv_kernel<Storage, kHeadDim, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dkv::kSmemBytes);
+      dkv_kernel<Storage, kHeadDim, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, DkvFused::kSmemBytes);
+  // Two 64-key blocks per SM need the largest shared-memory carveout.
+  static const cudaError_t dkv_carveout = cudaFuncSetAttribute(
+      dkv_kernel<Storage, kHeadDim, false>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+  static const cudaError_t fused_carveout = cudaFuncSetAttribute(
+      dkv_kernel<Storage, kHeadDim, true>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+  THDCP_CHECK_CUDA(dkv_carveout);
+  THDCP_CHECK_CUDA(fused_carveout);
   THDCP_CHECK_CUDA(dq_status);
   THDCP_CHECK_CUDA(dkv_status);
   THDCP_CHECK_CUDA(fused_status);
@@ -516,7 +590,7 @@ void launch_backward(const BackwardParams& params, int grid_q_tiles, int grid_k_
   if (grid_k_tiles > 0 && params.kv_heads > 0) {
     const dim3 grid(static_cast<unsigned>(grid_k_tiles), static_cast<unsigned>(params.kv_heads));
     if (fused) {
-      dkv_kernel<Storage, kHeadDim, true><<<grid, Dkv::kThreads, Dkv::kSmemBytes, stream>>>(params);
+      dkv_kernel<Storage, kHeadDim, true><<<grid, DkvFused::kThreads, DkvFused::kSmemBytes, stream>>>(params);
     } else {
       dkv_kernel<Storage, kHeadDim, false><<<grid, Dkv::kThreads, Dkv::kSmemBytes, stream>>>(params);
     }

@@ -10,11 +10,13 @@
 
 namespace thdcp::cuda::detail {
 
-// Query rows per forward block, query rows per dQ block, key rows per dK/dV block. The host
-// sizes grids and schedules with them.
+// Query rows per forward block, query rows per dQ block, key rows per dK/dV block (64 for
+// the deterministic backward: two 4-warp blocks per SM; 128 when dQ is fused into it: half
+// the dQ atomics). The host sizes grids and schedules with them.
 constexpr int kForwardTileRows = 128;
 constexpr int kDqTileRows = 64;
 constexpr int kDkvTileRows = 64;
+constexpr int kDkvFusedTileRows = 128;
 
 // Storage tags for the templates (the kernels never see thdcp::DType).
 struct Bf16Tag {};

@@ -23,7 +23,7 @@ struct RankOutputs {
 
 // One rank: uploads its local tensors, runs cp_forward and cp_backward on its own stream,
 // downloads the outputs.
-RankOutputs run_rank(Communicator& host_comm, const test::Batch& b, const Mask& mask) {
+RankOutputs run_rank(Communicator& host_comm, const test::Batch& b, const Mask& mask, const cuda::Options& options) {
   THDCP_CHECK_CUDA(cudaSetDevice(0));
   cudaStream_t stream;
   THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -43,11 +43,11 @@ RankOutputs run_rank(Communicator& host_comm, const test::Batch& b, const Mask& 
   for (test::DeviceBuffer* p : {&out.buffer, &dq.buffer, &dk.buffer, &dv.buffer, &lse, &max_logit}) p->poison();
   const cuda::DeviceLayout device_layout{cu.as<int32_t>(), cup.as<int32_t>(), layout.num_seqs, layout.total_rows()};
   test::DeviceBuffer fwd_ws(cuda::cp_forward_workspace_size(device_layout, cp, hq, hkv, dim, q.dtype));
-  test::DeviceBuffer bwd_ws(cuda::cp_backward_workspace_size(device_layout, cp, hq, hkv, dim, q.dtype));
+  test::DeviceBuffer bwd_ws(cuda::cp_backward_workspace_size(device_layout, cp, hq, hkv, dim, q.dtype, options));
   cuda::cp_forward(comm, device_layout, mask, q.cview(), k.cview(), v.cview(), out.view(), lse.as<float>(),
-                   max_logit.as<float>(), fwd_ws.data(), fwd_ws.bytes(), stream);
+                   max_logit.as<float>(), fwd_ws.data(), fwd_ws.bytes(), stream, options);
   cuda::cp_backward(comm, device_layout, mask, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(),
-                    lse.as<float>(), dq.view(), dk.view(), dv.view(), bwd_ws.data(), bwd_ws.bytes(), stream);
+                    lse.as<float>(), dq.view(), dk.view(), dv.view(), bwd_ws.data(), bwd_ws.bytes(), stream, options);
   THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
   THDCP_CHECK_CUDA(cudaStreamDestroy(stream));
   RankOutputs r;
@@ -60,12 +60,8 @@ RankOutputs run_rank(Communicator& host_comm, const test::Batch& b, const Mask& 
   return r;
 }
 
-using CudaCpCase = std::tuple<int /*cp*/, Mask, DType, int /*head_dim*/>;
-
-class CudaCp : public test::CudaTest, public ::testing::WithParamInterface<CudaCpCase> {};
-
-TEST_P(CudaCp, EqualsSingleDeviceReference) {
-  const auto [cp, mask, dtype, dim] = GetParam();
+// Runs CP on `cp` ranks of one GPU and compares every rank's outputs with the reference.
+void expect_cp_matches_reference(int cp, const Mask& mask, DType dtype, int dim, const cuda::Options& options) {
   Rng rng(static_cast<uint64_t>(cp * 31 + mask.window_left * 7 + mask.window_right + dim + static_cast<int>(dtype)));
   std::vector<int64_t> lengths = test::random_lengths(rng, 6, 300);
   for (int64_t extra : {int64_t{0}, int64_t{1}, int64_t{2 * cp + 1}, int64_t{1500}}) lengths.push_back(extra);
@@ -75,11 +71,12 @@ TEST_P(CudaCp, EqualsSingleDeviceReference) {
   const BatchLayout layout =
       make_layout(lengths, cp, Capacity{static_cast<int>(lengths.size()) + 2, rows + 8 * cp});
   const test::Batch b = test::make_batch(layout, dtype, 8, 2, dim, rng.next());
-  AttentionOptions options;
-  const test::GlobalResult ref = test::single_device(b, mask, options);
+  const test::GlobalResult ref = test::single_device(b, mask, AttentionOptions{});
 
   std::vector<RankOutputs> outputs(static_cast<size_t>(cp));
-  run_in_process(cp, [&](Communicator& comm) { outputs[static_cast<size_t>(comm.rank())] = run_rank(comm, b, mask); });
+  run_in_process(cp, [&](Communicator& comm) {
+    outputs[static_cast<size_t>(comm.rank())] = run_rank(comm, b, mask, options);
+  });
 
   const LayoutView view = layout.view();
   for (int rank = 0; rank < cp; ++rank) {
@@ -92,6 +89,25 @@ TEST_P(CudaCp, EqualsSingleDeviceReference) {
     EXPECT_TRUE(test::matches("lse", o.lse, test::local_lse(ref.lse, 8, view, cp, rank), test::kGpuFp32ResultTolerance));
     EXPECT_TRUE(test::matches("max_logit", o.max_logit, ref.max_logit, test::kGpuFp32ResultTolerance));
   }
+}
+
+using CudaCpCase = std::tuple<int /*cp*/, Mask, DType, int /*head_dim*/>;
+
+class CudaCp : public test::CudaTest, public ::testing::WithParamInterface<CudaCpCase> {};
+
+TEST_P(CudaCp, EqualsSingleDeviceReference) {
+  const auto [cp, mask, dtype, dim] = GetParam();
+  expect_cp_matches_reference(cp, mask, dtype, dim, cuda::Options{});
+}
+
+class CudaCpFusedDq : public test::CudaTest {};
+
+// The non-deterministic backward (dQ by atomics) through the same CP path.
+TEST_F(CudaCpFusedDq, EqualsSingleDeviceReference) {
+  cuda::Options options;
+  options.deterministic = false;
+  expect_cp_matches_reference(2, Mask::causal(), DType::kBFloat16, 128, options);
+  expect_cp_matches_reference(4, Mask::window(64, 200), DType::kFloat16, 64, options);
 }
 
 std::string case_name(const ::testing::TestParamInfo<CudaCpCase>& param_info) {

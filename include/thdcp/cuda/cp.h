@@ -33,8 +33,9 @@ struct DeviceLayout {
 
 size_t cp_forward_workspace_size(const DeviceLayout& layout, int cp, int64_t q_heads, int64_t kv_heads,
                                  int64_t head_dim, DType dtype);
+// The backward's workspace depends on options.deterministic (pass the options cp_backward gets).
 size_t cp_backward_workspace_size(const DeviceLayout& layout, int cp, int64_t q_heads, int64_t kv_heads,
-                                  int64_t head_dim, DType dtype);
+                                  int64_t head_dim, DType dtype, const Options& options = {});
 
 // Forward on this rank (cp = comm.size()). q, out [T/cp, Hq, D]; k, v [T/cp, Hkv, D] in the
 // rank's dual-chunk order; lse Hq * T/cp floats; max_logit Hq floats (max-reduced over the
