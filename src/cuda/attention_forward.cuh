@@ -15,6 +15,28 @@
 
 namespace thdcp::cuda::detail {
 
+// 2^x by the hardware's approximation (ex2.approx.ftz: relative error about 2^-22,
+// results below 2^-126 flushed to 0, 2^-inf = 0); exp2f adds a range fix-up around it.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Shared-memory byte addresses of this lane's ldmatrix rows in a swizzled tile (the layout of
+// tensor_core.cuh), for the four 16-column steps kl = 0..3 of each 64-column group: row
+// `row` (row & 7 == lane & 7 for every fragment the forward reads), 16-byte chunk
+// 2 * kl + half. Column step kk then reads at address[kk % 4] + 128 * (kk / 4) bytes and
+// 16-row steps at + 32 * kHeadDim bytes, constants the compiler folds into the loads.
+template <int kHeadDim>
+__device__ __forceinline__ void swizzled_step_addresses(uint32_t (&address)[4], uint32_t tile, int row, int half) {
+  const int x = static_cast<int>(threadIdx.x) & 7;
+#pragma unroll
+  for (int kl = 0; kl < 4; ++kl) {
+    address[kl] = tile + static_cast<uint32_t>(row * kHeadDim * 2 + (((2 * kl + half) ^ x) << 4));
+  }
+}
+
 template <int kHeadDim>
 struct ForwardShape {
   static constexpr int kTileM = kForwardTileRows;
@@ -37,12 +59,16 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
   constexpr int kThreads = Shape::kThreads;
   constexpr int kMF = Shape::kFragmentsPerWarp;
 
+  // Blocks in launch order, heads fastest: the heads of one query tile run side by side
+  // (those sharing a K/V head read the same keys through L2), and tiles go last first.
+  // Under a causal mask a segment's last tiles are its longest, so the tail of the grid is
+  // made of the first, shortest tiles of the first segment.
   const int total_tiles = __ldg(p.tile_start + p.num_segments);
-  if (static_cast<int>(blockIdx.x) >= total_tiles) return;  // grid is sized by capacity
-  // Last tiles first: under a causal mask they are the longest, so the tail of the grid is
-  // made of short blocks.
-  const int tile = total_tiles - 1 - static_cast<int>(blockIdx.x);
-  const int head = blockIdx.y;
+  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  const int64_t tile_rank = block / p.q_heads;
+  if (tile_rank >= total_tiles) return;  // grid is sized by capacity
+  const int tile = total_tiles - 1 - static_cast<int>(tile_rank);
+  const int head = static_cast<int>(block - tile_rank * p.q_heads);
   const int segment_index = find_segment(p.tile_start, p.num_segments, tile);
   const Segment seg = p.segments[segment_index];
   const int m0 = (tile - __ldg(p.tile_start + segment_index)) * kM;
@@ -89,10 +115,33 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
   const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
 
   load_tile_async<kM, kD, kThreads>(q_tile, q, seg.q_row + m0, valid_q, q_stride, head);
+  // K/V tile loads (load_tile_async's layout and zero fill) from per-thread row pointers:
+  // this thread copies chunk `kv_chunk` of rows kv_row0 + kKvRowStep * i of each tile, so
+  // only a 64-bit step per row pass is added to them, and the shared-memory offsets are
+  // constants past the first.
+  constexpr int kKvChunks = kD / 8;
+  constexpr int kKvRowStep = kThreads / kKvChunks;
+  constexpr int kKvPasses = kN * kKvChunks / kThreads;
+  static_assert(kN * kKvChunks % kThreads == 0 && kKvRowStep % 8 == 0, "K/V passes keep the swizzle phase");
+  const int kv_chunk = static_cast<int>(threadIdx.x) % kKvChunks;
+  const int kv_row0 = static_cast<int>(threadIdx.x) / kKvChunks;
+  const int64_t kv_thread_offset =
+      (static_cast<int64_t>(seg.k_row) + kv_row0) * kv_stride + static_cast<int64_t>(kv_head) * kD + kv_chunk * 8;
+  const int64_t kv_pass_stride = kKvRowStep * kv_stride;
+  const uint32_t k_smem = smem_address(k_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
+  const uint32_t v_smem = smem_address(v_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
   auto load_kv = [&](int n, int buffer) {
-    const int rows = min(kN, seg.k_len - n * kN);
-    load_tile_async<kN, kD, kThreads>(k_tiles + buffer * kN * kD, k, seg.k_row + n * kN, rows, kv_stride, kv_head);
-    load_tile_async<kN, kD, kThreads>(v_tiles + buffer * kN * kD, v, seg.k_row + n * kN, rows, kv_stride, kv_head);
+    const int rows = min(kN, seg.k_len - n * kN) - kv_row0;  // rows this thread may read
+    int64_t offset = kv_thread_offset + static_cast<int64_t>(n * kN) * kv_stride;
+    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kN * kD * 2);
+#pragma unroll
+    for (int i = 0; i < kKvPasses; ++i) {
+      const bool valid = kKvRowStep * i < rows;
+      const uint32_t dst = buffer_bytes + static_cast<uint32_t>(kKvRowStep * i * kD * 2);
+      cp_async_16(k_smem + dst, valid ? k + offset : k, valid);
+      cp_async_16(v_smem + dst, valid ? v + offset : v, valid);
+      offset += kv_pass_stride;
+    }
   };
   if (n_begin < n_end) load_kv(n_begin, 0);
   cp_async_commit();
@@ -102,6 +151,17 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
   const int group_row = lane >> 2;  // row within an 8-row half of a fragment
   const int pair_col = (lane & 3) * 2;
   const int warp_row0 = warp * 16 * kMF;
+
+  // ldmatrix addresses (see swizzled_step_addresses): Q A-fragments (rows warp_row0 +
+  // lane % 16, chunk half lane / 16), K B-fragments (rows lane % 8 + 8 * (lane / 16), half
+  // (lane / 8) % 2), V transposed B-fragments (rows lane % 16, half lane / 16); K and V of
+  // buffer 0.
+  uint32_t q_address[4];
+  uint32_t k_address[4];
+  uint32_t v_address[4];
+  swizzled_step_addresses<kD>(q_address, smem_address(q_tile), warp_row0 + (lane & 15), lane >> 4);
+  swizzled_step_addresses<kD>(k_address, smem_address(k_tiles), (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+  swizzled_step_addresses<kD>(v_address, smem_address(v_tiles), lane & 15, lane >> 4);
 
   // Fragment mi of the warp covers tile rows warp_row0 + 16 * mi + [0, 16); of it this
   // thread holds rows group_row and group_row + 8 ("halves").
@@ -126,8 +186,7 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
       cp_async_wait<0>();
     }
     __syncthreads();
-    const Element* k_tile = k_tiles + buffer * kN * kD;
-    const Element* v_tile = v_tiles + buffer * kN * kD;
+    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kN * kD * 2);
 
     // S = Q K^T; each K fragment serves the warp's kMF query fragments.
     float s[kMF][kN / 8][4];
@@ -140,11 +199,13 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
     for (int kk = 0; kk < kD / 16; ++kk) {
       uint32_t a[kMF][4];
 #pragma unroll
-      for (int mi = 0; mi < kMF; ++mi) load_a_fragment<kD>(a[mi], q_tile, warp_row0 + 16 * mi, kk * 16);
+      for (int mi = 0; mi < kMF; ++mi) {
+        ldmatrix_x4(a[mi], q_address[kk & 3] + (kk >> 2) * 128 + mi * 16 * kD * 2);
+      }
 #pragma unroll
       for (int np = 0; np < kN / 16; ++np) {
         uint32_t b[4];
-        load_b_fragments_nk<kD>(b, k_tile, np * 16, kk * 16);
+        ldmatrix_x4(b, k_address[kk & 3] + buffer_bytes + (kk >> 2) * 128 + np * 16 * kD * 2);
 #pragma unroll
         for (int mi = 0; mi < kMF; ++mi) {
           mma_16816<Storage>(s[mi][2 * np], a[mi], b[0], b[1]);
@@ -156,26 +217,40 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
     const int key0 = n * kN;
     const bool needs_mask = n < unmasked_begin || n >= unmasked_end;
     if (needs_mask) {
+      // Per row, the visible keys form one range (segment_visible_keys); taken relative to
+      // this thread's first column of the tile and clamped to [0, kN], each element then
+      // needs two compares instead of the mask's 64-bit arithmetic.
 #pragma unroll
       for (int mi = 0; mi < kMF; ++mi) {
 #pragma unroll
-        for (int nf = 0; nf < kN / 8; ++nf) {
+        for (int half = 0; half < 2; ++half) {
+          const int q_index = m0 + warp_row0 + 16 * mi + group_row + half * 8;
+          int lo = 0;
+          int hi = 0;
+          if (q_index < seg.q_len) {
+            const PositionRange r = segment_visible_keys(seg, mask, q_index);
+            const int64_t base = static_cast<int64_t>(seg.k_pos) + key0 + pair_col;
+            lo = static_cast<int>(min(max(r.begin - base, int64_t{0}), int64_t{kN}));
+            hi = static_cast<int>(min(max(r.end - base, int64_t{0}), int64_t{kN}));
+          }
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int q_index = m0 + warp_row0 + 16 * mi + group_row + (e >> 1) * 8;
-            const int key_index = key0 + nf * 8 + pair_col + (e & 1);
-            const bool allowed = q_index < seg.q_len && key_index < seg.k_len &&
-                                 mask.allows(static_cast<int64_t>(seg.q_pos) + q_index,
-                                             static_cast<int64_t>(seg.k_pos) + key_index);
-            if (!allowed) s[mi][nf][e] = -INFINITY;
+          for (int nf = 0; nf < kN / 8; ++nf) {
+#pragma unroll
+            for (int e = 2 * half; e < 2 * half + 2; ++e) {
+              const int c = nf * 8 + (e & 1);
+              if (c < lo || c >= hi) s[mi][nf][e] = -INFINITY;
+            }
           }
         }
       }
     }
 
-    // Online softmax over the rows this thread holds.
+    // Online softmax over the rows this thread holds. The accumulator is rescaled only when
+    // some row of the fragment raised its maximum (a warp-uniform vote): a correction
+    // factor of exp2(0) would leave it unchanged anyway.
 #pragma unroll
     for (int mi = 0; mi < kMF; ++mi) {
+      float new_max[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         float tile_max = -INFINITY;
@@ -185,23 +260,36 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
         }
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float new_max = fmaxf(row_max[mi][half], tile_max);
-        // A row that has seen only masked keys keeps max -inf; subtracting 0 then keeps
-        // exp2(-inf) = 0 instead of NaN.
-        const float offset = (new_max == -INFINITY ? 0.0f : new_max) * p.scale_log2;
-        const float correction = exp2f(row_max[mi][half] * p.scale_log2 - offset);
-        row_max[mi][half] = new_max;
-        row_sum[mi][half] *= correction;
+        new_max[half] = fmaxf(row_max[mi][half], tile_max);
+      }
+      const bool raised = new_max[0] != row_max[mi][0] || new_max[1] != row_max[mi][1];
+      // A row that has seen only masked keys keeps max -inf; subtracting 0 then keeps
+      // exp2(-inf) = 0 instead of NaN.
+      float offset[2];
 #pragma unroll
-        for (int df = 0; df < kD / 8; ++df) {
-          o[mi][df][2 * half] *= correction;
-          o[mi][df][2 * half + 1] *= correction;
+      for (int half = 0; half < 2; ++half) {
+        offset[half] = (new_max[half] == -INFINITY ? 0.0f : new_max[half]) * p.scale_log2;
+      }
+      if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float correction = fast_exp2(row_max[mi][half] * p.scale_log2 - offset[half]);
+          row_sum[mi][half] *= correction;
+#pragma unroll
+          for (int df = 0; df < kD / 8; ++df) {
+            o[mi][df][2 * half] *= correction;
+            o[mi][df][2 * half + 1] *= correction;
+          }
         }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        row_max[mi][half] = new_max[half];
 #pragma unroll
         for (int nf = 0; nf < kN / 8; ++nf) {
 #pragma unroll
           for (int e = 2 * half; e < 2 * half + 2; ++e) {
-            const float prob = exp2f(fmaf(s[mi][nf][e], p.scale_log2, -offset));
+            const float prob = fast_exp2(fmaf(s[mi][nf][e], p.scale_log2, -offset[half]));
             s[mi][nf][e] = prob;
             row_sum[mi][half] += prob;
           }
@@ -224,7 +312,7 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
 #pragma unroll
       for (int dp = 0; dp < kD / 16; ++dp) {
         uint32_t b[4];
-        load_b_fragments_kn<kD>(b, v_tile, j * 16, dp * 16);
+        ldmatrix_x4_trans(b, v_address[dp & 3] + buffer_bytes + (dp >> 2) * 128 + j * 16 * kD * 2);
 #pragma unroll
         for (int mi = 0; mi < kMF; ++mi) {
           mma_16816<Storage>(o[mi][2 * dp], a[mi], b[0], b[1]);
