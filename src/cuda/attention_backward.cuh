@@ -64,6 +64,38 @@ __device__ __forceinline__ int stage_offset(int row, int column) {
   return row * 64 + ((((column >> 3) ^ row) & 7) << 3) + (column & 7);
 }
 
+// 2^x by the hardware's approximation (ex2.approx.ftz: relative error about 2^-22, results
+// below 2^-126 flushed to 0, 2^-inf = 0); exp2f wraps it in a range fix-up. (The forward's
+// fast_exp2; its own name here so that both headers may meet in one file.)
+__device__ __forceinline__ float bwd_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Shared-memory byte addresses of this lane's ldmatrix rows for the four 16-column steps
+// kl = 0..3 of a swizzled tile of kRowElements-element rows, starting at 16-byte chunk
+// `chunk0` (row & 7 == lane & 7 for every fragment read here): chunk chunk0 + 2 kl + half.
+// A step of 64 columns adds 128 bytes, a step of 16 rows 32 kRowElements bytes: constants
+// the compiler folds into the loads.
+template <int kRowElements>
+__device__ __forceinline__ void bwd_step_addresses(uint32_t (&address)[4], uint32_t tile, int row, int chunk0,
+                                                   int half) {
+  const int x = static_cast<int>(threadIdx.x) & 7;
+#pragma unroll
+  for (int kl = 0; kl < 4; ++kl) {
+    address[kl] = tile + static_cast<uint32_t>(row * kRowElements * 2 + (((chunk0 + 2 * kl + half) ^ x) << 4));
+  }
+}
+
+// Clamped to [0, kLimit] relative to `base`: the range [begin, end) of a visible-key or
+// visible-query interval, so that an element at relative column c is visible iff lo <= c < hi.
+template <int kLimit>
+__device__ __forceinline__ void relative_range(int64_t begin, int64_t end, int64_t base, int& lo, int& hi) {
+  lo = static_cast<int>(min(max(begin - base, int64_t{0}), int64_t{kLimit}));
+  hi = static_cast<int>(min(max(end - base, int64_t{0}), int64_t{kLimit}));
+}
+
 template <typename Storage, int kHeadDim>
 __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const BackwardParams p) {
   using Traits = StorageTraits<Storage>;
@@ -127,10 +159,33 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
   // Rows past q_len are zero-filled: padding rows of dout may hold anything.
   load_tile_async<kM, kD, kThreads>(q_tile, q, seg.q_row + m0, valid_q, q_stride, head);
   load_tile_async<kM, kD, kThreads>(do_tile, dout, seg.q_row + m0, valid_q, q_stride, head);
+  // K/V tile loads (load_tile_async's layout and zero fill) from per-thread row offsets:
+  // this thread copies chunk `kv_chunk` of rows kv_row0 + kKvRowStep * i of each tile, so
+  // only a 64-bit step per row pass is added, and the shared-memory offsets past the first
+  // are constants (the forward's scheme).
+  constexpr int kKvChunks = kD / 8;
+  constexpr int kKvRowStep = kThreads / kKvChunks;
+  constexpr int kKvPasses = kN * kKvChunks / kThreads;
+  static_assert(kN * kKvChunks % kThreads == 0 && kKvRowStep % 8 == 0, "K/V passes keep the swizzle phase");
+  const int kv_chunk = static_cast<int>(threadIdx.x) % kKvChunks;
+  const int kv_row0 = static_cast<int>(threadIdx.x) / kKvChunks;
+  const int64_t kv_thread_offset =
+      (static_cast<int64_t>(seg.k_row) + kv_row0) * kv_stride + static_cast<int64_t>(kv_head) * kD + kv_chunk * 8;
+  const int64_t kv_pass_stride = kKvRowStep * kv_stride;
+  const uint32_t k_smem = smem_address(k_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
+  const uint32_t v_smem = smem_address(v_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
   auto load_kv = [&](int n, int buffer) {
-    const int rows = min(kN, seg.k_len - n * kN);
-    load_tile_async<kN, kD, kThreads>(k_tiles + buffer * kN * kD, k, seg.k_row + n * kN, rows, kv_stride, kv_head);
-    load_tile_async<kN, kD, kThreads>(v_tiles + buffer * kN * kD, v, seg.k_row + n * kN, rows, kv_stride, kv_head);
+    const int rows = min(kN, seg.k_len - n * kN) - kv_row0;  // rows this thread may read
+    int64_t offset = kv_thread_offset + static_cast<int64_t>(n * kN) * kv_stride;
+    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kN * kD * 2);
+#pragma unroll
+    for (int i = 0; i < kKvPasses; ++i) {
+      const bool valid = kKvRowStep * i < rows;
+      const uint32_t dst = buffer_bytes + static_cast<uint32_t>(kKvRowStep * i * kD * 2);
+      cp_async_16(k_smem + dst, valid ? k + offset : k, valid);
+      cp_async_16(v_smem + dst, valid ? v + offset : v, valid);
+      offset += kv_pass_stride;
+    }
   };
   if (n_begin < n_end) load_kv(n_begin, 0);
   cp_async_commit();
@@ -140,6 +195,18 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
   const int group_row = lane >> 2;
   const int pair_col = (lane & 3) * 2;
   const int warp_row0 = warp * 16;
+
+  // ldmatrix addresses (bwd_step_addresses): Q A-fragments (dO at + kM kD elements), K
+  // B-fragments read [key][dim] (V at + 2 kN kD elements), K B-fragments read transposed;
+  // K and V of buffer 0.
+  uint32_t q_address[4];
+  uint32_t k_address[4];
+  uint32_t kt_address[4];
+  bwd_step_addresses<kD>(q_address, smem_address(q_tile), warp_row0 + (lane & 15), 0, lane >> 4);
+  bwd_step_addresses<kD>(k_address, smem_address(k_tiles), (lane & 7) + ((lane >> 4) << 3), 0, (lane >> 3) & 1);
+  bwd_step_addresses<kD>(kt_address, smem_address(k_tiles), (lane & 7) + (((lane >> 3) & 1) << 3), 0, lane >> 4);
+  constexpr uint32_t kDoBytes = kM * kD * 2;      // dO tile past the Q tile
+  constexpr uint32_t kVBytes = 2 * kN * kD * 2;   // V buffers past the K buffers
 
   // lse (as a log2 offset) and delta of the thread's two rows. A row with lse = -inf saw no
   // key: every P of it is 0, which the mask already gives.
@@ -172,8 +239,7 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
       cp_async_wait<0>();
     }
     __syncthreads();
-    const Element* k_tile = k_tiles + buffer * kN * kD;
-    const Element* v_tile = v_tiles + buffer * kN * kD;
+    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kN * kD * 2);
 
     float s[kN / 8][4];
     float dp[kN / 8][4];
@@ -186,15 +252,16 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
     for (int kk = 0; kk < kD / 16; ++kk) {
       uint32_t a[4];
       uint32_t a_do[4];
-      load_a_fragment<kD>(a, q_tile, warp_row0, kk * 16);
-      load_a_fragment<kD>(a_do, do_tile, warp_row0, kk * 16);
+      ldmatrix_x4(a, q_address[kk & 3] + (kk >> 2) * 128);
+      ldmatrix_x4(a_do, q_address[kk & 3] + (kk >> 2) * 128 + kDoBytes);
 #pragma unroll
       for (int np = 0; np < kN / 16; ++np) {
         uint32_t b[4];
-        load_b_fragments_nk<kD>(b, k_tile, np * 16, kk * 16);
+        const uint32_t address = k_address[kk & 3] + buffer_bytes + (kk >> 2) * 128 + np * 16 * kD * 2;
+        ldmatrix_x4(b, address);
         mma_16816<Storage>(s[2 * np], a, b[0], b[1]);
         mma_16816<Storage>(s[2 * np + 1], a, b[2], b[3]);
-        load_b_fragments_nk<kD>(b, v_tile, np * 16, kk * 16);
+        ldmatrix_x4(b, address + kVBytes);
         mma_16816<Storage>(dp[2 * np], a_do, b[0], b[1]);
         mma_16816<Storage>(dp[2 * np + 1], a_do, b[2], b[3]);
       }
@@ -202,22 +269,40 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
 
     const int key0 = n * kN;
     const bool needs_mask = n < unmasked_begin || n >= unmasked_end;
+    if (needs_mask) {
+      // Per row, the visible keys form one range (segment_visible_keys); relative to this
+      // thread's first column of the tile and clamped to [0, kN], each element needs two
+      // compares. A masked entry gets S = -inf (P = 0) and dP = 0, so nothing leaks into dS.
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int q_index = m0 + warp_row0 + group_row + half * 8;
+        int lo = 0;
+        int hi = 0;
+        if (q_index < seg.q_len) {
+          const PositionRange r = segment_visible_keys(seg, mask, q_index);
+          relative_range<kN>(r.begin, r.end, static_cast<int64_t>(seg.k_pos) + key0 + pair_col, lo, hi);
+        }
+#pragma unroll
+        for (int nf = 0; nf < kN / 8; ++nf) {
+#pragma unroll
+          for (int e = 2 * half; e < 2 * half + 2; ++e) {
+            const int c = nf * 8 + (e & 1);
+            if (c < lo || c >= hi) {
+              s[nf][e] = -INFINITY;
+              dp[nf][e] = 0.0f;
+            }
+          }
+        }
+      }
+    }
 #pragma unroll
     for (int nf = 0; nf < kN / 8; ++nf) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int half = e >> 1;
-        bool allowed = true;
-        if (needs_mask) {
-          const int q_index = m0 + warp_row0 + group_row + half * 8;
-          const int key_index = key0 + nf * 8 + pair_col + (e & 1);
-          allowed = q_index < seg.q_len && key_index < seg.k_len &&
-                    mask.allows(static_cast<int64_t>(seg.q_pos) + q_index,
-                                static_cast<int64_t>(seg.k_pos) + key_index);
-        }
-        const float prob = allowed ? exp2f(fmaf(s[nf][e], p.scale_log2, -lse_log2[half])) : 0.0f;
-        // dS = P (dP - delta); selected, not multiplied, so nothing from a masked entry leaks.
-        s[nf][e] = allowed ? prob * (dp[nf][e] - delta[half]) : 0.0f;
+        const float prob = bwd_exp2(fmaf(s[nf][e], p.scale_log2, -lse_log2[half]));
+        // dS = P (dP - delta)
+        s[nf][e] = prob * (dp[nf][e] - delta[half]);
       }
     }
 
@@ -230,7 +315,7 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
 #pragma unroll
       for (int dp_col = 0; dp_col < kD / 16; ++dp_col) {
         uint32_t b[4];
-        load_b_fragments_kn<kD>(b, k_tile, j * 16, dp_col * 16);
+        ldmatrix_x4_trans(b, kt_address[dp_col & 3] + buffer_bytes + (dp_col >> 2) * 128 + j * 16 * kD * 2);
         mma_16816<Storage>(dq[2 * dp_col], a, b[0], b[1]);
         mma_16816<Storage>(dq[2 * dp_col + 1], a, b[2], b[3]);
       }
@@ -322,12 +407,37 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
 
   load_tile_async<kN, kD, kThreads>(k_tile, k, seg.k_row + n0, valid_k, kv_stride, kv_head);
   load_tile_async<kN, kD, kThreads>(v_tile, v, seg.k_row + n0, valid_k, kv_stride, kv_head);
-  auto load_q = [&](int step, int buffer) {
-    const int head = kv_head * group + step / m_count;
-    const int m0 = (m_begin + step % m_count) * kM;
+  // Q/dO tile loads (load_tile_async's layout and zero fill) from per-thread row offsets:
+  // this thread copies chunk `q_chunk` of rows q_row0 + kQRowStep * i of each tile, so one
+  // 64-bit multiply per step and a 64-bit step per row pass address them, and the
+  // shared-memory offsets past the first are constants.
+  constexpr int kQChunks = kD / 8;
+  constexpr int kQRowStep = kThreads / kQChunks;
+  constexpr int kQPasses = kM * kQChunks / kThreads;
+  static_assert(kM * kQChunks % kThreads == 0 && kQRowStep % 8 == 0, "Q/dO passes keep the swizzle phase");
+  const int q_chunk = static_cast<int>(threadIdx.x) % kQChunks;
+  const int q_row0 = static_cast<int>(threadIdx.x) / kQChunks;
+  const int64_t q_pass_stride = kQRowStep * q_stride;
+  const uint32_t q_smem = smem_address(q_tiles + swizzled_offset<kD>(q_row0, q_chunk));
+  constexpr uint32_t kDoBytes = 2 * kM * kD * 2;  // the dO buffers past the Q buffers
+  // Step s covers query tile m_begin + s % m_count of head kv_head * group + s / m_count,
+  // kept as two counters (m_index, head_index) instead of a division per step.
+  auto load_q = [&](int m_index, int head_index, int buffer) {
+    const int head = kv_head * group + head_index;
+    const int m0 = (m_begin + m_index) * kM;
     const int rows = max(0, min(kM, seg.q_len - m0));
-    load_tile_async<kM, kD, kThreads>(q_tiles + buffer * kM * kD, q, seg.q_row + m0, rows, q_stride, head);
-    load_tile_async<kM, kD, kThreads>(do_tiles + buffer * kM * kD, dout, seg.q_row + m0, rows, q_stride, head);
+    const int thread_rows = rows - q_row0;  // rows this thread may read
+    int64_t offset = (static_cast<int64_t>(seg.q_row) + m0 + q_row0) * q_stride + static_cast<int64_t>(head) * kD +
+                     q_chunk * 8;
+    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kM * kD * 2);
+#pragma unroll
+    for (int i = 0; i < kQPasses; ++i) {
+      const bool valid = kQRowStep * i < thread_rows;
+      const uint32_t dst = q_smem + buffer_bytes + static_cast<uint32_t>(kQRowStep * i * kD * 2);
+      cp_async_16(dst, valid ? q + offset : q, valid);
+      cp_async_16(dst + kDoBytes, valid ? dout + offset : dout, valid);
+      offset += q_pass_stride;
+    }
     const int t = threadIdx.x;
     if (t < 2 * kM) {
       const int r = t % kM;
@@ -338,7 +448,7 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
       cp_async_4(smem_address(dst), src, valid);
     }
   };
-  load_q(0, 0);
+  load_q(0, 0, 0);
   cp_async_commit();
 
   const int warp = threadIdx.x / 32;
@@ -348,6 +458,28 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
   const int key_row0 = (warp >> 1) * 32;     // the warp's 32 keys (every product)
   const int query_col0 = (warp & 1) * 32;    // its 32 queries of S^T and dP^T
   const int dim_col0 = (warp & 1) * kHalfD;  // its head-dim half of dV and dK
+
+  // ldmatrix addresses (bwd_step_addresses): K A-fragments (V at + kN kD elements); Q
+  // B-fragments read [query][dim] (dO at + kDoBytes), Q B-fragments read transposed from
+  // the warp's head-dim half (likewise); P^T A-fragments of the stage (dS^T at + kN kM
+  // elements). Q and dO of buffer 0.
+  static_assert(kHalfD / 16 <= 4 && kM / 16 <= 4, "one address per 16-column step");
+  constexpr uint32_t kVBytes = kN * kD * 2;
+  constexpr uint32_t kDsBytes = kN * kM * 2;
+  uint32_t kv_address[4];
+  uint32_t qn_address[4];
+  uint32_t qt_address[4];
+  uint32_t stage_address[4];
+  bwd_step_addresses<kD>(kv_address, smem_address(k_tile), key_row0 + (lane & 15), 0, lane >> 4);
+  bwd_step_addresses<kD>(qn_address, smem_address(q_tiles), query_col0 + (lane & 7) + ((lane >> 4) << 3), 0,
+                         (lane >> 3) & 1);
+  bwd_step_addresses<kD>(qt_address, smem_address(q_tiles), (lane & 7) + (((lane >> 3) & 1) << 3), dim_col0 >> 3,
+                         lane >> 4);
+  bwd_step_addresses<kM>(stage_address, smem_address(pt_tile), key_row0 + (lane & 15), 0, lane >> 4);
+  // Byte offset in the stage of this thread's fragment rows (key_row0 + group_row, + 8, ...)
+  // at column pair_col; the swizzled chunk is added per 8-column block.
+  char* const pt_bytes = reinterpret_cast<char*>(pt_tile);
+  const int stage_row_bytes = (key_row0 + group_row) * kM * 2 + pair_col * 2;
 
   float dk[2][kHalfD / 8][4];
   float dv[2][kHalfD / 8][4];
@@ -360,21 +492,28 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
     }
   }
 
+  int m_index = 0;
+  int head_index = 0;
   for (int step = 0; step < steps; ++step) {
     const int buffer = step & 1;
+    int next_m = m_index + 1;
+    int next_head = head_index;
+    if (next_m == m_count) {
+      next_m = 0;
+      ++next_head;
+    }
     if (step + 1 < steps) {
-      load_q(step + 1, buffer ^ 1);
+      load_q(next_m, next_head, buffer ^ 1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    const Element* q_tile = q_tiles + buffer * kM * kD;
-    const Element* do_tile = do_tiles + buffer * kM * kD;
+    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kM * kD * 2);
     const float* lse_tile = lse_rows + buffer * kM;
     const float* delta_tile = delta_rows + buffer * kM;
-    const int m0 = (m_begin + step % m_count) * kM;
+    const int m0 = (m_begin + m_index) * kM;
     // Every (query, key) pair of the step is a valid pair the mask allows: no per-element mask.
     bool unmasked = valid_k == kN && m0 + kM <= seg.q_len;
     {
@@ -402,19 +541,21 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
         uint32_t a_v[2][4];
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
-          load_a_fragment<kD>(a_k[mi], k_tile, key_row0 + 16 * mi, kk * 16);
-          load_a_fragment<kD>(a_v[mi], v_tile, key_row0 + 16 * mi, kk * 16);
+          const uint32_t address = kv_address[kk & 3] + (kk >> 2) * 128 + mi * 16 * kD * 2;
+          ldmatrix_x4(a_k[mi], address);
+          ldmatrix_x4(a_v[mi], address + kVBytes);
         }
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           uint32_t b[4];
-          load_b_fragments_nk<kD>(b, q_tile, query_col0 + np * 16, kk * 16);
+          const uint32_t address = qn_address[kk & 3] + buffer_bytes + (kk >> 2) * 128 + np * 16 * kD * 2;
+          ldmatrix_x4(b, address);
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
             mma_16816<Storage>(st[mi][2 * np], a_k[mi], b[0], b[1]);
             mma_16816<Storage>(st[mi][2 * np + 1], a_k[mi], b[2], b[3]);
           }
-          load_b_fragments_nk<kD>(b, do_tile, query_col0 + np * 16, kk * 16);
+          ldmatrix_x4(b, address + kDoBytes);
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
             mma_16816<Storage>(dpt[mi][2 * np], a_v[mi], b[0], b[1]);
@@ -423,34 +564,75 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
         }
       }
 
-      // P^T and dS^T = P^T (dP^T - delta), staged in the storage type for the products
-      // below (which read them across warps).
+      if (!unmasked) {
+        // Per key row, the queries that see it form one range; relative to this thread's
+        // first column of the step and clamped to [0, kM], each element needs two compares.
+        // A masked entry gets S^T = -inf (P = 0) and dP^T = 0, so nothing leaks into dS.
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-        for (int nf = 0; nf < 4; ++nf) {
+        for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const int key_local = key_row0 + 16 * mi + group_row + half * 8;
-            const int key_index = n0 + key_local;
-            float prob[2];
-            float ds[2];
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const int column = query_col0 + nf * 8 + pair_col + c;
-              const int q_index = m0 + column;
-              const bool allowed = unmasked || (q_index < seg.q_len && key_index < seg.k_len &&
-                                                mask.allows(static_cast<int64_t>(seg.q_pos) + q_index,
-                                                            static_cast<int64_t>(seg.k_pos) + key_index));
-              const float lse = lse_tile[column];
-              prob[c] = allowed && lse != -INFINITY
-                            ? exp2f(fmaf(st[mi][nf][2 * half + c], p.scale_log2, -lse * 1.4426950408889634f))
-                            : 0.0f;
-              ds[c] = allowed ? prob[c] * (dpt[mi][nf][2 * half + c] - delta_tile[column]) : 0.0f;
+            const int key_index = n0 + key_row0 + 16 * mi + group_row + half * 8;
+            int lo = 0;
+            int hi = 0;
+            if (key_index < seg.k_len) {
+              const int64_t key_pos = static_cast<int64_t>(seg.k_pos) + key_index;
+              int64_t begin = seg.q_pos;
+              int64_t end = static_cast<int64_t>(seg.q_pos) + seg.q_len;
+              if (mask.window_right >= 0) begin = max(begin, key_pos - mask.window_right);
+              if (mask.window_left >= 0) end = min(end, key_pos + mask.window_left + 1);
+              relative_range<kM>(begin, end, static_cast<int64_t>(seg.q_pos) + m0 + query_col0 + pair_col, lo, hi);
             }
-            const int offset = stage_offset(key_local, query_col0 + nf * 8 + pair_col);
-            *reinterpret_cast<uint32_t*>(pt_tile + offset) = Traits::pack(prob[0], prob[1]);
-            *reinterpret_cast<uint32_t*>(ds_tile + offset) = Traits::pack(ds[0], ds[1]);
+#pragma unroll
+            for (int nf = 0; nf < 4; ++nf) {
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const int column = nf * 8 + c;
+                if (column < lo || column >= hi) {
+                  st[mi][nf][2 * half + c] = -INFINITY;
+                  dpt[mi][nf][2 * half + c] = 0.0f;
+                }
+              }
+            }
+          }
+        }
+      }
+
+      // P^T and dS^T = P^T (dP^T - delta), staged in the storage type for the products
+      // below (which read them across warps). A query row with lse = -inf (it saw no key)
+      // gets the offset +inf, hence P = 0.
+#pragma unroll
+      for (int nf = 0; nf < 4; ++nf) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int column = query_col0 + nf * 8 + pair_col + c;
+          const float lse = lse_tile[column];
+          const float offset = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+          const float row_delta = delta_tile[column];
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int e = 2 * half + c;
+              const float prob = bwd_exp2(fmaf(st[mi][nf][e], p.scale_log2, -offset));
+              st[mi][nf][e] = prob;
+              dpt[mi][nf][e] = prob * (dpt[mi][nf][e] - row_delta);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int nf = 0; nf < 4; ++nf) {
+        const int chunk_bytes = ((((query_col0 >> 3) + nf) ^ group_row) & 7) << 4;
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int offset = stage_row_bytes + chunk_bytes + (16 * mi + 8 * half) * kM * 2;
+            *reinterpret_cast<uint32_t*>(pt_bytes + offset) =
+                Traits::pack(st[mi][nf][2 * half], st[mi][nf][2 * half + 1]);
+            *reinterpret_cast<uint32_t*>(pt_bytes + kDsBytes + offset) =
+                Traits::pack(dpt[mi][nf][2 * half], dpt[mi][nf][2 * half + 1]);
           }
         }
       }
@@ -465,20 +647,21 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
       uint32_t a_ds[2][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
-        const int offset = stage_offset(key_row0 + 16 * mi + (lane & 15), j * 16 + (lane >> 4) * 8);
-        ldmatrix_x4(a_p[mi], smem_address(pt_tile + offset));
-        ldmatrix_x4(a_ds[mi], smem_address(ds_tile + offset));
+        const uint32_t address = stage_address[j] + mi * 16 * kM * 2;
+        ldmatrix_x4(a_p[mi], address);
+        ldmatrix_x4(a_ds[mi], address + kDsBytes);
       }
 #pragma unroll
       for (int dcol = 0; dcol < kHalfD / 16; ++dcol) {
         uint32_t b[4];
-        load_b_fragments_kn<kD>(b, do_tile, j * 16, dim_col0 + dcol * 16);
+        const uint32_t address = qt_address[dcol] + buffer_bytes + j * 16 * kD * 2;
+        ldmatrix_x4_trans(b, address + kDoBytes);
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
           mma_16816<Storage>(dv[mi][2 * dcol], a_p[mi], b[0], b[1]);
           mma_16816<Storage>(dv[mi][2 * dcol + 1], a_p[mi], b[2], b[3]);
         }
-        load_b_fragments_kn<kD>(b, q_tile, j * 16, dim_col0 + dcol * 16);
+        ldmatrix_x4_trans(b, address);
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
           mma_16816<Storage>(dk[mi][2 * dcol], a_ds[mi], b[0], b[1]);
@@ -494,8 +677,18 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
       // row-major tile.
       constexpr int kColumnGroups = Shape::kWarps / 2;
       constexpr int kCols = kD / kColumnGroups;
+      static_assert(kCols / 16 <= 4, "one address per 16-column step");
       const int q_row0 = (warp / kColumnGroups) * 32;
       const int col0 = (warp % kColumnGroups) * kCols;
+      // ldmatrix addresses: dS^T read transposed (key rows lane % 8 + 8 (lane / 16), query
+      // chunk q_row0 / 8 + 2 mi + (lane / 8) % 2), K read transposed (key rows lane % 8 +
+      // 8 ((lane / 8) % 2), chunk col0 / 8 + 2 np + lane / 16).
+      uint32_t dst_address[4];
+      uint32_t kt_address[4];
+      bwd_step_addresses<kM>(dst_address, smem_address(pt_tile) + kDsBytes, (lane & 7) + ((lane >> 4) << 3),
+                             q_row0 >> 3, (lane >> 3) & 1);
+      bwd_step_addresses<kD>(kt_address, smem_address(k_tile), (lane & 7) + (((lane >> 3) & 1) << 3), col0 >> 3,
+                             lane >> 4);
       float dq_part[2][kCols / 8][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
@@ -509,14 +702,12 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
         uint32_t a[2][4];
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
-          const int key_row = kk * 16 + (lane & 7) + ((lane >> 4) << 3);
-          const int query_col = q_row0 + mi * 16 + (((lane >> 3) & 1) << 3);
-          ldmatrix_x4_trans(a[mi], smem_address(ds_tile + stage_offset(key_row, query_col)));
+          ldmatrix_x4_trans(a[mi], dst_address[mi] + kk * 16 * kM * 2);
         }
 #pragma unroll
         for (int np = 0; np < kCols / 16; ++np) {
           uint32_t b[4];
-          load_b_fragments_kn<kD>(b, k_tile, kk * 16, col0 + np * 16);
+          ldmatrix_x4_trans(b, kt_address[np] + kk * 16 * kD * 2);
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
             mma_16816<Storage>(dq_part[mi][2 * np], a[mi], b[0], b[1]);
@@ -524,7 +715,7 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
           }
         }
       }
-      const int head = kv_head * group + step / m_count;
+      const int head = kv_head * group + head_index;
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
@@ -541,6 +732,8 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
         }
       }
     }
+    m_index = next_m;
+    head_index = next_head;
     __syncthreads();  // the Q/dO buffer and the stages are refilled by the next step
   }
 
