@@ -78,8 +78,8 @@ struct Options {
   // two), and two additions onto zero give the same bits in either order.
   // false: dQ is accumulated inside the dK/dV pass with fp32 atomics (as FlashAttention
   // does), so its last bits depend on the order the blocks run in. It saves the dQ pass's
-  // recomputation and measured faster than true on an H200 (bench/RESULTS.md). Needs a
-  // workspace sized with the same options.
+  // recomputation but its atomics cost more: it measured slower than true on an H200 in the
+  // latest version (bench/RESULTS.md). Needs a workspace sized with the same options.
   bool deterministic = true;
 };
 
