@@ -2,8 +2,11 @@
 // enqueueing of the kernels. Nothing here reads device memory or synchronises.
 #include "thdcp/cuda/attention.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "launch.h"
@@ -11,6 +14,32 @@
 #include "thdcp/error.h"
 
 namespace thdcp::cuda {
+
+namespace detail {
+
+bool use_sm90_kernels() {
+  static const bool portable = [] {
+    const char* value = std::getenv("THDCP_PORTABLE_KERNELS");
+    return value != nullptr && std::strcmp(value, "1") == 0;
+  }();
+  if (portable) return false;
+  // Per device, looked up once (attribute queries do not touch a stream).
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> major[kMaxDevices];
+  int device = 0;
+  THDCP_CHECK_CUDA(cudaGetDevice(&device));
+  if (device < 0 || device >= kMaxDevices) return false;
+  if (major[device].load() == 0) {
+    int value = 0;
+    THDCP_CHECK_CUDA(cudaDeviceGetAttribute(&value, cudaDevAttrComputeCapabilityMajor, device));
+    major[device].store(value);
+  }
+  return major[device].load() == 9;
+}
+
+}  // namespace detail
+
+const char* backward_kernels() { return detail::use_sm90_kernels() ? "sm90" : "portable"; }
 
 namespace {
 

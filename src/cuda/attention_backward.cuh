@@ -96,6 +96,147 @@ __device__ __forceinline__ void relative_range(int64_t begin, int64_t end, int64
   hi = static_cast<int>(min(max(end - base, int64_t{0}), int64_t{kLimit}));
 }
 
+// The (query tile, query head) of this dQ block. Blocks in launch order, heads fastest, and
+// tiles last first: under a causal mask a segment's last tiles see the most keys. False for
+// the blocks past the real work (the grid is sized by capacity).
+__device__ __forceinline__ bool dq_block_work(const BackwardParams& p, int& tile, int& head) {
+  const int total_tiles = __ldg(p.q_tile_start + p.num_segments);
+  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  const int64_t tile_rank = block / p.q_heads;
+  if (tile_rank >= total_tiles) return false;
+  tile = total_tiles - 1 - static_cast<int>(tile_rank);
+  head = static_cast<int>(block - tile_rank * p.q_heads);
+  return true;
+}
+
+// The key tiles of kN keys that the valid query rows [m0, m0 + valid_q) of a segment see,
+// [begin, end), and those inside it that need no per-element mask, [unmasked_begin,
+// unmasked_end): every row of the tile (of tile_rows rows) is a valid query that sees every
+// key of the tile. The latter is empty unless all tile_rows rows are valid.
+template <int kN>
+struct DqKeyTiles {
+  int begin = 0;
+  int end = 0;
+  int unmasked_begin = 0;
+  int unmasked_end = 0;
+
+  __device__ DqKeyTiles(const Segment& seg, const Mask& mask, int m0, int valid_q, int tile_rows) {
+    if (valid_q == 0 || seg.k_len == 0) return;
+    const PositionRange first = segment_visible_keys(seg, mask, m0);
+    const PositionRange last = segment_visible_keys(seg, mask, m0 + valid_q - 1);
+    const int64_t key_begin = first.begin - seg.k_pos;
+    const int64_t key_end = last.end - seg.k_pos;
+    if (key_end > key_begin) {
+      begin = static_cast<int>(key_begin / kN);
+      end = static_cast<int>((key_end + kN - 1) / kN);
+    }
+    const int64_t full_begin = last.begin - seg.k_pos;
+    const int64_t full_end = first.end - seg.k_pos;
+    if (valid_q == tile_rows && full_end - full_begin >= kN) {
+      unmasked_begin = static_cast<int>((full_begin + kN - 1) / kN);
+      unmasked_end = static_cast<int>(full_end / kN);
+    }
+  }
+};
+
+// The lse (as a log2 offset) and delta of the two accumulator rows of this thread
+// (first_row and first_row + 8 of the segment's query rows; rows >= valid_q get 0). A row
+// with lse = -inf saw no key: every P of it is 0, which the mask already gives.
+__device__ __forceinline__ void load_row_statistics(const BackwardParams& p, const Segment& seg, int head,
+                                                    int m0, int tile_row, int valid_q, float (&lse_log2)[2],
+                                                    float (&delta)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = tile_row + half * 8;
+    lse_log2[half] = 0.0f;
+    delta[half] = 0.0f;
+    if (r < valid_q) {
+      const int64_t index = static_cast<int64_t>(head) * p.q_rows + seg.q_row + m0 + r;
+      const float lse = p.lse[index];
+      lse_log2[half] = lse == -INFINITY ? 0.0f : lse * 1.4426950408889634f;
+      delta[half] = p.delta[index];
+    }
+  }
+}
+
+// S -> dS = P (dP - delta) in place for a warp's 16 query rows x kN keys in the m16n8
+// accumulator layout (this thread: rows q_index and q_index + 8 of the segment, columns
+// 8 nf + pair_col + {0, 1} from key index key0). With needs_mask, per row the visible keys
+// form one range (segment_visible_keys); relative to this thread's first column of the tile
+// and clamped to [0, kN], each element needs two compares. A masked entry gets S = -inf
+// (P = 0) and dP = 0, so nothing leaks into dS.
+template <int kN>
+__device__ __forceinline__ void dq_softmax_gradient(float (&s)[kN / 8][4], float (&dp)[kN / 8][4], bool needs_mask,
+                                                    const Segment& seg, const Mask& mask, int q_index, int key0,
+                                                    int pair_col, const float (&lse_log2)[2],
+                                                    const float (&delta)[2], float scale_log2) {
+  if (needs_mask) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      int lo = 0;
+      int hi = 0;
+      if (q_index + half * 8 < seg.q_len) {
+        const PositionRange r = segment_visible_keys(seg, mask, q_index + half * 8);
+        relative_range<kN>(r.begin, r.end, static_cast<int64_t>(seg.k_pos) + key0 + pair_col, lo, hi);
+      }
+#pragma unroll
+      for (int nf = 0; nf < kN / 8; ++nf) {
+#pragma unroll
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          const int c = nf * 8 + (e & 1);
+          if (c < lo || c >= hi) {
+            s[nf][e] = -INFINITY;
+            dp[nf][e] = 0.0f;
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int nf = 0; nf < kN / 8; ++nf) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int half = e >> 1;
+      const float prob = bwd_exp2(fmaf(s[nf][e], scale_log2, -lse_log2[half]));
+      s[nf][e] = prob * (dp[nf][e] - delta[half]);
+    }
+  }
+}
+
+// Writes the dQ accumulator rows of this thread (tile rows tile_row, tile_row + 8 below
+// span_rows; m16n8 layout over kD columns) times the softmax scale, in fp32 or the storage
+// type. Rows past q_len but inside the span are padding: they get the zeros they hold.
+template <typename Storage, int kD>
+__device__ __forceinline__ void store_dq_rows(const BackwardParams& p, const Segment& seg, int head, int m0,
+                                              int tile_row, int span_rows, int pair_col,
+                                              const float (&dq)[kD / 8][4]) {
+  using Traits = StorageTraits<Storage>;
+  using Element = typename Traits::Element;
+  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = tile_row + half * 8;
+    if (r >= span_rows) continue;
+    const int64_t offset = (static_cast<int64_t>(seg.q_row) + m0 + r) * q_stride +
+                           static_cast<int64_t>(head) * kD + pair_col;
+    if (p.dq_fp32) {
+      float* dst = static_cast<float*>(p.dq) + offset;
+#pragma unroll
+      for (int df = 0; df < kD / 8; ++df) {
+        *reinterpret_cast<float2*>(dst + df * 8) =
+            make_float2(dq[df][2 * half] * p.scale, dq[df][2 * half + 1] * p.scale);
+      }
+    } else {
+      Element* dst = static_cast<Element*>(p.dq) + offset;
+#pragma unroll
+      for (int df = 0; df < kD / 8; ++df) {
+        *reinterpret_cast<uint32_t*>(dst + df * 8) =
+            Traits::pack(dq[df][2 * half] * p.scale, dq[df][2 * half + 1] * p.scale);
+      }
+    }
+  }
+}
+
 template <typename Storage, int kHeadDim>
 __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const BackwardParams p) {
   using Traits = StorageTraits<Storage>;
@@ -106,10 +247,9 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
   constexpr int kD = kHeadDim;
   constexpr int kThreads = Shape::kThreads;
 
-  const int total_tiles = __ldg(p.q_tile_start + p.num_segments);
-  if (static_cast<int>(blockIdx.x) >= total_tiles) return;
-  const int tile = total_tiles - 1 - static_cast<int>(blockIdx.x);
-  const int head = blockIdx.y;
+  int tile = 0;
+  int head = 0;
+  if (!dq_block_work(p, tile, head)) return;
   const int segment_index = find_segment(p.q_tile_start, p.num_segments, tile);
   const Segment seg = p.segments[segment_index];
   const int m0 = (tile - __ldg(p.q_tile_start + segment_index)) * kM;
@@ -118,30 +258,11 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
   const int kv_head = head / (p.q_heads / p.kv_heads);
   const Mask mask{p.window_left, p.window_right};
 
-  int n_begin = 0;
-  int n_end = 0;
-  int64_t full_begin = 0;
-  int64_t full_end = 0;
-  if (valid_q > 0 && seg.k_len > 0) {
-    const PositionRange first = segment_visible_keys(seg, mask, m0);
-    const PositionRange last = segment_visible_keys(seg, mask, m0 + valid_q - 1);
-    const int64_t key_begin = first.begin - seg.k_pos;
-    const int64_t key_end = last.end - seg.k_pos;
-    if (key_end > key_begin) {
-      n_begin = static_cast<int>(key_begin / kN);
-      n_end = static_cast<int>((key_end + kN - 1) / kN);
-    }
-    full_begin = last.begin - seg.k_pos;
-    full_end = first.end - seg.k_pos;
-  }
-  // Key tiles [unmasked_begin, unmasked_end) need no per-element mask: every row of the
-  // tile is a valid query that sees every key of the tile. Empty unless all rows are valid.
-  int unmasked_begin = 0;
-  int unmasked_end = 0;
-  if (valid_q == kM && full_end - full_begin >= kN) {
-    unmasked_begin = static_cast<int>((full_begin + kN - 1) / kN);
-    unmasked_end = static_cast<int>(full_end / kN);
-  }
+  const DqKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
+  const int n_begin = key_tiles.begin;
+  const int n_end = key_tiles.end;
+  const int unmasked_begin = key_tiles.unmasked_begin;
+  const int unmasked_end = key_tiles.unmasked_end;
 
   extern __shared__ __align__(128) unsigned char smem[];
   Element* q_tile = reinterpret_cast<Element*>(smem);
@@ -208,22 +329,9 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
   constexpr uint32_t kDoBytes = kM * kD * 2;      // dO tile past the Q tile
   constexpr uint32_t kVBytes = 2 * kN * kD * 2;   // V buffers past the K buffers
 
-  // lse (as a log2 offset) and delta of the thread's two rows. A row with lse = -inf saw no
-  // key: every P of it is 0, which the mask already gives.
   float lse_log2[2];
   float delta[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = warp_row0 + group_row + half * 8;
-    lse_log2[half] = 0.0f;
-    delta[half] = 0.0f;
-    if (r < valid_q) {
-      const int64_t index = static_cast<int64_t>(head) * p.q_rows + seg.q_row + m0 + r;
-      const float lse = p.lse[index];
-      lse_log2[half] = lse == -INFINITY ? 0.0f : lse * 1.4426950408889634f;
-      delta[half] = p.delta[index];
-    }
-  }
+  load_row_statistics(p, seg, head, m0, warp_row0 + group_row, valid_q, lse_log2, delta);
 
   float dq[kD / 8][4];
 #pragma unroll
@@ -267,44 +375,9 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
       }
     }
 
-    const int key0 = n * kN;
     const bool needs_mask = n < unmasked_begin || n >= unmasked_end;
-    if (needs_mask) {
-      // Per row, the visible keys form one range (segment_visible_keys); relative to this
-      // thread's first column of the tile and clamped to [0, kN], each element needs two
-      // compares. A masked entry gets S = -inf (P = 0) and dP = 0, so nothing leaks into dS.
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int q_index = m0 + warp_row0 + group_row + half * 8;
-        int lo = 0;
-        int hi = 0;
-        if (q_index < seg.q_len) {
-          const PositionRange r = segment_visible_keys(seg, mask, q_index);
-          relative_range<kN>(r.begin, r.end, static_cast<int64_t>(seg.k_pos) + key0 + pair_col, lo, hi);
-        }
-#pragma unroll
-        for (int nf = 0; nf < kN / 8; ++nf) {
-#pragma unroll
-          for (int e = 2 * half; e < 2 * half + 2; ++e) {
-            const int c = nf * 8 + (e & 1);
-            if (c < lo || c >= hi) {
-              s[nf][e] = -INFINITY;
-              dp[nf][e] = 0.0f;
-            }
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int nf = 0; nf < kN / 8; ++nf) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int half = e >> 1;
-        const float prob = bwd_exp2(fmaf(s[nf][e], p.scale_log2, -lse_log2[half]));
-        // dS = P (dP - delta)
-        s[nf][e] = prob * (dp[nf][e] - delta[half]);
-      }
-    }
+    dq_softmax_gradient<kN>(s, dp, needs_mask, seg, mask, m0 + warp_row0 + group_row, n * kN, pair_col, lse_log2,
+                            delta, p.scale_log2);
 
     // dQ += dS K (dS rounded to the storage type for the tensor cores).
 #pragma unroll
@@ -323,29 +396,68 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
     __syncthreads();
   }
   cp_async_wait<0>();
+  store_dq_rows<Storage, kD>(p, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
+}
 
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = warp_row0 + group_row + half * 8;
-    if (r >= span_rows) continue;
-    const int64_t offset = (static_cast<int64_t>(seg.q_row) + m0 + r) * q_stride +
-                           static_cast<int64_t>(head) * kD + pair_col;
-    if (p.dq_fp32) {
-      float* dst = static_cast<float*>(p.dq) + offset;
-#pragma unroll
-      for (int df = 0; df < kD / 8; ++df) {
-        *reinterpret_cast<float2*>(dst + df * 8) =
-            make_float2(dq[df][2 * half] * p.scale, dq[df][2 * half + 1] * p.scale);
-      }
-    } else {
-      Element* dst = static_cast<Element*>(p.dq) + offset;
-#pragma unroll
-      for (int df = 0; df < kD / 8; ++df) {
-        *reinterpret_cast<uint32_t*>(dst + df * 8) =
-            Traits::pack(dq[df][2 * half] * p.scale, dq[df][2 * half + 1] * p.scale);
-      }
-    }
+// The (key tile, KV head) of this dK/dV block. Blocks in launch order, KV heads fastest
+// (the heads of one key tile read the same query rows through L2) and key tiles first to
+// last: under a causal mask a segment's first key tiles are seen by the most queries, so
+// they start early rather than end the grid. False for the blocks past the real work.
+__device__ __forceinline__ bool dkv_block_work(const BackwardParams& p, int& tile, int& kv_head) {
+  const int total_tiles = __ldg(p.k_tile_start + p.num_segments);
+  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  const int64_t tile_rank = block / p.kv_heads;
+  if (tile_rank >= total_tiles) return false;
+  tile = static_cast<int>(tile_rank);
+  kv_head = static_cast<int>(block - tile_rank * p.kv_heads);
+  return true;
+}
+
+// The query tiles (of tile_rows rows) [begin, begin + count) that can see a key of
+// [n0, n0 + valid_k) of a segment: i - window_right <= j <= i + window_left for some j. Only
+// a bound: the mask is applied per element.
+struct DkvQueryTiles {
+  int begin = 0;
+  int count = 0;
+
+  __device__ DkvQueryTiles(const Segment& seg, const Mask& mask, int n0, int valid_k, int tile_rows) {
+    int64_t q_begin = 0;
+    int64_t q_end = seg.q_len;
+    const int64_t first_key = static_cast<int64_t>(seg.k_pos) + n0;
+    const int64_t last_key = first_key + valid_k - 1;
+    if (mask.window_right >= 0) q_begin = max(q_begin, first_key - mask.window_right - seg.q_pos);
+    if (mask.window_left >= 0) q_end = min(q_end, last_key + mask.window_left + 1 - seg.q_pos);
+    begin = static_cast<int>(q_begin / tile_rows);
+    count = q_end > q_begin ? static_cast<int>((q_end + tile_rows - 1) / tile_rows) - begin : 0;
   }
+};
+
+// Whether every (query, key) pair of query rows [m0, m0 + tile_rows) and key rows
+// [n0, n0 + key_rows) is a valid pair the mask allows (no per-element mask needed).
+__device__ __forceinline__ bool dkv_step_unmasked(const Segment& seg, const Mask& mask, int n0, int valid_k,
+                                                  int key_rows, int m0, int tile_rows) {
+  bool unmasked = valid_k == key_rows && m0 + tile_rows <= seg.q_len;
+  const int64_t first_query = static_cast<int64_t>(seg.q_pos) + m0;
+  const int64_t first_key = static_cast<int64_t>(seg.k_pos) + n0;
+  if (mask.window_left >= 0) unmasked = unmasked && first_key >= first_query + tile_rows - 1 - mask.window_left;
+  if (mask.window_right >= 0) unmasked = unmasked && first_key + key_rows - 1 <= first_query + mask.window_right;
+  return unmasked;
+}
+
+// The queries that see key `key_index` of a segment form one range; relative to query index
+// `query_base` and clamped to [0, kLimit]: [lo, hi). Empty for key rows past k_len.
+template <int kLimit>
+__device__ __forceinline__ void key_visible_queries(const Segment& seg, const Mask& mask, int key_index,
+                                                    int query_base, int& lo, int& hi) {
+  lo = 0;
+  hi = 0;
+  if (key_index >= seg.k_len) return;
+  const int64_t key_pos = static_cast<int64_t>(seg.k_pos) + key_index;
+  int64_t begin = seg.q_pos;
+  int64_t end = static_cast<int64_t>(seg.q_pos) + seg.q_len;
+  if (mask.window_right >= 0) begin = max(begin, key_pos - mask.window_right);
+  if (mask.window_left >= 0) end = min(end, key_pos + mask.window_left + 1);
+  relative_range<kLimit>(begin, end, static_cast<int64_t>(seg.q_pos) + query_base, lo, hi);
 }
 
 // kFuseDq: also accumulate dQ += dS K into p.dq_accum with fp32 atomics (the order of the
@@ -361,29 +473,18 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
   constexpr int kHalfD = kD / 2;
   constexpr int kThreads = Shape::kThreads;
 
-  const int total_tiles = __ldg(p.k_tile_start + p.num_segments);
-  if (static_cast<int>(blockIdx.x) >= total_tiles) return;
-  const int tile = total_tiles - 1 - static_cast<int>(blockIdx.x);
-  const int kv_head = blockIdx.y;
+  int tile = 0;
+  int kv_head = 0;
+  if (!dkv_block_work(p, tile, kv_head)) return;
   const int group = p.q_heads / p.kv_heads;
   const int segment_index = find_segment(p.k_tile_start, p.num_segments, tile);
   const Segment seg = p.segments[segment_index];
   const int n0 = (tile - __ldg(p.k_tile_start + segment_index)) * kN;
   const int valid_k = min(kN, seg.k_len - n0);
   const Mask mask{p.window_left, p.window_right};
-
-  // Query indices that can see a key of [n0, n0 + valid_k): i - window_right <= j <= i +
-  // window_left for some j. Only a bound: the mask is applied per element below.
-  int64_t q_begin = 0;
-  int64_t q_end = seg.q_len;
-  {
-    const int64_t first_key = static_cast<int64_t>(seg.k_pos) + n0;
-    const int64_t last_key = first_key + valid_k - 1;
-    if (mask.window_right >= 0) q_begin = max(q_begin, first_key - mask.window_right - seg.q_pos);
-    if (mask.window_left >= 0) q_end = min(q_end, last_key + mask.window_left + 1 - seg.q_pos);
-  }
-  const int m_begin = static_cast<int>(q_begin / kM);
-  const int m_count = q_end > q_begin ? static_cast<int>((q_end + kM - 1) / kM) - m_begin : 0;
+  const DkvQueryTiles query_tiles(seg, mask, n0, valid_k, kM);
+  const int m_begin = query_tiles.begin;
+  const int m_count = query_tiles.count;
   const int steps = m_count * group;
 
   extern __shared__ __align__(128) unsigned char smem[];
@@ -514,14 +615,7 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
     const float* lse_tile = lse_rows + buffer * kM;
     const float* delta_tile = delta_rows + buffer * kM;
     const int m0 = (m_begin + m_index) * kM;
-    // Every (query, key) pair of the step is a valid pair the mask allows: no per-element mask.
-    bool unmasked = valid_k == kN && m0 + kM <= seg.q_len;
-    {
-      const int64_t first_query = static_cast<int64_t>(seg.q_pos) + m0;
-      const int64_t first_key = static_cast<int64_t>(seg.k_pos) + n0;
-      if (mask.window_left >= 0) unmasked = unmasked && first_key >= first_query + kM - 1 - mask.window_left;
-      if (mask.window_right >= 0) unmasked = unmasked && first_key + kN - 1 <= first_query + mask.window_right;
-    }
+    const bool unmasked = dkv_step_unmasked(seg, mask, n0, valid_k, kN, m0, kM);
 
     {
       // S^T = K Q^T and dP^T = V dO^T for the warp's 32 keys x 32 queries.
@@ -572,17 +666,10 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
         for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const int key_index = n0 + key_row0 + 16 * mi + group_row + half * 8;
             int lo = 0;
             int hi = 0;
-            if (key_index < seg.k_len) {
-              const int64_t key_pos = static_cast<int64_t>(seg.k_pos) + key_index;
-              int64_t begin = seg.q_pos;
-              int64_t end = static_cast<int64_t>(seg.q_pos) + seg.q_len;
-              if (mask.window_right >= 0) begin = max(begin, key_pos - mask.window_right);
-              if (mask.window_left >= 0) end = min(end, key_pos + mask.window_left + 1);
-              relative_range<kM>(begin, end, static_cast<int64_t>(seg.q_pos) + m0 + query_col0 + pair_col, lo, hi);
-            }
+            key_visible_queries<kM>(seg, mask, n0 + key_row0 + 16 * mi + group_row + half * 8,
+                                    m0 + query_col0 + pair_col, lo, hi);
 #pragma unroll
             for (int nf = 0; nf < 4; ++nf) {
 #pragma unroll
@@ -755,44 +842,6 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
         atomicAdd(p.dv_accum + offset + df * 8 + 1, dv[mi][df][2 * half + 1]);
       }
     }
-  }
-}
-
-template <typename Storage, int kHeadDim>
-void launch_backward(const BackwardParams& params, int grid_q_tiles, int grid_k_tiles, cudaStream_t stream) {
-  using Dq = DqShape<kHeadDim>;
-  using Dkv = DkvShape<kHeadDim, false>;
-  using DkvFused = DkvShape<kHeadDim, true>;
-  static const cudaError_t dq_status = cudaFuncSetAttribute(
-      dq_kernel<Storage, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kSmemBytes);
-  static const cudaError_t dkv_status = cudaFuncSetAttribute(
-      dkv_kernel<Storage, kHeadDim, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, Dkv::kSmemBytes);
-  static const cudaError_t fused_status = cudaFuncSetAttribute(
-      dkv_kernel<Storage, kHeadDim, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, DkvFused::kSmemBytes);
-  // Two 64-key blocks per SM need the largest shared-memory carveout.
-  static const cudaError_t dkv_carveout = cudaFuncSetAttribute(
-      dkv_kernel<Storage, kHeadDim, false>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-  static const cudaError_t fused_carveout = cudaFuncSetAttribute(
-      dkv_kernel<Storage, kHeadDim, true>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-  THDCP_CHECK_CUDA(dkv_carveout);
-  THDCP_CHECK_CUDA(fused_carveout);
-  THDCP_CHECK_CUDA(dq_status);
-  THDCP_CHECK_CUDA(dkv_status);
-  THDCP_CHECK_CUDA(fused_status);
-  const bool fused = params.dq_accum != nullptr;
-  if (grid_k_tiles > 0 && params.kv_heads > 0) {
-    const dim3 grid(static_cast<unsigned>(grid_k_tiles), static_cast<unsigned>(params.kv_heads));
-    if (fused) {
-      dkv_kernel<Storage, kHeadDim, true><<<grid, DkvFused::kThreads, DkvFused::kSmemBytes, stream>>>(params);
-    } else {
-      dkv_kernel<Storage, kHeadDim, false><<<grid, Dkv::kThreads, Dkv::kSmemBytes, stream>>>(params);
-    }
-    THDCP_CHECK_CUDA(cudaGetLastError());
-  }
-  if (!fused && grid_q_tiles > 0 && params.q_heads > 0) {
-    const dim3 grid(static_cast<unsigned>(grid_q_tiles), static_cast<unsigned>(params.q_heads));
-    dq_kernel<Storage, kHeadDim><<<grid, Dq::kThreads, Dq::kSmemBytes, stream>>>(params);
-    THDCP_CHECK_CUDA(cudaGetLastError());
   }
 }
 

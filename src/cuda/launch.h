@@ -22,6 +22,12 @@ constexpr int kDkvFusedTileRows = 128;
 struct Bf16Tag {};
 struct Fp16Tag {};
 
+// Whether the current device runs the Hopper backward kernels (sm_90a wgmma; compute
+// capability 9.x), unless the environment variable THDCP_PORTABLE_KERNELS is 1, which selects
+// the mma.sync kernels on every device (to test and time them on Hopper); read once per
+// process. Host queries only: safe during stream capture.
+bool use_sm90_kernels();
+
 template <typename Storage, int kHeadDim>
 void launch_forward(const ForwardParams& params, int grid_tiles, cudaStream_t stream);
 

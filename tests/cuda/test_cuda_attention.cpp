@@ -2,6 +2,7 @@
 // out, lse, max_logit, dq, dk, dv with dtype-derived tolerances, outputs poisoned with NaN
 // before every launch, device-built tables equal to host-built ones.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -248,6 +249,24 @@ TEST_P(CudaAttentionEdge, MatchesCpuReference) {
 
 INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaAttentionEdge, ::testing::ValuesIn(edge_cases()),
                          [](const ::testing::TestParamInfo<EdgeCase>& param_info) { return param_info.param.name; });
+
+// The suite runs twice under ctest: as is, and with THDCP_PORTABLE_KERNELS=1
+// (tests/cuda/CMakeLists.txt). On a Hopper GPU the first run must exercise the sm90
+// kernels and the second the portable ones, or one family would go untested there.
+class CudaKernelChoice : public CudaTest {};
+
+TEST_F(CudaKernelChoice, FollowsDeviceAndEnvironment) {
+  int device = 0;
+  int major = 0;
+  THDCP_CHECK_CUDA(cudaGetDevice(&device));
+  THDCP_CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  const char* portable = std::getenv("THDCP_PORTABLE_KERNELS");
+  const bool forced_portable = portable != nullptr && std::strcmp(portable, "1") == 0;
+  const std::string expected = major == 9 && !forced_portable ? "sm90" : "portable";
+  std::cout << "compute capability major " << major << ", THDCP_PORTABLE_KERNELS="
+            << (portable ? portable : "(unset)") << ": backward kernels " << cuda::backward_kernels() << "\n";
+  EXPECT_EQ(expected, cuda::backward_kernels());
+}
 
 }  // namespace
 }  // namespace thdcp::test

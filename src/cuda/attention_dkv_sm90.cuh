@@ -1,0 +1,241 @@
+// dK/dV on Hopper (sm_90a): dkv_kernel's deterministic algorithm with warpgroup MMAs. One
+// warpgroup owns the block's 64 key rows of one KV head and loops over the query heads of
+// the group and the query tiles that see the keys (64 queries per step):
+//   S^T = K Q^T, dP^T = V dO^T   (m64n64k16, K/V and Q/dO read K-major from shared memory),
+//   P^T, dS^T = P^T (dP^T - delta) in registers,
+//   dV += P^T dO, dK += dS^T Q   (m64nDk16, P^T/dS^T from registers, dO/Q read MN-major from
+//                                 the same tiles),
+// with dK/dV in registers for the whole loop and added once into fp32 dK/dV at the end.
+// dkv_kernel stages P^T and dS^T through shared memory so that its warps can share them;
+// here the accumulator layout of S^T is already the A-operand layout of the next products.
+#pragma once
+
+#include "attention_backward.cuh"
+#include "wgmma.cuh"
+
+namespace thdcp::cuda::detail {
+
+template <int kHeadDim>
+struct DkvSm90Shape {
+  static constexpr int kTileN = kDkvTileRows;  // keys per block: one warpgroup, 16 per warp
+  static constexpr int kTileM = 64;            // queries per step
+  static constexpr int kThreads = 128;
+  static constexpr uint32_t kTileBytes = 64 * kHeadDim * 2;
+  // K, V, two Q and two dO buffers (wgmma layout), lse and delta of two steps, and the slack
+  // that aligns the tiles to 1024 bytes: 98 KiB at D = 128, two blocks per SM.
+  static constexpr size_t kSmemBytes = 6 * kTileBytes + 4 * kTileM * sizeof(float) + 1024;
+};
+
+template <typename Storage, int kHeadDim>
+__global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2) dkv_kernel_sm90(const BackwardParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Traits = StorageTraits<Storage>;
+  using Element = typename Traits::Element;
+  using Shape = DkvSm90Shape<kHeadDim>;
+  constexpr int kN = Shape::kTileN;
+  constexpr int kM = Shape::kTileM;
+  constexpr int kD = kHeadDim;
+  constexpr int kThreads = Shape::kThreads;
+  static_assert(kN == 64 && kM == 64 && kThreads == 128, "one warpgroup of 64 keys, 64 queries per step");
+
+  int tile = 0;
+  int kv_head = 0;
+  if (!dkv_block_work(p, tile, kv_head)) return;
+  const int group = p.q_heads / p.kv_heads;
+  const int segment_index = find_segment(p.k_tile_start, p.num_segments, tile);
+  const Segment seg = p.segments[segment_index];
+  const int n0 = (tile - __ldg(p.k_tile_start + segment_index)) * kN;
+  const int valid_k = min(kN, seg.k_len - n0);
+  const Mask mask{p.window_left, p.window_right};
+  const DkvQueryTiles query_tiles(seg, mask, n0, valid_k, kM);
+  const int m_begin = query_tiles.begin;
+  const int m_count = query_tiles.count;
+  const int steps = m_count * group;
+  if (steps == 0) return;  // no query sees these keys: their gradients stay 0
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_address = smem_address(smem_raw);
+  const uint32_t k_tile = (raw_address + 1023u) & ~1023u;
+  const uint32_t v_tile = k_tile + Shape::kTileBytes;
+  const uint32_t q_tiles = v_tile + Shape::kTileBytes;      // two buffers
+  const uint32_t do_tiles = q_tiles + 2 * Shape::kTileBytes;  // two buffers
+  float* lse_rows = reinterpret_cast<float*>(smem_raw + (do_tiles + 2 * Shape::kTileBytes - raw_address));
+  float* delta_rows = lse_rows + 2 * kM;
+
+  const Element* q = static_cast<const Element*>(p.q);
+  const Element* dout = static_cast<const Element*>(p.dout);
+  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
+  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
+
+  load_wgmma_tile_async<kN, kD, kThreads>(k_tile, static_cast<const Element*>(p.k), seg.k_row + n0, valid_k,
+                                          kv_stride, kv_head);
+  load_wgmma_tile_async<kN, kD, kThreads>(v_tile, static_cast<const Element*>(p.v), seg.k_row + n0, valid_k,
+                                          kv_stride, kv_head);
+  // Step s covers query tile m_begin + s % m_count of head kv_head * group + s / m_count,
+  // kept as two counters (m_index, head_index) instead of a division per step.
+  auto load_q = [&](int m_index, int head_index, int buffer) {
+    const int head = kv_head * group + head_index;
+    const int m0 = (m_begin + m_index) * kM;
+    const int rows = max(0, min(kM, seg.q_len - m0));
+    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer) * Shape::kTileBytes;
+    load_wgmma_tile_async<kM, kD, kThreads>(q_tiles + buffer_bytes, q, seg.q_row + m0, rows, q_stride, head);
+    load_wgmma_tile_async<kM, kD, kThreads>(do_tiles + buffer_bytes, dout, seg.q_row + m0, rows, q_stride, head);
+    const int t = threadIdx.x;
+    const int r = t % kM;
+    const bool valid = r < rows;
+    const int64_t index = static_cast<int64_t>(head) * p.q_rows + seg.q_row + m0 + (valid ? r : 0);
+    const float* src = t < kM ? p.lse + index : p.delta + index;
+    float* dst = (t < kM ? lse_rows : delta_rows) + buffer * kM + r;
+    cp_async_4(smem_address(dst), src, valid);
+  };
+  load_q(0, 0, 0);
+  cp_async_commit();
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group_row = lane >> 2;
+  const int pair_col = (lane & 3) * 2;
+  const int key_row = 16 * warp + group_row;  // this thread's key rows: key_row, key_row + 8
+
+  float dk[kD / 8][4];
+  float dv[kD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) {
+    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+    dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+  }
+
+  int m_index = 0;
+  int head_index = 0;
+  for (int step = 0; step < steps; ++step) {
+    const int buffer = step & 1;
+    int next_m = m_index + 1;
+    int next_head = head_index;
+    if (next_m == m_count) {
+      next_m = 0;
+      ++next_head;
+    }
+    if (step + 1 < steps) {
+      load_q(next_m, next_head, buffer ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
+    __syncthreads();
+    const uint32_t q_tile = q_tiles + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
+    const uint32_t do_tile = do_tiles + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
+    const float* lse_tile = lse_rows + buffer * kM;
+    const float* delta_tile = delta_rows + buffer * kM;
+    const int m0 = (m_begin + m_index) * kM;
+
+    float st[kM / 8][4];
+    float dpt[kM / 8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      WgmmaSs<Storage, kM>::template run<0, 0>(flat(st), wgmma_desc_k_major<kN>(k_tile, kk),
+                                               wgmma_desc_k_major<kM>(q_tile, kk), kk);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      WgmmaSs<Storage, kM>::template run<0, 0>(flat(dpt), wgmma_desc_k_major<kN>(v_tile, kk),
+                                               wgmma_desc_k_major<kM>(do_tile, kk), kk);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(flat(st));
+    wgmma_fence_operands(flat(dpt));
+
+    if (!dkv_step_unmasked(seg, mask, n0, valid_k, kN, m0, kM)) {
+      // A masked entry gets S^T = -inf (P = 0) and dP^T = 0, so nothing leaks into dS.
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        int lo = 0;
+        int hi = 0;
+        key_visible_queries<kM>(seg, mask, n0 + key_row + 8 * half, m0 + pair_col, lo, hi);
+#pragma unroll
+        for (int nf = 0; nf < kM / 8; ++nf) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int column = nf * 8 + c;
+            if (column < lo || column >= hi) {
+              st[nf][2 * half + c] = -INFINITY;
+              dpt[nf][2 * half + c] = 0.0f;
+            }
+          }
+        }
+      }
+    }
+    // P^T and dS^T = P^T (dP^T - delta). A query row with lse = -inf (it saw no key) gets
+    // the offset +inf, hence P = 0.
+#pragma unroll
+    for (int nf = 0; nf < kM / 8; ++nf) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int column = nf * 8 + pair_col + c;
+        const float lse = lse_tile[column];
+        const float offset = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+        const float row_delta = delta_tile[column];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int e = 2 * half + c;
+          const float prob = bwd_exp2(fmaf(st[nf][e], p.scale_log2, -offset));
+          st[nf][e] = prob;
+          dpt[nf][e] = prob * (dpt[nf][e] - row_delta);
+        }
+      }
+    }
+    // As A fragments (storage precision) of the k-steps over the step's queries.
+    uint32_t pt[kM / 16][4];
+    uint32_t dst[kM / 16][4];
+#pragma unroll
+    for (int j = 0; j < kM / 16; ++j) {
+      pt[j][0] = Traits::pack(st[2 * j][0], st[2 * j][1]);
+      pt[j][1] = Traits::pack(st[2 * j][2], st[2 * j][3]);
+      pt[j][2] = Traits::pack(st[2 * j + 1][0], st[2 * j + 1][1]);
+      pt[j][3] = Traits::pack(st[2 * j + 1][2], st[2 * j + 1][3]);
+      dst[j][0] = Traits::pack(dpt[2 * j][0], dpt[2 * j][1]);
+      dst[j][1] = Traits::pack(dpt[2 * j][2], dpt[2 * j][3]);
+      dst[j][2] = Traits::pack(dpt[2 * j + 1][0], dpt[2 * j + 1][1]);
+      dst[j][3] = Traits::pack(dpt[2 * j + 1][2], dpt[2 * j + 1][3]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < kM / 16; ++j) {
+      WgmmaRs<Storage, kD>::template run<1>(flat(dv), pt[j], wgmma_desc_mn_major<kM>(do_tile, j), 1);
+    }
+#pragma unroll
+    for (int j = 0; j < kM / 16; ++j) {
+      WgmmaRs<Storage, kD>::template run<1>(flat(dk), dst[j], wgmma_desc_mn_major<kM>(q_tile, j), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(flat(dv));
+    wgmma_fence_operands(flat(dk));
+    m_index = next_m;
+    head_index = next_head;
+    __syncthreads();  // the Q/dO buffer is refilled by the next step's prefetch
+  }
+
+  // One fp32 addition per (segment, element): with at most two segments reaching a key row
+  // and the accumulator starting at zero, the result does not depend on their order.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key_local = key_row + 8 * half;
+    if (key_local >= valid_k) continue;
+    const int64_t offset =
+        (static_cast<int64_t>(seg.k_row) + n0 + key_local) * kv_stride + static_cast<int64_t>(kv_head) * kD + pair_col;
+#pragma unroll
+    for (int df = 0; df < kD / 8; ++df) {
+      atomicAdd(p.dk_accum + offset + df * 8, dk[df][2 * half] * p.scale);
+      atomicAdd(p.dk_accum + offset + df * 8 + 1, dk[df][2 * half + 1] * p.scale);
+      atomicAdd(p.dv_accum + offset + df * 8, dv[df][2 * half]);
+      atomicAdd(p.dv_accum + offset + df * 8 + 1, dv[df][2 * half + 1]);
+    }
+  }
+#endif
+}
+
+}  // namespace thdcp::cuda::detail

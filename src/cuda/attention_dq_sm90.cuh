@@ -1,0 +1,160 @@
+// dQ on Hopper (sm_90a): dq_kernel's algorithm with warpgroup MMAs instead of mma.sync.
+// dq_kernel is bound by shared-memory reads through ldmatrix: each of its four warps reads
+// every K and V fragment of a step, and Q and dO again at every step. Here one warpgroup
+// owns the block's 64 query rows and the tensor cores read the tiles straight from shared
+// memory (wgmma.cuh layout; K/V double-buffered with cp.async), each operand once per
+// product for all 64 rows:
+//   S = Q K^T, dP = dO V^T   (m64n64k16, Q/dO and K/V read K-major),
+//   dS = P (dP - delta)      (registers, dq_softmax_gradient),
+//   dQ += dS K               (m64nDk16, dS from registers, K read MN-major from the same tile).
+// Q and dO stay in shared memory rather than in registers as A fragments for the whole loop:
+// ptxas (CUDA 13.0) reused the registers of such loop-invariant wgmma A operands for values
+// computed inside the loop (seen at D = 64, where dS overwrote dO from the second key tile
+// on), and reading A from shared memory costs the same shared-memory traffic as reloading it.
+// Same block order, masks and epilogue as dq_kernel; the additions run in a fixed order, so
+// the result is deterministic.
+#pragma once
+
+#include "attention_backward.cuh"
+#include "wgmma.cuh"
+
+namespace thdcp::cuda::detail {
+
+template <int kHeadDim>
+struct DqSm90Shape {
+  static constexpr int kTileM = kDqTileRows;  // one warpgroup: 16 rows per warp
+  static constexpr int kTileN = 64;
+  static constexpr int kThreads = 128;
+  static constexpr uint32_t kTileBytes = 64 * kHeadDim * 2;
+  // Q, dO, two K and two V buffers (wgmma layout), and the slack that aligns them to 1024
+  // bytes: 97 KiB at D = 128, two blocks per SM.
+  static constexpr size_t kSmemBytes = 6 * kTileBytes + 1024;
+};
+
+template <typename Storage, int kHeadDim>
+__global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, 2) dq_kernel_sm90(const BackwardParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Traits = StorageTraits<Storage>;
+  using Element = typename Traits::Element;
+  using Shape = DqSm90Shape<kHeadDim>;
+  constexpr int kM = Shape::kTileM;
+  constexpr int kN = Shape::kTileN;
+  constexpr int kD = kHeadDim;
+  constexpr int kThreads = Shape::kThreads;
+  static_assert(kM == 64 && kThreads == 128, "one warpgroup of 64 query rows");
+
+  int tile = 0;
+  int head = 0;
+  if (!dq_block_work(p, tile, head)) return;
+  const int segment_index = find_segment(p.q_tile_start, p.num_segments, tile);
+  const Segment seg = p.segments[segment_index];
+  const int m0 = (tile - __ldg(p.q_tile_start + segment_index)) * kM;
+  const int span_rows = min(kM, seg.q_span - m0);
+  const int valid_q = max(0, min(kM, seg.q_len - m0));
+  const int kv_head = head / (p.q_heads / p.kv_heads);
+  const Mask mask{p.window_left, p.window_right};
+  const DqKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
+  const int n_begin = key_tiles.begin;
+  const int n_end = key_tiles.end;
+
+  static_assert(kN == 64, "64-row wgmma tiles");
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t q_tile = (smem_address(smem_raw) + 1023u) & ~1023u;
+  const uint32_t do_tile = q_tile + Shape::kTileBytes;
+  const uint32_t k_base = do_tile + Shape::kTileBytes;  // two K buffers, then two V buffers
+  const uint32_t v_base = k_base + 2 * Shape::kTileBytes;
+
+  const Element* k = static_cast<const Element*>(p.k);
+  const Element* v = static_cast<const Element*>(p.v);
+  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
+  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
+
+  // Rows past q_len and k_len are zero-filled: padding rows of dout may hold anything.
+  load_wgmma_tile_async<kM, kD, kThreads>(q_tile, static_cast<const Element*>(p.q), seg.q_row + m0, valid_q, q_stride,
+                                          head);
+  load_wgmma_tile_async<kM, kD, kThreads>(do_tile, static_cast<const Element*>(p.dout), seg.q_row + m0, valid_q,
+                                          q_stride, head);
+  auto load_kv = [&](int n, int buffer) {
+    const int rows = min(kN, seg.k_len - n * kN);
+    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer) * Shape::kTileBytes;
+    load_wgmma_tile_async<kN, kD, kThreads>(k_base + buffer_bytes, k, seg.k_row + n * kN, rows, kv_stride, kv_head);
+    load_wgmma_tile_async<kN, kD, kThreads>(v_base + buffer_bytes, v, seg.k_row + n * kN, rows, kv_stride, kv_head);
+  };
+  if (n_begin < n_end) load_kv(n_begin, 0);
+  cp_async_commit();
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group_row = lane >> 2;
+  const int pair_col = (lane & 3) * 2;
+  const int warp_row0 = warp * 16;
+
+  float lse_log2[2];
+  float delta[2];
+  load_row_statistics(p, seg, head, m0, warp_row0 + group_row, valid_q, lse_log2, delta);
+
+  float dq[kD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+
+  for (int n = n_begin; n < n_end; ++n) {
+    const int buffer = (n - n_begin) & 1;
+    if (n + 1 < n_end) {
+      load_kv(n + 1, buffer ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
+    __syncthreads();
+    const uint32_t k_tile = k_base + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
+    const uint32_t v_tile = v_base + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
+
+    float s[kN / 8][4];
+    float dp[kN / 8][4];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      WgmmaSs<Storage, kN>::template run<0, 0>(flat(s), wgmma_desc_k_major<kM>(q_tile, kk),
+                                               wgmma_desc_k_major<kN>(k_tile, kk), kk);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      WgmmaSs<Storage, kN>::template run<0, 0>(flat(dp), wgmma_desc_k_major<kM>(do_tile, kk),
+                                               wgmma_desc_k_major<kN>(v_tile, kk), kk);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(flat(s));
+    wgmma_fence_operands(flat(dp));
+
+    const bool needs_mask = n < key_tiles.unmasked_begin || n >= key_tiles.unmasked_end;
+    dq_softmax_gradient<kN>(s, dp, needs_mask, seg, mask, m0 + warp_row0 + group_row, n * kN, pair_col, lse_log2,
+                            delta, p.scale_log2);
+
+    // dQ += dS K (dS rounded to the storage type for the tensor cores).
+    uint32_t ds[kN / 16][4];
+#pragma unroll
+    for (int j = 0; j < kN / 16; ++j) {
+      ds[j][0] = Traits::pack(s[2 * j][0], s[2 * j][1]);
+      ds[j][1] = Traits::pack(s[2 * j][2], s[2 * j][3]);
+      ds[j][2] = Traits::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
+      ds[j][3] = Traits::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < kN / 16; ++j) {
+      WgmmaRs<Storage, kD>::template run<1>(flat(dq), ds[j], wgmma_desc_mn_major<kN>(k_tile, j), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(flat(dq));
+    __syncthreads();  // the buffer is refilled by the next step's prefetch
+  }
+  cp_async_wait<0>();
+  store_dq_rows<Storage, kD>(p, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
+#endif
+}
+
+}  // namespace thdcp::cuda::detail

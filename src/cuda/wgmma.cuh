@@ -1,0 +1,98 @@
+// Hopper (sm_90a) warpgroup MMA support: the shared-memory layout wgmma reads, its matrix
+// descriptors, and the fences around the asynchronous instructions. The wrappers of the
+// instructions themselves are generated (wgmma_ops.cuh).
+//
+// Layout ("128-byte swizzle", the canonical one of the PTX ISA): a tile of kRows rows of
+// 16-bit elements is stored as column blocks of 64 elements; block b holds, for every row r,
+// the 128 bytes of columns [64 b, 64 b + 64) at byte (b kRows + r) 128, with the 16-byte chunk
+// c of that row at chunk position c ^ (r & 7). Eight rows make one 1024-byte swizzle atom,
+// so the tile base must be 1024-byte aligned. Read as
+//   - K-major (rows are M or N, columns the reduction dimension): descriptor start at the
+//     k-step's 32-byte offset inside its column block, stride 1024 bytes per 8 rows;
+//   - MN-major (rows are the reduction dimension, columns N): start at the k-step's first row,
+//     1024 bytes per 8 rows of K, kRows * 128 bytes from one 64-column block to the next.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor_core.cuh"
+#include "wgmma_ops.cuh"
+
+namespace thdcp::cuda::detail {
+
+// Element offset of (row, 16-byte chunk) in a wgmma tile of kRows rows (see above).
+template <int kRows>
+__device__ __forceinline__ int wgmma_tile_offset(int row, int chunk) {
+  return ((chunk >> 3) * kRows + row) * 64 + (((chunk & 7) ^ (row & 7)) << 3);
+}
+
+// Copies rows [0, kRows) of head `head` of a THD tensor, from `first_row` on, into a wgmma
+// tile at shared address `tile`; rows >= valid_rows are zero-filled (never read).
+template <int kRows, int kHeadDim, int kThreads, typename Element>
+__device__ __forceinline__ void load_wgmma_tile_async(uint32_t tile, const Element* tensor, int64_t first_row,
+                                                      int valid_rows, int64_t row_stride, int head) {
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kRows * kChunks % kThreads == 0 && kRowStep % 8 == 0, "row passes keep the swizzle phase");
+  const int chunk = static_cast<int>(threadIdx.x) % kChunks;
+  const int row0 = static_cast<int>(threadIdx.x) / kChunks;
+  const uint32_t dst0 = tile + static_cast<uint32_t>(wgmma_tile_offset<kRows>(row0, chunk) * 2);
+  const Element* src0 = tensor + (first_row + row0) * row_stride + static_cast<int64_t>(head) * kHeadDim + chunk * 8;
+#pragma unroll
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+    const bool valid = row0 + kRowStep * i < valid_rows;
+    cp_async_16(dst0 + static_cast<uint32_t>(kRowStep * i * 128), valid ? src0 + kRowStep * i * row_stride : tensor,
+                valid);
+  }
+}
+
+// The descriptor fields: start address, leading-dimension and stride-dimension byte offsets
+// (all in 16-byte units), layout type 1 = 128-byte swizzle in bits 62-63.
+__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address, uint32_t leading_bytes,
+                                                     uint32_t stride_bytes) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
+         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (uint64_t{1} << 62);
+}
+
+// A or B operand, K-major: k-step kk (columns [16 kk, 16 kk + 16)) of a tile at `tile` (shared
+// address). The leading offset is unused for swizzled K-major layouts (1 by convention).
+template <int kRows>
+__device__ __forceinline__ uint64_t wgmma_desc_k_major(uint32_t tile, int kk) {
+  return wgmma_descriptor(tile + static_cast<uint32_t>((kk >> 2) * kRows * 128 + (kk & 3) * 32), 16, 1024);
+}
+
+// B operand, MN-major: k-step kk (rows [16 kk, 16 kk + 16)) of a tile at `tile`. (With N = 64,
+// one column block, the leading offset is not read.)
+template <int kRows>
+__device__ __forceinline__ uint64_t wgmma_desc_mn_major(uint32_t tile, int kk) {
+  return wgmma_descriptor(tile + static_cast<uint32_t>(kk * 16 * 128), kRows * 128, 1024);
+}
+
+// The m16n8 accumulator arrays of the kernels as the flat register lists of the wgmma
+// wrappers (same order: fragment-major, then the four values of a fragment).
+template <int kFragments>
+__device__ __forceinline__ float (&flat(float (&x)[kFragments][4]))[kFragments * 4] {
+  return reinterpret_cast<float(&)[kFragments * 4]>(x);
+}
+
+// Orders this thread's register writes before the wgmma instructions that read them.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Shared-memory writes of the generic proxy (st.shared, cp.async) become visible to the
+// async proxy that wgmma reads through.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving reads or writes of accumulator registers across a wait:
+// an empty asm that "modifies" each register.
+template <int kCount>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+}  // namespace thdcp::cuda::detail
