@@ -284,9 +284,9 @@ int bench_command(const std::vector<std::string>& argv) {
   for (int64_t length : lengths) longest = std::max(longest, length);
   std::printf("batch: %zu documents, %lld rows, longest %lld\n", lengths.size(),
               static_cast<long long>(make_layout(lengths, 1).total_rows()), static_cast<long long>(longest));
-  std::printf("bwd: Options::deterministic = true (the default; %s kernels); bwd(atomic-dq): false (dQ by fp32 "
-              "atomics; portable kernels)\n",
-              cuda::backward_kernels());
+  std::printf("kernels: %s; bwd: Options::deterministic = true (the default); bwd(atomic-dq): false (dQ by fp32 "
+              "atomics, portable kernels)\n",
+              cuda::kernel_family());
   std::printf("%-7s %-19s %12s %10s %9s\n", "mask", "pass", "pairs", "ms", "TFLOP/s");
   for (const auto& m : masks) {
     DeviceBatch batch(lengths, m.mask, p, seed);

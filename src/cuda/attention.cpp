@@ -37,9 +37,11 @@ bool use_sm90_kernels() {
   return major[device].load() == 9;
 }
 
+int forward_tile_rows() { return use_sm90_kernels() ? kForwardSm90TileRows : kForwardTileRows; }
+
 }  // namespace detail
 
-const char* backward_kernels() { return detail::use_sm90_kernels() ? "sm90" : "portable"; }
+const char* kernel_family() { return detail::use_sm90_kernels() ? "sm90" : "portable"; }
 
 namespace {
 
@@ -282,11 +284,12 @@ void attention_forward(const DeviceSegmentTable& table, ConstThdTensor q, ConstT
   params.window_right = table.mask.window_right;
 
   // Also sets max_logit to -inf (all that an empty table writes).
-  detail::launch_schedule(table.segments, table.capacity, detail::kForwardTileRows, static_cast<int*>(workspace), 1,
-                          nullptr, max_logit, params.q_heads, stream);
+  const int tile_rows = detail::forward_tile_rows();
+  detail::launch_schedule(table.segments, table.capacity, tile_rows, static_cast<int*>(workspace), 1, nullptr,
+                          max_logit, params.q_heads, stream);
   // Query tiles never overlap and lie inside q_rows, so their count is at most
   // ceil(q_rows / tile) plus one partial tile per segment.
-  const int64_t grid_tiles = ceil_div(table.q_rows, detail::kForwardTileRows) + table.capacity;
+  const int64_t grid_tiles = ceil_div(table.q_rows, tile_rows) + table.capacity;
   THDCP_CHECK(grid_tiles <= std::numeric_limits<int32_t>::max(), "too many query tiles: " << grid_tiles);
   if (table.capacity == 0) return;
   const bool bf16 = q.dtype == DType::kBFloat16;

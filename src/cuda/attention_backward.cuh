@@ -22,6 +22,7 @@
 #include <cmath>
 
 #include "tensor_core.cuh"
+#include "tile_ranges.cuh"
 #include "thdcp/cuda/check.h"
 #include "thdcp/mask.h"
 #include "thdcp/segment.h"
@@ -64,15 +65,6 @@ __device__ __forceinline__ int stage_offset(int row, int column) {
   return row * 64 + ((((column >> 3) ^ row) & 7) << 3) + (column & 7);
 }
 
-// 2^x by the hardware's approximation (ex2.approx.ftz: relative error about 2^-22, results
-// below 2^-126 flushed to 0, 2^-inf = 0); exp2f wraps it in a range fix-up. (The forward's
-// fast_exp2; its own name here so that both headers may meet in one file.)
-__device__ __forceinline__ float bwd_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Shared-memory byte addresses of this lane's ldmatrix rows for the four 16-column steps
 // kl = 0..3 of a swizzled tile of kRowElements-element rows, starting at 16-byte chunk
 // `chunk0` (row & 7 == lane & 7 for every fragment read here): chunk chunk0 + 2 kl + half.
@@ -87,57 +79,6 @@ __device__ __forceinline__ void bwd_step_addresses(uint32_t (&address)[4], uint3
     address[kl] = tile + static_cast<uint32_t>(row * kRowElements * 2 + (((chunk0 + 2 * kl + half) ^ x) << 4));
   }
 }
-
-// Clamped to [0, kLimit] relative to `base`: the range [begin, end) of a visible-key or
-// visible-query interval, so that an element at relative column c is visible iff lo <= c < hi.
-template <int kLimit>
-__device__ __forceinline__ void relative_range(int64_t begin, int64_t end, int64_t base, int& lo, int& hi) {
-  lo = static_cast<int>(min(max(begin - base, int64_t{0}), int64_t{kLimit}));
-  hi = static_cast<int>(min(max(end - base, int64_t{0}), int64_t{kLimit}));
-}
-
-// The (query tile, query head) of this dQ block. Blocks in launch order, heads fastest, and
-// tiles last first: under a causal mask a segment's last tiles see the most keys. False for
-// the blocks past the real work (the grid is sized by capacity).
-__device__ __forceinline__ bool dq_block_work(const BackwardParams& p, int& tile, int& head) {
-  const int total_tiles = __ldg(p.q_tile_start + p.num_segments);
-  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-  const int64_t tile_rank = block / p.q_heads;
-  if (tile_rank >= total_tiles) return false;
-  tile = total_tiles - 1 - static_cast<int>(tile_rank);
-  head = static_cast<int>(block - tile_rank * p.q_heads);
-  return true;
-}
-
-// The key tiles of kN keys that the valid query rows [m0, m0 + valid_q) of a segment see,
-// [begin, end), and those inside it that need no per-element mask, [unmasked_begin,
-// unmasked_end): every row of the tile (of tile_rows rows) is a valid query that sees every
-// key of the tile. The latter is empty unless all tile_rows rows are valid.
-template <int kN>
-struct DqKeyTiles {
-  int begin = 0;
-  int end = 0;
-  int unmasked_begin = 0;
-  int unmasked_end = 0;
-
-  __device__ DqKeyTiles(const Segment& seg, const Mask& mask, int m0, int valid_q, int tile_rows) {
-    if (valid_q == 0 || seg.k_len == 0) return;
-    const PositionRange first = segment_visible_keys(seg, mask, m0);
-    const PositionRange last = segment_visible_keys(seg, mask, m0 + valid_q - 1);
-    const int64_t key_begin = first.begin - seg.k_pos;
-    const int64_t key_end = last.end - seg.k_pos;
-    if (key_end > key_begin) {
-      begin = static_cast<int>(key_begin / kN);
-      end = static_cast<int>((key_end + kN - 1) / kN);
-    }
-    const int64_t full_begin = last.begin - seg.k_pos;
-    const int64_t full_end = first.end - seg.k_pos;
-    if (valid_q == tile_rows && full_end - full_begin >= kN) {
-      unmasked_begin = static_cast<int>((full_begin + kN - 1) / kN);
-      unmasked_end = static_cast<int>(full_end / kN);
-    }
-  }
-};
 
 // The lse (as a log2 offset) and delta of the two accumulator rows of this thread
 // (first_row and first_row + 8 of the segment's query rows; rows >= valid_q get 0). A row
@@ -161,43 +102,25 @@ __device__ __forceinline__ void load_row_statistics(const BackwardParams& p, con
 
 // S -> dS = P (dP - delta) in place for a warp's 16 query rows x kN keys in the m16n8
 // accumulator layout (this thread: rows q_index and q_index + 8 of the segment, columns
-// 8 nf + pair_col + {0, 1} from key index key0). With needs_mask, per row the visible keys
-// form one range (segment_visible_keys); relative to this thread's first column of the tile
-// and clamped to [0, kN], each element needs two compares. A masked entry gets S = -inf
-// (P = 0) and dP = 0, so nothing leaks into dS.
+// 8 nf + pair_col + {0, 1} from key index key0). With needs_mask, a masked entry
+// (mask_row_keys) gets S = -inf (P = 0) and dP = 0, so nothing leaks into dS.
 template <int kN>
 __device__ __forceinline__ void dq_softmax_gradient(float (&s)[kN / 8][4], float (&dp)[kN / 8][4], bool needs_mask,
                                                     const Segment& seg, const Mask& mask, int q_index, int key0,
                                                     int pair_col, const float (&lse_log2)[2],
                                                     const float (&delta)[2], float scale_log2) {
   if (needs_mask) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      int lo = 0;
-      int hi = 0;
-      if (q_index + half * 8 < seg.q_len) {
-        const PositionRange r = segment_visible_keys(seg, mask, q_index + half * 8);
-        relative_range<kN>(r.begin, r.end, static_cast<int64_t>(seg.k_pos) + key0 + pair_col, lo, hi);
-      }
-#pragma unroll
-      for (int nf = 0; nf < kN / 8; ++nf) {
-#pragma unroll
-        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          const int c = nf * 8 + (e & 1);
-          if (c < lo || c >= hi) {
-            s[nf][e] = -INFINITY;
-            dp[nf][e] = 0.0f;
-          }
-        }
-      }
-    }
+    mask_row_keys<kN>(seg, mask, q_index, key0, pair_col, [&](int nf, int e) {
+      s[nf][e] = -INFINITY;
+      dp[nf][e] = 0.0f;
+    });
   }
 #pragma unroll
   for (int nf = 0; nf < kN / 8; ++nf) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int half = e >> 1;
-      const float prob = bwd_exp2(fmaf(s[nf][e], scale_log2, -lse_log2[half]));
+      const float prob = fast_exp2(fmaf(s[nf][e], scale_log2, -lse_log2[half]));
       s[nf][e] = prob * (dp[nf][e] - delta[half]);
     }
   }
@@ -249,7 +172,7 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
 
   int tile = 0;
   int head = 0;
-  if (!dq_block_work(p, tile, head)) return;
+  if (!block_tile_and_head(p.q_tile_start, p.num_segments, p.q_heads, true, tile, head)) return;
   const int segment_index = find_segment(p.q_tile_start, p.num_segments, tile);
   const Segment seg = p.segments[segment_index];
   const int m0 = (tile - __ldg(p.q_tile_start + segment_index)) * kM;
@@ -258,7 +181,7 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
   const int kv_head = head / (p.q_heads / p.kv_heads);
   const Mask mask{p.window_left, p.window_right};
 
-  const DqKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
+  const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
   const int n_begin = key_tiles.begin;
   const int n_end = key_tiles.end;
   const int unmasked_begin = key_tiles.unmasked_begin;
@@ -399,67 +322,6 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
   store_dq_rows<Storage, kD>(p, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
 }
 
-// The (key tile, KV head) of this dK/dV block. Blocks in launch order, KV heads fastest
-// (the heads of one key tile read the same query rows through L2) and key tiles first to
-// last: under a causal mask a segment's first key tiles are seen by the most queries, so
-// they start early rather than end the grid. False for the blocks past the real work.
-__device__ __forceinline__ bool dkv_block_work(const BackwardParams& p, int& tile, int& kv_head) {
-  const int total_tiles = __ldg(p.k_tile_start + p.num_segments);
-  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-  const int64_t tile_rank = block / p.kv_heads;
-  if (tile_rank >= total_tiles) return false;
-  tile = static_cast<int>(tile_rank);
-  kv_head = static_cast<int>(block - tile_rank * p.kv_heads);
-  return true;
-}
-
-// The query tiles (of tile_rows rows) [begin, begin + count) that can see a key of
-// [n0, n0 + valid_k) of a segment: i - window_right <= j <= i + window_left for some j. Only
-// a bound: the mask is applied per element.
-struct DkvQueryTiles {
-  int begin = 0;
-  int count = 0;
-
-  __device__ DkvQueryTiles(const Segment& seg, const Mask& mask, int n0, int valid_k, int tile_rows) {
-    int64_t q_begin = 0;
-    int64_t q_end = seg.q_len;
-    const int64_t first_key = static_cast<int64_t>(seg.k_pos) + n0;
-    const int64_t last_key = first_key + valid_k - 1;
-    if (mask.window_right >= 0) q_begin = max(q_begin, first_key - mask.window_right - seg.q_pos);
-    if (mask.window_left >= 0) q_end = min(q_end, last_key + mask.window_left + 1 - seg.q_pos);
-    begin = static_cast<int>(q_begin / tile_rows);
-    count = q_end > q_begin ? static_cast<int>((q_end + tile_rows - 1) / tile_rows) - begin : 0;
-  }
-};
-
-// Whether every (query, key) pair of query rows [m0, m0 + tile_rows) and key rows
-// [n0, n0 + key_rows) is a valid pair the mask allows (no per-element mask needed).
-__device__ __forceinline__ bool dkv_step_unmasked(const Segment& seg, const Mask& mask, int n0, int valid_k,
-                                                  int key_rows, int m0, int tile_rows) {
-  bool unmasked = valid_k == key_rows && m0 + tile_rows <= seg.q_len;
-  const int64_t first_query = static_cast<int64_t>(seg.q_pos) + m0;
-  const int64_t first_key = static_cast<int64_t>(seg.k_pos) + n0;
-  if (mask.window_left >= 0) unmasked = unmasked && first_key >= first_query + tile_rows - 1 - mask.window_left;
-  if (mask.window_right >= 0) unmasked = unmasked && first_key + key_rows - 1 <= first_query + mask.window_right;
-  return unmasked;
-}
-
-// The queries that see key `key_index` of a segment form one range; relative to query index
-// `query_base` and clamped to [0, kLimit]: [lo, hi). Empty for key rows past k_len.
-template <int kLimit>
-__device__ __forceinline__ void key_visible_queries(const Segment& seg, const Mask& mask, int key_index,
-                                                    int query_base, int& lo, int& hi) {
-  lo = 0;
-  hi = 0;
-  if (key_index >= seg.k_len) return;
-  const int64_t key_pos = static_cast<int64_t>(seg.k_pos) + key_index;
-  int64_t begin = seg.q_pos;
-  int64_t end = static_cast<int64_t>(seg.q_pos) + seg.q_len;
-  if (mask.window_right >= 0) begin = max(begin, key_pos - mask.window_right);
-  if (mask.window_left >= 0) end = min(end, key_pos + mask.window_left + 1);
-  relative_range<kLimit>(begin, end, static_cast<int64_t>(seg.q_pos) + query_base, lo, hi);
-}
-
 // kFuseDq: also accumulate dQ += dS K into p.dq_accum with fp32 atomics (the order of the
 // additions, hence the last bits, varies between runs). Without it dq_kernel computes dQ.
 template <typename Storage, int kHeadDim, bool kFuseDq>
@@ -475,7 +337,7 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
 
   int tile = 0;
   int kv_head = 0;
-  if (!dkv_block_work(p, tile, kv_head)) return;
+  if (!block_tile_and_head(p.k_tile_start, p.num_segments, p.kv_heads, false, tile, kv_head)) return;
   const int group = p.q_heads / p.kv_heads;
   const int segment_index = find_segment(p.k_tile_start, p.num_segments, tile);
   const Segment seg = p.segments[segment_index];
@@ -701,7 +563,7 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
               const int e = 2 * half + c;
-              const float prob = bwd_exp2(fmaf(st[mi][nf][e], p.scale_log2, -offset));
+              const float prob = fast_exp2(fmaf(st[mi][nf][e], p.scale_log2, -offset));
               st[mi][nf][e] = prob;
               dpt[mi][nf][e] = prob * (dpt[mi][nf][e] - row_delta);
             }

@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2) dkv_kerne
 
   int tile = 0;
   int kv_head = 0;
-  if (!dkv_block_work(p, tile, kv_head)) return;
+  if (!block_tile_and_head(p.k_tile_start, p.num_segments, p.kv_heads, false, tile, kv_head)) return;
   const int group = p.q_heads / p.kv_heads;
   const int segment_index = find_segment(p.k_tile_start, p.num_segments, tile);
   const Segment seg = p.segments[segment_index];
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2) dkv_kerne
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int e = 2 * half + c;
-          const float prob = bwd_exp2(fmaf(st[nf][e], p.scale_log2, -offset));
+          const float prob = fast_exp2(fmaf(st[nf][e], p.scale_log2, -offset));
           st[nf][e] = prob;
           dpt[nf][e] = prob * (dpt[nf][e] - row_delta);
         }

@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, 2) dq_kernel_
 
   int tile = 0;
   int head = 0;
-  if (!dq_block_work(p, tile, head)) return;
+  if (!block_tile_and_head(p.q_tile_start, p.num_segments, p.q_heads, true, tile, head)) return;
   const int segment_index = find_segment(p.q_tile_start, p.num_segments, tile);
   const Segment seg = p.segments[segment_index];
   const int m0 = (tile - __ldg(p.q_tile_start + segment_index)) * kM;
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, 2) dq_kernel_
   const int valid_q = max(0, min(kM, seg.q_len - m0));
   const int kv_head = head / (p.q_heads / p.kv_heads);
   const Mask mask{p.window_left, p.window_right};
-  const DqKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
+  const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
   const int n_begin = key_tiles.begin;
   const int n_end = key_tiles.end;
 

@@ -9,19 +9,12 @@
 #include <cmath>
 
 #include "tensor_core.cuh"
+#include "tile_ranges.cuh"
 #include "thdcp/cuda/check.h"
 #include "thdcp/mask.h"
 #include "thdcp/segment.h"
 
 namespace thdcp::cuda::detail {
-
-// 2^x by the hardware's approximation (ex2.approx.ftz: relative error about 2^-22,
-// results below 2^-126 flushed to 0, 2^-inf = 0); exp2f adds a range fix-up around it.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Shared-memory byte addresses of this lane's ldmatrix rows in a swizzled tile (the layout of
 // tensor_core.cuh), for the four 16-column steps kl = 0..3 of each 64-column group: row
@@ -48,6 +41,103 @@ struct ForwardShape {
   static constexpr size_t kSmemBytes = (kTileM + 4 * kTileN) * kHeadDim * 2;
 };
 
+// One step of the online softmax for a warp's 16 rows (this thread: two rows, "halves")
+// over kN keys of scores s (m16n8 layout, raw), with the output accumulator o (kD columns):
+// raises the running row maxima, rescales o and the partial row sums when a maximum rose
+// (a warp-uniform vote: a correction factor of exp2(0) would leave them unchanged anyway),
+// and turns s into P = exp2(s scale_log2 - max scale_log2), adding it to row_sum (this
+// thread's part of the denominator).
+template <int kN, int kD>
+__device__ __forceinline__ void online_softmax_step(float (&s)[kN / 8][4], float (&o)[kD / 8][4],
+                                                    float (&row_max)[2], float (&row_sum)[2], float scale_log2) {
+  float new_max[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int nf = 0; nf < kN / 8; ++nf) tile_max = fmaxf(tile_max, fmaxf(s[nf][2 * half], s[nf][2 * half + 1]));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    new_max[half] = fmaxf(row_max[half], tile_max);
+  }
+  const bool raised = new_max[0] != row_max[0] || new_max[1] != row_max[1];
+  // A row that has seen only masked keys keeps max -inf; subtracting 0 then keeps
+  // exp2(-inf) = 0 instead of NaN.
+  float offset[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) offset[half] = (new_max[half] == -INFINITY ? 0.0f : new_max[half]) * scale_log2;
+  if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float correction = fast_exp2(row_max[half] * scale_log2 - offset[half]);
+      row_sum[half] *= correction;
+#pragma unroll
+      for (int df = 0; df < kD / 8; ++df) {
+        o[df][2 * half] *= correction;
+        o[df][2 * half + 1] *= correction;
+      }
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    row_max[half] = new_max[half];
+#pragma unroll
+    for (int nf = 0; nf < kN / 8; ++nf) {
+#pragma unroll
+      for (int e = 2 * half; e < 2 * half + 2; ++e) {
+        const float prob = fast_exp2(fmaf(s[nf][e], scale_log2, -offset[half]));
+        s[nf][e] = prob;
+        row_sum[half] += prob;
+      }
+    }
+  }
+}
+
+// Writes out = o / sum and lse for this thread's rows tile_row and tile_row + 8 (below
+// span_rows; padding rows and rows that saw no key get 0 and -inf), and folds their
+// maximum logit into thread_max.
+template <typename Storage, int kD>
+__device__ __forceinline__ void store_forward_rows(const ForwardParams& p, const Segment& seg, int head, int m0,
+                                                   int tile_row, int span_rows, int pair_col,
+                                                   const float (&o)[kD / 8][4], const float (&row_max)[2],
+                                                   const float (&row_sum)[2], float& thread_max) {
+  using Traits = StorageTraits<Storage>;
+  using Element = typename Traits::Element;
+  Element* out = static_cast<Element*>(p.out);
+  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float sum = row_sum[half];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int r = tile_row + half * 8;
+    const bool seen = sum > 0.0f;  // false for padding rows and rows that see no key
+    const float inv = seen ? 1.0f / sum : 0.0f;
+    if (seen) thread_max = fmaxf(thread_max, row_max[half] * p.scale);
+    if (r < span_rows) {
+      const int64_t row = static_cast<int64_t>(seg.q_row) + m0 + r;
+      Element* dst = out + row * q_stride + static_cast<int64_t>(head) * kD + pair_col;
+#pragma unroll
+      for (int df = 0; df < kD / 8; ++df) {
+        *reinterpret_cast<uint32_t*>(dst + df * 8) = Traits::pack(o[df][2 * half] * inv, o[df][2 * half + 1] * inv);
+      }
+      if ((threadIdx.x & 3) == 0) {
+        p.lse[static_cast<int64_t>(head) * p.q_rows + row] = seen ? row_max[half] * p.scale + logf(sum) : -INFINITY;
+      }
+    }
+  }
+}
+
+// max_logit[head] = max over the warp's thread_max values (atomic across warps and blocks).
+__device__ __forceinline__ void reduce_max_logit(const ForwardParams& p, int head, float thread_max) {
+  if (p.max_logit == nullptr) return;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    thread_max = fmaxf(thread_max, __shfl_xor_sync(0xffffffffu, thread_max, offset));
+  }
+  if ((threadIdx.x & 31) == 0 && thread_max > -INFINITY) atomic_max_float(p.max_logit + head, thread_max);
+}
+
 template <typename Storage, int kHeadDim>
 __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kernel(const ForwardParams p) {
   using Traits = StorageTraits<Storage>;
@@ -59,16 +149,9 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
   constexpr int kThreads = Shape::kThreads;
   constexpr int kMF = Shape::kFragmentsPerWarp;
 
-  // Blocks in launch order, heads fastest: the heads of one query tile run side by side
-  // (those sharing a K/V head read the same keys through L2), and tiles go last first.
-  // Under a causal mask a segment's last tiles are its longest, so the tail of the grid is
-  // made of the first, shortest tiles of the first segment.
-  const int total_tiles = __ldg(p.tile_start + p.num_segments);
-  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-  const int64_t tile_rank = block / p.q_heads;
-  if (tile_rank >= total_tiles) return;  // grid is sized by capacity
-  const int tile = total_tiles - 1 - static_cast<int>(tile_rank);
-  const int head = static_cast<int>(block - tile_rank * p.q_heads);
+  int tile = 0;
+  int head = 0;
+  if (!block_tile_and_head(p.tile_start, p.num_segments, p.q_heads, true, tile, head)) return;
   const int segment_index = find_segment(p.tile_start, p.num_segments, tile);
   const Segment seg = p.segments[segment_index];
   const int m0 = (tile - __ldg(p.tile_start + segment_index)) * kM;
@@ -76,32 +159,10 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
   const int valid_q = max(0, min(kM, seg.q_len - m0));
   const int kv_head = head / (p.q_heads / p.kv_heads);
   const Mask mask{p.window_left, p.window_right};
-
-  // Key tiles that some row of this tile sees, and the key range every row sees.
-  int n_begin = 0;
-  int n_end = 0;
-  int64_t full_begin = 0;
-  int64_t full_end = 0;
-  if (valid_q > 0 && seg.k_len > 0) {
-    const PositionRange first = segment_visible_keys(seg, mask, m0);
-    const PositionRange last = segment_visible_keys(seg, mask, m0 + valid_q - 1);
-    const int64_t key_begin = first.begin - seg.k_pos;
-    const int64_t key_end = last.end - seg.k_pos;
-    if (key_end > key_begin) {
-      n_begin = static_cast<int>(key_begin / kN);
-      n_end = static_cast<int>((key_end + kN - 1) / kN);
-    }
-    full_begin = last.begin - seg.k_pos;
-    full_end = first.end - seg.k_pos;
-  }
-  // Key tiles [unmasked_begin, unmasked_end) need no per-element mask: every row of the
-  // tile is a valid query that sees every key of the tile. Empty unless all rows are valid.
-  int unmasked_begin = 0;
-  int unmasked_end = 0;
-  if (valid_q == kM && full_end - full_begin >= kN) {
-    unmasked_begin = static_cast<int>((full_begin + kN - 1) / kN);
-    unmasked_end = static_cast<int>(full_end / kN);
-  }
+  // Key tiles that some row of this tile sees, and those every row sees whole.
+  const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
+  const int n_begin = key_tiles.begin;
+  const int n_end = key_tiles.end;
 
   extern __shared__ __align__(128) unsigned char smem[];
   Element* q_tile = reinterpret_cast<Element*>(smem);
@@ -214,88 +275,16 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
       }
     }
 
-    const int key0 = n * kN;
-    const bool needs_mask = n < unmasked_begin || n >= unmasked_end;
-    if (needs_mask) {
-      // Per row, the visible keys form one range (segment_visible_keys); taken relative to
-      // this thread's first column of the tile and clamped to [0, kN], each element then
-      // needs two compares instead of the mask's 64-bit arithmetic.
+    if (n < key_tiles.unmasked_begin || n >= key_tiles.unmasked_end) {
 #pragma unroll
       for (int mi = 0; mi < kMF; ++mi) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int q_index = m0 + warp_row0 + 16 * mi + group_row + half * 8;
-          int lo = 0;
-          int hi = 0;
-          if (q_index < seg.q_len) {
-            const PositionRange r = segment_visible_keys(seg, mask, q_index);
-            const int64_t base = static_cast<int64_t>(seg.k_pos) + key0 + pair_col;
-            lo = static_cast<int>(min(max(r.begin - base, int64_t{0}), int64_t{kN}));
-            hi = static_cast<int>(min(max(r.end - base, int64_t{0}), int64_t{kN}));
-          }
-#pragma unroll
-          for (int nf = 0; nf < kN / 8; ++nf) {
-#pragma unroll
-            for (int e = 2 * half; e < 2 * half + 2; ++e) {
-              const int c = nf * 8 + (e & 1);
-              if (c < lo || c >= hi) s[mi][nf][e] = -INFINITY;
-            }
-          }
-        }
+        mask_row_keys<kN>(seg, mask, m0 + warp_row0 + 16 * mi + group_row, n * kN, pair_col,
+                          [&](int nf, int e) { s[mi][nf][e] = -INFINITY; });
       }
     }
 
-    // Online softmax over the rows this thread holds. The accumulator is rescaled only when
-    // some row of the fragment raised its maximum (a warp-uniform vote): a correction
-    // factor of exp2(0) would leave it unchanged anyway.
 #pragma unroll
-    for (int mi = 0; mi < kMF; ++mi) {
-      float new_max[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float tile_max = -INFINITY;
-#pragma unroll
-        for (int nf = 0; nf < kN / 8; ++nf) {
-          tile_max = fmaxf(tile_max, fmaxf(s[mi][nf][2 * half], s[mi][nf][2 * half + 1]));
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        new_max[half] = fmaxf(row_max[mi][half], tile_max);
-      }
-      const bool raised = new_max[0] != row_max[mi][0] || new_max[1] != row_max[mi][1];
-      // A row that has seen only masked keys keeps max -inf; subtracting 0 then keeps
-      // exp2(-inf) = 0 instead of NaN.
-      float offset[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        offset[half] = (new_max[half] == -INFINITY ? 0.0f : new_max[half]) * p.scale_log2;
-      }
-      if (__any_sync(0xffffffffu, raised)) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float correction = fast_exp2(row_max[mi][half] * p.scale_log2 - offset[half]);
-          row_sum[mi][half] *= correction;
-#pragma unroll
-          for (int df = 0; df < kD / 8; ++df) {
-            o[mi][df][2 * half] *= correction;
-            o[mi][df][2 * half + 1] *= correction;
-          }
-        }
-      }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        row_max[mi][half] = new_max[half];
-#pragma unroll
-        for (int nf = 0; nf < kN / 8; ++nf) {
-#pragma unroll
-          for (int e = 2 * half; e < 2 * half + 2; ++e) {
-            const float prob = fast_exp2(fmaf(s[mi][nf][e], p.scale_log2, -offset[half]));
-            s[mi][nf][e] = prob;
-            row_sum[mi][half] += prob;
-          }
-        }
-      }
-    }
+    for (int mi = 0; mi < kMF; ++mi) online_softmax_step<kN, kD>(s[mi], o[mi], row_max[mi], row_sum[mi], p.scale_log2);
 
     // O += P V, with P rounded to the storage type for the tensor cores; each V fragment
     // serves the warp's kMF fragments.
@@ -324,53 +313,13 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
   }
   cp_async_wait<0>();
 
-  Element* out = static_cast<Element*>(p.out);
   float thread_max = -INFINITY;
 #pragma unroll
   for (int mi = 0; mi < kMF; ++mi) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float sum = row_sum[mi][half];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int r = warp_row0 + 16 * mi + group_row + half * 8;
-      const bool seen = sum > 0.0f;  // false for padding rows and rows that see no key
-      const float inv = seen ? 1.0f / sum : 0.0f;
-      if (seen) thread_max = fmaxf(thread_max, row_max[mi][half] * p.scale);
-      if (r < span_rows) {
-        const int64_t row = static_cast<int64_t>(seg.q_row) + m0 + r;
-        Element* dst = out + row * q_stride + static_cast<int64_t>(head) * kD + pair_col;
-#pragma unroll
-        for (int df = 0; df < kD / 8; ++df) {
-          *reinterpret_cast<uint32_t*>(dst + df * 8) =
-              Traits::pack(o[mi][df][2 * half] * inv, o[mi][df][2 * half + 1] * inv);
-        }
-        if ((lane & 3) == 0) {
-          p.lse[static_cast<int64_t>(head) * p.q_rows + row] =
-              seen ? row_max[mi][half] * p.scale + logf(sum) : -INFINITY;
-        }
-      }
-    }
+    store_forward_rows<Storage, kD>(p, seg, head, m0, warp_row0 + 16 * mi + group_row, span_rows, pair_col, o[mi],
+                                    row_max[mi], row_sum[mi], thread_max);
   }
-  if (p.max_logit != nullptr) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      thread_max = fmaxf(thread_max, __shfl_xor_sync(0xffffffffu, thread_max, offset));
-    }
-    if (lane == 0 && thread_max > -INFINITY) atomic_max_float(p.max_logit + head, thread_max);
-  }
-}
-
-template <typename Storage, int kHeadDim>
-void launch_forward(const ForwardParams& params, int grid_tiles, cudaStream_t stream) {
-  using Shape = ForwardShape<kHeadDim>;
-  static const cudaError_t attribute_status = cudaFuncSetAttribute(
-      forward_kernel<Storage, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes);
-  THDCP_CHECK_CUDA(attribute_status);
-  if (grid_tiles == 0 || params.q_heads == 0) return;
-  const dim3 grid(static_cast<unsigned>(grid_tiles), static_cast<unsigned>(params.q_heads));
-  forward_kernel<Storage, kHeadDim><<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(params);
-  THDCP_CHECK_CUDA(cudaGetLastError());
+  reduce_max_logit(p, head, thread_max);
 }
 
 }  // namespace thdcp::cuda::detail

@@ -1,5 +1,5 @@
 // Forward attention, bf16 storage, head_dim 128: the one instantiation of this file.
-#include "attention_forward.cuh"
+#include "attention_forward_launch.cuh"
 
 namespace thdcp::cuda::detail {
 template void launch_forward<Bf16Tag, 128>(const ForwardParams&, int, cudaStream_t);

@@ -1,5 +1,5 @@
 // Forward attention, fp16 storage, head_dim 128: the one instantiation of this file.
-#include "attention_forward.cuh"
+#include "attention_forward_launch.cuh"
 
 namespace thdcp::cuda::detail {
 template void launch_forward<Fp16Tag, 128>(const ForwardParams&, int, cudaStream_t);

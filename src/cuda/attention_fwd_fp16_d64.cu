@@ -1,5 +1,5 @@
 // Forward attention, fp16 storage, head_dim 64: the one instantiation of this file.
-#include "attention_forward.cuh"
+#include "attention_forward_launch.cuh"
 
 namespace thdcp::cuda::detail {
 template void launch_forward<Fp16Tag, 64>(const ForwardParams&, int, cudaStream_t);

@@ -10,10 +10,11 @@
 
 namespace thdcp::cuda::detail {
 
-// Query rows per forward block, query rows per dQ block, key rows per dK/dV block (64 for
+// Query rows per forward block (portable kernel, and the Hopper one), query rows per dQ block, key rows per dK/dV block (64 for
 // the deterministic backward: two 4-warp blocks per SM; 128 when dQ is fused into it: half
 // the dQ atomics). The host sizes grids and schedules with them.
 constexpr int kForwardTileRows = 128;
+constexpr int kForwardSm90TileRows = 64;
 constexpr int kDqTileRows = 64;
 constexpr int kDkvTileRows = 64;
 constexpr int kDkvFusedTileRows = 128;
@@ -22,11 +23,15 @@ constexpr int kDkvFusedTileRows = 128;
 struct Bf16Tag {};
 struct Fp16Tag {};
 
-// Whether the current device runs the Hopper backward kernels (sm_90a wgmma; compute
-// capability 9.x), unless the environment variable THDCP_PORTABLE_KERNELS is 1, which selects
+// Whether the current device runs the Hopper kernels (sm_90a wgmma; compute capability 9.x)
+// for the forward and the deterministic backward, unless the environment variable THDCP_PORTABLE_KERNELS is 1, which selects
 // the mma.sync kernels on every device (to test and time them on Hopper); read once per
 // process. Host queries only: safe during stream capture.
 bool use_sm90_kernels();
+
+// Query rows per forward block of the kernel family use_sm90_kernels() selects: the tile
+// schedule and grid of the forward are sized with it.
+int forward_tile_rows();
 
 template <typename Storage, int kHeadDim>
 void launch_forward(const ForwardParams& params, int grid_tiles, cudaStream_t stream);

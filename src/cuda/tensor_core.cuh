@@ -169,6 +169,14 @@ __device__ __forceinline__ int find_segment(const int* start, int num_segments, 
   return lo;
 }
 
+// 2^x by the hardware's approximation (ex2.approx.ftz: relative error about 2^-22,
+// results below 2^-126 flushed to 0, 2^-inf = 0); exp2f adds a range fix-up around it.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Max of two floats through the integer order of their bits (no NaN reaches here).
 __device__ __forceinline__ void atomic_max_float(float* address, float value) {
   if (value >= 0.0f) {

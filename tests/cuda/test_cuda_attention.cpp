@@ -264,8 +264,8 @@ TEST_F(CudaKernelChoice, FollowsDeviceAndEnvironment) {
   const bool forced_portable = portable != nullptr && std::strcmp(portable, "1") == 0;
   const std::string expected = major == 9 && !forced_portable ? "sm90" : "portable";
   std::cout << "compute capability major " << major << ", THDCP_PORTABLE_KERNELS="
-            << (portable ? portable : "(unset)") << ": backward kernels " << cuda::backward_kernels() << "\n";
-  EXPECT_EQ(expected, cuda::backward_kernels());
+            << (portable ? portable : "(unset)") << ": kernels " << cuda::kernel_family() << "\n";
+  EXPECT_EQ(expected, cuda::kernel_family());
 }
 
 }  // namespace

@@ -8,8 +8,8 @@
 // can be captured once in a CUDA graph and replayed for any batch of the same capacity.
 //
 // Supported: bf16 and fp16 storage, head_dim 64 and 128, Hq a multiple of Hkv (GQA/MQA),
-// fp32 arithmetic on tensor cores (Hopper: wgmma for the deterministic backward, see
-// backward_kernels). All pointers are device pointers of the current device,
+// fp32 arithmetic on tensor cores (Hopper: wgmma for the forward and the deterministic
+// backward, see kernel_family). All pointers are device pointers of the current device,
 // 16-byte aligned.
 #pragma once
 
@@ -87,11 +87,12 @@ struct Options {
 // Head dims the CUDA kernels are compiled for: 64 and 128.
 bool cuda_supports_head_dim(int64_t head_dim);
 
-// The backward kernels the current device runs: "sm90" (Hopper, compute capability 9.x:
-// warpgroup MMA kernels for the deterministic backward) or "portable" (mma.sync kernels, on
-// every other GPU, for Options::deterministic = false, and everywhere when the environment
-// variable THDCP_PORTABLE_KERNELS is 1). Host queries only; safe during stream capture.
-const char* backward_kernels();
+// The kernels the current device runs: "sm90" (Hopper, compute capability 9.x: warpgroup
+// MMA kernels for the forward and the deterministic backward) or "portable" (mma.sync
+// kernels: on every other GPU, for Options::deterministic = false, and everywhere when the
+// environment variable THDCP_PORTABLE_KERNELS is 1). Host queries only; safe during stream
+// capture.
+const char* kernel_family();
 
 // Bytes of device workspace attention_forward needs (tile schedule). Depends only on the
 // table's capacity.
