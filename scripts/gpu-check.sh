@@ -42,9 +42,13 @@ step configure build.log cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYP
 step build build.log cmake --build "$BUILD" -- -k 0
 step "ctest -L gpu" ctest-gpu.log ctest --test-dir "$BUILD" -L gpu --output-on-failure
 step "ctest (all)" ctest-all.log ctest --test-dir "$BUILD" --output-on-failure -j 4
+# Both kernel families (on Hopper the sm90 ones unless THDCP_PORTABLE_KERNELS=1).
+MEMCHECK_CASES='EdgeCases/CudaAttentionEdge.MatchesCpuReference/empty_and_len1_causal_bf16_d64:EdgeCases/CudaAttentionEdge.MatchesCpuReference/cp2_rank0_causal_bf16_d64:EdgeCases/CudaAttentionEdge.MatchesCpuReference/padding_multi_key_tiles_full_fp16_d128:CudaGraph.*'
 step memcheck memcheck.log compute-sanitizer --tool memcheck --error-exitcode 1 \
-  "$BUILD/tests/cuda/test_cuda_attention" \
-  --gtest_filter='EdgeCases/CudaAttentionEdge.MatchesCpuReference/empty_and_len1_causal_bf16_d64:EdgeCases/CudaAttentionEdge.MatchesCpuReference/cp2_rank0_causal_bf16_d64:CudaGraph.*'
+  "$BUILD/tests/cuda/test_cuda_attention" --gtest_filter="$MEMCHECK_CASES"
+step "memcheck (portable kernels)" memcheck.log env THDCP_PORTABLE_KERNELS=1 \
+  compute-sanitizer --tool memcheck --error-exitcode 1 \
+  "$BUILD/tests/cuda/test_cuda_attention" --gtest_filter="$MEMCHECK_CASES"
 # The main job on its default workload: CUDA backend, cp = 4 ranks on this GPU, checked
 # against the CPU reference.
 step "thdcp run" run.log "$BUILD/thdcp" run --quiet
@@ -63,7 +67,7 @@ fi
   echo "--- ctest (all)"
   grep -E "tests passed|tests failed|Total Test time|\*\*\*Failed" "$OUTDIR/ctest-all.log"
   echo "--- memcheck"
-  grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUTDIR/memcheck.log" | tail -n 5
+  grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUTDIR/memcheck.log" | tail -n 8
   echo "--- thdcp run"
   grep -E "^thdcp run:|result:|^  (out|lse|max_logit|dq|dk|dv) " "$OUTDIR/run.log"
   echo "--- bench"

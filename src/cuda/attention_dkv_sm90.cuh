@@ -115,13 +115,7 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2) dkv_kerne
       next_m = 0;
       ++next_head;
     }
-    if (step + 1 < steps) {
-      load_q(next_m, next_head, buffer ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    prefetch_next_and_wait(step + 1 < steps, [&] { load_q(next_m, next_head, buffer ^ 1); });
     fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
     __syncthreads();
     const uint32_t q_tile = q_tiles + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
@@ -133,16 +127,8 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2) dkv_kerne
     float st[kM / 8][4];
     float dpt[kM / 8][4];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      WgmmaSs<Storage, kM>::template run<0, 0>(flat(st), wgmma_desc_k_major<kN>(k_tile, kk),
-                                               wgmma_desc_k_major<kM>(q_tile, kk), kk);
-    }
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      WgmmaSs<Storage, kM>::template run<0, 0>(flat(dpt), wgmma_desc_k_major<kN>(v_tile, kk),
-                                               wgmma_desc_k_major<kM>(do_tile, kk), kk);
-    }
+    wgmma_ss_k_major<Storage, kM, kN, kM, kD / 16>(st, k_tile, q_tile);
+    wgmma_ss_k_major<Storage, kM, kN, kM, kD / 16>(dpt, v_tile, do_tile);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(flat(st));
@@ -190,26 +176,11 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2) dkv_kerne
     // As A fragments (storage precision) of the k-steps over the step's queries.
     uint32_t pt[kM / 16][4];
     uint32_t dst[kM / 16][4];
-#pragma unroll
-    for (int j = 0; j < kM / 16; ++j) {
-      pt[j][0] = Traits::pack(st[2 * j][0], st[2 * j][1]);
-      pt[j][1] = Traits::pack(st[2 * j][2], st[2 * j][3]);
-      pt[j][2] = Traits::pack(st[2 * j + 1][0], st[2 * j + 1][1]);
-      pt[j][3] = Traits::pack(st[2 * j + 1][2], st[2 * j + 1][3]);
-      dst[j][0] = Traits::pack(dpt[2 * j][0], dpt[2 * j][1]);
-      dst[j][1] = Traits::pack(dpt[2 * j][2], dpt[2 * j][3]);
-      dst[j][2] = Traits::pack(dpt[2 * j + 1][0], dpt[2 * j + 1][1]);
-      dst[j][3] = Traits::pack(dpt[2 * j + 1][2], dpt[2 * j + 1][3]);
-    }
+    accumulator_to_a_fragments<Storage, kM>(st, pt);
+    accumulator_to_a_fragments<Storage, kM>(dpt, dst);
     wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < kM / 16; ++j) {
-      WgmmaRs<Storage, kD>::template run<1>(flat(dv), pt[j], wgmma_desc_mn_major<kM>(do_tile, j), 1);
-    }
-#pragma unroll
-    for (int j = 0; j < kM / 16; ++j) {
-      WgmmaRs<Storage, kD>::template run<1>(flat(dk), dst[j], wgmma_desc_mn_major<kM>(q_tile, j), 1);
-    }
+    wgmma_rs_mn_major<Storage, kD, kM, kM / 16>(dv, pt, do_tile);
+    wgmma_rs_mn_major<Storage, kD, kM, kM / 16>(dk, dst, q_tile);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(flat(dv));

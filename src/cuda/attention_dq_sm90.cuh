@@ -43,15 +43,10 @@ __global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, 2) dq_kernel_
   constexpr int kThreads = Shape::kThreads;
   static_assert(kM == 64 && kThreads == 128, "one warpgroup of 64 query rows");
 
-  int tile = 0;
-  int head = 0;
-  if (!block_tile_and_head(p.q_tile_start, p.num_segments, p.q_heads, true, tile, head)) return;
-  const int segment_index = find_segment(p.q_tile_start, p.num_segments, tile);
-  const Segment seg = p.segments[segment_index];
-  const int m0 = (tile - __ldg(p.q_tile_start + segment_index)) * kM;
-  const int span_rows = min(kM, seg.q_span - m0);
-  const int valid_q = max(0, min(kM, seg.q_len - m0));
-  const int kv_head = head / (p.q_heads / p.kv_heads);
+  QueryTileWork work;
+  if (!work.assign<kM>(p.q_tile_start, p.num_segments, p.segments, p.q_heads, p.kv_heads)) return;
+  const Segment& seg = work.seg;
+  const int head = work.head, kv_head = work.kv_head, m0 = work.m0, span_rows = work.span_rows, valid_q = work.valid_q;
   const Mask mask{p.window_left, p.window_right};
   const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
   const int n_begin = key_tiles.begin;
@@ -99,13 +94,7 @@ __global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, 2) dq_kernel_
 
   for (int n = n_begin; n < n_end; ++n) {
     const int buffer = (n - n_begin) & 1;
-    if (n + 1 < n_end) {
-      load_kv(n + 1, buffer ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    prefetch_next_and_wait(n + 1 < n_end, [&] { load_kv(n + 1, buffer ^ 1); });
     fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
     __syncthreads();
     const uint32_t k_tile = k_base + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
@@ -114,16 +103,8 @@ __global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, 2) dq_kernel_
     float s[kN / 8][4];
     float dp[kN / 8][4];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      WgmmaSs<Storage, kN>::template run<0, 0>(flat(s), wgmma_desc_k_major<kM>(q_tile, kk),
-                                               wgmma_desc_k_major<kN>(k_tile, kk), kk);
-    }
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      WgmmaSs<Storage, kN>::template run<0, 0>(flat(dp), wgmma_desc_k_major<kM>(do_tile, kk),
-                                               wgmma_desc_k_major<kN>(v_tile, kk), kk);
-    }
+    wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_tile, k_tile);
+    wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(dp, do_tile, v_tile);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(flat(s));
@@ -135,18 +116,9 @@ __global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, 2) dq_kernel_
 
     // dQ += dS K (dS rounded to the storage type for the tensor cores).
     uint32_t ds[kN / 16][4];
-#pragma unroll
-    for (int j = 0; j < kN / 16; ++j) {
-      ds[j][0] = Traits::pack(s[2 * j][0], s[2 * j][1]);
-      ds[j][1] = Traits::pack(s[2 * j][2], s[2 * j][3]);
-      ds[j][2] = Traits::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
-      ds[j][3] = Traits::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
-    }
+    accumulator_to_a_fragments<Storage, kN>(s, ds);
     wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < kN / 16; ++j) {
-      WgmmaRs<Storage, kD>::template run<1>(flat(dq), ds[j], wgmma_desc_mn_major<kN>(k_tile, j), 1);
-    }
+    wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(dq, ds, k_tile);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(flat(dq));

@@ -149,15 +149,10 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
   constexpr int kThreads = Shape::kThreads;
   constexpr int kMF = Shape::kFragmentsPerWarp;
 
-  int tile = 0;
-  int head = 0;
-  if (!block_tile_and_head(p.tile_start, p.num_segments, p.q_heads, true, tile, head)) return;
-  const int segment_index = find_segment(p.tile_start, p.num_segments, tile);
-  const Segment seg = p.segments[segment_index];
-  const int m0 = (tile - __ldg(p.tile_start + segment_index)) * kM;
-  const int span_rows = min(kM, seg.q_span - m0);
-  const int valid_q = max(0, min(kM, seg.q_len - m0));
-  const int kv_head = head / (p.q_heads / p.kv_heads);
+  QueryTileWork work;
+  if (!work.assign<kM>(p.tile_start, p.num_segments, p.segments, p.q_heads, p.kv_heads)) return;
+  const Segment& seg = work.seg;
+  const int head = work.head, kv_head = work.kv_head, m0 = work.m0, span_rows = work.span_rows, valid_q = work.valid_q;
   const Mask mask{p.window_left, p.window_right};
   // Key tiles that some row of this tile sees, and those every row sees whole.
   const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
@@ -239,13 +234,7 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
 
   for (int n = n_begin; n < n_end; ++n) {
     const int buffer = (n - n_begin) & 1;
-    if (n + 1 < n_end) {
-      load_kv(n + 1, buffer ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    prefetch_next_and_wait(n + 1 < n_end, [&] { load_kv(n + 1, buffer ^ 1); });
     __syncthreads();
     const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kN * kD * 2);
 

@@ -36,15 +36,10 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 2) forwa
   constexpr int kThreads = Shape::kThreads;
   static_assert(kM == 64 && kN == 64 && kThreads == 128, "one warpgroup, 64-row wgmma tiles");
 
-  int tile = 0;
-  int head = 0;
-  if (!block_tile_and_head(p.tile_start, p.num_segments, p.q_heads, true, tile, head)) return;
-  const int segment_index = find_segment(p.tile_start, p.num_segments, tile);
-  const Segment seg = p.segments[segment_index];
-  const int m0 = (tile - __ldg(p.tile_start + segment_index)) * kM;
-  const int span_rows = min(kM, seg.q_span - m0);
-  const int valid_q = max(0, min(kM, seg.q_len - m0));
-  const int kv_head = head / (p.q_heads / p.kv_heads);
+  QueryTileWork work;
+  if (!work.assign<kM>(p.tile_start, p.num_segments, p.segments, p.q_heads, p.kv_heads)) return;
+  const Segment& seg = work.seg;
+  const int head = work.head, kv_head = work.kv_head, m0 = work.m0, span_rows = work.span_rows, valid_q = work.valid_q;
   const Mask mask{p.window_left, p.window_right};
   const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
   const int n_begin = key_tiles.begin;
@@ -86,13 +81,7 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 2) forwa
 
   for (int n = n_begin; n < n_end; ++n) {
     const int buffer = (n - n_begin) & 1;
-    if (n + 1 < n_end) {
-      load_kv(n + 1, buffer ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    prefetch_next_and_wait(n + 1 < n_end, [&] { load_kv(n + 1, buffer ^ 1); });
     fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
     __syncthreads();
     const uint32_t k_tile = k_base + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
@@ -100,11 +89,7 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 2) forwa
 
     float s[kN / 8][4];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      WgmmaSs<Storage, kN>::template run<0, 0>(flat(s), wgmma_desc_k_major<kM>(q_tile, kk),
-                                               wgmma_desc_k_major<kN>(k_tile, kk), kk);
-    }
+    wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_tile, k_tile);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(flat(s));
@@ -117,18 +102,9 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 2) forwa
 
     // O += P V, with P rounded to the storage type for the tensor cores.
     uint32_t pa[kN / 16][4];
-#pragma unroll
-    for (int j = 0; j < kN / 16; ++j) {
-      pa[j][0] = Traits::pack(s[2 * j][0], s[2 * j][1]);
-      pa[j][1] = Traits::pack(s[2 * j][2], s[2 * j][3]);
-      pa[j][2] = Traits::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
-      pa[j][3] = Traits::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
-    }
+    accumulator_to_a_fragments<Storage, kN>(s, pa);
     wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < kN / 16; ++j) {
-      WgmmaRs<Storage, kD>::template run<1>(flat(o), pa[j], wgmma_desc_mn_major<kN>(v_tile, j), 1);
-    }
+    wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(o, pa, v_tile);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(flat(o));

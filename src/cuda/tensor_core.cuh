@@ -40,6 +40,22 @@ struct StorageTraits<Fp16Tag> {
   static __device__ __forceinline__ float to_float(Element x) { return __half2float(x); }
 };
 
+// The m16n8 accumulator of a warp's 16 rows x kColumns (fp32) as the A fragments (storage
+// type) of the kColumns / 16 k-steps of a product that reduces over those columns: two
+// neighbouring n8 accumulator blocks make one m16n8k16 A fragment (as for P V in
+// FlashAttention-2, and for the wgmma A operand from registers).
+template <typename Storage, int kColumns>
+__device__ __forceinline__ void accumulator_to_a_fragments(const float (&acc)[kColumns / 8][4],
+                                                           uint32_t (&a)[kColumns / 16][4]) {
+#pragma unroll
+  for (int j = 0; j < kColumns / 16; ++j) {
+    a[j][0] = StorageTraits<Storage>::pack(acc[2 * j][0], acc[2 * j][1]);
+    a[j][1] = StorageTraits<Storage>::pack(acc[2 * j][2], acc[2 * j][3]);
+    a[j][2] = StorageTraits<Storage>::pack(acc[2 * j + 1][0], acc[2 * j + 1][1]);
+    a[j][3] = StorageTraits<Storage>::pack(acc[2 * j + 1][2], acc[2 * j + 1][3]);
+  }
+}
+
 // c += a * b for one m16n8k16 tile (row-major A, column-major B).
 template <typename Storage>
 __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
@@ -96,6 +112,20 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// The head of a step of a double-buffered loop: when there is a next step, starts its loads
+// (load_next, into the other buffer) as a new cp.async group; then waits until this thread's
+// loads of the current step have landed (the caller still synchronises the block).
+template <typename LoadNext>
+__device__ __forceinline__ void prefetch_next_and_wait(bool has_next, LoadNext&& load_next) {
+  if (has_next) {
+    load_next();
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
 }
 
 // Element offset of (row, 16-byte chunk) in a swizzled tile of kHeadDim-element rows.

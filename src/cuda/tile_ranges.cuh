@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "tensor_core.cuh"
 #include "thdcp/mask.h"
 #include "thdcp/segment.h"
 
@@ -36,6 +37,33 @@ __device__ __forceinline__ bool block_tile_and_head(const int* tile_start, int n
   head = static_cast<int>(block - tile_rank * heads);
   return true;
 }
+
+// The query tile of kM rows and the query head of a forward or dQ block (block_tile_and_head,
+// tiles last first), with its segment, first row m0 in the segment, rows of the tile inside
+// the segment's span (span_rows; the rest belong to the next segment) and valid rows
+// (valid_q; the rest of the span is padding). False for the blocks past the real work.
+struct QueryTileWork {
+  Segment seg;
+  int head = 0;
+  int kv_head = 0;
+  int m0 = 0;
+  int span_rows = 0;
+  int valid_q = 0;
+
+  template <int kM>
+  __device__ __forceinline__ bool assign(const int* tile_start, int num_segments, const Segment* segments, int q_heads,
+                                         int kv_heads) {
+    int tile = 0;
+    if (!block_tile_and_head(tile_start, num_segments, q_heads, true, tile, head)) return false;
+    const int segment_index = find_segment(tile_start, num_segments, tile);
+    seg = segments[segment_index];
+    m0 = (tile - __ldg(tile_start + segment_index)) * kM;
+    span_rows = min(kM, seg.q_span - m0);
+    valid_q = max(0, min(kM, seg.q_len - m0));
+    kv_head = head / (q_heads / kv_heads);
+    return true;
+  }
+};
 
 // The key tiles of kN keys that the valid query rows [m0, m0 + valid_q) of a segment see,
 // [begin, end), and those inside it that need no per-element mask, [unmasked_begin,

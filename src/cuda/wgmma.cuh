@@ -75,6 +75,29 @@ __device__ __forceinline__ float (&flat(float (&x)[kFragments][4]))[kFragments *
   return reinterpret_cast<float(&)[kFragments * 4]>(x);
 }
 
+// acc = A B^T over kSteps k-steps of 16 columns, A and B K-major tiles (kRowsA and kRowsB
+// rows; B's first kN rows are the N of the product) at shared addresses a_tile, b_tile.
+// Issued, not committed.
+template <typename Storage, int kN, int kRowsA, int kRowsB, int kSteps>
+__device__ __forceinline__ void wgmma_ss_k_major(float (&acc)[kN / 8][4], uint32_t a_tile, uint32_t b_tile) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    WgmmaSs<Storage, kN>::template run<0, 0>(flat(acc), wgmma_desc_k_major<kRowsA>(a_tile, kk),
+                                             wgmma_desc_k_major<kRowsB>(b_tile, kk), kk);
+  }
+}
+
+// acc += A B over kSteps k-steps: A from registers (accumulator_to_a_fragments), B the rows
+// [16 kk, 16 kk + 16) of an MN-major tile of kRowsB rows, kN columns. Issued, not committed.
+template <typename Storage, int kN, int kRowsB, int kSteps>
+__device__ __forceinline__ void wgmma_rs_mn_major(float (&acc)[kN / 8][4], const uint32_t (&a)[kSteps][4],
+                                                  uint32_t b_tile) {
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    WgmmaRs<Storage, kN>::template run<1>(flat(acc), a[kk], wgmma_desc_mn_major<kRowsB>(b_tile, kk), 1);
+  }
+}
+
 // Orders this thread's register writes before the wgmma instructions that read them.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
