@@ -192,9 +192,9 @@ bool verify(const std::vector<int64_t>& lengths, const Mask& mask, const char* m
     for (Buffer* b : {&batch.dq, &batch.dk, &batch.dv}) THDCP_CHECK_CUDA(cudaMemset(b->data(), 0xff, b->bytes()));
     batch.backward(nullptr, deterministic);
     THDCP_CHECK_CUDA(cudaDeviceSynchronize());
-    compare(deterministic ? "dq" : "dq(atomic)", download(batch, batch.dq, p.q_heads), dq_ref, grad_tol);
-    compare(deterministic ? "dk" : "dk(atomic)", download(batch, batch.dk, p.kv_heads), dk_ref, grad_tol);
-    compare(deterministic ? "dv" : "dv(atomic)", download(batch, batch.dv, p.kv_heads), dv_ref, grad_tol);
+    compare(deterministic ? "dq" : "dq(nondet)", download(batch, batch.dq, p.q_heads), dq_ref, grad_tol);
+    compare(deterministic ? "dk" : "dk(nondet)", download(batch, batch.dk, p.kv_heads), dk_ref, grad_tol);
+    compare(deterministic ? "dv" : "dv(nondet)", download(batch, batch.dv, p.kv_heads), dv_ref, grad_tol);
   }
   return ok;
 }
@@ -284,8 +284,8 @@ int bench_command(const std::vector<std::string>& argv) {
   for (int64_t length : lengths) longest = std::max(longest, length);
   std::printf("batch: %zu documents, %lld rows, longest %lld\n", lengths.size(),
               static_cast<long long>(make_layout(lengths, 1).total_rows()), static_cast<long long>(longest));
-  std::printf("kernels: %s; bwd: Options::deterministic = true (the default); bwd(atomic-dq): false (dQ by fp32 "
-              "atomics, portable kernels)\n",
+  std::printf("kernels: %s; bwd: Options::deterministic = true (the default); bwd(nondet): false (portable "
+              "kernels: dQ by fp32 atomics; sm90: the same kernels as true)\n",
               cuda::kernel_family());
   std::printf("%-7s %-19s %12s %10s %9s\n", "mask", "pass", "pairs", "ms", "TFLOP/s");
   for (const auto& m : masks) {
@@ -295,7 +295,7 @@ int bench_command(const std::vector<std::string>& argv) {
     const double fwd_ms = time_median_ms(warmup, iters, nullptr, [&] { batch.forward(nullptr); });
     std::printf("%-7s %-19s %12.0f %10.3f %9.1f\n", m.name, "fwd", pairs, fwd_ms, 4 * unit / (fwd_ms * 1e9));
     for (bool deterministic : {true, false}) {
-      const char* suffix = deterministic ? "" : "(atomic-dq)";
+      const char* suffix = deterministic ? "" : "(nondet)";
       const double bwd_ms =
           time_median_ms(warmup, iters, nullptr, [&] { batch.backward(nullptr, deterministic); });
       const double fwd_bwd_ms = time_median_ms(warmup, iters, nullptr, [&] {

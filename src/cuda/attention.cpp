@@ -323,8 +323,12 @@ void attention_backward(const DeviceSegmentTable& table, ConstThdTensor q, Const
   THDCP_CHECK(dv.dtype == dk.dtype,
               "dk and dv must share a dtype; got " << dtype_name(dk.dtype) << " and " << dtype_name(dv.dtype));
   if (q.heads * table.q_rows > 0) check_device_pointer("lse", lse, device, alignof(float));
-  const bool fused_dq = !options.deterministic;
-  const BackwardWorkspace layout = backward_layout(table, q.heads, k.heads, q.head_dim, dk.dtype, fused_dq);
+  // deterministic = false allows the fused pass with dQ atomics; on Hopper the sm90 pair of
+  // deterministic passes is the faster one, so it serves both settings there. The workspace
+  // check below uses the size backward_workspace_size reports (room for dq_accum either way).
+  const bool fused_dq = !options.deterministic && !detail::use_sm90_kernels();
+  const BackwardWorkspace layout =
+      backward_layout(table, q.heads, k.heads, q.head_dim, dk.dtype, !options.deterministic);
   THDCP_CHECK(workspace_bytes >= layout.total, "workspace has " << workspace_bytes
                                                                 << " bytes; backward_workspace_size gives "
                                                                 << layout.total << " for dk/dv in "

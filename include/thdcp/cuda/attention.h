@@ -77,10 +77,11 @@ struct Options {
   // atomics, and each fp32 dK/dV element receives at most two atomic additions onto zero
   // (one per segment that reaches the key row; every table this backend builds has at most
   // two), and two additions onto zero give the same bits in either order.
-  // false: dQ is accumulated inside the dK/dV pass with fp32 atomics (as FlashAttention
-  // does), so its last bits depend on the order the blocks run in. It saves the dQ pass's
-  // recomputation but its atomics cost more: it measured slower than true on an H200 in the
-  // latest version (bench/RESULTS.md). Needs a workspace sized with the same options.
+  // false: the order of additions may vary where that is faster. With the portable kernels,
+  // dQ is accumulated inside the dK/dV pass with fp32 atomics (as FlashAttention-2 does), so
+  // its last bits depend on the order the blocks run in. On Hopper (kernel_family() "sm90")
+  // the deterministic sm90 passes are faster than that fused pass, so they run for both
+  // settings (bench/RESULTS.md). Needs a workspace sized with the same options.
   bool deterministic = true;
 };
 
