@@ -52,18 +52,13 @@ struct DkvShape {
   // columns [(w % 2) D / 2, +D / 2) of dV and dK.
   static_assert(kTileN == 32 * (kWarps / 2) && kTileM == 64, "warp layout");
   // P^T and dS^T staged in storage precision: kTileN key rows of kTileM queries, swizzled
-  // like the other tiles (stage_offset). At D = 128: 113 KiB for 64 keys (two blocks fill an
+  // like the other tiles: the 16-byte chunk c of row r sits at c ^ (r & 7), so the eight rows
+  // an ldmatrix phase reads and the eight rows a fragment store writes fall in different
+  // banks. At D = 128: 113 KiB for 64 keys (two blocks fill an
   // H100/H200 SM's 228 KiB), 161 KiB for 128 keys (within sm_80's 163 KiB).
   static constexpr size_t kSmemBytes =
       (2 * kTileN + 4 * kTileM) * kHeadDim * 2 + 4 * kTileM * sizeof(float) + 2 * kTileN * kTileM * 2;
 };
-
-// Element offset of (key row, query column) in a P^T / dS^T stage of 64-element rows: the
-// 16-byte chunk c of row r sits at c ^ (r & 7), so the eight rows an ldmatrix phase reads and
-// the eight rows a fragment store writes fall in different banks.
-__device__ __forceinline__ int stage_offset(int row, int column) {
-  return row * 64 + ((((column >> 3) ^ row) & 7) << 3) + (column & 7);
-}
 
 // Shared-memory byte addresses of this lane's ldmatrix rows for the four 16-column steps
 // kl = 0..3 of a swizzled tile of kRowElements-element rows, starting at 16-byte chunk

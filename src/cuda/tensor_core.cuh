@@ -154,36 +154,6 @@ __device__ __forceinline__ void load_tile_async(Element* tile, const Element* te
   }
 }
 
-// A-operand fragment (16 rows x 16 columns starting at (row0, col0)) of a row-major tile.
-template <int kHeadDim, typename Element>
-__device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const Element* tile, int row0, int col0) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int row = row0 + (lane & 15);
-  const int chunk = (col0 >> 3) + (lane >> 4);
-  ldmatrix_x4(a, smem_address(tile + swizzled_offset<kHeadDim>(row, chunk)));
-}
-
-// B-operand fragments of two n8 blocks, where the tile stores B transposed (row n holds
-// column n of B: K in Q.K^T). b[0], b[1]: columns n0..n0+7; b[2], b[3]: n0+8..n0+15;
-// k = col0..col0+15.
-template <int kHeadDim, typename Element>
-__device__ __forceinline__ void load_b_fragments_nk(uint32_t (&b)[4], const Element* tile, int n0, int col0) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int row = n0 + (lane & 7) + ((lane >> 4) << 3);
-  const int chunk = (col0 >> 3) + ((lane >> 3) & 1);
-  ldmatrix_x4(b, smem_address(tile + swizzled_offset<kHeadDim>(row, chunk)));
-}
-
-// B-operand fragments of two n8 blocks, where the tile stores B as is (row k, column n:
-// V in P.V). k = k0..k0+15; b[0], b[1]: columns col0..col0+7; b[2], b[3]: col0+8..col0+15.
-template <int kHeadDim, typename Element>
-__device__ __forceinline__ void load_b_fragments_kn(uint32_t (&b)[4], const Element* tile, int k0, int col0) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int row = k0 + (lane & 7) + (((lane >> 3) & 1) << 3);
-  const int chunk = (col0 >> 3) + (lane >> 4);
-  ldmatrix_x4_trans(b, smem_address(tile + swizzled_offset<kHeadDim>(row, chunk)));
-}
-
 // The segment whose tile range holds `tile`: the largest s with start[s] <= tile.
 __device__ __forceinline__ int find_segment(const int* start, int num_segments, int tile) {
   int lo = 0;
