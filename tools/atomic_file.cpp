@@ -3,7 +3,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp::tools {
 

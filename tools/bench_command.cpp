@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "args.h"
-#include "thdcp/compare.h"
+#include "thdcp/testing/compare.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/cuda/check.h"
-#include "thdcp/cuda/device_buffer.h"
-#include "thdcp/layout.h"
-#include "thdcp/segment_table.h"
-#include "thdcp/workload.h"
+#include "thdcp/testing/device_buffer.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/plan/segment_table.h"
+#include "thdcp/testing/workload.h"
 
 namespace thdcp::tools {
 

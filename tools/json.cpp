@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "atomic_file.h"
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp::tools {
 

@@ -10,8 +10,8 @@
 #include "bench_command.h"
 #endif
 #include "commands.h"
-#include "thdcp/error.h"
-#include "thdcp/mpi.h"
+#include "thdcp/core/error.h"
+#include "thdcp/comm/mpi.h"
 
 namespace {
 

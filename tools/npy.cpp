@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "atomic_file.h"
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp::tools {
 

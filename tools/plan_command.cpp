@@ -10,7 +10,7 @@
 #include "commands.h"
 #include "json.h"
 #include "plan_report.h"
-#include "thdcp/planner.h"
+#include "thdcp/plan/planner.h"
 
 namespace thdcp::tools {
 

@@ -5,7 +5,7 @@
 
 #include "json.h"
 #include "svg.h"
-#include "thdcp/planner.h"
+#include "thdcp/plan/planner.h"
 
 namespace thdcp::tools {
 

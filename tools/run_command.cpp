@@ -11,8 +11,8 @@
 #include "progress.h"
 #include "run_inputs.h"
 #include "run_job.h"
-#include "thdcp/attention.h"
-#include "thdcp/mpi.h"
+#include "thdcp/cpu/attention.h"
+#include "thdcp/comm/mpi.h"
 
 namespace thdcp::tools {
 

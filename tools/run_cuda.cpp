@@ -12,9 +12,9 @@
 #include <cuda_runtime_api.h>
 
 #include "thdcp/cuda/check.h"
-#include "thdcp/cuda/cp.h"
-#include "thdcp/cuda/device_buffer.h"
-#include "thdcp/cuda/staged_comm.h"
+#include "thdcp/cp/cuda.h"
+#include "thdcp/testing/device_buffer.h"
+#include "thdcp/comm/host_staged.h"
 #endif
 
 namespace thdcp::tools {

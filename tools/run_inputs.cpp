@@ -8,10 +8,10 @@
 
 #include "args.h"
 #include "npy.h"
-#include "thdcp/dispatch.h"
-#include "thdcp/layout.h"
-#include "thdcp/planner.h"
-#include "thdcp/workload.h"
+#include "thdcp/plan/rank_split.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/plan/planner.h"
+#include "thdcp/testing/workload.h"
 
 namespace thdcp::tools {
 

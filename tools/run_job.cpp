@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "run_inputs.h"
-#include "thdcp/dispatch.h"
-#include "thdcp/segment_table.h"
-#include "thdcp/workload.h"
+#include "thdcp/plan/rank_split.h"
+#include "thdcp/plan/segment_table.h"
+#include "thdcp/testing/workload.h"
 
 namespace thdcp::tools {
 

@@ -6,13 +6,13 @@
 #include <string>
 #include <vector>
 
-#include "thdcp/attention.h"
-#include "thdcp/comm.h"
-#include "thdcp/compare.h"
-#include "thdcp/cp.h"
-#include "thdcp/layout.h"
-#include "thdcp/mask.h"
-#include "thdcp/tensor.h"
+#include "thdcp/cpu/attention.h"
+#include "thdcp/comm/communicator.h"
+#include "thdcp/testing/compare.h"
+#include "thdcp/cp/cp.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/plan/mask.h"
+#include "thdcp/core/tensor.h"
 
 namespace thdcp::tools {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp::tools {
 

@@ -5,8 +5,8 @@
 #include <thread>
 #include <vector>
 
-#include "thdcp/comm.h"
-#include "thdcp/error.h"
+#include "thdcp/comm/communicator.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp {
 

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "thdcp/error.h"
-#include "thdcp/mpi.h"
+#include "thdcp/core/error.h"
+#include "thdcp/comm/mpi.h"
 
 #define THDCP_CHECK_MPI(call)                                                  \
   do {                                                                         \

@@ -1,8 +1,8 @@
 // The parts of thdcp/mpi.h that exist with or without MPI.
 #include <cstdlib>
 
-#include "thdcp/error.h"
-#include "thdcp/mpi.h"
+#include "thdcp/core/error.h"
+#include "thdcp/comm/mpi.h"
 
 namespace thdcp::mpi {
 

@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "thdcp/cp.h"
-#include "thdcp/dispatch.h"
-#include "thdcp/error.h"
-#include "thdcp/segment_table.h"
+#include "thdcp/cp/cp.h"
+#include "thdcp/plan/rank_split.h"
+#include "thdcp/core/error.h"
+#include "thdcp/plan/segment_table.h"
 
 namespace thdcp::cp {
 

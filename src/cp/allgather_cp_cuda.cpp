@@ -2,9 +2,9 @@
 #include <cstdint>
 
 #include "thdcp/cuda/check.h"
-#include "thdcp/cuda/cp.h"
+#include "thdcp/cp/cuda.h"
 #include "thdcp/cuda/reorder.h"
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp::cuda {
 

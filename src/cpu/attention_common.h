@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "thdcp/attention.h"
-#include "thdcp/error.h"
+#include "thdcp/cpu/attention.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp::cpu::detail {
 

@@ -11,7 +11,7 @@
 
 #include "launch.h"
 #include "thdcp/cuda/check.h"
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp::cuda {
 

@@ -11,8 +11,8 @@
 #include "tensor_core.cuh"
 #include "tile_ranges.cuh"
 #include "thdcp/cuda/check.h"
-#include "thdcp/mask.h"
-#include "thdcp/segment.h"
+#include "thdcp/plan/mask.h"
+#include "thdcp/plan/segment.h"
 
 namespace thdcp::cuda::detail {
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "thdcp/segment.h"
+#include "thdcp/plan/segment.h"
 
 namespace thdcp::cuda::detail {
 

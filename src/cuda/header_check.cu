@@ -1,8 +1,8 @@
 // Compiles the shared index-math headers under nvcc and calls them from device code, so a
 // change that breaks the __host__ __device__ contract fails the build.
-#include "thdcp/dual_chunk.h"
-#include "thdcp/mask.h"
-#include "thdcp/segment.h"
+#include "thdcp/plan/dual_chunk.h"
+#include "thdcp/plan/mask.h"
+#include "thdcp/plan/segment.h"
 
 namespace thdcp {
 

@@ -5,8 +5,8 @@
 #include <cuda_runtime_api.h>
 
 #include "attention_params.h"
-#include "thdcp/dtype.h"
-#include "thdcp/mask.h"
+#include "thdcp/core/dtype.h"
+#include "thdcp/plan/mask.h"
 
 namespace thdcp::cuda::detail {
 

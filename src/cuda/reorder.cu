@@ -2,7 +2,7 @@
 #include "launch.h"
 #include "thdcp/cuda/check.h"
 #include "thdcp/cuda/reorder.h"
-#include "thdcp/dual_chunk.h"
+#include "thdcp/plan/dual_chunk.h"
 
 namespace thdcp::cuda {
 

@@ -10,7 +10,7 @@
 
 #include "launch.h"
 #include "thdcp/cuda/check.h"
-#include "thdcp/segment.h"
+#include "thdcp/plan/segment.h"
 
 namespace thdcp::cuda::detail {
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 
 #include "tensor_core.cuh"
-#include "thdcp/mask.h"
-#include "thdcp/segment.h"
+#include "thdcp/plan/mask.h"
+#include "thdcp/plan/segment.h"
 
 namespace thdcp::cuda::detail {
 

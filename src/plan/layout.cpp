@@ -1,8 +1,8 @@
-#include "thdcp/layout.h"
+#include "thdcp/plan/layout.h"
 
 #include <limits>
 
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp {
 

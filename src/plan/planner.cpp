@@ -1,4 +1,4 @@
-#include "thdcp/planner.h"
+#include "thdcp/plan/planner.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -6,10 +6,10 @@
 #include <numeric>
 #include <set>
 
-#include "thdcp/error.h"
-#include "thdcp/layout.h"
-#include "thdcp/segment.h"
-#include "thdcp/segment_table.h"
+#include "thdcp/core/error.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/plan/segment.h"
+#include "thdcp/plan/segment_table.h"
 
 namespace thdcp {
 

@@ -1,8 +1,8 @@
-#include "thdcp/segment_table.h"
+#include "thdcp/plan/segment_table.h"
 
 #include <algorithm>
 
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp {
 

@@ -7,7 +7,7 @@
 #include <tuple>
 
 #include "support/cp_check.h"
-#include "thdcp/mpi.h"
+#include "thdcp/comm/mpi.h"
 
 namespace thdcp {
 namespace {

@@ -10,8 +10,8 @@
 
 #include "support/naive_attention.h"
 #include "support/random_batch.h"
-#include "thdcp/attention.h"
-#include "thdcp/segment_table.h"
+#include "thdcp/cpu/attention.h"
+#include "thdcp/plan/segment_table.h"
 
 namespace thdcp {
 namespace {

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "thdcp/cuda/check.h"
-#include "thdcp/cuda/device_buffer.h"
-#include "thdcp/tensor.h"
+#include "thdcp/testing/device_buffer.h"
+#include "thdcp/core/tensor.h"
 
 namespace thdcp::test {
 

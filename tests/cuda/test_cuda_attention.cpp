@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "cuda_test_support.h"
-#include "thdcp/compare.h"
+#include "thdcp/testing/compare.h"
 #include "thdcp/cuda/attention.h"
-#include "thdcp/layout.h"
-#include "thdcp/segment_table.h"
-#include "thdcp/workload.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/plan/segment_table.h"
+#include "thdcp/testing/workload.h"
 
 namespace thdcp::test {
 namespace {

@@ -5,9 +5,9 @@
 
 #include "cuda_test_support.h"
 #include "thdcp/cuda/attention.h"
-#include "thdcp/error.h"
-#include "thdcp/layout.h"
-#include "thdcp/workload.h"
+#include "thdcp/core/error.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/testing/workload.h"
 
 namespace thdcp::test {
 namespace {

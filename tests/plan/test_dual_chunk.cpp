@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "support/random_batch.h"
-#include "thdcp/dispatch.h"
-#include "thdcp/dual_chunk.h"
+#include "thdcp/plan/rank_split.h"
+#include "thdcp/plan/dual_chunk.h"
 
 namespace thdcp {
 namespace {

@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "support/random_batch.h"
-#include "thdcp/error.h"
-#include "thdcp/layout.h"
+#include "thdcp/core/error.h"
+#include "thdcp/plan/layout.h"
 
 namespace thdcp {
 namespace {

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "support/random_batch.h"
-#include "thdcp/dispatch.h"
-#include "thdcp/segment_table.h"
+#include "thdcp/plan/rank_split.h"
+#include "thdcp/plan/segment_table.h"
 
 namespace thdcp {
 namespace {

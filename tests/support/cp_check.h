@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "support/random_batch.h"
-#include "thdcp/comm.h"
-#include "thdcp/cp.h"
-#include "thdcp/dispatch.h"
-#include "thdcp/segment_table.h"
+#include "thdcp/comm/communicator.h"
+#include "thdcp/cp/cp.h"
+#include "thdcp/plan/rank_split.h"
+#include "thdcp/plan/segment_table.h"
 
 namespace thdcp::test {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp::test {
 

@@ -1,7 +1,7 @@
 // Tolerances of GPU results against the CPU reference (see derive_tensor_core_tolerance).
 #pragma once
 
-#include "thdcp/compare.h"
+#include "thdcp/testing/compare.h"
 
 namespace thdcp::test {
 

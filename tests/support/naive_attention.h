@@ -8,9 +8,9 @@
 #include <limits>
 #include <vector>
 
-#include "thdcp/layout.h"
-#include "thdcp/mask.h"
-#include "thdcp/tensor.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/plan/mask.h"
+#include "thdcp/core/tensor.h"
 
 namespace thdcp::test {
 

@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "thdcp/attention.h"
-#include "thdcp/compare.h"
+#include "thdcp/cpu/attention.h"
+#include "thdcp/testing/compare.h"
 #include "support/expect_error.h"
-#include "thdcp/error.h"
-#include "thdcp/layout.h"
-#include "thdcp/tensor.h"
-#include "thdcp/workload.h"
+#include "thdcp/core/error.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/core/tensor.h"
+#include "thdcp/testing/workload.h"
 
 namespace thdcp::test {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "npy.h"
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 using thdcp::tools::NpyArray;
 

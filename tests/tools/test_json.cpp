@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "json.h"
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp::tools {
 namespace {

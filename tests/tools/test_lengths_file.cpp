@@ -4,8 +4,8 @@
 #include <fstream>
 
 #include "support/expect_error.h"
-#include "thdcp/error.h"
-#include "thdcp/planner.h"
+#include "thdcp/core/error.h"
+#include "thdcp/plan/planner.h"
 
 namespace thdcp {
 namespace {

@@ -12,7 +12,7 @@
 #include "atomic_file.h"
 #include "npy.h"
 #include "support/expect_error.h"
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp::tools {
 namespace {

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <random>
 
-#include "thdcp/dual_chunk.h"
-#include "thdcp/error.h"
-#include "thdcp/planner.h"
-#include "thdcp/segment.h"
+#include "thdcp/plan/dual_chunk.h"
+#include "thdcp/core/error.h"
+#include "thdcp/plan/planner.h"
+#include "thdcp/plan/segment.h"
 
 namespace thdcp {
 namespace {

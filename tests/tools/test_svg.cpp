@@ -10,7 +10,7 @@
 
 #include "svg.h"
 #include "xml_check.h"
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp::tools {
 namespace {

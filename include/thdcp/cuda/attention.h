@@ -18,10 +18,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include "thdcp/attention.h"
-#include "thdcp/mask.h"
-#include "thdcp/segment.h"
-#include "thdcp/tensor.h"
+#include "thdcp/cpu/attention.h"
+#include "thdcp/plan/mask.h"
+#include "thdcp/plan/segment.h"
+#include "thdcp/core/tensor.h"
 
 namespace thdcp::cuda {
 

@@ -4,7 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 #define THDCP_CHECK_CUDA(expr)                                                                   \
   do {                                                                                           \

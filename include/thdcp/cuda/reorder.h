@@ -12,7 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "thdcp/dtype.h"
+#include "thdcp/core/dtype.h"
 
 namespace thdcp::cuda {
 

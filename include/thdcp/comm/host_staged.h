@@ -11,7 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "thdcp/comm.h"
+#include "thdcp/comm/communicator.h"
 
 namespace thdcp::cuda {
 

@@ -14,10 +14,10 @@
 
 #include <cuda_runtime_api.h>
 
-#include "thdcp/comm.h"
+#include "thdcp/comm/communicator.h"
 #include "thdcp/cuda/attention.h"
-#include "thdcp/mask.h"
-#include "thdcp/tensor.h"
+#include "thdcp/plan/mask.h"
+#include "thdcp/core/tensor.h"
 
 namespace thdcp::cuda {
 

@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <string>
 
-#include "thdcp/attention.h"
-#include "thdcp/dtype.h"
+#include "thdcp/cpu/attention.h"
+#include "thdcp/core/dtype.h"
 
 namespace thdcp {
 

@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "thdcp/segment_table.h"
-#include "thdcp/tensor.h"
+#include "thdcp/plan/segment_table.h"
+#include "thdcp/core/tensor.h"
 
 namespace thdcp {
 

@@ -1,10 +1,10 @@
-#include "thdcp/compare.h"
+#include "thdcp/testing/compare.h"
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
 
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp {
 

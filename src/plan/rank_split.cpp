@@ -1,9 +1,9 @@
-#include "thdcp/dispatch.h"
+#include "thdcp/plan/rank_split.h"
 
 #include <cstring>
 
-#include "thdcp/dual_chunk.h"
-#include "thdcp/error.h"
+#include "thdcp/plan/dual_chunk.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp {
 

@@ -1,4 +1,5 @@
-// Dispatch of a global THD tensor over CP ranks and back (DESIGN.md section 3).
+// The rank split: a global THD tensor cut into the cp local tensors of the dual-chunk
+// partition (DESIGN.md section 3), and merged back.
 //
 // Every function here works on rows of `row_bytes` bytes, so one implementation serves Q,
 // K, V, O and their gradients of every dtype. lse ([H, T]) is H planes of T rows of 4 bytes.
@@ -8,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "thdcp/layout.h"
+#include "thdcp/plan/layout.h"
 
 namespace thdcp {
 

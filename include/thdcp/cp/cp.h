@@ -6,10 +6,10 @@
 // dual-chunk order of thdcp/dual_chunk.h (T / cp rows; thdcp/dispatch.h makes them).
 #pragma once
 
-#include "thdcp/attention.h"
-#include "thdcp/comm.h"
-#include "thdcp/layout.h"
-#include "thdcp/mask.h"
+#include "thdcp/cpu/attention.h"
+#include "thdcp/comm/communicator.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/plan/mask.h"
 
 namespace thdcp::cp {
 

@@ -1,4 +1,4 @@
-#include "thdcp/cuda/staged_comm.h"
+#include "thdcp/comm/host_staged.h"
 
 #include "thdcp/cuda/check.h"
 

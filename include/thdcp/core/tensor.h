@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "thdcp/dtype.h"
+#include "thdcp/core/dtype.h"
 
 namespace thdcp {
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "support/random_batch.h"
-#include "thdcp/comm.h"
+#include "thdcp/comm/communicator.h"
 
 namespace thdcp {
 namespace {

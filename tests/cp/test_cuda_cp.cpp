@@ -10,8 +10,8 @@
 #include "cuda/cuda_test_support.h"
 #include "support/cp_check.h"
 #include "support/gpu_tolerance.h"
-#include "thdcp/cuda/cp.h"
-#include "thdcp/cuda/staged_comm.h"
+#include "thdcp/cp/cuda.h"
+#include "thdcp/comm/host_staged.h"
 
 namespace thdcp {
 namespace {

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "thdcp/host_device.h"
+#include "thdcp/core/host_device.h"
 
 namespace thdcp {
 

@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "thdcp/dual_chunk.h"
-#include "thdcp/host_device.h"
-#include "thdcp/mask.h"
+#include "thdcp/plan/dual_chunk.h"
+#include "thdcp/core/host_device.h"
+#include "thdcp/plan/mask.h"
 
 namespace thdcp {
 

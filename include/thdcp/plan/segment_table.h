@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "thdcp/layout.h"
-#include "thdcp/mask.h"
-#include "thdcp/segment.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/plan/mask.h"
+#include "thdcp/plan/segment.h"
 
 namespace thdcp {
 

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "thdcp/dtype.h"
-#include "thdcp/error.h"
-#include "thdcp/workload.h"
+#include "thdcp/core/dtype.h"
+#include "thdcp/core/error.h"
+#include "thdcp/testing/workload.h"
 
 namespace thdcp {
 namespace {

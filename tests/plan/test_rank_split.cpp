@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "support/random_batch.h"
-#include "thdcp/dispatch.h"
+#include "thdcp/plan/rank_split.h"
 
 namespace thdcp {
 namespace {

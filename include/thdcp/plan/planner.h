@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "thdcp/mask.h"
+#include "thdcp/plan/mask.h"
 
 namespace thdcp {
 

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "thdcp/comm.h"
+#include "thdcp/comm/communicator.h"
 
 namespace thdcp::mpi {
 

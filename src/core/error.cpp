@@ -1,4 +1,4 @@
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp::detail {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "thdcp/tensor.h"
+#include "thdcp/core/tensor.h"
 
 namespace thdcp {
 

@@ -1,8 +1,8 @@
-#include "thdcp/dtype.h"
+#include "thdcp/core/dtype.h"
 
 #include <cmath>
 
-#include "thdcp/error.h"
+#include "thdcp/core/error.h"
 
 namespace thdcp {
 

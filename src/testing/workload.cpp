@@ -1,10 +1,10 @@
-#include "thdcp/workload.h"
+#include "thdcp/testing/workload.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "thdcp/error.h"
-#include "thdcp/layout.h"
+#include "thdcp/core/error.h"
+#include "thdcp/plan/layout.h"
 
 namespace thdcp {
 
