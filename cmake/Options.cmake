@@ -38,7 +38,10 @@ macro(thdcp_resolve_cuda)
     check_language(CUDA)
     if(CMAKE_CUDA_COMPILER)
       if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-        set(CMAKE_CUDA_ARCHITECTURES 80-real 90a-real)
+        # Cubins for sm_80 (every 8.x GPU) and sm_90a (Hopper), plus compute_80 PTX that
+        # newer GPUs JIT: they run the portable kernels (the sm90 ones compile to nothing
+        # there and are chosen only at compute capability 9.x, which the sm_90a cubin serves).
+        set(CMAKE_CUDA_ARCHITECTURES 80-real 90a-real 80-virtual)
       endif()
       enable_language(CUDA)
       set(CMAKE_CUDA_STANDARD 17)

@@ -40,8 +40,9 @@ say "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(nvidia-smi --query-gpu=name,d
 step configure build.log cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTHDCP_WITH_CUDA=ON
 # -k 0: a target that fails to build does not stop the others (the log names it).
 step build build.log cmake --build "$BUILD" -- -k 0
-step "ctest -L gpu" ctest-gpu.log ctest --test-dir "$BUILD" -L gpu --output-on-failure
-step "ctest (all)" ctest-all.log ctest --test-dir "$BUILD" --output-on-failure -j 4
+step "ctest -L gpu" ctest-gpu.log ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 120 -j 2
+step "ctest -L multi_gpu" ctest-gpu.log ctest --test-dir "$BUILD" -L multi_gpu --output-on-failure --timeout 120
+step "ctest (all)" ctest-all.log ctest --test-dir "$BUILD" --output-on-failure -j 4 --timeout 180 -LE "gpu|multi_gpu"
 # Both kernel families (on Hopper the sm90 ones unless THDCP_PORTABLE_KERNELS=1).
 MEMCHECK_CASES='EdgeCases/CudaAttentionEdge.MatchesCpuReference/empty_and_len1_causal_bf16_d64:EdgeCases/CudaAttentionEdge.MatchesCpuReference/cp2_rank0_causal_bf16_d64:EdgeCases/CudaAttentionEdge.MatchesCpuReference/padding_multi_key_tiles_full_fp16_d128:CudaGraph.*'
 step memcheck memcheck.log compute-sanitizer --tool memcheck --error-exitcode 1 \
@@ -52,8 +53,18 @@ step "memcheck (portable kernels)" memcheck.log env THDCP_PORTABLE_KERNELS=1 \
 # The main job on its default workload: CUDA backend, cp = 4 ranks on this GPU, checked
 # against the CPU reference.
 step "thdcp run" run.log "$BUILD/thdcp" run --quiet
+step "mpirun -np 1 thdcp run (NCCL)" run.log env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  mpirun -np 1 "$BUILD/thdcp" run --quiet --tokens 8192
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$GPUS" -ge 2 ]; then
+  step "thdcp run --gpus $GPUS (NCCL)" run.log "$BUILD/thdcp" run --quiet --gpus "$GPUS"
+  step "mpirun -np $GPUS thdcp run (NCCL)" run.log env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    mpirun -np "$GPUS" --oversubscribe "$BUILD/thdcp" run --quiet
+fi
+step "memcheck (CP, shared GPU)" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 1 \
+  "$BUILD/tests/test_cuda_cp" --gtest_filter='EdgeCases/CudaCpSharedGpu.*/cp2_short_and_empty*:EdgeCases/CudaCpSharedGpu.*/cp3_window_wider*:CudaCpFaults.DisagreeingPlansAreRefusedOnEveryRank'
 LENGTHS=$BUILD/bench_lengths.txt
-step bench bench.log "$BUILD/thdcp" bench --lengths-out "$LENGTHS"
+step bench bench.log "$BUILD/thdcp" bench --lengths-out "$LENGTHS" --cp 2,4,8
 if [ -s "$LENGTHS" ]; then
   step peers peers.log env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/peer_attention.py" --lengths "$LENGTHS"
 else
@@ -64,15 +75,17 @@ fi
   echo
   echo "--- ctest -L gpu"
   grep -E "tests passed|tests failed|Total Test time|\*\*\*Skipped|\*\*\*Failed|Failed  " "$OUTDIR/ctest-gpu.log"
+  echo "--- ctest -L multi_gpu"
+  grep -E "tests passed|tests failed|\*\*\*Failed" "$OUTDIR/ctest-gpu.log" | tail -n 4
   echo "--- ctest (all)"
   grep -E "tests passed|tests failed|Total Test time|\*\*\*Failed" "$OUTDIR/ctest-all.log"
   echo "--- memcheck"
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUTDIR/memcheck.log" | tail -n 8
   echo "--- thdcp run"
-  grep -E "^thdcp run:|result:|^  (out|lse|max_logit|dq|dk|dv) " "$OUTDIR/run.log"
+  grep -E "^thdcp run:|result:|^  (out|lse|max_logit|dq|dk|dv) |^== " "$OUTDIR/run.log"
   echo "--- bench"
-  grep -vE "^== " "$OUTDIR/bench.log" | grep -vE "^verify" | tail -n 12
-  grep -E "^verify" "$OUTDIR/bench.log" | awk '{print $1, $2, $3, $4, $5, $6}' | head -n 12
+  grep -vE "^== " "$OUTDIR/bench.log" | grep -vE "^verify" | tail -n 30
+  grep -E "^verify" "$OUTDIR/bench.log" | awk '{print $1, $2, $3, $4, $5, $6, $7}' | head -n 40
   echo "--- peers"
   grep -vE "^== " "$OUTDIR/peers.log" 2>/dev/null | tail -n 14
 } | tee -a "$SUMMARY"

@@ -9,10 +9,12 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "args.h"
+#include "bench_cp.h"
 #include "thdcp/testing/compare.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/cuda/check.h"
@@ -45,7 +47,10 @@ const char* kHelp =
     "  --seed N            seed of lengths and data (1)\n"
     "  --warmup N          untimed runs (3)\n"
     "  --iters N           timed runs; the median is reported (20)\n"
-    "  --lengths-out FILE  writes the timed batch's document lengths, one per line\n";
+    "  --lengths-out FILE  writes the timed batch's document lengths, one per line\n"
+    "  --cp N[,N...]       also AllGather CP with N ranks sharing this GPU: verify, then time\n"
+    "                      each phase and the whole step of every rank (one CUDA graph);\n"
+    "                      overhead = CP step of all ranks / single-device attention\n";
 
 using Buffer = cuda::DeviceBuffer;
 
@@ -232,7 +237,7 @@ int bench_command(const std::vector<std::string>& argv) {
   }
   const Args args(argv,
                   {"tokens", "verify-tokens", "q-heads", "kv-heads", "head-dim", "dtype", "window", "median",
-                   "max-length", "seed", "warmup", "iters", "lengths-out"},
+                   "max-length", "seed", "warmup", "iters", "lengths-out", "cp"},
                   {});
   const int64_t tokens = args.get_int("tokens", 65536, 2, int64_t{1} << 30);
   const int64_t verify_tokens = args.get_int("verify-tokens", 4096, 0, int64_t{1} << 24);
@@ -263,10 +268,21 @@ int bench_command(const std::vector<std::string>& argv) {
     Mask mask;
   } masks[] = {{"causal", Mask::causal()}, {"window", Mask::window(window, 0)}};
 
+  std::vector<int> cp_sizes;
+  if (args.has("cp")) {
+    std::istringstream in(args.get("cp", ""));
+    std::string item;
+    while (std::getline(in, item, ',')) cp_sizes.push_back(static_cast<int>(parse_int("--cp", item, 1, 64)));
+  }
   if (verify_tokens > 0) {
     const std::vector<int64_t> small = sample_lengths(verify_tokens, 1, dist, seed + 100);
     bool ok = true;
     for (const auto& m : masks) ok = verify(small, m.mask, m.name, p, seed + 200) && ok;
+    for (int cp : cp_sizes) {
+      for (const auto& m : masks) {
+        ok = verify_cp(cp, small, m.mask, m.name, p.q_heads, p.kv_heads, p.head_dim, p.dtype, seed + 300) && ok;
+      }
+    }
     if (!ok) {
       std::printf("verification FAILED: no timing\n");
       return 1;
@@ -288,12 +304,17 @@ int bench_command(const std::vector<std::string>& argv) {
               "kernels: dQ by fp32 atomics; sm90: the same kernels as true)\n",
               cuda::kernel_family());
   std::printf("%-7s %-19s %12s %10s %9s\n", "mask", "pass", "pairs", "ms", "TFLOP/s");
+  struct Single {
+    double fwd_ms = 0, fwd_bwd_ms = 0;
+  } single[2];
+  int mask_index = 0;
   for (const auto& m : masks) {
     DeviceBatch batch(lengths, m.mask, p, seed);
     const double pairs = static_cast<double>(table_pairs(batch.host_table));
     const double unit = pairs * p.head_dim * p.q_heads;
     const double fwd_ms = time_median_ms(warmup, iters, nullptr, [&] { batch.forward(nullptr); });
     std::printf("%-7s %-19s %12.0f %10.3f %9.1f\n", m.name, "fwd", pairs, fwd_ms, 4 * unit / (fwd_ms * 1e9));
+    single[mask_index].fwd_ms = fwd_ms;
     for (bool deterministic : {true, false}) {
       const char* suffix = deterministic ? "" : "(nondet)";
       const double bwd_ms =
@@ -306,6 +327,31 @@ int bench_command(const std::vector<std::string>& argv) {
                   10 * unit / (bwd_ms * 1e9));
       std::printf("%-7s %-19s %12.0f %10.3f %9.1f\n", m.name, (std::string("fwd+bwd") + suffix).c_str(), pairs,
                   fwd_bwd_ms, 14 * unit / (fwd_bwd_ms * 1e9));
+      if (deterministic) single[mask_index].fwd_bwd_ms = fwd_bwd_ms;
+    }
+    ++mask_index;
+  }
+  if (cp_sizes.empty()) return 0;
+  std::printf("\nAllGather CP, ranks sharing this GPU (shared-GPU communicator). step: the whole step of every rank,\n"
+              "one CUDA graph, median ms; overhead = step / single-device attention (same lengths). Phases: ms per\n"
+              "step summed over ranks, from CUDA events of eager steps (ranks run concurrently, so a phase can\n"
+              "include other ranks' work).\n");
+  std::printf("%-3s %-7s %-8s %9s %9s %9s", "cp", "mask", "pass", "single", "step", "overhead");
+  for (int ph = 0; ph < static_cast<int>(cp::Phase::kCount); ++ph) std::printf(" %9s", cp::phase_name(static_cast<cp::Phase>(ph)));
+  std::printf("\n");
+  for (int cp : cp_sizes) {
+    mask_index = 0;
+    for (const auto& m : masks) {
+      const CpTiming t = time_cp(cp, lengths, m.mask, p.q_heads, p.kv_heads, p.head_dim, p.dtype, seed, warmup, iters);
+      for (bool backward : {false, true}) {
+        const double base = backward ? single[mask_index].fwd_bwd_ms : single[mask_index].fwd_ms;
+        const double ms = backward ? t.fwd_bwd_graph_ms : t.fwd_graph_ms;
+        std::printf("%-3d %-7s %-8s %9.3f %9.3f %9.3f", cp, m.name, backward ? "fwd+bwd" : "fwd", base, ms, ms / base);
+        const cp::Timings& phases = backward ? t.fwd_bwd_phases : t.fwd_phases;
+        for (int ph = 0; ph < static_cast<int>(cp::Phase::kCount); ++ph) std::printf(" %9.3f", phases.seconds[ph] * 1e3);
+        std::printf("\n");
+      }
+      ++mask_index;
     }
   }
   return 0;

@@ -56,6 +56,7 @@ const char* kRunHelp =
 RunConfig parse_run_config(const Args& args) {
   RunConfig c;
   c.cp = static_cast<int>(args.get_int("cp", c.cp, 1, 64));
+  c.gpus = static_cast<int>(args.get_int("gpus", 0, 1, 64));
   c.tokens = args.get_int("tokens", c.tokens, 1, INT32_MAX);
   c.seed = args.get_seed("seed", c.seed);
   const std::string mask = args.get("mask", "causal");
@@ -151,20 +152,18 @@ void print_report(const RunReport& r, const GlobalBatch& batch, const std::strin
   const cp::Timings& f = r.forward_phases;
   const cp::Timings& b = r.backward_phases;
   std::printf("  %-20s %8.3f %10.3f\n", "cp, whole step", r.cp_forward_s, r.cp_backward_s);
-  if (c.backend == Backend::kCpu) {
-    std::printf("  %-20s %8.3f %10.3f\n", "  check", f.check, b.check);
-    std::printf("  %-20s %8.3f %10.3f\n", "  all-gather K/V", f.gather, b.gather);
-    std::printf("  %-20s %8.3f %10.3f\n", "  reorder", f.reorder, b.reorder);
-    std::printf("  %-20s %8.3f %10.3f\n", "  attention", f.attention, b.attention);
-    std::printf("  %-20s %8.3f %10.3f\n", "  reduce", f.reduce, b.reduce);
+  {
+    for (int i = 0; i < static_cast<int>(cp::Phase::kCount); ++i) {
+      const cp::Phase phase = static_cast<cp::Phase>(i);
+      std::printf("  %-20s %8.3f %10.3f\n", (std::string("  ") + cp::phase_name(phase)).c_str(), f[phase], b[phase]);
+    }
   }
   if (r.checked) {
     std::printf("  %-20s %8.3f %10.3f\n", "single-device ref", r.reference_forward_s, r.reference_backward_s);
   }
   if (c.backend == Backend::kCuda) {
-    std::printf("  (the slowest rank's; the collectives are staged through host memory%s, so these are not\n"
-                "   performance figures: see thdcp bench)\n",
-                r.communicator.rfind("in-process", 0) == 0 ? " and the ranks share one GPU" : "");
+    std::printf("  (phases: the slowest rank's, from CUDA events%s; see thdcp bench --cp for timings)\n",
+                r.communicator.rfind("shared-gpu", 0) == 0 ? "; the ranks share one GPU and overlap" : "");
   } else {
     std::printf("  (phases: the slowest rank's%s)\n",
                 r.communicator == "in-process" ? "; in-process ranks share this machine's cores" : "");
@@ -210,8 +209,11 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
       .set("rank_valid_tokens", Json::array_of(r.rank_valid_tokens));
   auto phases = [](const cp::Timings& t, double wall) {
     Json j = Json::object();
-    j.set("total", wall).set("check", t.check).set("gather", t.gather).set("reorder", t.reorder);
-    j.set("attention", t.attention).set("reduce", t.reduce);
+    j.set("total", wall);
+    for (int i = 0; i < static_cast<int>(cp::Phase::kCount); ++i) {
+      const cp::Phase phase = static_cast<cp::Phase>(i);
+      j.set(cp::phase_name(phase), t[phase]);
+    }
     return j;
   };
   Json times = Json::object();
@@ -240,7 +242,7 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
 
 int run_command(const std::vector<std::string>& argv) {
   const Args args(argv,
-                  {"backend", "cp", "tokens", "seed", "mask", "window", "heads", "head-dim", "dtype", "threads",
+                  {"backend", "cp", "gpus", "tokens", "seed", "mask", "window", "heads", "head-dim", "dtype", "threads",
                    "lengths", "batch", "load", "save", "json"},
                   {"check", "no-check", "quiet", "help"});
   if (args.has("help")) {
@@ -256,6 +258,14 @@ int run_command(const std::vector<std::string>& argv) {
                        " processes: under MPI cp is the number of processes (drop --cp or match -np)");
     }
     config.cp = comm->size();
+  }
+  if (config.gpus > 0) {
+    if (comm) throw UsageError("--gpus " + std::to_string(config.gpus) + " drives several GPUs from one process: do not start it under mpirun");
+    if (args.has("cp") && config.cp != config.gpus) {
+      throw UsageError("--cp " + std::to_string(config.cp) + " but --gpus " + std::to_string(config.gpus) +
+                       ": with --gpus, cp is the number of GPUs (drop --cp)");
+    }
+    config.cp = config.gpus;
   }
   const bool root = !comm || comm->rank() == 0;
   Progress progress(config.quiet || !root);

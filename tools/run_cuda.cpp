@@ -11,10 +11,12 @@
 #if defined(THDCP_CLI_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
-#include "thdcp/cuda/check.h"
+#include "thdcp/comm/mpi.h"
+#include "thdcp/comm/nccl.h"
+#include "thdcp/comm/shared_gpu.h"
 #include "thdcp/cp/cuda.h"
+#include "thdcp/cuda/check.h"
 #include "thdcp/testing/device_buffer.h"
-#include "thdcp/comm/host_staged.h"
 #endif
 
 namespace thdcp::tools {
@@ -57,26 +59,45 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 Backend resolve_backend(const RunConfig& c, std::string* why) {
   const Backend requested = c.backend;
   if (requested == Backend::kCpu) {
+    if (c.gpus > 0) throw UsageError("--gpus " + std::to_string(c.gpus) + " needs the CUDA backend: drop --backend cpu");
     *why = "--backend cpu";
     return Backend::kCpu;
   }
   std::string unsupported;
   if (c.dtype == DType::kFloat32) unsupported = "fp32 storage";
   if (!cuda::cuda_supports_head_dim(c.head_dim)) unsupported = "head_dim " + std::to_string(c.head_dim);
-  if (!unsupported.empty()) {
-    if (requested == Backend::kCuda) {
-      throw UsageError("--backend cuda: the CUDA kernels do not support " + unsupported +
-                       ": use bf16 or fp16 and head_dim 64 or 128, or --backend cpu");
-    }
-    *why = "the CUDA kernels do not support " + unsupported;
-    return Backend::kCpu;
-  }
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
+  std::string no_device;
   if (status != cudaSuccess || count == 0) {
-    const std::string reason = status != cudaSuccess ? std::string("no CUDA device: ") + cudaGetErrorString(status)
-                                                     : std::string("no CUDA device");
+    no_device = status != cudaSuccess ? std::string("no CUDA device: ") + cudaGetErrorString(status)
+                                      : std::string("no CUDA device");
     (void)cudaGetLastError();
+  }
+  // Processes of this node that would each need a GPU of their own (NCCL refuses two ranks
+  // on one device).
+  std::string crowded;
+  if (no_device.empty() && mpi::launched_by_mpi()) {
+    const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!local_size) local_size = std::getenv("SLURM_NTASKS_PER_NODE");
+    const int processes = local_size ? std::atoi(local_size) : 1;
+    if (processes > count) {
+      crowded = std::to_string(processes) + " processes on this node share " + std::to_string(count) +
+                " GPU(s), and NCCL needs a GPU per rank";
+    }
+    if (!nccl::built_with_nccl()) crowded = "this thdcp was built without NCCL, which the CUDA backend uses across processes";
+  }
+  if (c.gpus > 0) {
+    if (!unsupported.empty()) throw UsageError("--gpus: the CUDA kernels do not support " + unsupported);
+    if (!no_device.empty()) throw UsageError("--gpus " + std::to_string(c.gpus) + ": " + no_device);
+    if (c.gpus > count) {
+      throw UsageError("--gpus " + std::to_string(c.gpus) + ": only " + std::to_string(count) + " GPU(s) are visible");
+    }
+    if (!nccl::built_with_nccl()) throw UsageError("--gpus needs NCCL: this thdcp was built without it");
+  }
+  for (const std::string& reason : {unsupported.empty() ? std::string() : "the CUDA kernels do not support " + unsupported,
+                                    no_device, crowded}) {
+    if (reason.empty()) continue;
     if (requested == Backend::kCuda) throw UsageError("--backend cuda: " + reason + ": use --backend cpu");
     *why = reason;
     return Backend::kCpu;
@@ -87,19 +108,83 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
   return Backend::kCuda;
 }
 
-RankResult run_rank_cuda(Communicator& host_comm, const RunConfig& c, const GlobalBatch& batch, Progress& progress) {
+class CudaRun {
+ public:
+  enum class Mode { kSharedGpu, kThreadPerGpu, kProcessPerGpu };
+  Mode mode = Mode::kSharedGpu;
+  std::unique_ptr<SharedGpuGroup> group;  // kSharedGpu
+};
+
+std::shared_ptr<CudaRun> prepare_cuda_run(const RunConfig& config, bool process_per_rank) {
+  auto run = std::make_shared<CudaRun>();
+  if (process_per_rank) {
+    run->mode = CudaRun::Mode::kProcessPerGpu;
+  } else if (config.gpus > 0) {
+    run->mode = CudaRun::Mode::kThreadPerGpu;
+  } else {
+    run->mode = CudaRun::Mode::kSharedGpu;
+    run->group = std::make_unique<SharedGpuGroup>(config.cp);
+  }
+  return run;
+}
+
+std::string cuda_run_communicator(const CudaRun& run) {
+  switch (run.mode) {
+    case CudaRun::Mode::kSharedGpu: return "shared-gpu (ranks are threads sharing GPU 0)";
+    case CudaRun::Mode::kThreadPerGpu: return "nccl (one process, a thread per GPU)";
+    case CudaRun::Mode::kProcessPerGpu: return "nccl (a process per GPU)";
+  }
+  return "?";
+}
+
+namespace {
+
+struct RankDevice {
+  int device = 0;
+  std::unique_ptr<DeviceCommunicator> comm;
+};
+
+RankDevice connect(CudaRun& run, Communicator& host_comm) {
+  RankDevice d;
   int devices = 0;
   THDCP_CHECK_CUDA(cudaGetDeviceCount(&devices));
-  // Under mpirun a node's processes share its GPUs round robin; in-process ranks share GPU 0
-  // when there is one.
-  const char* local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-  const int device = (local_rank ? std::atoi(local_rank) : host_comm.rank()) % devices;
-  THDCP_CHECK_CUDA(cudaSetDevice(device));
+  switch (run.mode) {
+    case CudaRun::Mode::kSharedGpu:
+      d.device = 0;
+      THDCP_CHECK_CUDA(cudaSetDevice(d.device));
+      d.comm = run.group->communicator(host_comm.rank());
+      break;
+    case CudaRun::Mode::kThreadPerGpu:
+      d.device = host_comm.rank();
+      d.comm = nccl::create(host_comm, d.device);
+      break;
+    case CudaRun::Mode::kProcessPerGpu: {
+      const int local_rank = nccl::local_rank_from_environment();
+      d.device = nccl::device_for_local_rank(local_rank >= 0 ? local_rank : host_comm.rank(), devices);
+      d.comm = nccl::create(host_comm, d.device);
+      break;
+    }
+  }
+  THDCP_CHECK_CUDA(cudaSetDevice(d.device));
+  return d;
+}
+
+}  // namespace
+
+RankResult run_rank_cuda(CudaRun& run, Communicator& host_comm, const RunConfig& c, const GlobalBatch& batch,
+                         Progress& progress) {
+  RankDevice rank_device;
+  try {
+    rank_device = connect(run, host_comm);
+  } catch (const std::exception& e) {
+    if (run.group) run.group->abort(std::string("a rank failed to start: ") + e.what());
+    throw;
+  }
+  DeviceCommunicator& comm = *rank_device.comm;
   cudaStream_t stream;
   THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   RankResult r;
   try {
-    cuda::HostStagedCommunicator comm(host_comm, stream);
     const LayoutView layout = batch.layout.view();
     const int cp = comm.size(), rank = comm.rank();
     const int64_t rows = layout.total_rows() / cp;
@@ -117,27 +202,36 @@ RankResult run_rank_cuda(Communicator& host_comm, const RunConfig& c, const Glob
     THDCP_CHECK_CUDA(cudaMemcpyAsync(cu.data(), batch.layout.cu_seqlens.data(), offsets, cudaMemcpyHostToDevice, stream));
     THDCP_CHECK_CUDA(
         cudaMemcpyAsync(cup.data(), batch.layout.cu_seqlens_padded.data(), offsets, cudaMemcpyHostToDevice, stream));
-    const cuda::DeviceLayout device_layout{static_cast<const int32_t*>(cu.data()),
-                                           static_cast<const int32_t*>(cup.data()), layout.num_seqs,
-                                           layout.total_rows()};
-    DeviceBuffer fwd_ws(cuda::cp_forward_workspace_size(device_layout, cp, c.q_heads, c.kv_heads, c.head_dim, c.dtype));
-    DeviceBuffer bwd_ws(
-        cuda::cp_backward_workspace_size(device_layout, cp, c.q_heads, c.kv_heads, c.head_dim, c.dtype));
-    THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
+    cp::Problem problem;
+    problem.cp = cp;
+    problem.capacity = Capacity{layout.num_seqs, layout.total_rows()};
+    problem.mask = c.mask;
+    problem.q_heads = c.q_heads;
+    problem.kv_heads = c.kv_heads;
+    problem.head_dim = c.head_dim;
+    problem.dtype = c.dtype;
+    DeviceBuffer workspace(cp::cuda_workspace_size(problem));
+    cp::CudaPlan plan(comm, problem, cuda::Options{}, workspace.data(), workspace.bytes());
+    plan.enable_phase_timing();
+    comm.warm_up(stream);
+    const cp::DeviceLayout device_layout{static_cast<const int32_t*>(cu.data()), static_cast<const int32_t*>(cup.data())};
 
     auto start = std::chrono::steady_clock::now();
-    cuda::cp_forward(comm, device_layout, c.mask, q.view(), k.view(), v.view(), out.view(),
-                     static_cast<float*>(lse.data()), static_cast<float*>(max_logit.data()), fwd_ws.data(),
-                     fwd_ws.bytes(), stream);
-    THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
+    plan.forward(device_layout, cp::ForwardTensors{q.view(), k.view(), v.view(), out.view(),
+                                                   static_cast<float*>(lse.data()), static_cast<float*>(max_logit.data())},
+                 stream);
+    comm.synchronize(stream, 600);
     r.forward_wall = seconds_since(start);
+    plan.add_phase_timings(r.forward);
     progress.step();
     start = std::chrono::steady_clock::now();
-    cuda::cp_backward(comm, device_layout, c.mask, q.view(), k.view(), v.view(), out.view(), dout.view(),
-                      static_cast<const float*>(lse.data()), dq.view(), dk.view(), dv.view(), bwd_ws.data(),
-                      bwd_ws.bytes(), stream);
-    THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
+    plan.backward(device_layout,
+                  cp::BackwardTensors{q.view(), k.view(), v.view(), out.view(), dout.view(),
+                                      static_cast<const float*>(lse.data()), dq.view(), dk.view(), dv.view()},
+                  stream);
+    comm.synchronize(stream, 600);
     r.backward_wall = seconds_since(start);
+    plan.add_phase_timings(r.backward);
     progress.step();
 
     r.out = download(out, stream);
@@ -148,7 +242,8 @@ RankResult run_rank_cuda(Communicator& host_comm, const RunConfig& c, const Glob
     r.max_logit.resize(static_cast<size_t>(c.q_heads));
     THDCP_CHECK_CUDA(cudaMemcpy(r.lse.data(), lse.data(), lse.bytes(), cudaMemcpyDeviceToHost));
     THDCP_CHECK_CUDA(cudaMemcpy(r.max_logit.data(), max_logit.data(), max_logit.bytes(), cudaMemcpyDeviceToHost));
-  } catch (...) {
+  } catch (const std::exception& e) {
+    if (run.group) run.group->abort(std::string("rank failed: ") + e.what());
     cudaStreamDestroy(stream);
     throw;
   }
@@ -163,11 +258,17 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
   if (requested == Backend::kCuda) {
     throw UsageError("--backend cuda: this thdcp was built without CUDA (rebuild with -DTHDCP_WITH_CUDA=ON)");
   }
+  if (c.gpus > 0) throw UsageError("--gpus: this thdcp was built without CUDA");
   *why = requested == Backend::kCpu ? "--backend cpu" : "built without CUDA";
   return Backend::kCpu;
 }
 
-RankResult run_rank_cuda(Communicator&, const RunConfig&, const GlobalBatch&, Progress&) {
+class CudaRun {};
+std::shared_ptr<CudaRun> prepare_cuda_run(const RunConfig&, bool) {
+  throw UsageError("this thdcp was built without CUDA");
+}
+std::string cuda_run_communicator(const CudaRun&) { return "none"; }
+RankResult run_rank_cuda(CudaRun&, Communicator&, const RunConfig&, const GlobalBatch&, Progress&) {
   throw UsageError("this thdcp was built without CUDA");
 }
 

@@ -76,11 +76,9 @@ void assemble(Communicator& comm, const LayoutView& layout, const void* local, v
 void add_rank_times(RunReport& report, const RankResult& t) {
   for (auto [into, from] : {std::make_pair(&report.forward_phases, &t.forward),
                             std::make_pair(&report.backward_phases, &t.backward)}) {
-    into->check = std::max(into->check, from->check);
-    into->gather = std::max(into->gather, from->gather);
-    into->reorder = std::max(into->reorder, from->reorder);
-    into->attention = std::max(into->attention, from->attention);
-    into->reduce = std::max(into->reduce, from->reduce);
+    for (int i = 0; i < static_cast<int>(cp::Phase::kCount); ++i) {
+      into->seconds[i] = std::max(into->seconds[i], from->seconds[i]);
+    }
   }
   report.cp_forward_s = std::max(report.cp_forward_s, t.forward_wall);
   report.cp_backward_s = std::max(report.cp_backward_s, t.backward_wall);
@@ -121,8 +119,8 @@ RankResult run_rank_cpu(Communicator& comm, const RunConfig& c, const GlobalBatc
 
 // Runs this rank on the configured backend and assembles the global outputs on every rank.
 RankResult run_rank(Communicator& comm, const RunConfig& c, const GlobalBatch& batch, int threads,
-                    GlobalOutputs& outputs, Progress& progress) {
-  RankResult r = c.backend == Backend::kCuda ? run_rank_cuda(comm, c, batch, progress)
+                    GlobalOutputs& outputs, Progress& progress, CudaRun* cuda_run) {
+  RankResult r = c.backend == Backend::kCuda ? run_rank_cuda(*cuda_run, comm, c, batch, progress)
                                              : run_rank_cpu(comm, c, batch, threads, progress);
   const LayoutView layout = batch.layout.view();
   const int64_t local_rows = layout.total_rows() / comm.size();
@@ -207,7 +205,8 @@ bool RunReport::passed() const {
 RunReport run_in_process_job(const RunConfig& c, const GlobalBatch& batch, GlobalOutputs& outputs,
                              Progress& progress) {
   RunReport report;
-  report.communicator = c.backend == Backend::kCuda ? "in-process, host-staged" : "in-process";
+  const std::shared_ptr<CudaRun> cuda_run = c.backend == Backend::kCuda ? prepare_cuda_run(c, false) : nullptr;
+  report.communicator = cuda_run ? cuda_run_communicator(*cuda_run) : "in-process";
   fill_layout_stats(c, batch, report);
   outputs = allocate_outputs(c, batch.layout.total_rows());
   std::vector<RankResult> times(static_cast<size_t>(c.cp));
@@ -219,7 +218,7 @@ RunReport run_in_process_job(const RunConfig& c, const GlobalBatch& batch, Globa
   run_in_process(c.cp, [&](Communicator& comm) {
     // Rank 0 assembles into `outputs`, the others into a copy of their own.
     GlobalOutputs own = comm.rank() == 0 ? GlobalOutputs{} : allocate_outputs(c, batch.layout.total_rows());
-    times[comm.rank()] = run_rank(comm, c, batch, threads, comm.rank() == 0 ? outputs : own, progress);
+    times[comm.rank()] = run_rank(comm, c, batch, threads, comm.rank() == 0 ? outputs : own, progress, cuda_run.get());
   });
   progress.done();
   for (const RankResult& t : times) add_rank_times(report, t);
@@ -230,12 +229,13 @@ RunReport run_in_process_job(const RunConfig& c, const GlobalBatch& batch, Globa
 RunReport run_rank_job(Communicator& comm, const RunConfig& c, const GlobalBatch& batch, GlobalOutputs& outputs,
                        Progress& progress) {
   RunReport report;
-  report.communicator = comm.kind();
+  const std::shared_ptr<CudaRun> cuda_run = c.backend == Backend::kCuda ? prepare_cuda_run(c, true) : nullptr;
+  report.communicator = cuda_run ? cuda_run_communicator(*cuda_run) : comm.kind();
   fill_layout_stats(c, batch, report);
   outputs = allocate_outputs(c, batch.layout.total_rows());
   progress.phase("AllGather CP forward + backward (this rank's passes)");
   progress.set_total(2);
-  add_rank_times(report, run_rank(comm, c, batch, c.threads, outputs, progress));
+  add_rank_times(report, run_rank(comm, c, batch, c.threads, outputs, progress, cuda_run.get()));
   progress.done();
   if (comm.rank() == 0 && should_check(c, report)) {
     check_against_reference(c, outputs, run_reference(c, batch, report, progress), report);

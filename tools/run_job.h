@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ enum class CheckMode { kAuto, kAlways, kNever };
 struct RunConfig {
   Backend backend = Backend::kAuto;  // resolved (kCpu or kCuda) before the job runs
   int cp = 4;
+  int gpus = 0;  // --gpus N: one process drives N GPUs (a thread each) over NCCL; cp = N
   uint64_t seed = 1234;
   Mask mask = Mask::causal();
   int64_t q_heads = 8;
@@ -103,10 +105,18 @@ struct RankResult {
 // UsageError naming what is missing. `why` says what was found (the GPU's name).
 Backend resolve_backend(const RunConfig& config, std::string* why);
 
-// This rank's CP forward and backward on the CUDA backend (run_cuda.cpp): the local tensors
-// are uploaded, K/V gathered through a host-staged communicator over `comm`, results
-// downloaded. Device: rank % device count.
-RankResult run_rank_cuda(Communicator& comm, const RunConfig& config, const GlobalBatch& batch, Progress& progress);
+// How the CUDA ranks of a run reach each other (run_cuda.cpp): threads sharing one GPU
+// (shared-GPU communicator), a thread per GPU (--gpus, NCCL), or a process per GPU (mpirun,
+// NCCL). Made once per process before the ranks start.
+class CudaRun;
+std::shared_ptr<CudaRun> prepare_cuda_run(const RunConfig& config, bool process_per_rank);
+std::string cuda_run_communicator(const CudaRun& run);
+
+// This rank's CP forward and backward on the CUDA backend: the local tensors are uploaded,
+// one CudaPlan runs forward and backward over the run's device communicator, the results
+// are downloaded. `comm` is the host communicator of the ranks (bootstrap and assembly).
+RankResult run_rank_cuda(CudaRun& run, Communicator& comm, const RunConfig& config, const GlobalBatch& batch,
+                         Progress& progress);
 
 // Runs the job with every rank a thread of this process. `outputs` receives the CP results in
 // the job's global layout.

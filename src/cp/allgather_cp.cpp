@@ -1,127 +1,268 @@
-#include <algorithm>
+// The CPU step set of AllGather CP, the CpuPlan and the one-shot calls.
 #include <chrono>
-#include <functional>
+#include <cmath>
 #include <cstring>
-#include <string>
 #include <vector>
 
+#include "agreement.h"
+#include "allgather_steps.h"
+#include "thdcp/core/error.h"
 #include "thdcp/cp/cp.h"
 #include "thdcp/plan/rank_split.h"
-#include "thdcp/core/error.h"
 #include "thdcp/plan/segment_table.h"
 
 namespace thdcp::cp {
 
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::kTable: return "table";
+    case Phase::kGather: return "gather";
+    case Phase::kReorder: return "reorder";
+    case Phase::kAttention: return "attention";
+    case Phase::kReduce: return "reduce";
+    case Phase::kCast: return "cast";
+    case Phase::kCount: break;
+  }
+  return "?";
+}
+
+double Timings::total() const {
+  double sum = 0;
+  for (double s : seconds) sum += s;
+  return sum;
+}
+
+// Host buffers of a plan, sized by its capacity once.
+struct CpuPlan::Buffers {
+  std::vector<unsigned char> gathered[2], sequence[2];  // K, V: rank order, sequence order
+  std::vector<float> grad_seq[2], grad_ranked[2], grad_local[2];
+};
+
+struct CpuPlan::OneShot {
+  uint64_t layout_fingerprint = 0;
+  int64_t local_rows[3] = {};
+  std::function<void()> local_checks;
+};
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using detail::SequenceGrads;
+using detail::Slot;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+int index_of(Slot slot) { return slot == Slot::kK ? 0 : 1; }
+
+uint64_t options_fingerprint(const AttentionOptions& options) {
+  uint32_t scale_bits = 0;
+  std::memcpy(&scale_bits, &options.softmax_scale, sizeof(scale_bits));
+  return (static_cast<uint64_t>(scale_bits) << 8) | static_cast<uint64_t>(options.accumulate);
 }
 
-// What every rank must agree on, exchanged before any data moves.
-struct RankDescriptor {
-  int32_t ok;
-  int32_t dtype;
-  int64_t total_rows;
-  int64_t num_seqs;
-  int64_t layout_hash;
-  int64_t q_tokens, k_tokens, v_tokens;
-  int64_t q_heads, kv_heads, head_dim;
-  int32_t window_left, window_right;
-  char message[384];
+void check_rows(const char* name, int64_t rows, int64_t local_rows) {
+  THDCP_CHECK(rows == local_rows, name << " has " << rows << " rows but this rank holds T/cp=" << local_rows
+                                       << " rows of the layout: pass the rank's local tensor (thdcp::split_for_rank)");
+}
+
+void check_tensor(const char* name, const ConstThdTensor& t, const Problem& p, int64_t heads) {
+  check_rows(name, t.tokens, p.local_rows());
+  THDCP_CHECK(t.heads == heads && t.head_dim == p.head_dim,
+              name << " is [" << t.tokens << ", " << t.heads << ", " << t.head_dim << "] but the plan has " << heads
+                   << " heads of head_dim " << p.head_dim);
+  THDCP_CHECK(t.data != nullptr || t.numel() == 0, name << " is a null pointer");
+}
+
+class CpuSteps {
+ public:
+  CpuSteps(Communicator& comm, const Problem& problem, const AttentionOptions& options, CpuPlan::Buffers& buffers,
+           const LayoutView& layout, Timings* timings)
+      : comm_(comm), p_(problem), options_(options), b_(buffers), layout_(layout), timings_(timings) {}
+
+  void phase(Phase next) {
+    const Clock::time_point now = Clock::now();
+    if (timings_ && current_ != Phase::kCount) (*timings_)[current_] += std::chrono::duration<double>(now - start_).count();
+    current_ = next;
+    start_ = now;
+  }
+
+  void build_table() {
+    table_ = build_cp_segment_table(layout_, p_.cp, comm_.rank(), p_.mask);
+    maps_.clear();
+    for (int r = 0; r < p_.cp; ++r) maps_.push_back(rank_row_map(layout_, p_.cp, r));
+  }
+
+  ConstThdTensor gather(const ConstThdTensor& local, Slot slot) {
+    std::vector<unsigned char>& gathered = b_.gathered[index_of(slot)];
+    const size_t local_bytes = static_cast<size_t>(local.tokens) * local.row_bytes();
+    comm_.all_gather(local.data, gathered.data(), local_bytes);
+    return ConstThdTensor(gathered.data(), local.dtype, local.tokens * p_.cp, local.heads, local.head_dim);
+  }
+
+  ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot) {
+    std::vector<unsigned char>& ordered = b_.sequence[index_of(slot)];
+    const size_t row_bytes = gathered.row_bytes();
+    const size_t local_bytes = static_cast<size_t>(p_.local_rows()) * row_bytes;
+    const auto* src = static_cast<const unsigned char*>(gathered.data);
+    for (int r = 0; r < p_.cp; ++r) scatter_rows(src + r * local_bytes, ordered.data(), maps_[r], row_bytes);
+    return ConstThdTensor(ordered.data(), gathered.dtype, gathered.tokens, gathered.heads, gathered.head_dim);
+  }
+
+  void attention_forward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, ThdTensor out,
+                         float* lse, float* max_logit) {
+    cpu::attention_forward(table_, q, k, v, out, lse, max_logit, options_);
+  }
+
+  void max_reduce(float* max_logit, size_t count) { comm_.all_reduce_max(max_logit, count); }
+
+  SequenceGrads attention_backward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v,
+                                   const ConstThdTensor& out, const ConstThdTensor& dout, const float* lse,
+                                   ThdTensor dq) {
+    const SequenceGrads grads{fp32_view(b_.grad_seq[0], k), fp32_view(b_.grad_seq[1], k)};
+    cpu::attention_backward(table_, q, k, v, out, dout, lse, dq, grads.dk, grads.dv, options_);
+    return grads;
+  }
+
+  ThdTensor to_rank_order(const ThdTensor& seq, Slot slot) {
+    std::vector<float>& ranked = b_.grad_ranked[index_of(slot)];
+    const size_t row_bytes = seq.row_bytes();
+    const size_t local_count = static_cast<size_t>(p_.local_rows() * seq.heads * seq.head_dim);
+    for (int r = 0; r < p_.cp; ++r) gather_rows(seq.data, ranked.data() + r * local_count, maps_[r], row_bytes);
+    return fp32_view(ranked, seq);
+  }
+
+  ThdTensor reduce_scatter(const ThdTensor& ranked, Slot slot) {
+    std::vector<float>& local = b_.grad_local[index_of(slot)];
+    const int64_t rows = p_.local_rows();
+    comm_.reduce_scatter_sum(static_cast<const float*>(ranked.data), local.data(),
+                             static_cast<size_t>(rows * ranked.heads * ranked.head_dim));
+    return ThdTensor{local.data(), DType::kFloat32, rows, ranked.heads, ranked.head_dim};
+  }
+
+  void cast(const ThdTensor& local, ThdTensor grad) {
+    const auto* src = static_cast<const float*>(local.data);
+    for (int64_t i = 0; i < local.numel(); ++i) store_from_float(grad.data, grad.dtype, static_cast<size_t>(i), src[i]);
+  }
+
+ private:
+  ThdTensor fp32_view(std::vector<float>& storage, const ConstThdTensor& like) const {
+    return ThdTensor{storage.data(), DType::kFloat32, p_.capacity.max_tokens, like.heads, like.head_dim};
+  }
+
+  Communicator& comm_;
+  const Problem& p_;
+  const AttentionOptions& options_;
+  CpuPlan::Buffers& b_;
+  LayoutView layout_;
+  Timings* timings_;
+  SegmentTable table_;
+  std::vector<std::vector<int32_t>> maps_;
+  Phase current_ = Phase::kCount;
+  Clock::time_point start_;
 };
 
-int64_t hash_layout(const LayoutView& layout) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over both offset arrays
-  for (int b = 0; b <= layout.num_seqs; ++b) {
-    for (int32_t x : {layout.cu_seqlens[b], layout.cu_seqlens_padded[b]}) {
-      h = (h ^ static_cast<uint32_t>(x)) * 1099511628211ull;
-    }
-  }
-  return static_cast<int64_t>(h);
+void check_layout(const LayoutView& layout, const Problem& p) {
+  THDCP_CHECK(layout.cu_seqlens != nullptr && layout.cu_seqlens_padded != nullptr && layout.num_seqs >= 1,
+              "the layout needs cu_seqlens and cu_seqlens_padded with at least 2 entries");
+  THDCP_CHECK(layout.num_seqs <= p.capacity.max_seqs,
+              "the layout has " << layout.num_seqs << " sequences but the plan's capacity is max_seqs="
+                                << p.capacity.max_seqs);
+  validate_layout(layout, p.capacity.max_tokens, p.cp);
 }
 
-// Runs `local_checks` on this rank, exchanges the outcome and the shapes with every rank,
-// and throws on all ranks alike if any rank failed or the ranks disagree.
-void check_collectively(Communicator& comm, const LayoutView& layout, const Mask& mask, const ConstThdTensor& q,
-                        const ConstThdTensor& k, const ConstThdTensor& v, const std::function<void()>& local_checks) {
-  RankDescriptor mine{};
-  mine.ok = 1;
-  try {
-    THDCP_CHECK(layout.cu_seqlens != nullptr && layout.cu_seqlens_padded != nullptr && layout.num_seqs >= 1,
-                "the layout needs cu_seqlens and cu_seqlens_padded with at least 2 entries");
-    validate_layout(layout, layout.total_rows(), comm.size());
-    local_checks();
-    mine.total_rows = layout.total_rows();
-    mine.num_seqs = layout.num_seqs;
-    mine.layout_hash = hash_layout(layout);
-  } catch (const Error& e) {
-    mine.ok = 0;
-    std::strncpy(mine.message, e.what(), sizeof(mine.message) - 1);
-  }
-  mine.dtype = static_cast<int32_t>(q.dtype);
-  mine.q_tokens = q.tokens;
-  mine.k_tokens = k.tokens;
-  mine.v_tokens = v.tokens;
-  mine.q_heads = q.heads;
-  mine.kv_heads = k.heads;
-  mine.head_dim = q.head_dim;
-  mine.window_left = mask.window_left;
-  mine.window_right = mask.window_right;
+void check_forward(const Problem& p, const ForwardTensors& t) {
+  check_tensor("q", t.q, p, p.q_heads);
+  check_tensor("k", t.k, p, p.kv_heads);
+  check_tensor("v", t.v, p, p.kv_heads);
+  check_tensor("out", t.out, p, p.q_heads);
+  THDCP_CHECK(t.lse != nullptr, "lse must point to Hq * T/cp floats");
+}
 
-  std::vector<RankDescriptor> all(static_cast<size_t>(comm.size()));
-  comm.all_gather(&mine, all.data(), sizeof(RankDescriptor));
-  for (int r = 0; r < comm.size(); ++r) {
-    // The failing rank's message already carries its location; the others say whose it is.
-    if (!all[r].ok) throw Error((r == comm.rank() ? "" : "rank " + std::to_string(r) + ": ") + all[r].message);
+void check_backward(const Problem& p, const BackwardTensors& t) {
+  for (auto [name, tensor, heads] : {std::make_tuple("q", t.q, p.q_heads), std::make_tuple("k", t.k, p.kv_heads),
+                                     std::make_tuple("v", t.v, p.kv_heads), std::make_tuple("out", t.out, p.q_heads),
+                                     std::make_tuple("dout", t.dout, p.q_heads),
+                                     std::make_tuple("dq", ConstThdTensor(t.dq), p.q_heads),
+                                     std::make_tuple("dk", ConstThdTensor(t.dk), p.kv_heads),
+                                     std::make_tuple("dv", ConstThdTensor(t.dv), p.kv_heads)}) {
+    check_tensor(name, tensor, p, heads);
   }
-  const RankDescriptor& ref = all[0];
-  for (int r = 1; r < comm.size(); ++r) {
-    const RankDescriptor& d = all[r];
-    THDCP_CHECK(d.total_rows == ref.total_rows && d.num_seqs == ref.num_seqs && d.layout_hash == ref.layout_hash,
-                "rank " << r << " passed a different layout than rank 0 (T=" << d.total_rows << " vs " << ref.total_rows
-                        << ", " << d.num_seqs << " vs " << ref.num_seqs
-                        << " sequences): every rank must pass the same global cu_seqlens and cu_seqlens_padded");
-    THDCP_CHECK(d.q_tokens == ref.q_tokens && d.k_tokens == ref.k_tokens && d.v_tokens == ref.v_tokens &&
-                    d.q_heads == ref.q_heads && d.kv_heads == ref.kv_heads && d.head_dim == ref.head_dim &&
-                    d.dtype == ref.dtype,
-                "rank " << r << " passed tensors of another shape or dtype than rank 0 (q " << d.q_tokens << "x"
-                        << d.q_heads << "x" << d.head_dim << " vs " << ref.q_tokens << "x" << ref.q_heads << "x"
-                        << ref.head_dim << "): every rank must pass its T/cp local rows of the same tensors");
-    THDCP_CHECK(d.window_left == ref.window_left && d.window_right == ref.window_right,
-                "rank " << r << " passed mask (" << d.window_left << "," << d.window_right << ") but rank 0 passed ("
-                        << ref.window_left << "," << ref.window_right << "): every rank must use the same mask");
+  THDCP_CHECK((t.dk.dtype == p.dtype || t.dk.dtype == DType::kFloat32) &&
+                  (t.dv.dtype == p.dtype || t.dv.dtype == DType::kFloat32),
+              "dk/dv must have k's dtype (" << dtype_name(p.dtype) << ") or fp32");
+  THDCP_CHECK(t.lse != nullptr, "lse must point to the forward's Hq * T/cp floats");
+}
+
+}  // namespace
+
+CpuPlan::CpuPlan(Communicator& comm, const Problem& problem, const AttentionOptions& options)
+    : CpuPlan(comm, problem, options, nullptr) {}
+
+CpuPlan::CpuPlan(Communicator& comm, const Problem& problem, const AttentionOptions& options, const OneShot* one_shot)
+    : comm_(comm), problem_(problem), options_(options) {
+  detail::AgreementInput in;
+  in.problem = problem;
+  in.rank = comm.rank();
+  in.size = comm.size();
+  in.options_fingerprint = options_fingerprint(options);
+  if (one_shot) {
+    in.layout_fingerprint = one_shot->layout_fingerprint;
+    for (int i = 0; i < 3; ++i) in.local_rows[i] = one_shot->local_rows[i];
+  }
+  detail::agree(
+      in,
+      [&] {
+        THDCP_CHECK(problem.cp == comm.size(), "problem.cp=" << problem.cp << " but the communicator has "
+                                                             << comm.size() << " ranks");
+        THDCP_CHECK(cpu_supports_head_dim(problem.head_dim),
+                    "head_dim=" << problem.head_dim << " is not supported by the CPU backend: use a multiple of 8 in [8, 256]");
+        if (one_shot && one_shot->local_checks) one_shot->local_checks();
+      },
+      [&](const void* send, void* recv, size_t bytes) { comm.all_gather(send, recv, bytes); });
+
+  buffers_ = std::make_shared<Buffers>();
+  const size_t rows = static_cast<size_t>(problem.capacity.max_tokens);
+  const size_t kv_elements = rows * static_cast<size_t>(problem.kv_heads * problem.head_dim);
+  for (int i = 0; i < 2; ++i) {
+    buffers_->gathered[i].resize(kv_elements * dtype_size(problem.dtype));
+    buffers_->sequence[i].resize(kv_elements * dtype_size(problem.dtype));
   }
 }
 
-void check_local(const char* name, const ConstThdTensor& t, int64_t rows) {
-  THDCP_CHECK(t.tokens == rows, name << " has " << t.tokens << " rows but this rank holds T/cp=" << rows
-                                     << " rows of the layout: pass the rank's local tensor (thdcp::split_for_rank)");
+void CpuPlan::forward(const LayoutView& layout, const ForwardTensors& tensors, Timings* timings) {
+  check_layout(layout, problem_);
+  check_forward(problem_, tensors);
+  CpuSteps steps(comm_, problem_, options_, *buffers_, layout, timings);
+  detail::run_forward(steps, tensors);
 }
 
-// Gathers a local [T/cp, H, D] tensor from every rank and reorders it into sequence order
-// ([T, H, D], the global padded layout).
-std::vector<unsigned char> gather_in_sequence_order(Communicator& comm, const ConstThdTensor& local,
-                                                    const std::vector<std::vector<int32_t>>& maps, Timings* timings) {
-  const size_t row_bytes = local.row_bytes();
-  const size_t local_bytes = static_cast<size_t>(local.tokens) * row_bytes;
-  std::vector<unsigned char> gathered(local_bytes * comm.size());
-  auto start = Clock::now();
-  comm.all_gather(local.data, gathered.data(), local_bytes);
-  if (timings) timings->gather += seconds_since(start);
-  start = Clock::now();
-  std::vector<unsigned char> ordered(gathered.size());
-  for (int r = 0; r < comm.size(); ++r) scatter_rows(gathered.data() + r * local_bytes, ordered.data(), maps[r], row_bytes);
-  if (timings) timings->reorder += seconds_since(start);
-  return ordered;
+void CpuPlan::backward(const LayoutView& layout, const BackwardTensors& tensors, Timings* timings) {
+  check_layout(layout, problem_);
+  check_backward(problem_, tensors);
+  // The fp32 gradient buffers are the largest; only a backward needs them.
+  const size_t kv_elements = static_cast<size_t>(problem_.capacity.max_tokens * problem_.kv_heads * problem_.head_dim);
+  for (int i = 0; i < 2; ++i) {
+    buffers_->grad_seq[i].resize(kv_elements);
+    buffers_->grad_ranked[i].resize(kv_elements);
+    buffers_->grad_local[i].resize(kv_elements / static_cast<size_t>(problem_.cp));
+  }
+  CpuSteps steps(comm_, problem_, options_, *buffers_, layout, timings);
+  detail::run_backward(steps, tensors);
 }
 
-std::vector<std::vector<int32_t>> all_rank_maps(const LayoutView& layout, int cp) {
-  std::vector<std::vector<int32_t>> maps;
-  for (int r = 0; r < cp; ++r) maps.push_back(rank_row_map(layout, cp, r));
-  return maps;
+namespace {
+
+// The problem of a one-shot call: its capacity is the layout itself.
+Problem problem_of(const Communicator& comm, const LayoutView& layout, const Mask& mask, const ConstThdTensor& q,
+                   const ConstThdTensor& k) {
+  Problem p;
+  p.cp = comm.size();
+  p.capacity.max_seqs = layout.num_seqs;
+  p.capacity.max_tokens = (layout.cu_seqlens_padded && layout.num_seqs >= 0) ? layout.total_rows() : 0;
+  p.mask = mask;
+  p.q_heads = q.heads;
+  p.kv_heads = k.heads;
+  p.head_dim = q.head_dim;
+  p.dtype = q.dtype;
+  return p;
 }
 
 }  // namespace
@@ -129,90 +270,41 @@ std::vector<std::vector<int32_t>> all_rank_maps(const LayoutView& layout, int cp
 void forward(Communicator& comm, const LayoutView& layout, const Mask& mask, ConstThdTensor q, ConstThdTensor k,
              ConstThdTensor v, ThdTensor out, float* lse, float* max_logit, const AttentionOptions& options,
              Timings* timings) {
-  auto start = Clock::now();
-  const int cp = comm.size();
-  check_collectively(comm, layout, mask, q, k, v, [&] {
-    const int64_t local_rows = layout.total_rows() / cp;
-    check_local("q", q, local_rows);
-    check_local("k", k, local_rows);
-    check_local("v", v, local_rows);
-    check_local("out", out, local_rows);
-    THDCP_CHECK(lse != nullptr, "lse must point to Hq * T/cp floats");
-  });
-  const std::vector<std::vector<int32_t>> maps = all_rank_maps(layout, cp);
-  const SegmentTable table = build_cp_segment_table(layout, cp, comm.rank(), mask);
-  if (timings) timings->check += seconds_since(start);
-
-  const std::vector<unsigned char> k_seq = gather_in_sequence_order(comm, k, maps, timings);
-  const std::vector<unsigned char> v_seq = gather_in_sequence_order(comm, v, maps, timings);
-  const ConstThdTensor k_full(k_seq.data(), k.dtype, layout.total_rows(), k.heads, k.head_dim);
-  const ConstThdTensor v_full(v_seq.data(), v.dtype, layout.total_rows(), v.heads, v.head_dim);
-
-  start = Clock::now();
-  cpu::attention_forward(table, q, k_full, v_full, out, lse, max_logit, options);
-  if (timings) timings->attention += seconds_since(start);
-
-  if (max_logit) {
-    start = Clock::now();
-    comm.all_reduce_max(max_logit, static_cast<size_t>(q.heads));
-    if (timings) timings->reduce += seconds_since(start);
-  }
+  const auto start = Clock::now();
+  const Problem problem = problem_of(comm, layout, mask, q, k);
+  const ForwardTensors tensors{q, k, v, out, lse, max_logit};
+  CpuPlan::OneShot one_shot;
+  one_shot.local_rows[0] = q.tokens;
+  one_shot.local_rows[1] = k.tokens;
+  one_shot.local_rows[2] = v.tokens;
+  one_shot.local_checks = [&] {
+    check_layout(layout, problem);
+    check_forward(problem, tensors);
+  };
+  if (layout.cu_seqlens && layout.cu_seqlens_padded) one_shot.layout_fingerprint = detail::layout_fingerprint(layout);
+  CpuPlan plan(comm, problem, options, &one_shot);
+  if (timings) (*timings)[Phase::kTable] += std::chrono::duration<double>(Clock::now() - start).count();
+  plan.forward(layout, tensors, timings);
 }
 
 void backward(Communicator& comm, const LayoutView& layout, const Mask& mask, ConstThdTensor q, ConstThdTensor k,
               ConstThdTensor v, ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
               ThdTensor dv, const AttentionOptions& options, Timings* timings) {
-  auto start = Clock::now();
-  const int cp = comm.size();
-  check_collectively(comm, layout, mask, q, k, v, [&] {
-    const int64_t local_rows = layout.total_rows() / cp;
-    check_local("q", q, local_rows);
-    check_local("k", k, local_rows);
-    check_local("v", v, local_rows);
-    check_local("out", out, local_rows);
-    check_local("dout", dout, local_rows);
-    check_local("dq", dq, local_rows);
-    check_local("dk", dk, local_rows);
-    check_local("dv", dv, local_rows);
-    THDCP_CHECK(dk.heads == k.heads && dk.head_dim == k.head_dim && dv.heads == k.heads && dv.head_dim == k.head_dim,
-                "dk/dv must have k's shape [T/cp, " << k.heads << ", " << k.head_dim << "]");
-    THDCP_CHECK((dk.dtype == k.dtype || dk.dtype == DType::kFloat32) &&
-                    (dv.dtype == k.dtype || dv.dtype == DType::kFloat32),
-                "dk/dv must have k's dtype (" << dtype_name(k.dtype) << ") or fp32");
-    THDCP_CHECK(lse != nullptr, "lse must point to the forward's Hq * T/cp floats");
-  });
-  const std::vector<std::vector<int32_t>> maps = all_rank_maps(layout, cp);
-  const SegmentTable table = build_cp_segment_table(layout, cp, comm.rank(), mask);
-  if (timings) timings->check += seconds_since(start);
-
-  const std::vector<unsigned char> k_seq = gather_in_sequence_order(comm, k, maps, timings);
-  const std::vector<unsigned char> v_seq = gather_in_sequence_order(comm, v, maps, timings);
-  const int64_t total = layout.total_rows();
-  const ConstThdTensor k_full(k_seq.data(), k.dtype, total, k.heads, k.head_dim);
-  const ConstThdTensor v_full(v_seq.data(), v.dtype, total, v.heads, v.head_dim);
-
-  // Partial dK/dV of this rank for every gathered row, in fp32.
-  const size_t full_count = static_cast<size_t>(total * k.heads * k.head_dim);
-  std::vector<float> dk_partial(full_count), dv_partial(full_count);
-  start = Clock::now();
-  cpu::attention_backward(table, q, k_full, v_full, out, dout, lse, dq,
-                          ThdTensor{dk_partial.data(), DType::kFloat32, total, k.heads, k.head_dim},
-                          ThdTensor{dv_partial.data(), DType::kFloat32, total, k.heads, k.head_dim}, options);
-  if (timings) timings->attention += seconds_since(start);
-
-  const size_t local_count = full_count / cp;
-  const size_t row_bytes = static_cast<size_t>(k.heads * k.head_dim) * sizeof(float);
-  std::vector<float> rank_ordered(full_count);
-  std::vector<float> reduced(local_count);
-  for (auto [partial, grad] : {std::make_pair(&dk_partial, &dk), std::make_pair(&dv_partial, &dv)}) {
-    start = Clock::now();
-    for (int r = 0; r < cp; ++r) gather_rows(partial->data(), rank_ordered.data() + r * local_count, maps[r], row_bytes);
-    if (timings) timings->reorder += seconds_since(start);
-    start = Clock::now();
-    comm.reduce_scatter_sum(rank_ordered.data(), reduced.data(), local_count);
-    for (size_t i = 0; i < local_count; ++i) store_from_float(grad->data, grad->dtype, i, reduced[i]);
-    if (timings) timings->reduce += seconds_since(start);
-  }
+  const auto start = Clock::now();
+  const Problem problem = problem_of(comm, layout, mask, q, k);
+  const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
+  CpuPlan::OneShot one_shot;
+  one_shot.local_rows[0] = q.tokens;
+  one_shot.local_rows[1] = k.tokens;
+  one_shot.local_rows[2] = v.tokens;
+  one_shot.local_checks = [&] {
+    check_layout(layout, problem);
+    check_backward(problem, tensors);
+  };
+  if (layout.cu_seqlens && layout.cu_seqlens_padded) one_shot.layout_fingerprint = detail::layout_fingerprint(layout);
+  CpuPlan plan(comm, problem, options, &one_shot);
+  if (timings) (*timings)[Phase::kTable] += std::chrono::duration<double>(Clock::now() - start).count();
+  plan.backward(layout, tensors, timings);
 }
 
 }  // namespace thdcp::cp

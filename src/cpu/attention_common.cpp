@@ -13,6 +13,8 @@ void check_tensor(const char* name, const ConstThdTensor& t, int64_t rows, int64
   THDCP_CHECK(t.heads == heads, name << " has " << t.heads << " heads, expected " << heads);
   THDCP_CHECK(t.head_dim == head_dim, name << " has head_dim=" << t.head_dim << ", expected " << head_dim);
   THDCP_CHECK(t.data != nullptr || t.numel() == 0, name << " has no data (null pointer)");
+  THDCP_CHECK(t.contiguous(), name << " is strided (row_stride=" << t.row_stride << ", head_stride=" << t.head_stride
+                                   << "): the CPU reference takes contiguous tensors; copy it into one");
 }
 
 void check_qkv(const SegmentTable& table, const ConstThdTensor& q, const ConstThdTensor& k,

@@ -11,7 +11,8 @@
 
 namespace thdcp::cpu::detail {
 
-// Checks one THD tensor argument's shape and dtype. `rows` < 0 skips the rows check.
+// Checks one THD tensor argument's shape and that it is contiguous (the loops below index
+// [rows, heads, head_dim] densely). `rows` < 0 skips the rows check.
 void check_tensor(const char* name, const ConstThdTensor& t, int64_t rows, int64_t heads, int64_t head_dim);
 
 // Checks q/k/v against the table and each other (shared by forward and backward).

@@ -125,18 +125,17 @@ __device__ __forceinline__ void dq_softmax_gradient(float (&s)[kN / 8][4], float
 // span_rows; m16n8 layout over kD columns) times the softmax scale, in fp32 or the storage
 // type. Rows past q_len but inside the span are padding: they get the zeros they hold.
 template <typename Storage, int kD>
-__device__ __forceinline__ void store_dq_rows(const BackwardParams& p, const Segment& seg, int head, int m0,
-                                              int tile_row, int span_rows, int pair_col,
+__device__ __forceinline__ void store_dq_rows(const BackwardParams& p, const Strides& dq_strides, const Segment& seg,
+                                              int head, int m0, int tile_row, int span_rows, int pair_col,
                                               const float (&dq)[kD / 8][4]) {
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
-  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = tile_row + half * 8;
     if (r >= span_rows) continue;
-    const int64_t offset = (static_cast<int64_t>(seg.q_row) + m0 + r) * q_stride +
-                           static_cast<int64_t>(head) * kD + pair_col;
+    const int64_t offset = (static_cast<int64_t>(seg.q_row) + m0 + r) * dq_strides.row +
+                           static_cast<int64_t>(head) * dq_strides.head + pair_col;
     if (p.dq_fp32) {
       float* dst = static_cast<float*>(p.dq) + offset;
 #pragma unroll
@@ -156,7 +155,8 @@ __device__ __forceinline__ void store_dq_rows(const BackwardParams& p, const Seg
 }
 
 template <typename Storage, int kHeadDim>
-__global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const BackwardParams p) {
+__global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads)
+    dq_kernel(const BackwardParams p, const BackwardStrides strides) {
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
   using Shape = DqShape<kHeadDim>;
@@ -187,38 +187,37 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
   const Element* dout = static_cast<const Element*>(p.dout);
   const Element* k = static_cast<const Element*>(p.k);
   const Element* v = static_cast<const Element*>(p.v);
-  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
-  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
 
   // Rows past q_len are zero-filled: padding rows of dout may hold anything.
-  load_tile_async<kM, kD, kThreads>(q_tile, q, seg.q_row + m0, valid_q, q_stride, head);
-  load_tile_async<kM, kD, kThreads>(do_tile, dout, seg.q_row + m0, valid_q, q_stride, head);
-  // K/V tile loads (load_tile_async's layout and zero fill) from per-thread row offsets:
+  load_tile_async<kM, kD, kThreads>(q_tile, q, seg.q_row + m0, valid_q, strides.q, head);
+  load_tile_async<kM, kD, kThreads>(do_tile, dout, seg.q_row + m0, valid_q, strides.dout, head);
+  // K/V tile loads (load_tile_async's layout and zero fill) from per-thread row pointers:
   // this thread copies chunk `kv_chunk` of rows kv_row0 + kKvRowStep * i of each tile, so
-  // only a 64-bit step per row pass is added, and the shared-memory offsets past the first
-  // are constants (the forward's scheme).
+  // one 32x32->64-bit multiply-add per row pass advances each pointer, and the
+  // shared-memory offsets past the first are constants (the forward's scheme).
   constexpr int kKvChunks = kD / 8;
   constexpr int kKvRowStep = kThreads / kKvChunks;
   constexpr int kKvPasses = kN * kKvChunks / kThreads;
   static_assert(kN * kKvChunks % kThreads == 0 && kKvRowStep % 8 == 0, "K/V passes keep the swizzle phase");
   const int kv_chunk = static_cast<int>(threadIdx.x) % kKvChunks;
   const int kv_row0 = static_cast<int>(threadIdx.x) / kKvChunks;
-  const int64_t kv_thread_offset =
-      (static_cast<int64_t>(seg.k_row) + kv_row0) * kv_stride + static_cast<int64_t>(kv_head) * kD + kv_chunk * 8;
-  const int64_t kv_pass_stride = kKvRowStep * kv_stride;
+  const uint32_t kv_row = static_cast<uint32_t>(seg.k_row) + kv_row0;
   const uint32_t k_smem = smem_address(k_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
   const uint32_t v_smem = smem_address(v_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
   auto load_kv = [&](int n, int buffer) {
     const int rows = min(kN, seg.k_len - n * kN) - kv_row0;  // rows this thread may read
-    int64_t offset = kv_thread_offset + static_cast<int64_t>(n * kN) * kv_stride;
+    const uint32_t row = kv_row + static_cast<uint32_t>(n * kN);
+    const Element* k_src = k + row_offset(strides.k, row, kv_head, kv_chunk);
+    const Element* v_src = v + row_offset(strides.v, row, kv_head, kv_chunk);
     const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kN * kD * 2);
 #pragma unroll
     for (int i = 0; i < kKvPasses; ++i) {
       const bool valid = kKvRowStep * i < rows;
       const uint32_t dst = buffer_bytes + static_cast<uint32_t>(kKvRowStep * i * kD * 2);
-      cp_async_16(k_smem + dst, valid ? k + offset : k, valid);
-      cp_async_16(v_smem + dst, valid ? v + offset : v, valid);
-      offset += kv_pass_stride;
+      cp_async_16(k_smem + dst, valid ? k_src : k, valid);
+      cp_async_16(v_smem + dst, valid ? v_src : v, valid);
+      k_src += pass_step<kKvRowStep>(strides.k);
+      v_src += pass_step<kKvRowStep>(strides.v);
     }
   };
   if (n_begin < n_end) load_kv(n_begin, 0);
@@ -303,13 +302,14 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads) dq_kernel(const B
     __syncthreads();
   }
   cp_async_wait<0>();
-  store_dq_rows<Storage, kD>(p, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
+  store_dq_rows<Storage, kD>(p, strides.dq, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
 }
 
 // kFuseDq: also accumulate dQ += dS K into p.dq_accum with fp32 atomics (the order of the
 // additions, hence the last bits, varies between runs). Without it dq_kernel computes dQ.
 template <typename Storage, int kHeadDim, bool kFuseDq>
-__global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShape<kHeadDim, kFuseDq>::kMinBlocks) dkv_kernel(const BackwardParams p) {
+__global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShape<kHeadDim, kFuseDq>::kMinBlocks)
+    dkv_kernel(const BackwardParams p, const BackwardStrides strides) {
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
   using Shape = DkvShape<kHeadDim, kFuseDq>;
@@ -347,24 +347,25 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
   const Element* dout = static_cast<const Element*>(p.dout);
   const Element* k = static_cast<const Element*>(p.k);
   const Element* v = static_cast<const Element*>(p.v);
+  // The accumulators (dQ's in the workspace, dK/dV's in the workspace or fp32 dk/dv) are
+  // contiguous.
   const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
   const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
 
   if (steps == 0) return;  // no query sees these keys: their gradients stay 0
 
-  load_tile_async<kN, kD, kThreads>(k_tile, k, seg.k_row + n0, valid_k, kv_stride, kv_head);
-  load_tile_async<kN, kD, kThreads>(v_tile, v, seg.k_row + n0, valid_k, kv_stride, kv_head);
-  // Q/dO tile loads (load_tile_async's layout and zero fill) from per-thread row offsets:
+  load_tile_async<kN, kD, kThreads>(k_tile, k, seg.k_row + n0, valid_k, strides.k, kv_head);
+  load_tile_async<kN, kD, kThreads>(v_tile, v, seg.k_row + n0, valid_k, strides.v, kv_head);
+  // Q/dO tile loads (load_tile_async's layout and zero fill) from per-thread row pointers:
   // this thread copies chunk `q_chunk` of rows q_row0 + kQRowStep * i of each tile, so one
-  // 64-bit multiply per step and a 64-bit step per row pass address them, and the
-  // shared-memory offsets past the first are constants.
+  // 32x32->64-bit multiply per tensor per step and one multiply-add per row pass address
+  // them, and the shared-memory offsets past the first are constants.
   constexpr int kQChunks = kD / 8;
   constexpr int kQRowStep = kThreads / kQChunks;
   constexpr int kQPasses = kM * kQChunks / kThreads;
   static_assert(kM * kQChunks % kThreads == 0 && kQRowStep % 8 == 0, "Q/dO passes keep the swizzle phase");
   const int q_chunk = static_cast<int>(threadIdx.x) % kQChunks;
   const int q_row0 = static_cast<int>(threadIdx.x) / kQChunks;
-  const int64_t q_pass_stride = kQRowStep * q_stride;
   const uint32_t q_smem = smem_address(q_tiles + swizzled_offset<kD>(q_row0, q_chunk));
   constexpr uint32_t kDoBytes = 2 * kM * kD * 2;  // the dO buffers past the Q buffers
   // Step s covers query tile m_begin + s % m_count of head kv_head * group + s / m_count,
@@ -374,16 +375,18 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
     const int m0 = (m_begin + m_index) * kM;
     const int rows = max(0, min(kM, seg.q_len - m0));
     const int thread_rows = rows - q_row0;  // rows this thread may read
-    int64_t offset = (static_cast<int64_t>(seg.q_row) + m0 + q_row0) * q_stride + static_cast<int64_t>(head) * kD +
-                     q_chunk * 8;
+    const uint32_t row = static_cast<uint32_t>(seg.q_row + m0) + q_row0;
+    const Element* q_src = q + row_offset(strides.q, row, head, q_chunk);
+    const Element* do_src = dout + row_offset(strides.dout, row, head, q_chunk);
     const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kM * kD * 2);
 #pragma unroll
     for (int i = 0; i < kQPasses; ++i) {
       const bool valid = kQRowStep * i < thread_rows;
       const uint32_t dst = q_smem + buffer_bytes + static_cast<uint32_t>(kQRowStep * i * kD * 2);
-      cp_async_16(dst, valid ? q + offset : q, valid);
-      cp_async_16(dst + kDoBytes, valid ? dout + offset : dout, valid);
-      offset += q_pass_stride;
+      cp_async_16(dst, valid ? q_src : q, valid);
+      cp_async_16(dst + kDoBytes, valid ? do_src : dout, valid);
+      q_src += pass_step<kQRowStep>(strides.q);
+      do_src += pass_step<kQRowStep>(strides.dout);
     }
     const int t = threadIdx.x;
     if (t < 2 * kM) {

@@ -2,5 +2,7 @@
 #include "attention_backward_launch.cuh"
 
 namespace thdcp::cuda::detail {
-template void launch_backward<Fp16Tag, 64>(const BackwardParams&, int, int, cudaStream_t);
+template void configure_backward<Fp16Tag, 64>(bool, bool);
+template void launch_backward<Fp16Tag, 64>(const BackwardParams&, const BackwardStrides&, bool, int, int,
+                                            cudaStream_t);
 }  // namespace thdcp::cuda::detail

@@ -27,7 +27,8 @@ struct DkvSm90Shape {
 };
 
 template <typename Storage, int kHeadDim>
-__global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2) dkv_kernel_sm90(const BackwardParams p) {
+__global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
+    dkv_kernel_sm90(const BackwardParams p, const BackwardStrides strides) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
@@ -64,13 +65,12 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2) dkv_kerne
 
   const Element* q = static_cast<const Element*>(p.q);
   const Element* dout = static_cast<const Element*>(p.dout);
-  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
-  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
+  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;  // of the fp32 accumulators (contiguous)
 
   load_wgmma_tile_async<kN, kD, kThreads>(k_tile, static_cast<const Element*>(p.k), seg.k_row + n0, valid_k,
-                                          kv_stride, kv_head);
+                                          strides.k, kv_head);
   load_wgmma_tile_async<kN, kD, kThreads>(v_tile, static_cast<const Element*>(p.v), seg.k_row + n0, valid_k,
-                                          kv_stride, kv_head);
+                                          strides.v, kv_head);
   // Step s covers query tile m_begin + s % m_count of head kv_head * group + s / m_count,
   // kept as two counters (m_index, head_index) instead of a division per step.
   auto load_q = [&](int m_index, int head_index, int buffer) {
@@ -78,8 +78,8 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2) dkv_kerne
     const int m0 = (m_begin + m_index) * kM;
     const int rows = max(0, min(kM, seg.q_len - m0));
     const uint32_t buffer_bytes = static_cast<uint32_t>(buffer) * Shape::kTileBytes;
-    load_wgmma_tile_async<kM, kD, kThreads>(q_tiles + buffer_bytes, q, seg.q_row + m0, rows, q_stride, head);
-    load_wgmma_tile_async<kM, kD, kThreads>(do_tiles + buffer_bytes, dout, seg.q_row + m0, rows, q_stride, head);
+    load_wgmma_tile_async<kM, kD, kThreads>(q_tiles + buffer_bytes, q, seg.q_row + m0, rows, strides.q, head);
+    load_wgmma_tile_async<kM, kD, kThreads>(do_tiles + buffer_bytes, dout, seg.q_row + m0, rows, strides.dout, head);
     const int t = threadIdx.x;
     const int r = t % kM;
     const bool valid = r < rows;

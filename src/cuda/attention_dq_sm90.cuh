@@ -32,7 +32,8 @@ struct DqSm90Shape {
 };
 
 template <typename Storage, int kHeadDim>
-__global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, 2) dq_kernel_sm90(const BackwardParams p) {
+__global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, 2)
+    dq_kernel_sm90(const BackwardParams p, const BackwardStrides strides) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
@@ -61,19 +62,17 @@ __global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, 2) dq_kernel_
 
   const Element* k = static_cast<const Element*>(p.k);
   const Element* v = static_cast<const Element*>(p.v);
-  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
-  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
 
   // Rows past q_len and k_len are zero-filled: padding rows of dout may hold anything.
-  load_wgmma_tile_async<kM, kD, kThreads>(q_tile, static_cast<const Element*>(p.q), seg.q_row + m0, valid_q, q_stride,
-                                          head);
+  load_wgmma_tile_async<kM, kD, kThreads>(q_tile, static_cast<const Element*>(p.q), seg.q_row + m0, valid_q,
+                                          strides.q, head);
   load_wgmma_tile_async<kM, kD, kThreads>(do_tile, static_cast<const Element*>(p.dout), seg.q_row + m0, valid_q,
-                                          q_stride, head);
+                                          strides.dout, head);
   auto load_kv = [&](int n, int buffer) {
     const int rows = min(kN, seg.k_len - n * kN);
     const uint32_t buffer_bytes = static_cast<uint32_t>(buffer) * Shape::kTileBytes;
-    load_wgmma_tile_async<kN, kD, kThreads>(k_base + buffer_bytes, k, seg.k_row + n * kN, rows, kv_stride, kv_head);
-    load_wgmma_tile_async<kN, kD, kThreads>(v_base + buffer_bytes, v, seg.k_row + n * kN, rows, kv_stride, kv_head);
+    load_wgmma_tile_async<kN, kD, kThreads>(k_base + buffer_bytes, k, seg.k_row + n * kN, rows, strides.k, kv_head);
+    load_wgmma_tile_async<kN, kD, kThreads>(v_base + buffer_bytes, v, seg.k_row + n * kN, rows, strides.v, kv_head);
   };
   if (n_begin < n_end) load_kv(n_begin, 0);
   cp_async_commit();
@@ -125,7 +124,7 @@ __global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, 2) dq_kernel_
     __syncthreads();  // the buffer is refilled by the next step's prefetch
   }
   cp_async_wait<0>();
-  store_dq_rows<Storage, kD>(p, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
+  store_dq_rows<Storage, kD>(p, strides.dq, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
 #endif
 }
 

@@ -97,14 +97,14 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kN / 8][4], float
 // span_rows; padding rows and rows that saw no key get 0 and -inf), and folds their
 // maximum logit into thread_max.
 template <typename Storage, int kD>
-__device__ __forceinline__ void store_forward_rows(const ForwardParams& p, const Segment& seg, int head, int m0,
+__device__ __forceinline__ void store_forward_rows(const ForwardParams& p, const Strides& out_strides,
+                                                   const Segment& seg, int head, int m0,
                                                    int tile_row, int span_rows, int pair_col,
                                                    const float (&o)[kD / 8][4], const float (&row_max)[2],
                                                    const float (&row_sum)[2], float& thread_max) {
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
   Element* out = static_cast<Element*>(p.out);
-  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float sum = row_sum[half];
@@ -116,7 +116,7 @@ __device__ __forceinline__ void store_forward_rows(const ForwardParams& p, const
     if (seen) thread_max = fmaxf(thread_max, row_max[half] * p.scale);
     if (r < span_rows) {
       const int64_t row = static_cast<int64_t>(seg.q_row) + m0 + r;
-      Element* dst = out + row * q_stride + static_cast<int64_t>(head) * kD + pair_col;
+      Element* dst = out + row * out_strides.row + static_cast<int64_t>(head) * out_strides.head + pair_col;
 #pragma unroll
       for (int df = 0; df < kD / 8; ++df) {
         *reinterpret_cast<uint32_t*>(dst + df * 8) = Traits::pack(o[df][2 * half] * inv, o[df][2 * half + 1] * inv);
@@ -138,8 +138,16 @@ __device__ __forceinline__ void reduce_max_logit(const ForwardParams& p, int hea
   if ((threadIdx.x & 31) == 0 && thread_max > -INFINITY) atomic_max_float(p.max_logit + head, thread_max);
 }
 
+// Registers: at head_dim 128 this kernel needs a few more than the 255 a thread can have
+// (two 16-row fragments of O and S per warp), and ptxas (CUDA 13.0) spills 24 bytes in the
+// sm_80 cubin and 28 in the sm_90a one. Kept: the 32-row-per-warp tile feeds two MMAs from
+// each K/V fragment read and was measured faster than 16 rows per warp (bench/RESULTS.md);
+// the instruction count per key tile, not the spill, limits it there. Hopper runs
+// forward_kernel_sm90 (no spill) unless THDCP_PORTABLE_KERNELS=1. Configure with
+// -DTHDCP_WARN_SPILLS=ON to see ptxas's report.
 template <typename Storage, int kHeadDim>
-__global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kernel(const ForwardParams p) {
+__global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads)
+    forward_kernel(const ForwardParams p, const ForwardStrides strides) {
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
   using Shape = ForwardShape<kHeadDim>;
@@ -167,36 +175,39 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
   const Element* q = static_cast<const Element*>(p.q);
   const Element* k = static_cast<const Element*>(p.k);
   const Element* v = static_cast<const Element*>(p.v);
-  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
-  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
 
-  load_tile_async<kM, kD, kThreads>(q_tile, q, seg.q_row + m0, valid_q, q_stride, head);
+  load_tile_async<kM, kD, kThreads>(q_tile, q, seg.q_row + m0, valid_q, strides.q, head);
   // K/V tile loads (load_tile_async's layout and zero fill) from per-thread row pointers:
   // this thread copies chunk `kv_chunk` of rows kv_row0 + kKvRowStep * i of each tile, so
-  // only a 64-bit step per row pass is added to them, and the shared-memory offsets are
-  // constants past the first.
+  // one 32x32->64-bit multiply-add per row pass advances each pointer (strides and row
+  // offsets fit in 32 bits, see Strides), and the shared-memory offsets are constants past
+  // the first.
   constexpr int kKvChunks = kD / 8;
   constexpr int kKvRowStep = kThreads / kKvChunks;
   constexpr int kKvPasses = kN * kKvChunks / kThreads;
   static_assert(kN * kKvChunks % kThreads == 0 && kKvRowStep % 8 == 0, "K/V passes keep the swizzle phase");
   const int kv_chunk = static_cast<int>(threadIdx.x) % kKvChunks;
   const int kv_row0 = static_cast<int>(threadIdx.x) / kKvChunks;
-  const int64_t kv_thread_offset =
-      (static_cast<int64_t>(seg.k_row) + kv_row0) * kv_stride + static_cast<int64_t>(kv_head) * kD + kv_chunk * 8;
-  const int64_t kv_pass_stride = kKvRowStep * kv_stride;
+  const uint32_t kv_row = static_cast<uint32_t>(seg.k_row) + kv_row0;
+  int k_pass, v_pass;
+  asm volatile("shfl.sync.idx.b32 %0, %1, 0, 0x1f, 0xffffffff;" : "=r"(k_pass) : "r"(pass_step<kKvRowStep>(strides.k)));
+  asm volatile("shfl.sync.idx.b32 %0, %1, 0, 0x1f, 0xffffffff;" : "=r"(v_pass) : "r"(pass_step<kKvRowStep>(strides.v)));
   const uint32_t k_smem = smem_address(k_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
   const uint32_t v_smem = smem_address(v_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
   auto load_kv = [&](int n, int buffer) {
     const int rows = min(kN, seg.k_len - n * kN) - kv_row0;  // rows this thread may read
-    int64_t offset = kv_thread_offset + static_cast<int64_t>(n * kN) * kv_stride;
+    const uint32_t row = kv_row + static_cast<uint32_t>(n * kN);
+    const Element* k_src = k + row_offset(strides.k, row, kv_head, kv_chunk);
+    const Element* v_src = v + row_offset(strides.v, row, kv_head, kv_chunk);
     const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kN * kD * 2);
 #pragma unroll
     for (int i = 0; i < kKvPasses; ++i) {
       const bool valid = kKvRowStep * i < rows;
       const uint32_t dst = buffer_bytes + static_cast<uint32_t>(kKvRowStep * i * kD * 2);
-      cp_async_16(k_smem + dst, valid ? k + offset : k, valid);
-      cp_async_16(v_smem + dst, valid ? v + offset : v, valid);
-      offset += kv_pass_stride;
+      cp_async_16(k_smem + dst, valid ? k_src : k, valid);
+      cp_async_16(v_smem + dst, valid ? v_src : v, valid);
+      k_src += k_pass;
+      v_src += v_pass;
     }
   };
   if (n_begin < n_end) load_kv(n_begin, 0);
@@ -305,8 +316,8 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads) forward_kern
   float thread_max = -INFINITY;
 #pragma unroll
   for (int mi = 0; mi < kMF; ++mi) {
-    store_forward_rows<Storage, kD>(p, seg, head, m0, warp_row0 + 16 * mi + group_row, span_rows, pair_col, o[mi],
-                                    row_max[mi], row_sum[mi], thread_max);
+    store_forward_rows<Storage, kD>(p, strides.out, seg, head, m0, warp_row0 + 16 * mi + group_row, span_rows,
+                                    pair_col, o[mi], row_max[mi], row_sum[mi], thread_max);
   }
   reduce_max_logit(p, head, thread_max);
 }

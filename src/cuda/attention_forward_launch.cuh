@@ -7,23 +7,32 @@
 namespace thdcp::cuda::detail {
 
 template <typename Storage, int kHeadDim>
-void launch_forward(const ForwardParams& params, int grid_tiles, cudaStream_t stream) {
+void configure_forward(bool sm90) {
+  // Function attributes belong to the device that is current when they are set, so the plan
+  // sets them for its own device, every time it is made (a cheap host call).
+  if (sm90) {
+    THDCP_CHECK_CUDA(cudaFuncSetAttribute(forward_kernel_sm90<Storage, kHeadDim>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(ForwardSm90Shape<kHeadDim>::kSmemBytes)));
+  } else {
+    THDCP_CHECK_CUDA(cudaFuncSetAttribute(forward_kernel<Storage, kHeadDim>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(ForwardShape<kHeadDim>::kSmemBytes)));
+  }
+}
+
+template <typename Storage, int kHeadDim>
+void launch_forward(const ForwardParams& params, const ForwardStrides& strides, bool sm90, int grid_tiles,
+                    cudaStream_t stream) {
   using Shape = ForwardShape<kHeadDim>;
   using Sm90 = ForwardSm90Shape<kHeadDim>;
-  static const cudaError_t attribute_status = cudaFuncSetAttribute(
-      forward_kernel<Storage, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, Shape::kSmemBytes);
-  static const cudaError_t sm90_status = cudaFuncSetAttribute(
-      forward_kernel_sm90<Storage, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, Sm90::kSmemBytes);
-  THDCP_CHECK_CUDA(attribute_status);
-  THDCP_CHECK_CUDA(sm90_status);
   if (grid_tiles == 0 || params.q_heads == 0) return;
-  // grid_tiles and the tile schedule were sized with forward_tile_rows(), which follows the
-  // same choice.
+  // grid_tiles and the tile schedule were sized with forward_tile_rows(sm90).
   const dim3 grid(static_cast<unsigned>(grid_tiles), static_cast<unsigned>(params.q_heads));
-  if (use_sm90_kernels()) {
-    forward_kernel_sm90<Storage, kHeadDim><<<grid, Sm90::kThreads, Sm90::kSmemBytes, stream>>>(params);
+  if (sm90) {
+    forward_kernel_sm90<Storage, kHeadDim><<<grid, Sm90::kThreads, Sm90::kSmemBytes, stream>>>(params, strides);
   } else {
-    forward_kernel<Storage, kHeadDim><<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(params);
+    forward_kernel<Storage, kHeadDim><<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(params, strides);
   }
   THDCP_CHECK_CUDA(cudaGetLastError());
 }

@@ -25,7 +25,8 @@ struct ForwardSm90Shape {
 };
 
 template <typename Storage, int kHeadDim>
-__global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 2) forward_kernel_sm90(const ForwardParams p) {
+__global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 2)
+    forward_kernel_sm90(const ForwardParams p, const ForwardStrides strides) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
@@ -52,17 +53,15 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 2) forwa
 
   const Element* k = static_cast<const Element*>(p.k);
   const Element* v = static_cast<const Element*>(p.v);
-  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
-  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
 
   // Rows past q_len and k_len are zero-filled.
-  load_wgmma_tile_async<kM, kD, kThreads>(q_tile, static_cast<const Element*>(p.q), seg.q_row + m0, valid_q, q_stride,
-                                          head);
+  load_wgmma_tile_async<kM, kD, kThreads>(q_tile, static_cast<const Element*>(p.q), seg.q_row + m0, valid_q,
+                                          strides.q, head);
   auto load_kv = [&](int n, int buffer) {
     const int rows = min(kN, seg.k_len - n * kN);
     const uint32_t buffer_bytes = static_cast<uint32_t>(buffer) * Shape::kTileBytes;
-    load_wgmma_tile_async<kN, kD, kThreads>(k_base + buffer_bytes, k, seg.k_row + n * kN, rows, kv_stride, kv_head);
-    load_wgmma_tile_async<kN, kD, kThreads>(v_base + buffer_bytes, v, seg.k_row + n * kN, rows, kv_stride, kv_head);
+    load_wgmma_tile_async<kN, kD, kThreads>(k_base + buffer_bytes, k, seg.k_row + n * kN, rows, strides.k, kv_head);
+    load_wgmma_tile_async<kN, kD, kThreads>(v_base + buffer_bytes, v, seg.k_row + n * kN, rows, strides.v, kv_head);
   };
   if (n_begin < n_end) load_kv(n_begin, 0);
   cp_async_commit();
@@ -113,8 +112,8 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 2) forwa
   cp_async_wait<0>();
 
   float thread_max = -INFINITY;
-  store_forward_rows<Storage, kD>(p, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, o, row_max, row_sum,
-                                  thread_max);
+  store_forward_rows<Storage, kD>(p, strides.out, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, o,
+                                  row_max, row_sum, thread_max);
   reduce_max_logit(p, head, thread_max);
 #endif
 }

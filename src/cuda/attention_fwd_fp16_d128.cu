@@ -2,5 +2,6 @@
 #include "attention_forward_launch.cuh"
 
 namespace thdcp::cuda::detail {
-template void launch_forward<Fp16Tag, 128>(const ForwardParams&, int, cudaStream_t);
+template void configure_forward<Fp16Tag, 128>(bool);
+template void launch_forward<Fp16Tag, 128>(const ForwardParams&, const ForwardStrides&, bool, int, cudaStream_t);
 }  // namespace thdcp::cuda::detail

@@ -1,5 +1,13 @@
 // The plain parameter structs of the attention kernels (one per kernel family), filled by
-// the host side (attention.cpp) after validation and passed to the kernels by value.
+// the host side (forward_plan.cpp, backward_plan.cpp) after validation and passed to the
+// kernels by value.
+//
+// The tensors' strides travel in a second struct (ForwardStrides, BackwardStrides), not
+// inside ForwardParams: NVVM (CUDA 13.0) reads a by-value kernel parameter larger than 128
+// bytes through a pointer, and ForwardParams (104 bytes) with its 64 bytes of strides lost
+// the forward's loop unswitching on the mask (a masked key tile cost about twice the
+// instructions, seen in PTX and SASS). Each struct here stays at or below 128 bytes, except
+// BackwardParams, which was above it already.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +15,26 @@
 #include "thdcp/plan/segment.h"
 
 namespace thdcp::cuda::detail {
+
+// Element (row, head, d) of a THD tensor x is at x + row * row + head * head + d (elements;
+// resolved on the host, never 0 here). The host checks that both are multiples of 8 (16-byte
+// cp.async rows), that rows and heads do not overlap, and that row < kMaxRowStride, so that
+// offsets inside a row and steps of up to 32 rows fit in 32 bits: the kernels' per-tile
+// address arithmetic then costs what it did for contiguous tensors.
+struct Strides {
+  int64_t row;
+  int64_t head;
+};
+
+constexpr int64_t kMaxRowStride = int64_t{1} << 26;
+
+struct ForwardStrides {
+  Strides q, k, v, out;
+};
+
+struct BackwardStrides {
+  Strides q, k, v, out, dout, dq;  // out: read by the delta kernel only
+};
 
 struct ForwardParams {
   const void* q;  // [q_rows, q_heads, D]
@@ -37,6 +65,8 @@ struct BackwardParams {
   float* delta;      // [q_heads, q_rows] workspace: rowsum(dout * out)
   void* dq;          // [q_rows, q_heads, D], q's dtype or fp32 (dq_fp32)
   bool dq_fp32;
+  // The fp32 accumulators are contiguous ([rows, heads, D]): in the workspace, or dk/dv
+  // themselves when they are fp32 (the host requires those contiguous).
   float* dq_accum;  // [q_rows, q_heads, D] fp32, zeroed; non-null: dQ fused into dkv_kernel
   float* dk_accum;  // [k_rows, kv_heads, D] fp32, zeroed before the dK/dV kernel
   float* dv_accum;

@@ -24,20 +24,30 @@ struct Bf16Tag {};
 struct Fp16Tag {};
 
 // Whether the current device runs the Hopper kernels (sm_90a wgmma; compute capability 9.x)
-// for the forward and the deterministic backward, unless the environment variable THDCP_PORTABLE_KERNELS is 1, which selects
-// the mma.sync kernels on every device (to test and time them on Hopper); read once per
-// process. Host queries only: safe during stream capture.
+// for the forward and the deterministic backward, unless the environment variable
+// THDCP_PORTABLE_KERNELS is 1, which selects the mma.sync kernels on every device (to test
+// and time them on Hopper); read once per process. Host queries only: safe during stream
+// capture. The plans call it once and keep the answer.
 bool use_sm90_kernels();
 
-// Query rows per forward block of the kernel family use_sm90_kernels() selects: the tile
-// schedule and grid of the forward are sized with it.
-int forward_tile_rows();
+// Query rows per forward block of a kernel family: the tile schedule and grid of the
+// forward are sized with it.
+inline int forward_tile_rows(bool sm90) { return sm90 ? kForwardSm90TileRows : kForwardTileRows; }
 
+// Sets the attributes (dynamic shared memory, carveout) of the kernels that launch_forward /
+// launch_backward will run for this family (and fused dQ pass) on the current device.
 template <typename Storage, int kHeadDim>
-void launch_forward(const ForwardParams& params, int grid_tiles, cudaStream_t stream);
+void configure_forward(bool sm90);
+template <typename Storage, int kHeadDim>
+void configure_backward(bool sm90, bool fused);
 
+// Enqueue the kernels of the family `sm90` (configured before on the launching device).
 template <typename Storage, int kHeadDim>
-void launch_backward(const BackwardParams& params, int grid_q_tiles, int grid_k_tiles, cudaStream_t stream);
+void launch_forward(const ForwardParams& params, const ForwardStrides& strides, bool sm90, int grid_tiles,
+                    cudaStream_t stream);
+template <typename Storage, int kHeadDim>
+void launch_backward(const BackwardParams& params, const BackwardStrides& strides, bool sm90, int grid_q_tiles,
+                     int grid_k_tiles, cudaStream_t stream);
 
 // Tile schedule: start[s] = sum over s' < s of tiles(s'), for query tiles of `q_tile_rows`
 // (over q_span) into q_start and key tiles of `k_tile_rows` (over k_len, segments with
@@ -45,14 +55,21 @@ void launch_backward(const BackwardParams& params, int grid_q_tiles, int grid_k_
 void launch_schedule(const Segment* segments, int num_segments, int q_tile_rows, int* q_start, int k_tile_rows,
                      int* k_start, float* max_logit, int q_heads, cudaStream_t stream);
 
-// delta[h, row] = sum_d dout[row, h, d] * out[row, h, d] for every row (fp32).
-void launch_delta(const void* out, const void* dout, DType dtype, int64_t rows, int heads, int head_dim, float* delta,
-                  cudaStream_t stream);
+// delta[h, row] = sum_d dout[row, h, d] * out[row, h, d] for every row (fp32); element
+// (row, h, d) of out at row * out_row_stride + h * out_head_stride + d (dout likewise).
+void launch_delta(const void* out, int64_t out_row_stride, int64_t out_head_stride, const void* dout,
+                  int64_t dout_row_stride, int64_t dout_head_stride, DType dtype, int64_t rows, int heads,
+                  int head_dim, float* delta, cudaStream_t stream);
 
 // dst[i] = scale * src[i], rounded to dtype (fp32, bf16 or fp16), for n elements.
 void launch_cast(const float* src, void* dst, DType dtype, int64_t n, float scale, cudaStream_t stream);
 // The same with scale 1.
 void launch_cast(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream);
+// The cast of a contiguous fp32 [rows, heads, head_dim] tensor into a strided one: element
+// (row, h, d) goes to dst + row * row_stride + h * head_stride + d. Contiguous strides take
+// the flat cast above.
+void launch_cast_strided(const float* src, void* dst, DType dtype, int64_t rows, int heads, int head_dim,
+                         int64_t row_stride, int64_t head_stride, float scale, cudaStream_t stream);
 
 // The device table builders (segment_table.cu).
 void launch_build_single_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,

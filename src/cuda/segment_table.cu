@@ -1,8 +1,10 @@
 // Device segment-table builders and the small kernels around the attention launches
-// (tile schedule, delta = rowsum(dO * O), fp32 -> 16-bit cast).
+// (tile schedule, delta = rowsum(dO * O), fp32 -> 16-bit casts, flat and strided).
 //
 // The builders call the same __host__ __device__ functions as the host builders
 // (single_device_segment, cp_segment in thdcp/segment.h): the index math exists once.
+#include <algorithm>
+
 #include <cub/block/block_scan.cuh>
 
 #include <cuda_bf16.h>
@@ -92,15 +94,16 @@ __device__ __forceinline__ float to_float(__half x) {
 
 // One warp per (row, head).
 template <typename Element>
-__global__ void delta_kernel(const Element* out, const Element* dout, int64_t pairs, int head_dim, float* delta,
-                             int64_t rows, int heads) {
+__global__ void delta_kernel(const Element* out, int64_t out_row_stride, int64_t out_head_stride, const Element* dout,
+                             int64_t dout_row_stride, int64_t dout_head_stride, int64_t pairs, int head_dim,
+                             float* delta, int64_t rows, int heads) {
   const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (pair >= pairs) return;
   const int64_t row = pair / heads;
   const int head = static_cast<int>(pair % heads);
-  const Element* o = out + pair * head_dim;
-  const Element* d = dout + pair * head_dim;
+  const Element* o = out + row * out_row_stride + static_cast<int64_t>(head) * out_head_stride;
+  const Element* d = dout + row * dout_row_stride + static_cast<int64_t>(head) * dout_head_stride;
   float sum = 0.0f;
   for (int i = lane; i < head_dim; i += 32) sum += to_float(o[i]) * to_float(d[i]);
 #pragma unroll
@@ -131,6 +134,22 @@ __global__ void cast_kernel(const float* src, Element* dst, int64_t n, float sca
   }
 }
 
+// One warp per (row, head) pair of a contiguous fp32 source, into a strided destination.
+template <typename Element>
+__global__ void cast_strided_kernel(const float* src, Element* dst, int64_t pairs, int heads, int head_dim,
+                                    int64_t row_stride, int64_t head_stride, float scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pair < pairs;
+       pair += warps) {
+    const int64_t row = pair / heads;
+    const int head = static_cast<int>(pair - row * heads);
+    const float* s = src + pair * head_dim;
+    Element* d = dst + row * row_stride + static_cast<int64_t>(head) * head_stride;
+    for (int i = lane; i < head_dim; i += 32) d[i] = from_float<Element>(scale * s[i]);
+  }
+}
+
 unsigned blocks_for(int64_t items, int threads) { return static_cast<unsigned>((items + threads - 1) / threads); }
 
 }  // namespace
@@ -158,19 +177,22 @@ void launch_schedule(const Segment* segments, int num_segments, int q_tile_rows,
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
 
-void launch_delta(const void* out, const void* dout, DType dtype, int64_t rows, int heads, int head_dim, float* delta,
-                  cudaStream_t stream) {
+void launch_delta(const void* out, int64_t out_row_stride, int64_t out_head_stride, const void* dout,
+                  int64_t dout_row_stride, int64_t dout_head_stride, DType dtype, int64_t rows, int heads,
+                  int head_dim, float* delta, cudaStream_t stream) {
   const int64_t pairs = rows * heads;
   if (pairs == 0) return;
   constexpr int kThreads = 256;
   const unsigned blocks = blocks_for(pairs * 32, kThreads);
   if (dtype == DType::kBFloat16) {
-    delta_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(out),
-                                                  static_cast<const __nv_bfloat16*>(dout), pairs, head_dim, delta,
-                                                  rows, heads);
+    delta_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(out), out_row_stride,
+                                                  out_head_stride, static_cast<const __nv_bfloat16*>(dout),
+                                                  dout_row_stride, dout_head_stride, pairs, head_dim, delta, rows,
+                                                  heads);
   } else {
-    delta_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __half*>(out), static_cast<const __half*>(dout),
-                                                  pairs, head_dim, delta, rows, heads);
+    delta_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __half*>(out), out_row_stride, out_head_stride,
+                                                  static_cast<const __half*>(dout), dout_row_stride,
+                                                  dout_head_stride, pairs, head_dim, delta, rows, heads);
   }
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
@@ -191,6 +213,29 @@ void launch_cast(const float* src, void* dst, DType dtype, int64_t n, float scal
 
 void launch_cast(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream) {
   launch_cast(src, dst, dtype, n, 1.0f, stream);
+}
+
+void launch_cast_strided(const float* src, void* dst, DType dtype, int64_t rows, int heads, int head_dim,
+                         int64_t row_stride, int64_t head_stride, float scale, cudaStream_t stream) {
+  if (row_stride == static_cast<int64_t>(heads) * head_dim && head_stride == head_dim) {
+    launch_cast(src, dst, dtype, rows * heads * head_dim, scale, stream);
+    return;
+  }
+  const int64_t pairs = rows * heads;
+  if (pairs == 0 || head_dim == 0) return;
+  constexpr int kThreads = 256;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(pairs * 32, kThreads), 65536));
+  if (dtype == DType::kBFloat16) {
+    cast_strided_kernel<<<blocks, kThreads, 0, stream>>>(src, static_cast<__nv_bfloat16*>(dst), pairs, heads,
+                                                         head_dim, row_stride, head_stride, scale);
+  } else if (dtype == DType::kFloat16) {
+    cast_strided_kernel<<<blocks, kThreads, 0, stream>>>(src, static_cast<__half*>(dst), pairs, heads, head_dim,
+                                                         row_stride, head_stride, scale);
+  } else {
+    cast_strided_kernel<<<blocks, kThreads, 0, stream>>>(src, static_cast<float*>(dst), pairs, heads, head_dim,
+                                                         row_stride, head_stride, scale);
+  }
+  THDCP_CHECK_CUDA(cudaGetLastError());
 }
 
 }  // namespace thdcp::cuda::detail

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "attention_params.h"
 #include "launch.h"
 
 namespace thdcp::cuda::detail {
@@ -134,11 +135,27 @@ __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
 }
 
+// Element offset of 16-byte chunk `chunk` of head `head` in row `row` of a THD tensor. The
+// host keeps strides below kMaxRowStride and rows below 2^31, so the offset inside the row
+// is 32-bit and the row's one 32x32->64-bit multiply: what contiguous offsets cost.
+__device__ __forceinline__ uint64_t row_offset(const Strides& strides, uint32_t row, int head, int chunk) {
+  return static_cast<uint64_t>(row) * static_cast<uint32_t>(strides.row) +
+         (static_cast<uint32_t>(head) * static_cast<uint32_t>(strides.head) + static_cast<uint32_t>(chunk) * 8);
+}
+
+// Elements from one row to the row kRows further on (32-bit: kRows * strides.row <
+// 32 * kMaxRowStride = 2^31).
+template <int kRows>
+__device__ __forceinline__ int pass_step(const Strides& strides) {
+  static_assert(kRows <= 32, "kMaxRowStride allows steps of up to 32 rows");
+  return static_cast<int>(strides.row) * kRows;
+}
+
 // Copies rows [0, kRows) of head `head` of a THD tensor, starting at `first_row`, into a
 // swizzled shared tile; rows >= valid_rows are zero-filled (never read).
 template <int kRows, int kHeadDim, int kThreads, typename Element>
 __device__ __forceinline__ void load_tile_async(Element* tile, const Element* tensor, int64_t first_row,
-                                                int valid_rows, int64_t row_stride, int head) {
+                                                int valid_rows, const Strides& strides, int head) {
   constexpr int kChunks = kHeadDim / 8;
   constexpr int kTotal = kRows * kChunks;
   static_assert(kTotal % kThreads == 0, "tile chunks must split evenly over the threads");
@@ -149,7 +166,7 @@ __device__ __forceinline__ void load_tile_async(Element* tile, const Element* te
     const int chunk = index % kChunks;
     const bool valid = row < valid_rows;
     const Element* src =
-        valid ? tensor + (first_row + row) * row_stride + static_cast<int64_t>(head) * kHeadDim + chunk * 8 : tensor;
+        valid ? tensor + row_offset(strides, static_cast<uint32_t>(first_row + row), head, chunk) : tensor;
     cp_async_16(smem_address(tile + swizzled_offset<kHeadDim>(row, chunk)), src, valid);
   }
 }

@@ -27,22 +27,23 @@ __device__ __forceinline__ int wgmma_tile_offset(int row, int chunk) {
 }
 
 // Copies rows [0, kRows) of head `head` of a THD tensor, from `first_row` on, into a wgmma
-// tile at shared address `tile`; rows >= valid_rows are zero-filled (never read).
+// tile at shared address `tile`; rows >= valid_rows are zero-filled (never read). Addresses
+// as load_tile_async's (row_offset, pass_step).
 template <int kRows, int kHeadDim, int kThreads, typename Element>
 __device__ __forceinline__ void load_wgmma_tile_async(uint32_t tile, const Element* tensor, int64_t first_row,
-                                                      int valid_rows, int64_t row_stride, int head) {
+                                                      int valid_rows, const Strides& strides, int head) {
   constexpr int kChunks = kHeadDim / 8;
   constexpr int kRowStep = kThreads / kChunks;
   static_assert(kRows * kChunks % kThreads == 0 && kRowStep % 8 == 0, "row passes keep the swizzle phase");
   const int chunk = static_cast<int>(threadIdx.x) % kChunks;
   const int row0 = static_cast<int>(threadIdx.x) / kChunks;
   const uint32_t dst0 = tile + static_cast<uint32_t>(wgmma_tile_offset<kRows>(row0, chunk) * 2);
-  const Element* src0 = tensor + (first_row + row0) * row_stride + static_cast<int64_t>(head) * kHeadDim + chunk * 8;
+  const Element* src = tensor + row_offset(strides, static_cast<uint32_t>(first_row) + row0, head, chunk);
 #pragma unroll
   for (int i = 0; i < kRows / kRowStep; ++i) {
     const bool valid = row0 + kRowStep * i < valid_rows;
-    cp_async_16(dst0 + static_cast<uint32_t>(kRowStep * i * 128), valid ? src0 + kRowStep * i * row_stride : tensor,
-                valid);
+    cp_async_16(dst0 + static_cast<uint32_t>(kRowStep * i * 128), valid ? src : tensor, valid);
+    src += pass_step<kRowStep>(strides);
   }
 }
 

@@ -1,126 +1,312 @@
-// AllGather CP with the CUDA backend, cp ranks as threads on one GPU (in-process
-// communicator, host-staged), equals the single-device CPU reference: out, lse, max_logit,
-// dq, dk, dv. The layouts are in capacity form (placeholder sequences, slack rows).
+// AllGather CP on one GPU: cp ranks as threads sharing it through the shared-GPU device
+// communicator. On the edge-case table, every rank's out, lse, max_logit, dq, dk, dv equal
+// the single-device CPU reference (GPU tolerances); the whole step of every rank, captured
+// into one CUDA graph (global capture mode) and replayed on a new batch of the same
+// capacity, equals the eager step on that batch bit for bit. Faults: a failing rank and
+// disagreeing plans make every rank throw.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "cuda/cuda_test_support.h"
-#include "support/cp_check.h"
+#include "cp/cuda_cp_rank.h"
+#include "support/expect_error.h"
 #include "support/gpu_tolerance.h"
-#include "thdcp/cp/cuda.h"
-#include "thdcp/comm/host_staged.h"
+#include "thdcp/comm/shared_gpu.h"
 
 namespace thdcp {
 namespace {
 
-struct RankOutputs {
-  HostTensor out, dq, dk, dv;
-  std::vector<float> lse, max_logit;
+struct EdgeCase {
+  const char* name;
+  std::vector<int64_t> lengths;  // documents; -1: one sequence filling the capacity
+  int extra_seqs;                // placeholders beyond the reserved one (0: exactly max_seqs - 1 documents)
+  Mask mask;
+  int q_heads, kv_heads, head_dim;
+  DType dtype;
 };
 
-// One rank: uploads its local tensors, runs cp_forward and cp_backward on its own stream,
-// downloads the outputs.
-RankOutputs run_rank(Communicator& host_comm, const test::Batch& b, const Mask& mask, const cuda::Options& options) {
-  THDCP_CHECK_CUDA(cudaSetDevice(0));
-  cudaStream_t stream;
-  THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cuda::HostStagedCommunicator comm(host_comm, stream);
-  const LayoutView layout = b.layout.view();
-  const int cp = comm.size(), rank = comm.rank();
-  test::DeviceTensor q(test::local_part(b.q, layout, cp, rank)), k(test::local_part(b.k, layout, cp, rank)),
-      v(test::local_part(b.v, layout, cp, rank)), dout(test::local_part(b.dout, layout, cp, rank));
-  const int64_t rows = q.tokens, hq = q.heads, hkv = k.heads, dim = q.head_dim;
-  test::DeviceTensor out(q.dtype, rows, hq, dim), dq(q.dtype, rows, hq, dim), dk(k.dtype, rows, hkv, dim),
-      dv(k.dtype, rows, hkv, dim);
-  test::DeviceBuffer lse(sizeof(float) * hq * rows), max_logit(sizeof(float) * hq);
-  test::DeviceBuffer cu(sizeof(int32_t) * b.layout.cu_seqlens.size()),
-      cup(sizeof(int32_t) * b.layout.cu_seqlens_padded.size());
-  cu.upload(b.layout.cu_seqlens.data(), cu.bytes());
-  cup.upload(b.layout.cu_seqlens_padded.data(), cup.bytes());
-  for (test::DeviceBuffer* p : {&out.buffer, &dq.buffer, &dk.buffer, &dv.buffer, &lse, &max_logit}) p->poison();
-  const cuda::DeviceLayout device_layout{cu.as<int32_t>(), cup.as<int32_t>(), layout.num_seqs, layout.total_rows()};
-  test::DeviceBuffer fwd_ws(cuda::cp_forward_workspace_size(device_layout, cp, hq, hkv, dim, q.dtype));
-  test::DeviceBuffer bwd_ws(cuda::cp_backward_workspace_size(device_layout, cp, hq, hkv, dim, q.dtype, options));
-  cuda::cp_forward(comm, device_layout, mask, q.cview(), k.cview(), v.cview(), out.view(), lse.as<float>(),
-                   max_logit.as<float>(), fwd_ws.data(), fwd_ws.bytes(), stream, options);
-  cuda::cp_backward(comm, device_layout, mask, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(),
-                    lse.as<float>(), dq.view(), dk.view(), dv.view(), bwd_ws.data(), bwd_ws.bytes(), stream, options);
-  THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
-  THDCP_CHECK_CUDA(cudaStreamDestroy(stream));
-  RankOutputs r;
-  r.out = out.download();
-  r.dq = dq.download();
-  r.dk = dk.download();
-  r.dv = dv.download();
-  r.lse = test::download_vector<float>(lse, static_cast<size_t>(hq * rows));
-  r.max_logit = test::download_vector<float>(max_logit, static_cast<size_t>(hq));
-  return r;
+const std::vector<EdgeCase>& edge_cases() {
+  static const std::vector<EdgeCase> cases = {
+      {"short_and_empty_causal_gqa4_bf16", {0, 1, 17, 37, 300, 2}, 2, Mask::causal(), 8, 2, 64, DType::kBFloat16},
+      {"one_sequence_fills_capacity_fp16", {-1}, 0, Mask::causal(), 4, 4, 128, DType::kFloat16},
+      {"max_seqs_minus_one_full_gqa8_bf16", {130, 7, 64, 1, 95, 33, 12}, 0, Mask::full(), 8, 1, 128,
+       DType::kBFloat16},
+      {"window_wider_than_chunk_fp16", {1500, 700, 3}, 1, Mask::window(1000, 0), 8, 2, 64, DType::kFloat16},
+      {"window_both_sides_gqa1_bf16", {400, 250, 9}, 1, Mask::window(64, 200), 4, 4, 128, DType::kBFloat16},
+      {"small_window_gqa8_fp16", {333, 21, 160}, 1, Mask::window(16, 16), 8, 1, 64, DType::kFloat16},
+  };
+  return cases;
 }
 
-// Runs CP on `cp` ranks of one GPU and compares every rank's outputs with the reference.
-void expect_cp_matches_reference(int cp, const Mask& mask, DType dtype, int dim, const cuda::Options& options) {
-  Rng rng(static_cast<uint64_t>(cp * 31 + mask.window_left * 7 + mask.window_right + dim + static_cast<int>(dtype)));
-  std::vector<int64_t> lengths = test::random_lengths(rng, 6, 300);
-  for (int64_t extra : {int64_t{0}, int64_t{1}, int64_t{2 * cp + 1}, int64_t{1500}}) lengths.push_back(extra);
-  // Capacity form: two placeholders' worth of sequences and 8*cp slack rows.
-  int64_t rows = 0;
-  for (int64_t n : lengths) rows += cp_padded_length(n, cp);
-  const BatchLayout layout =
-      make_layout(lengths, cp, Capacity{static_cast<int>(lengths.size()) + 2, rows + 8 * cp});
-  const test::Batch b = test::make_batch(layout, dtype, 8, 2, dim, rng.next());
-  const test::GlobalResult ref = test::single_device(b, mask, AttentionOptions{});
+// A batch of `c` for `cp` in capacity form; `seed` varies the data and (for the replay
+// batch) the lengths, keeping the capacity.
+test::Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint64_t seed, bool shuffle) {
+  std::vector<int64_t> lengths = c.lengths;
+  if (lengths.size() == 1 && lengths[0] < 0) {
+    lengths[0] = capacity.max_tokens - (shuffle ? 2 * cp + 3 : 0);  // fills the capacity (or nearly)
+  } else if (shuffle) {
+    std::reverse(lengths.begin(), lengths.end());
+    for (int64_t& n : lengths) n = n > 3 ? n - 3 : n;
+  }
+  const BatchLayout layout = make_layout(lengths, cp, capacity);
+  return test::make_batch(layout, c.dtype, c.q_heads, c.kv_heads, c.head_dim, seed);
+}
 
-  std::vector<RankOutputs> outputs(static_cast<size_t>(cp));
-  run_in_process(cp, [&](Communicator& comm) {
-    outputs[static_cast<size_t>(comm.rank())] = run_rank(comm, b, mask, options);
+Capacity capacity_of(const EdgeCase& c, int cp) {
+  int64_t rows = 0;
+  int docs = 0;
+  for (int64_t n : c.lengths) {
+    rows += n < 0 ? 3000 : cp_padded_length(n, cp);
+    ++docs;
+  }
+  if (c.lengths.size() == 1 && c.lengths[0] < 0) rows = cp_padded_length(3000, cp);
+  const int64_t slack = c.extra_seqs > 0 ? 8 * cp : 0;
+  return Capacity{docs + 1 + c.extra_seqs, rows + slack};
+}
+
+void expect_matches_reference(const test::RankOutputs& o, const test::Batch& b, const Mask& mask, int cp, int rank) {
+  const test::GlobalResult ref = test::single_device(b, mask, AttentionOptions{});
+  const LayoutView view = b.layout.view();
+  const DType dtype = b.q.dtype();
+  SCOPED_TRACE("cp " + std::to_string(cp) + " rank " + std::to_string(rank));
+  EXPECT_TRUE(test::matches("out", o.out, test::local_part(ref.out, view, cp, rank), test::gpu_out_tolerance(dtype)));
+  EXPECT_TRUE(test::matches("dq", o.dq, test::local_part(ref.dq, view, cp, rank), test::gpu_grad_tolerance(dtype)));
+  EXPECT_TRUE(test::matches("dk", o.dk, test::local_part(ref.dk, view, cp, rank), test::gpu_grad_tolerance(dtype)));
+  EXPECT_TRUE(test::matches("dv", o.dv, test::local_part(ref.dv, view, cp, rank), test::gpu_grad_tolerance(dtype)));
+  EXPECT_TRUE(test::matches("lse", o.lse, test::local_lse(ref.lse, b.q.heads(), view, cp, rank),
+                            test::kGpuFp32ResultTolerance));
+  EXPECT_TRUE(test::matches("max_logit", o.max_logit, ref.max_logit, test::kGpuFp32ResultTolerance));
+}
+
+using EdgeParam = std::tuple<int /*cp*/, int /*edge case index*/>;
+
+class CudaCpSharedGpu : public test::CudaTest, public ::testing::WithParamInterface<EdgeParam> {};
+
+TEST_P(CudaCpSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
+  const auto [cp, index] = GetParam();
+  const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
+  const Capacity capacity = capacity_of(c, cp);
+  const test::Batch first = make_case_batch(c, cp, capacity, 1000 + index * 10 + cp, false);
+  const test::Batch second = make_case_batch(c, cp, capacity, 2000 + index * 10 + cp, true);
+  cp::Problem problem;
+  problem.cp = cp;
+  problem.capacity = capacity;
+  problem.mask = c.mask;
+  problem.q_heads = c.q_heads;
+  problem.kv_heads = c.kv_heads;
+  problem.head_dim = c.head_dim;
+  problem.dtype = c.dtype;
+
+  std::vector<test::RankOutputs> eager_first(cp), eager_second(cp), replayed(cp);
+  test::ThreadBarrier barrier(cp);
+  cudaStream_t origin = nullptr;
+  cudaEvent_t fork = nullptr;
+  std::vector<cudaEvent_t> joins(static_cast<size_t>(cp));
+  THDCP_CHECK_CUDA(cudaSetDevice(0));
+  THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking));
+  THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  for (cudaEvent_t& e : joins) THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+
+  run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+    const int rank = comm.rank();
+    test::CudaCpRank state(comm, problem);
+    state.load(first);
+    state.step(state.stream());
+    eager_first[rank] = state.download();
+
+    // One graph holds the step of every rank: rank 0's thread starts a global-mode capture
+    // on `origin`, every rank's stream joins it through `fork`, and `origin` joins them back.
+    barrier.wait();
+    if (rank == 0) {
+      THDCP_CHECK_CUDA(cudaStreamBeginCapture(origin, cudaStreamCaptureModeGlobal));
+      THDCP_CHECK_CUDA(cudaEventRecord(fork, origin));
+    }
+    barrier.wait();
+    THDCP_CHECK_CUDA(cudaStreamWaitEvent(state.stream(), fork, 0));
+    state.step(state.stream());
+    THDCP_CHECK_CUDA(cudaEventRecord(joins[rank], state.stream()));
+    barrier.wait();
+    if (rank == 0) {
+      for (cudaEvent_t e : joins) THDCP_CHECK_CUDA(cudaStreamWaitEvent(origin, e, 0));
+      THDCP_CHECK_CUDA(cudaStreamEndCapture(origin, &graph));
+      THDCP_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    }
+    barrier.wait();
+
+    state.load(second);  // new lengths and data, same capacity, outputs poisoned
+    barrier.wait();
+    if (rank == 0) {
+      THDCP_CHECK_CUDA(cudaGraphLaunch(exec, origin));
+      THDCP_CHECK_CUDA(cudaStreamSynchronize(origin));
+    }
+    barrier.wait();
+    replayed[rank] = state.download();
+
+    state.load(second);
+    state.step(state.stream());
+    eager_second[rank] = state.download();
   });
 
-  const LayoutView view = layout.view();
   for (int rank = 0; rank < cp; ++rank) {
-    const RankOutputs& o = outputs[static_cast<size_t>(rank)];
-    SCOPED_TRACE("cp " + std::to_string(cp) + " rank " + std::to_string(rank));
-    EXPECT_TRUE(test::matches("out", o.out, test::local_part(ref.out, view, cp, rank), test::gpu_out_tolerance(dtype)));
-    EXPECT_TRUE(test::matches("dq", o.dq, test::local_part(ref.dq, view, cp, rank), test::gpu_grad_tolerance(dtype)));
-    EXPECT_TRUE(test::matches("dk", o.dk, test::local_part(ref.dk, view, cp, rank), test::gpu_grad_tolerance(dtype)));
-    EXPECT_TRUE(test::matches("dv", o.dv, test::local_part(ref.dv, view, cp, rank), test::gpu_grad_tolerance(dtype)));
-    EXPECT_TRUE(test::matches("lse", o.lse, test::local_lse(ref.lse, 8, view, cp, rank), test::kGpuFp32ResultTolerance));
-    EXPECT_TRUE(test::matches("max_logit", o.max_logit, ref.max_logit, test::kGpuFp32ResultTolerance));
+    expect_matches_reference(eager_first[rank], first, c.mask, cp, rank);
+    expect_matches_reference(eager_second[rank], second, c.mask, cp, rank);
+    EXPECT_TRUE(test::identical(replayed[rank], eager_second[rank])) << "graph replay vs eager, rank " << rank;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  for (cudaEvent_t e : joins) cudaEventDestroy(e);
+  cudaEventDestroy(fork);
+  cudaStreamDestroy(origin);
+}
+
+std::string edge_name(const ::testing::TestParamInfo<EdgeParam>& info) {
+  return "cp" + std::to_string(std::get<0>(info.param)) + "_" +
+         edge_cases()[static_cast<size_t>(std::get<1>(info.param))].name;
+}
+
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpSharedGpu,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 8), ::testing::Range(0, 6)), edge_name);
+
+class CudaCpFaults : public test::CudaTest {};
+
+cp::Problem small_problem(int cp) {
+  cp::Problem p;
+  p.cp = cp;
+  p.capacity = Capacity{4, 64 * cp};
+  p.mask = Mask::causal();
+  p.q_heads = 4;
+  p.kv_heads = 2;
+  p.head_dim = 64;
+  p.dtype = DType::kBFloat16;
+  return p;
+}
+
+// A rank that fails before a collective: the others are released with thdcp::Error well
+// within the group's timeout, and run_shared_gpu rethrows the failing rank's own error.
+TEST_F(CudaCpFaults, RankFailingBeforeACollectiveReleasesEveryRank) {
+  const int cp = 4;
+  std::vector<std::string> messages(cp);
+  const auto start = std::chrono::steady_clock::now();
+  SharedGpuOptions options;
+  options.timeout_seconds = 60;
+  EXPECT_THDCP_ERROR(run_shared_gpu(
+                         cp,
+                         [&](DeviceCommunicator& comm) {
+                           test::CudaCpRank state(comm, small_problem(cp));
+                           try {
+                             if (comm.rank() == 2) throw Error("rank 2 lost its input");
+                             state.step(state.stream());
+                           } catch (const Error& e) {
+                             messages[comm.rank()] = e.what();
+                             throw;
+                           }
+                         },
+                         options),
+                     "rank 2 lost its input");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 30.0);
+  for (int r = 0; r < cp; ++r) {
+    if (r == 2) continue;
+    EXPECT_NE(messages[r].find("rank 2 failed (rank 2 lost its input)"), std::string::npos) << messages[r];
   }
 }
 
-using CudaCpCase = std::tuple<int /*cp*/, Mask, DType, int /*head_dim*/>;
-
-class CudaCp : public test::CudaTest, public ::testing::WithParamInterface<CudaCpCase> {};
-
-TEST_P(CudaCp, EqualsSingleDeviceReference) {
-  const auto [cp, mask, dtype, dim] = GetParam();
-  expect_cp_matches_reference(cp, mask, dtype, dim, cuda::Options{});
+// A rank that never arrives and never fails: the timeout releases the others.
+TEST_F(CudaCpFaults, SilentRankTimesOut) {
+  SharedGpuOptions options;
+  options.timeout_seconds = 2;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> messages(2);
+  EXPECT_THROW(run_shared_gpu(
+                   2,
+                   [&](DeviceCommunicator& comm) {
+                     test::DeviceBuffer send(256), recv(512);
+                     cudaStream_t stream;
+                     THDCP_CHECK_CUDA(cudaStreamCreate(&stream));
+                     if (comm.rank() == 0) {
+                       try {
+                         comm.all_gather(send.data(), recv.data(), 256, stream);
+                       } catch (const Error& e) {
+                         messages[0] = e.what();
+                       }
+                     }
+                     cudaStreamDestroy(stream);
+                     if (comm.rank() == 0) throw Error(messages[0]);
+                   },
+                   options),
+               Error);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10.0);
+  EXPECT_NE(messages[0].find("waited 2 s in all_gather for ranks that never called it: 1"), std::string::npos)
+      << messages[0];
 }
 
-class CudaCpFusedDq : public test::CudaTest {};
-
-// The non-deterministic backward (dQ by atomics) through the same CP path.
-TEST_F(CudaCpFusedDq, EqualsSingleDeviceReference) {
-  cuda::Options options;
-  options.deterministic = false;
-  expect_cp_matches_reference(2, Mask::causal(), DType::kBFloat16, 128, options);
-  expect_cp_matches_reference(4, Mask::window(64, 200), DType::kFloat16, 64, options);
+// Plans whose ranks disagree are refused on every rank, naming the disagreement.
+TEST_F(CudaCpFaults, DisagreeingPlansAreRefusedOnEveryRank) {
+  struct Variant {
+    const char* expected;
+    void (*change)(cp::Problem&);
+  };
+  const Variant variants[] = {
+      {"rank 1 passed capacity (max_seqs=5, max_tokens=128) but rank 0 passed (4, 128)",
+       [](cp::Problem& p) { p.capacity.max_seqs = 5; }},
+      {"rank 1 passed mask (-1,-1) but rank 0 passed (-1,0)", [](cp::Problem& p) { p.mask = Mask::full(); }},
+      {"rank 1 passed heads 8:2 head_dim 64 but rank 0 passed 4:2 head_dim 64", [](cp::Problem& p) { p.q_heads = 8; }},
+      {"rank 1 passed dtype fp16 but rank 0 passed bf16", [](cp::Problem& p) { p.dtype = DType::kFloat16; }},
+  };
+  for (const Variant& variant : variants) {
+    std::vector<std::string> messages(2);
+    EXPECT_THROW(run_shared_gpu(2,
+                                [&](DeviceCommunicator& comm) {
+                                  cp::Problem p = small_problem(2);
+                                  if (comm.rank() == 1) variant.change(p);
+                                  try {
+                                    test::CudaCpRank state(comm, p);
+                                  } catch (const Error& e) {
+                                    messages[comm.rank()] = e.what();
+                                    throw;
+                                  }
+                                }),
+                 Error);
+    for (int r = 0; r < 2; ++r) EXPECT_NE(messages[r].find(variant.expected), std::string::npos) << messages[r];
+  }
 }
 
-std::string case_name(const ::testing::TestParamInfo<CudaCpCase>& param_info) {
-  const auto& [cp, mask, dtype, dim] = param_info.param;
-  return "cp" + std::to_string(cp) + "_" + test::mask_label(mask) + "_" + dtype_name(dtype) + "_d" + std::to_string(dim);
+// Bad input is refused at plan time on every rank, before anything runs.
+TEST_F(CudaCpFaults, BadPlanArgumentsAreRefusedOnEveryRank) {
+  // A communicator of the wrong size.
+  EXPECT_THDCP_ERROR(run_shared_gpu(2,
+                                    [&](DeviceCommunicator& comm) {
+                                      cp::Problem p = small_problem(4);
+                                      test::CudaCpRank state(comm, p);
+                                    }),
+                     "problem.cp=4 but the communicator has 2 ranks");
+  // A workspace in host memory, on one rank only: both ranks throw.
+  std::vector<std::string> messages(2);
+  EXPECT_THROW(run_shared_gpu(2,
+                              [&](DeviceCommunicator& comm) {
+                                const cp::Problem p = small_problem(2);
+                                const size_t bytes = cp::cuda_workspace_size(p);
+                                std::vector<unsigned char> host(bytes);
+                                test::DeviceBuffer device(bytes);
+                                try {
+                                  cp::CudaPlan plan(comm, p, cuda::Options{},
+                                                    comm.rank() == 1 ? static_cast<void*>(host.data()) : device.data(),
+                                                    bytes);
+                                } catch (const Error& e) {
+                                  messages[comm.rank()] = e.what();
+                                  throw;
+                                }
+                              }),
+               Error);
+  EXPECT_NE(messages[1].find("workspace"), std::string::npos) << messages[1];
+  EXPECT_NE(messages[0].find("rank 1: "), std::string::npos) << messages[0];
 }
-
-INSTANTIATE_TEST_SUITE_P(
-    Matrix, CudaCp,
-    ::testing::Combine(::testing::Values(1, 2, 4),
-                       ::testing::Values(Mask::causal(), Mask::full(), Mask::window(64, 200), Mask::window(1000, 0)),
-                       ::testing::Values(DType::kBFloat16, DType::kFloat16), ::testing::Values(64, 128)),
-    case_name);
 
 }  // namespace
 }  // namespace thdcp

@@ -1,5 +1,12 @@
-// Views of THD tensors ([tokens, heads, head_dim], contiguous, row-major) and an owning
-// host tensor for tools and tests.
+// Views of THD tensors ([tokens, heads, head_dim], row-major, head_dim contiguous, with a
+// row stride and a head stride) and an owning host tensor for tools and tests.
+//
+// Strides are in elements and 0 means contiguous: row_stride = heads * head_dim,
+// head_stride = head_dim. So a packed QKV buffer [T, Hq + 2*Hkv, D] is used with no copy
+// through three views that share row_stride = (Hq + 2*Hkv) * D and head_stride = D:
+//   q: data = qkv,                 heads = Hq
+//   k: data = qkv + Hq * D,        heads = Hkv
+//   v: data = qkv + (Hq + Hkv) * D, heads = Hkv
 #pragma once
 
 #include <cstdint>
@@ -15,9 +22,15 @@ struct ThdTensor {
   int64_t tokens = 0;
   int64_t heads = 0;
   int64_t head_dim = 0;
+  int64_t row_stride = 0;   // elements from one token to the next; 0: heads * head_dim
+  int64_t head_stride = 0;  // elements from one head to the next; 0: head_dim
 
   int64_t numel() const { return tokens * heads * head_dim; }
+  // Bytes of one row's heads * head_dim elements (the row of a contiguous tensor).
   size_t row_bytes() const { return static_cast<size_t>(heads * head_dim) * dtype_size(dtype); }
+  int64_t row_step() const { return row_stride != 0 ? row_stride : heads * head_dim; }
+  int64_t head_step() const { return head_stride != 0 ? head_stride : head_dim; }
+  bool contiguous() const { return row_step() == heads * head_dim && head_step() == head_dim; }
 };
 
 struct ConstThdTensor {
@@ -26,15 +39,23 @@ struct ConstThdTensor {
   int64_t tokens = 0;
   int64_t heads = 0;
   int64_t head_dim = 0;
+  int64_t row_stride = 0;   // as ThdTensor
+  int64_t head_stride = 0;
 
   ConstThdTensor() = default;
-  ConstThdTensor(const void* data_, DType dtype_, int64_t tokens_, int64_t heads_, int64_t head_dim_)
-      : data(data_), dtype(dtype_), tokens(tokens_), heads(heads_), head_dim(head_dim_) {}
+  ConstThdTensor(const void* data_, DType dtype_, int64_t tokens_, int64_t heads_, int64_t head_dim_,
+                 int64_t row_stride_ = 0, int64_t head_stride_ = 0)
+      : data(data_), dtype(dtype_), tokens(tokens_), heads(heads_), head_dim(head_dim_), row_stride(row_stride_),
+        head_stride(head_stride_) {}
   ConstThdTensor(const ThdTensor& t)  // NOLINT(google-explicit-constructor): views convert freely
-      : data(t.data), dtype(t.dtype), tokens(t.tokens), heads(t.heads), head_dim(t.head_dim) {}
+      : data(t.data), dtype(t.dtype), tokens(t.tokens), heads(t.heads), head_dim(t.head_dim),
+        row_stride(t.row_stride), head_stride(t.head_stride) {}
 
   int64_t numel() const { return tokens * heads * head_dim; }
   size_t row_bytes() const { return static_cast<size_t>(heads * head_dim) * dtype_size(dtype); }
+  int64_t row_step() const { return row_stride != 0 ? row_stride : heads * head_dim; }
+  int64_t head_step() const { return head_stride != 0 ? head_stride : head_dim; }
+  bool contiguous() const { return row_step() == heads * head_dim && head_step() == head_dim; }
 };
 
 // An owning, zero-initialised host THD tensor.

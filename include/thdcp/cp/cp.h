@@ -1,39 +1,111 @@
-// AllGather context parallelism (DESIGN.md section 5) on host tensors with the CPU backend,
-// over any Communicator (in-process threads or MPI processes).
+// AllGather context parallelism (DESIGN.md section 5): the algorithm's public types and its
+// CPU backend. The orchestration is written once (src/cp/allgather_steps.h) over a CPU step
+// set (this header: host tensors, host communicators) and a CUDA step set (thdcp/cp/cuda.h:
+// device tensors, device communicators, stream-ordered).
+//
+// Plan, then run. A plan is made once for a Problem (what every rank must agree on) by every
+// rank of the group together: it validates the problem, checks that every rank passed the
+// same one (a disagreement throws thdcp::Error on every rank, naming it), and sizes its
+// buffers by the capacity. Running a step then moves no descriptors between ranks.
 //
 // Every rank passes the same global layout (cu_seqlens / cu_seqlens_padded of the whole
-// batch, each P_b a multiple of 2*cp, cp = comm.size()) and its local tensors in the
-// dual-chunk order of thdcp/dual_chunk.h (T / cp rows; thdcp/dispatch.h makes them).
+// batch, each P_b a multiple of 2*cp) and its local tensors in the dual-chunk order of
+// thdcp/plan/dual_chunk.h (T/cp rows; thdcp/plan/rank_split.h makes them).
 #pragma once
 
-#include "thdcp/cpu/attention.h"
+#include <cstdint>
+#include <memory>
+
 #include "thdcp/comm/communicator.h"
+#include "thdcp/core/tensor.h"
+#include "thdcp/cpu/attention.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/mask.h"
 
 namespace thdcp::cp {
 
-// Seconds spent per phase on this rank (accumulated; zero it between steps).
-struct Timings {
-  double check = 0;      // validation, including the cross-rank consistency check
-  double gather = 0;     // all-gather of K/V
-  double reorder = 0;    // rank order <-> sequence order
-  double attention = 0;  // the attention call over the rank's segment table
-  double reduce = 0;     // max_logit all-reduce, dK/dV reduce-scatter
+// What every rank of a CP group must agree on, fixed for the life of a plan.
+struct Problem {
+  int cp = 1;          // ranks in the group (the communicator's size)
+  Capacity capacity;   // max_seqs: sequences of the layouts (entries - 1); max_tokens: global rows T
+  Mask mask;
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  DType dtype = DType::kBFloat16;  // q, k, v, out, dout
+
+  int64_t local_rows() const { return capacity.max_tokens / cp; }
 };
 
-// Forward on this rank. Shapes: q, out [T/cp, Hq, D]; k, v [T/cp, Hkv, D]; lse Hq * T/cp
-// floats ([Hq, T/cp]); max_logit Hq floats (max-reduced over the group) or nullptr.
-// Argument errors on any rank make every rank throw thdcp::Error (no rank is left waiting
-// in a collective), before any output is written.
+// The steps of one CP forward or backward, in order. Timings are kept per phase.
+enum class Phase : int { kTable = 0, kGather, kReorder, kAttention, kReduce, kCast, kCount };
+const char* phase_name(Phase phase);  // "table", "gather", ...
+
+// Seconds spent per phase on this rank (accumulated; zero it between steps).
+struct Timings {
+  double seconds[static_cast<int>(Phase::kCount)] = {};
+  double& operator[](Phase p) { return seconds[static_cast<int>(p)]; }
+  double operator[](Phase p) const { return seconds[static_cast<int>(p)]; }
+  double total() const;
+};
+
+// The tensors of one step on this rank. q, out, dout, dq: [T/cp, Hq, D]; k, v, dk, dv:
+// [T/cp, Hkv, D]; lse Hq * T/cp floats ([Hq, T/cp]); max_logit Hq floats (max-reduced over
+// the group) or nullptr. dq: q's dtype or fp32; dk, dv: k's dtype or fp32 (their fp32
+// partial sums are reduce-scattered in fp32 and rounded once).
+struct ForwardTensors {
+  ConstThdTensor q, k, v;
+  ThdTensor out;
+  float* lse = nullptr;
+  float* max_logit = nullptr;
+};
+
+struct BackwardTensors {
+  ConstThdTensor q, k, v, out, dout;
+  const float* lse = nullptr;
+  ThdTensor dq, dk, dv;
+};
+
+// The CPU backend: host tensors, any host Communicator (in-process threads, MPI).
+class CpuPlan {
+ public:
+  // Collective over `comm`. Throws thdcp::Error on every rank when any rank's problem is
+  // invalid or differs from rank 0's.
+  CpuPlan(Communicator& comm, const Problem& problem, const AttentionOptions& options = {});
+
+  // One step on this rank. `layout` is this batch's global layout: at most
+  // problem.capacity.max_seqs sequences, total rows problem.capacity.max_tokens, every P_b a
+  // multiple of 2*cp (checked here, on this rank: every rank must pass the same layout, as
+  // every NCCL rank must pass the same counts). Outputs are written only after every check.
+  void forward(const LayoutView& layout, const ForwardTensors& tensors, Timings* timings = nullptr);
+  void backward(const LayoutView& layout, const BackwardTensors& tensors, Timings* timings = nullptr);
+
+  const Problem& problem() const { return problem_; }
+
+  struct Buffers;  // host workspace, sized by the capacity
+
+ private:
+  friend void forward(Communicator&, const LayoutView&, const Mask&, ConstThdTensor, ConstThdTensor, ConstThdTensor,
+                      ThdTensor, float*, float*, const AttentionOptions&, Timings*);
+  friend void backward(Communicator&, const LayoutView&, const Mask&, ConstThdTensor, ConstThdTensor, ConstThdTensor,
+                       ConstThdTensor, ConstThdTensor, const float*, ThdTensor, ThdTensor, ThdTensor,
+                       const AttentionOptions&, Timings*);
+  struct OneShot;  // what a one-shot call also agrees on: its layout and its tensors' shapes
+  CpuPlan(Communicator& comm, const Problem& problem, const AttentionOptions& options, const OneShot* one_shot);
+
+  Communicator& comm_;
+  Problem problem_;
+  AttentionOptions options_;
+  std::shared_ptr<Buffers> buffers_;
+};
+
+// One-shot forms: make a plan for this call's shapes (every rank checks its arguments and
+// the ranks exchange the outcome, so an error on one rank makes every rank throw, and no
+// rank is left waiting in a collective), run one step. The problem comes from the tensors
+// and the layout (capacity = the layout's sequences and rows).
 void forward(Communicator& comm, const LayoutView& layout, const Mask& mask, ConstThdTensor q, ConstThdTensor k,
              ConstThdTensor v, ThdTensor out, float* lse, float* max_logit, const AttentionOptions& options = {},
              Timings* timings = nullptr);
-
-// Backward on this rank: dq [T/cp, Hq, D] (q's dtype or fp32); dk, dv [T/cp, Hkv, D] (k's
-// dtype or fp32). K/V are gathered again; their gradients are accumulated in fp32 over
-// both segments of the rank, then summed across ranks by reduce-scatter in fp32 and
-// rounded to dk/dv's dtype once.
 void backward(Communicator& comm, const LayoutView& layout, const Mask& mask, ConstThdTensor q, ConstThdTensor k,
               ConstThdTensor v, ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
               ThdTensor dv, const AttentionOptions& options = {}, Timings* timings = nullptr);

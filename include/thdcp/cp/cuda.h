@@ -1,55 +1,76 @@
-// AllGather context parallelism on the GPU (DESIGN.md section 5): the CUDA counterpart of
-// thdcp::cp::forward/backward. Plan, then run: the workspace size depends only on the
-// capacity and the shapes; the run functions enqueue on `stream` (the table build, the
-// reorders, the attention kernels) and call the communicator's collectives on device
-// buffers.
+// AllGather CP on the GPU: the CUDA step set of the algorithm in thdcp/cp/cp.h, over a
+// DeviceCommunicator (NCCL, or ranks sharing one GPU). A host Communicator does not convert
+// to one, so passing it here does not compile.
 //
-// The communicator must move device memory: thdcp::cuda::HostStagedCommunicator (ranks as
-// threads on one GPU, for tests) or a stream-ordered NCCL communicator. With a stream-ordered
-// communicator nothing here syncs or allocates, so a whole step can be captured.
+// Plan, then run. The plan validates the problem for the CUDA kernels (dtype, head dim,
+// kernel family of the current device), checks it across ranks once (a small exchange
+// through the communicator, waited for on the host: plan time only), checks the workspace,
+// and carves it. forward()/backward() check the tensors against the plan with host
+// arithmetic only and enqueue on `stream`: the table build, the collectives, the reorders,
+// the attention kernels and the casts. No allocation, no host synchronisation, no pointer
+// query and no read-back, so a whole step of every rank can be captured in a CUDA graph.
 #pragma once
-
-#include <cstddef>
-#include <cstdint>
 
 #include <cuda_runtime_api.h>
 
-#include "thdcp/comm/communicator.h"
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "thdcp/comm/device_communicator.h"
+#include "thdcp/cp/cp.h"
 #include "thdcp/cuda/attention.h"
-#include "thdcp/plan/mask.h"
-#include "thdcp/core/tensor.h"
 
-namespace thdcp::cuda {
+namespace thdcp::cp {
 
-// The global layout of a batch in device memory, in its capacity form (DESIGN.md section 1):
-// max_seqs + 1 entries, every padded length a multiple of 2*cp, last entry total_rows. The
-// same on every rank.
+// The global layout of a batch in device memory, in its capacity form (DESIGN.md section
+// 1): problem.capacity.max_seqs + 1 int32 entries each, every padded length a multiple of
+// 2*cp, last padded entry problem.capacity.max_tokens. The same on every rank.
 struct DeviceLayout {
   const int32_t* cu_seqlens = nullptr;
   const int32_t* cu_seqlens_padded = nullptr;
-  int max_seqs = 0;
-  int64_t total_rows = 0;  // max_tokens: the rows of the global tensors (cp * local rows)
 };
 
-size_t cp_forward_workspace_size(const DeviceLayout& layout, int cp, int64_t q_heads, int64_t kv_heads,
-                                 int64_t head_dim, DType dtype);
-// The backward's workspace depends on options.deterministic (pass the options cp_backward gets).
-size_t cp_backward_workspace_size(const DeviceLayout& layout, int cp, int64_t q_heads, int64_t kv_heads,
-                                  int64_t head_dim, DType dtype, const Options& options = {});
+// What a plan's workspace must hold; forward and backward of one plan share it (run them in
+// order on one stream).
+size_t cuda_workspace_size(const Problem& problem, const cuda::Options& options = {});
 
-// Forward on this rank (cp = comm.size()). q, out [T/cp, Hq, D]; k, v [T/cp, Hkv, D] in the
-// rank's dual-chunk order; lse Hq * T/cp floats; max_logit Hq floats (max-reduced over the
-// group) or nullptr. All device pointers.
-void cp_forward(Communicator& comm, const DeviceLayout& layout, const Mask& mask, ConstThdTensor q, ConstThdTensor k,
-                ConstThdTensor v, ThdTensor out, float* lse, float* max_logit, void* workspace, size_t workspace_bytes,
-                cudaStream_t stream, const Options& options = {});
+class CudaPlan {
+ public:
+  // Collective over `comm` (every rank, on its device comm.device(), which must be current).
+  // Throws thdcp::Error on every rank when any rank's problem is invalid or differs.
+  // `workspace`: cuda_workspace_size(problem, options) bytes of device memory of comm.device().
+  CudaPlan(DeviceCommunicator& comm, const Problem& problem, const cuda::Options& options, void* workspace,
+           size_t workspace_bytes);
+  ~CudaPlan();
+  CudaPlan(const CudaPlan&) = delete;
+  CudaPlan& operator=(const CudaPlan&) = delete;
 
-// Backward on this rank: K/V gathered again; dK/dV accumulated in fp32 for every gathered
-// row over both segments of the rank, reordered back to rank order, reduce-scattered in fp32
-// and rounded once to dk/dv's dtype (which may be fp32).
-void cp_backward(Communicator& comm, const DeviceLayout& layout, const Mask& mask, ConstThdTensor q,
-                 ConstThdTensor k, ConstThdTensor v, ConstThdTensor out, ConstThdTensor dout, const float* lse,
-                 ThdTensor dq, ThdTensor dk, ThdTensor dv, void* workspace, size_t workspace_bytes,
-                 cudaStream_t stream, const Options& options = {});
+  // Enqueue one step of this rank on `stream`. Tensors: as thdcp/cp/cp.h (device memory of
+  // comm.device()). q, out, dout and dq may be strided views; k and v may be strided with
+  // head_stride == head_dim (e.g. views of a packed QKV buffer: they are packed into the
+  // workspace before the gather); dk and dv likewise.
+  void forward(const DeviceLayout& layout, const ForwardTensors& tensors, cudaStream_t stream);
+  void backward(const DeviceLayout& layout, const BackwardTensors& tensors, cudaStream_t stream);
 
-}  // namespace thdcp::cuda
+  // Optional per-phase timing with CUDA events (eager runs only, e.g. benchmarks): creates
+  // the events (plan time); every later step records them on its stream, and timings() —
+  // after the stream is synchronised — adds each phase's milliseconds of the last step.
+  void enable_phase_timing();
+  void add_phase_timings(Timings& timings) const;
+
+  const Problem& problem() const { return problem_; }
+  DeviceCommunicator& communicator() const { return comm_; }
+
+  struct Workspace;
+  struct Events;
+
+ private:
+  DeviceCommunicator& comm_;
+  Problem problem_;
+  cuda::Options options_;
+  std::unique_ptr<Workspace> workspace_;
+  std::unique_ptr<Events> events_;
+};
+
+}  // namespace thdcp::cp

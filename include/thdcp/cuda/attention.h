@@ -1,16 +1,27 @@
 // Attention over a segment table on the GPU: the CUDA backend (same semantics as
 // thdcp::cpu::attention_forward/backward, DESIGN.md sections 2 and 4).
 //
-// Plan, then run. Everything that needs the host (argument checks, workspace sizes, grid
-// sizes) depends only on the table's *capacity* and the tensor shapes, never on the lengths
-// in it. The run functions only enqueue kernels and memsets on `stream`: no allocation, no
-// synchronisation, no device-to-host read. So a whole step (table build, forward, backward)
-// can be captured once in a CUDA graph and replayed for any batch of the same capacity.
+// Plan, then run (CUTLASS's initialize / run). A ForwardPlan or BackwardPlan is made once
+// for an AttentionShape (capacity, rows, mask, heads, head dim, dtypes) and its options: it
+// validates them, checks the workspace and sets the kernels' attributes on the current
+// device. Its run() then only checks with host arithmetic that the table and tensors match
+// the plan and enqueues kernels and memsets on `stream`: no CUDA call other than those, no
+// allocation, no synchronisation, no device-to-host read. Nothing depends on the lengths in
+// the table, only on its capacity, so a whole step (table build, forward, backward) can be
+// captured once in a CUDA graph and replayed for any batch of the same capacity.
+// attention_forward / attention_backward are one-shot wrappers (plan, check_tensors, run).
 //
 // Supported: bf16 and fp16 storage, head_dim 64 and 128, Hq a multiple of Hkv (GQA/MQA),
 // fp32 arithmetic on tensor cores (Hopper: wgmma for the forward and the deterministic
-// backward, see kernel_family). All pointers are device pointers of the current device,
+// backward, see kernel_family). All pointers are device pointers of the plan's device,
 // 16-byte aligned.
+//
+// Tensors may be strided (ThdTensor::row_stride, head_stride, in elements; head_dim is
+// always contiguous), e.g. q, k, v as views of one packed QKV buffer [T, Hq + 2 Hkv, D]
+// (thdcp/core/tensor.h). The CUDA kernels need, for every tensor: row_stride and (with more
+// than one head) head_stride multiples of 8 elements (16-byte rows for cp.async), no overlap
+// (head_stride >= head_dim, row_stride >= (heads - 1) * head_stride + head_dim) and a
+// 16-byte-aligned data pointer. fp32 dk/dv are accumulated in place and must be contiguous.
 #pragma once
 
 #include <cstddef>
@@ -18,7 +29,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include "thdcp/cpu/attention.h"
 #include "thdcp/plan/mask.h"
 #include "thdcp/plan/segment.h"
 #include "thdcp/core/tensor.h"
@@ -70,6 +80,12 @@ DeviceSegmentTable build_cp_segment_table(const int32_t* cu_seqlens, const int32
                                           int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
                                           Segment* segments, cudaStream_t stream);
 
+// The same launch with no argument or pointer checks, for plans that checked everything
+// once (thdcp::cp::CudaPlan): only the launch, so it can run inside a captured step.
+DeviceSegmentTable enqueue_cp_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
+                                            int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
+                                            Segment* segments, cudaStream_t stream);
+
 // Options of the CUDA backend.
 struct Options {
   float softmax_scale = 0.0f;  // scale of q.k; 0 means 1/sqrt(head_dim)
@@ -95,6 +111,100 @@ bool cuda_supports_head_dim(int64_t head_dim);
 // capture.
 const char* kernel_family();
 
+// The tensors of one forward call (shapes under attention_forward).
+struct ForwardTensors {
+  ConstThdTensor q, k, v;
+  ThdTensor out;
+  float* lse = nullptr;
+  float* max_logit = nullptr;  // optional
+};
+
+// The tensors of one backward call (shapes under attention_backward).
+struct BackwardTensors {
+  ConstThdTensor q, k, v, out, dout;
+  const float* lse = nullptr;
+  ThdTensor dq, dk, dv;
+};
+
+// Everything about a call except the data. `table` gives capacity, q_rows, k_rows, mask and
+// kind; its `segments` pointer may be null at plan time (run() takes the table again).
+struct AttentionShape {
+  DeviceSegmentTable table;
+  int64_t q_heads = 0;   // Hq
+  int64_t kv_heads = 0;  // Hkv; Hq % Hkv == 0
+  int64_t head_dim = 0;  // D: 64 or 128
+  DType dtype = DType::kBFloat16;  // q, k, v, out, dout: bf16 or fp16
+  DType dq_dtype = DType::kBFloat16;   // backward only: dtype or fp32
+  DType dkv_dtype = DType::kBFloat16;  // backward only: dtype or fp32 (dk and dv)
+};
+
+class ForwardPlan {
+ public:
+  // Bytes of device workspace the plan needs (tile schedule); depends only on the capacity.
+  static size_t workspace_size(const AttentionShape& shape);
+
+  // Validates everything that does not change per step (shape, mask, dtype, head dim, heads,
+  // options, the kernel family of the current device), checks the workspace (device memory
+  // of the current device, workspace_size bytes, 256-byte aligned; its contents need not
+  // be kept between runs, but one plan's runs must not overlap in time) and sets the
+  // kernels' attributes on the current device, which becomes the plan's device. Throws
+  // thdcp::Error.
+  ForwardPlan(const AttentionShape& shape, const Options& options, void* workspace, size_t workspace_bytes);
+
+  // Pointer checks (cudaPointerGetAttributes: device memory of the plan's device) of the
+  // tensors run() will take, and everything run() checks. Plan time only (e.g. once for a
+  // graph's static buffers): it calls the CUDA runtime.
+  void check_tensors(const ForwardTensors& tensors) const;
+
+  // Enqueues the tile schedule and the attention kernel on `stream` (a stream of the plan's
+  // device, which must be current). Checks with host arithmetic only that `table` and
+  // `tensors` match the plan (capacity, rows, mask, kind, shapes, dtypes, strides,
+  // alignment, non-null) and throws thdcp::Error before enqueueing anything if not.
+  void run(const DeviceSegmentTable& table, const ForwardTensors& tensors, cudaStream_t stream) const;
+
+  int device() const { return device_; }
+  const char* kernel_family() const { return sm90_ ? "sm90" : "portable"; }
+
+ private:
+  AttentionShape shape_;
+  float scale_ = 0.0f;
+  void* workspace_ = nullptr;
+  int device_ = 0;
+  bool sm90_ = false;
+};
+
+class BackwardPlan {
+ public:
+  // Bytes of device workspace the plan needs: tile schedules, delta = rowsum(dO * O)
+  // ([Hq, q_rows] fp32), fp32 accumulators for dk/dv when they are stored in 16 bits
+  // ([k_rows, Hkv, D] each) and, with options.deterministic == false, for dq
+  // ([q_rows, Hq, D]). Depends only on the capacity, the shape and options.deterministic.
+  static size_t workspace_size(const AttentionShape& shape, const Options& options = {});
+
+  // As ForwardPlan's (also checks dq_dtype and dkv_dtype).
+  BackwardPlan(const AttentionShape& shape, const Options& options, void* workspace, size_t workspace_bytes);
+
+  // As ForwardPlan::check_tensors.
+  void check_tensors(const BackwardTensors& tensors) const;
+
+  // Enqueues the memsets of the fp32 accumulators, the schedule, delta, dK/dV and dQ
+  // kernels and the casts on `stream` (of the plan's device, current). Checks as
+  // ForwardPlan::run.
+  void run(const DeviceSegmentTable& table, const BackwardTensors& tensors, cudaStream_t stream) const;
+
+  int device() const { return device_; }
+  const char* kernel_family() const { return sm90_ ? "sm90" : "portable"; }
+
+ private:
+  AttentionShape shape_;
+  Options options_;
+  float scale_ = 0.0f;
+  void* workspace_ = nullptr;
+  int device_ = 0;
+  bool sm90_ = false;
+  bool fused_dq_ = false;  // dQ accumulated by the dK/dV pass (portable, deterministic = false)
+};
+
 // Bytes of device workspace attention_forward needs (tile schedule). Depends only on the
 // table's capacity.
 size_t forward_workspace_size(const DeviceSegmentTable& table);
@@ -105,7 +215,7 @@ size_t forward_workspace_size(const DeviceSegmentTable& table);
 size_t backward_workspace_size(const DeviceSegmentTable& table, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                                DType dkv_dtype, const Options& options = {});
 
-// Forward attention over `table`, enqueued on `stream`.
+// Forward attention over `table`, enqueued on `stream`: ForwardPlan, check_tensors, run.
 //   q          [table.q_rows, Hq, D]   bf16 or fp16
 //   k, v       [table.k_rows, Hkv, D]  q's dtype; Hq % Hkv == 0
 //   out        [table.q_rows, Hq, D]   q's dtype. Every row of every segment's q_span is
@@ -116,19 +226,20 @@ size_t backward_workspace_size(const DeviceSegmentTable& table, int64_t q_heads,
 //   max_logit  Hq floats or nullptr: max over allowed pairs of the scaled score; -inf if none
 //   workspace  forward_workspace_size(table) bytes of device memory (contents need not be kept)
 // Throws thdcp::Error before enqueueing anything when an argument is wrong (shape, dtype,
-// head dim, Hq % Hkv, pointer not on the current device or not 16-byte aligned, workspace
-// too small).
+// head dim, Hq % Hkv, strides, pointer not on the current device or not 16-byte aligned,
+// workspace too small).
 void attention_forward(const DeviceSegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
                        ThdTensor out, float* lse, float* max_logit, void* workspace, size_t workspace_bytes,
                        cudaStream_t stream, const Options& options = {});
 
-// Backward attention over `table` from the forward's out and lse, enqueued on `stream`.
+// Backward attention over `table` from the forward's out and lse, enqueued on `stream`:
+// BackwardPlan, check_tensors, run.
 //   dout       [q_rows, Hq, D]   q's dtype
 //   dq         [q_rows, Hq, D]   q's dtype or fp32; every row of every q_span is written
-//   dk, dv     [k_rows, Hkv, D]  k's dtype or fp32. Accumulated in fp32 over every query head
-//                                of the KV group and every segment that reaches the key row,
-//                                rounded once when stored in 16 bits. Rows no query saw are
-//                                exactly 0.
+//   dk, dv     [k_rows, Hkv, D]  k's dtype or fp32 (then contiguous). Accumulated in fp32
+//                                over every query head of the KV group and every segment
+//                                that reaches the key row, rounded once when stored in 16
+//                                bits. Rows no query saw are exactly 0.
 //   workspace  backward_workspace_size(table, Hq, Hkv, D, dk.dtype, options) bytes
 void attention_backward(const DeviceSegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
                         ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,

@@ -1,0 +1,58 @@
+// Device communicators (DESIGN.md section 5): collectives over device buffers, ordered on a
+// CUDA stream, the way NCCL's are. The CUDA CP path takes only this type; the host
+// communicators of thdcp/comm/communicator.h do not convert to it.
+//
+// Semantics shared by every implementation:
+//  - every rank of the group calls the same collectives in the same order with the same
+//    sizes, each on the stream it wants the work ordered on;
+//  - a call returns once the work is *enqueued* on `stream`: the output is complete, and the
+//    input may be reused, only for work enqueued on `stream` after the call. Nothing waits
+//    for the device and nothing is allocated, so the calls can be captured in a CUDA graph
+//    (after warm_up());
+//  - all_gather: recv holds the `bytes` of every rank, rank-major (rank r at r * bytes);
+//  - reduce_scatter_sum: send holds size() blocks of `count` floats; rank r receives the
+//    element-wise sum over ranks of block r;
+//  - all_reduce_max: element-wise max over ranks, in place.
+// A collective that cannot complete (a peer failed, aborted or disagrees on the sizes)
+// throws thdcp::Error on every rank that can still reach the host, naming the rank and the
+// cause, instead of hanging.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <memory>
+
+namespace thdcp {
+
+class DeviceCommunicator {
+ public:
+  virtual ~DeviceCommunicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The CUDA device this rank's buffers and streams live on.
+  virtual int device() const = 0;
+  virtual const char* kind() const = 0;  // "nccl", "shared-gpu", ...
+
+  virtual void all_gather(const void* send, void* recv, size_t bytes, cudaStream_t stream) = 0;
+  virtual void reduce_scatter_sum(const float* send, float* recv, size_t count, cudaStream_t stream) = 0;
+  virtual void all_reduce_max(float* data, size_t count, cudaStream_t stream) = 0;
+
+  // A sub-group of the ranks that pass the same `color` (>= 0), ranked by (key, rank); a
+  // rank that passes color < 0 takes part in the split and gets nullptr. Collective over
+  // this group; not capture-safe (it may allocate and connect).
+  virtual std::unique_ptr<DeviceCommunicator> split(int color, int key) = 0;
+
+  // Runs one of each collective on `stream` and waits for it, so that connections that are
+  // made lazily (NCCL) exist before a stream capture begins. Collective; not capture-safe.
+  virtual void warm_up(cudaStream_t stream) = 0;
+
+  // Waits on the host until the work enqueued on `stream` so far is done, checking the
+  // communicator for asynchronous errors (a dead or aborted peer) while it waits. After
+  // `timeout_seconds` (<= 0: no limit) it aborts the communicator and throws thdcp::Error
+  // naming this rank. For tools and tests between steps; never on a captured path.
+  virtual void synchronize(cudaStream_t stream, double timeout_seconds) = 0;
+};
+
+}  // namespace thdcp

@@ -1,0 +1,424 @@
+// The NCCL device communicator (thdcp/comm/nccl.h).
+//
+// Every NCCL communicator made here is non-blocking (config.blocking = 0): init, split,
+// finalize, and a collective whose connections NCCL is still making may return
+// ncclInProgress and finish on NCCL's threads. Polling ncclCommGetAsyncError against a
+// deadline, instead of blocking inside NCCL, is what lets a rank whose peer died or called
+// something else abort and throw rather than hang.
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "thdcp/comm/nccl.h"
+#include "thdcp/core/error.h"
+#include "thdcp/cuda/check.h"
+
+namespace thdcp::nccl {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Short enough that a small collective is seen finished within a fraction of its own
+// latency budget; long enough not to keep a core busy that the step's host work needs.
+constexpr std::chrono::microseconds kPollInterval{100};
+
+// warm_up() runs each collective once on this many bytes per rank: enough for NCCL to make
+// the connections that small collectives use, small enough to cost nothing.
+constexpr size_t kWarmUpBytesPerRank = 4096;
+
+class Deadline {
+ public:
+  // seconds <= 0 (or NaN): never passes. Capped at a century so the time point cannot overflow.
+  explicit Deadline(double seconds) : limited_(seconds > 0) {
+    if (limited_) {
+      const std::chrono::duration<double> span(std::min(seconds, 3.2e9));
+      end_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(span);
+    }
+  }
+  bool passed() const { return limited_ && Clock::now() >= end_; }
+
+ private:
+  bool limited_;
+  Clock::time_point end_{};
+};
+
+std::string seconds_text(double seconds) {
+  std::ostringstream out;
+  out << seconds << " s";
+  return out.str();
+}
+
+// NCCL's name for `result` and its last message, which says which call and why.
+std::string describe(ncclResult_t result, ncclComm_t comm) {
+  std::string text = ncclGetErrorString(result);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') text += std::string(": ") + last;
+  return text;
+}
+
+// Waits while `comm` reports ncclInProgress (a non-blocking call still running on NCCL's
+// threads). Returns the final state, or ncclInProgress when the deadline passed first.
+ncclResult_t wait_while_in_progress(ncclComm_t comm, const Deadline& deadline) {
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
+    if (query != ncclSuccess) return query;
+    if (state != ncclInProgress) return state;
+    if (deadline.passed()) return ncclInProgress;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+}
+
+// Makes `device` current for a scope of calls that are not on the capture path (split,
+// warm_up, the destructor) and puts the caller's device back afterwards.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    THDCP_CHECK_CUDA(cudaSetDevice(device));
+  }
+  ~CurrentDevice() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+ncclConfig_t non_blocking_config() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+class NcclCommunicator final : public DeviceCommunicator {
+ public:
+  // Takes ownership of `comm`, whose device must be current.
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, const Options& options)
+      : comm_(comm), rank_(rank), size_(size), device_(device), options_(options) {
+    // Allocated once here so that warm_up(), like every collective, allocates nothing.
+    const size_t bytes = kWarmUpBytesPerRank * static_cast<size_t>(size_ + 1);
+    cudaError_t status = cudaMalloc(&warm_up_buffer_, bytes);
+    // Zeroed (and waited for: warm_up may run on a stream that does not wait for the
+    // default one) so that the warm-up reads defined values.
+    if (status == cudaSuccess) status = cudaMemset(warm_up_buffer_, 0, bytes);
+    if (status == cudaSuccess) status = cudaStreamSynchronize(0);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (warm_up_buffer_ != nullptr) (void)cudaFree(warm_up_buffer_);
+      (void)ncclCommAbort(comm_);
+      THDCP_FAIL(who() << ": allocating the " << bytes << "-byte warm-up buffer failed: " << cudaGetErrorName(status)
+                       << " (" << cudaGetErrorString(status)
+                       << "); free device memory before creating the communicator");
+    }
+  }
+
+  ~NcclCommunicator() override {
+    int previous = -1;
+    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+    (void)cudaSetDevice(device_);
+    if (comm_ != nullptr) release();
+    (void)cudaFree(warm_up_buffer_);
+    if (restore) (void)cudaSetDevice(previous);
+  }
+
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int device() const override { return device_; }
+  const char* kind() const override { return "nccl"; }
+
+  void all_gather(const void* send, void* recv, size_t bytes, cudaStream_t stream) override {
+    check_usable("all_gather");
+    // Zero bytes on one rank means zero on all (equal sizes are the caller's contract),
+    // so every rank skips it alike.
+    if (bytes == 0) return;
+    check_current_device("all_gather");
+    finish("ncclAllGather", ncclAllGather(send, recv, bytes, ncclUint8, comm_, stream));
+  }
+
+  void reduce_scatter_sum(const float* send, float* recv, size_t count, cudaStream_t stream) override {
+    check_usable("reduce_scatter_sum");
+    if (count == 0) return;
+    check_current_device("reduce_scatter_sum");
+    finish("ncclReduceScatter", ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm_, stream));
+  }
+
+  void all_reduce_max(float* data, size_t count, cudaStream_t stream) override {
+    check_usable("all_reduce_max");
+    if (count == 0) return;
+    check_current_device("all_reduce_max");
+    finish("ncclAllReduce", ncclAllReduce(data, data, count, ncclFloat32, ncclMax, comm_, stream));
+  }
+
+  std::unique_ptr<DeviceCommunicator> split(int color, int key) override {
+    check_usable("split");
+    CurrentDevice current(device_);
+    const Deadline deadline(options_.timeout_seconds);
+    ncclConfig_t config = non_blocking_config();
+    ncclComm_t child = nullptr;
+    ncclResult_t result = ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
+    // The split runs as a job of the parent; NCCL writes `child` when the job ends.
+    // NCCL 2.28 may return ncclSuccess while the split job still runs (the parent then
+    // refuses other calls until it ends), and writes `child` only at the job's end: wait on
+    // the parent whatever the call returned, then for `child` itself.
+    if (result == ncclSuccess || result == ncclInProgress) result = wait_while_in_progress(comm_, deadline);
+    // `child` is written by NCCL's thread: read it through volatile so each poll reloads it.
+    while (result == ncclSuccess && color >= 0 && *static_cast<volatile ncclComm_t*>(&child) == nullptr &&
+           !deadline.passed()) {
+      std::this_thread::sleep_for(kPollInterval);
+      std::atomic_thread_fence(std::memory_order_acquire);
+    }
+    if (result == ncclSuccess && child != nullptr) result = wait_while_in_progress(child, deadline);
+    if (result != ncclSuccess) {
+      std::ostringstream message;
+      message << who() << ": split(color=" << color << ", key=" << key << ") ";
+      if (result == ncclInProgress) {
+        message << "did not finish within " << seconds_text(options_.timeout_seconds)
+                << ": every rank of the communicator must call split";
+      } else {
+        message << "failed: " << describe(result, comm_);
+      }
+      // Aborting the parent first joins the split job, so `child` no longer changes.
+      abort();
+      if (child != nullptr) (void)ncclCommAbort(child);
+      failure_ = message.str();
+      THDCP_FAIL(failure_);
+    }
+    if (child == nullptr) {
+      THDCP_CHECK(color < 0, who() << ": ncclCommSplit(color=" << color << ") returned no communicator");
+      return nullptr;
+    }
+    int child_rank = -1, child_size = 0;
+    const ncclResult_t rank_result = ncclCommUserRank(child, &child_rank);
+    const ncclResult_t size_result = ncclCommCount(child, &child_size);
+    if (rank_result != ncclSuccess || size_result != ncclSuccess) {
+      (void)ncclCommAbort(child);
+      THDCP_FAIL(who() << ": cannot read the rank and size of the split communicator: "
+                       << describe(rank_result != ncclSuccess ? rank_result : size_result, child));
+    }
+    return std::make_unique<NcclCommunicator>(child, child_rank, child_size, device_, options_);
+  }
+
+  void warm_up(cudaStream_t stream) override {
+    check_usable("warm_up");
+    CurrentDevice current(device_);
+    // Block 0 holds one rank's share, blocks 1..size everybody's: no call reads what it writes.
+    auto* own = static_cast<unsigned char*>(warm_up_buffer_);
+    unsigned char* everyone = own + kWarmUpBytesPerRank;
+    const size_t floats = kWarmUpBytesPerRank / sizeof(float);
+    all_gather(own, everyone, kWarmUpBytesPerRank, stream);
+    reduce_scatter_sum(reinterpret_cast<const float*>(everyone), reinterpret_cast<float*>(own), floats, stream);
+    all_reduce_max(reinterpret_cast<float*>(own), floats, stream);
+    synchronize(stream, options_.timeout_seconds);
+  }
+
+  void synchronize(cudaStream_t stream, double timeout_seconds) override {
+    check_usable("synchronize");
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    THDCP_CHECK_CUDA(cudaStreamIsCapturing(stream, &capture));
+    THDCP_CHECK(capture == cudaStreamCaptureStatusNone,
+                who() << ": synchronize on a stream that is being captured; wait after cudaStreamEndCapture and "
+                         "the graph's launch instead");
+    const Deadline deadline(timeout_seconds);
+    for (;;) {
+      const cudaError_t status = cudaStreamQuery(stream);
+      if (status != cudaSuccess && status != cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        abort_and_throw(who() + ": the stream failed while waiting for it: " + cudaGetErrorName(status) + " (" +
+                        cudaGetErrorString(status) + ")");
+      }
+      // Checked even when the stream is done: an aborted peer ends NCCL's kernels early,
+      // and then the stream completes with outputs that were never written.
+      check_async_error();
+      if (status == cudaSuccess) return;
+      if (deadline.passed()) {
+        abort_and_throw(who() + ": timed out after " + seconds_text(timeout_seconds) +
+                        " waiting for the stream: a peer died or called a different collective");
+      }
+      std::this_thread::sleep_for(kPollInterval);
+    }
+  }
+
+ private:
+  std::string who() const {
+    std::ostringstream out;
+    out << "nccl rank " << rank_ << " (device " << device_ << ")";
+    return out.str();
+  }
+
+  void check_usable(const char* call) const {
+    THDCP_CHECK(comm_ != nullptr, who() << ": " << call << " on a communicator that an earlier failure aborted ("
+                                        << failure_ << "); create a new communicator");
+  }
+
+  // A collective runs on the current device; one enqueued from another device's context
+  // would fail inside NCCL with a less helpful message. cudaGetDevice is capture-safe.
+  void check_current_device(const char* call) const {
+    int current = -1;
+    THDCP_CHECK_CUDA(cudaGetDevice(&current));
+    THDCP_CHECK(current == device_, who() << ": " << call << " called with device " << current
+                                          << " current, but the communicator's device is " << device_
+                                          << "; call cudaSetDevice(" << device_ << ") on this thread first");
+  }
+
+  // Completes a collective call, which NCCL may still be issuing (making connections) on
+  // its threads; a failure aborts the communicator, because the group is out of step.
+  void finish(const char* call, ncclResult_t result) {
+    if (result == ncclInProgress) result = wait_while_in_progress(comm_, Deadline(options_.timeout_seconds));
+    if (result == ncclSuccess) return;
+    if (result == ncclInProgress) {
+      abort_and_throw(who() + ": " + call + " was still being issued after " + seconds_text(options_.timeout_seconds) +
+                      ": a peer died or called a different collective");
+    }
+    abort_and_throw(who() + ": " + call + " failed: " + describe(result, comm_));
+  }
+
+  void check_async_error() {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
+    if (query != ncclSuccess) state = query;
+    if (state != ncclSuccess && state != ncclInProgress) abort_and_throw(who() + ": " + describe(state, comm_));
+  }
+
+  // Stops NCCL's kernels and threads of this rank; every later call throws `message`.
+  [[noreturn]] void abort_and_throw(const std::string& message) {
+    abort();
+    failure_ = message;
+    THDCP_FAIL(message);
+  }
+
+  void abort() noexcept {
+    if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  // Finalize (flush this rank's work, non-blocking, so a stuck peer costs the timeout, not
+  // a hang) then destroy; abort when the communicator has failed or finalize does not end.
+  void release() noexcept {
+    ncclResult_t state = ncclInternalError;
+    bool healthy = ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclSuccess;
+    if (healthy) {
+      ncclResult_t result = ncclCommFinalize(comm_);
+      if (result == ncclInProgress) result = wait_while_in_progress(comm_, Deadline(options_.timeout_seconds));
+      healthy = result == ncclSuccess;
+      if (!healthy) {
+        // A destructor cannot throw; say why this rank's peers may see an aborted peer.
+        const std::string reason = result == ncclInProgress
+                                       ? "did not finish within " + seconds_text(options_.timeout_seconds)
+                                       : "failed: " + describe(result, comm_);
+        std::fprintf(stderr, "thdcp: %s: finalize %s; aborting the communicator\n", who().c_str(), reason.c_str());
+      }
+    }
+    if (healthy) {
+      (void)ncclCommDestroy(comm_);
+      comm_ = nullptr;
+    } else {
+      abort();
+    }
+  }
+
+  ncclComm_t comm_;
+  int rank_;
+  int size_;
+  int device_;
+  Options options_;
+  void* warm_up_buffer_ = nullptr;
+  std::string failure_;  // why an earlier call aborted the communicator
+};
+
+// Why this process cannot use `device`; empty when it can (and then it is current).
+std::string device_problem(int device) {
+  int count = 0;
+  cudaError_t status = cudaGetDeviceCount(&count);
+  std::ostringstream problem;
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    problem << "cudaGetDeviceCount failed: " << cudaGetErrorName(status) << " (" << cudaGetErrorString(status)
+            << "); this process cannot use a GPU";
+  } else if (device < 0 || device >= count) {
+    problem << "device " << device << " is not a CUDA device of this process (" << count
+            << " visible); pass a device in [0, " << count << ")";
+  } else if ((status = cudaSetDevice(device)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    problem << "cudaSetDevice(" << device << ") failed: " << cudaGetErrorName(status) << " ("
+            << cudaGetErrorString(status) << ")";
+  }
+  return problem.str();
+}
+
+// What each rank contributes to the bootstrap all_gather: whether it can join, and from
+// rank 0 the unique id. Plain bytes, so any host communicator can carry it.
+struct JoinRecord {
+  int ready;
+  int device;
+  char problem[384];
+  ncclUniqueId id;
+};
+
+}  // namespace
+
+bool built_with_nccl() { return true; }
+
+std::unique_ptr<DeviceCommunicator> create(Communicator& bootstrap, int device, const Options& options) {
+  const int rank = bootstrap.rank();
+  const int size = bootstrap.size();
+
+  JoinRecord mine;
+  std::memset(&mine, 0, sizeof(mine));
+  mine.device = device;
+  std::string problem = device_problem(device);
+  if (problem.empty() && rank == 0) {
+    const ncclResult_t result = ncclGetUniqueId(&mine.id);
+    if (result != ncclSuccess) problem = "ncclGetUniqueId failed: " + describe(result, nullptr);
+  }
+  mine.ready = problem.empty() ? 1 : 0;
+  std::snprintf(mine.problem, sizeof(mine.problem), "%s", problem.c_str());
+
+  std::vector<JoinRecord> records(static_cast<size_t>(size));
+  bootstrap.all_gather(&mine, records.data(), sizeof(JoinRecord));
+  // Every rank throws when any rank cannot join, so that none waits in NCCL's init for a
+  // rank that never comes.
+  std::ostringstream failures;
+  for (int r = 0; r < size; ++r) {
+    const JoinRecord& record = records[static_cast<size_t>(r)];
+    if (record.ready) continue;
+    failures << (failures.tellp() > 0 ? "; " : "") << "rank " << r << " (device " << record.device
+             << "): " << record.problem;
+  }
+  THDCP_CHECK(failures.tellp() == 0, "nccl::create on " << size << " ranks: " << failures.str());
+
+  ncclConfig_t config = non_blocking_config();
+  ncclComm_t comm = nullptr;
+  ncclResult_t result = ncclCommInitRankConfig(&comm, size, records[0].id, rank, &config);
+  if (result == ncclInProgress && comm != nullptr) {
+    result = wait_while_in_progress(comm, Deadline(options.timeout_seconds));
+  }
+  if (result != ncclSuccess || comm == nullptr) {
+    std::ostringstream message;
+    message << "nccl::create: rank " << rank << " of " << size << " (device " << device << "): ncclCommInitRankConfig ";
+    if (result == ncclInProgress) {
+      message << "did not finish within " << seconds_text(options.timeout_seconds)
+              << ": a rank did not call create, or cannot reach rank 0 (run with NCCL_DEBUG=WARN to see which)";
+    } else {
+      message << "failed: " << describe(result, comm);
+    }
+    if (comm != nullptr) (void)ncclCommAbort(comm);
+    THDCP_FAIL(message.str());
+  }
+  return std::make_unique<NcclCommunicator>(comm, rank, size, device, options);
+}
+
+}  // namespace thdcp::nccl

@@ -1,0 +1,385 @@
+#include "thdcp/comm/shared_gpu.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "shared_gpu_kernels.h"
+#include "thdcp/core/error.h"
+#include "thdcp/cuda/check.h"
+
+namespace thdcp {
+
+namespace {
+
+enum class Op { kAllGather, kReduceScatter, kAllReduceMax, kSplit };
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kAllGather: return "all_gather";
+    case Op::kReduceScatter: return "reduce_scatter_sum";
+    case Op::kAllReduceMax: return "all_reduce_max";
+    case Op::kSplit: return "split";
+  }
+  return "?";
+}
+
+// Keeps the caller's current device across a call that must run on another one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    THDCP_CHECK_CUDA(cudaGetDevice(&previous_));
+    if (previous_ != device) THDCP_CHECK_CUDA(cudaSetDevice(device));
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace
+
+// What one rank publishes for the collective in flight. Stable between the two rendezvous
+// of a collective: no rank can publish the next one before every rank passed the second.
+struct Slot {
+  Op op = Op::kAllGather;
+  size_t bytes = 0;
+  const void* send = nullptr;
+  int color = 0, key = 0;
+};
+
+struct SharedGpuGroup::State {
+  State(int size_, const SharedGpuOptions& options_) : size(size_), options(options_), slots(size_) {
+    THDCP_CHECK(size >= 1 && size <= detail::kSharedGpuMaxRanks,
+                "shared-GPU group size " << size << " must be in [1, " << detail::kSharedGpuMaxRanks << "]");
+    THDCP_CHECK(options.reduce_scratch_bytes % sizeof(float) == 0,
+                "reduce_scratch_bytes=" << options.reduce_scratch_bytes << " must be a multiple of 4");
+    int devices = 0;
+    THDCP_CHECK_CUDA(cudaGetDeviceCount(&devices));
+    THDCP_CHECK(options.device >= 0 && options.device < devices,
+                "shared-GPU device " << options.device << " does not exist: " << devices << " CUDA devices are visible");
+    DeviceGuard guard(options.device);
+    ready.resize(size);
+    done.resize(size);
+    scratch.resize(size);
+    for (int r = 0; r < size; ++r) {
+      THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&ready[r], cudaEventDisableTiming));
+      THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&done[r], cudaEventDisableTiming));
+      if (options.reduce_scratch_bytes > 0) {
+        THDCP_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&scratch[r]), options.reduce_scratch_bytes));
+      }
+    }
+  }
+
+  ~State() {
+    for (cudaEvent_t e : ready) if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : done) if (e) cudaEventDestroy(e);
+    for (float* s : scratch) if (s) cudaFree(s);
+  }
+
+  // Blocks until every rank has arrived (or throws once the group is aborted, or after the
+  // timeout, which aborts it).
+  void rendezvous(int rank, Op op) {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (!abort_reason.empty()) throw Error("shared-GPU rank " + std::to_string(rank) + ": " + abort_reason);
+    const long generation_at_entry = generation;
+    arrived_mask[rank] = true;
+    if (++arrived == size) {
+      arrived = 0;
+      std::fill(arrived_mask.begin(), arrived_mask.end(), false);
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(options.timeout_seconds > 0 ? options.timeout_seconds : 1e9));
+    const bool released = cv.wait_until(lock, deadline, [&] {
+      return generation != generation_at_entry || !abort_reason.empty();
+    });
+    if (generation != generation_at_entry) return;
+    if (released) throw Error("shared-GPU rank " + std::to_string(rank) + ": " + abort_reason);
+    std::ostringstream why;
+    why << "rank " << rank << " waited " << options.timeout_seconds << " s in " << op_name(op)
+        << " for ranks that never called it:";
+    for (int r = 0; r < size; ++r) {
+      if (!arrived_mask[r]) why << " " << r;
+    }
+    why << " (a peer failed, hangs, or called another collective); collective abandoned";
+    abort_reason = why.str();
+    cv.notify_all();
+    throw Error("shared-GPU rank " + std::to_string(rank) + ": " + abort_reason);
+  }
+
+  void abort(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (abort_reason.empty()) abort_reason = reason;
+    cv.notify_all();
+  }
+
+  // After the first rendezvous: every rank must have called the same collective with the same
+  // size. Every rank sees the same slots, so every rank throws the same message.
+  void check_agreement(int rank) {
+    const Slot& first = slots[0];
+    for (int r = 1; r < size; ++r) {
+      const Slot& s = slots[r];
+      if (s.op == first.op && (s.bytes == first.bytes || s.op == Op::kSplit)) continue;
+      std::ostringstream why;
+      why << "rank " << r << " called " << op_name(s.op) << " with " << s.bytes << " bytes while rank 0 called "
+          << op_name(first.op) << " with " << first.bytes
+          << " bytes: every rank must call the same collectives in the same order with the same sizes";
+      abort(why.str());
+      throw Error("shared-GPU rank " + std::to_string(rank) + ": " + why.str());
+    }
+  }
+
+  const int size;
+  const SharedGpuOptions options;
+  std::vector<Slot> slots;
+  std::vector<cudaEvent_t> ready, done;  // per rank: its input is ready; it finished reading peers
+  std::vector<float*> scratch;           // per rank: all_reduce_max result before the write-back
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  int arrived = 0;
+  std::vector<bool> arrived_mask = std::vector<bool>(static_cast<size_t>(size), false);
+  long generation = 0;
+  std::string abort_reason;
+
+  // Sub-groups being made by split(): keyed by (split generation, color), taken by each member.
+  struct PendingSplit {
+    std::shared_ptr<State> group;
+    int remaining = 0;
+  };
+  std::map<std::pair<long, int>, PendingSplit> splits;
+};
+
+namespace {
+
+class SharedGpuCommunicator final : public DeviceCommunicator {
+ public:
+  SharedGpuCommunicator(std::shared_ptr<SharedGpuGroup::State> state, int rank) : state_(std::move(state)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return state_->size; }
+  int device() const override { return state_->options.device; }
+  const char* kind() const override { return "shared-gpu"; }
+
+  void all_gather(const void* send, void* recv, size_t bytes, cudaStream_t stream) override {
+    State& s = *state_;
+    begin(Op::kAllGather, bytes, send, stream);
+    for (int r = 0; r < s.size; ++r) {
+      if (bytes == 0) break;
+      THDCP_CHECK_CUDA(cudaMemcpyAsync(static_cast<unsigned char*>(recv) + static_cast<size_t>(r) * bytes,
+                                       s.slots[r].send, bytes, cudaMemcpyDeviceToDevice, stream));
+    }
+    finish(stream);
+  }
+
+  void reduce_scatter_sum(const float* send, float* recv, size_t count, cudaStream_t stream) override {
+    State& s = *state_;
+    begin(Op::kReduceScatter, count * sizeof(float), send, stream);
+    detail::launch_sum_over_ranks(peer_pointers(), s.size, static_cast<size_t>(rank_) * count, recv, count, stream);
+    finish(stream);
+  }
+
+  void all_reduce_max(float* data, size_t count, cudaStream_t stream) override {
+    State& s = *state_;
+    const size_t bytes = count * sizeof(float);
+    THDCP_CHECK(bytes <= s.options.reduce_scratch_bytes,
+                "all_reduce_max of " << count << " floats exceeds the shared-GPU scratch of "
+                                     << s.options.reduce_scratch_bytes
+                                     << " bytes: raise SharedGpuOptions::reduce_scratch_bytes");
+    // `data` is input and output: reduce into scratch, and write back only once every peer
+    // has read this rank's input (finish()).
+    begin(Op::kAllReduceMax, bytes, data, stream);
+    detail::launch_max_over_ranks(peer_pointers(), s.size, s.scratch[rank_], count, stream);
+    finish(stream);
+    if (bytes) THDCP_CHECK_CUDA(cudaMemcpyAsync(data, s.scratch[rank_], bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+
+  std::unique_ptr<DeviceCommunicator> split(int color, int key) override {
+    State& s = *state_;
+    Slot& mine = s.slots[rank_];
+    mine = Slot{Op::kSplit, 0, nullptr, color, key};
+    s.rendezvous(rank_, Op::kSplit);
+    s.check_agreement(rank_);
+    std::vector<std::pair<int, int>> members;  // (key, old rank) of this color
+    for (int r = 0; r < s.size; ++r) {
+      if (color >= 0 && s.slots[r].color == color) members.emplace_back(s.slots[r].key, r);
+    }
+    std::sort(members.begin(), members.end());
+    std::unique_ptr<DeviceCommunicator> result;
+    std::exception_ptr failure;
+    if (color >= 0) {
+      const int new_rank = static_cast<int>(std::find_if(members.begin(), members.end(),
+                                                         [&](const auto& m) { return m.second == rank_; }) -
+                                            members.begin());
+      try {
+        std::shared_ptr<State> group;
+        {
+          std::lock_guard<std::mutex> lock(s.mutex);
+          auto& pending = s.splits[{s.generation, color}];
+          if (!pending.group) {
+            pending.group = std::make_shared<State>(static_cast<int>(members.size()), s.options);
+            pending.remaining = static_cast<int>(members.size());
+          }
+          group = pending.group;
+          if (--pending.remaining == 0) s.splits.erase({s.generation, color});
+        }
+        result = std::make_unique<SharedGpuCommunicator>(std::move(group), new_rank);
+      } catch (...) {
+        failure = std::current_exception();
+        s.abort("rank " + std::to_string(rank_) + " failed to create its split group");
+      }
+    }
+    s.rendezvous(rank_, Op::kSplit);
+    if (failure) std::rethrow_exception(failure);
+    return result;
+  }
+
+  void warm_up(cudaStream_t stream) override {
+    // Nothing connects lazily; one collective checks that every rank is there.
+    all_gather(nullptr, nullptr, 0, stream);
+    synchronize(stream, state_->options.timeout_seconds);
+  }
+
+  void synchronize(cudaStream_t stream, double timeout_seconds) override {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t status = cudaStreamQuery(stream);
+      if (status == cudaSuccess) return;
+      if (status != cudaErrorNotReady) THDCP_CHECK_CUDA(status);
+      {
+        std::lock_guard<std::mutex> lock(state_->mutex);
+        if (!state_->abort_reason.empty()) {
+          throw Error("shared-GPU rank " + std::to_string(rank_) + ": " + state_->abort_reason);
+        }
+      }
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout_seconds > 0 && waited > timeout_seconds) {
+        const std::string why = "rank " + std::to_string(rank_) + " timed out after " + std::to_string(timeout_seconds) +
+                                " s waiting for its stream";
+        state_->abort(why);
+        throw Error("shared-GPU " + why);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+ private:
+  using State = SharedGpuGroup::State;
+
+  // Publishes this rank's input, marks it ready on `stream`, meets the peers, and orders
+  // `stream` after every peer's input.
+  void begin(Op op, size_t bytes, const void* send, cudaStream_t stream) {
+    State& s = *state_;
+    check_device();
+    s.slots[rank_] = Slot{op, bytes, send, 0, 0};
+    THDCP_CHECK_CUDA(cudaEventRecord(s.ready[rank_], stream));
+    s.rendezvous(rank_, op);
+    s.check_agreement(rank_);
+    for (int r = 0; r < s.size; ++r) {
+      if (r != rank_) THDCP_CHECK_CUDA(cudaStreamWaitEvent(stream, s.ready[r], 0));
+    }
+  }
+
+  // Marks this rank's reads done, meets the peers, and orders `stream` after every peer's
+  // reads, so this rank may overwrite its input once the call returns.
+  void finish(cudaStream_t stream) {
+    State& s = *state_;
+    THDCP_CHECK_CUDA(cudaEventRecord(s.done[rank_], stream));
+    s.rendezvous(rank_, s.slots[rank_].op);
+    for (int r = 0; r < s.size; ++r) {
+      if (r != rank_) THDCP_CHECK_CUDA(cudaStreamWaitEvent(stream, s.done[r], 0));
+    }
+  }
+
+  detail::RankPointers peer_pointers() const {
+    detail::RankPointers p{};
+    for (int r = 0; r < state_->size; ++r) p.rank[r] = static_cast<const float*>(state_->slots[r].send);
+    return p;
+  }
+
+  void check_device() const {
+    int current = 0;
+    THDCP_CHECK_CUDA(cudaGetDevice(&current));
+    THDCP_CHECK(current == state_->options.device,
+                "shared-GPU rank " << rank_ << ": the current device is " << current << " but the group lives on device "
+                                   << state_->options.device << ": call cudaSetDevice(" << state_->options.device
+                                   << ") in this thread");
+  }
+
+  std::shared_ptr<State> state_;
+  int rank_;
+};
+
+}  // namespace
+
+SharedGpuGroup::SharedGpuGroup(int size, const SharedGpuOptions& options)
+    : state_(std::make_shared<State>(size, options)) {}
+
+SharedGpuGroup::~SharedGpuGroup() = default;
+
+int SharedGpuGroup::size() const { return state_->size; }
+
+std::unique_ptr<DeviceCommunicator> SharedGpuGroup::communicator(int rank) {
+  THDCP_CHECK(rank >= 0 && rank < state_->size, "rank=" << rank << " must be in [0, " << state_->size << ")");
+  return std::make_unique<SharedGpuCommunicator>(state_, rank);
+}
+
+void SharedGpuGroup::abort(const std::string& reason) { state_->abort(reason); }
+
+void run_shared_gpu(SharedGpuGroup& group, const std::function<void(DeviceCommunicator&)>& body) {
+  const int size = group.size();
+  const int device = group.communicator(0)->device();
+  std::vector<std::exception_ptr> failures(static_cast<size_t>(size));
+  auto rank_main = [&](int rank) {
+    try {
+      THDCP_CHECK_CUDA(cudaSetDevice(device));
+      std::unique_ptr<DeviceCommunicator> comm = group.communicator(rank);
+      body(*comm);
+    } catch (const std::exception& e) {
+      failures[static_cast<size_t>(rank)] = std::current_exception();
+      group.abort("rank " + std::to_string(rank) + " failed (" + e.what() + "); collective abandoned");
+    } catch (...) {
+      failures[static_cast<size_t>(rank)] = std::current_exception();
+      group.abort("rank " + std::to_string(rank) + " failed; collective abandoned");
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) threads.emplace_back(rank_main, r);
+  for (auto& t : threads) t.join();
+  // The exception that caused the abort, not the "rank N failed" ones it set off.
+  std::exception_ptr first_abandoned;
+  for (const auto& f : failures) {
+    if (!f) continue;
+    try {
+      std::rethrow_exception(f);
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("collective abandoned") == std::string::npos) std::rethrow_exception(f);
+      if (!first_abandoned) first_abandoned = f;
+    } catch (...) {
+      std::rethrow_exception(f);
+    }
+  }
+  if (first_abandoned) std::rethrow_exception(first_abandoned);
+}
+
+void run_shared_gpu(int size, const std::function<void(DeviceCommunicator&)>& body, const SharedGpuOptions& options) {
+  SharedGpuGroup group(size, options);
+  run_shared_gpu(group, body);
+}
+
+}  // namespace thdcp

@@ -1,0 +1,119 @@
+#include "agreement.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "thdcp/core/error.h"
+
+namespace thdcp::cp::detail {
+
+namespace {
+
+// What one rank sends: plain data of a fixed size, the same on every platform of a job.
+struct Descriptor {
+  int32_t ok;
+  int32_t cp;
+  int32_t max_seqs;
+  int32_t dtype;
+  int64_t max_tokens;
+  int32_t window_left, window_right;
+  int64_t q_heads, kv_heads, head_dim;
+  uint64_t options_fingerprint;
+  uint64_t layout_fingerprint;
+  int64_t local_rows[3];
+  char message[400];
+};
+
+}  // namespace
+
+void validate_problem(const Problem& p) {
+  THDCP_CHECK(p.cp >= 1, "cp=" << p.cp << " must be >= 1");
+  THDCP_CHECK(p.capacity.max_seqs >= 1,
+              "capacity.max_seqs=" << p.capacity.max_seqs << " must be >= 1 (layouts have max_seqs + 1 entries)");
+  THDCP_CHECK(p.capacity.max_tokens >= 0 && p.capacity.max_tokens % (2 * static_cast<int64_t>(p.cp)) == 0,
+              "capacity.max_tokens=" << p.capacity.max_tokens << " is not a multiple of 2*cp=" << 2 * p.cp
+                                     << ": pad the batch to a multiple of 2*cp rows");
+  THDCP_CHECK(p.capacity.max_tokens <= INT32_MAX, "capacity.max_tokens=" << p.capacity.max_tokens
+                                                                         << " must fit int32 offsets");
+  THDCP_CHECK(p.mask.window_left >= -1 && p.mask.window_right >= -1,
+              "mask (" << p.mask.window_left << "," << p.mask.window_right
+                       << ") is invalid: each window is >= 0, or -1 for unbounded");
+  THDCP_CHECK(p.q_heads >= 1 && p.kv_heads >= 1 && p.q_heads % p.kv_heads == 0,
+              "q_heads=" << p.q_heads << ", kv_heads=" << p.kv_heads
+                         << ": need kv_heads >= 1 and q_heads a multiple of kv_heads (GQA/MQA)");
+  THDCP_CHECK(p.head_dim >= 1, "head_dim=" << p.head_dim << " must be >= 1");
+}
+
+uint64_t layout_fingerprint(const LayoutView& layout) {
+  uint64_t h = 1469598103934665603ull;
+  for (int b = 0; b <= layout.num_seqs; ++b) {
+    for (int32_t x : {layout.cu_seqlens[b], layout.cu_seqlens_padded[b]}) {
+      h = (h ^ static_cast<uint32_t>(x)) * 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+void agree(const AgreementInput& in, const std::function<void()>& local_checks, const ExchangeBytes& exchange) {
+  Descriptor mine{};
+  mine.ok = 1;
+  try {
+    validate_problem(in.problem);
+    if (local_checks) local_checks();
+  } catch (const Error& e) {
+    mine.ok = 0;
+    std::strncpy(mine.message, e.what(), sizeof(mine.message) - 1);
+  }
+  const Problem& p = in.problem;
+  mine.cp = p.cp;
+  mine.max_seqs = p.capacity.max_seqs;
+  mine.dtype = static_cast<int32_t>(p.dtype);
+  mine.max_tokens = p.capacity.max_tokens;
+  mine.window_left = p.mask.window_left;
+  mine.window_right = p.mask.window_right;
+  mine.q_heads = p.q_heads;
+  mine.kv_heads = p.kv_heads;
+  mine.head_dim = p.head_dim;
+  mine.options_fingerprint = in.options_fingerprint;
+  mine.layout_fingerprint = in.layout_fingerprint;
+  for (int i = 0; i < 3; ++i) mine.local_rows[i] = in.local_rows[i];
+
+  std::vector<Descriptor> all(static_cast<size_t>(in.size));
+  exchange(&mine, all.data(), sizeof(Descriptor));
+  for (int r = 0; r < in.size; ++r) {
+    // The failing rank's message carries its location; the others say whose it is.
+    if (!all[r].ok) throw Error((r == in.rank ? "" : "rank " + std::to_string(r) + ": ") + all[r].message);
+  }
+  const Descriptor& ref = all[0];
+  const char* fix = ": every rank must plan the same problem (cp, capacity, mask, heads, head_dim, dtype, options)";
+  for (int r = 1; r < in.size; ++r) {
+    const Descriptor& d = all[r];
+    THDCP_CHECK(d.cp == ref.cp, "rank " << r << " passed cp=" << d.cp << " but rank 0 passed cp=" << ref.cp << fix);
+    THDCP_CHECK(d.layout_fingerprint == ref.layout_fingerprint,
+                "rank " << r << " passed a different layout than rank 0"
+                        << ": every rank must pass the same global cu_seqlens and cu_seqlens_padded");
+    THDCP_CHECK(d.max_seqs == ref.max_seqs && d.max_tokens == ref.max_tokens,
+                "rank " << r << " passed capacity (max_seqs=" << d.max_seqs << ", max_tokens=" << d.max_tokens
+                        << ") but rank 0 passed (" << ref.max_seqs << ", " << ref.max_tokens << ")" << fix);
+    THDCP_CHECK(d.window_left == ref.window_left && d.window_right == ref.window_right,
+                "rank " << r << " passed mask (" << d.window_left << "," << d.window_right << ") but rank 0 passed ("
+                        << ref.window_left << "," << ref.window_right << ")" << fix);
+    THDCP_CHECK(d.q_heads == ref.q_heads && d.kv_heads == ref.kv_heads && d.head_dim == ref.head_dim,
+                "rank " << r << " passed heads " << d.q_heads << ":" << d.kv_heads << " head_dim " << d.head_dim
+                        << " but rank 0 passed " << ref.q_heads << ":" << ref.kv_heads << " head_dim " << ref.head_dim
+                        << fix);
+    THDCP_CHECK(d.dtype == ref.dtype, "rank " << r << " passed dtype " << dtype_name(static_cast<DType>(d.dtype))
+                                              << " but rank 0 passed " << dtype_name(static_cast<DType>(ref.dtype))
+                                              << fix);
+    THDCP_CHECK(d.options_fingerprint == ref.options_fingerprint,
+                "rank " << r << " passed other attention options than rank 0 (softmax_scale, deterministic)" << fix);
+    THDCP_CHECK(d.local_rows[0] == ref.local_rows[0] && d.local_rows[1] == ref.local_rows[1] &&
+                    d.local_rows[2] == ref.local_rows[2],
+                "rank " << r << " passed q/k/v of " << d.local_rows[0] << "/" << d.local_rows[1] << "/"
+                        << d.local_rows[2] << " rows but rank 0 passed " << ref.local_rows[0] << "/"
+                        << ref.local_rows[1] << "/" << ref.local_rows[2]);
+  }
+}
+
+}  // namespace thdcp::cp::detail

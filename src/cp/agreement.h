@@ -1,0 +1,39 @@
+// The cross-rank check of a CP plan (DESIGN.md section 5): every rank validates its own
+// arguments, the ranks exchange the outcome together with the problem they planned, and all
+// of them throw the same thdcp::Error when one failed or the problems differ. It runs once,
+// when a plan is made; a step moves no descriptors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "thdcp/cp/cp.h"
+#include "thdcp/plan/layout.h"
+
+namespace thdcp::cp::detail {
+
+// Checks a problem on its own: cp, capacity, mask, heads. Backend limits (dtype, head dim)
+// are the step sets' own checks. Throws thdcp::Error.
+void validate_problem(const Problem& problem);
+
+// FNV-1a over both offset arrays: one-shot calls also agree on their layout.
+uint64_t layout_fingerprint(const LayoutView& layout);
+
+// Moves `bytes` from every rank into `recv`, rank-major (a host or device all-gather).
+using ExchangeBytes = std::function<void(const void* send, void* recv, size_t bytes)>;
+
+struct AgreementInput {
+  Problem problem;
+  int rank = 0;
+  int size = 1;
+  uint64_t options_fingerprint = 0;  // backend options every rank must share (scale, determinism)
+  uint64_t layout_fingerprint = 0;   // one-shot calls: the batch's layout; 0 otherwise
+  int64_t local_rows[3] = {};        // one-shot calls: rows of q, k, v as passed
+};
+
+// Runs `local_checks` (and validate_problem) on this rank, exchanges the outcome and the
+// problem, and throws on every rank if any rank failed or any differs from rank 0.
+void agree(const AgreementInput& input, const std::function<void()>& local_checks, const ExchangeBytes& exchange);
+
+}  // namespace thdcp::cp::detail

@@ -1,0 +1,173 @@
+#include "attention_checks.h"
+
+#include <cmath>
+#include <limits>
+
+#include "thdcp/core/error.h"
+#include "thdcp/cuda/check.h"
+
+namespace thdcp::cuda::detail {
+
+namespace {
+
+const char* memory_type_name(cudaMemoryType type) {
+  switch (type) {
+    case cudaMemoryTypeUnregistered: return "unregistered host memory";
+    case cudaMemoryTypeHost: return "pinned host memory";
+    case cudaMemoryTypeDevice: return "device memory";
+    case cudaMemoryTypeManaged: return "managed memory";
+  }
+  return "unknown memory";
+}
+
+// The cp.async tile loads copy 16 bytes of a row at a time, so every row and head must start
+// on a 16-byte boundary: 8 elements of the 16-bit dtypes (kept for fp32 outputs too, one rule).
+constexpr int64_t kStrideQuantum = 8;
+
+}  // namespace
+
+int current_device() {
+  int device = 0;
+  THDCP_CHECK_CUDA(cudaGetDevice(&device));
+  return device;
+}
+
+void check_device_pointer(const char* name, const void* pointer, int device, size_t alignment) {
+  THDCP_CHECK(pointer != nullptr, name << " is a null pointer");
+  THDCP_CHECK(reinterpret_cast<uintptr_t>(pointer) % alignment == 0,
+              name << "=" << pointer << " is not " << alignment
+                   << "-byte aligned: the CUDA kernels need aligned rows (allocate with cudaMalloc, "
+                      "offset by whole rows)");
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky; do not leave it for the caller's next check
+    THDCP_FAIL(name << "=" << pointer << " is not a CUDA pointer (" << cudaGetErrorString(status) << ")");
+  }
+  THDCP_CHECK(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
+              name << " points to " << memory_type_name(attributes.type) << ": pass device memory of device "
+                   << device);
+  THDCP_CHECK(attributes.device == device,
+              name << " lives on device " << attributes.device << " but the call runs on device " << device
+                   << ": make device " << attributes.device
+                   << " current (cudaSetDevice) before planning, or move the tensor");
+}
+
+void check_mask(const Mask& mask) {
+  THDCP_CHECK(mask.window_left >= -1, "window_left=" << mask.window_left << " must be >= 0, or -1 for unbounded");
+  THDCP_CHECK(mask.window_right >= -1,
+              "window_right=" << mask.window_right << " must be >= 0, or -1 for unbounded");
+}
+
+void check_table_description(const DeviceSegmentTable& table) {
+  THDCP_CHECK(table.capacity >= 0, "segment table capacity " << table.capacity << " must be >= 0");
+  THDCP_CHECK(table.q_rows >= 0 && table.k_rows >= 0 && table.q_rows <= std::numeric_limits<int32_t>::max() &&
+                  table.k_rows <= std::numeric_limits<int32_t>::max(),
+              "segment table rows (q_rows=" << table.q_rows << ", k_rows=" << table.k_rows
+                                            << ") must be in [0, 2^31)");
+  THDCP_CHECK(table.kind == TableKind::kSingleDevice || table.kind == TableKind::kAllGatherCp,
+              "segment table kind " << static_cast<int>(table.kind)
+                                    << " is not a TableKind: take the table from build_segment_table or "
+                                       "build_cp_segment_table");
+  check_mask(table.mask);
+}
+
+void check_shape(const AttentionShape& shape, bool backward) {
+  check_table_description(shape.table);
+  THDCP_CHECK(shape.dtype == DType::kBFloat16 || shape.dtype == DType::kFloat16,
+              "dtype " << dtype_name(shape.dtype)
+                       << " (of q, k, v, out, dout) is not supported by the CUDA backend: use bf16 or fp16");
+  THDCP_CHECK(cuda_supports_head_dim(shape.head_dim),
+              "head_dim=" << shape.head_dim << " is not supported by the CUDA backend: use 64 or 128");
+  THDCP_CHECK(shape.q_heads >= 1 && shape.kv_heads >= 1 && shape.q_heads <= 65535,
+              "q has " << shape.q_heads << " heads and k has " << shape.kv_heads
+                       << ": need 1 <= Hkv and Hq <= 65535");
+  THDCP_CHECK(shape.q_heads % shape.kv_heads == 0,
+              "q has " << shape.q_heads << " heads, not a multiple of the " << shape.kv_heads
+                       << " heads of k/v (GQA/MQA need Hq % Hkv == 0)");
+  if (!backward) return;
+  THDCP_CHECK(shape.dq_dtype == shape.dtype || shape.dq_dtype == DType::kFloat32,
+              "dq has dtype " << dtype_name(shape.dq_dtype) << ": use q's dtype (" << dtype_name(shape.dtype)
+                              << ") or fp32");
+  THDCP_CHECK(shape.dkv_dtype == shape.dtype || shape.dkv_dtype == DType::kFloat32,
+              "dk has dtype " << dtype_name(shape.dkv_dtype) << ": use k's dtype (" << dtype_name(shape.dtype)
+                              << ") or fp32");
+}
+
+float resolve_scale(const Options& options, int64_t head_dim) {
+  THDCP_CHECK(std::isfinite(options.softmax_scale) && options.softmax_scale >= 0.0f,
+              "softmax_scale=" << options.softmax_scale << " must be finite and >= 0 (0 means 1/sqrt(head_dim))");
+  return options.softmax_scale > 0.0f ? options.softmax_scale
+                                      : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+
+void check_table_matches(const AttentionShape& shape, const DeviceSegmentTable& table) {
+  const DeviceSegmentTable& planned = shape.table;
+  THDCP_CHECK(table.capacity == planned.capacity,
+              "segment table capacity " << table.capacity << " differs from the plan's " << planned.capacity
+                                        << ": make a plan for this capacity");
+  THDCP_CHECK(table.q_rows == planned.q_rows && table.k_rows == planned.k_rows,
+              "segment table rows (q_rows=" << table.q_rows << ", k_rows=" << table.k_rows
+                                            << ") differ from the plan's (q_rows=" << planned.q_rows
+                                            << ", k_rows=" << planned.k_rows << "): make a plan for these rows");
+  THDCP_CHECK(table.mask.window_left == planned.mask.window_left &&
+                  table.mask.window_right == planned.mask.window_right,
+              "segment table mask (window " << table.mask.window_left << ", " << table.mask.window_right
+                                            << ") differs from the plan's (window " << planned.mask.window_left
+                                            << ", " << planned.mask.window_right << "): make a plan for this mask");
+  THDCP_CHECK(table.kind == planned.kind,
+              "segment table kind ("
+                  << (table.kind == TableKind::kAllGatherCp ? "AllGather CP" : "single device")
+                  << ") differs from the plan's: make a plan for this kind of table");
+  THDCP_CHECK(table.capacity == 0 || table.segments != nullptr,
+              "table.segments is a null pointer: build the table (build_segment_table) into a device array");
+}
+
+void check_view(const char* name, const ConstThdTensor& t, int64_t rows, int64_t heads, int64_t head_dim,
+                DType dtype) {
+  THDCP_CHECK(t.tokens == rows, name << " has " << t.tokens << " rows but the segment table addresses " << rows);
+  THDCP_CHECK(t.heads == heads, name << " has " << t.heads << " heads, expected " << heads);
+  THDCP_CHECK(t.head_dim == head_dim, name << " has head_dim=" << t.head_dim << ", expected " << head_dim);
+  THDCP_CHECK(t.dtype == dtype,
+              name << " has dtype " << dtype_name(t.dtype) << ", expected " << dtype_name(dtype) << " (the plan's)");
+  THDCP_CHECK(t.row_stride >= 0 && t.head_stride >= 0,
+              name << " has row_stride=" << t.row_stride << " and head_stride=" << t.head_stride
+                   << ": strides are in elements, >= 0 (0 means contiguous)");
+  const int64_t row_step = t.row_step();
+  const int64_t head_step = t.head_step();
+  // With one head the head stride is never applied (head 0 only), so it is not checked.
+  if (t.heads > 1) {
+    THDCP_CHECK(head_step % kStrideQuantum == 0,
+                name << ".head_stride=" << head_step << " is not a multiple of " << kStrideQuantum
+                     << " elements: the CUDA kernels load 16-byte rows");
+    THDCP_CHECK(head_step >= t.head_dim,
+                name << ".head_stride=" << head_step << " is less than head_dim=" << t.head_dim
+                     << ": heads would overlap; use head_stride >= head_dim (0 means head_dim)");
+  }
+  THDCP_CHECK(row_step % kStrideQuantum == 0, name << ".row_stride=" << row_step << " is not a multiple of "
+                                                   << kStrideQuantum
+                                                   << " elements: the CUDA kernels load 16-byte rows");
+  THDCP_CHECK(row_step < kMaxRowStride, name << ".row_stride=" << row_step << " is not below 2^26 elements: the CUDA "
+                                                   "kernels step rows with 32-bit offsets");
+  const int64_t row_extent = (t.heads - 1) * (t.heads > 1 ? head_step : 0) + t.head_dim;
+  THDCP_CHECK(row_step >= row_extent,
+              name << ".row_stride=" << row_step << " is less than (heads - 1) * head_stride + head_dim = "
+                   << row_extent << ": rows would overlap; use row_stride >= " << row_extent
+                   << " (0 means heads * head_dim)");
+  if (t.numel() > 0) {
+    THDCP_CHECK(t.data != nullptr, name << " is a null pointer");
+    THDCP_CHECK(reinterpret_cast<uintptr_t>(t.data) % 16 == 0,
+                name << "=" << t.data
+                     << " is not 16-byte aligned: the CUDA kernels load 16-byte rows (allocate with cudaMalloc, "
+                        "offset by multiples of 8 elements)");
+  }
+}
+
+void check_float_array(const char* name, const void* pointer, int64_t count) {
+  if (count == 0 && pointer == nullptr) return;
+  THDCP_CHECK(pointer != nullptr, name << " is a null pointer");
+  THDCP_CHECK(reinterpret_cast<uintptr_t>(pointer) % alignof(float) == 0,
+              name << "=" << pointer << " is not " << alignof(float) << "-byte aligned");
+}
+
+}  // namespace thdcp::cuda::detail

@@ -1,0 +1,57 @@
+// Argument checks of the CUDA attention plans (host side): the ones made once at plan time
+// (shape, workspace, pointers through the CUDA runtime) and the ones every run() makes with
+// host arithmetic only (the table and tensors match the plan; strides; alignment).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attention_params.h"
+#include "thdcp/cuda/attention.h"
+
+namespace thdcp::cuda::detail {
+
+// Workspace base alignment, and of each region carved from it.
+constexpr size_t kWorkspaceAlignment = 256;
+
+inline size_t align_up(size_t bytes) {
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int current_device();
+
+// A pointer the kernels read or write: non-null, aligned to `alignment` bytes, device (or
+// managed) memory of `device` (cudaPointerGetAttributes: plan time only).
+void check_device_pointer(const char* name, const void* pointer, int device, size_t alignment);
+
+void check_mask(const Mask& mask);
+
+// The description of a table (capacity, rows, mask), not its device contents.
+void check_table_description(const DeviceSegmentTable& table);
+
+// Everything of a plan's shape that both directions share: the table description, heads,
+// head dim and dtype. `backward` also checks dq_dtype and dkv_dtype.
+void check_shape(const AttentionShape& shape, bool backward);
+
+float resolve_scale(const Options& options, int64_t head_dim);
+
+// run(): `table` has the capacity, rows, mask and kind the plan was made for, and a segment
+// array when it has entries.
+void check_table_matches(const AttentionShape& shape, const DeviceSegmentTable& table);
+
+// run(): one THD tensor of the call has the expected shape and dtype, strides the kernels
+// can use (attention_params.h, Strides) and a non-null, 16-byte-aligned data pointer (when
+// it has elements).
+void check_view(const char* name, const ConstThdTensor& t, int64_t rows, int64_t heads, int64_t head_dim,
+                DType dtype);
+
+// A view's strides as the kernels take them (0 resolved).
+inline Strides strides_of(const ConstThdTensor& t) { return Strides{t.row_step(), t.head_step()}; }
+
+// run(): an fp32 array of `count` elements (lse, max_logit): non-null when count > 0, and
+// aligned to 4 bytes.
+void check_float_array(const char* name, const void* pointer, int64_t count);
+
+}  // namespace thdcp::cuda::detail

@@ -1,0 +1,227 @@
+// BackwardPlan: validation, workspace layout and kernel attributes once, then runs that
+// only enqueue.
+#include <limits>
+#include <utility>
+
+#include "attention_checks.h"
+#include "launch.h"
+#include "thdcp/core/error.h"
+#include "thdcp/cuda/attention.h"
+#include "thdcp/cuda/check.h"
+
+namespace thdcp::cuda {
+
+namespace {
+
+// Segments that can reach one key row: the dK/dV grid bound and the determinism argument.
+int segments_per_key_row(TableKind kind) { return kind == TableKind::kAllGatherCp ? 2 : 1; }
+
+// Regions of the backward workspace, in order (byte offsets).
+struct BackwardWorkspace {
+  size_t q_start = 0;
+  size_t k_start = 0;
+  size_t delta = 0;
+  size_t dk_accum = 0;
+  size_t dv_accum = 0;
+  size_t dq_accum = 0;
+  size_t total = 0;
+};
+
+// fused_dq: room for the fp32 dQ accumulator. The size follows options.deterministic only,
+// not the kernel family, so that a workspace sized on one GPU fits every other.
+BackwardWorkspace backward_layout(const AttentionShape& shape, bool fused_dq) {
+  const DeviceSegmentTable& table = shape.table;
+  BackwardWorkspace w;
+  const size_t schedule = detail::align_up(sizeof(int) * (static_cast<size_t>(table.capacity) + 1));
+  w.q_start = 0;
+  w.k_start = w.q_start + schedule;
+  w.delta = w.k_start + schedule;
+  size_t end = w.delta + detail::align_up(sizeof(float) * static_cast<size_t>(shape.q_heads * table.q_rows));
+  if (shape.dkv_dtype != DType::kFloat32) {
+    const size_t accum =
+        detail::align_up(sizeof(float) * static_cast<size_t>(table.k_rows * shape.kv_heads * shape.head_dim));
+    w.dk_accum = end;
+    w.dv_accum = end + accum;
+    end += 2 * accum;
+  }
+  if (fused_dq) {
+    w.dq_accum = end;
+    end += detail::align_up(sizeof(float) * static_cast<size_t>(table.q_rows * shape.q_heads * shape.head_dim));
+  }
+  w.total = end;
+  return w;
+}
+
+template <typename T>
+T* at(void* base, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<unsigned char*>(base) + offset);
+}
+
+// Dkv tile rows of the pass the plan runs.
+int dkv_tile_rows(bool fused_dq) { return fused_dq ? detail::kDkvFusedTileRows : detail::kDkvTileRows; }
+
+int64_t dq_grid_tiles(const DeviceSegmentTable& table) {
+  return detail::ceil_div(table.q_rows, detail::kDqTileRows) + table.capacity;
+}
+
+// Key tiles: each segment's keys lie inside its sequence's valid rows, and at most
+// segments_per_key_row segments share a row.
+int64_t dkv_grid_tiles(const DeviceSegmentTable& table, bool fused_dq) {
+  return detail::ceil_div(table.k_rows * segments_per_key_row(table.kind), dkv_tile_rows(fused_dq)) +
+         table.capacity;
+}
+
+void check_backward_tensors(const AttentionShape& shape, const BackwardTensors& t) {
+  const DeviceSegmentTable& table = shape.table;
+  const int64_t hq = shape.q_heads, hkv = shape.kv_heads, d = shape.head_dim;
+  detail::check_view("q", t.q, table.q_rows, hq, d, shape.dtype);
+  detail::check_view("k", t.k, table.k_rows, hkv, d, shape.dtype);
+  detail::check_view("v", t.v, table.k_rows, hkv, d, shape.dtype);
+  detail::check_view("out", t.out, table.q_rows, hq, d, shape.dtype);
+  detail::check_view("dout", t.dout, table.q_rows, hq, d, shape.dtype);
+  detail::check_view("dq", t.dq, table.q_rows, hq, d, shape.dq_dtype);
+  detail::check_view("dk", t.dk, table.k_rows, hkv, d, shape.dkv_dtype);
+  detail::check_view("dv", t.dv, table.k_rows, hkv, d, shape.dkv_dtype);
+  // fp32 dK/dV are the kernels' accumulators themselves (zeroed with one memset, added to
+  // by atomics at contiguous offsets); a strided fp32 output would need a workspace copy.
+  if (shape.dkv_dtype == DType::kFloat32) {
+    for (const ThdTensor* g : {&t.dk, &t.dv}) {
+      const char* name = g == &t.dk ? "dk" : "dv";
+      THDCP_CHECK(g->contiguous(), name << " is fp32 and strided (row_stride=" << g->row_stride << ", head_stride="
+                                        << g->head_stride
+                                        << "): fp32 dk/dv are accumulated in place and must be contiguous; pass "
+                                           "contiguous fp32 tensors, or dk/dv in q's dtype");
+    }
+  }
+  detail::check_float_array("lse", t.lse, hq * table.q_rows);
+}
+
+}  // namespace
+
+size_t BackwardPlan::workspace_size(const AttentionShape& shape, const Options& options) {
+  THDCP_CHECK(shape.table.capacity >= 0, "segment table capacity " << shape.table.capacity << " must be >= 0");
+  THDCP_CHECK(shape.q_heads >= 0 && shape.kv_heads >= 0 && shape.head_dim >= 0, "heads and head_dim must be >= 0");
+  return backward_layout(shape, !options.deterministic).total;
+}
+
+BackwardPlan::BackwardPlan(const AttentionShape& shape, const Options& options, void* workspace,
+                           size_t workspace_bytes)
+    : shape_(shape), options_(options) {
+  detail::check_shape(shape_, /*backward=*/true);
+  scale_ = detail::resolve_scale(options_, shape_.head_dim);
+  device_ = detail::current_device();
+  sm90_ = detail::use_sm90_kernels();
+  // deterministic = false allows the fused pass with dQ atomics; on Hopper the sm90 pair of
+  // deterministic passes is the faster one, so it serves both settings there. The workspace
+  // check below uses the size workspace_size reports (room for dq_accum either way).
+  fused_dq_ = !options_.deterministic && !sm90_;
+  const int64_t grid_q = dq_grid_tiles(shape_.table);
+  const int64_t grid_k = dkv_grid_tiles(shape_.table, fused_dq_);
+  THDCP_CHECK(grid_q <= std::numeric_limits<int32_t>::max() && grid_k <= std::numeric_limits<int32_t>::max(),
+              "too many tiles: " << grid_q << " query, " << grid_k << " key (q_rows=" << shape_.table.q_rows
+                                 << ", k_rows=" << shape_.table.k_rows << ", capacity " << shape_.table.capacity
+                                 << ")");
+  const size_t needed = workspace_size(shape_, options_);
+  THDCP_CHECK(workspace_bytes >= needed, "workspace has " << workspace_bytes
+                                                          << " bytes; backward_workspace_size gives " << needed
+                                                          << " for dk/dv in " << dtype_name(shape_.dkv_dtype)
+                                                          << " and deterministic=" << options_.deterministic);
+  detail::check_device_pointer("workspace", workspace, device_, detail::kWorkspaceAlignment);
+  workspace_ = workspace;
+  const bool bf16 = shape_.dtype == DType::kBFloat16;
+  if (shape_.head_dim == 64) {
+    bf16 ? detail::configure_backward<detail::Bf16Tag, 64>(sm90_, fused_dq_)
+         : detail::configure_backward<detail::Fp16Tag, 64>(sm90_, fused_dq_);
+  } else {
+    bf16 ? detail::configure_backward<detail::Bf16Tag, 128>(sm90_, fused_dq_)
+         : detail::configure_backward<detail::Fp16Tag, 128>(sm90_, fused_dq_);
+  }
+}
+
+void BackwardPlan::check_tensors(const BackwardTensors& t) const {
+  check_backward_tensors(shape_, t);
+  const std::pair<const char*, const ConstThdTensor> views[] = {
+      {"q", t.q}, {"k", t.k}, {"v", t.v}, {"out", t.out}, {"dout", t.dout}, {"dq", t.dq}, {"dk", t.dk}, {"dv", t.dv}};
+  for (const auto& [name, view] : views) {
+    if (view.numel() > 0) detail::check_device_pointer(name, view.data, device_, 16);
+  }
+  if (shape_.q_heads * shape_.table.q_rows > 0) detail::check_device_pointer("lse", t.lse, device_, alignof(float));
+}
+
+void BackwardPlan::run(const DeviceSegmentTable& table, const BackwardTensors& t, cudaStream_t stream) const {
+  detail::check_table_matches(shape_, table);
+  check_backward_tensors(shape_, t);
+
+  const BackwardWorkspace layout = backward_layout(shape_, !options_.deterministic);
+  const bool fp32_dkv = shape_.dkv_dtype == DType::kFloat32;
+  detail::BackwardParams params{};
+  params.q = t.q.data;
+  params.k = t.k.data;
+  params.v = t.v.data;
+  params.out = t.out.data;
+  params.dout = t.dout.data;
+  params.lse = t.lse;
+  params.delta = at<float>(workspace_, layout.delta);
+  params.dq = t.dq.data;
+  params.dq_fp32 = shape_.dq_dtype == DType::kFloat32;
+  params.dq_accum = fused_dq_ ? at<float>(workspace_, layout.dq_accum) : nullptr;
+  params.dk_accum = fp32_dkv ? static_cast<float*>(t.dk.data) : at<float>(workspace_, layout.dk_accum);
+  params.dv_accum = fp32_dkv ? static_cast<float*>(t.dv.data) : at<float>(workspace_, layout.dv_accum);
+  params.segments = table.segments;
+  params.num_segments = table.capacity;
+  params.q_tile_start = at<int>(workspace_, layout.q_start);
+  params.k_tile_start = at<int>(workspace_, layout.k_start);
+  params.q_rows = table.q_rows;
+  params.k_rows = table.k_rows;
+  params.q_heads = static_cast<int>(shape_.q_heads);
+  params.kv_heads = static_cast<int>(shape_.kv_heads);
+  params.scale = scale_;
+  params.scale_log2 = static_cast<float>(scale_ * 1.4426950408889634);
+  params.window_left = table.mask.window_left;
+  params.window_right = table.mask.window_right;
+  const detail::BackwardStrides strides{detail::strides_of(t.q),    detail::strides_of(t.k),
+                                        detail::strides_of(t.v),    detail::strides_of(t.out),
+                                        detail::strides_of(t.dout), detail::strides_of(t.dq)};
+
+  // dK/dV start at exactly 0: rows no query reaches stay 0. Every table kind this backend
+  // builds reaches a key row from at most two segments (segments_per_key_row), which keeps
+  // the fp32 dK/dV accumulation order-independent.
+  const size_t dkv_bytes = sizeof(float) * static_cast<size_t>(t.dk.numel());
+  if (dkv_bytes > 0) {
+    THDCP_CHECK_CUDA(cudaMemsetAsync(params.dk_accum, 0, dkv_bytes, stream));
+    THDCP_CHECK_CUDA(cudaMemsetAsync(params.dv_accum, 0, dkv_bytes, stream));
+  }
+  const size_t dq_bytes = sizeof(float) * static_cast<size_t>(t.dq.numel());
+  if (fused_dq_ && dq_bytes > 0) THDCP_CHECK_CUDA(cudaMemsetAsync(params.dq_accum, 0, dq_bytes, stream));
+  const int head_dim = static_cast<int>(shape_.head_dim);
+  if (table.capacity > 0) {
+    detail::launch_schedule(table.segments, table.capacity, detail::kDqTileRows, at<int>(workspace_, layout.q_start),
+                            dkv_tile_rows(fused_dq_), at<int>(workspace_, layout.k_start), nullptr, params.q_heads,
+                            stream);
+    detail::launch_delta(t.out.data, strides.out.row, strides.out.head, t.dout.data, strides.dout.row,
+                         strides.dout.head, shape_.dtype, table.q_rows, params.q_heads, head_dim, params.delta, stream);
+    const int gq = static_cast<int>(dq_grid_tiles(table));
+    const int gk = static_cast<int>(dkv_grid_tiles(table, fused_dq_));
+    const bool bf16 = shape_.dtype == DType::kBFloat16;
+    if (shape_.head_dim == 64) {
+      bf16 ? detail::launch_backward<detail::Bf16Tag, 64>(params, strides, sm90_, gq, gk, stream)
+           : detail::launch_backward<detail::Fp16Tag, 64>(params, strides, sm90_, gq, gk, stream);
+    } else {
+      bf16 ? detail::launch_backward<detail::Bf16Tag, 128>(params, strides, sm90_, gq, gk, stream)
+           : detail::launch_backward<detail::Fp16Tag, 128>(params, strides, sm90_, gq, gk, stream);
+    }
+  }
+  if (!fp32_dkv) {
+    detail::launch_cast_strided(params.dk_accum, t.dk.data, t.dk.dtype, table.k_rows, params.kv_heads, head_dim,
+                                t.dk.row_step(), t.dk.head_step(), 1.0f, stream);
+    detail::launch_cast_strided(params.dv_accum, t.dv.data, t.dv.dtype, table.k_rows, params.kv_heads, head_dim,
+                                t.dv.row_step(), t.dv.head_step(), 1.0f, stream);
+  }
+  // The fused path accumulates dS K; the softmax scale is applied once here.
+  if (fused_dq_) {
+    detail::launch_cast_strided(params.dq_accum, t.dq.data, t.dq.dtype, table.q_rows, params.q_heads, head_dim,
+                                strides.dq.row, strides.dq.head, scale_, stream);
+  }
+}
+
+}  // namespace thdcp::cuda

@@ -1,0 +1,113 @@
+// ForwardPlan: validation and kernel attributes once, then runs that only enqueue.
+#include <limits>
+
+#include "attention_checks.h"
+#include "launch.h"
+#include "thdcp/core/error.h"
+#include "thdcp/cuda/attention.h"
+#include "thdcp/cuda/check.h"
+
+namespace thdcp::cuda {
+
+namespace {
+
+// Query tiles never overlap and lie inside q_rows, so their count is at most
+// ceil(q_rows / tile) plus one partial tile per segment.
+int64_t forward_grid_tiles(const DeviceSegmentTable& table, bool sm90) {
+  return detail::ceil_div(table.q_rows, detail::forward_tile_rows(sm90)) + table.capacity;
+}
+
+void check_forward_tensors(const AttentionShape& shape, const ForwardTensors& t) {
+  const DeviceSegmentTable& table = shape.table;
+  detail::check_view("q", t.q, table.q_rows, shape.q_heads, shape.head_dim, shape.dtype);
+  detail::check_view("k", t.k, table.k_rows, shape.kv_heads, shape.head_dim, shape.dtype);
+  detail::check_view("v", t.v, table.k_rows, shape.kv_heads, shape.head_dim, shape.dtype);
+  detail::check_view("out", t.out, table.q_rows, shape.q_heads, shape.head_dim, shape.dtype);
+  detail::check_float_array("lse", t.lse, shape.q_heads * table.q_rows);
+  if (t.max_logit) detail::check_float_array("max_logit", t.max_logit, shape.q_heads);
+}
+
+}  // namespace
+
+size_t ForwardPlan::workspace_size(const AttentionShape& shape) {
+  THDCP_CHECK(shape.table.capacity >= 0, "segment table capacity " << shape.table.capacity << " must be >= 0");
+  return detail::align_up(sizeof(int) * (static_cast<size_t>(shape.table.capacity) + 1));
+}
+
+ForwardPlan::ForwardPlan(const AttentionShape& shape, const Options& options, void* workspace,
+                         size_t workspace_bytes)
+    : shape_(shape) {
+  detail::check_shape(shape_, /*backward=*/false);
+  scale_ = detail::resolve_scale(options, shape_.head_dim);
+  device_ = detail::current_device();
+  sm90_ = detail::use_sm90_kernels();
+  THDCP_CHECK(forward_grid_tiles(shape_.table, sm90_) <= std::numeric_limits<int32_t>::max(),
+              "too many query tiles: " << forward_grid_tiles(shape_.table, sm90_)
+                                       << " (q_rows=" << shape_.table.q_rows << ", capacity "
+                                       << shape_.table.capacity << ")");
+  const size_t needed = workspace_size(shape_);
+  THDCP_CHECK(workspace_bytes >= needed,
+              "workspace has " << workspace_bytes << " bytes; forward_workspace_size gives " << needed);
+  detail::check_device_pointer("workspace", workspace, device_, detail::kWorkspaceAlignment);
+  workspace_ = workspace;
+  const bool bf16 = shape_.dtype == DType::kBFloat16;
+  if (shape_.head_dim == 64) {
+    bf16 ? detail::configure_forward<detail::Bf16Tag, 64>(sm90_)
+         : detail::configure_forward<detail::Fp16Tag, 64>(sm90_);
+  } else {
+    bf16 ? detail::configure_forward<detail::Bf16Tag, 128>(sm90_)
+         : detail::configure_forward<detail::Fp16Tag, 128>(sm90_);
+  }
+}
+
+void ForwardPlan::check_tensors(const ForwardTensors& t) const {
+  check_forward_tensors(shape_, t);
+  const int64_t q_rows = shape_.table.q_rows;
+  if (t.q.numel() > 0) detail::check_device_pointer("q", t.q.data, device_, 16);
+  if (t.k.numel() > 0) detail::check_device_pointer("k", t.k.data, device_, 16);
+  if (t.v.numel() > 0) detail::check_device_pointer("v", t.v.data, device_, 16);
+  if (t.out.numel() > 0) detail::check_device_pointer("out", t.out.data, device_, 16);
+  if (shape_.q_heads * q_rows > 0) detail::check_device_pointer("lse", t.lse, device_, alignof(float));
+  if (t.max_logit) detail::check_device_pointer("max_logit", t.max_logit, device_, alignof(float));
+}
+
+void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, cudaStream_t stream) const {
+  detail::check_table_matches(shape_, table);
+  check_forward_tensors(shape_, t);
+
+  detail::ForwardParams params{};
+  params.q = t.q.data;
+  params.k = t.k.data;
+  params.v = t.v.data;
+  params.out = t.out.data;
+  params.lse = t.lse;
+  params.max_logit = t.max_logit;
+  params.segments = table.segments;
+  params.num_segments = table.capacity;
+  params.tile_start = static_cast<const int*>(workspace_);
+  params.q_rows = table.q_rows;
+  params.q_heads = static_cast<int>(shape_.q_heads);
+  params.kv_heads = static_cast<int>(shape_.kv_heads);
+  params.scale = scale_;
+  params.scale_log2 = static_cast<float>(scale_ * 1.4426950408889634);
+  params.window_left = table.mask.window_left;
+  params.window_right = table.mask.window_right;
+  const detail::ForwardStrides strides{detail::strides_of(t.q), detail::strides_of(t.k), detail::strides_of(t.v),
+                                       detail::strides_of(t.out)};
+
+  // Also sets max_logit to -inf (all that an empty table writes).
+  detail::launch_schedule(table.segments, table.capacity, detail::forward_tile_rows(sm90_),
+                          static_cast<int*>(workspace_), 1, nullptr, t.max_logit, params.q_heads, stream);
+  if (table.capacity == 0) return;
+  const int grid_tiles = static_cast<int>(forward_grid_tiles(table, sm90_));
+  const bool bf16 = shape_.dtype == DType::kBFloat16;
+  if (shape_.head_dim == 64) {
+    bf16 ? detail::launch_forward<detail::Bf16Tag, 64>(params, strides, sm90_, grid_tiles, stream)
+         : detail::launch_forward<detail::Fp16Tag, 64>(params, strides, sm90_, grid_tiles, stream);
+  } else {
+    bf16 ? detail::launch_forward<detail::Bf16Tag, 128>(params, strides, sm90_, grid_tiles, stream)
+         : detail::launch_forward<detail::Fp16Tag, 128>(params, strides, sm90_, grid_tiles, stream);
+  }
+}
+
+}  // namespace thdcp::cuda

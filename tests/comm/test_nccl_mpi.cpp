@@ -1,0 +1,106 @@
+// The NCCL communicator with one MPI process per GPU, bootstrapped by the MPI world: the
+// way a training job runs it. Registered with ctest as `nccl_mpi` (mpirun -np 2, label
+// multi_gpu). Exits with 77 (skipped) when a process sees fewer than 2 GPUs, 0 when every
+// rank passes, 1 otherwise.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "comm/nccl_test_support.h"
+#include "thdcp/comm/mpi.h"
+#include "thdcp/comm/nccl.h"
+
+namespace thdcp {
+namespace {
+
+constexpr int kSkipped = 77;
+
+// Made in main() before the tests run, destroyed after them (before MPI finalizes).
+std::unique_ptr<Communicator> g_world;
+std::unique_ptr<DeviceCommunicator> g_comm;
+
+TEST(NcclOverMpi, CollectivesGiveExactValues) {
+  test::Stream stream;
+  test::expect_exact_collectives(*g_comm, stream.get());
+}
+
+TEST(NcclOverMpi, CapturedStepReplaysTheEagerValues) {
+  test::Stream stream;
+  test::expect_captured_step_replays(*g_comm, stream.get(), cudaStreamCaptureModeGlobal);
+}
+
+TEST(NcclOverMpi, SplitByParityRunsACollectiveInEachHalf) {
+  test::Stream stream;
+  const int color = g_comm->rank() % 2;
+  std::unique_ptr<DeviceCommunicator> half = g_comm->split(color, g_comm->rank());
+  ASSERT_NE(half, nullptr);
+  EXPECT_EQ(half->size(), (g_comm->size() - color + 1) / 2);
+  EXPECT_EQ(half->rank(), g_comm->rank() / 2);
+  half->warm_up(stream.get());
+  test::expect_exact_collectives(*half, stream.get());
+}
+
+// The fewest GPUs that any process of the job sees (0 where CUDA cannot start).
+int fewest_visible_gpus(Communicator& world) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    count = 0;
+  }
+  std::vector<int> counts(static_cast<size_t>(world.size()));
+  world.all_gather(&count, counts.data(), sizeof(int));
+  return *std::min_element(counts.begin(), counts.end());
+}
+
+int run(int argc, char** argv) {
+  g_world = mpi::world();
+  // Every rank takes the same decision, so none waits in a collective for one that left.
+  const int gpus = fewest_visible_gpus(*g_world);
+  if (gpus < 2) {
+    if (g_world->rank() == 0) {
+      std::printf("test_nccl_mpi: SKIPPED: needs 2 GPUs, %d visible to a process of this job\n", gpus);
+    }
+    return kSkipped;
+  }
+  const int local_rank = nccl::local_rank_from_environment();
+  const int device = nccl::device_for_local_rank(local_rank < 0 ? 0 : local_rank, gpus);
+  nccl::Options options;
+  options.timeout_seconds = test::kTestTimeoutSeconds;
+  g_comm = nccl::create(*g_world, device, options);
+  test::Stream stream;
+  g_comm->warm_up(stream.get());
+
+  ::testing::InitGoogleTest(&argc, argv);
+  // Only rank 0 prints the per-test lines; every rank's failures still print.
+  if (g_world->rank() != 0) {
+    delete ::testing::UnitTest::GetInstance()->listeners().Release(
+        ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
+  }
+  const int failed = RUN_ALL_TESTS();
+  // The job fails if any rank failed.
+  float any = failed ? 1.0f : 0.0f;
+  g_world->all_reduce_max(&any, 1);
+  return any > 0 ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace thdcp
+
+int main(int argc, char** argv) {
+  thdcp::mpi::Session session(&argc, &argv);
+  int code = 1;
+  try {
+    code = thdcp::run(argc, argv);
+  } catch (const thdcp::Error& e) {
+    std::fprintf(stderr, "test_nccl_mpi: %s\n", e.what());
+    // Other ranks may be waiting in a collective for this one: end them all.
+    session.abort(1);
+  }
+  thdcp::g_comm.reset();
+  thdcp::g_world.reset();
+  return code;
+}

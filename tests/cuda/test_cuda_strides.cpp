@@ -1,0 +1,368 @@
+// Strided THD tensors on the CUDA backend: q, k, v as views of one packed QKV buffer (and
+// dq, dk, dv of one packed dQKV buffer) give the same bits as contiguous copies, forward and
+// deterministic backward; bad strides throw naming the tensor before anything is written.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda_test_support.h"
+#include "thdcp/core/error.h"
+#include "thdcp/cuda/attention.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/testing/workload.h"
+
+namespace thdcp::test {
+namespace {
+
+// A batch of the given lengths in a capacity with room to spare, its device table (single
+// device) and the metadata it was built from.
+struct Batch {
+  BatchLayout layout;
+  DeviceBuffer cu_seqlens, cu_seqlens_padded, segments;
+  cuda::DeviceSegmentTable table;
+
+  Batch(const std::vector<int64_t>& lengths, const Mask& mask) {
+    const BatchLayout plain = make_layout(lengths, 1);
+    layout = make_layout(lengths, 1, Capacity{static_cast<int>(lengths.size()) + 2, plain.total_rows() + 24});
+    const int max_seqs = layout.num_seqs();
+    cu_seqlens = DeviceBuffer(sizeof(int32_t) * (max_seqs + 1));
+    cu_seqlens_padded = DeviceBuffer(sizeof(int32_t) * (max_seqs + 1));
+    segments = DeviceBuffer(sizeof(Segment) * cuda::segment_table_capacity(cuda::TableKind::kSingleDevice, max_seqs));
+    cu_seqlens.upload(layout.cu_seqlens.data(), cu_seqlens.bytes());
+    cu_seqlens_padded.upload(layout.cu_seqlens_padded.data(), cu_seqlens_padded.bytes());
+    table = cuda::build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), max_seqs,
+                                      layout.total_rows(), mask, segments.as<Segment>(), nullptr);
+  }
+  int64_t rows() const { return table.q_rows; }
+};
+
+// A device buffer of `rows` rows of `row_stride` elements holding several THD tensors side by
+// side (heads `head_stride` apart), every byte 0xff (NaN) until written: padding between
+// heads and rows stays NaN, so a kernel that reads it poisons its result and one that
+// writes it is caught.
+struct Packed {
+  DType dtype;
+  int64_t rows, row_stride, head_stride, head_dim;
+  DeviceBuffer buffer;
+
+  Packed(DType dtype_, int64_t rows_, int64_t row_stride_, int64_t head_stride_, int64_t head_dim_)
+      : dtype(dtype_), rows(rows_), row_stride(row_stride_), head_stride(head_stride_), head_dim(head_dim_),
+        buffer(static_cast<size_t>(rows_ * row_stride_) * dtype_size(dtype_)) {
+    buffer.poison();
+  }
+  // The view of `heads` heads from head slot `first_head` on.
+  ThdTensor view(int64_t first_head, int64_t heads) const {
+    ThdTensor t;
+    t.data = static_cast<unsigned char*>(buffer.data()) +
+             static_cast<size_t>(first_head * head_stride) * dtype_size(dtype);
+    t.dtype = dtype;
+    t.tokens = rows;
+    t.heads = heads;
+    t.head_dim = head_dim;
+    t.row_stride = row_stride;
+    t.head_stride = head_stride;
+    return t;
+  }
+  std::vector<unsigned char> download() const { return download_vector<unsigned char>(buffer, buffer.bytes()); }
+};
+
+// Host copies between a contiguous tensor and the strided view `first_head` of a packed
+// host image.
+void scatter(const HostTensor& src, std::vector<unsigned char>& image, const Packed& p, int64_t first_head) {
+  const size_t element = dtype_size(src.dtype());
+  const size_t row_bytes = static_cast<size_t>(src.head_dim()) * element;
+  for (int64_t r = 0; r < src.tokens(); ++r) {
+    for (int64_t h = 0; h < src.heads(); ++h) {
+      std::memcpy(image.data() + static_cast<size_t>(r * p.row_stride + (first_head + h) * p.head_stride) * element,
+                  static_cast<const unsigned char*>(src.data()) +
+                      static_cast<size_t>((r * src.heads() + h) * src.head_dim()) * element,
+                  row_bytes);
+    }
+  }
+}
+
+HostTensor gather(const std::vector<unsigned char>& image, const Packed& p, int64_t first_head, int64_t heads) {
+  HostTensor out(p.dtype, p.rows, heads, p.head_dim);
+  const size_t element = dtype_size(p.dtype);
+  for (int64_t r = 0; r < p.rows; ++r) {
+    for (int64_t h = 0; h < heads; ++h) {
+      std::memcpy(static_cast<unsigned char*>(out.data()) + static_cast<size_t>((r * heads + h) * p.head_dim) * element,
+                  image.data() + static_cast<size_t>(r * p.row_stride + (first_head + h) * p.head_stride) * element,
+                  static_cast<size_t>(p.head_dim) * element);
+    }
+  }
+  return out;
+}
+
+// Bytes of the image that no view of `used_heads` heads covers (head padding, row tail)
+// still hold the poison: nothing wrote outside the tensors.
+bool padding_untouched(const std::vector<unsigned char>& image, const Packed& p, int64_t used_heads) {
+  const size_t element = dtype_size(p.dtype);
+  for (int64_t r = 0; r < p.rows; ++r) {
+    for (int64_t e = 0; e < p.row_stride; ++e) {
+      const int64_t head = e / p.head_stride;
+      const bool covered = head < used_heads && e % p.head_stride < p.head_dim;
+      if (covered) continue;
+      const unsigned char* byte = image.data() + static_cast<size_t>(r * p.row_stride + e) * element;
+      for (size_t b = 0; b < element; ++b) {
+        if (byte[b] != 0xff) return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool same_bytes(const HostTensor& a, const HostTensor& b) {
+  return a.numel() == b.numel() && a.dtype() == b.dtype() &&
+         std::memcmp(a.data(), b.data(), static_cast<size_t>(a.numel()) * dtype_size(a.dtype())) == 0;
+}
+
+struct StrideCase {
+  std::string name;
+  DType dtype;
+  int head_dim;
+  Mask mask;
+  int head_padding;  // head_stride = head_dim + head_padding
+};
+
+std::vector<StrideCase> stride_cases() {
+  std::vector<StrideCase> cases;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    for (int head_dim : {64, 128}) {
+      for (bool causal : {true, false}) {
+        for (int padding : {0, 8}) {
+          StrideCase c;
+          c.dtype = dtype;
+          c.head_dim = head_dim;
+          c.mask = causal ? Mask::causal() : Mask::window(40, 7);
+          c.head_padding = padding;
+          c.name = std::string(dtype == DType::kBFloat16 ? "bf16" : "fp16") + "_d" + std::to_string(head_dim) +
+                   (causal ? "_causal" : "_window40_7") + (padding ? "_head_stride_d_plus_8" : "_packed");
+          cases.push_back(c);
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+class CudaStrides : public CudaTest, public ::testing::WithParamInterface<StrideCase> {};
+
+// GQA 4: Hq = 8, Hkv = 2. Packed QKV [T, Hq + 2 Hkv, D] (head slots head_stride apart);
+// with head padding, out and dout are strided too (rows 16 elements longer than needed).
+TEST_P(CudaStrides, PackedViewsMatchContiguousBitForBit) {
+  const StrideCase& c = GetParam();
+  constexpr int64_t kHq = 8, kHkv = 2;
+  const int64_t d = c.head_dim;
+  const int64_t head_stride = d + c.head_padding;
+  const Batch batch({100, 1, 257, 0, 64, 130}, c.mask);
+  const int64_t rows = batch.rows();
+  const uint64_t seed = std::hash<std::string>{}(c.name);
+
+  HostTensor q(c.dtype, rows, kHq, d), k(c.dtype, rows, kHkv, d), v(c.dtype, rows, kHkv, d);
+  HostTensor dout(c.dtype, rows, kHq, d);
+  fill_normal(q, seed + 1);
+  fill_normal(k, seed + 2);
+  fill_normal(v, seed + 3);
+  fill_normal(dout, seed + 4);
+
+  // Contiguous reference run (forward, then deterministic backward).
+  DeviceTensor q_c(q), k_c(k), v_c(v), dout_c(dout);
+  DeviceTensor out_c(c.dtype, rows, kHq, d), dq_c(c.dtype, rows, kHq, d), dk_c(c.dtype, rows, kHkv, d),
+      dv_c(c.dtype, rows, kHkv, d);
+  DeviceBuffer lse_c(sizeof(float) * kHq * rows), max_c(sizeof(float) * kHq);
+  DeviceBuffer fwd_ws(cuda::forward_workspace_size(batch.table));
+  DeviceBuffer bwd_ws(cuda::backward_workspace_size(batch.table, kHq, kHkv, d, c.dtype));
+  for (DeviceBuffer* b : {&out_c.buffer, &dq_c.buffer, &dk_c.buffer, &dv_c.buffer, &lse_c, &max_c}) b->poison();
+  cuda::attention_forward(batch.table, q_c.cview(), k_c.cview(), v_c.cview(), out_c.view(), lse_c.as<float>(),
+                          max_c.as<float>(), fwd_ws.data(), fwd_ws.bytes(), nullptr);
+  cuda::attention_backward(batch.table, q_c.cview(), k_c.cview(), v_c.cview(), out_c.cview(), dout_c.cview(),
+                           lse_c.as<float>(), dq_c.view(), dk_c.view(), dv_c.view(), bwd_ws.data(), bwd_ws.bytes(),
+                           nullptr);
+  THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+
+  // The same through strided views.
+  const int64_t slots = kHq + 2 * kHkv;
+  Packed qkv(c.dtype, rows, slots * head_stride, head_stride, d);
+  std::vector<unsigned char> image = qkv.download();
+  scatter(q, image, qkv, 0);
+  scatter(k, image, qkv, kHq);
+  scatter(v, image, qkv, kHq + kHkv);
+  qkv.buffer.upload(image.data(), image.size());
+  const int64_t extra = c.head_padding ? 16 : 0;
+  Packed out_s(c.dtype, rows, kHq * head_stride + extra, head_stride, d);
+  Packed dout_s(c.dtype, rows, kHq * head_stride + extra, head_stride, d);
+  std::vector<unsigned char> dout_image = dout_s.download();
+  scatter(dout, dout_image, dout_s, 0);
+  dout_s.buffer.upload(dout_image.data(), dout_image.size());
+  Packed dqkv(c.dtype, rows, slots * head_stride, head_stride, d);
+  DeviceBuffer lse_s(sizeof(float) * kHq * rows), max_s(sizeof(float) * kHq);
+  lse_s.poison();
+  max_s.poison();
+
+  const ConstThdTensor q_view = qkv.view(0, kHq), k_view = qkv.view(kHq, kHkv), v_view = qkv.view(kHq + kHkv, kHkv);
+  cuda::attention_forward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), lse_s.as<float>(),
+                          max_s.as<float>(), fwd_ws.data(), fwd_ws.bytes(), nullptr);
+  cuda::attention_backward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq),
+                           lse_s.as<float>(), dqkv.view(0, kHq), dqkv.view(kHq, kHkv), dqkv.view(kHq + kHkv, kHkv),
+                           bwd_ws.data(), bwd_ws.bytes(), nullptr);
+  THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+
+  const std::vector<unsigned char> out_image = out_s.download();
+  EXPECT_TRUE(same_bytes(gather(out_image, out_s, 0, kHq), out_c.download())) << "out differs";
+  EXPECT_TRUE(padding_untouched(out_image, out_s, kHq)) << "the forward wrote outside out's view";
+  EXPECT_TRUE(download_vector<float>(lse_s, kHq * rows) == download_vector<float>(lse_c, kHq * rows))
+      << "lse differs";
+  EXPECT_TRUE(download_vector<float>(max_s, kHq) == download_vector<float>(max_c, kHq)) << "max_logit differs";
+  const std::vector<unsigned char> grad_image = dqkv.download();
+  EXPECT_TRUE(same_bytes(gather(grad_image, dqkv, 0, kHq), dq_c.download())) << "dq differs";
+  EXPECT_TRUE(same_bytes(gather(grad_image, dqkv, kHq, kHkv), dk_c.download())) << "dk differs";
+  EXPECT_TRUE(same_bytes(gather(grad_image, dqkv, kHq + kHkv, kHkv), dv_c.download())) << "dv differs";
+  EXPECT_TRUE(padding_untouched(grad_image, dqkv, slots)) << "the backward wrote into dQKV's head padding";
+  EXPECT_TRUE(qkv.download() == image) << "the calls wrote into the inputs";
+
+  // deterministic = false: the portable kernels' fused pass accumulates dQ with atomics in a
+  // contiguous workspace and casts it into the strided dq (on Hopper the sm90 passes run
+  // again). dK/dV are still added once per segment: same bits. dQ's fp32 sums may differ in
+  // order, so within a few units of the storage dtype.
+  cuda::Options fast;
+  fast.deterministic = false;
+  DeviceBuffer fast_ws(cuda::backward_workspace_size(batch.table, kHq, kHkv, d, c.dtype, fast));
+  DeviceTensor dq_f(c.dtype, rows, kHq, d), dk_f(c.dtype, rows, kHkv, d), dv_f(c.dtype, rows, kHkv, d);
+  cuda::attention_backward(batch.table, q_c.cview(), k_c.cview(), v_c.cview(), out_c.cview(), dout_c.cview(),
+                           lse_c.as<float>(), dq_f.view(), dk_f.view(), dv_f.view(), fast_ws.data(), fast_ws.bytes(),
+                           nullptr, fast);
+  dqkv.buffer.poison();
+  cuda::attention_backward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq),
+                           lse_s.as<float>(), dqkv.view(0, kHq), dqkv.view(kHq, kHkv), dqkv.view(kHq + kHkv, kHkv),
+                           fast_ws.data(), fast_ws.bytes(), nullptr, fast);
+  THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+  const std::vector<unsigned char> fast_image = dqkv.download();
+  EXPECT_TRUE(same_bytes(gather(fast_image, dqkv, kHq, kHkv), dk_f.download())) << "dk differs (deterministic=false)";
+  EXPECT_TRUE(same_bytes(gather(fast_image, dqkv, kHq + kHkv, kHkv), dv_f.download()))
+      << "dv differs (deterministic=false)";
+  EXPECT_TRUE(padding_untouched(fast_image, dqkv, slots)) << "the fused backward wrote into dQKV's head padding";
+  const HostTensor dq_strided = gather(fast_image, dqkv, 0, kHq);
+  const HostTensor dq_reference = dq_f.download();
+  double max_abs = 0.0;
+  for (int64_t i = 0; i < dq_reference.numel(); ++i) max_abs = std::max(max_abs, std::fabs(static_cast<double>(dq_reference.get(i))));
+  const double tolerance = 4.0 * dtype_unit_roundoff(c.dtype) * max_abs;
+  for (int64_t i = 0; i < dq_reference.numel(); ++i) {
+    ASSERT_LE(std::fabs(static_cast<double>(dq_strided.get(i)) - dq_reference.get(i)), tolerance)
+        << "dq element " << i << " (deterministic=false): strided " << dq_strided.get(i) << ", contiguous "
+        << dq_reference.get(i);
+  }
+
+  // fp32 dq may be strided too (stored by the dQ pass directly); fp32 dk/dv stay contiguous.
+  if (c.head_padding) {
+    Packed dq32(DType::kFloat32, rows, kHq * head_stride, head_stride, d);
+    DeviceTensor dq32_c(DType::kFloat32, rows, kHq, d), dk32(DType::kFloat32, rows, kHkv, d),
+        dv32(DType::kFloat32, rows, kHkv, d);
+    DeviceBuffer ws32(cuda::backward_workspace_size(batch.table, kHq, kHkv, d, DType::kFloat32));
+    cuda::attention_backward(batch.table, q_c.cview(), k_c.cview(), v_c.cview(), out_c.cview(), dout_c.cview(),
+                             lse_c.as<float>(), dq32_c.view(), dk32.view(), dv32.view(), ws32.data(), ws32.bytes(),
+                             nullptr);
+    cuda::attention_backward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq),
+                             lse_s.as<float>(), dq32.view(0, kHq), dk32.view(), dv32.view(), ws32.data(),
+                             ws32.bytes(), nullptr);
+    THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+    const std::vector<unsigned char> dq32_image = dq32.download();
+    EXPECT_TRUE(same_bytes(gather(dq32_image, dq32, 0, kHq), dq32_c.download())) << "fp32 dq differs";
+    EXPECT_TRUE(padding_untouched(dq32_image, dq32, kHq)) << "the backward wrote into fp32 dq's head padding";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaStrides, ::testing::ValuesIn(stride_cases()),
+                         [](const ::testing::TestParamInfo<StrideCase>& param_info) { return param_info.param.name; });
+
+// The message of the thdcp::Error `call` throws ("" if none).
+std::string error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+class CudaBadStrides : public CudaTest {};
+
+// Bad strides are caught on the host, before anything is enqueued: the poisoned outputs
+// keep their poison.
+TEST_F(CudaBadStrides, ThrowNamingTheTensorBeforeWriting) {
+  constexpr int64_t kHq = 4, kHkv = 2, kD = 64;
+  const Batch batch({50, 70}, Mask::causal());
+  const int64_t rows = batch.rows();
+  DeviceTensor q(DType::kBFloat16, rows, kHq, kD), k(DType::kBFloat16, rows, kHkv, kD),
+      v(DType::kBFloat16, rows, kHkv, kD), dout(DType::kBFloat16, rows, kHq, kD);
+  DeviceTensor out(DType::kBFloat16, rows, kHq, kD), dq(DType::kBFloat16, rows, kHq, kD),
+      dk(DType::kBFloat16, rows, kHkv, kD), dv(DType::kBFloat16, rows, kHkv, kD);
+  DeviceBuffer lse(sizeof(float) * kHq * rows), max_logit(sizeof(float) * kHq);
+  DeviceBuffer fwd_ws(cuda::forward_workspace_size(batch.table));
+  DeviceBuffer bwd_ws(cuda::backward_workspace_size(batch.table, kHq, kHkv, kD, DType::kBFloat16));
+  // A buffer big enough for any view below.
+  DeviceBuffer wide(static_cast<size_t>(rows * 4 * kHq * kD) * 2);
+  for (DeviceBuffer* b : {&out.buffer, &lse, &max_logit, &dq.buffer, &dk.buffer, &dv.buffer}) b->poison();
+
+  auto forward = [&](ConstThdTensor q_, ConstThdTensor k_, ConstThdTensor v_, ThdTensor out_) {
+    return error_of([&] {
+      cuda::attention_forward(batch.table, q_, k_, v_, out_, lse.as<float>(), max_logit.as<float>(), fwd_ws.data(),
+                              fwd_ws.bytes(), nullptr);
+    });
+  };
+  auto backward = [&](ThdTensor dq_, ThdTensor dk_, ThdTensor dv_) {
+    return error_of([&] {
+      cuda::attention_backward(batch.table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(),
+                               lse.as<float>(), dq_, dk_, dv_, bwd_ws.data(), bwd_ws.bytes(), nullptr);
+    });
+  };
+  auto view_of = [&](int64_t heads, int64_t row_stride, int64_t head_stride) {
+    return ThdTensor{wide.data(), DType::kBFloat16, rows, heads, kD, row_stride, head_stride};
+  };
+  auto expect_error = [](const std::string& message, const std::string& expected) {
+    EXPECT_NE(message.find(expected), std::string::npos) << "expected \"" << expected << "\" in: " << message;
+  };
+
+  // Not a multiple of 8 elements.
+  expect_error(forward(q.cview(), view_of(kHkv, 204, 0), v.cview(), out.view()),
+               "k.row_stride=204 is not a multiple of 8 elements");
+  expect_error(forward(q.cview(), k.cview(), view_of(kHkv, 2 * 76, 76), out.view()),
+               "v.head_stride=76 is not a multiple of 8 elements");
+  // Overlapping rows and heads.
+  expect_error(forward(view_of(kHq, kHq * kD - 8, kD), k.cview(), v.cview(), out.view()),
+               "q.row_stride=248 is less than");
+  expect_error(forward(q.cview(), k.cview(), v.cview(), view_of(kHq, 4 * kHq * kD, kD - 8)),
+               "out.head_stride=56 is less than head_dim=64");
+  expect_error(forward(q.cview(), view_of(kHkv, -8, 0), v.cview(), out.view()), "k has row_stride=-8");
+  // Backward outputs.
+  expect_error(backward(view_of(kHq, kHq * kD + 4, kD), dk.view(), dv.view()), "dq.row_stride=260");
+  expect_error(backward(dq.view(), view_of(kHkv, 2 * kHkv * kD, 2 * kD), view_of(kHkv, kHkv * kD, kD - 16)),
+               "dv.head_stride=48");
+  // fp32 dk/dv are the accumulators: contiguous only.
+  DeviceBuffer ws32(cuda::backward_workspace_size(batch.table, kHq, kHkv, kD, DType::kFloat32));
+  DeviceBuffer dk32(static_cast<size_t>(rows * 2 * kHkv * kD) * 4), dv32(static_cast<size_t>(rows * kHkv * kD) * 4);
+  const ThdTensor dk32_strided{dk32.data(), DType::kFloat32, rows, kHkv, kD, 2 * kHkv * kD, 0};
+  const ThdTensor dv32_view{dv32.data(), DType::kFloat32, rows, kHkv, kD};
+  expect_error(error_of([&] {
+                 cuda::attention_backward(batch.table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(),
+                                          lse.as<float>(), dq.view(), dk32_strided, dv32_view, ws32.data(),
+                                          ws32.bytes(), nullptr);
+               }),
+               "dk is fp32 and strided");
+
+  THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+  const char* names[] = {"out", "lse", "max_logit", "dq", "dk", "dv"};
+  const DeviceBuffer* outputs[] = {&out.buffer, &lse, &max_logit, &dq.buffer, &dk.buffer, &dv.buffer};
+  for (int i = 0; i < 6; ++i) {
+    const std::vector<unsigned char> bytes = download_vector<unsigned char>(*outputs[i], outputs[i]->bytes());
+    bool poisoned = true;
+    for (unsigned char b : bytes) poisoned = poisoned && b == 0xff;
+    EXPECT_TRUE(poisoned) << names[i] << " was written by a call that threw";
+  }
+}
+
+}  // namespace
+}  // namespace thdcp::test
