@@ -193,8 +193,9 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads)
   load_tile_async<kM, kD, kThreads>(do_tile, dout, seg.q_row + m0, valid_q, strides.dout, head);
   // K/V tile loads (load_tile_async's layout and zero fill) from per-thread row pointers:
   // this thread copies chunk `kv_chunk` of rows kv_row0 + kKvRowStep * i of each tile, so
-  // one 32x32->64-bit multiply-add per row pass advances each pointer, and the
-  // shared-memory offsets past the first are constants (the forward's scheme).
+  // each tile costs one 32x32->64-bit multiply per tensor (row_offset) and each row pass one
+  // 64-bit step of each pointer, and the shared-memory offsets past the first are constants
+  // (the forward's scheme).
   constexpr int kKvChunks = kD / 8;
   constexpr int kKvRowStep = kThreads / kKvChunks;
   constexpr int kKvPasses = kN * kKvChunks / kThreads;
@@ -358,8 +359,8 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
   load_tile_async<kN, kD, kThreads>(v_tile, v, seg.k_row + n0, valid_k, strides.v, kv_head);
   // Q/dO tile loads (load_tile_async's layout and zero fill) from per-thread row pointers:
   // this thread copies chunk `q_chunk` of rows q_row0 + kQRowStep * i of each tile, so one
-  // 32x32->64-bit multiply per tensor per step and one multiply-add per row pass address
-  // them, and the shared-memory offsets past the first are constants.
+  // 32x32->64-bit multiply per tensor per step (row_offset) and one 64-bit step per row pass
+  // address them, and the shared-memory offsets past the first are constants.
   constexpr int kQChunks = kD / 8;
   constexpr int kQRowStep = kThreads / kQChunks;
   constexpr int kQPasses = kM * kQChunks / kThreads;

@@ -140,6 +140,8 @@ void check_view(const char* name, const ConstThdTensor& t, int64_t rows, int64_t
     THDCP_CHECK(head_step % kStrideQuantum == 0,
                 name << ".head_stride=" << head_step << " is not a multiple of " << kStrideQuantum
                      << " elements: the CUDA kernels load 16-byte rows");
+    THDCP_CHECK(head_step < kMaxRowStride, name << ".head_stride=" << head_step << " is not below 2^26 elements: the "
+                                                     "CUDA kernels address rows with 32-bit offsets");
     THDCP_CHECK(head_step >= t.head_dim,
                 name << ".head_stride=" << head_step << " is less than head_dim=" << t.head_dim
                      << ": heads would overlap; use head_stride >= head_dim (0 means head_dim)");
@@ -148,7 +150,7 @@ void check_view(const char* name, const ConstThdTensor& t, int64_t rows, int64_t
                                                    << kStrideQuantum
                                                    << " elements: the CUDA kernels load 16-byte rows");
   THDCP_CHECK(row_step < kMaxRowStride, name << ".row_stride=" << row_step << " is not below 2^26 elements: the CUDA "
-                                                   "kernels step rows with 32-bit offsets");
+                                                   "kernels address rows with 32-bit offsets");
   const int64_t row_extent = (t.heads - 1) * (t.heads > 1 ? head_step : 0) + t.head_dim;
   THDCP_CHECK(row_step >= row_extent,
               name << ".row_stride=" << row_step << " is less than (heads - 1) * head_stride + head_dim = "

@@ -139,10 +139,11 @@ __device__ __forceinline__ void reduce_max_logit(const ForwardParams& p, int hea
 }
 
 // Registers: at head_dim 128 this kernel needs a few more than the 255 a thread can have
-// (two 16-row fragments of O and S per warp), and ptxas (CUDA 13.0) spills 24 bytes in the
-// sm_80 cubin and 28 in the sm_90a one. Kept: the 32-row-per-warp tile feeds two MMAs from
-// each K/V fragment read and was measured faster than 16 rows per warp (bench/RESULTS.md);
-// the instruction count per key tile, not the spill, limits it there. Hopper runs
+// (two 16-row fragments of O and S per warp), and ptxas (CUDA 13.0) spills 40 bytes in the
+// sm_80 cubin and 52 in the sm_90a one, all on the masked-tile path and outside the loop
+// (none on the unmasked path). Kept: the 32-row-per-warp tile feeds two MMAs from each K/V
+// fragment read and was measured faster than 16 rows per warp (bench/RESULTS.md); the
+// instruction count per key tile, not the spill, limits it. Hopper runs
 // forward_kernel_sm90 (no spill) unless THDCP_PORTABLE_KERNELS=1. Configure with
 // -DTHDCP_WARN_SPILLS=ON to see ptxas's report.
 template <typename Storage, int kHeadDim>
@@ -179,9 +180,8 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads)
   load_tile_async<kM, kD, kThreads>(q_tile, q, seg.q_row + m0, valid_q, strides.q, head);
   // K/V tile loads (load_tile_async's layout and zero fill) from per-thread row pointers:
   // this thread copies chunk `kv_chunk` of rows kv_row0 + kKvRowStep * i of each tile, so
-  // one 32x32->64-bit multiply-add per row pass advances each pointer (strides and row
-  // offsets fit in 32 bits, see Strides), and the shared-memory offsets are constants past
-  // the first.
+  // each tile costs one 32x32->64-bit multiply per tensor (row_offset) and each row pass one
+  // 64-bit step of each pointer, and the shared-memory offsets are constants past the first.
   constexpr int kKvChunks = kD / 8;
   constexpr int kKvRowStep = kThreads / kKvChunks;
   constexpr int kKvPasses = kN * kKvChunks / kThreads;
@@ -189,9 +189,6 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads)
   const int kv_chunk = static_cast<int>(threadIdx.x) % kKvChunks;
   const int kv_row0 = static_cast<int>(threadIdx.x) / kKvChunks;
   const uint32_t kv_row = static_cast<uint32_t>(seg.k_row) + kv_row0;
-  int k_pass, v_pass;
-  asm volatile("shfl.sync.idx.b32 %0, %1, 0, 0x1f, 0xffffffff;" : "=r"(k_pass) : "r"(pass_step<kKvRowStep>(strides.k)));
-  asm volatile("shfl.sync.idx.b32 %0, %1, 0, 0x1f, 0xffffffff;" : "=r"(v_pass) : "r"(pass_step<kKvRowStep>(strides.v)));
   const uint32_t k_smem = smem_address(k_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
   const uint32_t v_smem = smem_address(v_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
   auto load_kv = [&](int n, int buffer) {
@@ -206,8 +203,8 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads)
       const uint32_t dst = buffer_bytes + static_cast<uint32_t>(kKvRowStep * i * kD * 2);
       cp_async_16(k_smem + dst, valid ? k_src : k, valid);
       cp_async_16(v_smem + dst, valid ? v_src : v, valid);
-      k_src += k_pass;
-      v_src += v_pass;
+      k_src += pass_step<kKvRowStep>(strides.k);
+      v_src += pass_step<kKvRowStep>(strides.v);
     }
   };
   if (n_begin < n_end) load_kv(n_begin, 0);

@@ -19,8 +19,8 @@ namespace thdcp::cuda::detail {
 // Element (row, head, d) of a THD tensor x is at x + row * row + head * head + d (elements;
 // resolved on the host, never 0 here). The host checks that both are multiples of 8 (16-byte
 // cp.async rows), that rows and heads do not overlap, and that row < kMaxRowStride, so that
-// offsets inside a row and steps of up to 32 rows fit in 32 bits: the kernels' per-tile
-// address arithmetic then costs what it did for contiguous tensors.
+// offsets inside a row and steps of up to 32 rows fit in 32 bits (row_offset, pass_step in
+// tensor_core.cuh): 64-bit multiplies per tile would cost the instruction-bound loops.
 struct Strides {
   int64_t row;
   int64_t head;

@@ -122,10 +122,11 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const Options& options, 
                                  << ", k_rows=" << shape_.table.k_rows << ", capacity " << shape_.table.capacity
                                  << ")");
   const size_t needed = workspace_size(shape_, options_);
-  THDCP_CHECK(workspace_bytes >= needed, "workspace has " << workspace_bytes
-                                                          << " bytes; backward_workspace_size gives " << needed
-                                                          << " for dk/dv in " << dtype_name(shape_.dkv_dtype)
-                                                          << " and deterministic=" << options_.deterministic);
+  THDCP_CHECK(workspace_bytes >= needed,
+              "workspace has " << workspace_bytes
+                               << " bytes; BackwardPlan::workspace_size (backward_workspace_size) gives " << needed
+                               << " for dk/dv in " << dtype_name(shape_.dkv_dtype)
+                               << " and deterministic=" << options_.deterministic << ": pass a workspace of that size");
   detail::check_device_pointer("workspace", workspace, device_, detail::kWorkspaceAlignment);
   workspace_ = workspace;
   const bool bf16 = shape_.dtype == DType::kBFloat16;

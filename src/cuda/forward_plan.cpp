@@ -47,7 +47,9 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const Options& options, vo
                                        << shape_.table.capacity << ")");
   const size_t needed = workspace_size(shape_);
   THDCP_CHECK(workspace_bytes >= needed,
-              "workspace has " << workspace_bytes << " bytes; forward_workspace_size gives " << needed);
+              "workspace has " << workspace_bytes
+                               << " bytes; ForwardPlan::workspace_size (forward_workspace_size) gives " << needed
+                               << ": pass a workspace of that size");
   detail::check_device_pointer("workspace", workspace, device_, detail::kWorkspaceAlignment);
   workspace_ = workspace;
   const bool bf16 = shape_.dtype == DType::kBFloat16;

@@ -9,23 +9,23 @@ namespace thdcp::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kRowsPerBlock = kThreads / 32;
 
-// One thread per 16-byte word of a row. kToSequence moves gathered -> ordered, else back.
+// One warp per row: the row's owner (a binary search over cu_seqlens_padded) is found once
+// per row, not once per 16-byte word, and the lanes move the row's words, coalesced.
+// kToSequence moves gathered -> ordered, else back.
 template <bool kToSequence>
-__global__ void reorder_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t words_per_row,
-                               const int32_t* __restrict__ cu_seqlens_padded, int max_seqs, int64_t total_rows,
-                               int cp) {
-  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (index >= total_rows * words_per_row) return;
-  const int64_t global_row = index / words_per_row;
-  const int64_t word = index - global_row * words_per_row;
+__global__ void __launch_bounds__(kThreads) reorder_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                                           int64_t words_per_row,
+                                                           const int32_t* __restrict__ cu_seqlens_padded,
+                                                           int max_seqs, int64_t total_rows, int cp) {
+  const int64_t global_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (global_row >= total_rows) return;
   const DualChunkLocation where = dual_chunk_locate_row(cu_seqlens_padded, max_seqs, cp, global_row);
   const int64_t gathered_row = where.rank * (total_rows / cp) + where.local_row;
-  if (kToSequence) {
-    dst[global_row * words_per_row + word] = src[gathered_row * words_per_row + word];
-  } else {
-    dst[gathered_row * words_per_row + word] = src[global_row * words_per_row + word];
-  }
+  const int64_t from = (kToSequence ? gathered_row : global_row) * words_per_row;
+  const int64_t to = (kToSequence ? global_row : gathered_row) * words_per_row;
+  for (int64_t word = threadIdx.x % 32; word < words_per_row; word += 32) dst[to + word] = src[from + word];
 }
 
 template <bool kToSequence>
@@ -36,9 +36,8 @@ void launch_reorder(const void* src, void* dst, size_t row_bytes, const int32_t*
               "reorder: cp=" << cp << ", max_seqs=" << max_seqs << ", total_rows=" << total_rows
                              << ": need cp >= 1, max_seqs >= 1 and total_rows a multiple of 2*cp");
   const int64_t words_per_row = static_cast<int64_t>(row_bytes / 16);
-  const int64_t work = total_rows * words_per_row;
-  if (work == 0) return;
-  const int64_t blocks = (work + kThreads - 1) / kThreads;
+  if (total_rows == 0 || words_per_row == 0) return;
+  const int64_t blocks = (total_rows + kRowsPerBlock - 1) / kRowsPerBlock;
   reorder_kernel<kToSequence><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       static_cast<const uint4*>(src), static_cast<uint4*>(dst), words_per_row, cu_seqlens_padded, max_seqs,
       total_rows, cp);

@@ -137,7 +137,7 @@ __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
 
 // Element offset of 16-byte chunk `chunk` of head `head` in row `row` of a THD tensor. The
 // host keeps strides below kMaxRowStride and rows below 2^31, so the offset inside the row
-// is 32-bit and the row's one 32x32->64-bit multiply: what contiguous offsets cost.
+// is 32-bit and the row's a single 32x32->64-bit multiply.
 __device__ __forceinline__ uint64_t row_offset(const Strides& strides, uint32_t row, int head, int chunk) {
   return static_cast<uint64_t>(row) * static_cast<uint32_t>(strides.row) +
          (static_cast<uint32_t>(head) * static_cast<uint32_t>(strides.head) + static_cast<uint32_t>(chunk) * 8);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,8 @@ struct StrideCase {
   int head_padding;  // head_stride = head_dim + head_padding
 };
 
+std::ostream& operator<<(std::ostream& os, const StrideCase& c) { return os << c.name; }
+
 std::vector<StrideCase> stride_cases() {
   std::vector<StrideCase> cases;
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
@@ -248,7 +251,9 @@ TEST_P(CudaStrides, PackedViewsMatchContiguousBitForBit) {
   const HostTensor dq_strided = gather(fast_image, dqkv, 0, kHq);
   const HostTensor dq_reference = dq_f.download();
   double max_abs = 0.0;
-  for (int64_t i = 0; i < dq_reference.numel(); ++i) max_abs = std::max(max_abs, std::fabs(static_cast<double>(dq_reference.get(i))));
+  for (int64_t i = 0; i < dq_reference.numel(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(static_cast<double>(dq_reference.get(i))));
+  }
   const double tolerance = 4.0 * dtype_unit_roundoff(c.dtype) * max_abs;
   for (int64_t i = 0; i < dq_reference.numel(); ++i) {
     ASSERT_LE(std::fabs(static_cast<double>(dq_strided.get(i)) - dq_reference.get(i)), tolerance)
