@@ -64,18 +64,21 @@ ThdTensor view(const DeviceBuffer& b, const cp::Problem& p, int64_t heads) {
   return ThdTensor{b.data(), p.dtype, p.local_rows(), heads, p.head_dim};
 }
 
-void step(cp::CudaPlan& plan, RankBuffers& b, const cp::Problem& p, cudaStream_t stream, bool backward) {
+// What a timed step runs.
+enum class Pass { kForward = 0, kForwardBackward = 1, kForwardBackwardKeptKv = 2 };
+
+void step(cp::CudaPlan& plan, RankBuffers& b, const cp::Problem& p, cudaStream_t stream, Pass pass) {
   const cp::DeviceLayout layout{b.cu.as<int32_t>(), b.cup.as<int32_t>()};
   plan.forward(layout,
                cp::ForwardTensors{view(b.q, p, p.q_heads), view(b.k, p, p.kv_heads), view(b.v, p, p.kv_heads),
                                   view(b.out, p, p.q_heads), b.lse.as<float>(), b.max_logit.as<float>()},
                stream);
-  if (!backward) return;
+  if (pass == Pass::kForward) return;
   plan.backward(layout,
                 cp::BackwardTensors{view(b.q, p, p.q_heads), view(b.k, p, p.kv_heads), view(b.v, p, p.kv_heads),
                                     view(b.out, p, p.q_heads), view(b.dout, p, p.q_heads), b.lse.as<float>(),
                                     view(b.dq, p, p.q_heads), view(b.dk, p, p.kv_heads), view(b.dv, p, p.kv_heads)},
-                stream);
+                stream, pass == Pass::kForwardBackwardKeptKv ? cp::KvSource::kFromForward : cp::KvSource::kGather);
 }
 
 }  // namespace
@@ -137,7 +140,7 @@ bool verify_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, co
     cudaStream_t stream;
     THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cp::CudaPlan plan(comm, p, cuda::Options{}, b.workspace.data(), b.workspace.bytes());
-    step(plan, b, p, stream, true);
+    step(plan, b, p, stream, Pass::kForwardBackward);
     comm.synchronize(stream, 120);
     THDCP_CHECK_CUDA(cudaStreamDestroy(stream));
     for (auto [host, device, heads] : {std::make_tuple(&out, &b.out, q_heads), std::make_tuple(&dq, &b.dq, q_heads),
@@ -182,10 +185,11 @@ CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, 
   std::vector<cudaEvent_t> joins(static_cast<size_t>(cp));
   for (cudaEvent_t& e : joins) THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   std::mutex mutex;
-  for (bool backward : {false, true}) {
+  for (Pass pass : {Pass::kForward, Pass::kForwardBackward, Pass::kForwardBackwardKeptKv}) {
+    const bool backward = pass != Pass::kForward;
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
-    cp::Timings& phases = backward ? result.fwd_bwd_phases : result.fwd_phases;
+    cp::Timings& phases = result.phases[static_cast<int>(pass)];
     run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
       const int64_t local = p.local_rows();
       RankBuffers b{DeviceBuffer(tensor_bytes(local, q_heads, head_dim, dtype)),
@@ -219,12 +223,12 @@ CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, 
       plan.enable_phase_timing();
       comm.warm_up(stream);
       // Phases: eager steps, events on this rank's stream, summed over the timed steps.
-      for (int i = 0; i < warmup; ++i) step(plan, b, p, stream, backward);
+      for (int i = 0; i < warmup; ++i) step(plan, b, p, stream, pass);
       comm.synchronize(stream, 120);
       cp::Timings mine;
       for (int i = 0; i < iters; ++i) {
         cp::Timings one;
-        step(plan, b, p, stream, false);
+        step(plan, b, p, stream, Pass::kForward);
         comm.synchronize(stream, 120);
         plan.add_phase_timings(one);
         if (backward) {
@@ -232,7 +236,8 @@ CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, 
                         cp::BackwardTensors{view(b.q, p, q_heads), view(b.k, p, kv_heads), view(b.v, p, kv_heads),
                                             view(b.out, p, q_heads), view(b.dout, p, q_heads), b.lse.as<float>(),
                                             view(b.dq, p, q_heads), view(b.dk, p, kv_heads), view(b.dv, p, kv_heads)},
-                        stream);
+                        stream,
+                        pass == Pass::kForwardBackwardKeptKv ? cp::KvSource::kFromForward : cp::KvSource::kGather);
           comm.synchronize(stream, 120);
           plan.add_phase_timings(one);
         }
@@ -250,7 +255,7 @@ CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, 
       }
       barrier.wait();
       THDCP_CHECK_CUDA(cudaStreamWaitEvent(stream, fork, 0));
-      step(plan, b, p, stream, backward);
+      step(plan, b, p, stream, pass);
       THDCP_CHECK_CUDA(cudaEventRecord(joins[comm.rank()], stream));
       barrier.wait();
       if (comm.rank() == 0) {
@@ -267,7 +272,7 @@ CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, 
           THDCP_CHECK_CUDA(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], start, stop));
         }
         std::sort(ms.begin(), ms.end());
-        (backward ? result.fwd_bwd_graph_ms : result.fwd_graph_ms) = ms[ms.size() / 2];
+        result.graph_ms[static_cast<int>(pass)] = ms[ms.size() / 2];
         THDCP_CHECK_CUDA(cudaGraphExecDestroy(exec));
         THDCP_CHECK_CUDA(cudaGraphDestroy(graph));
       }

@@ -13,12 +13,12 @@ namespace thdcp::tools {
 bool verify_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, const char* mask_name, int q_heads,
                int kv_heads, int head_dim, DType dtype, uint64_t seed);
 
+// Per pass: 0 forward, 1 forward + backward, 2 forward + backward on the forward's K/V
+// (cp::KvSource::kFromForward).
 struct CpTiming {
-  int64_t rows = 0;             // global rows after padding every document to 2*cp
-  double fwd_graph_ms = 0;      // median of the captured forward of every rank
-  double fwd_bwd_graph_ms = 0;  // median of the captured forward + backward of every rank
-  cp::Timings fwd_phases;       // seconds per phase, mean over steps, summed over ranks
-  cp::Timings fwd_bwd_phases;
+  int64_t rows = 0;          // global rows after padding every document to 2*cp
+  double graph_ms[3] = {};   // median of the pass of every rank captured as one graph
+  cp::Timings phases[3];     // seconds per phase, mean over steps, summed over ranks
 };
 
 CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, int q_heads, int kv_heads,

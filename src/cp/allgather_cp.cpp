@@ -106,6 +106,11 @@ class CpuSteps {
     return ConstThdTensor(ordered.data(), gathered.dtype, gathered.tokens, gathered.heads, gathered.head_dim);
   }
 
+  ConstThdTensor kept_sequence_order(const ConstThdTensor& local, Slot slot) {
+    return ConstThdTensor(b_.sequence[index_of(slot)].data(), local.dtype, p_.capacity.max_tokens, local.heads,
+                          local.head_dim);
+  }
+
   void attention_forward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, ThdTensor out,
                          float* lse, float* max_logit) {
     cpu::attention_forward(table_, q, k, v, out, lse, max_logit, options_);

@@ -1,5 +1,6 @@
 // The CUDA step set of AllGather CP and the CudaPlan: host code that enqueues device work.
 #include <algorithm>
+#include <functional>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -50,7 +51,7 @@ cuda::AttentionShape attention_shape(const Problem& p) {
 
 // Offsets of the workspace, in order.
 struct Layout {
-  size_t segments = 0, packed[2] = {}, gathered[2] = {}, sequence[2] = {}, grad_seq[2] = {}, grad_ranked = 0,
+  size_t segments = 0, rank_rows = 0, packed[2] = {}, gathered[2] = {}, sequence[2] = {}, grad_ranked[2] = {},
          grad_local = 0, forward = 0, backward = 0, total = 0;
   size_t forward_bytes = 0, backward_bytes = 0;
 };
@@ -67,13 +68,13 @@ Layout workspace_layout(const Problem& p, const cuda::Options& options) {
   const size_t elements = static_cast<size_t>(p.capacity.max_tokens * p.kv_heads * p.head_dim);
   const size_t local_elements = elements / static_cast<size_t>(p.cp);
   w.segments = take(sizeof(Segment) * static_cast<size_t>(table_shape(p).capacity));
+  w.rank_rows = take(sizeof(int32_t) * static_cast<size_t>(p.capacity.max_tokens));
   for (int i = 0; i < 2; ++i) w.packed[i] = take(local_elements * dtype_size(p.dtype));
   for (int i = 0; i < 2; ++i) w.gathered[i] = take(elements * dtype_size(p.dtype));
   for (int i = 0; i < 2; ++i) w.sequence[i] = take(elements * dtype_size(p.dtype));
-  for (int i = 0; i < 2; ++i) w.grad_seq[i] = take(elements * sizeof(float));
-  // dK and dV go through rank order and the reduce-scatter one after the other: one buffer
-  // each, reused (the collective has finished reading it before the next use is enqueued).
-  w.grad_ranked = take(elements * sizeof(float));
+  // fp32 dK/dV of every gathered row, accumulated by the attention backward straight in rank
+  // order (BackwardTensors::dkv_rows), so the reduce-scatter takes them as they are.
+  for (int i = 0; i < 2; ++i) w.grad_ranked[i] = take(elements * sizeof(float));
   w.grad_local = take(local_elements * sizeof(float));
   const cuda::AttentionShape shape = attention_shape(p);
   w.forward_bytes = cuda::ForwardPlan::workspace_size(shape);
@@ -185,6 +186,11 @@ class CudaSteps {
     return ConstThdTensor(ordered, gathered.dtype, gathered.tokens, gathered.heads, gathered.head_dim);
   }
 
+  ConstThdTensor kept_sequence_order(const ConstThdTensor& local, Slot slot) {
+    return ConstThdTensor(w_.at<unsigned char>(w_.layout.sequence[index_of(slot)]), local.dtype,
+                          p_.capacity.max_tokens, local.heads, local.head_dim);
+  }
+
   void attention_forward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, ThdTensor out,
                          float* lse, float* max_logit) {
     w_.forward->run(table_, cuda::ForwardTensors{q, k, v, out, lse, max_logit}, stream_);
@@ -195,18 +201,19 @@ class CudaSteps {
   SequenceGrads attention_backward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v,
                                    const ConstThdTensor& out, const ConstThdTensor& dout, const float* lse,
                                    ThdTensor dq) {
-    const SequenceGrads grads{fp32(w_.layout.grad_seq[0], p_.capacity.max_tokens),
-                              fp32(w_.layout.grad_seq[1], p_.capacity.max_tokens)};
-    w_.backward->run(table_, cuda::BackwardTensors{q, k, v, out, dout, lse, dq, grads.dk, grads.dv}, stream_);
+    int32_t* rank_rows = w_.at<int32_t>(w_.layout.rank_rows);
+    cuda::gathered_rows_of_sequence(layout_.cu_seqlens_padded, p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp,
+                                    rank_rows, stream_);
+    const SequenceGrads grads{fp32(w_.layout.grad_ranked[0], p_.capacity.max_tokens),
+                              fp32(w_.layout.grad_ranked[1], p_.capacity.max_tokens)};
+    cuda::BackwardTensors tensors{q, k, v, out, dout, lse, dq, grads.dk, grads.dv};
+    tensors.dkv_rows = rank_rows;
+    w_.backward->run(table_, tensors, stream_);
     return grads;
   }
 
-  ThdTensor to_rank_order(const ThdTensor& seq, Slot) {
-    const ThdTensor ranked = fp32(w_.layout.grad_ranked, p_.capacity.max_tokens);
-    cuda::sequence_to_gathered_order(seq.data, ranked.data, seq.row_bytes(), layout_.cu_seqlens_padded,
-                                     p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp, stream_);
-    return ranked;
-  }
+  // attention_backward already accumulated the gradients in rank order.
+  ThdTensor to_rank_order(const ThdTensor& grads, Slot) { return grads; }
 
   ThdTensor reduce_scatter(const ThdTensor& ranked, Slot) {
     const ThdTensor local = fp32(w_.layout.grad_local, p_.local_rows());
@@ -253,71 +260,8 @@ void check_layout(const DeviceLayout& layout) {
               "layout arrays must be 4-byte aligned int32 arrays");
 }
 
-}  // namespace
-
-size_t cuda_workspace_size(const Problem& problem, const cuda::Options& options) {
-  return workspace_layout(problem, options).total;
-}
-
-CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const cuda::Options& options, void* workspace,
-                   size_t workspace_bytes)
-    : comm_(comm), problem_(problem), options_(options), workspace_(std::make_unique<Workspace>()) {
-  detail::AgreementInput in;
-  in.problem = problem;
-  in.rank = comm.rank();
-  in.size = comm.size();
-  in.options_fingerprint = options_fingerprint(options);
-  // The exchange needs the device: a small buffer and a stream of the plan's own, at plan time.
-  int device = -1;
-  THDCP_CHECK_CUDA(cudaGetDevice(&device));
-  THDCP_CHECK(device == comm.device(), "the current device is " << device << " but the communicator's rank "
-                                                                << comm.rank() << " uses device " << comm.device()
-                                                                << ": call cudaSetDevice(" << comm.device() << ")");
-  cudaStream_t stream = nullptr;
-  THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  void* exchange_buffer = nullptr;
-  try {
-    detail::agree(
-        in,
-        [&] {
-          THDCP_CHECK(problem.cp == comm.size(),
-                      "problem.cp=" << problem.cp << " but the communicator has " << comm.size() << " ranks");
-          workspace_->layout = workspace_layout(problem, options);
-          const cuda::AttentionShape shape = attention_shape(problem);
-          THDCP_CHECK(workspace_bytes >= workspace_->layout.total,
-                      "workspace has " << workspace_bytes << " bytes; cuda_workspace_size gives "
-                                       << workspace_->layout.total);
-          workspace_->base = static_cast<unsigned char*>(workspace);
-          // The attention plans check dtype, head dim, kernel family and their workspaces.
-          workspace_->forward = std::make_unique<cuda::ForwardPlan>(
-              shape, options, workspace_->at<void>(workspace_->layout.forward), workspace_->layout.forward_bytes);
-          workspace_->backward = std::make_unique<cuda::BackwardPlan>(
-              shape, options, workspace_->at<void>(workspace_->layout.backward), workspace_->layout.backward_bytes);
-        },
-        [&](const void* send, void* recv, size_t bytes) {
-          THDCP_CHECK_CUDA(cudaMalloc(&exchange_buffer, bytes * static_cast<size_t>(comm.size() + 1)));
-          auto* device_send = static_cast<unsigned char*>(exchange_buffer);
-          unsigned char* device_recv = device_send + bytes;
-          THDCP_CHECK_CUDA(cudaMemcpyAsync(device_send, send, bytes, cudaMemcpyHostToDevice, stream));
-          comm.all_gather(device_send, device_recv, bytes, stream);
-          THDCP_CHECK_CUDA(cudaMemcpyAsync(recv, device_recv, bytes * static_cast<size_t>(comm.size()),
-                                           cudaMemcpyDeviceToHost, stream));
-          comm.synchronize(stream, kPlanExchangeTimeoutSeconds);
-        });
-  } catch (...) {
-    if (exchange_buffer) cudaFree(exchange_buffer);
-    cudaStreamDestroy(stream);
-    throw;
-  }
-  cudaFree(exchange_buffer);
-  THDCP_CHECK_CUDA(cudaStreamDestroy(stream));
-}
-
-CudaPlan::~CudaPlan() = default;
-
-void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream) {
-  const Problem& p = problem_;
-  check_layout(layout);
+// Host arithmetic only: what every step checks against the plan.
+void check_forward_tensors(const Problem& p, const ForwardTensors& t) {
   check_tensor("q", t.q, p, p.q_heads, false);
   check_tensor("k", t.k, p, p.kv_heads, false);
   check_tensor("v", t.v, p, p.kv_heads, false);
@@ -325,13 +269,9 @@ void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cuda
   check_packable("k", t.k);
   check_packable("v", t.v);
   THDCP_CHECK(t.lse != nullptr || p.local_rows() * p.q_heads == 0, "lse must point to Hq * T/cp floats");
-  CudaSteps steps(comm_, p, *workspace_, events_.get(), layout, stream);
-  detail::run_forward(steps, t);
 }
 
-void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream) {
-  const Problem& p = problem_;
-  check_layout(layout);
+void check_backward_tensors(const Problem& p, const BackwardTensors& t) {
   check_tensor("q", t.q, p, p.q_heads, false);
   check_tensor("k", t.k, p, p.kv_heads, false);
   check_tensor("v", t.v, p, p.kv_heads, false);
@@ -350,8 +290,151 @@ void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cu
               "dk/dv have dtypes " << dtype_name(t.dk.dtype) << "/" << dtype_name(t.dv.dtype)
                                    << ": use k's dtype (" << dtype_name(p.dtype) << ") or fp32 for both");
   THDCP_CHECK(t.lse != nullptr || p.local_rows() * p.q_heads == 0, "lse must point to the forward's Hq * T/cp floats");
-  CudaSteps steps(comm_, p, *workspace_, events_.get(), layout, stream);
-  detail::run_backward(steps, t);
+}
+
+}  // namespace
+
+size_t cuda_workspace_size(const Problem& problem, const cuda::Options& options) {
+  return workspace_layout(problem, options).total;
+}
+
+namespace {
+
+// The cross-rank check over a device communicator: a small buffer and a stream of its own,
+// waited for on the host. Plan time only.
+void agree_on_device(DeviceCommunicator& comm, const detail::AgreementInput& in,
+                     const std::function<void()>& local_checks) {
+  int device = -1;
+  THDCP_CHECK_CUDA(cudaGetDevice(&device));
+  THDCP_CHECK(device == comm.device(), "the current device is " << device << " but the communicator's rank "
+                                                                << comm.rank() << " uses device " << comm.device()
+                                                                << ": call cudaSetDevice(" << comm.device() << ")");
+  cudaStream_t stream = nullptr;
+  THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* buffer = nullptr;
+  try {
+    detail::agree(in, local_checks, [&](const void* send, void* recv, size_t bytes) {
+      THDCP_CHECK_CUDA(cudaMalloc(&buffer, bytes * static_cast<size_t>(comm.size() + 1)));
+      auto* device_send = static_cast<unsigned char*>(buffer);
+      unsigned char* device_recv = device_send + bytes;
+      THDCP_CHECK_CUDA(cudaMemcpyAsync(device_send, send, bytes, cudaMemcpyHostToDevice, stream));
+      comm.all_gather(device_send, device_recv, bytes, stream);
+      THDCP_CHECK_CUDA(cudaMemcpyAsync(recv, device_recv, bytes * static_cast<size_t>(comm.size()),
+                                       cudaMemcpyDeviceToHost, stream));
+      comm.synchronize(stream, kPlanExchangeTimeoutSeconds);
+    });
+  } catch (...) {
+    if (buffer) cudaFree(buffer);
+    cudaStreamDestroy(stream);
+    throw;
+  }
+  cudaFree(buffer);
+  THDCP_CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+const char* memory_name(cudaMemoryType type) {
+  switch (type) {
+    case cudaMemoryTypeUnregistered: return "unregistered host memory";
+    case cudaMemoryTypeHost: return "pinned host memory";
+    case cudaMemoryTypeDevice: return "device memory";
+    case cudaMemoryTypeManaged: return "managed memory";
+  }
+  return "unknown memory";
+}
+
+// `name` points to device (or managed) memory of `device`.
+void check_on_device(const char* name, const void* pointer, int device) {
+  if (pointer == nullptr) return;  // null where allowed is the run checks' business
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    THDCP_FAIL(name << "=" << pointer << " is not a CUDA pointer (" << cudaGetErrorString(status) << ")");
+  }
+  THDCP_CHECK(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
+              name << " points to " << memory_name(attributes.type) << ": pass device memory of device " << device);
+  THDCP_CHECK(attributes.device == device, name << " lives on device " << attributes.device
+                                                << " but this rank's communicator uses device " << device
+                                                << ": allocate it there");
+}
+
+}  // namespace
+
+CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const cuda::Options& options, void* workspace,
+                   size_t workspace_bytes)
+    : comm_(comm), problem_(problem), options_(options), workspace_(std::make_unique<Workspace>()) {
+  detail::AgreementInput in;
+  in.problem = problem;
+  in.rank = comm.rank();
+  in.size = comm.size();
+  in.options_fingerprint = options_fingerprint(options);
+  agree_on_device(comm, in, [&] {
+    THDCP_CHECK(problem.cp == comm.size(),
+                "problem.cp=" << problem.cp << " but the communicator has " << comm.size() << " ranks");
+    workspace_->layout = workspace_layout(problem, options);
+    const cuda::AttentionShape shape = attention_shape(problem);
+    THDCP_CHECK(workspace_bytes >= workspace_->layout.total,
+                "workspace has " << workspace_bytes << " bytes; cuda_workspace_size gives " << workspace_->layout.total);
+    workspace_->base = static_cast<unsigned char*>(workspace);
+    // The attention plans check dtype, head dim, kernel family and their workspaces.
+    workspace_->forward = std::make_unique<cuda::ForwardPlan>(
+        shape, options, workspace_->at<void>(workspace_->layout.forward), workspace_->layout.forward_bytes);
+    workspace_->backward = std::make_unique<cuda::BackwardPlan>(
+        shape, options, workspace_->at<void>(workspace_->layout.backward), workspace_->layout.backward_bytes);
+  });
+}
+
+void CudaPlan::check_tensors(const DeviceLayout& layout, const ForwardTensors* forward,
+                             const BackwardTensors* backward) const {
+  detail::AgreementInput in;
+  in.problem = problem_;
+  in.rank = comm_.rank();
+  in.size = comm_.size();
+  in.options_fingerprint = options_fingerprint(options_);
+  agree_on_device(comm_, in, [&] {
+    const int device = comm_.device();
+    check_layout(layout);
+    check_on_device("layout.cu_seqlens", layout.cu_seqlens, device);
+    check_on_device("layout.cu_seqlens_padded", layout.cu_seqlens_padded, device);
+    if (forward) {
+      check_forward_tensors(problem_, *forward);
+      for (auto [name, pointer] : {std::make_pair("q", forward->q.data), std::make_pair("k", forward->k.data),
+                                   std::make_pair("v", forward->v.data),
+                                   std::make_pair("out", static_cast<const void*>(forward->out.data)),
+                                   std::make_pair("lse", static_cast<const void*>(forward->lse)),
+                                   std::make_pair("max_logit", static_cast<const void*>(forward->max_logit))}) {
+        check_on_device(name, pointer, device);
+      }
+    }
+    if (backward) {
+      check_backward_tensors(problem_, *backward);
+      for (auto [name, pointer] :
+           {std::make_pair("q", backward->q.data), std::make_pair("k", backward->k.data),
+            std::make_pair("v", backward->v.data), std::make_pair("out", backward->out.data),
+            std::make_pair("dout", backward->dout.data), std::make_pair("lse", static_cast<const void*>(backward->lse)),
+            std::make_pair("dq", static_cast<const void*>(backward->dq.data)),
+            std::make_pair("dk", static_cast<const void*>(backward->dk.data)),
+            std::make_pair("dv", static_cast<const void*>(backward->dv.data))}) {
+        check_on_device(name, pointer, device);
+      }
+    }
+  });
+}
+
+CudaPlan::~CudaPlan() = default;
+
+void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream) {
+  check_layout(layout);
+  check_forward_tensors(problem_, t);
+  CudaSteps steps(comm_, problem_, *workspace_, events_.get(), layout, stream);
+  detail::run_forward(steps, t);
+}
+
+void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, KvSource kv) {
+  check_layout(layout);
+  check_backward_tensors(problem_, t);
+  CudaSteps steps(comm_, problem_, *workspace_, events_.get(), layout, stream);
+  detail::run_backward(steps, t, kv == KvSource::kGather);
 }
 
 void CudaPlan::enable_phase_timing() {

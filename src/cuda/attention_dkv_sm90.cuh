@@ -196,8 +196,9 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
   for (int half = 0; half < 2; ++half) {
     const int key_local = key_row + 8 * half;
     if (key_local >= valid_k) continue;
+    const int64_t key = static_cast<int64_t>(seg.k_row) + n0 + key_local;
     const int64_t offset =
-        (static_cast<int64_t>(seg.k_row) + n0 + key_local) * kv_stride + static_cast<int64_t>(kv_head) * kD + pair_col;
+        (p.dkv_rows ? p.dkv_rows[key] : key) * kv_stride + static_cast<int64_t>(kv_head) * kD + pair_col;
 #pragma unroll
     for (int df = 0; df < kD / 8; ++df) {
       atomicAdd(p.dk_accum + offset + df * 8, dk[df][2 * half] * p.scale);

@@ -70,6 +70,7 @@ struct BackwardParams {
   float* dq_accum;  // [q_rows, q_heads, D] fp32, zeroed; non-null: dQ fused into dkv_kernel
   float* dk_accum;  // [k_rows, kv_heads, D] fp32, zeroed before the dK/dV kernel
   float* dv_accum;
+  const int32_t* dkv_rows;  // [k_rows] accumulator row of each key row, or null: the same row
   const Segment* segments;
   int num_segments;
   const int* q_tile_start;  // prefix sums of query tiles (dQ kernel)

@@ -147,6 +147,7 @@ void BackwardPlan::check_tensors(const BackwardTensors& t) const {
     if (view.numel() > 0) detail::check_device_pointer(name, view.data, device_, 16);
   }
   if (shape_.q_heads * shape_.table.q_rows > 0) detail::check_device_pointer("lse", t.lse, device_, alignof(float));
+  if (t.dkv_rows) detail::check_device_pointer("dkv_rows", t.dkv_rows, device_, alignof(int32_t));
 }
 
 void BackwardPlan::run(const DeviceSegmentTable& table, const BackwardTensors& t, cudaStream_t stream) const {
@@ -168,6 +169,7 @@ void BackwardPlan::run(const DeviceSegmentTable& table, const BackwardTensors& t
   params.dq_accum = fused_dq_ ? at<float>(workspace_, layout.dq_accum) : nullptr;
   params.dk_accum = fp32_dkv ? static_cast<float*>(t.dk.data) : at<float>(workspace_, layout.dk_accum);
   params.dv_accum = fp32_dkv ? static_cast<float*>(t.dv.data) : at<float>(workspace_, layout.dv_accum);
+  params.dkv_rows = t.dkv_rows;
   params.segments = table.segments;
   params.num_segments = table.capacity;
   params.q_tile_start = at<int>(workspace_, layout.q_start);

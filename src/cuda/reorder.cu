@@ -44,6 +44,14 @@ void launch_reorder(const void* src, void* dst, size_t row_bytes, const int32_t*
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
 
+__global__ void gathered_rows_kernel(const int32_t* __restrict__ cu_seqlens_padded, int max_seqs, int64_t total_rows,
+                                     int cp, int32_t* __restrict__ rows) {
+  const int64_t global_row = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (global_row >= total_rows) return;
+  const DualChunkLocation where = dual_chunk_locate_row(cu_seqlens_padded, max_seqs, cp, global_row);
+  rows[global_row] = static_cast<int32_t>(where.rank * (total_rows / cp) + where.local_row);
+}
+
 }  // namespace
 
 void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_bytes,
@@ -66,6 +74,19 @@ void convert_from_fp32(const float* src, void* dst, DType dtype, int64_t n, cuda
     return;
   }
   detail::launch_cast(src, dst, dtype, n, stream);
+}
+
+void gathered_rows_of_sequence(const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
+                               int32_t* rows, cudaStream_t stream) {
+  THDCP_CHECK(cp >= 1 && max_seqs >= 1 && total_rows >= 0 && total_rows % (2 * cp) == 0 &&
+                  total_rows <= INT32_MAX,
+              "gathered_rows_of_sequence: cp=" << cp << ", max_seqs=" << max_seqs << ", total_rows=" << total_rows
+                                               << ": need cp >= 1, max_seqs >= 1, total_rows a multiple of 2*cp < 2^31");
+  if (total_rows == 0) return;
+  const int64_t blocks = (total_rows + kThreads - 1) / kThreads;
+  gathered_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(cu_seqlens_padded, max_seqs,
+                                                                               total_rows, cp, rows);
+  THDCP_CHECK_CUDA(cudaGetLastError());
 }
 
 }  // namespace thdcp::cuda

@@ -64,6 +64,9 @@ class CudaCpRank {
         workspace_(cp::cuda_workspace_size(problem, options)) {
     THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     plan_ = std::make_unique<cp::CudaPlan>(comm, problem, options, workspace_.data(), workspace_.bytes());
+    const cp::ForwardTensors forward = forward_tensors();
+    const cp::BackwardTensors backward = backward_tensors();
+    plan_->check_tensors(layout(), &forward, &backward);  // the static buffers, once
   }
   ~CudaCpRank() { cudaStreamDestroy(stream_); }
 
@@ -86,15 +89,19 @@ class CudaCpRank {
     for (DeviceBuffer* p : {&out_.buffer, &dq_.buffer, &dk_.buffer, &dv_.buffer, &lse_, &max_logit_}) p->poison();
   }
 
+  cp::DeviceLayout layout() const { return cp::DeviceLayout{cu_.as<int32_t>(), cup_.as<int32_t>()}; }
+  cp::ForwardTensors forward_tensors() {
+    return cp::ForwardTensors{q_.cview(), k_.cview(), v_.cview(), out_.view(), lse_.as<float>(), max_logit_.as<float>()};
+  }
+  cp::BackwardTensors backward_tensors() {
+    return cp::BackwardTensors{q_.cview(), k_.cview(), v_.cview(), out_.cview(), dout_.cview(),
+                               lse_.as<float>(), dq_.view(), dk_.view(), dv_.view()};
+  }
+
   // Enqueues forward then backward on `stream` (capture-safe).
-  void step(cudaStream_t stream) {
-    const cp::DeviceLayout layout{cu_.as<int32_t>(), cup_.as<int32_t>()};
-    plan_->forward(layout, cp::ForwardTensors{q_.cview(), k_.cview(), v_.cview(), out_.view(), lse_.as<float>(),
-                                              max_logit_.as<float>()},
-                   stream);
-    plan_->backward(layout, cp::BackwardTensors{q_.cview(), k_.cview(), v_.cview(), out_.cview(), dout_.cview(),
-                                                lse_.as<float>(), dq_.view(), dk_.view(), dv_.view()},
-                    stream);
+  void step(cudaStream_t stream, cp::KvSource kv = cp::KvSource::kGather) {
+    plan_->forward(layout(), forward_tensors(), stream);
+    plan_->backward(layout(), backward_tensors(), stream, kv);
   }
 
   RankOutputs download() {

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cp/cuda_cp_cases.h"
 #include "cp/cuda_cp_rank.h"
 #include "support/expect_error.h"
 #include "support/gpu_tolerance.h"
@@ -19,67 +20,12 @@
 namespace thdcp {
 namespace {
 
-struct EdgeCase {
-  const char* name;
-  std::vector<int64_t> lengths;  // documents; -1: one sequence filling the capacity
-  int extra_seqs;                // placeholders beyond the reserved one (0: exactly max_seqs - 1 documents)
-  Mask mask;
-  int q_heads, kv_heads, head_dim;
-  DType dtype;
-};
-
-const std::vector<EdgeCase>& edge_cases() {
-  static const std::vector<EdgeCase> cases = {
-      {"short_and_empty_causal_gqa4_bf16", {0, 1, 17, 37, 300, 2}, 2, Mask::causal(), 8, 2, 64, DType::kBFloat16},
-      {"one_sequence_fills_capacity_fp16", {-1}, 0, Mask::causal(), 4, 4, 128, DType::kFloat16},
-      {"max_seqs_minus_one_full_gqa8_bf16", {130, 7, 64, 1, 95, 33, 12}, 0, Mask::full(), 8, 1, 128,
-       DType::kBFloat16},
-      {"window_wider_than_chunk_fp16", {1500, 700, 3}, 1, Mask::window(1000, 0), 8, 2, 64, DType::kFloat16},
-      {"window_both_sides_gqa1_bf16", {400, 250, 9}, 1, Mask::window(64, 200), 4, 4, 128, DType::kBFloat16},
-      {"small_window_gqa8_fp16", {333, 21, 160}, 1, Mask::window(16, 16), 8, 1, 64, DType::kFloat16},
-  };
-  return cases;
-}
-
-// A batch of `c` for `cp` in capacity form; `seed` varies the data and (for the replay
-// batch) the lengths, keeping the capacity.
-test::Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint64_t seed, bool shuffle) {
-  std::vector<int64_t> lengths = c.lengths;
-  if (lengths.size() == 1 && lengths[0] < 0) {
-    lengths[0] = capacity.max_tokens - (shuffle ? 2 * cp + 3 : 0);  // fills the capacity (or nearly)
-  } else if (shuffle) {
-    std::reverse(lengths.begin(), lengths.end());
-    for (int64_t& n : lengths) n = n > 3 ? n - 3 : n;
-  }
-  const BatchLayout layout = make_layout(lengths, cp, capacity);
-  return test::make_batch(layout, c.dtype, c.q_heads, c.kv_heads, c.head_dim, seed);
-}
-
-Capacity capacity_of(const EdgeCase& c, int cp) {
-  int64_t rows = 0;
-  int docs = 0;
-  for (int64_t n : c.lengths) {
-    rows += n < 0 ? 3000 : cp_padded_length(n, cp);
-    ++docs;
-  }
-  if (c.lengths.size() == 1 && c.lengths[0] < 0) rows = cp_padded_length(3000, cp);
-  const int64_t slack = c.extra_seqs > 0 ? 8 * cp : 0;
-  return Capacity{docs + 1 + c.extra_seqs, rows + slack};
-}
-
-void expect_matches_reference(const test::RankOutputs& o, const test::Batch& b, const Mask& mask, int cp, int rank) {
-  const test::GlobalResult ref = test::single_device(b, mask, AttentionOptions{});
-  const LayoutView view = b.layout.view();
-  const DType dtype = b.q.dtype();
-  SCOPED_TRACE("cp " + std::to_string(cp) + " rank " + std::to_string(rank));
-  EXPECT_TRUE(test::matches("out", o.out, test::local_part(ref.out, view, cp, rank), test::gpu_out_tolerance(dtype)));
-  EXPECT_TRUE(test::matches("dq", o.dq, test::local_part(ref.dq, view, cp, rank), test::gpu_grad_tolerance(dtype)));
-  EXPECT_TRUE(test::matches("dk", o.dk, test::local_part(ref.dk, view, cp, rank), test::gpu_grad_tolerance(dtype)));
-  EXPECT_TRUE(test::matches("dv", o.dv, test::local_part(ref.dv, view, cp, rank), test::gpu_grad_tolerance(dtype)));
-  EXPECT_TRUE(test::matches("lse", o.lse, test::local_lse(ref.lse, b.q.heads(), view, cp, rank),
-                            test::kGpuFp32ResultTolerance));
-  EXPECT_TRUE(test::matches("max_logit", o.max_logit, ref.max_logit, test::kGpuFp32ResultTolerance));
-}
+using test::EdgeCase;
+using test::capacity_of;
+using test::edge_cases;
+using test::expect_matches_reference;
+using test::make_case_batch;
+using test::problem_of;
 
 using EdgeParam = std::tuple<int /*cp*/, int /*edge case index*/>;
 
@@ -91,14 +37,7 @@ TEST_P(CudaCpSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
   const Capacity capacity = capacity_of(c, cp);
   const test::Batch first = make_case_batch(c, cp, capacity, 1000 + index * 10 + cp, false);
   const test::Batch second = make_case_batch(c, cp, capacity, 2000 + index * 10 + cp, true);
-  cp::Problem problem;
-  problem.cp = cp;
-  problem.capacity = capacity;
-  problem.mask = c.mask;
-  problem.q_heads = c.q_heads;
-  problem.kv_heads = c.kv_heads;
-  problem.head_dim = c.head_dim;
-  problem.dtype = c.dtype;
+  const cp::Problem problem = problem_of(c, cp);
 
   std::vector<test::RankOutputs> eager_first(cp), eager_second(cp), replayed(cp);
   test::ThreadBarrier barrier(cp);
@@ -171,6 +110,33 @@ std::string edge_name(const ::testing::TestParamInfo<EdgeParam>& info) {
 
 INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpSharedGpu,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 8), ::testing::Range(0, 6)), edge_name);
+
+class CudaCpKeptKv : public test::CudaTest {};
+
+// The backward on the K/V the forward left in sequence order equals the one that gathers
+// them again, bit for bit.
+TEST_F(CudaCpKeptKv, BackwardOnForwardKvEqualsRegather) {
+  for (int cp : {2, 3}) {
+    for (int index : {0, 3}) {
+      const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
+      const cp::Problem problem = problem_of(c, cp);
+      const test::Batch b = make_case_batch(c, cp, problem.capacity, 300 + index + cp, false);
+      std::vector<test::RankOutputs> regathered(cp), kept(cp);
+      run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+        test::CudaCpRank state(comm, problem);
+        state.load(b);
+        state.step(state.stream());
+        regathered[comm.rank()] = state.download();
+        state.load(b);
+        state.step(state.stream(), cp::KvSource::kFromForward);
+        kept[comm.rank()] = state.download();
+      });
+      for (int rank = 0; rank < cp; ++rank) {
+        EXPECT_TRUE(test::identical(kept[rank], regathered[rank])) << c.name << " cp " << cp << " rank " << rank;
+      }
+    }
+  }
+}
 
 class CudaCpFaults : public test::CudaTest {};
 
@@ -305,6 +271,27 @@ TEST_F(CudaCpFaults, BadPlanArgumentsAreRefusedOnEveryRank) {
                               }),
                Error);
   EXPECT_NE(messages[1].find("workspace"), std::string::npos) << messages[1];
+  EXPECT_NE(messages[0].find("rank 1: "), std::string::npos) << messages[0];
+}
+
+// Tensors in host memory (or on another device) are refused at plan time, on every rank.
+TEST_F(CudaCpFaults, HostTensorsAreRefusedAtPlanTimeOnEveryRank) {
+  std::vector<std::string> messages(2);
+  EXPECT_THROW(run_shared_gpu(2,
+                              [&](DeviceCommunicator& comm) {
+                                test::CudaCpRank state(comm, small_problem(2));
+                                cp::ForwardTensors forward = state.forward_tensors();
+                                std::vector<unsigned char> host(static_cast<size_t>(forward.q.numel()) * 2);
+                                if (comm.rank() == 1) forward.q.data = host.data();
+                                try {
+                                  state.plan().check_tensors(state.layout(), &forward, nullptr);
+                                } catch (const Error& e) {
+                                  messages[comm.rank()] = e.what();
+                                  throw;
+                                }
+                              }),
+               Error);
+  EXPECT_NE(messages[1].find("q points to unregistered host memory"), std::string::npos) << messages[1];
   EXPECT_NE(messages[0].find("rank 1: "), std::string::npos) << messages[0];
 }
 

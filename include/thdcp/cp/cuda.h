@@ -35,6 +35,14 @@ struct DeviceLayout {
 // order on one stream).
 size_t cuda_workspace_size(const Problem& problem, const cuda::Options& options = {});
 
+// Where the backward takes K/V in sequence order from.
+enum class KvSource {
+  kGather,       // all-gather and reorder them again (the default; needs nothing kept)
+  kFromForward,  // the ones the plan's last forward() left in its workspace: skips a gather
+                 // and a reorder. Only when that forward ran on the same k, v and layout, on
+                 // the same stream, and nothing else used the plan (or its workspace) since
+};
+
 class CudaPlan {
  public:
   // Collective over `comm` (every rank, on its device comm.device(), which must be current).
@@ -51,7 +59,14 @@ class CudaPlan {
   // head_stride == head_dim (e.g. views of a packed QKV buffer: they are packed into the
   // workspace before the gather); dk and dv likewise.
   void forward(const DeviceLayout& layout, const ForwardTensors& tensors, cudaStream_t stream);
-  void backward(const DeviceLayout& layout, const BackwardTensors& tensors, cudaStream_t stream);
+  void backward(const DeviceLayout& layout, const BackwardTensors& tensors, cudaStream_t stream,
+                KvSource kv = KvSource::kGather);
+
+  // Plan-time check of the buffers the plan will run on (a graph's static buffers, say):
+  // what forward()/backward() check, plus that every pointer is device memory of
+  // comm.device() (pointer queries: not for the run path). Collective: an error on one rank
+  // is raised on every rank. Either tensor set may be null.
+  void check_tensors(const DeviceLayout& layout, const ForwardTensors* forward, const BackwardTensors* backward) const;
 
   // Optional per-phase timing with CUDA events (eager runs only, e.g. benchmarks): creates
   // the events (plan time); every later step records them on its stream, and timings() —

@@ -124,6 +124,10 @@ struct BackwardTensors {
   ConstThdTensor q, k, v, out, dout;
   const float* lse = nullptr;
   ThdTensor dq, dk, dv;
+  // Optional, device int32 [k_rows]: the row of dk/dv that key row i's gradient goes to (a
+  // permutation of [0, k_rows)); null: row i. AllGather CP passes the map from sequence order
+  // to the ranks' order, so the gradients need no reorder before the reduce-scatter.
+  const int32_t* dkv_rows = nullptr;
 };
 
 // Everything about a call except the data. `table` gives capacity, q_rows, k_rows, mask and

@@ -29,6 +29,12 @@ void sequence_to_gathered_order(const void* ordered, void* gathered, size_t row_
                                 const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
                                 cudaStream_t stream);
 
+// rows[g] = the gathered row of global row g (its owner's rank * T/cp + its local row), for
+// every g < total_rows: the map thdcp::cuda::BackwardTensors::dkv_rows takes to accumulate
+// dK/dV of sequence-order keys straight in the order the ranks hold them.
+void gathered_rows_of_sequence(const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
+                               int32_t* rows, cudaStream_t stream);
+
 // dst[i] = src[i] rounded to `dtype` (to nearest even; fp32 is a copy), n elements.
 void convert_from_fp32(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream);
 

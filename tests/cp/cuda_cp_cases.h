@@ -1,0 +1,126 @@
+// The edge-case table of the CUDA CP tests (STYLE.md: lengths 0 and 1, not multiples of
+// 2*cp, one sequence filling the capacity, exactly max_seqs - 1 sequences, a window wider
+// than a chunk, full, causal, GQA 1/4/8, bf16 and fp16), shared by the shared-GPU, NCCL and
+// MPI tests, and the check of one rank's outputs against the CPU reference.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cp/cuda_cp_rank.h"
+#include "support/gpu_tolerance.h"
+
+namespace thdcp::test {
+
+struct EdgeCase {
+  const char* name;
+  std::vector<int64_t> lengths;  // documents; -1: one sequence filling the capacity
+  int extra_seqs;                // placeholders beyond the reserved one (0: exactly max_seqs - 1 documents)
+  Mask mask;
+  int q_heads, kv_heads, head_dim;
+  DType dtype;
+};
+
+inline const std::vector<EdgeCase>& edge_cases() {
+  static const std::vector<EdgeCase> cases = {
+      {"short_and_empty_causal_gqa4_bf16", {0, 1, 17, 37, 300, 2}, 2, Mask::causal(), 8, 2, 64, DType::kBFloat16},
+      {"one_sequence_fills_capacity_fp16", {-1}, 0, Mask::causal(), 4, 4, 128, DType::kFloat16},
+      {"max_seqs_minus_one_full_gqa8_bf16", {130, 7, 64, 1, 95, 33, 12}, 0, Mask::full(), 8, 1, 128,
+       DType::kBFloat16},
+      {"window_wider_than_chunk_fp16", {1500, 700, 3}, 1, Mask::window(1000, 0), 8, 2, 64, DType::kFloat16},
+      {"window_both_sides_gqa1_bf16", {400, 250, 9}, 1, Mask::window(64, 200), 4, 4, 128, DType::kBFloat16},
+      {"small_window_gqa8_fp16", {333, 21, 160}, 1, Mask::window(16, 16), 8, 1, 64, DType::kFloat16},
+  };
+  return cases;
+}
+
+// A batch of `c` for `cp` in capacity form; `seed` varies the data and (for the replay
+// batch) the lengths, keeping the capacity.
+inline Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint64_t seed, bool shuffle) {
+  std::vector<int64_t> lengths = c.lengths;
+  if (lengths.size() == 1 && lengths[0] < 0) {
+    lengths[0] = capacity.max_tokens - (shuffle ? 2 * cp + 3 : 0);  // fills the capacity (or nearly)
+  } else if (shuffle) {
+    std::reverse(lengths.begin(), lengths.end());
+    for (int64_t& n : lengths) n = n > 3 ? n - 3 : n;
+  }
+  const BatchLayout layout = make_layout(lengths, cp, capacity);
+  return make_batch(layout, c.dtype, c.q_heads, c.kv_heads, c.head_dim, seed);
+}
+
+inline Capacity capacity_of(const EdgeCase& c, int cp) {
+  int64_t rows = 0;
+  int docs = 0;
+  for (int64_t n : c.lengths) {
+    rows += n < 0 ? 3000 : cp_padded_length(n, cp);
+    ++docs;
+  }
+  if (c.lengths.size() == 1 && c.lengths[0] < 0) rows = cp_padded_length(3000, cp);
+  const int64_t slack = c.extra_seqs > 0 ? 8 * cp : 0;
+  return Capacity{docs + 1 + c.extra_seqs, rows + slack};
+}
+
+inline void expect_matches_reference(const RankOutputs& o, const Batch& b, const Mask& mask, int cp, int rank) {
+  const GlobalResult ref = single_device(b, mask, AttentionOptions{});
+  const LayoutView view = b.layout.view();
+  const DType dtype = b.q.dtype();
+  SCOPED_TRACE("cp " + std::to_string(cp) + " rank " + std::to_string(rank));
+  EXPECT_TRUE(matches("out", o.out, local_part(ref.out, view, cp, rank), gpu_out_tolerance(dtype)));
+  EXPECT_TRUE(matches("dq", o.dq, local_part(ref.dq, view, cp, rank), gpu_grad_tolerance(dtype)));
+  EXPECT_TRUE(matches("dk", o.dk, local_part(ref.dk, view, cp, rank), gpu_grad_tolerance(dtype)));
+  EXPECT_TRUE(matches("dv", o.dv, local_part(ref.dv, view, cp, rank), gpu_grad_tolerance(dtype)));
+  EXPECT_TRUE(matches("lse", o.lse, local_lse(ref.lse, b.q.heads(), view, cp, rank),
+                            kGpuFp32ResultTolerance));
+  EXPECT_TRUE(matches("max_logit", o.max_logit, ref.max_logit, kGpuFp32ResultTolerance));
+}
+
+inline cp::Problem problem_of(const EdgeCase& c, int cp) {
+  cp::Problem problem;
+  problem.cp = cp;
+  problem.capacity = capacity_of(c, cp);
+  problem.mask = c.mask;
+  problem.q_heads = c.q_heads;
+  problem.kv_heads = c.kv_heads;
+  problem.head_dim = c.head_dim;
+  problem.dtype = c.dtype;
+  return problem;
+}
+
+// One rank of an edge case over a communicator whose ranks capture their own streams (NCCL:
+// a thread or a process per GPU): the eager step on a first batch against the CPU
+// reference, then this rank's step captured (`mode`), replayed on a second batch of the same
+// capacity, and compared bit for bit with the eager step on that batch.
+inline void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode) {
+  const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
+  const int cp = comm.size(), rank = comm.rank();
+  const cp::Problem problem = problem_of(c, cp);
+  const Batch first = make_case_batch(c, cp, problem.capacity, 1000 + index * 10 + cp, false);
+  const Batch second = make_case_batch(c, cp, problem.capacity, 2000 + index * 10 + cp, true);
+  CudaCpRank state(comm, problem);
+  comm.warm_up(state.stream());
+  state.load(first);
+  state.step(state.stream());
+  expect_matches_reference(state.download(), first, c.mask, cp, rank);
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  THDCP_CHECK_CUDA(cudaStreamBeginCapture(state.stream(), mode));
+  state.step(state.stream());
+  THDCP_CHECK_CUDA(cudaStreamEndCapture(state.stream(), &graph));
+  THDCP_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  state.load(second);
+  THDCP_CHECK_CUDA(cudaGraphLaunch(exec, state.stream()));
+  const RankOutputs replayed = state.download();
+  state.load(second);
+  state.step(state.stream());
+  const RankOutputs eager = state.download();
+  expect_matches_reference(eager, second, c.mask, cp, rank);
+  EXPECT_TRUE(identical(replayed, eager)) << c.name << ": graph replay vs eager, rank " << rank;
+  THDCP_CHECK_CUDA(cudaGraphExecDestroy(exec));
+  THDCP_CHECK_CUDA(cudaGraphDestroy(graph));
+}
+
+}  // namespace thdcp::test

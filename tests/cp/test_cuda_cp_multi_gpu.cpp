@@ -1,0 +1,42 @@
+// AllGather CP over NCCL, one process driving every visible GPU (a thread per GPU, cp = the
+// GPU count): the edge-case table, eager against the CPU reference and each rank's captured
+// step replayed on a new batch against eager, bit for bit. Skipped with the reason on fewer
+// than 2 GPUs.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cp/cuda_cp_cases.h"
+#include "thdcp/comm/nccl.h"
+
+namespace thdcp {
+namespace {
+
+class CudaCpThreadPerGpu : public test::CudaTest, public ::testing::WithParamInterface<int> {
+ protected:
+  void SetUp() override {
+    test::CudaTest::SetUp();
+    if (IsSkipped()) return;
+    if (!nccl::built_with_nccl()) GTEST_SKIP() << "thdcp was built without NCCL";
+    THDCP_CHECK_CUDA(cudaGetDeviceCount(&gpus_));
+    if (gpus_ < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpus_ << " visible";
+  }
+  int gpus_ = 0;
+};
+
+TEST_P(CudaCpThreadPerGpu, EagerMatchesReferenceAndReplayMatchesEager) {
+  const int index = GetParam();
+  run_in_process(gpus_, [&](Communicator& host) {
+    std::unique_ptr<DeviceCommunicator> comm = nccl::create(host, host.rank());
+    // Several threads capture at once: each its own stream, thread-local mode.
+    test::check_edge_case_with_own_capture(*comm, index, cudaStreamCaptureModeThreadLocal);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpThreadPerGpu, ::testing::Range(0, 6),
+                         [](const ::testing::TestParamInfo<int>& param_info) {
+                           return std::string(test::edge_cases()[static_cast<size_t>(param_info.param)].name);
+                         });
+
+}  // namespace
+}  // namespace thdcp
