@@ -22,6 +22,7 @@
 #include "thdcp/plan/segment_table.h"
 #include "thdcp/testing/compare.h"
 #include "thdcp/testing/device_buffer.h"
+#include "thdcp/testing/thread_barrier.h"
 #include "thdcp/testing/workload.h"
 
 namespace thdcp::tools {
@@ -30,27 +31,6 @@ namespace {
 
 using cuda::DeviceBuffer;
 
-class Barrier {
- public:
-  explicit Barrier(int count) : count_(count) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const long generation = generation_;
-    if (++arrived_ == count_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return generation_ != generation; });
-  }
-
- private:
-  int count_, arrived_ = 0;
-  long generation_ = 0;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-};
 
 struct RankBuffers {
   DeviceBuffer q, k, v, dout, out, dq, dk, dv, lse, max_logit, cu, cup, workspace;
@@ -58,6 +38,19 @@ struct RankBuffers {
 
 size_t tensor_bytes(int64_t rows, int64_t heads, int64_t dim, DType dtype) {
   return static_cast<size_t>(rows * heads * dim) * dtype_size(dtype);
+}
+
+// One rank's buffers of a problem: local tensors, lse, max_logit, layout arrays of
+// `offsets` entries, the plan's workspace.
+RankBuffers make_rank_buffers(const cp::Problem& p, size_t offsets) {
+  const int64_t local = p.local_rows();
+  auto tensor = [&](int64_t heads) { return DeviceBuffer(tensor_bytes(local, heads, p.head_dim, p.dtype)); };
+  return RankBuffers{tensor(p.q_heads), tensor(p.kv_heads), tensor(p.kv_heads), tensor(p.q_heads),
+                     tensor(p.q_heads), tensor(p.q_heads), tensor(p.kv_heads), tensor(p.kv_heads),
+                     DeviceBuffer(sizeof(float) * static_cast<size_t>(local * p.q_heads)),
+                     DeviceBuffer(sizeof(float) * static_cast<size_t>(p.q_heads)),
+                     DeviceBuffer(sizeof(int32_t) * offsets), DeviceBuffer(sizeof(int32_t) * offsets),
+                     DeviceBuffer(cp::cuda_workspace_size(p))};
 }
 
 ThdTensor view(const DeviceBuffer& b, const cp::Problem& p, int64_t heads) {
@@ -116,19 +109,7 @@ bool verify_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, co
   run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
     const int rank = comm.rank();
     const int64_t local = p.local_rows();
-    RankBuffers b{DeviceBuffer(tensor_bytes(local, q_heads, head_dim, dtype)),
-                  DeviceBuffer(tensor_bytes(local, kv_heads, head_dim, dtype)),
-                  DeviceBuffer(tensor_bytes(local, kv_heads, head_dim, dtype)),
-                  DeviceBuffer(tensor_bytes(local, q_heads, head_dim, dtype)),
-                  DeviceBuffer(tensor_bytes(local, q_heads, head_dim, dtype)),
-                  DeviceBuffer(tensor_bytes(local, q_heads, head_dim, dtype)),
-                  DeviceBuffer(tensor_bytes(local, kv_heads, head_dim, dtype)),
-                  DeviceBuffer(tensor_bytes(local, kv_heads, head_dim, dtype)),
-                  DeviceBuffer(sizeof(float) * static_cast<size_t>(local * q_heads)),
-                  DeviceBuffer(sizeof(float) * static_cast<size_t>(q_heads)),
-                  DeviceBuffer(sizeof(int32_t) * layout.cu_seqlens.size()),
-                  DeviceBuffer(sizeof(int32_t) * layout.cu_seqlens.size()),
-                  DeviceBuffer(cp::cuda_workspace_size(p))};
+    RankBuffers b = make_rank_buffers(p, layout.cu_seqlens.size());
     for (auto [host, device] : {std::make_pair(&q, &b.q), std::make_pair(&k, &b.k), std::make_pair(&v, &b.v),
                                 std::make_pair(&dout, &b.dout)}) {
       const HostTensor part = split_for_rank(*host, view_, cp, rank);
@@ -175,7 +156,7 @@ CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, 
   p.dtype = dtype;
   CpTiming result;
   result.rows = layout.total_rows();
-  Barrier barrier(cp);
+  ThreadBarrier barrier(cp);
   cudaStream_t origin;
   THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking));
   cudaEvent_t fork, start, stop;
@@ -191,20 +172,7 @@ CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, 
     cudaGraphExec_t exec = nullptr;
     cp::Timings& phases = result.phases[static_cast<int>(pass)];
     run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
-      const int64_t local = p.local_rows();
-      RankBuffers b{DeviceBuffer(tensor_bytes(local, q_heads, head_dim, dtype)),
-                    DeviceBuffer(tensor_bytes(local, kv_heads, head_dim, dtype)),
-                    DeviceBuffer(tensor_bytes(local, kv_heads, head_dim, dtype)),
-                    DeviceBuffer(tensor_bytes(local, q_heads, head_dim, dtype)),
-                    DeviceBuffer(tensor_bytes(local, q_heads, head_dim, dtype)),
-                    DeviceBuffer(tensor_bytes(local, q_heads, head_dim, dtype)),
-                    DeviceBuffer(tensor_bytes(local, kv_heads, head_dim, dtype)),
-                    DeviceBuffer(tensor_bytes(local, kv_heads, head_dim, dtype)),
-                    DeviceBuffer(sizeof(float) * static_cast<size_t>(local * q_heads)),
-                    DeviceBuffer(sizeof(float) * static_cast<size_t>(q_heads)),
-                    DeviceBuffer(sizeof(int32_t) * layout.cu_seqlens.size()),
-                    DeviceBuffer(sizeof(int32_t) * layout.cu_seqlens.size()),
-                    DeviceBuffer(cp::cuda_workspace_size(p))};
+      RankBuffers b = make_rank_buffers(p, layout.cu_seqlens.size());
       // Timing needs values that are not zeros, not a particular batch.
       for (DeviceBuffer* t : {&b.q, &b.k, &b.v, &b.dout}) {
         HostTensor block(dtype, 1, 1, static_cast<int64_t>(std::min<size_t>(t->bytes() / dtype_size(dtype), 1 << 22)));

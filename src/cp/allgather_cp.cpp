@@ -270,46 +270,48 @@ Problem problem_of(const Communicator& comm, const LayoutView& layout, const Mas
   return p;
 }
 
+// A one-shot call: a plan for this call's shapes, whose agreement also covers the layout,
+// the rows passed and this rank's argument checks; then one step.
+template <typename Tensors, typename Check, typename Step>
+void one_shot(Communicator& comm, const LayoutView& layout, const Mask& mask, const Tensors& tensors,
+              const AttentionOptions& options, Timings* timings, Check check, Step step) {
+  const auto start = Clock::now();
+  const Problem problem = problem_of(comm, layout, mask, tensors.q, tensors.k);
+  CpuPlan::OneShot agreement;
+  agreement.local_rows[0] = tensors.q.tokens;
+  agreement.local_rows[1] = tensors.k.tokens;
+  agreement.local_rows[2] = tensors.v.tokens;
+  agreement.local_checks = [&] {
+    check_layout(layout, problem);
+    check(problem, tensors);
+  };
+  if (layout.cu_seqlens && layout.cu_seqlens_padded) agreement.layout_fingerprint = detail::layout_fingerprint(layout);
+  CpuPlan plan = CpuPlan::make_one_shot(comm, problem, options, agreement);
+  if (timings) (*timings)[Phase::kTable] += std::chrono::duration<double>(Clock::now() - start).count();
+  step(plan);
+}
+
 }  // namespace
+
+CpuPlan CpuPlan::make_one_shot(Communicator& comm, const Problem& problem, const AttentionOptions& options,
+                               const OneShot& agreement) {
+  return CpuPlan(comm, problem, options, &agreement);
+}
 
 void forward(Communicator& comm, const LayoutView& layout, const Mask& mask, ConstThdTensor q, ConstThdTensor k,
              ConstThdTensor v, ThdTensor out, float* lse, float* max_logit, const AttentionOptions& options,
              Timings* timings) {
-  const auto start = Clock::now();
-  const Problem problem = problem_of(comm, layout, mask, q, k);
   const ForwardTensors tensors{q, k, v, out, lse, max_logit};
-  CpuPlan::OneShot one_shot;
-  one_shot.local_rows[0] = q.tokens;
-  one_shot.local_rows[1] = k.tokens;
-  one_shot.local_rows[2] = v.tokens;
-  one_shot.local_checks = [&] {
-    check_layout(layout, problem);
-    check_forward(problem, tensors);
-  };
-  if (layout.cu_seqlens && layout.cu_seqlens_padded) one_shot.layout_fingerprint = detail::layout_fingerprint(layout);
-  CpuPlan plan(comm, problem, options, &one_shot);
-  if (timings) (*timings)[Phase::kTable] += std::chrono::duration<double>(Clock::now() - start).count();
-  plan.forward(layout, tensors, timings);
+  one_shot(comm, layout, mask, tensors, options, timings, check_forward,
+           [&](CpuPlan& plan) { plan.forward(layout, tensors, timings); });
 }
 
 void backward(Communicator& comm, const LayoutView& layout, const Mask& mask, ConstThdTensor q, ConstThdTensor k,
               ConstThdTensor v, ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
               ThdTensor dv, const AttentionOptions& options, Timings* timings) {
-  const auto start = Clock::now();
-  const Problem problem = problem_of(comm, layout, mask, q, k);
   const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
-  CpuPlan::OneShot one_shot;
-  one_shot.local_rows[0] = q.tokens;
-  one_shot.local_rows[1] = k.tokens;
-  one_shot.local_rows[2] = v.tokens;
-  one_shot.local_checks = [&] {
-    check_layout(layout, problem);
-    check_backward(problem, tensors);
-  };
-  if (layout.cu_seqlens && layout.cu_seqlens_padded) one_shot.layout_fingerprint = detail::layout_fingerprint(layout);
-  CpuPlan plan(comm, problem, options, &one_shot);
-  if (timings) (*timings)[Phase::kTable] += std::chrono::duration<double>(Clock::now() - start).count();
-  plan.backward(layout, tensors, timings);
+  one_shot(comm, layout, mask, tensors, options, timings, check_backward,
+           [&](CpuPlan& plan) { plan.backward(layout, tensors, timings); });
 }
 
 }  // namespace thdcp::cp

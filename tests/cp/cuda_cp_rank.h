@@ -14,6 +14,7 @@
 #include "cuda/cuda_test_support.h"
 #include "support/cp_check.h"
 #include "thdcp/cp/cuda.h"
+#include "thdcp/testing/thread_barrier.h"
 #include "thdcp/plan/rank_split.h"
 
 namespace thdcp::test {
@@ -127,28 +128,7 @@ class CudaCpRank {
   std::unique_ptr<cp::CudaPlan> plan_;
 };
 
-// A reusable barrier for the ranks' threads of one test (C++17 has no std::barrier).
-class ThreadBarrier {
- public:
-  explicit ThreadBarrier(int count) : count_(count) {}
-  void wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const long generation = generation_;
-    if (++arrived_ == count_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return generation_ != generation; });
-  }
+using thdcp::ThreadBarrier;
 
- private:
-  int count_;
-  int arrived_ = 0;
-  long generation_ = 0;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-};
 
 }  // namespace thdcp::test

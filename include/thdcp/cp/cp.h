@@ -83,14 +83,13 @@ class CpuPlan {
   const Problem& problem() const { return problem_; }
 
   struct Buffers;  // host workspace, sized by the capacity
+  // What a one-shot call (cp::forward/backward below) also agrees on: its layout, the rows
+  // it was passed and its own argument checks.
+  struct OneShot;
+  static CpuPlan make_one_shot(Communicator& comm, const Problem& problem, const AttentionOptions& options,
+                               const OneShot& agreement);
 
  private:
-  friend void forward(Communicator&, const LayoutView&, const Mask&, ConstThdTensor, ConstThdTensor, ConstThdTensor,
-                      ThdTensor, float*, float*, const AttentionOptions&, Timings*);
-  friend void backward(Communicator&, const LayoutView&, const Mask&, ConstThdTensor, ConstThdTensor, ConstThdTensor,
-                       ConstThdTensor, ConstThdTensor, const float*, ThdTensor, ThdTensor, ThdTensor,
-                       const AttentionOptions&, Timings*);
-  struct OneShot;  // what a one-shot call also agrees on: its layout and its tensors' shapes
   CpuPlan(Communicator& comm, const Problem& problem, const AttentionOptions& options, const OneShot* one_shot);
 
   Communicator& comm_;
