@@ -332,30 +332,10 @@ void agree_on_device(DeviceCommunicator& comm, const detail::AgreementInput& in,
   THDCP_CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
-const char* memory_name(cudaMemoryType type) {
-  switch (type) {
-    case cudaMemoryTypeUnregistered: return "unregistered host memory";
-    case cudaMemoryTypeHost: return "pinned host memory";
-    case cudaMemoryTypeDevice: return "device memory";
-    case cudaMemoryTypeManaged: return "managed memory";
-  }
-  return "unknown memory";
-}
-
-// `name` points to device (or managed) memory of `device`.
+// `pointer` is device memory of `device`; null where the tensor may be absent is the run
+// checks' business.
 void check_on_device(const char* name, const void* pointer, int device) {
-  if (pointer == nullptr) return;  // null where allowed is the run checks' business
-  cudaPointerAttributes attributes{};
-  const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
-  if (status != cudaSuccess) {
-    (void)cudaGetLastError();
-    THDCP_FAIL(name << "=" << pointer << " is not a CUDA pointer (" << cudaGetErrorString(status) << ")");
-  }
-  THDCP_CHECK(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
-              name << " points to " << memory_name(attributes.type) << ": pass device memory of device " << device);
-  THDCP_CHECK(attributes.device == device, name << " lives on device " << attributes.device
-                                                << " but this rank's communicator uses device " << device
-                                                << ": allocate it there");
+  if (pointer != nullptr) cuda::check_device_pointer(name, pointer, device, 1);
 }
 
 }  // namespace

@@ -8,8 +8,6 @@
 
 namespace thdcp::cuda::detail {
 
-namespace {
-
 const char* memory_type_name(cudaMemoryType type) {
   switch (type) {
     case cudaMemoryTypeUnregistered: return "unregistered host memory";
@@ -19,6 +17,8 @@ const char* memory_type_name(cudaMemoryType type) {
   }
   return "unknown memory";
 }
+
+namespace {
 
 // The cp.async tile loads copy 16 bytes of a row at a time, so every row and head must start
 // on a 16-byte boundary: 8 elements of the 16-bit dtypes (kept for fp32 outputs too, one rule).
@@ -30,27 +30,6 @@ int current_device() {
   int device = 0;
   THDCP_CHECK_CUDA(cudaGetDevice(&device));
   return device;
-}
-
-void check_device_pointer(const char* name, const void* pointer, int device, size_t alignment) {
-  THDCP_CHECK(pointer != nullptr, name << " is a null pointer");
-  THDCP_CHECK(reinterpret_cast<uintptr_t>(pointer) % alignment == 0,
-              name << "=" << pointer << " is not " << alignment
-                   << "-byte aligned: the CUDA kernels need aligned rows (allocate with cudaMalloc, "
-                      "offset by whole rows)");
-  cudaPointerAttributes attributes{};
-  const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
-  if (status != cudaSuccess) {
-    (void)cudaGetLastError();  // not sticky; do not leave it for the caller's next check
-    THDCP_FAIL(name << "=" << pointer << " is not a CUDA pointer (" << cudaGetErrorString(status) << ")");
-  }
-  THDCP_CHECK(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
-              name << " points to " << memory_type_name(attributes.type) << ": pass device memory of device "
-                   << device);
-  THDCP_CHECK(attributes.device == device,
-              name << " lives on device " << attributes.device << " but the call runs on device " << device
-                   << ": make device " << attributes.device
-                   << " current (cudaSetDevice) before planning, or move the tensor");
 }
 
 void check_mask(const Mask& mask) {
@@ -173,3 +152,28 @@ void check_float_array(const char* name, const void* pointer, int64_t count) {
 }
 
 }  // namespace thdcp::cuda::detail
+
+namespace thdcp::cuda {
+
+void check_device_pointer(const char* name, const void* pointer, int device, size_t alignment) {
+  THDCP_CHECK(pointer != nullptr, name << " is a null pointer");
+  THDCP_CHECK(reinterpret_cast<uintptr_t>(pointer) % alignment == 0,
+              name << "=" << pointer << " is not " << alignment
+                   << "-byte aligned: the CUDA kernels need aligned rows (allocate with cudaMalloc, "
+                      "offset by whole rows)");
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, pointer);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky; do not leave it for the caller's next check
+    THDCP_FAIL(name << "=" << pointer << " is not a CUDA pointer (" << cudaGetErrorString(status) << ")");
+  }
+  THDCP_CHECK(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
+              name << " points to " << detail::memory_type_name(attributes.type) << ": pass device memory of device "
+                   << device);
+  THDCP_CHECK(attributes.device == device,
+              name << " lives on device " << attributes.device << " but the call runs on device " << device
+                   << ": make device " << attributes.device
+                   << " current (cudaSetDevice) before planning, or move the tensor");
+}
+
+}  // namespace thdcp::cuda

@@ -8,6 +8,7 @@
 
 #include "attention_params.h"
 #include "thdcp/cuda/attention.h"
+#include "thdcp/cuda/check.h"
 
 namespace thdcp::cuda::detail {
 
@@ -22,9 +23,8 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int current_device();
 
-// A pointer the kernels read or write: non-null, aligned to `alignment` bytes, device (or
-// managed) memory of `device` (cudaPointerGetAttributes: plan time only).
-void check_device_pointer(const char* name, const void* pointer, int device, size_t alignment);
+const char* memory_type_name(cudaMemoryType type);
+using ::thdcp::cuda::check_device_pointer;  // thdcp/cuda/check.h
 
 void check_mask(const Mask& mask);
 

@@ -16,3 +16,12 @@
       ::thdcp::detail::throw_error(__FILE__, __LINE__, thdcp_cuda_stream_.str());               \
     }                                                                                            \
   } while (0)
+
+namespace thdcp::cuda {
+
+// Throws thdcp::Error unless `pointer` is non-null, aligned to `alignment` bytes and device
+// (or managed) memory of `device`, naming `name` and what to change. A pointer query
+// (cudaPointerGetAttributes): plan time only, never on a path that may be captured.
+void check_device_pointer(const char* name, const void* pointer, int device, size_t alignment);
+
+}  // namespace thdcp::cuda
