@@ -63,8 +63,9 @@ inline Capacity capacity_of(const EdgeCase& c, int cp) {
   return Capacity{docs + 1 + c.extra_seqs, rows + slack};
 }
 
-inline void expect_matches_reference(const RankOutputs& o, const Batch& b, const Mask& mask, int cp, int rank) {
-  const GlobalResult ref = single_device(b, mask, AttentionOptions{});
+// One rank's outputs against its rows of `ref`, the single-device CPU result on the batch `b`.
+inline void expect_matches_reference(const RankOutputs& o, const GlobalResult& ref, const Batch& b, int cp,
+                                     int rank) {
   const LayoutView view = b.layout.view();
   const DType dtype = b.q.dtype();
   SCOPED_TRACE("cp " + std::to_string(cp) + " rank " + std::to_string(rank));
@@ -75,6 +76,10 @@ inline void expect_matches_reference(const RankOutputs& o, const Batch& b, const
   EXPECT_TRUE(matches("lse", o.lse, local_lse(ref.lse, b.q.heads(), view, cp, rank),
                             kGpuFp32ResultTolerance));
   EXPECT_TRUE(matches("max_logit", o.max_logit, ref.max_logit, kGpuFp32ResultTolerance));
+}
+
+inline void expect_matches_reference(const RankOutputs& o, const Batch& b, const Mask& mask, int cp, int rank) {
+  expect_matches_reference(o, single_device(b, mask, AttentionOptions{}), b, cp, rank);
 }
 
 inline cp::Problem problem_of(const EdgeCase& c, int cp) {

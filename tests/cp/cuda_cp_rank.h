@@ -91,6 +91,9 @@ class CudaCpRank {
   }
 
   cp::DeviceLayout layout() const { return cp::DeviceLayout{cu_.as<int32_t>(), cup_.as<int32_t>()}; }
+  // The static q and k buffers, writable (e.g. to apply RoPE in place before a step).
+  ThdTensor q() { return q_.view(); }
+  ThdTensor k() { return k_.view(); }
   cp::ForwardTensors forward_tensors() {
     return cp::ForwardTensors{q_.cview(), k_.cview(), v_.cview(), out_.view(), lse_.as<float>(), max_logit_.as<float>()};
   }

@@ -73,14 +73,28 @@ THDCP_HD int sequence_of_row(const int32_t* offsets, int num_seqs, int64_t row, 
   return lo;
 }
 
-// Global padded row of local row `local_row` on `rank`.
-THDCP_HD int64_t dual_chunk_global_row(const int32_t* cu_seqlens_padded, int num_seqs, int cp,
-                                       int rank, int64_t local_row) {
+// The sequence that local row `local_row` of `rank` belongs to, and the row's position
+// within that sequence (counted from its first padded row, so padding rows get positions
+// past the valid ones).
+struct DualChunkRow {
+  int sequence;
+  int64_t position;
+};
+
+THDCP_HD DualChunkRow dual_chunk_row(const int32_t* cu_seqlens_padded, int num_seqs, int cp, int rank,
+                                     int64_t local_row) {
   const int b = sequence_of_row(cu_seqlens_padded, num_seqs, local_row, cp);
   const int64_t global_start = cu_seqlens_padded[b];
   const int64_t chunk_rows = dual_chunk_rows(cu_seqlens_padded[b + 1] - global_start, cp);
   const int64_t j = local_row - global_start / cp;
-  return global_start + dual_chunk_position(j, chunk_rows, cp, rank);
+  return DualChunkRow{b, dual_chunk_position(j, chunk_rows, cp, rank)};
+}
+
+// Global padded row of local row `local_row` on `rank`.
+THDCP_HD int64_t dual_chunk_global_row(const int32_t* cu_seqlens_padded, int num_seqs, int cp,
+                                       int rank, int64_t local_row) {
+  const DualChunkRow row = dual_chunk_row(cu_seqlens_padded, num_seqs, cp, rank, local_row);
+  return cu_seqlens_padded[row.sequence] + row.position;
 }
 
 // Rank and local row that hold global padded row `global_row`.
