@@ -1,0 +1,62 @@
+// Capacities of captured graphs (DESIGN.md sections 1 and 7): which capacity a batch fits,
+// the default that makes the document count irrelevant, buckets, and the CP-size policy.
+// Pure host arithmetic: the graph part calls it, the CPU tests check it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "thdcp/plan/layout.h"
+
+namespace thdcp {
+
+// max_tokens / (2*cp) + 1: every document with at least one token takes at least 2*cp
+// rows, so any batch whose padded rows fit max_tokens has at most max_tokens / (2*cp) such
+// documents, and one placeholder is reserved on top. With this max_seqs the document count
+// never forces a fallback. max_tokens must be a positive multiple of 2*cp.
+int default_max_seqs(int64_t max_tokens, int cp);
+
+// The capacity (default_max_seqs(max_tokens, cp), max_tokens).
+Capacity default_capacity(int64_t max_tokens, int cp);
+
+enum class Fit {
+  kFits,
+  kTooManySequences,  // the padded rows fit but the documents exceed max_seqs - 1
+  kTooManyTokens,     // the padded rows exceed max_tokens
+};
+const char* fit_name(Fit fit);  // "fits", "too many sequences", "too many tokens"
+
+// Documents of zero length take no row and are not counted (they are dropped from the
+// static layout: no row changes meaning). Lengths must be >= 0.
+Fit check_fit(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity);
+
+// Padded rows of the batch at this cp (each length padded to a multiple of 2*cp).
+int64_t padded_rows(const std::vector<int64_t>& lengths, int cp);
+
+// The capacity-form layout of a batch that fits (zero-length documents dropped); throws
+// thdcp::Error naming the limit otherwise.
+BatchLayout capacity_layout(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity);
+
+// Index of the capacity with the fewest max_tokens (then max_seqs) that the batch fits, or
+// -1 when it fits none.
+int smallest_fitting(const std::vector<Capacity>& buckets, const std::vector<int64_t>& lengths, int cp);
+
+// The CP-size policy of dynamic CP: the smallest size in `sizes` whose rows per rank
+// (padded_rows(lengths, c) / c) are at most `rows_per_rank`. Throws when none is, naming the
+// batch's rows and the largest size. `sizes` must be >= 1 each.
+int choose_cp_size(const std::vector<int64_t>& lengths, const std::vector<int>& sizes, int64_t rows_per_rank);
+
+// Capacities order by max_tokens, then max_seqs (map keys, "the smallest bucket").
+inline bool operator==(const Capacity& a, const Capacity& b) {
+  return a.max_seqs == b.max_seqs && a.max_tokens == b.max_tokens;
+}
+inline bool operator!=(const Capacity& a, const Capacity& b) { return !(a == b); }
+inline bool operator<(const Capacity& a, const Capacity& b) {
+  return a.max_tokens != b.max_tokens ? a.max_tokens < b.max_tokens : a.max_seqs < b.max_seqs;
+}
+
+// "cp=2 max_seqs=4097 max_tokens=16384": the name of a graph key in messages and reports.
+std::string capacity_key_name(int cp, const Capacity& capacity);
+
+}  // namespace thdcp
