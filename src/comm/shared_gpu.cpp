@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shared_gpu_kernels.h"
+#include "stream_capture.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/check.h"
 
@@ -20,7 +21,7 @@ namespace thdcp {
 
 namespace {
 
-enum class Op { kAllGather, kReduceScatter, kAllReduceMax, kSplit };
+enum class Op { kAllGather, kReduceScatter, kAllReduceMax, kSplit, kCapture, kLaunch };
 
 const char* op_name(Op op) {
   switch (op) {
@@ -28,6 +29,8 @@ const char* op_name(Op op) {
     case Op::kReduceScatter: return "reduce_scatter_sum";
     case Op::kAllReduceMax: return "all_reduce_max";
     case Op::kSplit: return "split";
+    case Op::kCapture: return "begin_capture/end_capture";
+    case Op::kLaunch: return "launch";
   }
   return "?";
 }
@@ -71,10 +74,12 @@ struct SharedGpuGroup::State {
     DeviceGuard guard(options.device);
     ready.resize(size);
     done.resize(size);
+    join.resize(size);
     scratch.resize(size);
     for (int r = 0; r < size; ++r) {
       THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&ready[r], cudaEventDisableTiming));
       THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&done[r], cudaEventDisableTiming));
+      THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
       if (options.reduce_scratch_bytes > 0) {
         THDCP_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&scratch[r]), options.reduce_scratch_bytes));
       }
@@ -84,6 +89,9 @@ struct SharedGpuGroup::State {
   ~State() {
     for (cudaEvent_t e : ready) if (e) cudaEventDestroy(e);
     for (cudaEvent_t e : done) if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : join) if (e) cudaEventDestroy(e);
+    if (fork) cudaEventDestroy(fork);
+    if (origin) cudaStreamDestroy(origin);
     for (float* s : scratch) if (s) cudaFree(s);
   }
 
@@ -121,10 +129,18 @@ struct SharedGpuGroup::State {
     throw Error("shared-GPU rank " + std::to_string(rank) + ": " + abort_reason);
   }
 
+  // Aborts this group and every group split from it (their ranks are this group's threads).
   void abort(const std::string& reason) {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (abort_reason.empty()) abort_reason = reason;
-    cv.notify_all();
+    std::vector<std::shared_ptr<State>> split_groups;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (abort_reason.empty()) abort_reason = reason;
+      cv.notify_all();
+      for (const auto& child : children) {
+        if (auto group = child.lock()) split_groups.push_back(std::move(group));
+      }
+    }
+    for (const auto& group : split_groups) group->abort(reason);
   }
 
   // After the first rendezvous: every rank must have called the same collective with the same
@@ -149,6 +165,14 @@ struct SharedGpuGroup::State {
   std::vector<cudaEvent_t> ready, done;  // per rank: its input is ready; it finished reading peers
   std::vector<float*> scratch;           // per rank: all_reduce_max result before the write-back
 
+  // Graphs: rank 0 captures on `origin`, forks every rank's stream from it (`fork`) and
+  // joins them back (`join`); a replay is launched on `origin` and forks the ranks again.
+  cudaStream_t origin = nullptr;
+  cudaEvent_t fork = nullptr;
+  std::vector<cudaEvent_t> join;
+  cudaGraph_t captured = nullptr;  // rank 0's graph between the end rendezvous and its return
+  std::string capture_error;       // why rank 0 could not end the capture ("" if it could)
+
   std::mutex mutex;
   std::condition_variable cv;
   int arrived = 0;
@@ -162,6 +186,7 @@ struct SharedGpuGroup::State {
     int remaining = 0;
   };
   std::map<std::pair<long, int>, PendingSplit> splits;
+  std::vector<std::weak_ptr<State>> children;  // groups split from this one
 };
 
 namespace {
@@ -233,6 +258,7 @@ class SharedGpuCommunicator final : public DeviceCommunicator {
           if (!pending.group) {
             pending.group = std::make_shared<State>(static_cast<int>(members.size()), s.options);
             pending.remaining = static_cast<int>(members.size());
+            s.children.push_back(pending.group);
           }
           group = pending.group;
           if (--pending.remaining == 0) s.splits.erase({s.generation, color});
@@ -246,6 +272,89 @@ class SharedGpuCommunicator final : public DeviceCommunicator {
     s.rendezvous(rank_, Op::kSplit);
     if (failure) std::rethrow_exception(failure);
     return result;
+  }
+
+  // One graph for the group: rank 0 begins capturing on the group's origin stream and every
+  // rank's stream joins the capture through the fork event.
+  void begin_capture(cudaStream_t stream, cudaStreamCaptureMode mode) override {
+    State& s = *state_;
+    check_device();
+    meet(Op::kCapture);
+    if (rank_ == 0) {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.capture_error.clear();
+      if (!s.origin) {
+        THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&s.origin, cudaStreamNonBlocking));
+        THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
+      }
+    }
+    meet(Op::kCapture, false);  // origin exists before rank 0 records on it
+    if (rank_ == 0) {
+      THDCP_CHECK_CUDA(cudaStreamBeginCapture(s.origin, mode));
+      THDCP_CHECK_CUDA(cudaEventRecord(s.fork, s.origin));
+    }
+    meet(Op::kCapture, false);  // fork recorded in the capture before anyone waits on it
+    THDCP_CHECK_CUDA(cudaStreamWaitEvent(stream, s.fork, 0));
+  }
+
+  // Rank 0 ends the group's capture (the other ranks' streams leave it with it).
+  void abandon_capture(cudaStream_t stream) noexcept override {
+    if (rank_ == 0 && state_->origin) detail::discard_stream_capture(state_->origin);
+    detail::discard_stream_capture(stream);
+  }
+
+  cudaGraph_t end_capture(cudaStream_t stream) override {
+    State& s = *state_;
+    // A rank whose stream is no longer in the capture (CUDA invalidated it) records its join
+    // outside it; rank 0's end then fails and says so to every rank.
+    const cudaError_t joined = cudaEventRecord(s.join[rank_], stream);
+    if (joined != cudaSuccess) {
+      cudaGetLastError();
+      std::lock_guard<std::mutex> lock(s.mutex);
+      if (s.capture_error.empty()) {
+        s.capture_error = "rank " + std::to_string(rank_) + " could not join the graph capture: " +
+                          cudaGetErrorName(joined) + " (" + cudaGetErrorString(joined) + ")";
+      }
+    }
+    meet(Op::kCapture);
+    if (rank_ == 0) {
+      for (int r = 1; r < s.size; ++r) cudaStreamWaitEvent(s.origin, s.join[r], 0);
+      cudaStreamWaitEvent(s.origin, s.join[0], 0);
+      s.captured = nullptr;
+      try {
+        s.captured = detail::end_stream_capture(s.origin, 0);
+      } catch (const Error& e) {
+        std::lock_guard<std::mutex> lock(s.mutex);
+        s.capture_error = e.what() + (s.capture_error.empty() ? std::string() : "; " + s.capture_error);
+      }
+    }
+    meet(Op::kCapture, false);  // rank 0 has ended the capture: every stream is free
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      why = s.capture_error;
+    }
+    if (!why.empty()) {
+      if (rank_ == 0 && s.captured) cudaGraphDestroy(s.captured);
+      throw Error("shared-GPU rank " + std::to_string(rank_) + ": the group's capture failed: " + why);
+    }
+    return rank_ == 0 ? s.captured : nullptr;
+  }
+
+  void launch(cudaGraphExec_t exec, cudaStream_t stream) override {
+    State& s = *state_;
+    check_device();
+    THDCP_CHECK(rank_ != 0 || exec != nullptr,
+                "shared-GPU rank 0: launch needs the group's instantiated graph, not nullptr");
+    THDCP_CHECK_CUDA(cudaEventRecord(s.join[rank_], stream));
+    meet(Op::kLaunch);
+    if (rank_ == 0) {
+      for (int r = 0; r < s.size; ++r) THDCP_CHECK_CUDA(cudaStreamWaitEvent(s.origin, s.join[r], 0));
+      THDCP_CHECK_CUDA(cudaGraphLaunch(exec, s.origin));
+      THDCP_CHECK_CUDA(cudaEventRecord(s.fork, s.origin));
+    }
+    meet(Op::kLaunch, false);
+    THDCP_CHECK_CUDA(cudaStreamWaitEvent(stream, s.fork, 0));
   }
 
   void warm_up(cudaStream_t stream) override {
@@ -279,6 +388,16 @@ class SharedGpuCommunicator final : public DeviceCommunicator {
 
  private:
   using State = SharedGpuGroup::State;
+
+  // A rendezvous with no payload. The first of an operation publishes it and checks that
+  // every rank is in the same one; later ones of the same operation only meet (a slot is
+  // rewritten only once every rank has passed the check of the previous operation).
+  void meet(Op op, bool first = true) {
+    State& s = *state_;
+    if (first) s.slots[rank_] = Slot{op, 0, nullptr, 0, 0};
+    s.rendezvous(rank_, op);
+    if (first) s.check_agreement(rank_);
+  }
 
   // Publishes this rank's input, marks it ready on `stream`, meets the peers, and orders
   // `stream` after every peer's input.

@@ -53,6 +53,30 @@ class DeviceCommunicator {
   // `timeout_seconds` (<= 0: no limit) it aborts the communicator and throws thdcp::Error
   // naming this rank. For tools and tests between steps; never on a captured path.
   virtual void synchronize(cudaStream_t stream, double timeout_seconds) = 0;
+
+  // CUDA graphs of a step of this group (DESIGN.md section 7). Collective, not capture-safe
+  // themselves (they start, end and launch captures). The default is per rank (NCCL: each
+  // process or thread captures its own stream, global mode); ranks sharing one GPU capture
+  // every rank's stream into one graph owned by rank 0.
+  //  - begin_capture(stream, mode): the work this rank enqueues on `stream` from now on (and
+  //    on streams forked from it and joined back) is captured. cudaStreamCaptureModeGlobal
+  //    (the default) also forbids every other thread of the process unsafe calls (host
+  //    syncs, allocations) meanwhile; where several groups of one process capture at the
+  //    same time (dynamic CP with ranks sharing a GPU), use ThreadLocal.
+  //  - end_capture(stream): ends it and returns the graph this rank must instantiate and
+  //    launch, or nullptr when another rank launches the group's graph. A capture that CUDA
+  //    invalidated (a host sync, an allocation or a read-back in the captured work) throws
+  //    thdcp::Error naming the rank and CUDA's message, and leaves `stream` usable.
+  //  - launch(exec, stream): replays `exec` (what this rank instantiated from end_capture's
+  //    graph, or nullptr where that was nullptr) so that it follows the work enqueued on
+  //    `stream` before the call and precedes the work enqueued after it.
+  //  - abandon_capture(stream): after the captured work threw on this rank, ends whatever
+  //    capture this rank started or joined and discards it, so its streams are usable for
+  //    the error path. Not collective; never throws.
+  virtual void begin_capture(cudaStream_t stream, cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal);
+  virtual void abandon_capture(cudaStream_t stream) noexcept;
+  virtual cudaGraph_t end_capture(cudaStream_t stream);
+  virtual void launch(cudaGraphExec_t exec, cudaStream_t stream);
 };
 
 }  // namespace thdcp
