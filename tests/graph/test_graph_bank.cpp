@@ -1,0 +1,421 @@
+// The GraphBank on one GPU, ranks sharing it (DESIGN.md section 7): random packings replayed
+// through one captured graph equal eager bit for bit and the CPU reference; a batch over a
+// smaller max_seqs falls back, is counted and is correct; a batch over the token capacity
+// takes the next bucket or gets a clear error; dynamic CP alternating 1/2/4 with replay
+// equals eager; a host sync inside the captured work makes the capture fail with a clear
+// message.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cp/cuda_cp_cases.h"
+#include "cp/cuda_cp_rank.h"
+#include "support/expect_error.h"
+#include "thdcp/comm/shared_gpu.h"
+#include "thdcp/graph/cp_groups.h"
+#include "thdcp/graph/graph_bank.h"
+
+namespace thdcp {
+namespace {
+
+using graph::GraphBank;
+using graph::StaticBatch;
+using How = GraphBank::How;
+using test::DeviceBuffer;
+
+struct Shapes {
+  int64_t q_heads = 4, kv_heads = 2, head_dim = 64;
+  DType dtype = DType::kBFloat16;
+  Mask mask = Mask::causal();
+};
+
+// One rank's static tensors (sized for the largest capacity, viewed per capacity), its CP
+// plans per capacity (workspaces from the bank), and the step the bank captures.
+class BankRank {
+ public:
+  BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shapes& s)
+      : comm_(comm), bank_(bank), s_(s), rows_(max_tokens / comm.size()),
+        q_(s.dtype, rows_, s.q_heads, s.head_dim), k_(s.dtype, rows_, s.kv_heads, s.head_dim),
+        v_(s.dtype, rows_, s.kv_heads, s.head_dim), dout_(s.dtype, rows_, s.q_heads, s.head_dim),
+        out_(s.dtype, rows_, s.q_heads, s.head_dim), dq_(s.dtype, rows_, s.q_heads, s.head_dim),
+        dk_(s.dtype, rows_, s.kv_heads, s.head_dim), dv_(s.dtype, rows_, s.kv_heads, s.head_dim),
+        lse_(sizeof(float) * static_cast<size_t>(s.q_heads * rows_)),
+        max_logit_(sizeof(float) * static_cast<size_t>(s.q_heads)) {
+    THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~BankRank() {
+    plans_.clear();
+    eager_.clear();
+    cudaStreamDestroy(stream_);
+  }
+
+  cudaStream_t stream() const { return stream_; }
+
+  graph::Work work() {
+    return [this](const StaticBatch& b, cudaStream_t stream) {
+      cp::CudaPlan& p = plan(b.capacity());
+      const int64_t rows = b.capacity().max_tokens / comm_.size();
+      p.forward(b.layout(), forward_tensors(rows), stream);
+      p.backward(b.layout(), backward_tensors(rows), stream);
+    };
+  }
+
+  // This rank's part of a batch into the static tensors; outputs poisoned.
+  void load(const test::Batch& b) {
+    const LayoutView layout = b.layout.view();
+    const int cp = comm_.size(), rank = comm_.rank();
+    const int64_t rows = b.layout.total_rows() / cp;
+    const auto upload = [&](test::DeviceTensor& t, const HostTensor& global) {
+      const HostTensor part = test::local_part(global, layout, cp, rank);
+      t.buffer.upload(part.data(), static_cast<size_t>(rows) * part.row_bytes());
+    };
+    upload(q_, b.q);
+    upload(k_, b.k);
+    upload(v_, b.v);
+    upload(dout_, b.dout);
+    for (DeviceBuffer* p : {&out_.buffer, &dq_.buffer, &dk_.buffer, &dv_.buffer, &lse_, &max_logit_}) p->poison();
+  }
+
+  // The same step eagerly, on metadata of its own (not the bank's), for comparison.
+  void run_eager(const std::vector<int64_t>& lengths, const Capacity& capacity) {
+    auto it = eager_.find(capacity);
+    if (it == eager_.end()) it = eager_.emplace(capacity, std::make_unique<StaticBatch>(comm_.size(), capacity)).first;
+    ASSERT_EQ(it->second->fill(lengths, stream_), Fit::kFits);
+    work()(*it->second, stream_);
+  }
+
+  test::RankOutputs download(int64_t rows) {
+    // The rank's stream follows its group's replay. No device-wide sync: another group may be
+    // capturing meanwhile.
+    comm_.synchronize(stream_, 120);
+    test::RankOutputs r;
+    const auto take = [&](const test::DeviceTensor& t) {
+      HostTensor h(t.dtype, rows, t.heads, t.head_dim);
+      t.buffer.download(h.data(), static_cast<size_t>(rows) * h.row_bytes());
+      return h;
+    };
+    r.out = take(out_);
+    r.dq = take(dq_);
+    r.dk = take(dk_);
+    r.dv = take(dv_);
+    r.lse = test::download_vector<float>(lse_, static_cast<size_t>(s_.q_heads * rows_));
+    r.lse.resize(static_cast<size_t>(s_.q_heads * rows));
+    r.max_logit = test::download_vector<float>(max_logit_, static_cast<size_t>(s_.q_heads));
+    return r;
+  }
+
+ private:
+  cp::CudaPlan& plan(const Capacity& c) {
+    auto it = plans_.find(c);
+    if (it != plans_.end()) return *it->second;
+    cp::Problem problem;
+    problem.cp = comm_.size();
+    problem.capacity = c;
+    problem.mask = s_.mask;
+    problem.q_heads = s_.q_heads;
+    problem.kv_heads = s_.kv_heads;
+    problem.head_dim = s_.head_dim;
+    problem.dtype = s_.dtype;
+    const size_t bytes = cp::cuda_workspace_size(problem);
+    void* workspace = bank_.buffer(c, "cp workspace", bytes);
+    auto plan = std::make_unique<cp::CudaPlan>(comm_, problem, cuda::Options{}, workspace, bytes);
+    return *plans_.emplace(c, std::move(plan)).first->second;
+  }
+
+  ThdTensor view(test::DeviceTensor& t, int64_t rows) { return ThdTensor{t.buffer.data(), t.dtype, rows, t.heads, t.head_dim}; }
+  cp::ForwardTensors forward_tensors(int64_t rows) {
+    return cp::ForwardTensors{view(q_, rows), view(k_, rows), view(v_, rows), view(out_, rows), lse_.as<float>(),
+                              max_logit_.as<float>()};
+  }
+  cp::BackwardTensors backward_tensors(int64_t rows) {
+    return cp::BackwardTensors{view(q_, rows),   view(k_, rows),  view(v_, rows),  view(out_, rows),
+                               view(dout_, rows), lse_.as<float>(), view(dq_, rows), view(dk_, rows),
+                               view(dv_, rows)};
+  }
+
+  DeviceCommunicator& comm_;
+  GraphBank& bank_;
+  Shapes s_;
+  int64_t rows_;
+  test::DeviceTensor q_, k_, v_, dout_, out_, dq_, dk_, dv_;
+  DeviceBuffer lse_, max_logit_;
+  cudaStream_t stream_ = nullptr;
+  std::map<Capacity, std::unique_ptr<cp::CudaPlan>> plans_;
+  std::map<Capacity, std::unique_ptr<StaticBatch>> eager_;
+};
+
+test::Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity, const Shapes& s,
+                     uint64_t seed) {
+  return test::make_batch(capacity_layout(lengths, cp, capacity), s.dtype, s.q_heads, s.kv_heads, s.head_dim, seed);
+}
+
+// 20 packings of one capacity: one document filling it, max_seqs - 1 documents filling it
+// exactly, zero-length documents, a single token, and random ones (half of them using
+// exactly max_tokens rows). (A rank whose every query sees one key has dQ exactly 0 in the
+// reference and ~1e-6 on the GPU, the fp32 rounding of dP - D, which no tolerance relative
+// to max|ref| = 0 admits; so the max_seqs - 1 documents have 2*cp tokens, not 1, and the
+// one-token document comes with another.)
+std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t seed) {
+  std::vector<std::vector<int64_t>> out;
+  out.push_back({c.max_tokens});
+  out.push_back(std::vector<int64_t>(static_cast<size_t>(c.max_seqs - 1), 2 * cp));
+  out.push_back({0, 3, 0, 0, 17, 0, 2 * cp + 1});
+  out.push_back({1, 9});
+  Rng rng(seed);
+  while (out.size() < 20) {
+    std::vector<int64_t> lengths;
+    const int docs = static_cast<int>(rng.uniform_int(1, 60));
+    for (int d = 0; d < docs; ++d) lengths.push_back(rng.uniform_int(0, c.max_tokens / 4));
+    while (padded_rows(lengths, cp) > c.max_tokens) lengths.pop_back();
+    if (lengths.empty()) continue;
+    if (out.size() % 2 == 0) {  // use exactly max_tokens rows
+      const int64_t slack = c.max_tokens - padded_rows(lengths, cp);
+      lengths.back() = cp_padded_length(lengths.back(), cp) + slack;
+    }
+    out.push_back(lengths);
+  }
+  return out;
+}
+
+class GraphBankTest : public test::CudaTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(GraphBankTest, RandomPackingsReplayedFromOneGraphEqualEagerAndTheReference) {
+  const int cp = GetParam();
+  const Shapes s;
+  const Capacity capacity = default_capacity(1024, cp);
+  const std::vector<std::vector<int64_t>> lengths = packings(cp, capacity, 11 + static_cast<uint64_t>(cp));
+  std::vector<test::Batch> batches;
+  for (size_t i = 0; i < lengths.size(); ++i) batches.push_back(batch_of(lengths[i], cp, capacity, s, 100 + i));
+  const int n = static_cast<int>(batches.size());
+  std::vector<std::vector<test::RankOutputs>> banked(n, std::vector<test::RankOutputs>(cp)), eager = banked;
+  std::vector<How> how(n);
+  graph::KeyCounters counters;
+
+  run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+    GraphBank bank(comm);
+    bank.add_capacity(capacity);
+    BankRank rank(comm, bank, capacity.max_tokens, s);
+    comm.warm_up(rank.stream());
+    for (int i = 0; i < n; ++i) {
+      rank.load(batches[i]);
+      const GraphBank::Outcome o = bank.run(lengths[i], rank.work(), rank.stream());
+      banked[i][comm.rank()] = rank.download(capacity.max_tokens / cp);
+      if (comm.rank() == 0) how[i] = o.how;
+      rank.load(batches[i]);
+      rank.run_eager(lengths[i], capacity);
+      eager[i][comm.rank()] = rank.download(capacity.max_tokens / cp);
+    }
+    if (comm.rank() == 0) counters = bank.counters(capacity);
+  });
+
+  EXPECT_EQ(how[0], How::kWarmUp);
+  EXPECT_EQ(how[1], How::kCaptured);
+  for (int i = 2; i < n; ++i) EXPECT_EQ(how[i], How::kReplayed) << "packing " << i;
+  EXPECT_EQ(counters.warmups, 1);
+  EXPECT_EQ(counters.captures, 1);
+  EXPECT_EQ(counters.replays, n - 2);
+  EXPECT_EQ(counters.fallbacks, 0);
+  for (int i = 0; i < n; ++i) {
+    SCOPED_TRACE("packing " + std::to_string(i) + " (" + std::to_string(lengths[i].size()) + " documents)");
+    for (int r = 0; r < cp; ++r) {
+      EXPECT_TRUE(test::identical(banked[i][r], eager[i][r])) << GraphBank::how_name(how[i]) << " vs eager, rank " << r;
+      test::expect_matches_reference(banked[i][r], batches[i], s.mask, cp, r);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cp, GraphBankTest, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& p) { return "cp" + std::to_string(p.param); });
+
+// Buckets {9 seqs, 512 rows} and {9, 1024} at cp = 2: a batch of 20 short documents fits
+// the 512-row bucket by rows but not by documents, so it runs eagerly on the zero-fallback
+// capacity and is counted; a 700-row batch takes the next bucket; a 2000-row batch is an
+// error that names the largest capacity, and the bank works on afterwards.
+class GraphBankFallback : public test::CudaTest {};
+
+TEST_F(GraphBankFallback, OverMaxSeqsFallsBackCountedAndCorrectOverTokensTakesTheNextBucketOrErrs) {
+  const int cp = 2;
+  const Shapes s;
+  const Capacity small{9, 512}, large{9, 1024};
+  const std::vector<std::vector<int64_t>> lengths = {
+      {100, 50, 7, 1, 90},             // small: warm-up
+      std::vector<int64_t>(20, 10),    // 20 documents, 240 rows: fallback of small
+      {300, 250, 150},                 // 704 rows: large, warm-up
+      {100, 3, 60},                    // small: captured
+      std::vector<int64_t>(12, 30),    // 12 documents, 384 rows: fallback of small again
+      {200, 9, 17, 40},                // small: replayed
+  };
+  const std::vector<How> expected = {How::kWarmUp, How::kFallback, How::kWarmUp, How::kCaptured, How::kFallback,
+                                     How::kReplayed};
+  const std::vector<Capacity> ran_at = {small, default_capacity(512, cp), large, small, default_capacity(512, cp),
+                                        small};
+  std::vector<test::Batch> batches;
+  for (size_t i = 0; i < lengths.size(); ++i) batches.push_back(batch_of(lengths[i], cp, ran_at[i], s, 300 + i));
+  const int n = static_cast<int>(batches.size());
+  std::vector<std::vector<test::RankOutputs>> out(n, std::vector<test::RankOutputs>(cp));
+  std::vector<GraphBank::Outcome> outcome(n);
+  graph::KeyCounters small_counters, large_counters;
+  std::string too_large;
+
+  run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+    GraphBank bank(comm);
+    bank.add_capacity(large);
+    bank.add_capacity(small);
+    BankRank rank(comm, bank, large.max_tokens, s);
+    comm.warm_up(rank.stream());
+    for (int i = 0; i < n; ++i) {
+      rank.load(batches[i]);
+      const GraphBank::Outcome o = bank.run(lengths[i], rank.work(), rank.stream());
+      out[i][comm.rank()] = rank.download(o.capacity.max_tokens / cp);
+      if (comm.rank() == 0) outcome[i] = o;
+      if (i == 2) {
+        try {
+          bank.run({2000}, rank.work(), rank.stream());
+        } catch (const Error& e) {
+          if (comm.rank() == 0) too_large = e.what();
+        }
+      }
+    }
+    if (comm.rank() == 0) {
+      small_counters = bank.counters(small);
+      large_counters = bank.counters(large);
+    }
+  });
+
+  for (int i = 0; i < n; ++i) {
+    SCOPED_TRACE("batch " + std::to_string(i));
+    EXPECT_EQ(outcome[i].how, expected[i]) << GraphBank::how_name(outcome[i].how);
+    EXPECT_TRUE(outcome[i].capacity == ran_at[i]) << capacity_key_name(cp, outcome[i].capacity);
+    for (int r = 0; r < cp; ++r) test::expect_matches_reference(out[i][r], batches[i], s.mask, cp, r);
+  }
+  EXPECT_TRUE(outcome[1].bucket == small);
+  EXPECT_EQ(small_counters.fallbacks, 2);
+  EXPECT_EQ(small_counters.warmups, 1);
+  EXPECT_EQ(small_counters.captures, 1);
+  EXPECT_EQ(small_counters.replays, 1);
+  EXPECT_EQ(large_counters.warmups, 1);
+  EXPECT_EQ(large_counters.fallbacks, 0);
+  EXPECT_NE(too_large.find("2000 rows at cp=2"), std::string::npos) << too_large;
+  EXPECT_NE(too_large.find("max_tokens=1024"), std::string::npos) << too_large;
+  EXPECT_NE(too_large.find("add a larger capacity"), std::string::npos) << too_large;
+}
+
+// Dynamic CP on a world of 4 ranks sharing the GPU: steps alternate CP sizes 1, 2, 4 (three
+// rounds: warm-up, capture, replay of each size); each group of c ranks takes its own
+// micro-batch; every step of every rank equals the eager step and the reference.
+class GraphDynamicCp : public test::CudaTest {};
+
+TEST_F(GraphDynamicCp, AlternatingOneTwoFourWithReplayEqualsEager) {
+  const int world = 4;
+  const Shapes s;
+  const std::vector<int> order = {1, 2, 4, 1, 2, 4, 1, 2, 4};
+  const int64_t max_tokens = 512;
+  // batches[step][group]
+  std::vector<std::vector<std::vector<int64_t>>> lengths(order.size());
+  std::vector<std::vector<test::Batch>> batches(order.size());
+  Rng rng(5);
+  for (size_t step = 0; step < order.size(); ++step) {
+    const int c = order[step];
+    for (int g = 0; g < world / c; ++g) {
+      std::vector<int64_t> l;
+      while (true) {
+        const int64_t n = rng.uniform_int(0, 200);
+        if (padded_rows(l, c) + cp_padded_length(n, c) > max_tokens) break;
+        l.push_back(n);
+      }
+      if (l.empty()) l.push_back(2);
+      batches[step].push_back(batch_of(l, c, default_capacity(max_tokens, c), s, 1000 * step + g));
+      lengths[step].push_back(l);
+    }
+  }
+  std::vector<std::vector<test::RankOutputs>> banked(order.size(), std::vector<test::RankOutputs>(world)),
+      eager = banked;
+  std::vector<std::vector<How>> how(order.size(), std::vector<How>(world));
+
+  run_shared_gpu(world, [&](DeviceCommunicator& comm) {
+    cudaStream_t setup = nullptr;
+    THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&setup, cudaStreamNonBlocking));
+    graph::BankOptions options;
+    options.capture_mode = cudaStreamCaptureModeThreadLocal;  // the groups capture side by side
+    graph::CpGroups groups(comm, {1, 2, 4}, setup, options);
+    std::map<int, std::unique_ptr<BankRank>> ranks;
+    for (int c : groups.sizes()) {
+      groups.bank(c).add_capacity(default_capacity(max_tokens, c));
+      ranks[c] = std::make_unique<BankRank>(groups.group(c), groups.bank(c), max_tokens, s);
+    }
+    for (size_t step = 0; step < order.size(); ++step) {
+      const int c = order[step];
+      const int g = groups.group_index(c);
+      BankRank& rank = *ranks[c];
+      rank.load(batches[step][g]);
+      how[step][comm.rank()] = groups.bank(c).run(lengths[step][g], rank.work(), rank.stream()).how;
+      banked[step][comm.rank()] = rank.download(max_tokens / c);
+      rank.load(batches[step][g]);
+      rank.run_eager(lengths[step][g], default_capacity(max_tokens, c));
+      eager[step][comm.rank()] = rank.download(max_tokens / c);
+    }
+    ranks.clear();
+    THDCP_CHECK_CUDA(cudaStreamDestroy(setup));
+  });
+
+  for (size_t step = 0; step < order.size(); ++step) {
+    const int c = order[step];
+    const How expected = step < 3 ? How::kWarmUp : step < 6 ? How::kCaptured : How::kReplayed;
+    for (int w = 0; w < world; ++w) {
+      SCOPED_TRACE("step " + std::to_string(step) + " cp " + std::to_string(c) + " world rank " + std::to_string(w));
+      EXPECT_EQ(how[step][w], expected);
+      EXPECT_TRUE(test::identical(banked[step][w], eager[step][w]));
+      test::expect_matches_reference(banked[step][w], batches[step][w / c], s.mask, c, w % c);
+    }
+  }
+}
+
+// A host synchronisation inside the captured work makes the capture fail with a message
+// that says so, whether the work ignores CUDA's error (the capture is invalidated) or
+// raises it; the stream stays usable.
+class GraphCaptureFailure : public test::CudaTest {};
+
+TEST_F(GraphCaptureFailure, AHostSyncInTheCapturedWorkFailsTheCaptureWithAClearMessage) {
+  for (bool checked : {false, true}) {
+    SCOPED_TRACE(checked ? "the work raises CUDA's error" : "the work ignores CUDA's error");
+    std::string message;
+    bool stream_usable = false;
+    run_shared_gpu(1, [&](DeviceCommunicator& comm) {
+      GraphBank bank(comm);
+      const Capacity capacity = default_capacity(64, 1);
+      bank.add_capacity(capacity);
+      void* scratch = bank.buffer(capacity, "scratch", 4096);
+      cudaStream_t stream = nullptr;
+      THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      const graph::Work work = [&](const StaticBatch&, cudaStream_t s) {
+        THDCP_CHECK_CUDA(cudaMemsetAsync(scratch, 1, 4096, s));
+        const cudaError_t synced = cudaStreamSynchronize(s);  // the deliberate host sync
+        if (checked) THDCP_CHECK_CUDA(synced);
+        cudaMemsetAsync(scratch, 2, 4096, s);
+      };
+      EXPECT_EQ(bank.run({10}, work, stream).how, How::kWarmUp);  // eager: the sync is allowed
+      try {
+        bank.run({10}, work, stream);
+      } catch (const Error& e) {
+        message = e.what();
+      }
+      stream_usable = cudaMemsetAsync(scratch, 3, 4096, stream) == cudaSuccess &&
+                      cudaStreamSynchronize(stream) == cudaSuccess;
+      EXPECT_EQ(bank.counters(capacity).captures, 0);
+      cudaStreamDestroy(stream);
+    });
+    EXPECT_NE(message.find("capturing the graph of cp=1 max_seqs=33 max_tokens=64 failed"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("no host synchronisation"), std::string::npos) << message;
+    if (checked) {
+      EXPECT_NE(message.find("cudaErrorStreamCaptureUnsupported"), std::string::npos) << message;
+    }
+    EXPECT_TRUE(stream_usable);
+  }
+}
+
+}  // namespace
+}  // namespace thdcp
