@@ -15,6 +15,7 @@
 
 #include "args.h"
 #include "bench_cp.h"
+#include "bench_graph.h"
 #include "thdcp/testing/compare.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/cuda/check.h"
@@ -48,6 +49,8 @@ const char* kHelp =
     "  --warmup N          untimed runs (3)\n"
     "  --iters N           timed runs; the median is reported (20)\n"
     "  --lengths-out FILE  writes the timed batch's document lengths, one per line\n"
+    "  --graph             instead: eager vs CUDA-graph replay of a step of RoPE + CP attention\n"
+    "                      layers (--layers 8, --tokens 4096,16384 rows per rank, --cp 1,2)\n"
     "  --cp N[,N...]       also AllGather CP with N ranks sharing this GPU: verify, then time\n"
     "                      each phase and the whole step of every rank (one CUDA graph);\n"
     "                      overhead = CP step of all ranks / single-device attention\n";
@@ -229,6 +232,7 @@ double time_median_ms(int warmup, int iters, cudaStream_t stream, Body body) {
 }  // namespace
 
 int bench_command(const std::vector<std::string>& argv) {
+  if (std::find(argv.begin(), argv.end(), "--graph") != argv.end()) return bench_graph_command(argv);
   for (const std::string& a : argv) {
     if (a == "--help" || a == "-h") {
       std::fputs(kHelp, stdout);

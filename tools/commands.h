@@ -8,6 +8,8 @@
 namespace thdcp::tools {
 
 int run_command(const std::vector<std::string>& args);
+// `thdcp run --graph` (run_graph.cpp)
+int run_graph_command(const std::vector<std::string>& args);
 int plan_command(const std::vector<std::string>& args);
 
 }  // namespace thdcp::tools

@@ -1,4 +1,5 @@
 // `thdcp run`: argument handling and the summary table.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -51,7 +52,9 @@ const char* kRunHelp =
     "  --json FILE       machine-readable summary\n"
     "  --check           always run the single-device reference (default: when it is cheap)\n"
     "  --no-check        never run it\n"
-    "  --quiet           no progress line (it is only shown when stdout is a terminal)\n";
+    "  --quiet           no progress line (it is only shown when stdout is a terminal)\n"
+    "  --graph           many batches through CUDA graphs (GraphBank, dynamic CP, RoPE):\n"
+    "                    see thdcp run --graph --help\n";
 
 RunConfig parse_run_config(const Args& args) {
   RunConfig c;
@@ -241,6 +244,7 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
 }  // namespace
 
 int run_command(const std::vector<std::string>& argv) {
+  if (std::find(argv.begin(), argv.end(), "--graph") != argv.end()) return run_graph_command(argv);
   const Args args(argv,
                   {"backend", "cp", "gpus", "tokens", "seed", "mask", "window", "heads", "head-dim", "dtype", "threads",
                    "lengths", "batch", "load", "save", "json"},

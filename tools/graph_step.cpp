@@ -1,0 +1,156 @@
+#include "graph_step.h"
+
+#include <cstring>
+#include <string>
+
+#include "thdcp/core/error.h"
+#include "thdcp/cuda/check.h"
+#include "thdcp/testing/workload.h"
+
+namespace thdcp::tools {
+
+namespace {
+
+size_t bytes_of(int64_t rows, int64_t heads, int64_t dim, DType dtype) {
+  return static_cast<size_t>(rows * heads * dim) * dtype_size(dtype);
+}
+
+}  // namespace
+
+GraphStep::GraphStep(graph::GraphBank& bank, const GraphStepShape& shape, int64_t max_tokens)
+    : bank_(bank), shape_(shape), max_tokens_(max_tokens), rows_(max_tokens / bank.cp()) {
+  const Capacity key = default_capacity(max_tokens, bank.cp());  // buffers live under this key
+  const size_t qb = bytes_of(rows_, shape.q_heads, shape.head_dim, shape.dtype);
+  const size_t kb = bytes_of(rows_, shape.kv_heads, shape.head_dim, shape.dtype);
+  for (int l = 0; l < shape.layers; ++l) {
+    const std::string p = "layer " + std::to_string(l) + " ";
+    Layer layer{};
+    layer.q = bank.buffer(key, p + "q", qb);
+    layer.k = bank.buffer(key, p + "k", kb);
+    layer.v = bank.buffer(key, p + "v", kb);
+    layer.out = bank.buffer(key, p + "out", qb);
+    layer.dout = bank.buffer(key, p + "dout", qb);
+    layer.dq = bank.buffer(key, p + "dq", qb);
+    layer.dk = bank.buffer(key, p + "dk", kb);
+    layer.dv = bank.buffer(key, p + "dv", kb);
+    layer.lse = static_cast<float*>(bank.buffer(key, p + "lse", sizeof(float) * static_cast<size_t>(rows_ * shape.q_heads)));
+    layers_.push_back(layer);
+  }
+  max_logit_ = static_cast<float*>(bank.buffer(key, "max_logit", sizeof(float) * static_cast<size_t>(shape.q_heads)));
+}
+
+ThdTensor GraphStep::view(void* data, int64_t heads, int64_t rows) const {
+  return ThdTensor{data, shape_.dtype, rows, heads, shape_.head_dim};
+}
+
+void GraphStep::load_inputs(uint64_t seed, cudaStream_t stream) {
+  inputs_.clear();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    for (int t = 0; t < 4; ++t) {
+      const int64_t heads = (t == 1 || t == 2) ? shape_.kv_heads : shape_.q_heads;
+      HostTensor host(shape_.dtype, rows_, heads, shape_.head_dim);
+      fill_normal(host, seed * 1000003u + l * 4u + static_cast<uint64_t>(t));
+      const unsigned char* p = static_cast<const unsigned char*>(host.data());
+      inputs_.emplace_back(p, p + static_cast<size_t>(host.numel()) * dtype_size(shape_.dtype));
+    }
+  }
+  reload_inputs(stream);
+}
+
+void GraphStep::reload_inputs(cudaStream_t stream) {
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    void* targets[4] = {layers_[l].q, layers_[l].k, layers_[l].v, layers_[l].dout};
+    for (int t = 0; t < 4; ++t) {
+      const auto& host = inputs_[l * 4 + static_cast<size_t>(t)];
+      THDCP_CHECK_CUDA(cudaMemcpyAsync(targets[t], host.data(), host.size(), cudaMemcpyHostToDevice, stream));
+    }
+  }
+  THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
+}
+
+cp::CudaPlan& GraphStep::cp_plan(const Capacity& capacity) {
+  auto it = cp_plans_.find(capacity);
+  if (it != cp_plans_.end()) return *it->second;
+  cp::Problem problem;
+  problem.cp = bank_.cp();
+  problem.capacity = capacity;
+  problem.mask = shape_.mask;
+  problem.q_heads = shape_.q_heads;
+  problem.kv_heads = shape_.kv_heads;
+  problem.head_dim = shape_.head_dim;
+  problem.dtype = shape_.dtype;
+  const size_t bytes = cp::cuda_workspace_size(problem);
+  // One workspace per capacity, shared by every layer (they run in order on one stream).
+  void* workspace = bank_.buffer(capacity, "cp workspace", bytes);
+  auto plan = std::make_unique<cp::CudaPlan>(bank_.communicator(), problem, cuda::Options{}, workspace, bytes);
+  return *cp_plans_.emplace(capacity, std::move(plan)).first->second;
+}
+
+const cuda::RopePlan& GraphStep::rope_plan(const Capacity& capacity) {
+  auto it = rope_plans_.find(capacity);
+  if (it != rope_plans_.end()) return *it->second;
+  cuda::RopeShape s;
+  s.cp = bank_.cp();
+  s.rank = bank_.communicator().rank();
+  s.capacity = capacity;
+  s.q_heads = shape_.q_heads;
+  s.kv_heads = shape_.kv_heads;
+  s.head_dim = shape_.head_dim;
+  s.dtype = shape_.dtype;
+  s.config = shape_.rope_config;
+  return *rope_plans_.emplace(capacity, std::make_unique<cuda::RopePlan>(s)).first->second;
+}
+
+graph::Work GraphStep::work() {
+  return [this](const graph::StaticBatch& batch, cudaStream_t stream) {
+    const Capacity& c = batch.capacity();
+    THDCP_CHECK(c.max_tokens == max_tokens_, "GraphStep: batch capacity max_tokens=" << c.max_tokens
+                                                                                     << " but buffers hold "
+                                                                                     << max_tokens_);
+    cp::CudaPlan& attention = cp_plan(c);
+    const cuda::RopePlan* rope = shape_.rope ? &rope_plan(c) : nullptr;
+    const cp::DeviceLayout layout = batch.layout();
+    const int64_t hq = shape_.q_heads, hkv = shape_.kv_heads;
+    for (const Layer& l : layers_) {
+      if (rope) {
+        rope->forward(layout.cu_seqlens, layout.cu_seqlens_padded, nullptr, view(l.q, hq, rows_), view(l.k, hkv, rows_),
+                      stream);
+      }
+      attention.forward(layout,
+                        cp::ForwardTensors{view(l.q, hq, rows_), view(l.k, hkv, rows_), view(l.v, hkv, rows_),
+                                           view(l.out, hq, rows_), l.lse, max_logit_},
+                        stream);
+    }
+    for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
+      const Layer& l = *it;
+      attention.backward(layout,
+                         cp::BackwardTensors{view(l.q, hq, rows_), view(l.k, hkv, rows_), view(l.v, hkv, rows_),
+                                             view(l.out, hq, rows_), view(l.dout, hq, rows_), l.lse,
+                                             view(l.dq, hq, rows_), view(l.dk, hkv, rows_), view(l.dv, hkv, rows_)},
+                         stream);
+      if (rope) {
+        rope->backward(layout.cu_seqlens, layout.cu_seqlens_padded, nullptr, view(l.dq, hq, rows_),
+                       view(l.dk, hkv, rows_), stream);
+      }
+    }
+  };
+}
+
+std::vector<unsigned char> GraphStep::download_outputs(cudaStream_t stream) const {
+  const size_t qb = bytes_of(rows_, shape_.q_heads, shape_.head_dim, shape_.dtype);
+  const size_t kb = bytes_of(rows_, shape_.kv_heads, shape_.head_dim, shape_.dtype);
+  const size_t lb = sizeof(float) * static_cast<size_t>(rows_ * shape_.q_heads);
+  std::vector<unsigned char> all;
+  for (const Layer& l : layers_) {
+    for (auto [p, n] : {std::make_pair(l.out, qb), std::make_pair(l.dq, qb), std::make_pair(l.dk, kb),
+                        std::make_pair(l.dv, kb), std::make_pair(static_cast<void*>(l.lse), lb)}) {
+      const size_t at = all.size();
+      all.resize(at + n);
+      THDCP_CHECK_CUDA(cudaMemcpyAsync(all.data() + at, p, n, cudaMemcpyDeviceToHost, stream));
+    }
+  }
+  THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
+  return all;
+}
+
+}  // namespace thdcp::tools

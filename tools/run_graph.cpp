@@ -1,0 +1,406 @@
+// `thdcp run --graph`: N steps of different random packings through RoPE + AllGather-CP
+// attention forward and backward, each run through a GraphBank (warm-up, one capture per CP
+// size and capacity, replays; eager fallback beyond max_seqs), a sample of steps checked
+// against the same step run eagerly, bit for bit. With --dynamic-cp the CP size changes per
+// batch: the world (ranks sharing GPU 0) is split once into groups of every size, and the
+// world/c groups of the chosen size c run world/c micro-batches side by side.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "commands.h"
+
+#if defined(THDCP_CLI_WITH_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "graph_step.h"
+#include "thdcp/comm/shared_gpu.h"
+#include "thdcp/cuda/check.h"
+#include "thdcp/graph/cp_groups.h"
+#include "thdcp/testing/thread_barrier.h"
+#include "thdcp/testing/workload.h"
+#endif
+
+namespace thdcp::tools {
+
+namespace {
+
+const char* kRunGraphHelp =
+    "usage: thdcp run --graph [options]\n"
+    "\n"
+    "Runs --steps batches of random packings (lognormal documents) through RoPE + AllGather CP\n"
+    "attention forward and backward, captured as CUDA graphs: one graph per CP size and\n"
+    "capacity, captured after a warm-up run and replayed for every later batch that fits;\n"
+    "a batch with more documents than --max-seqs allows runs eagerly (a fallback). Every\n"
+    "--check-every-th step (and the first replay of each CP size) is run again eagerly and\n"
+    "must equal the graph's result bit for bit. Ranks are threads sharing GPU 0.\n"
+    "\n"
+    "  --steps N          batches (default 12)\n"
+    "  --cp N             CP size (default 2)\n"
+    "  --dynamic-cp LIST  CP sizes to choose from per batch, e.g. 1,2,4: the world is the largest;\n"
+    "                     each batch gets the smallest size whose rows per rank fit --tokens / world\n"
+    "  --tokens T         rows of the largest CP size's capacity (default 16384)\n"
+    "  --max-seqs M       documents + 1 of the capacity (default tokens/(2*cp)+1: never falls back)\n"
+    "  --layers L         attention layers per step (default 2)\n"
+    "  --median N         median document length (default 600)\n"
+    "  --heads HQ:HKV     query and key/value heads (default 8:2)\n"
+    "  --head-dim D       64 or 128 (default 64)\n"
+    "  --dtype T          bf16 (default) or fp16\n"
+    "  --mask M           causal (default) or full; --window L,R for a sliding window\n"
+    "  --rope R           neox (default), gptj or none\n"
+    "  --check-every K    check every K-th step against eager (default 3; 1 checks all)\n"
+    "  --seed S           seed of lengths and values (default 1)\n";
+
+std::vector<int> parse_sizes(const std::string& text) {
+  std::vector<int> sizes;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) sizes.push_back(static_cast<int>(parse_int("--dynamic-cp", item, 1, 64)));
+  if (sizes.empty()) throw UsageError("--dynamic-cp " + text + ": give CP sizes, e.g. 1,2,4");
+  std::sort(sizes.begin(), sizes.end());
+  if (std::adjacent_find(sizes.begin(), sizes.end()) != sizes.end()) {
+    throw UsageError("--dynamic-cp " + text + ": a size is given twice");
+  }
+  for (int s : sizes) {
+    if (sizes.back() % s != 0) {
+      throw UsageError("--dynamic-cp " + text + ": every size must divide the largest (" +
+                       std::to_string(sizes.back()) + "), which is the number of ranks");
+    }
+  }
+  return sizes;
+}
+
+}  // namespace
+
+#if !defined(THDCP_CLI_WITH_CUDA)
+
+int run_graph_command(const std::vector<std::string>& argv) {
+  for (const std::string& a : argv) {
+    if (a == "--help") {
+      std::fputs(kRunGraphHelp, stdout);
+      return 0;
+    }
+  }
+  throw UsageError("--graph captures CUDA graphs: this thdcp was built without CUDA (build it with the CUDA toolkit)");
+}
+
+#else
+
+namespace {
+
+struct GraphRunConfig {
+  int steps = 12;
+  std::vector<int> sizes{2};
+  bool dynamic = false;
+  int64_t tokens = 16384;
+  int max_seqs = 0;  // 0: the zero-fallback default per CP size
+  int check_every = 3;
+  double median = 600;
+  uint64_t seed = 1;
+  GraphStepShape shape;
+};
+
+struct StepRecord {
+  int cp = 0, groups = 0;
+  int64_t documents = 0, rows = 0;
+  graph::GraphBank::How how = graph::GraphBank::How::kWarmUp;
+  bool checked = false, equal = true;
+  double ms = 0;
+};
+
+struct SizeRecord {
+  int cp = 0;
+  Capacity capacity;
+  graph::KeyCounters counters;
+  size_t static_bytes = 0, graph_bytes = 0;
+  double eager_ms = 0, replay_ms = 0;
+};
+
+GraphRunConfig parse(const Args& args) {
+  GraphRunConfig c;
+  c.steps = static_cast<int>(args.get_int("steps", c.steps, 1, 100000));
+  if (args.has("dynamic-cp")) {
+    if (args.has("cp")) throw UsageError("--cp and --dynamic-cp both set the CP size: give one of them");
+    c.sizes = parse_sizes(args.get("dynamic-cp", ""));
+    c.dynamic = true;
+  } else {
+    c.sizes = {static_cast<int>(args.get_int("cp", 2, 1, 64))};
+  }
+  c.tokens = args.get_int("tokens", c.tokens, 1, INT32_MAX);
+  const int world = c.sizes.back();
+  if (c.tokens % (2 * world) != 0) {
+    throw UsageError("--tokens " + std::to_string(c.tokens) + ": must be a multiple of 2*" + std::to_string(world) +
+                     " (twice the largest CP size)");
+  }
+  c.max_seqs = static_cast<int>(args.get_int("max-seqs", 0, 2, INT32_MAX));
+  c.check_every = static_cast<int>(args.get_int("check-every", c.check_every, 1, 100000));
+  c.median = static_cast<double>(args.get_int("median", 600, 1, 1 << 24));
+  c.seed = args.get_seed("seed", c.seed);
+  c.shape.layers = static_cast<int>(args.get_int("layers", 2, 1, 64));
+  const auto [hq, hkv] = args.get_pair("heads", {8, 2}, ':');
+  if (hq < 1 || hkv < 1 || hq % hkv != 0) {
+    throw UsageError("--heads " + args.get("heads", "") + ": both >= 1 and HQ a multiple of HKV");
+  }
+  c.shape.q_heads = hq;
+  c.shape.kv_heads = hkv;
+  c.shape.head_dim = args.get_int("head-dim", 64, 1, 1 << 16);
+  if (c.shape.head_dim != 64 && c.shape.head_dim != 128) {
+    throw UsageError("--head-dim " + std::to_string(c.shape.head_dim) + ": the CUDA kernels take 64 or 128");
+  }
+  c.shape.dtype = parse_dtype(args.get("dtype", "bf16"));
+  if (c.shape.dtype == DType::kFloat32) throw UsageError("--dtype fp32: the CUDA kernels take bf16 or fp16");
+  const std::string mask = args.get("mask", "causal");
+  if (args.has("window")) {
+    if (args.has("mask")) throw UsageError("--window and --mask both set the mask: give one of them");
+    const auto [left, right] = args.get_pair("window", {-1, -1}, ',');
+    c.shape.mask = Mask::window(static_cast<int32_t>(left), static_cast<int32_t>(right));
+  } else if (mask == "causal" || mask == "full") {
+    c.shape.mask = mask == "causal" ? Mask::causal() : Mask::full();
+  } else {
+    throw UsageError("--mask " + mask + ": use causal or full (or --window L,R)");
+  }
+  const std::string rope = args.get("rope", "neox");
+  if (rope == "none") {
+    c.shape.rope = false;
+  } else if (rope == "neox" || rope == "gptj") {
+    c.shape.rope_config.layout = rope == "neox" ? RopeLayout::kHalfSplit : RopeLayout::kInterleaved;
+  } else {
+    throw UsageError("--rope " + rope + ": use neox, gptj or none");
+  }
+  return c;
+}
+
+// The capacity of CP size c: rows per rank tokens / world, so c * tokens / world rows.
+Capacity capacity_of(const GraphRunConfig& c, int cp) {
+  const int64_t max_tokens = c.tokens / c.sizes.back() * cp;
+  Capacity capacity = default_capacity(max_tokens, cp);
+  if (c.max_seqs > 0) capacity.max_seqs = std::min(capacity.max_seqs, c.max_seqs);
+  return capacity;
+}
+
+std::string mib(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
+}  // namespace
+
+int run_graph_command(const std::vector<std::string>& argv) {
+  std::vector<std::string> rest;
+  for (const std::string& a : argv) {
+    if (a != "--graph") rest.push_back(a);
+  }
+  const Args args(rest,
+                  {"steps", "cp", "dynamic-cp", "tokens", "max-seqs", "check-every", "median", "seed", "layers",
+                   "heads", "head-dim", "dtype", "mask", "window", "rope"},
+                  {"quiet", "help"});
+  if (args.has("help")) {
+    std::fputs(kRunGraphHelp, stdout);
+    return 0;
+  }
+  const GraphRunConfig c = parse(args);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    throw UsageError("--graph captures CUDA graphs and needs a GPU: none is visible");
+  }
+  cudaDeviceProp prop{};
+  THDCP_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const int world = c.sizes.back();
+
+  // The batches, drawn up front on the host: each step's CP size (by the policy from a
+  // draw of documents for one group), then one micro-batch per group of that size.
+  std::vector<int> step_cp(static_cast<size_t>(c.steps));
+  std::vector<std::vector<std::vector<int64_t>>> micro(static_cast<size_t>(c.steps));
+  const int64_t rows_per_rank = c.tokens / world;
+  LengthDistribution dist;
+  dist.median = c.median;
+  dist.max_length = c.tokens;
+  for (int s = 0; s < c.steps; ++s) {
+    Rng pick(c.seed * 7919u + static_cast<uint64_t>(s));
+    const int drawn = c.sizes[static_cast<size_t>(pick.uniform_int(0, static_cast<int64_t>(c.sizes.size()) - 1))];
+    std::vector<int64_t> first = sample_lengths(rows_per_rank * drawn, drawn, dist, c.seed * 104729u + s * 64u);
+    const int cp = c.dynamic ? choose_cp_size(first, c.sizes, rows_per_rank) : c.sizes[0];
+    step_cp[static_cast<size_t>(s)] = cp;
+    // One micro-batch per group of size cp; the capacity's rows at this size.
+    for (int g = 0; g < world / cp; ++g) {
+      std::vector<int64_t> l = g == 0 && cp == drawn
+                                   ? first
+                                   : sample_lengths(rows_per_rank * cp, cp, dist, c.seed * 104729u + s * 64u + g + 1);
+      micro[static_cast<size_t>(s)].push_back(l);
+    }
+  }
+
+  std::vector<StepRecord> steps(static_cast<size_t>(c.steps));
+  std::vector<SizeRecord> sizes;
+  std::mutex mutex;
+  ThreadBarrier barrier(world);
+  std::printf("thdcp run --graph: CUDA graphs of RoPE + AllGather CP attention fwd/bwd, %s\n", prop.name);
+  std::printf("  world %d ranks sharing GPU 0 (shared-gpu communicator); CP sizes", world);
+  for (int s : c.sizes) std::printf(" %d", s);
+  std::printf("%s; %lld rows per rank\n", c.dynamic ? " (chosen per batch)" : "", static_cast<long long>(rows_per_rank));
+  std::printf("  %d layer(s) of RoPE(%s) + attention, heads %lld:%lld, head_dim %lld, %s, %d steps\n",
+              c.shape.layers, c.shape.rope ? (c.shape.rope_config.layout == RopeLayout::kHalfSplit ? "neox" : "gptj")
+                                           : "none",
+              static_cast<long long>(c.shape.q_heads), static_cast<long long>(c.shape.kv_heads),
+              static_cast<long long>(c.shape.head_dim), dtype_name(c.shape.dtype), c.steps);
+  std::fflush(stdout);
+
+  run_shared_gpu(world, [&](DeviceCommunicator& comm) {
+    cudaStream_t stream = nullptr;
+    THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    comm.warm_up(stream);
+    graph::BankOptions options;
+    // Groups of one process that capture side by side (world / cp > 1) must not forbid each
+    // other's eager calls: thread-local capture then. One group keeps the global mode.
+    if (world > c.sizes.front()) options.capture_mode = cudaStreamCaptureModeThreadLocal;
+    graph::CpGroups groups(comm, c.sizes, stream, options);
+    std::map<int, std::unique_ptr<GraphStep>> step_of;
+    std::map<int, std::unique_ptr<graph::StaticBatch>> eager_batch;
+    std::map<int, bool> checked_replay;
+    for (int cp : c.sizes) {
+      const Capacity capacity = capacity_of(c, cp);
+      groups.bank(cp).add_capacity(capacity);
+      step_of[cp] = std::make_unique<GraphStep>(groups.bank(cp), c.shape, capacity.max_tokens);
+    }
+    for (int s = 0; s < c.steps; ++s) {
+      const int cp = step_cp[static_cast<size_t>(s)];
+      const int g = groups.group_index(cp);
+      const std::vector<int64_t>& lengths = micro[static_cast<size_t>(s)][static_cast<size_t>(g)];
+      graph::GraphBank& bank = groups.bank(cp);
+      GraphStep& step = *step_of[cp];
+      step.load_inputs(c.seed * 1000u + static_cast<uint64_t>(s) * 16u + static_cast<uint64_t>(comm.rank()), stream);
+      barrier.wait();  // every rank's inputs are in place
+      const auto start = std::chrono::steady_clock::now();
+      const graph::GraphBank::Outcome o = bank.run(lengths, step.work(), stream);
+      THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      const bool first_replay = o.how == graph::GraphBank::How::kReplayed && !checked_replay[cp];
+      const bool check = o.how != graph::GraphBank::How::kWarmUp && (first_replay || s % c.check_every == 0);
+      bool equal = true;
+      if (check) {
+        checked_replay[cp] = checked_replay[cp] || o.how == graph::GraphBank::How::kReplayed;
+        const std::vector<unsigned char> banked = step.download_outputs(stream);
+        step.reload_inputs(stream);
+        auto& batch = eager_batch[cp];
+        if (!batch || !(batch->capacity() == o.capacity)) batch = std::make_unique<graph::StaticBatch>(cp, o.capacity);
+        THDCP_CHECK(batch->fill(lengths, stream) == Fit::kFits, "internal: the eager check's batch does not fit");
+        step.work()(*batch, stream);
+        groups.group(cp).synchronize(stream, 300);
+        equal = banked == step.download_outputs(stream);
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      StepRecord& r = steps[static_cast<size_t>(s)];
+      if (comm.rank() == 0) {
+        r.cp = cp;
+        r.groups = world / cp;
+        r.how = o.how;
+        r.checked = check;
+        r.ms = ms;
+      }
+      if (groups.group(cp).rank() == 0) {
+        for (int64_t n : lengths) r.documents += n > 0 ? 1 : 0;
+        r.rows += padded_rows(lengths, cp);
+      }
+      r.equal = r.equal && equal;
+    }
+    // Time per step at each size on its last batch: eager (the work enqueued directly) and
+    // replay, 10 runs each, median.
+    for (int cp : c.sizes) {
+      graph::GraphBank& bank = groups.bank(cp);
+      const Capacity capacity = capacity_of(c, cp);
+      const std::vector<graph::KeyReport> report = bank.report();  // before the timing runs
+      if (bank.counters(capacity).captures == 0) {  // never captured: counters only
+        if (comm.rank() == 0) {
+          std::lock_guard<std::mutex> lock(mutex);
+          for (const graph::KeyReport& k : report) {
+            SizeRecord r;
+            r.cp = cp;
+            r.capacity = k.capacity;
+            r.counters = k.counters;
+            r.static_bytes = k.static_bytes;
+            sizes.push_back(r);
+          }
+        }
+        continue;
+      }
+      GraphStep& step = *step_of[cp];
+      const std::vector<int64_t> lengths = sample_lengths(capacity.max_tokens, cp, dist, c.seed + 99);
+      std::vector<double> eager_ms, replay_ms;
+      auto& batch = eager_batch[cp];
+      if (!batch || !(batch->capacity() == capacity)) batch = std::make_unique<graph::StaticBatch>(cp, capacity);
+      for (int i = 0; i < 12; ++i) {
+        barrier.wait();
+        auto start = std::chrono::steady_clock::now();
+        batch->fill(lengths, stream);
+        step.work()(*batch, stream);
+        groups.group(cp).synchronize(stream, 300);
+        eager_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+        barrier.wait();
+        start = std::chrono::steady_clock::now();
+        bank.run(lengths, step.work(), stream);
+        groups.group(cp).synchronize(stream, 300);
+        replay_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      }
+      std::sort(eager_ms.begin(), eager_ms.end());
+      std::sort(replay_ms.begin(), replay_ms.end());
+      if (comm.rank() == 0) {
+        std::lock_guard<std::mutex> lock(mutex);
+        for (const graph::KeyReport& k : report) {
+          SizeRecord r;
+          r.cp = cp;
+          r.capacity = k.capacity;
+          r.counters = k.counters;
+          r.static_bytes = k.static_bytes;
+          r.graph_bytes = k.graph_bytes;
+          r.eager_ms = eager_ms[eager_ms.size() / 2];
+          r.replay_ms = replay_ms[replay_ms.size() / 2];
+          sizes.push_back(r);
+        }
+      }
+    }
+    barrier.wait();
+    step_of.clear();
+    eager_batch.clear();
+    THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
+    THDCP_CHECK_CUDA(cudaStreamDestroy(stream));
+  });
+
+  std::printf("\n  step  cp  groups  documents    rows  ran        ms  check\n");
+  int checked = 0, equal = 0;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const StepRecord& r = steps[s];
+    std::printf("  %4zu  %2d  %6d  %9lld  %6lld  %-9s %6.2f  %s\n", s, r.cp, r.groups,
+                static_cast<long long>(r.documents), static_cast<long long>(r.rows),
+                graph::GraphBank::how_name(r.how), r.ms,
+                r.checked ? (r.equal ? "= eager" : "DIFFERS from eager") : "-");
+    checked += r.checked ? 1 : 0;
+    equal += r.checked && r.equal ? 1 : 0;
+  }
+  std::printf("\n  cp  capacity (max_seqs, max_tokens)  warm-ups  captures  replays  fallbacks  static MiB  graph MiB"
+              "  eager ms  replay ms\n");
+  for (const SizeRecord& r : sizes) {
+    std::printf("  %2d  %12d %12lld     %8lld  %8lld  %7lld  %9lld  %10s  %9s  %8.2f  %9.2f\n", r.cp,
+                r.capacity.max_seqs, static_cast<long long>(r.capacity.max_tokens),
+                static_cast<long long>(r.counters.warmups), static_cast<long long>(r.counters.captures),
+                static_cast<long long>(r.counters.replays), static_cast<long long>(r.counters.fallbacks),
+                mib(r.static_bytes).c_str(), mib(r.graph_bytes).c_str(), r.eager_ms, r.replay_ms);
+  }
+  std::printf("  (per CP size, on rank 0: static = its StaticBatch and named buffers; graph = what\n"
+              "   instantiating and uploading its graph took by cudaMemGetInfo, 0 below its 2 MiB\n"
+              "   resolution; eager and replay ms: one step, median of 12, 0 if never captured)\n");
+  const bool passed = equal == checked;
+  std::printf("\nresult: %s (%d of %d checked steps equal eager bit for bit)\n", passed ? "PASS" : "FAIL", equal,
+              checked);
+  return passed ? 0 : 1;
+}
+
+#endif
+
+}  // namespace thdcp::tools
