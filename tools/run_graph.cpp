@@ -264,6 +264,7 @@ int run_graph_command(const std::vector<std::string>& argv) {
     std::map<int, std::unique_ptr<GraphStep>> step_of;
     std::map<int, std::unique_ptr<graph::StaticBatch>> eager_batch;
     std::map<int, bool> checked_replay;
+    std::map<int, std::vector<int64_t>> replayed_lengths;
     for (int cp : c.sizes) {
       const Capacity capacity = capacity_of(c, cp);
       groups.bank(cp).add_capacity(capacity);
@@ -281,6 +282,9 @@ int run_graph_command(const std::vector<std::string>& argv) {
       const graph::GraphBank::Outcome o = bank.run(lengths, step.work(), stream);
       THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      if (o.how == graph::GraphBank::How::kReplayed || o.how == graph::GraphBank::How::kCaptured) {
+        replayed_lengths[cp] = lengths;
+      }
       const bool first_replay = o.how == graph::GraphBank::How::kReplayed && !checked_replay[cp];
       const bool check = o.how != graph::GraphBank::How::kWarmUp && (first_replay || s % c.check_every == 0);
       bool equal = true;
@@ -331,14 +335,15 @@ int run_graph_command(const std::vector<std::string>& argv) {
         continue;
       }
       GraphStep& step = *step_of[cp];
-      const std::vector<int64_t> lengths = sample_lengths(capacity.max_tokens, cp, dist, c.seed + 99);
+      // The last batch of this size that the graph took (it fits the capacity).
+      const std::vector<int64_t> lengths = replayed_lengths[cp];
       std::vector<double> eager_ms, replay_ms;
       auto& batch = eager_batch[cp];
       if (!batch || !(batch->capacity() == capacity)) batch = std::make_unique<graph::StaticBatch>(cp, capacity);
       for (int i = 0; i < 12; ++i) {
         barrier.wait();
         auto start = std::chrono::steady_clock::now();
-        batch->fill(lengths, stream);
+        THDCP_CHECK(batch->fill(lengths, stream) == Fit::kFits, "internal: the timed batch does not fit");
         step.work()(*batch, stream);
         groups.group(cp).synchronize(stream, 300);
         eager_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
