@@ -27,7 +27,7 @@ if [ "${2:-}" = graph ]; then  # the graph tests and their memcheck only
   grep -hE "PASSED|FAILED|ERROR SUMMARY" "$OUTDIR"/*.log
   exit $status
 fi
-step "ctest graph, rope, cp, nccl, capture" tests.log ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 300 -j 2 \
+[ "${2:-}" = "" ] || step "ctest graph, rope, cp, nccl, capture" tests.log ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 300 -j 2 \
   -R "Graph|Rope|ROPE|rope|CudaCp|Nccl|nccl|Capture|Capacity"
 step "thdcp run --graph" run.log "$BUILD/thdcp" run --graph --steps 12
 step "thdcp run --graph --dynamic-cp 1,2,4" run.log "$BUILD/thdcp" run --graph --dynamic-cp 1,2,4 --steps 12 --check-every 1
@@ -37,6 +37,7 @@ if [ "${2:-}" != quick ]; then
 fi
 if [ "${2:-}" = "" ]; then
   step "ctest -L gpu (all)" tests-all.log ctest --test-dir "$BUILD" -L gpu --output-on-failure --timeout 300 -j 2
+  step "ctest -L multi_gpu" tests-all.log ctest --test-dir "$BUILD" -L multi_gpu --output-on-failure --timeout 300
   step "compute-sanitizer memcheck (graph)" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$BUILD/tests/test_graph" --gtest_filter='Cp/GraphBankTest.*cp2:GraphBankFallback.*'
 fi

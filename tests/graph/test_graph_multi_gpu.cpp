@@ -1,0 +1,112 @@
+// The GraphBank over NCCL across every visible GPU, a thread per GPU (label multi_gpu;
+// skipped with the reason on fewer than 2 GPUs): cp = the GPUs, replay equals eager and the
+// CPU reference; dynamic CP alternating 1 and all GPUs equals eager.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/graph_test_support.h"
+#include "thdcp/comm/communicator.h"
+#include "thdcp/comm/nccl.h"
+#include "thdcp/graph/cp_groups.h"
+
+namespace thdcp {
+namespace {
+
+using graph::GraphBank;
+using How = GraphBank::How;
+using test::Packings;
+using test::make_packings;
+using test::run_packings;
+
+class GraphNccl : public test::CudaTest {
+ protected:
+  void SetUp() override {
+    test::CudaTest::SetUp();
+    if (IsSkipped()) return;
+    if (!nccl::built_with_nccl()) GTEST_SKIP() << "thdcp was built without NCCL";
+    THDCP_CHECK_CUDA(cudaGetDeviceCount(&gpus_));
+  }
+  int gpus_ = 0;
+};
+
+class GraphNcclMultiGpu : public GraphNccl {
+ protected:
+  void SetUp() override {
+    GraphNccl::SetUp();
+    if (IsSkipped()) return;
+    if (gpus_ < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpus_ << " visible";
+  }
+};
+
+TEST_F(GraphNcclMultiGpu, ThreadPerGpuCapturesReplayEqualEagerAndReference) {
+  const test::Shapes s;
+  const Capacity capacity = default_capacity(2048, gpus_);
+  const Packings p = make_packings(gpus_, capacity, s, 10);
+  run_in_process(gpus_, [&](Communicator& host) {
+    std::unique_ptr<DeviceCommunicator> comm = nccl::create(host, host.rank());
+    graph::BankOptions options;
+    options.capture_mode = cudaStreamCaptureModeThreadLocal;  // a thread per GPU captures at once
+    GraphBank bank(*comm, options);
+    bank.add_capacity(capacity);
+    const std::vector<How> how = run_packings(*comm, bank, capacity, p.lengths, p.batches, s);
+    EXPECT_EQ(how[1], How::kCaptured);
+    EXPECT_EQ(how.back(), How::kReplayed);
+  });
+}
+
+// Dynamic CP over NCCL: the world of every GPU split into groups of 1 and of all; the sizes
+// alternate, each group runs its own micro-batch, every step equals eager.
+TEST_F(GraphNcclMultiGpu, DynamicCpAlternatingOneAndAllEqualsEager) {
+  const test::Shapes s;
+  const int world = gpus_;
+  const int64_t max_tokens = 512;
+  const std::vector<int> order = {1, world, 1, world, 1, world};
+  std::vector<std::vector<std::vector<int64_t>>> lengths(order.size());
+  std::vector<std::vector<test::Batch>> batches(order.size());
+  for (size_t step = 0; step < order.size(); ++step) {
+    const int c = order[step];
+    const Capacity capacity = default_capacity(max_tokens, c);
+    const std::vector<std::vector<int64_t>> all = test::packings(c, capacity, 77 + step);
+    for (int g = 0; g < world / c; ++g) {
+      lengths[step].push_back(all[static_cast<size_t>(4 + g) % all.size()]);
+      batches[step].push_back(test::batch_of(lengths[step].back(), c, capacity, s, 900 + 10 * step + g));
+    }
+  }
+  run_in_process(world, [&](Communicator& host) {
+    std::unique_ptr<DeviceCommunicator> comm = nccl::create(host, host.rank());
+    cudaStream_t setup = nullptr;
+    THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&setup, cudaStreamNonBlocking));
+    graph::BankOptions options;
+    options.capture_mode = cudaStreamCaptureModeThreadLocal;
+    graph::CpGroups groups(*comm, {1, world}, setup, options);
+    std::map<int, std::unique_ptr<test::BankRank>> ranks;
+    for (int c : groups.sizes()) {
+      groups.bank(c).add_capacity(default_capacity(max_tokens, c));
+      ranks[c] = std::make_unique<test::BankRank>(groups.group(c), groups.bank(c), max_tokens, s);
+    }
+    for (size_t step = 0; step < order.size(); ++step) {
+      const int c = order[step];
+      const int g = groups.group_index(c);
+      test::BankRank& rank = *ranks[c];
+      SCOPED_TRACE("step " + std::to_string(step) + " cp " + std::to_string(c) + " rank " + std::to_string(comm->rank()));
+      rank.load(batches[step][static_cast<size_t>(g)]);
+      const How how = groups.bank(c).run(lengths[step][static_cast<size_t>(g)], rank.work(), rank.stream()).how;
+      EXPECT_EQ(how, step < 2 ? How::kWarmUp : step < 4 ? How::kCaptured : How::kReplayed);
+      const test::RankOutputs banked = rank.download(max_tokens / c);
+      rank.load(batches[step][static_cast<size_t>(g)]);
+      rank.run_eager(lengths[step][static_cast<size_t>(g)], default_capacity(max_tokens, c));
+      EXPECT_TRUE(test::identical(banked, rank.download(max_tokens / c)));
+      test::expect_matches_reference(banked, batches[step][static_cast<size_t>(g)], s.mask, c,
+                                     groups.group(c).rank());
+    }
+    ranks.clear();
+    THDCP_CHECK_CUDA(cudaStreamDestroy(setup));
+  });
+}
+
+}  // namespace
+}  // namespace thdcp
