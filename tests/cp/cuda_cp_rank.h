@@ -75,19 +75,20 @@ class CudaCpRank {
   cp::CudaPlan& plan() { return *plan_; }
 
   // Copies this rank's part of a batch (layout in capacity form) into the static buffers and
-  // poisons the outputs. Synchronous: never during a capture.
+  // poisons the outputs, on this rank's stream, complete on return: never during a capture.
   void load(const Batch& b) {
     const LayoutView layout = b.layout.view();
     THDCP_CHECK(layout.num_seqs == problem_.capacity.max_seqs && layout.total_rows() == problem_.capacity.max_tokens,
                 "test batch is not in the plan's capacity form");
     const int cp = comm_.size(), rank = comm_.rank();
-    q_.buffer.upload(local_part(b.q, layout, cp, rank).data(), q_.bytes());
-    k_.buffer.upload(local_part(b.k, layout, cp, rank).data(), k_.bytes());
-    v_.buffer.upload(local_part(b.v, layout, cp, rank).data(), v_.bytes());
-    dout_.buffer.upload(local_part(b.dout, layout, cp, rank).data(), dout_.bytes());
-    cu_.upload(b.layout.cu_seqlens.data(), cu_.bytes());
-    cup_.upload(b.layout.cu_seqlens_padded.data(), cup_.bytes());
-    for (DeviceBuffer* p : {&out_.buffer, &dq_.buffer, &dk_.buffer, &dv_.buffer, &lse_, &max_logit_}) p->poison();
+    // On this rank's stream, complete on return (see DeviceBuffer::upload(..., stream)).
+    q_.buffer.upload(local_part(b.q, layout, cp, rank).data(), q_.bytes(), stream_);
+    k_.buffer.upload(local_part(b.k, layout, cp, rank).data(), k_.bytes(), stream_);
+    v_.buffer.upload(local_part(b.v, layout, cp, rank).data(), v_.bytes(), stream_);
+    dout_.buffer.upload(local_part(b.dout, layout, cp, rank).data(), dout_.bytes(), stream_);
+    cu_.upload(b.layout.cu_seqlens.data(), cu_.bytes(), stream_);
+    cup_.upload(b.layout.cu_seqlens_padded.data(), cup_.bytes(), stream_);
+    for (DeviceBuffer* p : {&out_.buffer, &dq_.buffer, &dk_.buffer, &dv_.buffer, &lse_, &max_logit_}) p->poison(stream_);
   }
 
   cp::DeviceLayout layout() const { return cp::DeviceLayout{cu_.as<int32_t>(), cup_.as<int32_t>()}; }

@@ -62,13 +62,13 @@ class BankRank {
     const int64_t rows = b.layout.total_rows() / cp;
     const auto upload = [&](DeviceTensor& t, const HostTensor& global) {
       const HostTensor part = local_part(global, layout, cp, rank);
-      t.buffer.upload(part.data(), static_cast<size_t>(rows) * part.row_bytes());
+      t.buffer.upload(part.data(), static_cast<size_t>(rows) * part.row_bytes(), stream_);
     };
     upload(q_, b.q);
     upload(k_, b.k);
     upload(v_, b.v);
     upload(dout_, b.dout);
-    for (DeviceBuffer* p : {&out_.buffer, &dq_.buffer, &dk_.buffer, &dv_.buffer, &lse_, &max_logit_}) p->poison();
+    for (DeviceBuffer* p : {&out_.buffer, &dq_.buffer, &dk_.buffer, &dv_.buffer, &lse_, &max_logit_}) p->poison(stream_);
   }
 
   // The same step eagerly, on metadata of its own (not the bank's), for comparison.

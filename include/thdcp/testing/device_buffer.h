@@ -51,6 +51,20 @@ class DeviceBuffer {
     if (bytes_) THDCP_CHECK_CUDA(cudaMemset(data_, 0xff, bytes_));
   }
 
+  // The same, ordered on `stream` and complete when they return. cudaMemcpy and cudaMemset
+  // run on the legacy default stream, which work on a cudaStreamNonBlocking stream does not
+  // wait for: a copy from pageable memory may still be in flight when cudaMemcpy returns,
+  // and cudaMemset to device memory is asynchronous; these cannot race a later launch on
+  // `stream`.
+  void upload(const void* host, size_t bytes, cudaStream_t stream) {
+    if (bytes) THDCP_CHECK_CUDA(cudaMemcpyAsync(data_, host, bytes, cudaMemcpyHostToDevice, stream));
+    THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
+  }
+  void poison(cudaStream_t stream) {
+    if (bytes_) THDCP_CHECK_CUDA(cudaMemsetAsync(data_, 0xff, bytes_, stream));
+    THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
+  }
+
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
