@@ -12,9 +12,10 @@ Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>&
     return std::find(list.begin(), list.end(), s) != list.end();
   };
   for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& arg = argv[i];
+    std::string arg = argv[i];
+    if (arg == "-h" && contains(switches, "help")) arg = "--help";
     if (arg.rfind("--", 0) != 0) {
-      throw UsageError("unexpected argument '" + arg + "': options start with -- (see --help)");
+      throw UsageError("unexpected argument " + quote_excerpt(arg) + ": options start with -- (see --help)");
     }
     std::string name = arg.substr(2);
     std::string value;
@@ -25,18 +26,26 @@ Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>&
       name = name.substr(0, eq);
       inline_value = true;
     }
-    if (contains(switches, name)) {
+    const bool is_switch = contains(switches, name);
+    if (!is_switch && !contains(value_flags, name)) {
+      throw UsageError("unknown option " + quote_excerpt("--" + name) + " (see --help)");
+    }
+    if (values_.count(name)) throw UsageError("--" + name + " is given twice: give it once");
+    if (is_switch) {
       if (inline_value) throw UsageError("--" + name + " takes no value");
       values_[name] = "1";
-    } else if (contains(value_flags, name)) {
-      if (!inline_value) {
-        if (i + 1 >= argv.size()) throw UsageError("--" + name + " needs a value (see --help)");
-        value = argv[++i];
-      }
-      values_[name] = value;
-    } else {
-      throw UsageError("unknown option '--" + name + "' (see --help)");
+      continue;
     }
+    if (!inline_value) {
+      if (i + 1 >= argv.size()) throw UsageError("--" + name + " needs a value (see --help)");
+      value = argv[++i];
+      if (value.rfind("--", 0) == 0) {
+        throw UsageError("--" + name + " needs a value, but the next argument is the option " + quote_excerpt(value) +
+                         " (see --help)");
+      }
+    }
+    if (value.empty()) throw UsageError("--" + name + " has an empty value: give one (see --help)");
+    values_[name] = value;
   }
 }
 
@@ -47,18 +56,51 @@ std::string Args::get(const std::string& flag, const std::string& fallback) cons
   return it == values_.end() ? fallback : it->second;
 }
 
+namespace {
+
+bool g_collectives_started = false;
+
+}  // namespace
+
+void mark_collectives_started() { g_collectives_started = true; }
+bool collectives_started() { return g_collectives_started; }
+
+namespace {
+
+// "--flag" from "flag" or "--flag".
+std::string dashed(const std::string& flag) { return flag.rfind("--", 0) == 0 ? flag : "--" + flag; }
+
+}  // namespace
+
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min, int64_t max) {
   errno = 0;
   char* end = nullptr;
   const long long value = std::strtoll(text.c_str(), &end, 10);
   if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE) {
-    throw UsageError("--" + flag + " " + text + ": not an integer");
+    throw UsageError(dashed(flag) + " " + quote_excerpt(text) + ": not an integer");
   }
   if (value < min || value > max) {
-    throw UsageError("--" + flag + " " + text + ": must be in [" + std::to_string(min) + ", " + std::to_string(max) +
-                     "]");
+    throw UsageError(dashed(flag) + " " + quote_excerpt(text) + ": must be in [" + std::to_string(min) + ", " +
+                     std::to_string(max) + "]");
   }
   return value;
+}
+
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t min, int64_t max) {
+  std::vector<int64_t> values;
+  size_t at = 0;
+  while (true) {
+    const size_t comma = text.find(',', at);
+    const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    if (item.empty()) {
+      throw UsageError(dashed(flag) + " " + quote_excerpt(text) +
+                       ": an empty item; give integers separated by single commas, e.g. 1,2,4");
+    }
+    values.push_back(parse_int(flag, item, min, max));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return values;
 }
 
 int64_t Args::get_int(const std::string& flag, int64_t fallback, int64_t min, int64_t max) const {
@@ -72,7 +114,7 @@ uint64_t Args::get_seed(const std::string& flag, uint64_t fallback) const {
   char* end = nullptr;
   const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
   if (text.empty() || text[0] == '-' || end != text.c_str() + text.size() || errno == ERANGE) {
-    throw UsageError("--" + flag + " " + text + ": not a non-negative integer");
+    throw UsageError("--" + flag + " " + quote_excerpt(text) + ": not an integer in [0, 2^64-1]");
   }
   return value;
 }
@@ -82,8 +124,9 @@ std::pair<int64_t, int64_t> Args::get_pair(const std::string& flag, std::pair<in
   if (!has(flag)) return fallback;
   const std::string text = get(flag, "");
   const size_t at = text.find(separator);
-  if (at == std::string::npos) {
-    throw UsageError("--" + flag + " " + text + ": expected two integers separated by '" + separator + "'");
+  if (at == std::string::npos || text.find(separator, at + 1) != std::string::npos) {
+    throw UsageError("--" + flag + " " + quote_excerpt(text) + ": expected two integers separated by one '" +
+                     separator + "'");
   }
   return {parse_int(flag, text.substr(0, at), -1, INT32_MAX), parse_int(flag, text.substr(at + 1), -1, INT32_MAX)};
 }

@@ -18,7 +18,9 @@ class UsageError : public Error {
 
 class Args {
  public:
-  // `value_flags` take a value; `switches` do not. Both without the leading "--".
+  // `value_flags` take a value; `switches` do not. Both without the leading "--". Refused
+  // with UsageError: unknown options, a flag given twice, an empty value, a value that is
+  // itself an option ("--cp --tokens 64"). "-h" means "--help" where "help" is a switch.
   Args(const std::vector<std::string>& argv, const std::vector<std::string>& value_flags,
        const std::vector<std::string>& switches);
 
@@ -34,6 +36,15 @@ class Args {
   std::map<std::string, std::string> values_;
 };
 
+// Under mpirun: set once the ranks may be in a collective together. Before that a usage
+// error is raised by every rank alike (same command line), so rank 0 alone reports it and no
+// rank aborts the job; after it, the rank that fails must abort the others.
+void mark_collectives_started();
+bool collectives_started();
+
+// `flag` with or without its leading "--". Values are quoted in messages (quote_excerpt).
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min, int64_t max);
+// "1,2,4": every item an integer in [min, max]; an empty item (",", "1,,2", "1,2,") is refused.
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t min, int64_t max);
 
 }  // namespace thdcp::tools

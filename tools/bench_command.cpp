@@ -231,6 +231,17 @@ double time_median_ms(int warmup, int iters, cudaStream_t stream, Body body) {
 
 }  // namespace
 
+// Throws UsageError (exit 2) when no CUDA device can be used, saying why.
+void require_gpu(const char* what) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status == cudaSuccess && count > 0) return;
+  (void)cudaGetLastError();
+  throw UsageError(std::string(what) + " times CUDA kernels and needs a GPU: " +
+                   (status != cudaSuccess ? std::string("no CUDA device (") + cudaGetErrorString(status) + ")"
+                                          : std::string("no CUDA device is visible")));
+}
+
 int bench_command(const std::vector<std::string>& argv) {
   if (std::find(argv.begin(), argv.end(), "--graph") != argv.end()) return bench_graph_command(argv);
   for (const std::string& a : argv) {
@@ -257,6 +268,11 @@ int bench_command(const std::vector<std::string>& argv) {
   const uint64_t seed = args.get_seed("seed", 1);
   const int warmup = static_cast<int>(args.get_int("warmup", 3, 0, 1000));
   const int iters = static_cast<int>(args.get_int("iters", 20, 1, 10000));
+  std::vector<int> cp_sizes;
+  if (args.has("cp")) {
+    for (int64_t c : parse_int_list("cp", args.get("cp", ""), 1, 64)) cp_sizes.push_back(static_cast<int>(c));
+  }
+  require_gpu("thdcp bench");
 
   cudaDeviceProp prop{};
   int device = 0;
@@ -272,12 +288,6 @@ int bench_command(const std::vector<std::string>& argv) {
     Mask mask;
   } masks[] = {{"causal", Mask::causal()}, {"window", Mask::window(window, 0)}};
 
-  std::vector<int> cp_sizes;
-  if (args.has("cp")) {
-    std::istringstream in(args.get("cp", ""));
-    std::string item;
-    while (std::getline(in, item, ',')) cp_sizes.push_back(static_cast<int>(parse_int("--cp", item, 1, 64)));
-  }
   if (verify_tokens > 0) {
     const std::vector<int64_t> small = sample_lengths(verify_tokens, 1, dist, seed + 100);
     bool ok = true;

@@ -177,9 +177,7 @@ int bench_graph_command(const std::vector<std::string>& argv) {
   const auto list = [&](const char* flag, auto& out) {
     if (!args.has(flag)) return;
     out.clear();
-    std::istringstream in(args.get(flag, ""));
-    std::string item;
-    while (std::getline(in, item, ',')) out.push_back(parse_int(std::string("--") + flag, item, 1, 1 << 24));
+    for (int64_t v : parse_int_list(flag, args.get(flag, ""), 1, 1 << 24)) out.push_back(static_cast<decltype(out[0] + 0)>(v));
   };
   list("tokens", tokens);
   list("cp", cps);
@@ -188,6 +186,7 @@ int bench_graph_command(const std::vector<std::string>& argv) {
   dist.max_length = 2048;
   const uint64_t seed = args.get_seed("seed", 1);
   const int iters = static_cast<int>(args.get_int("iters", 10, 1, 1000));
+  require_gpu("thdcp bench --graph");
   cudaDeviceProp prop{};
   THDCP_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s; a step: %d layers of RoPE (neox) + AllGather CP attention fwd, then bwd; Hq=%lld "

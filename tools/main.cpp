@@ -1,5 +1,6 @@
 // thdcp: attention over packed sequences with context parallelism.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <string>
@@ -24,7 +25,16 @@ const char* kUsage =
     "  plan   capacities (max_seqs) for CUDA graphs from document lengths (thdcp plan --help)\n"
     "  bench  verify, then time the CUDA attention kernels (thdcp bench --help; needs CUDA)\n"
     "\n"
-    "Exit codes: 0 success, 1 a check failed, 2 bad input.\n";
+    "Exit codes: 0 success, 1 a check failed, 2 bad input (the message says what to change),\n"
+    "3 an internal error (a bug in thdcp: please report it with the command line).\n";
+
+// This process's rank under mpirun/srun, from the launcher's environment (0 otherwise).
+int launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -52,8 +62,21 @@ int main(int argc, char** argv) {
 #endif
     }
     throw thdcp::tools::UsageError("unknown command '" + command + "': use run, plan or bench (see thdcp --help)");
+  } catch (const thdcp::tools::UsageError& e) {
+    if (!mpi_session || !thdcp::tools::collectives_started()) {
+      // Every rank parses the same command line and refuses it the same way, before any
+      // collective: rank 0 says why, and no rank needs to abort the others.
+      if (launcher_rank() == 0) std::fprintf(stderr, "thdcp: error: %s\n", e.what());
+      return 2;
+    }
+    std::fprintf(stderr, "thdcp: error (rank %d): %s\n", launcher_rank(), e.what());
+    mpi_session->abort(2);
   } catch (const thdcp::Error& e) {
-    std::fprintf(stderr, "thdcp: error: %s\n", e.what());
+    if (mpi_session) {
+      std::fprintf(stderr, "thdcp: error (rank %d): %s\n", launcher_rank(), e.what());
+    } else {
+      std::fprintf(stderr, "thdcp: error: %s\n", e.what());
+    }
     // A rank that stops alone must not leave the others waiting in a collective.
     if (mpi_session) mpi_session->abort(2);
     return 2;

@@ -10,6 +10,7 @@
 
 #include "atomic_file.h"
 #include "thdcp/core/error.h"
+#include "thdcp/plan/planner.h"
 
 namespace thdcp::tools {
 
@@ -201,8 +202,8 @@ std::string format_shape(const std::vector<int64_t>& shape) {
 }
 
 NpyArray read_npy(const std::string& path) {
-  std::error_code ignored;
-  THDCP_CHECK(!std::filesystem::is_directory(path, ignored), path << ": is a directory, not an .npy file");
+  // A regular file (a FIFO would block the open forever, a device never end).
+  check_input_file(path, ".npy", std::numeric_limits<uintmax_t>::max());
   std::ifstream in(path, std::ios::binary);
   THDCP_CHECK(in.is_open(), path << ": cannot open (" << std::strerror(errno) << "): check the path");
   // One read of the whole file: inputs are tensors of up to a few GB, read once.

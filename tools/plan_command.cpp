@@ -38,10 +38,7 @@ const char* kPlanHelp =
 
 std::vector<int> parse_cp_list(const std::string& text) {
   std::vector<int> sizes;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) sizes.push_back(static_cast<int>(parse_int("cp", item, 1, 1024)));
-  if (sizes.empty()) throw UsageError("--cp " + text + ": give CP sizes separated by commas, e.g. 1,2,4,8");
+  for (int64_t c : parse_int_list("cp", text, 1, 1024)) sizes.push_back(static_cast<int>(c));
   return sizes;
 }
 

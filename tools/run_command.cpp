@@ -199,7 +199,7 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
       .set("kv_heads", c.kv_heads)
       .set("head_dim", c.head_dim)
       .set("dtype", dtype_name(c.dtype))
-      .set("seed", static_cast<int64_t>(c.seed))
+      .set("seed", c.seed)
       .set("source", batch.source);
   Json layout = Json::object();
   layout.set("rows", r.rows)
@@ -257,6 +257,7 @@ int run_command(const std::vector<std::string>& argv) {
   std::unique_ptr<Communicator> comm;
   if (mpi::launched_by_mpi() && mpi::built_with_mpi()) {
     comm = mpi::world();
+    mark_collectives_started();
     if (args.has("cp") && config.cp != comm->size()) {
       throw UsageError("--cp " + std::to_string(config.cp) + " but mpirun started " + std::to_string(comm->size()) +
                        " processes: under MPI cp is the number of processes (drop --cp or match -np)");

@@ -58,10 +58,7 @@ const char* kRunGraphHelp =
 
 std::vector<int> parse_sizes(const std::string& text) {
   std::vector<int> sizes;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) sizes.push_back(static_cast<int>(parse_int("--dynamic-cp", item, 1, 64)));
-  if (sizes.empty()) throw UsageError("--dynamic-cp " + text + ": give CP sizes, e.g. 1,2,4");
+  for (int64_t c : parse_int_list("dynamic-cp", text, 1, 64)) sizes.push_back(static_cast<int>(c));
   std::sort(sizes.begin(), sizes.end());
   if (std::adjacent_find(sizes.begin(), sizes.end()) != sizes.end()) {
     throw UsageError("--dynamic-cp " + text + ": a size is given twice");

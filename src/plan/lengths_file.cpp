@@ -1,6 +1,7 @@
 // Readers of the planner's text inputs: lengths files and batches files (thdcp/planner.h).
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 
@@ -17,10 +18,21 @@ constexpr int64_t kMaxLength = std::numeric_limits<int32_t>::max();
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
 
 std::ifstream open_text(const std::string& path, const char* what) {
+  check_input_file(path, what, kMaxTextInputBytes);
   std::ifstream in(path);
   THDCP_CHECK(in.is_open(), path << ": cannot open the " << what << " file (" << std::strerror(errno)
                                  << "): check the path");
   return in;
+}
+
+// The next line of `in` into `line`; false at the end. A line longer than kMaxTextLineBytes
+// is an error naming path:number (a file of one huge line is not a lengths file).
+bool next_line(std::istream& in, std::string& line, const std::string& path, int64_t number) {
+  if (!std::getline(in, line)) return false;
+  THDCP_CHECK(line.size() <= kMaxTextLineBytes, path << ":" << number << ": a line of " << line.size()
+                                                     << " bytes, more than " << kMaxTextLineBytes
+                                                     << ": write one document length per line");
+  return true;
 }
 
 // The line without its '#' comment.
@@ -34,16 +46,17 @@ int64_t parse_length(const std::string& text, const std::string& path, int64_t l
   const std::string at = path + ":" + std::to_string(line) + ": ";
   THDCP_CHECK(!text.empty(), at << "empty field: separate lengths by single commas or spaces");
   size_t i = text[0] == '+' ? 1 : 0;
-  THDCP_CHECK(text[0] != '-', at << "'" << text << "' is negative: a document length counts tokens (>= 1)");
-  THDCP_CHECK(i < text.size(), at << "'" << text << "' is not a document length: use a whole number >= 1");
+  const std::string quoted = quote_excerpt(text);
+  THDCP_CHECK(text[0] != '-', at << quoted << " is negative: a document length counts tokens (>= 1)");
+  THDCP_CHECK(i < text.size(), at << quoted << " is not a document length: use a whole number >= 1");
   int64_t value = 0;
   for (; i < text.size(); ++i) {
     const char c = text[i];
-    THDCP_CHECK(c >= '0' && c <= '9', at << "'" << text << "' is not a document length: use a whole number >= 1");
+    THDCP_CHECK(c >= '0' && c <= '9', at << quoted << " is not a document length: use a whole number >= 1");
     value = value * 10 + (c - '0');
-    THDCP_CHECK(value <= kMaxLength, at << "'" << text << "' is longer than int32 offsets allow (2^31-1 tokens)");
+    THDCP_CHECK(value <= kMaxLength, at << quoted << " is longer than int32 offsets allow (2^31-1 tokens)");
   }
-  THDCP_CHECK(value >= 1, at << "'" << text << "' is a zero-length document: remove the line "
+  THDCP_CHECK(value >= 1, at << quoted << " is a zero-length document: remove the line "
                                 "(empty documents take a capacity slot without any token)");
   return value;
 }
@@ -77,12 +90,33 @@ std::vector<std::string> split_fields(const std::string& text) {
 
 }  // namespace
 
+void check_input_file(const std::string& path, const char* what, uintmax_t max_bytes) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  THDCP_CHECK(!error && fs::exists(status), path << ": cannot open the " << what << " file ("
+                                                 << (error ? error.message() : "no such file")
+                                                 << "): check the path");
+  const char* kind = fs::is_directory(status) ? "a directory"
+                     : fs::is_fifo(status)     ? "a FIFO"
+                     : fs::is_socket(status)   ? "a socket"
+                     : fs::is_character_file(status) || fs::is_block_file(status) ? "a device"
+                     : fs::is_regular_file(status)                                ? nullptr
+                                                                                  : "not a regular file";
+  THDCP_CHECK(kind == nullptr, path << ": is " << kind << ", not a " << what
+                                    << " file: give a regular file (special files can block or never end)");
+  const uintmax_t size = fs::file_size(path, error);
+  THDCP_CHECK(!error, path << ": cannot read the size of the " << what << " file (" << error.message() << ")");
+  THDCP_CHECK(size <= max_bytes, path << ": the " << what << " file has " << size << " bytes, more than the "
+                                      << max_bytes << " a " << what << " file may have: split it");
+}
+
 DocumentLengths read_lengths_file(const std::string& path) {
   std::ifstream in = open_text(path, "lengths");
   DocumentLengths out;
   out.source = path;
   std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
+  for (int64_t number = 1; next_line(in, line, path, number); ++number) {
     std::string text = strip_comment(line);
     size_t begin = 0, end = text.size();
     while (begin < end && is_space(text[begin])) ++begin;
@@ -90,7 +124,7 @@ DocumentLengths read_lengths_file(const std::string& path) {
     if (begin == end) continue;
     text = text.substr(begin, end - begin);
     THDCP_CHECK(text.find_first_of(", \t") == std::string::npos,
-                path << ":" << number << ": '" << text << "' holds more than one value: a lengths file has one "
+                path << ":" << number << ": " << quote_excerpt(text) << " holds more than one value: a lengths file has one "
                      << "document length per line (use a batches file for several documents per line)");
     out.lengths.push_back(parse_length(text, path, number));
     out.lines.push_back(number);
@@ -105,7 +139,7 @@ DocumentBatches read_batches_file(const std::string& path) {
   DocumentBatches out;
   out.source = path;
   std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
+  for (int64_t number = 1; next_line(in, line, path, number); ++number) {
     const std::vector<std::string> fields = split_fields(strip_comment(line));
     if (fields.empty()) continue;
     std::vector<int64_t> batch;

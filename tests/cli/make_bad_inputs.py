@@ -32,3 +32,20 @@ with open(os.path.join(root, "too_long.txt"), "w") as f:
     f.write("100\n20000\n")
 with open(os.path.join(root, "few.txt"), "w") as f:
     f.write("100\n200\n")
+# Hostile text: control characters, a byte-order mark, one huge value, one huge line.
+with open(os.path.join(root, "control.txt"), "wb") as f:
+    f.write(b"12\n7\x1b]0;owned\x07\n")
+with open(os.path.join(root, "bom.txt"), "wb") as f:
+    f.write(b"\xef\xbb\xbf12\n")
+with open(os.path.join(root, "long_value.txt"), "w") as f:
+    f.write("12\n" + "9" * 5000 + "x\n")
+with open(os.path.join(root, "long_line.txt"), "w") as f:
+    f.write("12\n" + "1" * 100000 + "\n")
+# A FIFO where q.npy should be: opening it would block forever. (A FIFO left by an earlier
+# run is removed first: writing the tensors would open it and block.)
+fifo_q = os.path.join(root, "fifo", "q.npy")
+if os.path.exists(fifo_q):
+    os.remove(fifo_q)
+fifo = tensor_dir("fifo", [0, 16])
+os.remove(fifo_q)
+os.mkfifo(fifo_q)

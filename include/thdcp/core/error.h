@@ -14,6 +14,12 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// A user's value as it may appear in a message: in single quotes, at most `max_chars` bytes
+// of it (then "... (N bytes)"), control characters (NUL, escape, newline, DEL, ...) and the
+// quote and backslash escaped (\n, \t, \xNN, \', \\), a UTF-8 byte-order mark shown as
+// \ufeff. A value from a file or a flag never reaches the terminal raw or at full length.
+std::string quote_excerpt(const std::string& text, size_t max_chars = 40);
+
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 }  // namespace detail

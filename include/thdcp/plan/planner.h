@@ -46,9 +46,19 @@ struct DocumentBatches {
                                // line of its first document); empty: not from a file
 };
 
+// Limits of the text inputs (lengths and batches files).
+constexpr uintmax_t kMaxTextInputBytes = uintmax_t{256} << 20;  // 256 MiB
+constexpr size_t kMaxTextLineBytes = 1 << 16;                   // 64 KiB per line
+
+// Checks that `path` names a regular file (not a directory, FIFO, socket or device, which
+// could block or never end) of at most `max_bytes` bytes, before anything opens it. Throws
+// thdcp::Error naming the path, what it is and the limit. `what` names the input ("lengths").
+void check_input_file(const std::string& path, const char* what, uintmax_t max_bytes);
+
 // Reads a lengths file: one document length (decimal digits, optional leading '+', >= 1) per
 // line; blank lines and text from '#' to the end of a line are ignored; surrounding spaces are
-// allowed.
+// allowed. At most kMaxTextInputBytes bytes and kMaxTextLineBytes per line; values are quoted
+// in messages as short escaped excerpts (quote_excerpt).
 // Zero is rejected: an empty document would take a capacity slot without any token, and is
 // almost always a data-preparation bug. Throws thdcp::Error naming path:line and the bad text
 // (missing file, negative, zero, non-numeric, too large, or no lengths at all).
