@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <system_error>
 
 namespace thdcp::tools {
 
@@ -17,7 +18,12 @@ double now_seconds() {
 
 Progress::Progress(bool quiet) {
   enabled_ = !quiet && isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);
-  if (enabled_) thread_ = std::thread([this] { loop(); });
+  if (!enabled_) return;
+  try {
+    thread_ = std::thread([this] { loop(); });
+  } catch (const std::system_error&) {
+    enabled_ = false;  // no progress line rather than no run
+  }
 }
 
 Progress::~Progress() {

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "thdcp/comm/communicator.h"
+
+#include "rank_threads.h"
 #include "thdcp/core/error.h"
 
 namespace thdcp {
@@ -122,10 +124,7 @@ void run_in_process(int size, const std::function<void(Communicator&)>& body) {
       group.abort();
     }
   };
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) threads.emplace_back(rank_main, r);
-  for (auto& t : threads) t.join();
+  detail::run_rank_threads(size, rank_main, [&](const std::string&) { group.abort(); }, "in-process group");
   // Prefer the exception that caused the abort over the "another rank failed" ones.
   std::exception_ptr first;
   for (const auto& f : failures) {

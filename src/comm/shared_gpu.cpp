@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "rank_threads.h"
 #include "shared_gpu_kernels.h"
 #include "stream_capture.h"
 #include "thdcp/core/error.h"
@@ -476,10 +477,7 @@ void run_shared_gpu(SharedGpuGroup& group, const std::function<void(DeviceCommun
       group.abort("rank " + std::to_string(rank) + " failed; collective abandoned");
     }
   };
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) threads.emplace_back(rank_main, r);
-  for (auto& t : threads) t.join();
+  detail::run_rank_threads(size, rank_main, [&](const std::string& why) { group.abort(why); }, "shared-GPU group");
   // The exception that caused the abort, not the "rank N failed" ones it set off.
   std::exception_ptr first_abandoned;
   for (const auto& f : failures) {

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -36,7 +37,15 @@ void parallel_for(int64_t count, int num_threads, const std::function<void(int64
   };
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(workers - 1));
-  for (int w = 1; w < workers; ++w) threads.emplace_back(work, w);
+  for (int w = 1; w < workers; ++w) {
+    // A refused thread (a process or address-space limit) only means fewer workers: the
+    // items are shared dynamically, and this thread does the rest.
+    try {
+      threads.emplace_back(work, w);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
   work(0);
   for (auto& t : threads) t.join();
   if (failure) std::rethrow_exception(failure);
