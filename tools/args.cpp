@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <cctype>
 
 namespace thdcp::tools {
 
@@ -84,6 +86,21 @@ int64_t parse_int(const std::string& flag, const std::string& text, int64_t min,
                      std::to_string(max) + "]");
   }
   return value;
+}
+
+double parse_bytes(const std::string& flag, const std::string& text) {
+  double scale = 1;
+  std::string digits = text;
+  if (!digits.empty()) {
+    const char unit = static_cast<char>(std::toupper(static_cast<unsigned char>(digits.back())));
+    const char* units = "KMGT";
+    if (const char* at = std::strchr(units, unit); at && unit != '\0') {
+      scale = static_cast<double>(int64_t{1} << (10 * (at - units + 1)));
+      digits.pop_back();
+    }
+  }
+  const int64_t value = parse_int(flag, digits, 1, int64_t{1} << 50);
+  return static_cast<double>(value) * scale;
 }
 
 std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t min, int64_t max) {

@@ -44,6 +44,8 @@ bool collectives_started();
 
 // `flag` with or without its leading "--". Values are quoted in messages (quote_excerpt).
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min, int64_t max);
+// "8G", "512M", "64K", "1073741824": bytes (K, M, G, T are powers of 1024), > 0.
+double parse_bytes(const std::string& flag, const std::string& text);
 // "1,2,4": every item an integer in [min, max]; an empty item (",", "1,,2", "1,2,") is refused.
 std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t min, int64_t max);
 

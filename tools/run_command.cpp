@@ -1,4 +1,6 @@
 // `thdcp run`: argument handling and the summary table.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -53,6 +55,8 @@ const char* kRunHelp =
     "  --check           always run the single-device reference (default: when it is cheap)\n"
     "  --no-check        never run it\n"
     "  --quiet           no progress line (it is only shown when stdout is a terminal)\n"
+    "  --max-memory SIZE host memory the run may take (e.g. 8G, 512M; default: the machine's);\n"
+    "                    a run estimated to need more is refused before it allocates\n"
     "  --graph           many batches through CUDA graphs (GraphBank, dynamic CP, RoPE):\n"
     "                    see thdcp run --graph --help\n";
 
@@ -83,6 +87,7 @@ RunConfig parse_run_config(const Args& args) {
   c.load_dir = args.get("load", "");
   c.save_dir = args.get("save", "");
   c.json_file = args.get("json", "");
+  if (args.has("max-memory")) c.max_memory = parse_bytes("max-memory", args.get("max-memory", ""));
   if (args.has("batch") && c.lengths_file.empty()) throw UsageError("--batch picks a batch of --lengths: give --lengths too");
   if (!c.load_dir.empty() && !c.lengths_file.empty()) {
     throw UsageError("--load and --lengths both give the batch: use one of them");
@@ -172,6 +177,9 @@ void print_report(const RunReport& r, const GlobalBatch& batch, const std::strin
                 r.communicator == "in-process" ? "; in-process ranks share this machine's cores" : "");
   }
 
+  std::printf("\nhost memory: peak %.1f MiB (estimated %.1f MiB before the run)\n", r.host_bytes_peak / (1 << 20),
+              r.host_bytes_estimated / (1 << 20));
+
   if (!r.checked) {
     std::printf("\n%s\n", r.check_note.c_str());
     return;
@@ -235,6 +243,9 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
   }
   Json root = Json::object();
   root.set("command", "run").set("config", config).set("layout", layout).set("seconds", times);
+  root.set("host_memory_bytes", Json::object()
+                                    .set("peak", static_cast<int64_t>(r.host_bytes_peak))
+                                    .set("estimated", static_cast<int64_t>(r.host_bytes_estimated)));
   root.set("checked", r.checked);
   if (!r.checked) root.set("check_note", r.check_note);
   root.set("checks", checks).set("passed", r.passed());
@@ -247,7 +258,7 @@ int run_command(const std::vector<std::string>& argv) {
   if (std::find(argv.begin(), argv.end(), "--graph") != argv.end()) return run_graph_command(argv);
   const Args args(argv,
                   {"backend", "cp", "gpus", "tokens", "seed", "mask", "window", "heads", "head-dim", "dtype", "threads",
-                   "lengths", "batch", "load", "save", "json"},
+                   "lengths", "batch", "load", "save", "json", "max-memory"},
                   {"check", "no-check", "quiet", "help"});
   if (args.has("help")) {
     std::fputs(kRunHelp, stdout);
@@ -276,19 +287,25 @@ int run_command(const std::vector<std::string>& argv) {
   Progress progress(config.quiet || !root);
   progress.phase("preparing the batch");
   GlobalBatch batch;
+  std::string device;
   if (!config.load_dir.empty()) {
     batch = load_batch(config, args.has("dtype"), args.has("heads"), args.has("head-dim"));
-  } else if (!config.lengths_file.empty()) {
-    batch = make_batch_from_lengths(config);
+    // After loading: --load fixes the dtype and head dim the backend must support.
+    config.backend = resolve_backend(config, &device);
+    check_host_memory(config, batch.layout.total_rows(), static_cast<bool>(comm), "--load " + config.load_dir);
   } else {
-    batch = make_default_batch(config);
+    // Before anything is allocated: the batch has --tokens rows.
+    config.backend = resolve_backend(config, &device);
+    check_host_memory(config, config.tokens, static_cast<bool>(comm), "--tokens " + std::to_string(config.tokens));
+    batch = config.lengths_file.empty() ? make_default_batch(config) : make_batch_from_lengths(config);
   }
-  // After loading: --load fixes the dtype and head dim the backend must support.
-  std::string device;
-  config.backend = resolve_backend(config, &device);
   GlobalOutputs outputs;
   RunReport report = comm ? run_rank_job(*comm, config, batch, outputs, progress)
                           : run_in_process_job(config, batch, outputs, progress);
+  report.host_bytes_estimated = estimate_host_bytes(config, batch.layout.total_rows(), static_cast<bool>(comm));
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  report.host_bytes_peak = static_cast<double>(usage.ru_maxrss) * 1024;  // Linux: kilobytes
   bool passed = report.passed();
   if (comm) {
     // Rank 0 decides; every rank exits with its verdict.

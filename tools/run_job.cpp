@@ -1,5 +1,8 @@
 #include "run_job.h"
 
+#include <unistd.h>
+
+#include "args.h"
 #include "progress.h"
 
 #include <algorithm>
@@ -30,6 +33,51 @@ AttentionOptions attention_options(const RunConfig& config, int threads) {
 }
 
 }  // namespace
+
+double estimate_host_bytes(const RunConfig& c, int64_t rows, bool process_per_rank) {
+  const double t = static_cast<double>(rows), d = static_cast<double>(c.head_dim);
+  const double e = static_cast<double>(dtype_size(c.dtype));
+  const double q = t * static_cast<double>(c.q_heads) * d * e;   // one [T, Hq, D] tensor
+  const double kv = t * static_cast<double>(c.kv_heads) * d * e;  // one [T, Hkv, D] tensor
+  const double lse = t * static_cast<double>(c.q_heads) * 4;
+  const double inputs = 2 * q + 2 * kv;            // q, dout, k, v
+  const double outputs = 2 * q + 2 * kv + lse;     // out, dq, dk, dv, lse
+  const double reference = c.check == CheckMode::kNever ? 0 : outputs;
+  const double kv_f32 = kv / e * 4;
+  // Per rank: K and V gathered and in sequence order (storage dtype), dK/dV fp32 partial sums
+  // in sequence and rank order; on the CUDA backend these are device memory.
+  const double cp_buffers = c.backend == Backend::kCuda ? 0 : 4 * kv + 4 * kv_f32;
+  const int ranks_here = process_per_rank ? 1 : c.cp;
+  const double locals = (inputs + outputs) / c.cp * ranks_here;  // each rank's split copy
+  return inputs + outputs + reference + locals + ranks_here * cp_buffers;
+}
+
+void check_host_memory(const RunConfig& c, int64_t rows, bool process_per_rank, const std::string& source) {
+  const double need = estimate_host_bytes(c, rows, process_per_rank);
+  double budget = c.max_memory;
+  const char* what = "--max-memory";
+  if (budget <= 0) {
+    budget = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+    what = "this machine's memory";
+  }
+  if (need <= budget) return;
+  const auto size = [](double bytes) {
+    char text[32];
+    if (bytes >= double(1 << 30)) {
+      std::snprintf(text, sizeof(text), "%.1f GiB", bytes / double(1 << 30));
+    } else {
+      std::snprintf(text, sizeof(text), "%.1f MiB", bytes / double(1 << 20));
+    }
+    return std::string(text);
+  };
+  char text[256];
+  std::snprintf(text, sizeof(text), "this run needs about %s of host memory, more than %s (%s)", size(need).c_str(),
+                what, size(budget).c_str());
+  throw UsageError(std::string(text) + " (" + source + ", heads " + std::to_string(c.q_heads) + ":" +
+                   std::to_string(c.kv_heads) + ", head dim " + std::to_string(c.head_dim) + ", " + dtype_name(c.dtype) +
+                   ", cp " + std::to_string(c.cp) +
+                   " ranks each holding the whole K/V): lower --tokens, --heads, --head-dim or --cp");
+}
 
 GlobalOutputs allocate_outputs(const RunConfig& c, int64_t rows) {
   GlobalOutputs o;
@@ -117,13 +165,33 @@ RankResult run_rank_cpu(Communicator& comm, const RunConfig& c, const GlobalBatc
   return r;
 }
 
-// Runs this rank on the configured backend and assembles the global outputs on every rank.
+// How a rank's outputs reach the global ones.
+enum class Assemble {
+  kEveryRank,  // every rank all-gathers them into its own global outputs (a process per rank)
+  kShared,     // the ranks are threads of one process: each writes its own rows of the one
+               // global output (rows of different ranks never overlap), nothing is copied twice
+};
+
+// Runs this rank on the configured backend and brings its outputs into `outputs`.
 RankResult run_rank(Communicator& comm, const RunConfig& c, const GlobalBatch& batch, int threads,
-                    GlobalOutputs& outputs, Progress& progress, CudaRun* cuda_run) {
+                    GlobalOutputs& outputs, Progress& progress, CudaRun* cuda_run, Assemble how) {
   RankResult r = c.backend == Backend::kCuda ? run_rank_cuda(*cuda_run, comm, c, batch, progress)
                                              : run_rank_cpu(comm, c, batch, threads, progress);
   const LayoutView layout = batch.layout.view();
   const int64_t local_rows = layout.total_rows() / comm.size();
+  if (how == Assemble::kShared) {
+    const int cp = comm.size(), rank = comm.rank();
+    merge_from_rank(r.out.data(), outputs.out.data(), r.out.row_bytes(), layout, cp, rank);
+    merge_from_rank(r.dq.data(), outputs.dq.data(), r.dq.row_bytes(), layout, cp, rank);
+    merge_from_rank(r.dk.data(), outputs.dk.data(), r.dk.row_bytes(), layout, cp, rank);
+    merge_from_rank(r.dv.data(), outputs.dv.data(), r.dv.row_bytes(), layout, cp, rank);
+    for (int64_t h = 0; h < c.q_heads; ++h) {
+      merge_from_rank(r.lse.data() + h * local_rows, outputs.lse.data() + h * layout.total_rows(), sizeof(float),
+                      layout, cp, rank);
+    }
+    if (rank == 0) outputs.max_logit = r.max_logit;  // the same on every rank (max-reduced)
+    return r;
+  }
   assemble(comm, layout, r.out.data(), outputs.out.data(), r.out.row_bytes());
   assemble(comm, layout, r.dq.data(), outputs.dq.data(), r.dq.row_bytes());
   assemble(comm, layout, r.dk.data(), outputs.dk.data(), r.dk.row_bytes());
@@ -216,9 +284,7 @@ RunReport run_in_process_job(const RunConfig& c, const GlobalBatch& batch, Globa
   progress.phase("AllGather CP forward + backward (ranks done, of 2 passes each)");
   progress.set_total(2 * c.cp);
   run_in_process(c.cp, [&](Communicator& comm) {
-    // Rank 0 assembles into `outputs`, the others into a copy of their own.
-    GlobalOutputs own = comm.rank() == 0 ? GlobalOutputs{} : allocate_outputs(c, batch.layout.total_rows());
-    times[comm.rank()] = run_rank(comm, c, batch, threads, comm.rank() == 0 ? outputs : own, progress, cuda_run.get());
+    times[comm.rank()] = run_rank(comm, c, batch, threads, outputs, progress, cuda_run.get(), Assemble::kShared);
   });
   progress.done();
   for (const RankResult& t : times) add_rank_times(report, t);
@@ -235,7 +301,7 @@ RunReport run_rank_job(Communicator& comm, const RunConfig& c, const GlobalBatch
   outputs = allocate_outputs(c, batch.layout.total_rows());
   progress.phase("AllGather CP forward + backward (this rank's passes)");
   progress.set_total(2);
-  add_rank_times(report, run_rank(comm, c, batch, c.threads, outputs, progress, cuda_run.get()));
+  add_rank_times(report, run_rank(comm, c, batch, c.threads, outputs, progress, cuda_run.get(), Assemble::kEveryRank));
   progress.done();
   if (comm.rank() == 0 && should_check(c, report)) {
     check_against_reference(c, outputs, run_reference(c, batch, report, progress), report);

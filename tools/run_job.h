@@ -42,6 +42,7 @@ struct RunConfig {
   std::string load_dir;      // --load
   std::string save_dir;      // --save
   std::string json_file;     // --json
+  double max_memory = 0;     // --max-memory in bytes; 0: the machine's physical memory
 };
 
 // kAuto runs the reference only below this many floating-point operations (fwd + bwd,
@@ -87,6 +88,8 @@ struct RunReport {
   bool checked = false;
   double reference_flops = 0;  // 14 * pairs * D * Hq
   std::string check_note;      // why the check was skipped, if it was
+  double host_bytes_estimated = 0;  // estimate_host_bytes, checked before the run
+  double host_bytes_peak = 0;       // this process's peak resident memory (getrusage)
   bool passed() const;
 };
 
@@ -129,5 +132,18 @@ RunReport run_rank_job(Communicator& comm, const RunConfig& config, const Global
                        Progress& progress);
 
 GlobalOutputs allocate_outputs(const RunConfig& config, int64_t rows);
+
+// Host memory a run of `rows` global rows will take at its peak, estimated from the shapes
+// before anything is allocated: the global inputs and outputs, the single-device reference's
+// outputs, every rank's local tensors, and each rank's CP buffers (gathered and reordered K/V,
+// fp32 dK/dV partial sums: the whole T rows per rank, the AllGather CP working set; one rank
+// per process under mpirun, cp ranks in one process otherwise; on the GPU those live on the
+// device). In double: no overflow.
+double estimate_host_bytes(const RunConfig& config, int64_t rows, bool process_per_rank);
+
+// Throws UsageError (exit 2) when estimate_host_bytes exceeds the budget: config.max_memory
+// if set, else the machine's physical memory; the message gives both figures and what to
+// lower. `source` says where the rows came from ("--tokens 65536").
+void check_host_memory(const RunConfig& config, int64_t rows, bool process_per_rank, const std::string& source);
 
 }  // namespace thdcp::tools

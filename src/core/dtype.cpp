@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "thdcp/core/error.h"
+#include "thdcp/core/tensor.h"
 
 namespace thdcp {
 
@@ -69,6 +70,22 @@ uint16_t float_to_fp16(float f) {
   // out of the mantissa correctly bumps the exponent.
   const uint32_t rebiased = x - (112u << 23);
   return static_cast<uint16_t>(sign | ((rebiased + 0x0fffu + ((rebiased >> 13) & 1u)) >> 13));
+}
+
+}  // namespace thdcp
+
+namespace thdcp {
+
+size_t checked_tensor_bytes(int64_t tokens, int64_t heads, int64_t head_dim, DType dtype) {
+  THDCP_CHECK(tokens >= 0 && heads >= 0 && head_dim >= 0,
+              "tensor shape [" << tokens << ", " << heads << ", " << head_dim << "] has a negative dimension");
+  int64_t n = 0;
+  const bool overflow = __builtin_mul_overflow(tokens, heads, &n) || __builtin_mul_overflow(n, head_dim, &n) ||
+                        __builtin_mul_overflow(n, static_cast<int64_t>(dtype_size(dtype)), &n);
+  THDCP_CHECK(!overflow, "tensor shape [" << tokens << ", " << heads << ", " << head_dim << "] of " << dtype_name(dtype)
+                                          << " has more bytes than a 64-bit size holds: lower the tokens, heads or "
+                                             "head dim");
+  return static_cast<size_t>(n);
 }
 
 }  // namespace thdcp

@@ -3,9 +3,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "thdcp/core/dtype.h"
 #include "thdcp/core/error.h"
+#include "thdcp/core/tensor.h"
 #include "thdcp/testing/workload.h"
 
 namespace thdcp {
@@ -73,6 +76,37 @@ TEST(DType, ParsesNamesAndRejectsOthers) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("dtype 'int8' is not supported: use bf16, fp16 or fp32"), std::string::npos);
   }
+}
+
+// Issue 10, class 2: tensor sizes are checked products, not wrapped ones.
+TEST(TensorSize, ProductsAreCheckedForOverflowAndNegativeDimensions) {
+  EXPECT_EQ(checked_tensor_bytes(16, 4, 8, DType::kBFloat16), size_t{16 * 4 * 8 * 2});
+  EXPECT_EQ(checked_tensor_bytes(0, 4, 8, DType::kFloat32), size_t{0});
+  for (const auto& shape : {std::vector<int64_t>{int64_t{1} << 30, int64_t{1} << 30, 256},
+                            std::vector<int64_t>{int64_t{1} << 40, int64_t{1} << 20, 8}}) {
+    try {
+      HostTensor t(DType::kBFloat16, shape[0], shape[1], shape[2]);
+      FAIL() << "no error for a wrapped size";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("has more bytes than a 64-bit size holds"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    checked_tensor_bytes(-1, 4, 8, DType::kFloat32);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("negative dimension"), std::string::npos) << e.what();
+  }
+}
+
+// Issue 10, class 9: user values in messages are short, escaped excerpts.
+TEST(QuoteExcerpt, EscapesControlCharactersMarksTheBomAndTruncates) {
+  EXPECT_EQ(quote_excerpt("12"), "'12'");
+  EXPECT_EQ(quote_excerpt(std::string("a\x1b]0;t\x07\n\tb", 10)), "'a\\x1b]0;t\\x07\\n\\tb'");
+  EXPECT_EQ(quote_excerpt(std::string("x\0y", 3)), "'x\\x00y'");
+  EXPECT_EQ(quote_excerpt("\xef\xbb\xbf" "12"), "'\\ufeff12'");
+  EXPECT_EQ(quote_excerpt("it's"), "'it\\'s'");
+  EXPECT_EQ(quote_excerpt(std::string(50000000, '7'), 8), "'77777777'... (50000000 bytes)");
 }
 
 }  // namespace

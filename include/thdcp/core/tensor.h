@@ -58,13 +58,19 @@ struct ConstThdTensor {
   bool contiguous() const { return row_step() == heads * head_dim && head_step() == head_dim; }
 };
 
+// tokens * heads * head_dim * dtype_size(dtype) in bytes, checked: every dimension >= 0 and
+// no overflow of int64 (a wrapped product would allocate the wrong size). Throws
+// thdcp::Error naming the shape.
+size_t checked_tensor_bytes(int64_t tokens, int64_t heads, int64_t head_dim, DType dtype);
+
 // An owning, zero-initialised host THD tensor.
 class HostTensor {
  public:
   HostTensor() = default;
+  // Throws thdcp::Error when a dimension is negative or the size overflows.
   HostTensor(DType dtype, int64_t tokens, int64_t heads, int64_t head_dim)
       : dtype_(dtype), tokens_(tokens), heads_(heads), head_dim_(head_dim),
-        bytes_(static_cast<size_t>(tokens * heads * head_dim) * dtype_size(dtype)) {}
+        bytes_(checked_tensor_bytes(tokens, heads, head_dim, dtype)) {}
 
   ThdTensor view() { return ThdTensor{bytes_.data(), dtype_, tokens_, heads_, head_dim_}; }
   ConstThdTensor view() const { return ConstThdTensor(bytes_.data(), dtype_, tokens_, heads_, head_dim_); }
