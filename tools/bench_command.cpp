@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "args.h"
+#include "atomic_file.h"
 #include "bench_cp.h"
 #include "bench_graph.h"
 #include "thdcp/testing/compare.h"
@@ -272,6 +273,7 @@ int bench_command(const std::vector<std::string>& argv) {
   if (args.has("cp")) {
     for (int64_t c : parse_int_list("cp", args.get("cp", ""), 1, 64)) cp_sizes.push_back(static_cast<int>(c));
   }
+  if (args.has("lengths-out")) check_output_file("lengths-out", args.get("lengths-out", ""));
   require_gpu("thdcp bench");
 
   cudaDeviceProp prop{};
@@ -306,9 +308,9 @@ int bench_command(const std::vector<std::string>& argv) {
 
   const std::vector<int64_t> lengths = sample_lengths(tokens, 1, dist, seed);
   if (args.has("lengths-out")) {
-    std::ofstream file(args.get("lengths-out", ""));
-    THDCP_CHECK(file.good(), "cannot write --lengths-out " << args.get("lengths-out", ""));
-    for (int64_t length : lengths) file << length << "\n";
+    std::string text;
+    for (int64_t length : lengths) text += std::to_string(length) + "\n";
+    write_text_file(args.get("lengths-out", ""), text);
   }
   int64_t longest = 0;
   for (int64_t length : lengths) longest = std::max(longest, length);

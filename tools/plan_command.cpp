@@ -94,6 +94,11 @@ int plan_command(const std::vector<std::string>& argv) {
   if (args.has("lengths") == args.has("batches")) {
     throw UsageError("give exactly one of --lengths FILE and --batches FILE (see thdcp plan --help)");
   }
+  if (args.has("json") && args.has("plot")) {
+    check_distinct_outputs({{"json", args.get("json", "")}, {"plot", args.get("plot", "")}});
+  }
+  if (args.has("json")) check_output_file("json", args.get("json", ""));
+  if (args.has("plot")) check_output_file("plot", args.get("plot", ""));
   PlanOptions options;
   options.cp_sizes = args.has("cp") ? parse_cp_list(args.get("cp", "")) : std::vector<int>{1, 2, 4, 8};
   options.fallback_budget = static_cast<double>(args.get_int("budget", 1, 0, 100)) / 100.0;
@@ -108,12 +113,17 @@ int plan_command(const std::vector<std::string>& argv) {
                                         : min_tokens_for(batches, options.cp_sizes);
   }
   const CapacityPlan plan = plan_capacity(batches, options);
-  if (args.has("json")) {
-    Json summary = plan_json(plan);
-    summary.set("command", "plan").set("source", batches.source);
-    write_json_file(args.get("json", ""), summary);
+  {
+    // Both outputs or neither.
+    OutputSet out;
+    if (args.has("json")) {
+      Json summary = plan_json(plan);
+      summary.set("command", "plan").set("source", batches.source);
+      out.stage_file(args.get("json", ""), summary.dump(2) + "\n");
+    }
+    if (args.has("plot")) out.stage_file(args.get("plot", ""), plan_svg(plan));
+    out.commit();
   }
-  if (args.has("plot")) write_text_file(args.get("plot", ""), plan_svg(plan));
   print_plan(plan, batches);
   if (args.has("plot")) std::printf("\nplot written to %s\n", args.get("plot", "").c_str());
   return 0;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "args.h"
+#include "atomic_file.h"
 #include "commands.h"
 #include "json.h"
 #include "progress.h"
@@ -284,6 +285,12 @@ int run_command(const std::vector<std::string>& argv) {
     config.cp = config.gpus;
   }
   const bool root = !comm || comm->rank() == 0;
+  // Output paths are checked before any work: a wrong one costs nothing.
+  if (!config.save_dir.empty() && !config.json_file.empty()) {
+    check_distinct_outputs({{"save", config.save_dir}, {"json", config.json_file}});
+  }
+  if (root && !config.save_dir.empty()) check_output_dir("save", config.save_dir, saved_file_names());
+  if (root && !config.json_file.empty()) check_output_file("json", config.json_file);
   Progress progress(config.quiet || !root);
   progress.phase("preparing the batch");
   GlobalBatch batch;
@@ -315,8 +322,15 @@ int run_command(const std::vector<std::string>& argv) {
   }
   if (!root) return passed ? 0 : 1;
   progress.done();
-  if (passed && !config.save_dir.empty()) save_run(config.save_dir, batch, outputs);
-  if (!config.json_file.empty()) write_json_file(config.json_file, report_json(report, batch));
+  {
+    // All outputs or none: staged in temporaries, renamed into place together.
+    OutputSet out;
+    if (passed && !config.save_dir.empty()) {
+      out.stage_dir(config.save_dir, [&](const std::string& tmp) { save_run(tmp, batch, outputs); });
+    }
+    if (!config.json_file.empty()) out.stage_file(config.json_file, report_json(report, batch).dump(2) + "\n");
+    out.commit();
+  }
   print_report(report, batch, device);
   if (!passed && !config.save_dir.empty()) std::printf("nothing saved to %s: the check failed\n", config.save_dir.c_str());
   if (passed && !config.save_dir.empty()) std::printf("saved inputs and outputs to %s\n", config.save_dir.c_str());

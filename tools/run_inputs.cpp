@@ -254,6 +254,13 @@ std::vector<float> lse_to_user_layout(const GlobalBatch& batch, const std::vecto
   return user;
 }
 
+const std::vector<std::string>& saved_file_names() {
+  static const std::vector<std::string> names = {"q.npy",   "k.npy",  "v.npy",  "dout.npy", "cu_seqlens.npy",
+                                                 "cu_seqlens_padded.npy", "out.npy", "dq.npy", "dk.npy",
+                                                 "dv.npy",  "lse.npy", "max_logit.npy"};
+  return names;
+}
+
 void save_run(const std::string& dir, const GlobalBatch& batch, const GlobalOutputs& outputs) {
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     throw Error("--save " + dir + ": cannot create the directory: " + std::strerror(errno));

@@ -35,4 +35,7 @@ std::vector<float> lse_to_user_layout(const GlobalBatch& batch, const std::vecto
 // layout: q, k, v, dout, cu_seqlens, cu_seqlens_padded, out, lse, max_logit, dq, dk, dv.
 void save_run(const std::string& dir, const GlobalBatch& batch, const GlobalOutputs& outputs);
 
+// The files save_run writes (q.npy, ..., max_logit.npy).
+const std::vector<std::string>& saved_file_names();
+
 }  // namespace thdcp::tools

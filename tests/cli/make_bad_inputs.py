@@ -49,3 +49,5 @@ if os.path.exists(fifo_q):
 fifo = tensor_dir("fifo", [0, 16])
 os.remove(fifo_q)
 os.mkfifo(fifo_q)
+# A --save directory where a directory sits at the name of an output file.
+os.makedirs(os.path.join(root, "save_blocked", "q.npy"), exist_ok=True)
