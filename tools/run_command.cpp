@@ -56,6 +56,8 @@ const char* kRunHelp =
     "  --check           always run the single-device reference (default: when it is cheap)\n"
     "  --no-check        never run it\n"
     "  --quiet           no progress line (it is only shown when stdout is a terminal)\n"
+    "  --allow-nonfinite with --load: run on inputs with NaN, infinities or values whose\n"
+    "                    products overflow fp32 (refused by default, naming the element)\n"
     "  --max-memory SIZE host memory the run may take (e.g. 8G, 512M; default: the machine's);\n"
     "                    a run estimated to need more is refused before it allocates\n"
     "  --graph           many batches through CUDA graphs (GraphBank, dynamic CP, RoPE):\n"
@@ -88,6 +90,8 @@ RunConfig parse_run_config(const Args& args) {
   c.load_dir = args.get("load", "");
   c.save_dir = args.get("save", "");
   c.json_file = args.get("json", "");
+  c.allow_nonfinite = args.has("allow-nonfinite");
+  if (c.allow_nonfinite && c.load_dir.empty()) throw UsageError("--allow-nonfinite applies to --load: give --load too");
   if (args.has("max-memory")) c.max_memory = parse_bytes("max-memory", args.get("max-memory", ""));
   if (args.has("batch") && c.lengths_file.empty()) throw UsageError("--batch picks a batch of --lengths: give --lengths too");
   if (!c.load_dir.empty() && !c.lengths_file.empty()) {
@@ -260,7 +264,7 @@ int run_command(const std::vector<std::string>& argv) {
   const Args args(argv,
                   {"backend", "cp", "gpus", "tokens", "seed", "mask", "window", "heads", "head-dim", "dtype", "threads",
                    "lengths", "batch", "load", "save", "json", "max-memory"},
-                  {"check", "no-check", "quiet", "help"});
+                  {"check", "no-check", "quiet", "help", "allow-nonfinite"});
   if (args.has("help")) {
     std::fputs(kRunHelp, stdout);
     return 0;

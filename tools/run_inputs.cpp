@@ -4,6 +4,9 @@
 
 #include <cerrno>
 #include <cmath>
+#include <limits>
+#include <cstdio>
+#include <algorithm>
 #include <cstring>
 
 #include "args.h"
@@ -87,6 +90,39 @@ void copy_valid_rows(const HostTensor& from, const LayoutView& src, HostTensor& 
   }
 }
 
+// The largest |value| in the valid rows of `t` (layout `layout`); throws UsageError naming the
+// file, the element (row, head, dim) and the value at the first NaN or infinity.
+double check_finite(const std::string& path, const HostTensor& t, const LayoutView& layout) {
+  const int64_t per_row = t.heads() * t.head_dim();
+  double largest = 0;
+  for (int b = 0; b < layout.num_seqs; ++b) {
+    for (int64_t r = layout.padded_start(b); r < layout.padded_start(b) + layout.length(b); ++r) {
+      for (int64_t i = 0; i < per_row; ++i) {
+        const float x = t.get(r * per_row + i);
+        if (!std::isfinite(x)) {
+          throw UsageError(path + ": element [" + std::to_string(r) + ", " + std::to_string(i / t.head_dim()) + ", " +
+                           std::to_string(i % t.head_dim()) + "] (a valid row of sequence " + std::to_string(b) +
+                           ") is " + (std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf") +
+                           ": inputs must be finite (--allow-nonfinite runs anyway)");
+        }
+        largest = std::max(largest, static_cast<double>(std::fabs(x)));
+      }
+    }
+  }
+  return largest;
+}
+
+// Refuses inputs whose dot products over head_dim could overflow fp32 (q.k, dO.v).
+void check_products(const std::string& a_path, double max_a, const std::string& b_path, double max_b,
+                    int64_t head_dim) {
+  const double bound = static_cast<double>(std::numeric_limits<float>::max()) / 4;
+  if (max_a * max_b * static_cast<double>(head_dim) <= bound) return;
+  char text[160];
+  std::snprintf(text, sizeof(text), ": values up to %.3g and %.3g: their dot products over head dim %lld can overflow fp32",
+                max_a, max_b, static_cast<long long>(head_dim));
+  throw UsageError(a_path + " and " + b_path + text + " (--allow-nonfinite runs anyway)");
+}
+
 std::string descr_of(DType dtype) {
   switch (dtype) {
     case DType::kFloat32: return "<f4";
@@ -124,6 +160,11 @@ GlobalBatch load_batch(RunConfig& c, bool dtype_given, bool heads_given, bool he
   const NpyArray cu = read_npy(join(dir, "cu_seqlens.npy"));
   check_npy_shape(q, {-1, -1, -1}, "q ([T, Hq, D])");
   const int64_t rows = q.shape[0], q_heads = q.shape[1], head_dim = q.shape[2];
+  // Zero-size tensors: nothing to attend to, and nothing a run could check.
+  if (rows == 0) throw UsageError(q.path + ": T = 0 rows: a batch needs at least one token");
+  if (q_heads == 0) throw UsageError(q.path + ": 0 heads: q needs at least one head");
+  if (head_dim == 0) throw UsageError(q.path + ": head dim 0: use a multiple of 8 in [8, 256]");
+  if (k.shape.size() == 3 && k.shape[1] == 0) throw UsageError(k.path + ": 0 heads: k and v need at least one head");
   check_npy_shape(k, {rows, -1, head_dim}, "k ([T, Hkv, D], T and D of q)");
   check_npy_shape(v, k.shape, "v (the shape of k)");
   check_npy_shape(cu, {-1}, "cu_seqlens ([num_seqs + 1])");
@@ -177,6 +218,14 @@ GlobalBatch load_batch(RunConfig& c, bool dtype_given, bool heads_given, bool he
   for (int b = 0; b < user.num_seqs; ++b) batch.lengths.push_back(user.length(b));
 
   HostTensor q_user = tensor_from(q, dtype), k_user = tensor_from(k, dtype), v_user = tensor_from(v, dtype);
+  // The valid rows must hold finite values whose products stay finite (padding rows are never
+  // read, so anything goes there).
+  if (!c.allow_nonfinite) {
+    const double max_q = check_finite(q.path, q_user, user), max_k = check_finite(k.path, k_user, user);
+    const double max_v = check_finite(v.path, v_user, user);
+    check_products(q.path, max_q, k.path, max_k, head_dim);
+    c.loaded_max_v = max_v;
+  }
   HostTensor dout_user;
   const std::string dout_path = join(dir, "dout.npy");
   if (file_exists(dout_path)) {
@@ -184,6 +233,9 @@ GlobalBatch load_batch(RunConfig& c, bool dtype_given, bool heads_given, bool he
     check_npy_shape(dout, q.shape, "dout (the shape of q)");
     if (dout.descr != q.descr) throw UsageError(dout.path + " has dtype " + dout.descr + " but q.npy has " + q.descr);
     dout_user = tensor_from(dout, dtype);
+    if (!c.allow_nonfinite) {
+      check_products(dout.path, check_finite(dout.path, dout_user, user), v.path, c.loaded_max_v, head_dim);
+    }
   } else {
     dout_user = HostTensor(dtype, rows, q_heads, head_dim);
     fill_normal(dout_user, c.seed + 4);

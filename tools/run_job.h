@@ -43,6 +43,8 @@ struct RunConfig {
   std::string save_dir;      // --save
   std::string json_file;     // --json
   double max_memory = 0;     // --max-memory in bytes; 0: the machine's physical memory
+  bool allow_nonfinite = false;  // --allow-nonfinite: skip the finiteness check of --load
+  double loaded_max_v = 0;       // (set by load_batch)
 };
 
 // kAuto runs the reference only below this many floating-point operations (fwd + bwd,

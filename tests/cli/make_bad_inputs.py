@@ -51,3 +51,34 @@ os.remove(fifo_q)
 os.mkfifo(fifo_q)
 # A --save directory where a directory sits at the name of an output file.
 os.makedirs(os.path.join(root, "save_blocked", "q.npy"), exist_ok=True)
+
+
+def tensors_with(name, q_values=None, k_values=None, cu=(0, 16), cup=None, q_shape=(T, H, D)):
+    """A --load directory whose q (or k) holds the given values; optional cu_seqlens_padded."""
+    d = tensor_dir(name, list(cu))
+    count = q_shape[0] * q_shape[1] * q_shape[2]
+    npy_min.write(os.path.join(d, "q.npy"), "<f4", q_shape, q_values if q_values is not None else [0.5] * count)
+    if k_values is not None:
+        npy_min.write(os.path.join(d, "k.npy"), "<f4", (T, H, D), k_values)
+    if cup is not None:
+        npy_min.write(os.path.join(d, "cu_seqlens_padded.npy"), "<i4", (len(cup),), list(cup))
+    return d
+
+
+# Non-finite and overflowing values in loaded inputs (refused unless --allow-nonfinite), and a
+# NaN in a padding row (accepted: padding is never read).
+nan_q = [0.5] * (T * H * D)
+nan_q[3 * H * D + 1 * D + 5] = float("nan")       # row 3, head 1, dim 5
+tensors_with("nan_q", q_values=nan_q)
+inf_k = [0.25] * (T * H * D)
+inf_k[7 * H * D] = float("-inf")                  # row 7, head 0, dim 0
+tensors_with("inf_k", k_values=inf_k)
+huge_q = [0.5] * (T * H * D)
+huge_q[2 * H * D + 4] = 3.0e38                    # q.k could overflow fp32
+tensors_with("huge_q", q_values=huge_q)
+pad_nan = [0.5] * (T * H * D)
+pad_nan[15 * H * D] = float("nan")                # row 15: padding (valid rows 0..11)
+tensors_with("nan_in_padding", q_values=pad_nan, cu=(0, 12), cup=(0, 16))
+# Zero-size inputs.
+tensors_with("empty_rows", q_values=[], q_shape=(0, H, D), cu=(0,))
+tensors_with("zero_heads", q_values=[], q_shape=(T, 0, D))
