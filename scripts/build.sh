@@ -11,6 +11,7 @@ command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v python3 >/dev/null 2>&1 || need+=(python3)  # the CLI tests check files with it
+python3 -c 'import numpy' >/dev/null 2>&1 || need+=(python3-numpy)  # the README's example, npy interop
 [ -f /usr/include/gtest/gtest.h ] || [ -f /usr/local/include/gtest/gtest.h ] || need+=(libgtest-dev)
 { command -v mpicxx >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; } || need+=(libopenmpi-dev openmpi-bin)
 if [ ${#need[@]} -gt 0 ]; then

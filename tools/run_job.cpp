@@ -272,6 +272,10 @@ bool RunReport::passed() const {
 
 RunReport run_in_process_job(const RunConfig& c, const GlobalBatch& batch, GlobalOutputs& outputs,
                              Progress& progress) {
+  if (c.backend == Backend::kCpu && c.threads > 0 && c.threads < c.cp) {
+    throw UsageError("--threads " + std::to_string(c.threads) + " is fewer than the " + std::to_string(c.cp) +
+                     " ranks, which are a thread each: give --threads " + std::to_string(c.cp) + " or more");
+  }
   RunReport report;
   const std::shared_ptr<CudaRun> cuda_run = c.backend == Backend::kCuda ? prepare_cuda_run(c, false) : nullptr;
   report.communicator = cuda_run ? cuda_run_communicator(*cuda_run) : "in-process";
@@ -302,6 +306,22 @@ RunReport run_rank_job(Communicator& comm, const RunConfig& c, const GlobalBatch
   progress.phase("AllGather CP forward + backward (this rank's passes)");
   progress.set_total(2);
   add_rank_times(report, run_rank(comm, c, batch, c.threads, outputs, progress, cuda_run.get(), Assemble::kEveryRank));
+  // The slowest rank per phase, as the report says (each process timed only itself).
+  constexpr int kPhases = static_cast<int>(cp::Phase::kCount);
+  std::vector<float> times(2 * kPhases + 2);
+  for (int i = 0; i < kPhases; ++i) {
+    times[static_cast<size_t>(i)] = static_cast<float>(report.forward_phases.seconds[i]);
+    times[static_cast<size_t>(kPhases + i)] = static_cast<float>(report.backward_phases.seconds[i]);
+  }
+  times[2 * kPhases] = static_cast<float>(report.cp_forward_s);
+  times[2 * kPhases + 1] = static_cast<float>(report.cp_backward_s);
+  comm.all_reduce_max(times.data(), times.size());
+  for (int i = 0; i < kPhases; ++i) {
+    report.forward_phases.seconds[i] = times[static_cast<size_t>(i)];
+    report.backward_phases.seconds[i] = times[static_cast<size_t>(kPhases + i)];
+  }
+  report.cp_forward_s = times[2 * kPhases];
+  report.cp_backward_s = times[2 * kPhases + 1];
   progress.done();
   if (comm.rank() == 0 && should_check(c, report)) {
     check_against_reference(c, outputs, run_reference(c, batch, report, progress), report);
