@@ -183,8 +183,9 @@ void print_report(const RunReport& r, const GlobalBatch& batch, const std::strin
                 r.communicator == "in-process" ? "; in-process ranks share this machine's cores" : "");
   }
 
-  std::printf("\nhost memory: peak %.1f MiB (estimated %.1f MiB before the run)\n", r.host_bytes_peak / (1 << 20),
-              r.host_bytes_estimated / (1 << 20));
+  std::printf("\nhost memory: peak %.1f MiB (estimated %.1f MiB before the run%s)\n", r.host_bytes_peak / (1 << 20),
+              r.host_bytes_estimated / (1 << 20),
+              c.backend == Backend::kCuda ? ": thdcp's buffers; the CUDA driver and NCCL add their own" : "");
 
   if (!r.checked) {
     std::printf("\n%s\n", r.check_note.c_str());
