@@ -275,7 +275,6 @@ int run_command(const std::vector<std::string>& argv) {
   std::unique_ptr<Communicator> comm;
   if (mpi::launched_by_mpi() && mpi::built_with_mpi()) {
     comm = mpi::world();
-    mark_collectives_started();
     if (args.has("cp") && config.cp != comm->size()) {
       throw UsageError("--cp " + std::to_string(config.cp) + " but mpirun started " + std::to_string(comm->size()) +
                        " processes: under MPI cp is the number of processes (drop --cp or match -np)");
@@ -290,6 +289,9 @@ int run_command(const std::vector<std::string>& argv) {
     }
     config.cp = config.gpus;
   }
+  // From here on an error may hit one rank only (a file, a rank-0 output check): the rank
+  // that fails must abort the others. Before it, every rank refused the same command line.
+  if (comm) mark_collectives_started();
   const bool root = !comm || comm->rank() == 0;
   // Output paths are checked before any work: a wrong one costs nothing.
   if (!config.save_dir.empty() && !config.json_file.empty()) {
