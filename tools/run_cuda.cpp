@@ -1,5 +1,6 @@
 // The CUDA backend of `thdcp run` (compiled to a stub when thdcp is built without CUDA).
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -171,6 +172,36 @@ RankDevice connect(CudaRun& run, Communicator& host_comm) {
 
 }  // namespace
 
+void check_device_memory(const RunConfig& c, const GlobalBatch& batch, bool process_per_rank) {
+  const LayoutView layout = batch.layout.view();
+  cp::Problem problem;
+  problem.cp = c.cp;
+  problem.capacity = Capacity{layout.num_seqs, layout.total_rows()};
+  problem.mask = c.mask;
+  problem.q_heads = c.q_heads;
+  problem.kv_heads = c.kv_heads;
+  problem.head_dim = c.head_dim;
+  problem.dtype = c.dtype;
+  const double rows = static_cast<double>(layout.total_rows() / c.cp);
+  const double e = static_cast<double>(dtype_size(c.dtype));
+  const double tensors = rows * static_cast<double>(c.head_dim) * e *
+                             (4 * static_cast<double>(c.q_heads) + 4 * static_cast<double>(c.kv_heads)) +
+                         rows * static_cast<double>(c.q_heads) * 4;
+  const double per_rank = tensors + static_cast<double>(cp::cuda_workspace_size(problem));
+  const int ranks_per_gpu = process_per_rank || c.gpus > 0 ? 1 : c.cp;
+  const double need = per_rank * ranks_per_gpu;
+  size_t free_bytes = 0, total = 0;
+  THDCP_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  if (need <= static_cast<double>(free_bytes)) return;
+  char text[256];
+  std::snprintf(text, sizeof(text),
+                "this run needs about %.1f GiB of GPU memory (%d rank(s) per GPU, %.1f GiB each: local tensors and "
+                "a CP workspace holding the whole K/V), more than the %.1f GiB free",
+                need / double(1 << 30), ranks_per_gpu, per_rank / double(1 << 30),
+                static_cast<double>(free_bytes) / double(1 << 30));
+  throw UsageError(std::string(text) + ": lower --tokens, --heads or --head-dim, or use more GPUs (--gpus, mpirun)");
+}
+
 RankResult run_rank_cuda(CudaRun& run, Communicator& host_comm, const RunConfig& c, const GlobalBatch& batch,
                          Progress& progress) {
   RankDevice rank_device;
@@ -264,6 +295,7 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
 }
 
 class CudaRun {};
+void check_device_memory(const RunConfig&, const GlobalBatch&, bool) {}
 std::shared_ptr<CudaRun> prepare_cuda_run(const RunConfig&, bool) {
   throw UsageError("this thdcp was built without CUDA");
 }

@@ -277,6 +277,7 @@ RunReport run_in_process_job(const RunConfig& c, const GlobalBatch& batch, Globa
                      " ranks, which are a thread each: give --threads " + std::to_string(c.cp) + " or more");
   }
   RunReport report;
+  if (c.backend == Backend::kCuda) check_device_memory(c, batch, false);
   const std::shared_ptr<CudaRun> cuda_run = c.backend == Backend::kCuda ? prepare_cuda_run(c, false) : nullptr;
   report.communicator = cuda_run ? cuda_run_communicator(*cuda_run) : "in-process";
   fill_layout_stats(c, batch, report);
@@ -299,6 +300,7 @@ RunReport run_in_process_job(const RunConfig& c, const GlobalBatch& batch, Globa
 RunReport run_rank_job(Communicator& comm, const RunConfig& c, const GlobalBatch& batch, GlobalOutputs& outputs,
                        Progress& progress) {
   RunReport report;
+  if (c.backend == Backend::kCuda) check_device_memory(c, batch, true);
   const std::shared_ptr<CudaRun> cuda_run = c.backend == Backend::kCuda ? prepare_cuda_run(c, true) : nullptr;
   report.communicator = cuda_run ? cuda_run_communicator(*cuda_run) : comm.kind();
   fill_layout_stats(c, batch, report);

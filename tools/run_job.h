@@ -115,6 +115,11 @@ Backend resolve_backend(const RunConfig& config, std::string* why);
 // NCCL). Made once per process before the ranks start.
 class CudaRun;
 std::shared_ptr<CudaRun> prepare_cuda_run(const RunConfig& config, bool process_per_rank);
+
+// Before any device allocation: the device memory each rank takes (its local tensors and its
+// CP plan's workspace, which holds the whole K/V) times the ranks sharing a GPU, against that
+// GPU's free memory. Throws UsageError (exit 2) with the figures and what to lower.
+void check_device_memory(const RunConfig& config, const GlobalBatch& batch, bool process_per_rank);
 std::string cuda_run_communicator(const CudaRun& run);
 
 // This rank's CP forward and backward on the CUDA backend: the local tensors are uploaded,
