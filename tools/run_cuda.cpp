@@ -172,16 +172,26 @@ RankDevice connect(CudaRun& run, Communicator& host_comm) {
 
 }  // namespace
 
-void check_device_memory(const RunConfig& c, const GlobalBatch& batch, bool process_per_rank) {
-  const LayoutView layout = batch.layout.view();
+namespace {
+
+// The CP problem of a run: its batch's layout as the capacity, the run's shapes.
+cp::Problem problem_of(const RunConfig& c, const LayoutView& layout, int cp) {
   cp::Problem problem;
-  problem.cp = c.cp;
+  problem.cp = cp;
   problem.capacity = Capacity{layout.num_seqs, layout.total_rows()};
   problem.mask = c.mask;
   problem.q_heads = c.q_heads;
   problem.kv_heads = c.kv_heads;
   problem.head_dim = c.head_dim;
   problem.dtype = c.dtype;
+  return problem;
+}
+
+}  // namespace
+
+void check_device_memory(const RunConfig& c, const GlobalBatch& batch, bool process_per_rank) {
+  const LayoutView layout = batch.layout.view();
+  const cp::Problem problem = problem_of(c, layout, c.cp);
   const double rows = static_cast<double>(layout.total_rows() / c.cp);
   const double e = static_cast<double>(dtype_size(c.dtype));
   const double tensors = rows * static_cast<double>(c.head_dim) * e *
@@ -233,14 +243,7 @@ RankResult run_rank_cuda(CudaRun& run, Communicator& host_comm, const RunConfig&
     THDCP_CHECK_CUDA(cudaMemcpyAsync(cu.data(), batch.layout.cu_seqlens.data(), offsets, cudaMemcpyHostToDevice, stream));
     THDCP_CHECK_CUDA(
         cudaMemcpyAsync(cup.data(), batch.layout.cu_seqlens_padded.data(), offsets, cudaMemcpyHostToDevice, stream));
-    cp::Problem problem;
-    problem.cp = cp;
-    problem.capacity = Capacity{layout.num_seqs, layout.total_rows()};
-    problem.mask = c.mask;
-    problem.q_heads = c.q_heads;
-    problem.kv_heads = c.kv_heads;
-    problem.head_dim = c.head_dim;
-    problem.dtype = c.dtype;
+    const cp::Problem problem = problem_of(c, layout, cp);
     DeviceBuffer workspace(cp::cuda_workspace_size(problem));
     cp::CudaPlan plan(comm, problem, cuda::Options{}, workspace.data(), workspace.bytes());
     plan.enable_phase_timing();

@@ -11,6 +11,7 @@
 
 #include "cp/cuda_cp_cases.h"
 #include "cp/cuda_cp_rank.h"
+#include "thdcp/comm/nccl.h"
 #include "thdcp/graph/graph_bank.h"
 
 namespace thdcp::test {
@@ -194,6 +195,18 @@ inline std::vector<graph::GraphBank::How> run_packings(DeviceCommunicator& comm,
   }
   return how;
 }
+
+// GPU tests of the bank over NCCL: skipped with the reason without NCCL; gpus_ GPUs visible.
+class GraphNcclTest : public CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    if (IsSkipped()) return;
+    if (!nccl::built_with_nccl()) GTEST_SKIP() << "thdcp was built without NCCL";
+    THDCP_CHECK_CUDA(cudaGetDeviceCount(&gpus_));
+  }
+  int gpus_ = 0;
+};
 
 struct Packings {
   std::vector<std::vector<int64_t>> lengths;

@@ -22,16 +22,7 @@ using test::Packings;
 using test::make_packings;
 using test::run_packings;
 
-class GraphNccl : public test::CudaTest {
- protected:
-  void SetUp() override {
-    test::CudaTest::SetUp();
-    if (IsSkipped()) return;
-    if (!nccl::built_with_nccl()) GTEST_SKIP() << "thdcp was built without NCCL";
-    THDCP_CHECK_CUDA(cudaGetDeviceCount(&gpus_));
-  }
-  int gpus_ = 0;
-};
+using GraphNccl = test::GraphNcclTest;
 
 class GraphNcclMultiGpu : public GraphNccl {
  protected:
