@@ -69,6 +69,8 @@ using Work = std::function<void(const StaticBatch& batch, cudaStream_t stream)>;
 class GraphBank {
  public:
   explicit GraphBank(DeviceCommunicator& comm, const BankOptions& options = {});
+  // Frees the graphs and the static buffers: only once the streams that ran them are idle
+  // (synchronise them first), as for any device memory.
   ~GraphBank();
   GraphBank(const GraphBank&) = delete;
   GraphBank& operator=(const GraphBank&) = delete;
