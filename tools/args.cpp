@@ -88,6 +88,24 @@ int64_t parse_int(const std::string& flag, const std::string& text, int64_t min,
   return value;
 }
 
+Mask parse_mask_flags(const Args& args, const Mask& fallback) {
+  const std::string mask = args.get("mask", "");
+  if (!mask.empty() && mask != "causal" && mask != "full") {
+    throw UsageError("--mask " + quote_excerpt(mask) + ": use causal or full (or --window L,R)");
+  }
+  if (!args.has("window")) {
+    if (mask.empty()) return fallback;
+    return mask == "causal" ? Mask::causal() : Mask::full();
+  }
+  const auto [left, right] = args.get_pair("window", {-1, -1}, ',');
+  if (mask == "causal" && right != 0) {
+    throw UsageError("--mask causal sees no key after the query, but --window " + std::to_string(left) + "," +
+                     std::to_string(right) + (right < 0 ? " allows every key after it" : " allows keys after it") +
+                     ": give --window " + std::to_string(left) + ",0 (or drop --mask causal)");
+  }
+  return Mask::window(static_cast<int32_t>(left), static_cast<int32_t>(right));
+}
+
 double parse_bytes(const std::string& flag, const std::string& text) {
   double scale = 1;
   std::string digits = text;

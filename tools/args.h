@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "thdcp/core/error.h"
+#include "thdcp/plan/mask.h"
 
 namespace thdcp::tools {
 
@@ -35,6 +36,12 @@ class Args {
  private:
   std::map<std::string, std::string> values_;
 };
+
+// The mask of --mask causal|full and --window L,R, as FlashAttention users write them
+// (causal=True with window_size=(L, 0)): --window alone is that window; with --mask causal
+// the right side must be 0 (or left out as -1 would contradict it: refused, saying why); with
+// --mask full the window applies as given. Without either: `fallback`.
+Mask parse_mask_flags(const Args& args, const Mask& fallback);
 
 // Under mpirun: set once the ranks may be in a collective together. Before that a usage
 // error is raised by every rank alike (same command line), so rank 0 alone reports it and no

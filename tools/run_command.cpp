@@ -70,19 +70,7 @@ RunConfig parse_run_config(const Args& args) {
   c.gpus = static_cast<int>(args.get_int("gpus", 0, 1, 64));
   c.tokens = args.get_int("tokens", c.tokens, 1, INT32_MAX);
   c.seed = args.get_seed("seed", c.seed);
-  const std::string mask = args.get("mask", "causal");
-  if (mask == "causal") {
-    c.mask = Mask::causal();
-  } else if (mask == "full") {
-    c.mask = Mask::full();
-  } else {
-    throw UsageError("--mask " + mask + ": use causal or full (or --window L,R)");
-  }
-  if (args.has("window")) {
-    if (args.has("mask")) throw UsageError("--window and --mask both set the mask: give one of them");
-    const auto [left, right] = args.get_pair("window", {-1, -1}, ',');
-    c.mask = Mask::window(static_cast<int32_t>(left), static_cast<int32_t>(right));
-  }
+  c.mask = parse_mask_flags(args, Mask::causal());
   if (args.has("check") && args.has("no-check")) throw UsageError("--check and --no-check contradict each other");
   c.check = args.has("check") ? CheckMode::kAlways : args.has("no-check") ? CheckMode::kNever : CheckMode::kAuto;
   c.quiet = args.has("quiet");

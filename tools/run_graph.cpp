@@ -151,16 +151,7 @@ GraphRunConfig parse(const Args& args) {
   }
   c.shape.dtype = parse_dtype(args.get("dtype", "bf16"));
   if (c.shape.dtype == DType::kFloat32) throw UsageError("--dtype fp32: the CUDA kernels take bf16 or fp16");
-  const std::string mask = args.get("mask", "causal");
-  if (args.has("window")) {
-    if (args.has("mask")) throw UsageError("--window and --mask both set the mask: give one of them");
-    const auto [left, right] = args.get_pair("window", {-1, -1}, ',');
-    c.shape.mask = Mask::window(static_cast<int32_t>(left), static_cast<int32_t>(right));
-  } else if (mask == "causal" || mask == "full") {
-    c.shape.mask = mask == "causal" ? Mask::causal() : Mask::full();
-  } else {
-    throw UsageError("--mask " + mask + ": use causal or full (or --window L,R)");
-  }
+  c.shape.mask = parse_mask_flags(args, Mask::causal());
   const std::string rope = args.get("rope", "neox");
   if (rope == "none") {
     c.shape.rope = false;
