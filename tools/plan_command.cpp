@@ -28,6 +28,8 @@ const char* kPlanHelp =
     "  --lengths FILE    document lengths, one per line ('#' comments allowed), packed in order\n"
     "                    into batches of --tokens rows (each document padded to a multiple of\n"
     "                    lcm(2*cp) over --cp, so every CP size sees the same batches)\n"
+    "  --long-docs P     with --lengths, a document longer than a batch: error (default), split\n"
+    "                    (into batch-sized pieces) or truncate (to a batch); the report says how many\n"
     "  --batches FILE    one batch per line: its document lengths, separated by spaces or commas\n"
     "  --tokens T        rows per batch, the graphs' max_tokens (default 16384 with --lengths;\n"
     "                    with --batches the smallest that holds every batch)\n"
@@ -86,7 +88,7 @@ void print_plan(const CapacityPlan& plan, const DocumentBatches& batches) {
 }  // namespace
 
 int plan_command(const std::vector<std::string>& argv) {
-  const Args args(argv, {"lengths", "batches", "tokens", "cp", "budget", "plot", "json"}, {"help"});
+  const Args args(argv, {"lengths", "batches", "tokens", "cp", "budget", "plot", "json", "long-docs"}, {"help"});
   if (args.has("help")) {
     std::fputs(kPlanHelp, stdout);
     return 0;
@@ -102,11 +104,29 @@ int plan_command(const std::vector<std::string>& argv) {
   PlanOptions options;
   options.cp_sizes = args.has("cp") ? parse_cp_list(args.get("cp", "")) : std::vector<int>{1, 2, 4, 8};
   options.fallback_budget = static_cast<double>(args.get_int("budget", 1, 0, 100)) / 100.0;
+  if (args.has("long-docs") && !args.has("lengths")) throw UsageError("--long-docs applies to --lengths: give --lengths");
   DocumentBatches batches;
+  std::string long_docs_note;
   if (args.has("lengths")) {
     options.tokens = args.get_int("tokens", 16384, 1, INT32_MAX);
-    batches = pack_documents(read_lengths_file(args.get("lengths", "")), options.tokens,
-                             packing_alignment(options.cp_sizes));
+    const std::string policy = args.get("long-docs", "error");
+    if (policy != "error" && policy != "split" && policy != "truncate") {
+      throw UsageError("--long-docs " + quote_excerpt(policy) + ": use error, split or truncate");
+    }
+    const LongDocuments long_docs = policy == "split"      ? LongDocuments::kSplit
+                                    : policy == "truncate" ? LongDocuments::kTruncate
+                                                           : LongDocuments::kError;
+    const int64_t alignment = packing_alignment(options.cp_sizes);
+    int64_t touched = 0;
+    const DocumentLengths documents =
+        fit_long_documents(read_lengths_file(args.get("lengths", "")), options.tokens, alignment, long_docs, &touched);
+    if (touched > 0) {
+      long_docs_note = std::to_string(touched) + " document(s) longer than a batch (" +
+                       std::to_string(options.tokens / alignment * alignment) + " tokens) were " +
+                       (long_docs == LongDocuments::kSplit ? "split into batch-sized pieces" : "truncated") +
+                       " (--long-docs " + policy + ")";
+    }
+    batches = pack_documents(documents, options.tokens, alignment);
   } else {
     batches = read_batches_file(args.get("batches", ""));
     options.tokens = args.has("tokens") ? args.get_int("tokens", 0, 1, INT32_MAX)
@@ -125,6 +145,7 @@ int plan_command(const std::vector<std::string>& argv) {
     out.commit();
   }
   print_plan(plan, batches);
+  if (!long_docs_note.empty()) std::printf("\n%s\n", long_docs_note.c_str());
   if (args.has("plot")) std::printf("\nplot written to %s\n", args.get("plot", "").c_str());
   return 0;
 }

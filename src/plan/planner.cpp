@@ -169,7 +169,7 @@ DocumentBatches pack_documents(const DocumentLengths& documents, int64_t tokens,
                                     << "document " << i << " has " << length << " tokens (" << rows
                                     << " rows padded to a multiple of " << alignment << ") but a batch holds tokens="
                                     << tokens << " rows: raise tokens to at least " << rows
-                                    << " or split the document");
+                                    << " or split the document (thdcp plan: --long-docs split or truncate)");
     if (out.batches.empty() || used + rows > tokens) {
       out.batches.emplace_back();
       if (i < documents.lines.size()) out.lines.push_back(documents.lines[i]);
@@ -180,6 +180,36 @@ DocumentBatches pack_documents(const DocumentLengths& documents, int64_t tokens,
   }
   THDCP_CHECK(!out.batches.empty(), (documents.source.empty() ? std::string("the documents") : documents.source)
                                         << ": no documents to pack: give at least one length");
+  return out;
+}
+
+DocumentLengths fit_long_documents(const DocumentLengths& documents, int64_t tokens, int64_t alignment,
+                                   LongDocuments policy, int64_t* touched) {
+  THDCP_CHECK(alignment >= 1 && tokens >= alignment,
+              "tokens=" << tokens << " must be at least the packing alignment " << alignment);
+  const int64_t longest = tokens / alignment * alignment;  // the most tokens one batch holds
+  DocumentLengths out;
+  out.source = documents.source;
+  int64_t count = 0;
+  for (size_t i = 0; i < documents.lengths.size(); ++i) {
+    const int64_t length = documents.lengths[i];
+    const bool has_line = i < documents.lines.size();
+    auto add = [&](int64_t n) {
+      out.lengths.push_back(n);
+      if (has_line) out.lines.push_back(documents.lines[i]);
+    };
+    if (policy == LongDocuments::kError || length <= longest) {
+      add(length);
+      continue;
+    }
+    ++count;
+    if (policy == LongDocuments::kTruncate) {
+      add(longest);
+    } else {
+      for (int64_t at = 0; at < length; at += longest) add(std::min(longest, length - at));
+    }
+  }
+  if (touched) *touched = count;
   return out;
 }
 

@@ -315,5 +315,30 @@ TEST(Planner, RecommendsTheNeverFallbackValueWhenItIsCheap) {
   EXPECT_EQ(q.recommended, 0);  // P90 = P99 = max = 3 here, so P90+1 already never falls back
 }
 
+// --long-docs (issue 11): a document longer than a batch is split into batch-sized pieces or
+// cut to one batch; both keep its line; kError leaves it for pack_documents to refuse.
+TEST(Planner, LongDocumentsAreSplitOrTruncated) {
+  DocumentLengths docs;
+  docs.source = "lengths.txt";
+  docs.lengths = {100, 40000, 16384, 16390};
+  docs.lines = {1, 2, 3, 4};
+  int64_t touched = -1;
+  const DocumentLengths split = fit_long_documents(docs, 16384, 16, LongDocuments::kSplit, &touched);
+  EXPECT_EQ(split.lengths, (std::vector<int64_t>{100, 16384, 16384, 7232, 16384, 16384, 6}));
+  EXPECT_EQ(split.lines, (std::vector<int64_t>{1, 2, 2, 2, 3, 4, 4}));
+  EXPECT_EQ(touched, 2);
+  const DocumentLengths cut = fit_long_documents(docs, 16384, 16, LongDocuments::kTruncate, &touched);
+  EXPECT_EQ(cut.lengths, (std::vector<int64_t>{100, 16384, 16384, 16384}));
+  EXPECT_EQ(touched, 2);
+  // With tokens not a multiple of the alignment, a piece is the largest multiple that fits.
+  const DocumentLengths aligned = fit_long_documents(docs, 16390, 16, LongDocuments::kTruncate, &touched);
+  EXPECT_EQ(aligned.lengths, (std::vector<int64_t>{100, 16384, 16384, 16384}));
+  const DocumentLengths kept = fit_long_documents(docs, 16384, 16, LongDocuments::kError, &touched);
+  EXPECT_EQ(kept.lengths, docs.lengths);
+  EXPECT_EQ(touched, 0);
+  EXPECT_THROW(pack_documents(kept, 16384, 16), Error);
+  EXPECT_EQ(pack_documents(split, 16384, 16).batches.size(), 7u);  // [100] [16384] [16384] [7232] [16384] [16384] [6]
+}
+
 }  // namespace
 }  // namespace thdcp

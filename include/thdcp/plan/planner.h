@@ -82,6 +82,15 @@ int64_t packing_alignment(const std::vector<int>& cp_sizes);
 // batch on its own, and what to change (raise tokens).
 DocumentBatches pack_documents(const DocumentLengths& documents, int64_t tokens, int64_t alignment);
 
+// What to do with a document longer than a batch (more than the largest multiple of
+// `alignment` that is <= tokens): refuse it (pack_documents names it), split it into pieces
+// of that many tokens (the last one shorter), or cut it to that many tokens.
+enum class LongDocuments { kError, kSplit, kTruncate };
+// The documents with that policy applied (kError: unchanged); `touched` (optional) receives
+// how many documents were split or cut. Pieces keep their document's line.
+DocumentLengths fit_long_documents(const DocumentLengths& documents, int64_t tokens, int64_t alignment,
+                                   LongDocuments policy, int64_t* touched = nullptr);
+
 // Smallest `tokens` that holds every batch under every CP size in `cp_sizes`: the largest
 // padded batch, rounded up to packing_alignment(cp_sizes). Useful as a default for batch files.
 int64_t min_tokens_for(const DocumentBatches& batches, const std::vector<int>& cp_sizes);
