@@ -253,6 +253,12 @@ int run_graph_command(const std::vector<std::string>& argv) {
     std::map<int, std::unique_ptr<graph::StaticBatch>> eager_batch;
     std::map<int, bool> checked_replay;
     std::map<int, std::vector<int64_t>> replayed_lengths;
+    // Metadata of its own for the eager runs that the graph's results are compared with.
+    const auto eager_batch_for = [&](int cp, const Capacity& capacity) -> graph::StaticBatch& {
+      auto& batch = eager_batch[cp];
+      if (!batch || !(batch->capacity() == capacity)) batch = std::make_unique<graph::StaticBatch>(cp, capacity);
+      return *batch;
+    };
     for (int cp : c.sizes) {
       const Capacity capacity = capacity_of(c, cp);
       groups.bank(cp).add_capacity(capacity);
@@ -280,10 +286,9 @@ int run_graph_command(const std::vector<std::string>& argv) {
         checked_replay[cp] = checked_replay[cp] || o.how == graph::GraphBank::How::kReplayed;
         const std::vector<unsigned char> banked = step.download_outputs(stream);
         step.reload_inputs(stream);
-        auto& batch = eager_batch[cp];
-        if (!batch || !(batch->capacity() == o.capacity)) batch = std::make_unique<graph::StaticBatch>(cp, o.capacity);
-        THDCP_CHECK(batch->fill(lengths, stream) == Fit::kFits, "internal: the eager check's batch does not fit");
-        step.work()(*batch, stream);
+        graph::StaticBatch& batch = eager_batch_for(cp, o.capacity);
+        THDCP_CHECK(batch.fill(lengths, stream) == Fit::kFits, "internal: the eager check's batch does not fit");
+        step.work()(batch, stream);
         groups.group(cp).synchronize(stream, 300);
         equal = banked == step.download_outputs(stream);
       }
@@ -308,41 +313,31 @@ int run_graph_command(const std::vector<std::string>& argv) {
       graph::GraphBank& bank = groups.bank(cp);
       const Capacity capacity = capacity_of(c, cp);
       const std::vector<graph::KeyReport> report = bank.report();  // before the timing runs
-      if (bank.counters(capacity).captures == 0) {  // never captured: counters only
-        if (comm.rank() == 0) {
-          std::lock_guard<std::mutex> lock(mutex);
-          for (const graph::KeyReport& k : report) {
-            SizeRecord r;
-            r.cp = cp;
-            r.capacity = k.capacity;
-            r.counters = k.counters;
-            r.static_bytes = k.static_bytes;
-            sizes.push_back(r);
-          }
+      double eager_median = 0, replay_median = 0;                  // 0: never captured
+      if (bank.counters(capacity).captures > 0) {
+        GraphStep& step = *step_of[cp];
+        // The last batch of this size that the graph took (it fits the capacity).
+        const std::vector<int64_t> lengths = replayed_lengths[cp];
+        std::vector<double> eager_ms, replay_ms;
+        graph::StaticBatch& batch = eager_batch_for(cp, capacity);
+        for (int i = 0; i < 12; ++i) {
+          barrier.wait();
+          auto start = std::chrono::steady_clock::now();
+          THDCP_CHECK(batch.fill(lengths, stream) == Fit::kFits, "internal: the timed batch does not fit");
+          step.work()(batch, stream);
+          groups.group(cp).synchronize(stream, 300);
+          eager_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+          barrier.wait();
+          start = std::chrono::steady_clock::now();
+          bank.run(lengths, step.work(), stream);
+          groups.group(cp).synchronize(stream, 300);
+          replay_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
         }
-        continue;
+        std::sort(eager_ms.begin(), eager_ms.end());
+        std::sort(replay_ms.begin(), replay_ms.end());
+        eager_median = eager_ms[eager_ms.size() / 2];
+        replay_median = replay_ms[replay_ms.size() / 2];
       }
-      GraphStep& step = *step_of[cp];
-      // The last batch of this size that the graph took (it fits the capacity).
-      const std::vector<int64_t> lengths = replayed_lengths[cp];
-      std::vector<double> eager_ms, replay_ms;
-      auto& batch = eager_batch[cp];
-      if (!batch || !(batch->capacity() == capacity)) batch = std::make_unique<graph::StaticBatch>(cp, capacity);
-      for (int i = 0; i < 12; ++i) {
-        barrier.wait();
-        auto start = std::chrono::steady_clock::now();
-        THDCP_CHECK(batch->fill(lengths, stream) == Fit::kFits, "internal: the timed batch does not fit");
-        step.work()(*batch, stream);
-        groups.group(cp).synchronize(stream, 300);
-        eager_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-        barrier.wait();
-        start = std::chrono::steady_clock::now();
-        bank.run(lengths, step.work(), stream);
-        groups.group(cp).synchronize(stream, 300);
-        replay_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-      }
-      std::sort(eager_ms.begin(), eager_ms.end());
-      std::sort(replay_ms.begin(), replay_ms.end());
       if (comm.rank() == 0) {
         std::lock_guard<std::mutex> lock(mutex);
         for (const graph::KeyReport& k : report) {
@@ -352,8 +347,8 @@ int run_graph_command(const std::vector<std::string>& argv) {
           r.counters = k.counters;
           r.static_bytes = k.static_bytes;
           r.graph_bytes = k.graph_bytes;
-          r.eager_ms = eager_ms[eager_ms.size() / 2];
-          r.replay_ms = replay_ms[replay_ms.size() / 2];
+          r.eager_ms = eager_median;
+          r.replay_ms = replay_median;
           sizes.push_back(r);
         }
       }
