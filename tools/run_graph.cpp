@@ -56,7 +56,8 @@ const char* kRunGraphHelp =
     "  --check-every K    check every K-th step against eager (default 3; 1 checks all)\n"
     "  --seed S           seed of lengths and values (default 1)\n";
 
-std::vector<int> parse_sizes(const std::string& text) {
+// Used by the CUDA build only (parse() below); a CPU-only build just refuses --graph.
+[[maybe_unused]] std::vector<int> parse_sizes(const std::string& text) {
   std::vector<int> sizes;
   for (int64_t c : parse_int_list("dynamic-cp", text, 1, 64)) sizes.push_back(static_cast<int>(c));
   std::sort(sizes.begin(), sizes.end());

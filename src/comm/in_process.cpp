@@ -2,7 +2,9 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "thdcp/comm/communicator.h"
@@ -12,14 +14,11 @@
 
 namespace thdcp {
 
-namespace {
-
 // State shared by the ranks of one in-process group. Collectives follow one pattern:
 // every rank publishes its pointers, a barrier, every rank reads what it needs from the
 // others, a second barrier so nobody returns (and frees its buffers) while being read.
-class InProcessGroup {
- public:
-  explicit InProcessGroup(int size) : size_(size), sends_(size), recvs_(size) {}
+struct InProcessGroup::State {
+  explicit State(int size) : size_(size), sends_(size), recvs_(size) {}
 
   int size() const { return size_; }
 
@@ -31,7 +30,7 @@ class InProcessGroup {
 
   void barrier() {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (aborted_) throw Error("in-process communicator: another rank failed, collective abandoned");
+    if (aborted_) throw abandoned();
     const long generation = generation_;
     if (++arrived_ == size_) {
       arrived_ = 0;
@@ -40,18 +39,25 @@ class InProcessGroup {
       return;
     }
     cv_.wait(lock, [&] { return generation_ != generation || aborted_; });
-    if (generation_ == generation) {
-      throw Error("in-process communicator: another rank failed, collective abandoned");
-    }
+    if (generation_ == generation) throw abandoned();
   }
 
-  void abort() {
+  void abort(const std::string& reason = {}) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_) reason_ = reason;
     aborted_ = true;
     cv_.notify_all();
   }
 
  private:
+  // Called with mutex_ held. run_in_process looks for "another rank failed" to tell these
+  // from the exception that caused the abort.
+  Error abandoned() const {
+    std::string message = "in-process communicator: another rank failed, collective abandoned";
+    if (!reason_.empty()) message += " (" + reason_ + ")";
+    return Error(message);
+  }
+
   int size_;
   std::vector<const void*> sends_;
   std::vector<void*> recvs_;
@@ -60,11 +66,17 @@ class InProcessGroup {
   int arrived_ = 0;
   long generation_ = 0;
   bool aborted_ = false;
+  std::string reason_;
 };
+
+namespace {
+
+using GroupState = InProcessGroup::State;
 
 class InProcessCommunicator final : public Communicator {
  public:
-  InProcessCommunicator(InProcessGroup& group, int rank) : group_(group), rank_(rank) {}
+  InProcessCommunicator(GroupState& group, int rank, std::shared_ptr<GroupState> keep = nullptr)
+      : group_(group), rank_(rank), keep_(std::move(keep)) {}
 
   int rank() const override { return rank_; }
   int size() const override { return group_.size(); }
@@ -105,15 +117,16 @@ class InProcessCommunicator final : public Communicator {
   }
 
  private:
-  InProcessGroup& group_;
+  GroupState& group_;
   int rank_;
+  std::shared_ptr<GroupState> keep_;  // the group's owner, for communicators of an InProcessGroup
 };
 
 }  // namespace
 
 void run_in_process(int size, const std::function<void(Communicator&)>& body) {
   THDCP_CHECK(size >= 1, "in-process group size " << size << " must be >= 1");
-  InProcessGroup group(size);
+  GroupState group(size);
   std::vector<std::exception_ptr> failures(static_cast<size_t>(size));
   auto rank_main = [&](int rank) {
     InProcessCommunicator comm(group, rank);
@@ -140,5 +153,21 @@ void run_in_process(int size, const std::function<void(Communicator&)>& body) {
   }
   if (first) std::rethrow_exception(first);
 }
+
+InProcessGroup::InProcessGroup(int size) {
+  THDCP_CHECK(size >= 1, "in-process group size " << size << " must be >= 1");
+  state_ = std::make_shared<State>(size);
+}
+
+int InProcessGroup::size() const { return state_->size(); }
+
+std::unique_ptr<Communicator> InProcessGroup::communicator(int rank) {
+  THDCP_CHECK(rank >= 0 && rank < state_->size(),
+              "rank=" << rank << " must be in [0, " << state_->size() << ") for an in-process group of "
+                      << state_->size() << " ranks");
+  return std::make_unique<InProcessCommunicator>(*state_, rank, state_);
+}
+
+void InProcessGroup::abort(const std::string& reason) { state_->abort(reason); }
 
 }  // namespace thdcp

@@ -103,9 +103,10 @@ ncclConfig_t non_blocking_config() {
 
 class NcclCommunicator final : public DeviceCommunicator {
  public:
-  // Takes ownership of `comm`, whose device must be current.
-  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, const Options& options)
-      : comm_(comm), rank_(rank), size_(size), device_(device), options_(options) {
+  // Takes ownership of `comm` (owned) or borrows it (a caller's: never finalized, destroyed
+  // or aborted here); its device must be current.
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, const Options& options, bool owned = true)
+      : comm_(comm), rank_(rank), size_(size), device_(device), options_(options), owned_(owned) {
     // Allocated once here so that warm_up(), like every collective, allocates nothing.
     const size_t bytes = kWarmUpBytesPerRank * static_cast<size_t>(size_ + 1);
     cudaError_t status = cudaMalloc(&warm_up_buffer_, bytes);
@@ -116,7 +117,7 @@ class NcclCommunicator final : public DeviceCommunicator {
     if (status != cudaSuccess) {
       (void)cudaGetLastError();
       if (warm_up_buffer_ != nullptr) (void)cudaFree(warm_up_buffer_);
-      (void)ncclCommAbort(comm_);
+      if (owned_) (void)ncclCommAbort(comm_);
       THDCP_FAIL(who() << ": allocating the " << bytes << "-byte warm-up buffer failed: " << cudaGetErrorName(status)
                        << " (" << cudaGetErrorString(status)
                        << "); free device memory before creating the communicator");
@@ -127,7 +128,7 @@ class NcclCommunicator final : public DeviceCommunicator {
     int previous = -1;
     const bool restore = cudaGetDevice(&previous) == cudaSuccess;
     (void)cudaSetDevice(device_);
-    if (comm_ != nullptr) release();
+    if (comm_ != nullptr && owned_) release();
     (void)cudaFree(warm_up_buffer_);
     if (restore) (void)cudaSetDevice(previous);
   }
@@ -300,8 +301,9 @@ class NcclCommunicator final : public DeviceCommunicator {
     THDCP_FAIL(message);
   }
 
+  // A borrowed communicator is only dropped: aborting it is its owner's decision.
   void abort() noexcept {
-    if (comm_ != nullptr) (void)ncclCommAbort(comm_);
+    if (comm_ != nullptr && owned_) (void)ncclCommAbort(comm_);
     comm_ = nullptr;
   }
 
@@ -335,6 +337,7 @@ class NcclCommunicator final : public DeviceCommunicator {
   int size_;
   int device_;
   Options options_;
+  bool owned_ = true;
   void* warm_up_buffer_ = nullptr;
   std::string failure_;  // why an earlier call aborted the communicator
 };
@@ -368,6 +371,30 @@ struct JoinRecord {
   ncclUniqueId id;
 };
 
+// ncclCommInitRankConfig (non-blocking) of `rank` of `size` on `device`, which is current.
+std::unique_ptr<DeviceCommunicator> init_rank(const ncclUniqueId& id, int rank, int size, int device,
+                                              const Options& options) {
+  ncclConfig_t config = non_blocking_config();
+  ncclComm_t comm = nullptr;
+  ncclResult_t result = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  if (result == ncclInProgress && comm != nullptr) {
+    result = wait_while_in_progress(comm, Deadline(options.timeout_seconds));
+  }
+  if (result != ncclSuccess || comm == nullptr) {
+    std::ostringstream message;
+    message << "nccl::create: rank " << rank << " of " << size << " (device " << device << "): ncclCommInitRankConfig ";
+    if (result == ncclInProgress) {
+      message << "did not finish within " << seconds_text(options.timeout_seconds)
+              << ": a rank did not call create, or cannot reach rank 0 (run with NCCL_DEBUG=WARN to see which)";
+    } else {
+      message << "failed: " << describe(result, comm);
+    }
+    if (comm != nullptr) (void)ncclCommAbort(comm);
+    THDCP_FAIL(message.str());
+  }
+  return std::make_unique<NcclCommunicator>(comm, rank, size, device, options);
+}
+
 }  // namespace
 
 bool built_with_nccl() { return true; }
@@ -400,25 +427,48 @@ std::unique_ptr<DeviceCommunicator> create(Communicator& bootstrap, int device, 
   }
   THDCP_CHECK(failures.tellp() == 0, "nccl::create on " << size << " ranks: " << failures.str());
 
-  ncclConfig_t config = non_blocking_config();
-  ncclComm_t comm = nullptr;
-  ncclResult_t result = ncclCommInitRankConfig(&comm, size, records[0].id, rank, &config);
-  if (result == ncclInProgress && comm != nullptr) {
-    result = wait_while_in_progress(comm, Deadline(options.timeout_seconds));
-  }
-  if (result != ncclSuccess || comm == nullptr) {
-    std::ostringstream message;
-    message << "nccl::create: rank " << rank << " of " << size << " (device " << device << "): ncclCommInitRankConfig ";
-    if (result == ncclInProgress) {
-      message << "did not finish within " << seconds_text(options.timeout_seconds)
-              << ": a rank did not call create, or cannot reach rank 0 (run with NCCL_DEBUG=WARN to see which)";
-    } else {
-      message << "failed: " << describe(result, comm);
-    }
-    if (comm != nullptr) (void)ncclCommAbort(comm);
-    THDCP_FAIL(message.str());
-  }
-  return std::make_unique<NcclCommunicator>(comm, rank, size, device, options);
+  return init_rank(records[0].id, rank, size, device, options);
+}
+
+std::vector<char> unique_id() {
+  static_assert(sizeof(ncclUniqueId) == kUniqueIdBytes, "kUniqueIdBytes must be NCCL's unique id size");
+  ncclUniqueId id;
+  const ncclResult_t result = ncclGetUniqueId(&id);
+  THDCP_CHECK(result == ncclSuccess, "nccl::unique_id: ncclGetUniqueId failed: " << describe(result, nullptr));
+  const char* bytes = reinterpret_cast<const char*>(&id);
+  return std::vector<char>(bytes, bytes + sizeof(id));
+}
+
+std::unique_ptr<DeviceCommunicator> create_from_unique_id(const void* id, size_t id_bytes, int rank, int size,
+                                                          int device, const Options& options) {
+  THDCP_CHECK(id != nullptr, "nccl::create_from_unique_id: id is null; pass the " << kUniqueIdBytes
+                                                                                   << " bytes of nccl::unique_id() made on one rank");
+  THDCP_CHECK(id_bytes == kUniqueIdBytes, "nccl::create_from_unique_id: id_bytes = "
+                                              << id_bytes << "; NCCL's unique id has " << kUniqueIdBytes << " bytes");
+  THDCP_CHECK(size >= 1, "nccl::create_from_unique_id: size = " << size << "; a communicator has at least one rank");
+  THDCP_CHECK(rank >= 0 && rank < size,
+              "nccl::create_from_unique_id: rank = " << rank << " with size " << size << "; pass a rank in [0, " << size << ")");
+  const std::string problem = device_problem(device);
+  THDCP_CHECK(problem.empty(), "nccl::create_from_unique_id: rank " << rank << ": " << problem);
+  ncclUniqueId unique;
+  std::memcpy(&unique, id, sizeof(unique));
+  return init_rank(unique, rank, size, device, options);
+}
+
+std::unique_ptr<DeviceCommunicator> borrow(void* nccl_comm, int device, const Options& options) {
+  THDCP_CHECK(nccl_comm != nullptr, "nccl::borrow: nccl_comm is null; pass an initialised ncclComm_t");
+  const std::string problem = device_problem(device);
+  THDCP_CHECK(problem.empty(), "nccl::borrow: " << problem);
+  auto comm = static_cast<ncclComm_t>(nccl_comm);
+  int comm_device = -1, rank = -1, size = 0;
+  ncclResult_t result = ncclCommCuDevice(comm, &comm_device);
+  if (result == ncclSuccess) result = ncclCommUserRank(comm, &rank);
+  if (result == ncclSuccess) result = ncclCommCount(comm, &size);
+  THDCP_CHECK(result == ncclSuccess, "nccl::borrow: cannot read the communicator's device, rank and size: "
+                                         << describe(result, comm) << "; pass an initialised ncclComm_t");
+  THDCP_CHECK(comm_device == device, "nccl::borrow: device = " << device << " but the communicator's device is "
+                                                               << comm_device << "; pass " << comm_device);
+  return std::make_unique<NcclCommunicator>(comm, rank, size, device, options, /*owned=*/false);
 }
 
 }  // namespace thdcp::nccl

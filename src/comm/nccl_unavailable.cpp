@@ -5,10 +5,22 @@
 
 namespace thdcp::nccl {
 
+namespace {
+constexpr const char* kMissing = "thdcp was built without NCCL: install NCCL and rebuild with -DTHDCP_WITH_NCCL=ON";
+}  // namespace
+
 bool built_with_nccl() { return false; }
 
 std::unique_ptr<DeviceCommunicator> create(Communicator&, int, const Options&) {
-  throw Error("thdcp was built without NCCL: install NCCL and rebuild with -DTHDCP_WITH_NCCL=ON");
+  throw Error(kMissing);
 }
+
+std::vector<char> unique_id() { throw Error(kMissing); }
+
+std::unique_ptr<DeviceCommunicator> create_from_unique_id(const void*, size_t, int, int, int, const Options&) {
+  throw Error(kMissing);
+}
+
+std::unique_ptr<DeviceCommunicator> borrow(void*, int, const Options&) { throw Error(kMissing); }
 
 }  // namespace thdcp::nccl

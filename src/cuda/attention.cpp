@@ -60,6 +60,12 @@ DeviceSegmentTable build_segment_table(const int32_t* cu_seqlens, const int32_t*
   detail::check_device_pointer("cu_seqlens", cu_seqlens, device, alignof(int32_t));
   detail::check_device_pointer("cu_seqlens_padded", cu_seqlens_padded, device, alignof(int32_t));
   detail::check_device_pointer("segments", segments, device, alignof(Segment));
+  return enqueue_segment_table(cu_seqlens, cu_seqlens_padded, max_seqs, total_rows, mask, segments, stream);
+}
+
+DeviceSegmentTable enqueue_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
+                                         int64_t total_rows, const Mask& mask, Segment* segments,
+                                         cudaStream_t stream) {
   detail::launch_build_single_table(cu_seqlens, cu_seqlens_padded, max_seqs, segments, stream);
   DeviceSegmentTable table;
   table.segments = segments;

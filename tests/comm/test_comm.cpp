@@ -1,6 +1,9 @@
 // The in-process communicator: collective results and release on failure.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "support/random_batch.h"
@@ -48,6 +51,57 @@ TEST(InProcessComm, FailingRankReleasesTheOthers) {
                                       comm.all_reduce_max(&x, 1);
                                     }),
                      "rank 0 gives up");
+}
+
+// An InProcessGroup is run_in_process without the threads: the caller starts them.
+TEST(InProcessGroup, CallerThreadsRunTheCollectives) {
+  const int size = 3;
+  InProcessGroup group(size);
+  EXPECT_EQ(group.size(), size);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < size; ++r) comms.push_back(group.communicator(r));
+  std::vector<std::vector<int>> gathered(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      Communicator& comm = *comms[static_cast<size_t>(r)];
+      const int mine = 7 * comm.rank() + 1;
+      std::vector<int> all(size);
+      comm.all_gather(&mine, all.data(), sizeof(int));
+      gathered[static_cast<size_t>(r)] = all;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < size; ++r) {
+    EXPECT_EQ(comms[static_cast<size_t>(r)]->rank(), r);
+    EXPECT_EQ(comms[static_cast<size_t>(r)]->size(), size);
+    EXPECT_EQ(gathered[static_cast<size_t>(r)], (std::vector<int>{1, 8, 15}));
+  }
+  EXPECT_THDCP_ERROR(group.communicator(size), "rank=3 must be in [0, 3)");
+  EXPECT_THDCP_ERROR(InProcessGroup(0), "in-process group size 0 must be >= 1");
+}
+
+TEST(InProcessGroup, AbortReleasesAWaitingRankWithTheReason) {
+  InProcessGroup group(2);
+  std::unique_ptr<Communicator> waiting = group.communicator(1);
+  std::string message;
+  // Rank 1 enters a collective that rank 0 never joins; the abort must release it.
+  std::thread rank1([&] {
+    try {
+      float x = 1.0f;
+      waiting->all_reduce_max(&x, 1);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+  });
+  group.abort("rank 0 refused its arguments");
+  rank1.join();
+  EXPECT_NE(message.find("another rank failed"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 0 refused its arguments"), std::string::npos) << message;
+  // Every later collective of the group throws too, on any rank.
+  std::unique_ptr<Communicator> rank0 = group.communicator(0);
+  float y = 0.0f;
+  EXPECT_THDCP_ERROR(rank0->all_reduce_max(&y, 1), "another rank failed");
 }
 
 }  // namespace

@@ -2,11 +2,13 @@
 // so values, graph capture and split are checked for real; two ranks on one device check
 // that a failing init throws. Without a GPU every case reports SKIPPED with the reason.
 #include <gtest/gtest.h>
+#include <nccl.h>
 
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "comm/nccl_test_support.h"
 #include "cuda/cuda_test_support.h"
@@ -118,6 +120,50 @@ TEST_F(NcclSingleGpu, TwoRanksOnOneDeviceThrowOnEveryRank) {
     }
   });
   EXPECT_EQ(failures, 2);
+}
+
+// The unique-id way in (what the PyTorch package uses: the id travels over torch.distributed).
+TEST_F(NcclSingleGpu, CreateFromAUniqueIdGivesAWorkingCommunicator) {
+  const std::vector<char> id = nccl::unique_id();
+  ASSERT_EQ(id.size(), nccl::kUniqueIdBytes);
+  std::unique_ptr<DeviceCommunicator> comm = nccl::create_from_unique_id(id.data(), id.size(), 0, 1, 0, test_options());
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->size(), 1);
+  test::Stream stream;
+  comm->warm_up(stream.get());
+  test::expect_exact_collectives(*comm, stream.get());
+}
+
+TEST_F(NcclSingleGpu, CreateFromAUniqueIdRefusesBadArguments) {
+  const std::vector<char> id = nccl::unique_id();
+  EXPECT_THDCP_ERROR(nccl::create_from_unique_id(nullptr, id.size(), 0, 1, 0), "id is null");
+  EXPECT_THDCP_ERROR(nccl::create_from_unique_id(id.data(), 16, 0, 1, 0), "id_bytes = 16");
+  EXPECT_THDCP_ERROR(nccl::create_from_unique_id(id.data(), id.size(), 1, 1, 0), "rank = 1 with size 1");
+  EXPECT_THDCP_ERROR(nccl::create_from_unique_id(id.data(), id.size(), 0, 0, 0), "size = 0");
+  EXPECT_THDCP_ERROR(nccl::create_from_unique_id(id.data(), id.size(), 0, 1, -1), "device -1 is not a CUDA device");
+}
+
+// A borrowed communicator works through thdcp and stays the caller's: still usable after
+// the wrapper is gone, and destroyed by the caller.
+TEST_F(NcclSingleGpu, BorrowUsesTheCallersCommunicatorAndLeavesItAlive) {
+  THDCP_CHECK_CUDA(cudaSetDevice(0));
+  ncclComm_t raw = nullptr;
+  ASSERT_EQ(ncclCommInitAll(&raw, 1, nullptr), ncclSuccess);
+  test::Stream stream;
+  {
+    std::unique_ptr<DeviceCommunicator> comm = nccl::borrow(raw, 0, test_options());
+    EXPECT_EQ(comm->rank(), 0);
+    EXPECT_EQ(comm->size(), 1);
+    comm->warm_up(stream.get());
+    test::expect_exact_collectives(*comm, stream.get());
+  }
+  float* value = nullptr;
+  THDCP_CHECK_CUDA(cudaMalloc(&value, sizeof(float)));
+  EXPECT_EQ(ncclAllReduce(value, value, 1, ncclFloat32, ncclMax, raw, stream.get()), ncclSuccess);
+  THDCP_CHECK_CUDA(cudaStreamSynchronize(stream.get()));
+  THDCP_CHECK_CUDA(cudaFree(value));
+  EXPECT_EQ(ncclCommDestroy(raw), ncclSuccess);
+  EXPECT_THDCP_ERROR(nccl::borrow(nullptr, 0), "nccl_comm is null");
 }
 
 }  // namespace

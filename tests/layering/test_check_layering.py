@@ -44,8 +44,13 @@ target_link_libraries(thdcp_testing PUBLIC thdcp_cpu)
 include(tools/io.cmake)
 add_executable(thdcp_cli tools/main.cpp)
 target_link_libraries(thdcp_cli PRIVATE thdcp_cp thdcp_testing thdcp_tools_io)
+add_subdirectory(src/capi)
 add_subdirectory(tests)
 add_subdirectory(bench)
+""",
+    "src/capi/CMakeLists.txt": """\
+add_library(thdcp_c SHARED thdcp_c.cpp)
+target_link_libraries(thdcp_c PRIVATE thdcp_cp)
 """,
     "src/cuda/CMakeLists.txt": """\
 add_library(thdcp_cuda STATIC kernels.cu attention.cpp)
@@ -152,6 +157,18 @@ __global__ void kernel() {}
 """,
     "include/thdcp/testing/workload.h": '#pragma once\n#include "thdcp/graph/bank.h"\n#include "thdcp/cpu/attention.h"\n',
     "src/testing/workload.cpp": '#include "thdcp/testing/workload.h"\n',
+    "include/thdcp/thdcp.h": "#ifndef THDCP_H_\n#define THDCP_H_\n#include <stdint.h>\n#endif\n",
+    "src/capi/status.h": '#pragma once\n#include "thdcp/thdcp.h"\n#include "thdcp/core/error.h"\n',
+    "src/capi/thdcp_c.cpp": """\
+#include "status.h"
+#include "thdcp/thdcp.h"
+#include "thdcp/graph/bank.h"
+#include "thdcp/cp/cp.h"
+#include "thdcp/cpu/attention.h"
+#include "thdcp/cuda/check.h"
+#include "thdcp/comm/communicator.h"
+#include "thdcp/plan/layout.h"
+""",
     "tools/main.cpp": '#include "thdcp/testing/workload.h"\n#include "thdcp/graph/bank.h"\n#include "npy.h"\n',
     "tools/npy.h": "#pragma once\n",
     "tools/npy.cpp": '#include "npy.h"\n',
@@ -229,6 +246,25 @@ CASES = [
     ("testing includes tools",
      {"src/testing/bad.cpp": '#include "../../tools/npy.h"\n'},
      ("src/testing/bad.cpp", 1, "part-dependency")),
+    # The C ABI sits on top: it includes every library part, and no part includes it.
+    ("cp includes the C ABI header",
+     {"src/cp/bad.cpp": '#include "thdcp/cp/cp.h"\n#include "thdcp/thdcp.h"\n'},
+     ("src/cp/bad.cpp", 2, "part-dependency")),
+    ("graph includes the C ABI header (angle form)",
+     {"include/thdcp/graph/bad.h": "#pragma once\n#include <thdcp/thdcp.h>\n"},
+     ("include/thdcp/graph/bad.h", 2, "part-dependency")),
+    ("the tools include the C ABI header",
+     {"tools/bad.cpp": '#include "thdcp/thdcp.h"\n'},
+     ("tools/bad.cpp", 1, "part-dependency")),
+    ("testing includes a header of src/capi",
+     {"src/testing/bad.cpp": '#include "../capi/status.h"\n'},
+     ("src/testing/bad.cpp", 1, "part-dependency")),
+    ("capi includes testing",
+     {"src/capi/bad.cpp": '#include "thdcp/testing/workload.h"\n'},
+     ("src/capi/bad.cpp", 1, "part-dependency")),
+    ("capi includes the tools",
+     {"src/capi/bad.cpp": '#include "../../tools/npy.h"\n'},
+     ("src/capi/bad.cpp", 1, "part-dependency")),
     # Folders that are no part of the table.
     ("a folder that is no part",
      {"include/thdcp/misc/utils.h": "#pragma once\n"},
@@ -340,6 +376,14 @@ class CheckLayeringTest(unittest.TestCase):
         self.assertNotIn("tools", parts["testing"])
         for part in ("core", "plan", "cpu", "comm", "cuda", "cp", "graph"):
             self.assertNotIn("testing", parts[part])
+            self.assertIn(part, parts["capi"])  # capi may include every library part
+        for part in parts:
+            if part not in ("capi", "bindings"):
+                self.assertNotIn("capi", parts[part])  # and nothing includes capi
+        self.assertNotIn("testing", parts["capi"])
+        self.assertNotIn("tools", parts["capi"])
+        self.assertEqual(check_layering.part_of("include/thdcp/thdcp.h"), "capi")
+        self.assertEqual(check_layering.part_of("src/capi/thdcp_c.cpp"), "capi")
 
     def test_not_a_thdcp_tree_is_an_error(self):
         directory = tempfile.TemporaryDirectory()

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 namespace thdcp {
 
@@ -36,5 +37,26 @@ class Communicator {
 // others are released from any collective they wait in (they throw too), and the first
 // exception is rethrown here.
 void run_in_process(int size, const std::function<void(Communicator&)>& body);
+
+// The group of run_in_process without its threads, for callers that start one thread per
+// rank themselves (the C ABI). Each communicator keeps the group's state alive and is used
+// by its rank's thread only.
+class InProcessGroup {
+ public:
+  explicit InProcessGroup(int size);  // size >= 1
+
+  int size() const;
+  // The communicator of `rank` (0 <= rank < size()).
+  std::unique_ptr<Communicator> communicator(int rank);
+  // Releases every rank waiting in a collective of the group and makes every later
+  // collective throw thdcp::Error naming `reason`: what run_in_process does when a rank
+  // throws, so that a rank that fails between collectives leaves no peer waiting forever.
+  void abort(const std::string& reason);
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
 
 }  // namespace thdcp

@@ -18,7 +18,9 @@
 // NCCL keeps the communicator alive while a graph refers to it.
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "thdcp/comm/communicator.h"
 #include "thdcp/comm/device_communicator.h"
@@ -44,6 +46,23 @@ struct Options {
 // ranks that see it) when NCCL fails or does not finish within options.timeout_seconds,
 // naming the rank, the device and NCCL's message. Throws when built without NCCL.
 std::unique_ptr<DeviceCommunicator> create(Communicator& bootstrap, int device, const Options& options = {});
+
+// The third way, for frameworks that carry bytes between their ranks themselves (a
+// torch.distributed broadcast, say): one rank makes unique_id(), every rank receives it and
+// calls create_from_unique_id with its rank. Collective like create(); a rank that never
+// calls it makes the others fail after options.timeout_seconds.
+constexpr size_t kUniqueIdBytes = 128;
+std::vector<char> unique_id();
+std::unique_ptr<DeviceCommunicator> create_from_unique_id(const void* id, size_t id_bytes, int rank, int size,
+                                                          int device, const Options& options = {});
+
+// Wraps a communicator the caller made and keeps (an ncclComm_t, passed as void* so that
+// this header needs no nccl.h) of `device`: rank and size are the communicator's. thdcp
+// never finalizes, destroys or aborts it; after a failure the wrapper only refuses further
+// calls, and aborting the communicator is the caller's decision. split() makes communicators
+// thdcp owns. The caller keeps it alive longer than the wrapper and every graph captured
+// through it.
+std::unique_ptr<DeviceCommunicator> borrow(void* nccl_comm, int device, const Options& options = {});
 
 // The rank of this process among the processes of its node, as set by the launcher:
 // OMPI_COMM_WORLD_LOCAL_RANK (Open MPI), else SLURM_LOCALID (srun), else MPI_LOCALRANKID

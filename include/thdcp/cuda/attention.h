@@ -80,8 +80,12 @@ DeviceSegmentTable build_cp_segment_table(const int32_t* cu_seqlens, const int32
                                           int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
                                           Segment* segments, cudaStream_t stream);
 
-// The same launch with no argument or pointer checks, for plans that checked everything
-// once (thdcp::cp::CudaPlan): only the launch, so it can run inside a captured step.
+// The same launches with no argument or pointer checks, for callers that checked everything
+// once (thdcp::cp::CudaPlan; the PyTorch ops, whose tensors are known to be on the device):
+// only the launch, so it can run inside a captured step.
+DeviceSegmentTable enqueue_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
+                                         int64_t total_rows, const Mask& mask, Segment* segments,
+                                         cudaStream_t stream);
 DeviceSegmentTable enqueue_cp_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
                                             int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
                                             Segment* segments, cudaStream_t stream);

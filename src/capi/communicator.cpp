@@ -1,0 +1,274 @@
+// Communicators of the C ABI: in-process groups, the MPI world, NCCL (from a unique id or a
+// borrowed ncclComm_t) and ranks sharing one GPU.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "handles.h"
+#include "status.h"
+#include "thdcp/comm/mpi.h"
+
+#if defined(THDCP_HAVE_MPI)
+#include <mpi.h>
+#endif
+
+#if defined(THDCP_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "thdcp/comm/nccl.h"
+#endif
+
+using thdcp::capi::ApiError;
+using thdcp::capi::guarded;
+
+bool thdcp_communicator_st::is_device() const {
+#if defined(THDCP_HAVE_CUDA)
+  return device != nullptr;
+#else
+  return false;
+#endif
+}
+
+int thdcp_communicator_st::rank() const {
+#if defined(THDCP_HAVE_CUDA)
+  if (device) return device->rank();
+#endif
+  return host->rank();
+}
+
+int thdcp_communicator_st::size() const {
+#if defined(THDCP_HAVE_CUDA)
+  if (device) return device->size();
+#endif
+  return host->size();
+}
+
+const char* thdcp_communicator_st::kind() const {
+#if defined(THDCP_HAVE_CUDA)
+  if (device) return device->kind();
+#endif
+  return host->kind();
+}
+
+void thdcp_communicator_st::abort_group(const char* reason) noexcept {
+  try {
+    const std::string why = "rank " + std::to_string(rank()) + " failed: " + reason;
+    if (in_process) in_process->abort(why);
+#if defined(THDCP_HAVE_CUDA)
+    if (shared_gpu) shared_gpu->abort(why);
+#endif
+  } catch (...) {
+    // Without memory for the reason the group cannot be told; its ranks stay as they are.
+  }
+}
+
+namespace thdcp::capi {
+
+void require_cuda_build(const char* what) {
+#if !defined(THDCP_HAVE_CUDA)
+  throw ApiError(THDCP_ERROR_UNSUPPORTED,
+                 std::string(what) + ": this libthdcp was built without CUDA: rebuild thdcp with -DTHDCP_WITH_CUDA=ON "
+                                     "(it needs the CUDA toolkit); the CPU backend and host communicators need none");
+#endif
+}
+
+void require_cuda_device(const char* what) {
+  require_cuda_build(what);
+#if defined(THDCP_HAVE_CUDA)
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    throw ApiError(THDCP_ERROR_UNSUPPORTED,
+                   std::string(what) + ": no CUDA device is visible to this process (cudaGetDeviceCount: " +
+                       (status != cudaSuccess ? cudaGetErrorName(status) : "0 devices") +
+                       "): run where a GPU is visible (check CUDA_VISIBLE_DEVICES and the driver); the CPU "
+                       "backend and host communicators need none");
+  }
+#endif
+}
+
+namespace {
+
+// Hands the new handles to the caller only once every one of them exists.
+void publish(std::vector<std::unique_ptr<thdcp_communicator_st>>& made, thdcp_communicator_t* comms) {
+  for (size_t r = 0; r < made.size(); ++r) comms[r] = made[r].release();
+}
+
+void require_nccl(const char* what) {
+  require_cuda_build(what);
+#if !defined(THDCP_HAVE_NCCL)
+  throw ApiError(THDCP_ERROR_UNSUPPORTED,
+                 std::string(what) + ": this libthdcp was built without NCCL: install NCCL and rebuild thdcp with "
+                                     "-DTHDCP_WITH_CUDA=ON -DTHDCP_WITH_NCCL=ON (NCCL_HOME where it is installed)");
+#endif
+}
+
+}  // namespace
+
+}  // namespace thdcp::capi
+
+extern "C" {
+
+thdcp_status_t thdcp_communicator_create_in_process_group(int size, thdcp_communicator_t* comms) {
+  return guarded(__func__, [&] {
+    THDCP_CAPI_REQUIRE(size >= 1, "size=" << size << " must be >= 1 (the ranks of the group)");
+    THDCP_CAPI_NOT_NULL(comms, "an array of size=" << size << " thdcp_communicator_t to receive the ranks");
+    auto group = std::make_shared<thdcp::InProcessGroup>(size);
+    std::vector<std::unique_ptr<thdcp_communicator_st>> made;
+    for (int r = 0; r < size; ++r) {
+      auto comm = std::make_unique<thdcp_communicator_st>();
+      comm->host = group->communicator(r);
+      comm->in_process = group;
+      made.push_back(std::move(comm));
+    }
+    thdcp::capi::publish(made, comms);
+  });
+}
+
+thdcp_status_t thdcp_communicator_create_mpi_world(thdcp_communicator_t* comm) {
+  return guarded(__func__, [&] {
+    THDCP_CAPI_NOT_NULL(comm, "a thdcp_communicator_t to receive the communicator");
+    if (!thdcp::mpi::built_with_mpi()) {
+      throw ApiError(THDCP_ERROR_UNSUPPORTED,
+                     "this libthdcp was built without MPI: install an MPI (e.g. libopenmpi-dev) and rebuild thdcp "
+                     "with -DTHDCP_WITH_MPI=ON");
+    }
+#if defined(THDCP_HAVE_MPI)
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    THDCP_CAPI_REQUIRE(initialized, "MPI is not initialised: call MPI_Init (or MPI_Init_thread) before "
+                                    "thdcp_communicator_create_mpi_world, and MPI_Finalize after destroying it");
+#endif
+    auto made = std::make_unique<thdcp_communicator_st>();
+    made->host = thdcp::mpi::world();
+    *comm = made.release();
+  });
+}
+
+thdcp_status_t thdcp_nccl_unique_id(void* id, size_t bytes) {
+  return guarded(__func__, [&] {
+    THDCP_CAPI_NOT_NULL(id, THDCP_NCCL_UNIQUE_ID_BYTES << " bytes to receive the unique id");
+    THDCP_CAPI_REQUIRE(bytes == THDCP_NCCL_UNIQUE_ID_BYTES,
+                       "bytes=" << bytes << ": an NCCL unique id has THDCP_NCCL_UNIQUE_ID_BYTES="
+                                << THDCP_NCCL_UNIQUE_ID_BYTES << " bytes");
+    thdcp::capi::require_nccl("NCCL unique ids");
+#if defined(THDCP_HAVE_NCCL)
+    static_assert(thdcp::nccl::kUniqueIdBytes == THDCP_NCCL_UNIQUE_ID_BYTES, "thdcp.h and nccl.h disagree");
+    const std::vector<char> made = thdcp::nccl::unique_id();
+    THDCP_CAPI_REQUIRE(made.size() == bytes, "internal: nccl::unique_id gave " << made.size() << " bytes");
+    std::memcpy(id, made.data(), made.size());
+#endif
+  });
+}
+
+thdcp_status_t thdcp_communicator_create_nccl(const void* id, size_t bytes, int rank, int size, int device,
+                                              thdcp_communicator_t* comm) {
+  return guarded(__func__, [&] {
+    THDCP_CAPI_NOT_NULL(id, "the " << THDCP_NCCL_UNIQUE_ID_BYTES << "-byte id of thdcp_nccl_unique_id");
+    THDCP_CAPI_REQUIRE(bytes == THDCP_NCCL_UNIQUE_ID_BYTES,
+                       "bytes=" << bytes << ": an NCCL unique id has THDCP_NCCL_UNIQUE_ID_BYTES="
+                                << THDCP_NCCL_UNIQUE_ID_BYTES << " bytes");
+    THDCP_CAPI_REQUIRE(size >= 1, "size=" << size << " must be >= 1");
+    THDCP_CAPI_REQUIRE(rank >= 0 && rank < size, "rank=" << rank << " must be in [0, size=" << size << ")");
+    THDCP_CAPI_REQUIRE(device >= 0, "device=" << device << " must be a CUDA device index >= 0");
+    THDCP_CAPI_NOT_NULL(comm, "a thdcp_communicator_t to receive the communicator");
+    thdcp::capi::require_nccl("NCCL communicators");
+    thdcp::capi::require_cuda_device("NCCL communicators");
+#if defined(THDCP_HAVE_NCCL)
+    auto made = std::make_unique<thdcp_communicator_st>();
+    made->device = thdcp::nccl::create_from_unique_id(id, bytes, rank, size, device);
+    *comm = made.release();
+#endif
+  });
+}
+
+thdcp_status_t thdcp_communicator_borrow_nccl(void* nccl_comm, int device, thdcp_communicator_t* comm) {
+  return guarded(__func__, [&] {
+    THDCP_CAPI_NOT_NULL(nccl_comm, "an initialised ncclComm_t");
+    THDCP_CAPI_REQUIRE(device >= 0, "device=" << device << " must be a CUDA device index >= 0");
+    THDCP_CAPI_NOT_NULL(comm, "a thdcp_communicator_t to receive the communicator");
+    thdcp::capi::require_nccl("NCCL communicators");
+    thdcp::capi::require_cuda_device("NCCL communicators");
+#if defined(THDCP_HAVE_NCCL)
+    auto made = std::make_unique<thdcp_communicator_st>();
+    made->device = thdcp::nccl::borrow(nccl_comm, device);
+    *comm = made.release();
+#endif
+  });
+}
+
+thdcp_status_t thdcp_communicator_create_shared_gpu_group(int size, int device, thdcp_communicator_t* comms) {
+  return guarded(__func__, [&] {
+    THDCP_CAPI_REQUIRE(size >= 1, "size=" << size << " must be >= 1 (the ranks of the group)");
+    THDCP_CAPI_REQUIRE(device >= 0, "device=" << device << " must be a CUDA device index >= 0");
+    THDCP_CAPI_NOT_NULL(comms, "an array of size=" << size << " thdcp_communicator_t to receive the ranks");
+    thdcp::capi::require_cuda_device("shared-GPU groups");
+#if defined(THDCP_HAVE_CUDA)
+    thdcp::SharedGpuOptions options;
+    options.device = device;
+    auto group = std::make_shared<thdcp::SharedGpuGroup>(size, options);
+    std::vector<std::unique_ptr<thdcp_communicator_st>> made;
+    for (int r = 0; r < size; ++r) {
+      auto comm = std::make_unique<thdcp_communicator_st>();
+      comm->device = group->communicator(r);
+      comm->shared_gpu = group;
+      made.push_back(std::move(comm));
+    }
+    thdcp::capi::publish(made, comms);
+#endif
+  });
+}
+
+thdcp_status_t thdcp_communicator_destroy(thdcp_communicator_t comm) {
+  return guarded(__func__, [&] { delete comm; });
+}
+
+thdcp_status_t thdcp_communicator_rank(thdcp_communicator_t comm, int* rank) {
+  return guarded(__func__, [&] {
+    THDCP_CAPI_NOT_NULL(comm, "a communicator made by a thdcp_communicator_create_* function");
+    THDCP_CAPI_NOT_NULL(rank, "an int to receive the rank");
+    *rank = comm->rank();
+  });
+}
+
+thdcp_status_t thdcp_communicator_size(thdcp_communicator_t comm, int* size) {
+  return guarded(__func__, [&] {
+    THDCP_CAPI_NOT_NULL(comm, "a communicator made by a thdcp_communicator_create_* function");
+    THDCP_CAPI_NOT_NULL(size, "an int to receive the size");
+    *size = comm->size();
+  });
+}
+
+thdcp_status_t thdcp_communicator_is_device(thdcp_communicator_t comm, int* is_device) {
+  return guarded(__func__, [&] {
+    THDCP_CAPI_NOT_NULL(comm, "a communicator made by a thdcp_communicator_create_* function");
+    THDCP_CAPI_NOT_NULL(is_device, "an int to receive 0 or 1");
+    *is_device = comm->is_device() ? 1 : 0;
+  });
+}
+
+thdcp_status_t thdcp_communicator_device(thdcp_communicator_t comm, int* device) {
+  return guarded(__func__, [&] {
+    THDCP_CAPI_NOT_NULL(comm, "a communicator made by a thdcp_communicator_create_* function");
+    THDCP_CAPI_NOT_NULL(device, "an int to receive the device");
+#if defined(THDCP_HAVE_CUDA)
+    if (comm->device) {
+      *device = comm->device->device();
+      return;
+    }
+#endif
+    *device = -1;
+  });
+}
+
+thdcp_status_t thdcp_communicator_kind(thdcp_communicator_t comm, const char** kind) {
+  return guarded(__func__, [&] {
+    THDCP_CAPI_NOT_NULL(comm, "a communicator made by a thdcp_communicator_create_* function");
+    THDCP_CAPI_NOT_NULL(kind, "a const char* to receive the kind");
+    *kind = comm->kind();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,133 @@
+#include "convert.h"
+
+#include <cstddef>
+#include <limits>
+
+namespace thdcp::capi {
+
+// The first version of each params struct ends where thdcp.h says, on an 8-byte boundary,
+// and every struct is a whole number of 8-byte words (so an older struct's padding never
+// covers a newer field).
+static_assert(offsetof(thdcp_attention_params, deterministic) == THDCP_ATTENTION_PARAMS_MIN_SIZE);
+static_assert(offsetof(thdcp_cp_params, num_threads) == THDCP_CP_PARAMS_MIN_SIZE);
+static_assert(sizeof(thdcp_capacity_plan_params) == THDCP_CAPACITY_PLAN_PARAMS_MIN_SIZE);
+static_assert(sizeof(thdcp_capacity_plan_result) == THDCP_CAPACITY_PLAN_RESULT_MIN_SIZE);
+static_assert(sizeof(thdcp_graph_bank_params) == THDCP_GRAPH_BANK_PARAMS_MIN_SIZE);
+static_assert(sizeof(thdcp_attention_params) % 8 == 0 && sizeof(thdcp_cp_params) % 8 == 0 &&
+              sizeof(thdcp_static_batch_info) % 8 == 0);
+
+const char* dtype_c_name(int dtype) {
+  switch (dtype) {
+    case THDCP_DTYPE_DEFAULT: return "THDCP_DTYPE_DEFAULT";
+    case THDCP_DTYPE_BF16: return "THDCP_DTYPE_BF16";
+    case THDCP_DTYPE_FP16: return "THDCP_DTYPE_FP16";
+    case THDCP_DTYPE_FP32: return "THDCP_DTYPE_FP32";
+  }
+  return "an unknown dtype";
+}
+
+DType storage_dtype(int dtype, const char* argument) {
+  switch (dtype) {
+    case THDCP_DTYPE_BF16: return DType::kBFloat16;
+    case THDCP_DTYPE_FP16: return DType::kFloat16;
+    case THDCP_DTYPE_FP32: return DType::kFloat32;
+  }
+  THDCP_CAPI_REQUIRE(false, argument << "=" << dtype << " (" << dtype_c_name(dtype)
+                                     << ") is not a storage dtype: use THDCP_DTYPE_BF16 (1), THDCP_DTYPE_FP16 (2) "
+                                        "or THDCP_DTYPE_FP32 (3)");
+  return DType::kFloat32;
+}
+
+DType gradient_dtype(int given, DType dtype, const char* argument) {
+  if (given == THDCP_DTYPE_DEFAULT) return dtype;
+  const DType d = storage_dtype(given, argument);
+  THDCP_CAPI_REQUIRE(d == dtype || d == DType::kFloat32,
+                     argument << "=" << dtype_c_name(given) << " is neither the plan's dtype (" << dtype_name(dtype)
+                              << ") nor fp32: gradients are stored in the plan's dtype or in fp32");
+  return d;
+}
+
+thdcp_backend_t backend_of(int backend, const char* argument) {
+  THDCP_CAPI_REQUIRE(backend == THDCP_BACKEND_CPU || backend == THDCP_BACKEND_CUDA,
+                     argument << "=" << backend
+                              << " is not a thdcp_backend_t: use THDCP_BACKEND_CPU (0) or THDCP_BACKEND_CUDA (1)");
+  return backend == THDCP_BACKEND_CPU ? THDCP_BACKEND_CPU : THDCP_BACKEND_CUDA;
+}
+
+namespace {
+
+template <typename View>
+View view_of(const thdcp_tensor_t* tensor, const char* argument) {
+  THDCP_CAPI_REQUIRE(tensor != nullptr, argument << " is NULL: pass a thdcp_tensor_t that describes it");
+  const thdcp_tensor_t& t = *tensor;
+  View v;
+  v.dtype = storage_dtype(raw_enum(t.dtype), (std::string(argument) + "->dtype").c_str());
+  THDCP_CAPI_REQUIRE(t.rows >= 0 && t.heads >= 0 && t.head_dim >= 0,
+                     argument << " is [" << t.rows << ", " << t.heads << ", " << t.head_dim
+                              << "]: rows, heads and head_dim must be >= 0");
+  THDCP_CAPI_REQUIRE(t.row_stride >= 0 && t.head_stride >= 0,
+                     argument << " has row_stride=" << t.row_stride << " and head_stride=" << t.head_stride
+                              << ": strides are elements >= 0 (0: contiguous)");
+  THDCP_CAPI_REQUIRE(t.data != nullptr || t.rows == 0 || t.heads == 0 || t.head_dim == 0,
+                     argument << "->data is NULL for a tensor of [" << t.rows << ", " << t.heads << ", " << t.head_dim
+                              << "] elements: pass its memory");
+  v.data = t.data;
+  v.tokens = t.rows;
+  v.heads = t.heads;
+  v.head_dim = t.head_dim;
+  v.row_stride = t.row_stride;
+  v.head_stride = t.head_stride;
+  return v;
+}
+
+}  // namespace
+
+ConstThdTensor const_view(const thdcp_tensor_t* tensor, const char* argument) {
+  return view_of<ConstThdTensor>(tensor, argument);
+}
+
+ThdTensor view(const thdcp_tensor_t* tensor, const char* argument) { return view_of<ThdTensor>(tensor, argument); }
+
+void expect_shape(const ConstThdTensor& t, const char* argument, int64_t rows, const char* rows_name, int64_t heads,
+                  const char* heads_name, int64_t head_dim, DType dtype, const char* dtype_name_of_plan) {
+  THDCP_CAPI_REQUIRE(t.tokens == rows && t.heads == heads && t.head_dim == head_dim,
+                     argument << " is [" << t.tokens << ", " << t.heads << ", " << t.head_dim
+                              << "] but the plan needs [" << rows_name << "=" << rows << ", " << heads_name << "="
+                              << heads << ", head_dim=" << head_dim << "]");
+  THDCP_CAPI_REQUIRE(t.dtype == dtype, argument << " has dtype " << dtype_name(t.dtype) << " but the plan's "
+                                                << dtype_name_of_plan << " is " << dtype_name(dtype));
+}
+
+LayoutView layout_view(const thdcp_layout_t* layout, const char* argument) {
+  THDCP_CAPI_REQUIRE(layout != nullptr,
+                     argument << " is NULL: pass a thdcp_layout_t with cu_seqlens, cu_seqlens_padded and num_seqs");
+  THDCP_CAPI_REQUIRE(layout->cu_seqlens != nullptr, argument << "->cu_seqlens is NULL: pass num_seqs + 1 int32 offsets");
+  THDCP_CAPI_REQUIRE(layout->cu_seqlens_padded != nullptr,
+                     argument << "->cu_seqlens_padded is NULL: pass num_seqs + 1 int32 offsets (the same array as "
+                                 "cu_seqlens when nothing is padded)");
+  THDCP_CAPI_REQUIRE(layout->num_seqs >= 1, argument << "->num_seqs=" << layout->num_seqs
+                                                     << " must be >= 1 (the arrays have num_seqs + 1 entries)");
+  return LayoutView{layout->cu_seqlens, layout->cu_seqlens_padded, layout->num_seqs};
+}
+
+Mask mask_of(int32_t window_left, int32_t window_right, const char* params) {
+  THDCP_CAPI_REQUIRE(window_left >= -1 && window_right >= -1,
+                     params << "->window_left=" << window_left << ", window_right=" << window_right
+                            << ": each window is >= 0, or -1 for unbounded (causal is (-1, 0))");
+  return Mask{window_left, window_right};
+}
+
+std::vector<int64_t> lengths_of(const int64_t* lengths, int64_t count, const char* argument) {
+  THDCP_CAPI_REQUIRE(count >= 0, "num_documents=" << count << " must be >= 0");
+  THDCP_CAPI_REQUIRE(lengths != nullptr || count == 0,
+                     argument << " is NULL but num_documents=" << count << ": pass that many lengths");
+  THDCP_CAPI_REQUIRE(count <= std::numeric_limits<int32_t>::max(),
+                     "num_documents=" << count << " is more than a layout's int32 offsets can index");
+  for (int64_t i = 0; i < count; ++i) {
+    THDCP_CAPI_REQUIRE(lengths[i] >= 0, argument << "[" << i << "]=" << lengths[i] << " is negative: a document has "
+                                                 << ">= 0 tokens");
+  }
+  return std::vector<int64_t>(lengths, lengths + count);
+}
+
+}  // namespace thdcp::capi

@@ -1,0 +1,110 @@
+// From the C ABI's plain structs to the C++ API's types, checking every field on the way:
+// dtypes, tensors, layouts, masks, and the versioned params structs (struct_size).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "status.h"
+#include "thdcp/core/tensor.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/plan/mask.h"
+#include "thdcp/thdcp.h"
+
+namespace thdcp::capi {
+
+// The value of an enum field or argument a caller passed, as an int. A C caller may pass
+// any int where thdcp.h says enum; C++ must not load an enum object holding a value outside
+// its enumerators' range, so the library reads the bytes.
+template <typename Enum>
+int raw_enum(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int), "the enums of thdcp.h are int-sized");
+  int raw = 0;
+  std::memcpy(&raw, &value, sizeof(raw));
+  return raw;
+}
+
+// "THDCP_DTYPE_BF16", ...; "an unknown dtype" for other values.
+const char* dtype_c_name(int dtype);
+
+// The storage dtype of a tensor or a plan (a thdcp_dtype_t read by raw_enum). `argument`
+// names it in the message ("q->dtype", "params->dtype"); THDCP_DTYPE_DEFAULT and unknown
+// values are refused.
+DType storage_dtype(int dtype, const char* argument);
+
+// A gradient dtype of a plan: THDCP_DTYPE_DEFAULT is `dtype`; else `dtype` or fp32.
+DType gradient_dtype(int given, DType dtype, const char* argument);
+
+// The backend field of a params struct: CPU or CUDA, else refused.
+thdcp_backend_t backend_of(int backend, const char* argument);
+
+// The C descriptor as a view; checks that it is not NULL, its dtype, that its dimensions
+// and strides are >= 0 and that data is not NULL for a non-empty tensor.
+ConstThdTensor const_view(const thdcp_tensor_t* tensor, const char* argument);
+ThdTensor view(const thdcp_tensor_t* tensor, const char* argument);
+
+// Checks a tensor against what a plan expects: rows, heads, head_dim and dtype.
+//   rows_name   how the rows are called in the message ("max_tokens", "max_tokens / cp")
+//   heads_name  "q_heads" or "kv_heads"
+void expect_shape(const ConstThdTensor& tensor, const char* argument, int64_t rows, const char* rows_name,
+                  int64_t heads, const char* heads_name, int64_t head_dim, DType dtype, const char* dtype_name);
+
+// The layout as a view: not NULL, both arrays given, num_seqs >= 1. Its values are checked
+// by the callers (validate_layout on the host; the device's are the caller's contract).
+LayoutView layout_view(const thdcp_layout_t* layout, const char* argument);
+
+// The mask of two window fields (each >= -1).
+Mask mask_of(int32_t window_left, int32_t window_right, const char* params);
+
+// A host array of `count` document lengths (count >= 0; NULL only when count is 0).
+std::vector<int64_t> lengths_of(const int64_t* lengths, int64_t count, const char* argument);
+
+// Reads a versioned params struct the caller passed: struct_size >= min_size and a multiple
+// of 8; fields past struct_size take `defaults`; bytes past sizeof(T) must be 0 (fields of a
+// newer thdcp.h this library does not know).
+template <typename T>
+T read_params(const T* given, size_t min_size, const T& defaults, const char* argument, const char* type,
+              const char* init) {
+  THDCP_CAPI_REQUIRE(given != nullptr, argument << " is NULL: pass a " << type << " filled by " << init);
+  const size_t size = given->struct_size;
+  THDCP_CAPI_REQUIRE(size >= min_size && size % 8 == 0,
+                     argument << "->struct_size=" << size << " is not the size of a " << type
+                              << " (the first version has " << min_size << " bytes, every version a multiple of 8)"
+                              << ": set struct_size = sizeof(" << type << "), as " << init << " does");
+  if (size > sizeof(T)) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(given);
+    for (size_t i = sizeof(T); i < size; ++i) {
+      THDCP_CAPI_REQUIRE(bytes[i] == 0,
+                         argument << "->struct_size=" << size << " is larger than the " << sizeof(T) << " bytes of "
+                                  << type << " this libthdcp (" << thdcp_version_string()
+                                  << ") knows, and byte " << i
+                                  << " past them is not 0: a field of a newer thdcp.h is set that this library "
+                                     "cannot honour; link the libthdcp of that thdcp.h, or leave the field 0");
+    }
+  }
+  T out = defaults;
+  std::memcpy(&out, given, std::min(size, sizeof(T)));
+  out.struct_size = sizeof(T);
+  return out;
+}
+
+// Writes a versioned output struct: the fields that fit the caller's struct_size.
+template <typename T>
+void write_result(T* out, const T& value, size_t min_size, const char* argument, const char* type) {
+  THDCP_CAPI_REQUIRE(out != nullptr, argument << " is NULL: pass a " << type << " with struct_size = sizeof(" << type
+                                              << ")");
+  const size_t size = out->struct_size;
+  THDCP_CAPI_REQUIRE(size >= min_size && size % 8 == 0,
+                     argument << "->struct_size=" << size << " is not the size of a " << type
+                              << " (the first version has " << min_size << " bytes): set it to sizeof(" << type
+                              << ")");
+  const size_t head = sizeof(size_t);
+  std::memcpy(reinterpret_cast<unsigned char*>(out) + head, reinterpret_cast<const unsigned char*>(&value) + head,
+              std::min(size, sizeof(T)) - head);
+}
+
+}  // namespace thdcp::capi

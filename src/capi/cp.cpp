@@ -1,0 +1,290 @@
+// AllGather CP plans of the C ABI: thdcp::cp::CpuPlan over a host communicator,
+// thdcp::cp::CudaPlan over a device communicator. Every call that is collective aborts an
+// in-process or shared-GPU group when it fails on this rank (handles.h).
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+
+#include "convert.h"
+#include "handles.h"
+#include "status.h"
+#include "thdcp/cp/cp.h"
+
+#if defined(THDCP_HAVE_CUDA)
+#include "thdcp/cp/cuda.h"
+#endif
+
+namespace thdcp::capi {
+
+// The checked contents of a thdcp_cp_params.
+struct CpConfig {
+  thdcp_backend_t backend = THDCP_BACKEND_CPU;
+  cp::Problem problem;
+  float softmax_scale = 0.0f;
+  bool deterministic = true;
+  int num_threads = 0;
+  bool backward_kv_from_forward = false;
+};
+
+namespace {
+
+const thdcp_cp_params kDefaults = THDCP_CP_PARAMS_INIT;
+
+CpConfig config_of(const thdcp_cp_params* given) {
+  const thdcp_cp_params p = read_params(given, THDCP_CP_PARAMS_MIN_SIZE, kDefaults, "params", "thdcp_cp_params",
+                                        "THDCP_CP_PARAMS_INIT or thdcp_cp_params_init()");
+  const thdcp_backend_t backend = backend_of(raw_enum(p.backend), "params->backend");
+  if (backend == THDCP_BACKEND_CUDA) require_cuda_build("params->backend=THDCP_BACKEND_CUDA");
+  CpConfig c;
+  c.backend = backend;
+  cp::Problem& problem = c.problem;
+  problem.dtype = storage_dtype(raw_enum(p.dtype), "params->dtype");
+  THDCP_CAPI_REQUIRE(backend == THDCP_BACKEND_CPU || problem.dtype != DType::kFloat32,
+                     "params->dtype=THDCP_DTYPE_FP32 is not supported by the CUDA backend: use THDCP_DTYPE_BF16 or "
+                     "THDCP_DTYPE_FP16 (or THDCP_BACKEND_CPU for fp32)");
+  THDCP_CAPI_REQUIRE(p.cp_size >= 1, "params->cp_size=" << p.cp_size << " must be >= 1: the ranks of the group");
+  THDCP_CAPI_REQUIRE(p.max_seqs >= 1, "params->max_seqs=" << p.max_seqs
+                                                          << " must be >= 1: the most sequences a layout may have");
+  THDCP_CAPI_REQUIRE(p.max_tokens >= 0 && p.max_tokens <= std::numeric_limits<int32_t>::max() &&
+                         p.max_tokens % (2 * static_cast<int64_t>(p.cp_size)) == 0,
+                     "params->max_tokens=" << p.max_tokens << " must be a multiple of 2*cp_size=" << 2 * p.cp_size
+                                           << " in [0, 2^31): the global rows of the layouts");
+  THDCP_CAPI_REQUIRE(p.q_heads <= std::numeric_limits<int32_t>::max() && p.kv_heads <= p.q_heads,
+                     "params->q_heads=" << p.q_heads << ", params->kv_heads=" << p.kv_heads
+                                        << ": need kv_heads <= q_heads < 2^31");
+  THDCP_CAPI_REQUIRE(p.q_heads >= 1 && p.kv_heads >= 1 && p.q_heads % p.kv_heads == 0,
+                     "params->q_heads=" << p.q_heads << ", params->kv_heads=" << p.kv_heads
+                                        << ": need kv_heads >= 1 and q_heads a multiple of kv_heads (GQA/MQA)");
+  if (backend == THDCP_BACKEND_CUDA) {
+#if defined(THDCP_HAVE_CUDA)
+    THDCP_CAPI_REQUIRE(cuda::cuda_supports_head_dim(p.head_dim),
+                       "params->head_dim=" << p.head_dim
+                                           << " is not supported by the CUDA backend: use 64 or 128 (the CPU "
+                                              "backend takes any multiple of 8 in [8, 256])");
+#endif
+  } else {
+    THDCP_CAPI_REQUIRE(cpu_supports_head_dim(p.head_dim),
+                       "params->head_dim=" << p.head_dim
+                                           << " is not supported by the CPU backend: use a multiple of 8 in [8, 256]");
+  }
+  problem.cp = p.cp_size;
+  problem.capacity = Capacity{p.max_seqs, p.max_tokens};
+  problem.mask = mask_of(p.window_left, p.window_right, "params");
+  problem.q_heads = p.q_heads;
+  problem.kv_heads = p.kv_heads;
+  problem.head_dim = p.head_dim;
+  THDCP_CAPI_REQUIRE(std::isfinite(p.softmax_scale),
+                     "params->softmax_scale=" << p.softmax_scale << " must be finite (0: 1/sqrt(head_dim))");
+  c.softmax_scale = p.softmax_scale;
+  c.deterministic = p.deterministic != 0;
+  THDCP_CAPI_REQUIRE(p.num_threads >= 0,
+                     "params->num_threads=" << p.num_threads << " must be >= 0 (0: every hardware thread)");
+  c.num_threads = p.num_threads;
+  c.backward_kv_from_forward = p.backward_kv_from_forward != 0;
+  return c;
+}
+
+AttentionOptions cpu_options(const CpConfig& c) {
+  AttentionOptions o;
+  o.softmax_scale = c.softmax_scale;
+  o.num_threads = c.num_threads;
+  return o;
+}
+
+#if defined(THDCP_HAVE_CUDA)
+cuda::Options cuda_options(const CpConfig& c) {
+  cuda::Options o;
+  o.softmax_scale = c.softmax_scale;
+  o.deterministic = c.deterministic;
+  return o;
+}
+#endif
+
+}  // namespace
+
+}  // namespace thdcp::capi
+
+struct thdcp_cp_plan_st {
+  thdcp_communicator_st* comm = nullptr;  // borrowed
+  thdcp::capi::CpConfig config;
+  std::unique_ptr<thdcp::cp::CpuPlan> cpu;
+#if defined(THDCP_HAVE_CUDA)
+  std::unique_ptr<thdcp::cp::CudaPlan> cuda;
+#endif
+};
+
+namespace thdcp::capi {
+
+namespace {
+
+const char* kPlanHint = "a plan made by thdcp_cp_plan_create";
+
+void create(thdcp_communicator_st* comm, const thdcp_cp_params* params, void* workspace, size_t workspace_bytes,
+            thdcp_cp_plan_t* plan) {
+  THDCP_CAPI_NOT_NULL(comm, "a communicator of the group (thdcp_communicator_create_*)");
+  auto made = std::make_unique<thdcp_cp_plan_st>();
+  made->comm = comm;
+  made->config = config_of(params);
+  THDCP_CAPI_NOT_NULL(plan, "a thdcp_cp_plan_t to receive the plan");
+  const CpConfig& c = made->config;
+  THDCP_CAPI_REQUIRE(c.problem.cp == comm->size(),
+                     "params->cp_size=" << c.problem.cp << " but the communicator has " << comm->size()
+                                        << " ranks: set cp_size to the communicator's size");
+  if (c.backend == THDCP_BACKEND_CPU) {
+    THDCP_CAPI_REQUIRE(!comm->is_device(),
+                       "comm is a device communicator (" << comm->kind()
+                                                         << ") but THDCP_BACKEND_CPU needs a host communicator "
+                                                            "(in-process or MPI): pass one, or use THDCP_BACKEND_CUDA");
+    (void)workspace;
+    (void)workspace_bytes;
+    made->cpu = std::make_unique<cp::CpuPlan>(*comm->host, c.problem, cpu_options(c));
+  } else {
+    THDCP_CAPI_REQUIRE(comm->is_device(),
+                       "comm is a host communicator (" << comm->kind()
+                                                       << ") but THDCP_BACKEND_CUDA needs a device communicator "
+                                                          "(NCCL or a shared-GPU group): pass one, or use "
+                                                          "THDCP_BACKEND_CPU");
+    require_cuda_device("params->backend=THDCP_BACKEND_CUDA");
+#if defined(THDCP_HAVE_CUDA)
+    made->cuda = std::make_unique<cp::CudaPlan>(*comm->device, c.problem, cuda_options(c), workspace,
+                                                workspace_bytes);
+#endif
+  }
+  *plan = made.release();
+}
+
+// The layout of a step: CPU host arrays (checked by the plan); CUDA device arrays in
+// capacity form.
+LayoutView step_layout(const CpConfig& c, const thdcp_layout_t* layout) {
+  const LayoutView batch = layout_view(layout, "layout");
+  if (c.backend == THDCP_BACKEND_CUDA) {
+    THDCP_CAPI_REQUIRE(batch.num_seqs == c.problem.capacity.max_seqs,
+                       "layout->num_seqs=" << batch.num_seqs << " but the CUDA backend reads layouts in capacity "
+                                           << "form: num_seqs must be the plan's max_seqs="
+                                           << c.problem.capacity.max_seqs
+                                           << ", unused trailing entries repeating the last offset "
+                                              "(thdcp_capacity_layout makes it)");
+  }
+  return batch;
+}
+
+void forward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q, const thdcp_tensor_t* k,
+             const thdcp_tensor_t* v, const thdcp_tensor_t* out, float* lse, float* max_logit, thdcp_stream_t stream) {
+  const LayoutView batch = step_layout(plan.config, layout);
+  cp::ForwardTensors t;
+  t.q = const_view(q, "q");
+  t.k = const_view(k, "k");
+  t.v = const_view(v, "v");
+  t.out = view(out, "out");
+  t.lse = lse;
+  t.max_logit = max_logit;
+  const cp::Problem& p = plan.config.problem;
+  THDCP_CAPI_REQUIRE(lse != nullptr || p.q_heads * p.local_rows() == 0,
+                     "lse is NULL: pass q_heads * max_tokens / cp = " << p.q_heads * p.local_rows() << " floats");
+  for (auto [name, tensor] : {std::make_pair("q", t.q), std::make_pair("k", t.k), std::make_pair("v", t.v),
+                              std::make_pair("out", ConstThdTensor(t.out))}) {
+    THDCP_CAPI_REQUIRE(tensor.dtype == p.dtype, name << " has dtype " << dtype_name(tensor.dtype)
+                                                     << " but the plan's dtype is " << dtype_name(p.dtype));
+  }
+  if (plan.cpu) {
+    plan.cpu->forward(batch, t);
+    return;
+  }
+#if defined(THDCP_HAVE_CUDA)
+  plan.cuda->forward(cp::DeviceLayout{batch.cu_seqlens, batch.cu_seqlens_padded}, t, stream);
+#else
+  (void)stream;
+#endif
+}
+
+void backward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q, const thdcp_tensor_t* k,
+              const thdcp_tensor_t* v, const thdcp_tensor_t* out, const thdcp_tensor_t* dout, const float* lse,
+              const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv, thdcp_stream_t stream) {
+  const LayoutView batch = step_layout(plan.config, layout);
+  cp::BackwardTensors t;
+  t.q = const_view(q, "q");
+  t.k = const_view(k, "k");
+  t.v = const_view(v, "v");
+  t.out = const_view(out, "out");
+  t.dout = const_view(dout, "dout");
+  t.lse = lse;
+  t.dq = view(dq, "dq");
+  t.dk = view(dk, "dk");
+  t.dv = view(dv, "dv");
+  const cp::Problem& p = plan.config.problem;
+  THDCP_CAPI_REQUIRE(lse != nullptr || p.q_heads * p.local_rows() == 0,
+                     "lse is NULL: pass the forward's q_heads * max_tokens / cp = " << p.q_heads * p.local_rows()
+                                                                                    << " floats");
+  for (auto [name, tensor] : {std::make_pair("q", t.q), std::make_pair("k", t.k), std::make_pair("v", t.v),
+                              std::make_pair("out", t.out), std::make_pair("dout", t.dout)}) {
+    THDCP_CAPI_REQUIRE(tensor.dtype == p.dtype, name << " has dtype " << dtype_name(tensor.dtype)
+                                                     << " but the plan's dtype is " << dtype_name(p.dtype));
+  }
+  for (auto [name, tensor] : {std::make_pair("dq", t.dq), std::make_pair("dk", t.dk), std::make_pair("dv", t.dv)}) {
+    THDCP_CAPI_REQUIRE(tensor.dtype == p.dtype || tensor.dtype == DType::kFloat32,
+                       name << " has dtype " << dtype_name(tensor.dtype) << ": gradients are stored in the plan's dtype ("
+                            << dtype_name(p.dtype) << ") or fp32");
+  }
+  if (plan.cpu) {
+    plan.cpu->backward(batch, t);
+    return;
+  }
+#if defined(THDCP_HAVE_CUDA)
+  plan.cuda->backward(cp::DeviceLayout{batch.cu_seqlens, batch.cu_seqlens_padded}, t, stream,
+                      plan.config.backward_kv_from_forward ? cp::KvSource::kFromForward : cp::KvSource::kGather);
+#else
+  (void)stream;
+#endif
+}
+
+thdcp_communicator_st* comm_of(thdcp_cp_plan_st* plan) { return plan ? plan->comm : nullptr; }
+
+}  // namespace
+
+}  // namespace thdcp::capi
+
+extern "C" {
+
+thdcp_status_t thdcp_cp_plan_workspace_size(const thdcp_cp_params* params, size_t* workspace_bytes) {
+  return thdcp::capi::guarded(__func__, [&] {
+    [[maybe_unused]] const thdcp::capi::CpConfig c = thdcp::capi::config_of(params);
+    THDCP_CAPI_NOT_NULL(workspace_bytes, "a size_t to receive the bytes");
+    size_t bytes = 0;
+#if defined(THDCP_HAVE_CUDA)
+    if (c.backend == THDCP_BACKEND_CUDA) bytes = thdcp::cp::cuda_workspace_size(c.problem, thdcp::capi::cuda_options(c));
+#endif
+    *workspace_bytes = bytes;
+  });
+}
+
+thdcp_status_t thdcp_cp_plan_create(thdcp_communicator_t comm, const thdcp_cp_params* params, void* workspace,
+                                    size_t workspace_bytes, thdcp_cp_plan_t* plan) {
+  return thdcp::capi::guarded_collective(
+      __func__, comm, [&] { thdcp::capi::create(comm, params, workspace, workspace_bytes, plan); });
+}
+
+thdcp_status_t thdcp_cp_plan_destroy(thdcp_cp_plan_t plan) {
+  return thdcp::capi::guarded(__func__, [&] { delete plan; });
+}
+
+thdcp_status_t thdcp_cp_forward(thdcp_cp_plan_t plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
+                                const thdcp_tensor_t* k, const thdcp_tensor_t* v, const thdcp_tensor_t* out,
+                                float* lse, float* max_logit, thdcp_stream_t stream) {
+  return thdcp::capi::guarded_collective(__func__, thdcp::capi::comm_of(plan), [&] {
+    THDCP_CAPI_NOT_NULL(plan, thdcp::capi::kPlanHint);
+    thdcp::capi::forward(*plan, layout, q, k, v, out, lse, max_logit, stream);
+  });
+}
+
+thdcp_status_t thdcp_cp_backward(thdcp_cp_plan_t plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
+                                 const thdcp_tensor_t* k, const thdcp_tensor_t* v, const thdcp_tensor_t* out,
+                                 const thdcp_tensor_t* dout, const float* lse, const thdcp_tensor_t* dq,
+                                 const thdcp_tensor_t* dk, const thdcp_tensor_t* dv, thdcp_stream_t stream) {
+  return thdcp::capi::guarded_collective(__func__, thdcp::capi::comm_of(plan), [&] {
+    THDCP_CAPI_NOT_NULL(plan, thdcp::capi::kPlanHint);
+    thdcp::capi::backward(*plan, layout, q, k, v, out, dout, lse, dq, dk, dv, stream);
+  });
+}
+
+}  // extern "C"

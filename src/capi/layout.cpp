@@ -1,0 +1,208 @@
+// Host arithmetic of the C ABI: the dual-chunk split (plan/rank_split.h), capacities and
+// layouts (plan/capacity.h, plan/layout.h) and capacity planning (plan/planner.h).
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "convert.h"
+#include "status.h"
+#include "thdcp/plan/capacity.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/plan/planner.h"
+#include "thdcp/plan/rank_split.h"
+
+namespace thdcp::capi {
+
+namespace {
+
+// A host layout for the split helpers (rank_row_map validates its values: every padded
+// length a multiple of 2 * cp).
+LayoutView split_layout(const thdcp_layout_t* layout, int cp, int rank) {
+  THDCP_CAPI_REQUIRE(cp >= 1, "cp=" << cp << " must be >= 1");
+  THDCP_CAPI_REQUIRE(rank >= 0 && rank < cp, "rank=" << rank << " must be in [0, cp=" << cp << ")");
+  return layout_view(layout, "layout");
+}
+
+void check_rows(const char* what, const void* rows, size_t row_bytes) {
+  THDCP_CAPI_REQUIRE(rows != nullptr, what << " is NULL: pass its host memory");
+  THDCP_CAPI_REQUIRE(row_bytes >= 1, "row_bytes=0: pass the bytes of one row (heads * head_dim * element size)");
+}
+
+Capacity capacity_of(const thdcp_capacity_t* capacity) {
+  THDCP_CAPI_NOT_NULL(capacity, "a thdcp_capacity_t (max_tokens, max_seqs)");
+  return Capacity{capacity->max_seqs, capacity->max_tokens};
+}
+
+thdcp_capacity_t c_capacity(const Capacity& capacity) {
+  thdcp_capacity_t out{};
+  out.max_tokens = capacity.max_tokens;
+  out.max_seqs = capacity.max_seqs;
+  return out;
+}
+
+void copy_layout(const BatchLayout& layout, int32_t* cu_seqlens, int32_t* cu_seqlens_padded) {
+  std::copy(layout.cu_seqlens.begin(), layout.cu_seqlens.end(), cu_seqlens);
+  std::copy(layout.cu_seqlens_padded.begin(), layout.cu_seqlens_padded.end(), cu_seqlens_padded);
+}
+
+const thdcp_capacity_plan_params kPlanDefaults = THDCP_CAPACITY_PLAN_PARAMS_INIT;
+
+}  // namespace
+
+}  // namespace thdcp::capi
+
+using thdcp::capi::guarded;
+
+extern "C" {
+
+thdcp_status_t thdcp_cp_local_rows(const thdcp_layout_t* layout, int cp, int rank, int32_t* global_rows,
+                                   int64_t num_rows) {
+  return guarded(__func__, [&] {
+    const thdcp::LayoutView batch = thdcp::capi::split_layout(layout, cp, rank);
+    const std::vector<int32_t> map = thdcp::rank_row_map(batch, cp, rank);
+    THDCP_CAPI_NOT_NULL(global_rows, "num_rows = T / cp = " << map.size() << " int32 entries");
+    THDCP_CAPI_REQUIRE(num_rows == static_cast<int64_t>(map.size()),
+                       "num_rows=" << num_rows << " but rank " << rank << " of cp=" << cp << " holds T / cp = "
+                                   << map.size() << " rows of this layout (T = " << batch.total_rows() << ")");
+    std::copy(map.begin(), map.end(), global_rows);
+  });
+}
+
+thdcp_status_t thdcp_cp_split(const void* global, void* local, size_t row_bytes, const thdcp_layout_t* layout,
+                              int cp, int rank) {
+  return guarded(__func__, [&] {
+    thdcp::capi::check_rows("global", global, row_bytes);
+    thdcp::capi::check_rows("local", local, row_bytes);
+    const thdcp::LayoutView batch = thdcp::capi::split_layout(layout, cp, rank);
+    thdcp::split_for_rank(global, local, row_bytes, batch, cp, rank);
+  });
+}
+
+thdcp_status_t thdcp_cp_merge(const void* local, void* global, size_t row_bytes, const thdcp_layout_t* layout,
+                              int cp, int rank) {
+  return guarded(__func__, [&] {
+    thdcp::capi::check_rows("local", local, row_bytes);
+    thdcp::capi::check_rows("global", global, row_bytes);
+    const thdcp::LayoutView batch = thdcp::capi::split_layout(layout, cp, rank);
+    thdcp::merge_from_rank(local, global, row_bytes, batch, cp, rank);
+  });
+}
+
+thdcp_status_t thdcp_capacity_default(int64_t max_tokens, int cp, thdcp_capacity_t* capacity) {
+  return guarded(__func__, [&] {
+    const thdcp::Capacity made = thdcp::default_capacity(max_tokens, cp);
+    THDCP_CAPI_NOT_NULL(capacity, "a thdcp_capacity_t to receive the capacity");
+    *capacity = thdcp::capi::c_capacity(made);
+  });
+}
+
+thdcp_status_t thdcp_capacity_check_fit(const int64_t* lengths, int64_t num_documents, int cp,
+                                        const thdcp_capacity_t* capacity, thdcp_fit_t* fit) {
+  return guarded(__func__, [&] {
+    const std::vector<int64_t> docs = thdcp::capi::lengths_of(lengths, num_documents, "lengths");
+    const thdcp::Fit result = thdcp::check_fit(docs, cp, thdcp::capi::capacity_of(capacity));
+    THDCP_CAPI_NOT_NULL(fit, "a thdcp_fit_t to receive the answer");
+    switch (result) {
+      case thdcp::Fit::kFits: *fit = THDCP_FIT_FITS; return;
+      case thdcp::Fit::kTooManySequences: *fit = THDCP_FIT_TOO_MANY_SEQUENCES; return;
+      case thdcp::Fit::kTooManyTokens: *fit = THDCP_FIT_TOO_MANY_TOKENS; return;
+    }
+  });
+}
+
+thdcp_status_t thdcp_padded_rows(const int64_t* lengths, int64_t num_documents, int cp, int64_t* rows) {
+  return guarded(__func__, [&] {
+    const std::vector<int64_t> docs = thdcp::capi::lengths_of(lengths, num_documents, "lengths");
+    THDCP_CAPI_REQUIRE(cp >= 1, "cp=" << cp << " must be >= 1");
+    THDCP_CAPI_NOT_NULL(rows, "an int64_t to receive the rows");
+    *rows = thdcp::padded_rows(docs, cp);
+  });
+}
+
+thdcp_status_t thdcp_make_layout(const int64_t* lengths, int64_t num_documents, int cp, int32_t* cu_seqlens,
+                                 int32_t* cu_seqlens_padded) {
+  return guarded(__func__, [&] {
+    const std::vector<int64_t> docs = thdcp::capi::lengths_of(lengths, num_documents, "lengths");
+    THDCP_CAPI_REQUIRE(cp >= 1, "cp=" << cp << " must be >= 1");
+    THDCP_CAPI_NOT_NULL(cu_seqlens, "num_documents + 1 = " << num_documents + 1 << " int32 entries");
+    THDCP_CAPI_NOT_NULL(cu_seqlens_padded, "num_documents + 1 = " << num_documents + 1 << " int32 entries");
+    thdcp::capi::copy_layout(thdcp::make_layout(docs, cp), cu_seqlens, cu_seqlens_padded);
+  });
+}
+
+thdcp_status_t thdcp_capacity_layout(const int64_t* lengths, int64_t num_documents, int cp,
+                                     const thdcp_capacity_t* capacity, int32_t* cu_seqlens,
+                                     int32_t* cu_seqlens_padded) {
+  return guarded(__func__, [&] {
+    const std::vector<int64_t> docs = thdcp::capi::lengths_of(lengths, num_documents, "lengths");
+    const thdcp::Capacity cap = thdcp::capi::capacity_of(capacity);
+    THDCP_CAPI_NOT_NULL(cu_seqlens, "capacity->max_seqs + 1 int32 entries");
+    THDCP_CAPI_NOT_NULL(cu_seqlens_padded, "capacity->max_seqs + 1 int32 entries");
+    thdcp::capi::copy_layout(thdcp::capacity_layout(docs, cp, cap), cu_seqlens, cu_seqlens_padded);
+  });
+}
+
+thdcp_status_t thdcp_choose_cp_size(const int64_t* lengths, int64_t num_documents, const int32_t* cp_sizes,
+                                    int num_sizes, int64_t rows_per_rank, int32_t* cp_size) {
+  return guarded(__func__, [&] {
+    const std::vector<int64_t> docs = thdcp::capi::lengths_of(lengths, num_documents, "lengths");
+    THDCP_CAPI_REQUIRE(num_sizes >= 1, "num_sizes=" << num_sizes << " must be >= 1");
+    THDCP_CAPI_NOT_NULL(cp_sizes, "num_sizes=" << num_sizes << " CP sizes");
+    THDCP_CAPI_NOT_NULL(cp_size, "an int32_t to receive the CP size");
+    const std::vector<int> sizes(cp_sizes, cp_sizes + num_sizes);
+    *cp_size = thdcp::choose_cp_size(docs, sizes, rows_per_rank);
+  });
+}
+
+thdcp_status_t thdcp_plan_capacity(const int64_t* lengths, int64_t num_documents,
+                                   const thdcp_capacity_plan_params* params, thdcp_capacity_plan_result* result) {
+  return guarded(__func__, [&] {
+    const thdcp_capacity_plan_params p = thdcp::capi::read_params(
+        params, THDCP_CAPACITY_PLAN_PARAMS_MIN_SIZE, thdcp::capi::kPlanDefaults, "params",
+        "thdcp_capacity_plan_params", "THDCP_CAPACITY_PLAN_PARAMS_INIT or thdcp_capacity_plan_params_init()");
+    thdcp::DocumentLengths documents;
+    documents.source = "lengths";
+    documents.lengths = thdcp::capi::lengths_of(lengths, num_documents, "lengths");
+    THDCP_CAPI_REQUIRE(num_documents >= 1, "num_documents=0: pass at least one document length");
+    for (int64_t i = 0; i < num_documents; ++i) {
+      THDCP_CAPI_REQUIRE(lengths[i] >= 1,
+                         "lengths[" << i << "]=" << lengths[i] << ": planning takes documents of >= 1 token");
+    }
+    THDCP_CAPI_REQUIRE(p.cp_size >= 1, "params->cp_size=" << p.cp_size << " must be >= 1");
+    THDCP_CAPI_REQUIRE(p.long_documents >= 0 && p.long_documents <= 2,
+                       "params->long_documents=" << p.long_documents
+                                                 << ": use 0 (refuse), 1 (split) or 2 (cut to a batch)");
+    THDCP_CAPI_REQUIRE(p.fallback_budget >= 0.0 && p.fallback_budget <= 1.0,
+                       "params->fallback_budget=" << p.fallback_budget << " must be a fraction in [0, 1]");
+    THDCP_CAPI_REQUIRE(p.tokens >= 2 * static_cast<int64_t>(p.cp_size),
+                       "params->tokens=" << p.tokens << " must be >= 2*cp_size=" << 2 * p.cp_size
+                                         << ": the rows of a batch");
+    const int64_t alignment = thdcp::packing_alignment({p.cp_size});
+    const thdcp::DocumentLengths fitted = thdcp::fit_long_documents(
+        documents, p.tokens, alignment, static_cast<thdcp::LongDocuments>(p.long_documents));
+    thdcp::PlanOptions options;
+    options.tokens = p.tokens;
+    options.cp_sizes = {p.cp_size};
+    options.fallback_budget = p.fallback_budget;
+    const thdcp::CapacityPlan plan =
+        thdcp::plan_capacity(thdcp::pack_documents(fitted, p.tokens, alignment), options);
+    const thdcp::CpPlan& per_cp = plan.per_cp.at(0);
+    const thdcp::CapacityCandidate& chosen = per_cp.candidates.at(static_cast<size_t>(per_cp.recommended));
+    THDCP_CAPI_REQUIRE(chosen.max_seqs <= std::numeric_limits<int32_t>::max(),
+                       "the recommended max_seqs=" << chosen.max_seqs << " does not fit an int32");
+    thdcp_capacity_plan_result out{};
+    out.struct_size = sizeof(out);
+    out.capacity.max_tokens = p.tokens;
+    out.capacity.max_seqs = static_cast<int32_t>(chosen.max_seqs);
+    out.batches = plan.docs_per_batch.batches;
+    out.fallback_batches = chosen.fallback_batches;
+    out.fallback_fraction = chosen.fallback_fraction;
+    out.padding_fraction = per_cp.padding_fraction;
+    out.metadata_bytes = chosen.metadata_bytes;
+    thdcp::capi::write_result(result, out, THDCP_CAPACITY_PLAN_RESULT_MIN_SIZE, "result",
+                              "thdcp_capacity_plan_result");
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,212 @@
+// Single-device attention through the C ABI equals the C++ API (thdcp::cpu) bit for bit, on
+// a varlen batch with padding and an empty sequence, for causal, full, a window and GQA;
+// and an older, shorter params struct is accepted with the defaults of the fields it lacks.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "capi/capi_support.h"
+#include "support/random_batch.h"
+#include "thdcp/cpu/attention.h"
+#include "thdcp/plan/segment_table.h"
+#include "thdcp/thdcp.h"
+
+namespace thdcp {
+namespace {
+
+using test::c_layout;
+using test::c_tensor;
+
+struct Result {
+  HostTensor out, dq, dk, dv;
+  std::vector<float> lse, max_logit;
+};
+
+Result empty_result(const test::Batch& b, DType dq_dtype, DType dkv_dtype) {
+  const int64_t rows = b.q.tokens();
+  Result r;
+  r.out = HostTensor(b.q.dtype(), rows, b.q.heads(), b.q.head_dim());
+  r.dq = HostTensor(dq_dtype, rows, b.q.heads(), b.q.head_dim());
+  r.dk = HostTensor(dkv_dtype, rows, b.k.heads(), b.k.head_dim());
+  r.dv = HostTensor(dkv_dtype, rows, b.k.heads(), b.k.head_dim());
+  r.lse.resize(static_cast<size_t>(b.q.heads() * rows));
+  r.max_logit.resize(static_cast<size_t>(b.q.heads()));
+  for (HostTensor* t : {&r.out, &r.dq, &r.dk, &r.dv}) test::poison(*t);
+  test::poison(r.lse);
+  test::poison(r.max_logit);
+  return r;
+}
+
+// The C++ API: one segment per sequence, the CPU reference.
+Result cpp_result(const test::Batch& b, const Mask& mask, const AttentionOptions& options, DType dq_dtype,
+                  DType dkv_dtype) {
+  Result r = empty_result(b, dq_dtype, dkv_dtype);
+  const SegmentTable table = build_segment_table(b.layout.view(), mask);
+  cpu::attention_forward(table, b.q.view(), b.k.view(), b.v.view(), r.out.view(), r.lse.data(), r.max_logit.data(),
+                         options);
+  cpu::attention_backward(table, b.q.view(), b.k.view(), b.v.view(), r.out.view(), b.dout.view(), r.lse.data(),
+                          r.dq.view(), r.dk.view(), r.dv.view(), options);
+  return r;
+}
+
+// The same through the C ABI, with a plan of `params`.
+Result c_result(const test::Batch& b, const thdcp_attention_params* params, DType dq_dtype, DType dkv_dtype) {
+  Result r = empty_result(b, dq_dtype, dkv_dtype);
+  size_t workspace_bytes = 1;
+  EXPECT_C_OK(thdcp_attention_plan_workspace_size(params, &workspace_bytes));
+  EXPECT_EQ(workspace_bytes, 0u) << "the CPU backend needs no workspace";
+  thdcp_attention_plan_t plan = nullptr;
+  EXPECT_C_OK(thdcp_attention_plan_create(params, nullptr, 0, &plan));
+  const thdcp_layout_t layout = c_layout(b.layout);
+  const thdcp_tensor_t q = c_tensor(b.q), k = c_tensor(b.k), v = c_tensor(b.v), dout = c_tensor(b.dout);
+  const thdcp_tensor_t out = c_tensor(r.out), dq = c_tensor(r.dq), dk = c_tensor(r.dk), dv = c_tensor(r.dv);
+  EXPECT_C_OK(thdcp_attention_forward(plan, &layout, &q, &k, &v, &out, r.lse.data(), r.max_logit.data(), nullptr));
+  EXPECT_C_OK(thdcp_attention_backward(plan, &layout, &q, &k, &v, &out, &dout, r.lse.data(), &dq, &dk, &dv, nullptr));
+  EXPECT_C_OK(thdcp_attention_plan_destroy(plan));
+  return r;
+}
+
+::testing::AssertionResult same_bits(const char* name, const void* a, const void* b, size_t bytes) {
+  if (std::memcmp(a, b, bytes) == 0) return ::testing::AssertionSuccess();
+  const auto* x = static_cast<const unsigned char*>(a);
+  const auto* y = static_cast<const unsigned char*>(b);
+  size_t i = 0;
+  while (x[i] == y[i]) ++i;
+  return ::testing::AssertionFailure() << name << " differs from the C++ API at byte " << i;
+}
+
+void expect_same(const Result& c, const Result& cpp) {
+  for (auto [name, x, y] : {std::make_tuple("out", &c.out, &cpp.out), std::make_tuple("dq", &c.dq, &cpp.dq),
+                            std::make_tuple("dk", &c.dk, &cpp.dk), std::make_tuple("dv", &c.dv, &cpp.dv)}) {
+    EXPECT_TRUE(same_bits(name, x->data(), y->data(), static_cast<size_t>(x->numel()) * dtype_size(x->dtype())));
+  }
+  EXPECT_TRUE(same_bits("lse", c.lse.data(), cpp.lse.data(), c.lse.size() * sizeof(float)));
+  EXPECT_TRUE(same_bits("max_logit", c.max_logit.data(), cpp.max_logit.data(), c.max_logit.size() * sizeof(float)));
+}
+
+// Lengths with an empty sequence, a length-1 one and lengths that are not multiples of 4,
+// padded to multiples of 4 (make_layout at cp = 2), so padding rows lie inside the batch.
+test::Batch varlen_batch(DType dtype, int64_t q_heads, int64_t kv_heads, int64_t head_dim, uint64_t seed) {
+  return test::make_batch(make_layout({37, 0, 64, 1, 90, 13}, 2), dtype, q_heads, kv_heads, head_dim, seed);
+}
+
+thdcp_attention_params params_for(const test::Batch& b, const Mask& mask, int extra_seqs) {
+  thdcp_attention_params p;
+  thdcp_attention_params_init(&p);
+  p.dtype = test::c_dtype(b.q.dtype());
+  p.max_tokens = b.q.tokens();
+  p.max_seqs = b.layout.num_seqs() + extra_seqs;
+  p.q_heads = b.q.heads();
+  p.kv_heads = b.k.heads();
+  p.head_dim = b.q.head_dim();
+  p.window_left = mask.window_left;
+  p.window_right = mask.window_right;
+  p.num_threads = 2;
+  return p;
+}
+
+using Case = std::tuple<std::string, Mask, int /*q_heads*/, int /*kv_heads*/, DType, bool /*fp32 grads*/>;
+
+class CApiEqualsCpp : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CApiEqualsCpp, ForwardAndBackwardBitForBit) {
+  const auto& [label, mask, q_heads, kv_heads, dtype, fp32_grads] = GetParam();
+  const test::Batch b = varlen_batch(dtype, q_heads, kv_heads, 16, 11 + q_heads * 3 + kv_heads);
+  thdcp_attention_params p = params_for(b, mask, /*extra_seqs=*/3);  // num_seqs < max_seqs
+  p.softmax_scale = label == "scaled" ? 0.2f : 0.0f;
+  const DType grad = fp32_grads ? DType::kFloat32 : dtype;
+  if (fp32_grads) p.dq_dtype = p.dkv_dtype = THDCP_DTYPE_FP32;
+  AttentionOptions options;
+  options.softmax_scale = p.softmax_scale;
+  options.num_threads = 2;
+  const Result cpp = cpp_result(b, mask, options, grad, grad);
+  const Result c = c_result(b, &p, grad, grad);
+  expect_same(c, cpp);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Masks, CApiEqualsCpp,
+    ::testing::Values(Case{"causal", Mask::causal(), 2, 2, DType::kBFloat16, false},
+                      Case{"full", Mask::full(), 2, 2, DType::kBFloat16, false},
+                      Case{"window", Mask::window(16, 4), 2, 2, DType::kBFloat16, false},
+                      Case{"causal_window", Mask::window(8, 0), 2, 2, DType::kFloat16, false},
+                      Case{"gqa", Mask::causal(), 4, 2, DType::kBFloat16, false},
+                      Case{"mqa", Mask::window(10, 10), 4, 1, DType::kBFloat16, true},
+                      Case{"scaled", Mask::full(), 2, 1, DType::kFloat32, false}),
+    [](const ::testing::TestParamInfo<Case>& param_info) { return std::get<0>(param_info.param); });
+
+// The first version of thdcp_attention_params: the fields before `deterministic`, as a caller
+// compiled against that header would pass it.
+struct AttentionParamsV1 {
+  size_t struct_size;
+  thdcp_backend_t backend;
+  thdcp_dtype_t dtype;
+  int64_t max_tokens;
+  int64_t q_heads;
+  int64_t kv_heads;
+  int64_t head_dim;
+  int32_t max_seqs;
+  int32_t window_left;
+  int32_t window_right;
+  float softmax_scale;
+};
+static_assert(sizeof(AttentionParamsV1) == THDCP_ATTENTION_PARAMS_MIN_SIZE, "the first version is 64 bytes");
+static_assert(sizeof(thdcp_attention_params) % 8 == 0, "versions end on 8-byte boundaries");
+
+TEST(CApiVersioning, OlderShorterParamsTakeTheDefaults) {
+  const test::Batch b = varlen_batch(DType::kBFloat16, 4, 2, 16, 5);
+  AttentionParamsV1 old{};
+  old.struct_size = sizeof(old);
+  old.backend = THDCP_BACKEND_CPU;
+  old.dtype = THDCP_DTYPE_BF16;
+  old.max_tokens = b.q.tokens();
+  old.q_heads = 4;
+  old.kv_heads = 2;
+  old.head_dim = 16;
+  old.max_seqs = b.layout.num_seqs();
+  old.window_left = -1;
+  old.window_right = 0;
+  const auto* as_current = reinterpret_cast<const thdcp_attention_params*>(&old);
+  // Defaults of the missing fields: gradients in the plan's dtype, every hardware thread.
+  const Result c = c_result(b, as_current, DType::kBFloat16, DType::kBFloat16);
+  const Result cpp = cpp_result(b, Mask::causal(), AttentionOptions{}, DType::kBFloat16, DType::kBFloat16);
+  expect_same(c, cpp);
+
+  // The defaulted dq_dtype is the plan's dtype: an fp32 dq is refused, naming it.
+  thdcp_attention_plan_t plan = nullptr;
+  ASSERT_C_OK(thdcp_attention_plan_create(as_current, nullptr, 0, &plan));
+  Result r = empty_result(b, DType::kFloat32, DType::kBFloat16);
+  const thdcp_layout_t layout = c_layout(b.layout);
+  const thdcp_tensor_t q = c_tensor(b.q), k = c_tensor(b.k), v = c_tensor(b.v), dout = c_tensor(b.dout);
+  const thdcp_tensor_t out = c_tensor(cpp.out), dq = c_tensor(r.dq), dk = c_tensor(r.dk), dv = c_tensor(r.dv);
+  EXPECT_C_STATUS(thdcp_attention_backward(plan, &layout, &q, &k, &v, &out, &dout, cpp.lse.data(), &dq, &dk, &dv,
+                                           nullptr),
+                  THDCP_ERROR_INVALID_ARGUMENT, "dq has dtype fp32 but the plan's dq_dtype is bf16");
+  EXPECT_C_OK(thdcp_attention_plan_destroy(plan));
+}
+
+TEST(CApiVersioning, ANewerLongerStructIsAcceptedWhenItsExtraBytesAreZero) {
+  struct Newer {
+    thdcp_attention_params current;
+    int64_t future_field;  // a field this library does not know
+  };
+  Newer newer{};
+  thdcp_attention_params_init(&newer.current);
+  newer.current.struct_size = sizeof(Newer);
+  newer.current.max_tokens = 64;
+  newer.current.max_seqs = 2;
+  newer.current.q_heads = newer.current.kv_heads = 1;
+  newer.current.head_dim = 8;
+  size_t bytes = 1;
+  EXPECT_C_OK(thdcp_attention_plan_workspace_size(&newer.current, &bytes));
+  newer.future_field = 1;
+  EXPECT_C_STATUS(thdcp_attention_plan_workspace_size(&newer.current, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                  "thdcp_attention_plan_workspace_size: params->struct_size=88",
+                  "byte 80 past them is not 0", "link the libthdcp of that thdcp.h");
+}
+
+}  // namespace
+}  // namespace thdcp

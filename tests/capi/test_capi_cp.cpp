@@ -1,0 +1,171 @@
+// AllGather CP through the C ABI, CPU backend: an in-process group whose ranks are threads of
+// the test, each splitting the global tensors with thdcp_cp_split, running a CP plan, and
+// merging its rows back with thdcp_cp_merge; the merged result equals the single-device
+// C ABI result within the tolerance of a sum in another order (as tests/cp does).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "capi/capi_support.h"
+#include "support/random_batch.h"
+#include "thdcp/plan/rank_split.h"
+#include "thdcp/thdcp.h"
+
+namespace thdcp {
+namespace {
+
+using test::c_layout;
+using test::c_tensor;
+
+struct Result {
+  HostTensor out, dq, dk, dv;
+  std::vector<float> lse, max_logit;
+};
+
+Result poisoned_result(const test::Batch& b, int64_t rows) {
+  Result r;
+  r.out = HostTensor(b.q.dtype(), rows, b.q.heads(), b.q.head_dim());
+  r.dq = HostTensor(b.q.dtype(), rows, b.q.heads(), b.q.head_dim());
+  r.dk = HostTensor(b.k.dtype(), rows, b.k.heads(), b.k.head_dim());
+  r.dv = HostTensor(b.k.dtype(), rows, b.k.heads(), b.k.head_dim());
+  r.lse.resize(static_cast<size_t>(b.q.heads() * rows));
+  r.max_logit.resize(static_cast<size_t>(b.q.heads()));
+  for (HostTensor* t : {&r.out, &r.dq, &r.dk, &r.dv}) test::poison(*t);
+  test::poison(r.lse);
+  test::poison(r.max_logit);
+  return r;
+}
+
+Result single_device(const test::Batch& b, const Mask& mask) {
+  Result r = poisoned_result(b, b.q.tokens());
+  thdcp_attention_params p;
+  thdcp_attention_params_init(&p);
+  p.dtype = test::c_dtype(b.q.dtype());
+  p.max_tokens = b.q.tokens();
+  p.max_seqs = b.layout.num_seqs();
+  p.q_heads = b.q.heads();
+  p.kv_heads = b.k.heads();
+  p.head_dim = b.q.head_dim();
+  p.window_left = mask.window_left;
+  p.window_right = mask.window_right;
+  p.num_threads = 1;
+  thdcp_attention_plan_t plan = nullptr;
+  EXPECT_C_OK(thdcp_attention_plan_create(&p, nullptr, 0, &plan));
+  const thdcp_layout_t layout = c_layout(b.layout);
+  const thdcp_tensor_t q = c_tensor(b.q), k = c_tensor(b.k), v = c_tensor(b.v), dout = c_tensor(b.dout);
+  const thdcp_tensor_t out = c_tensor(r.out), dq = c_tensor(r.dq), dk = c_tensor(r.dk), dv = c_tensor(r.dv);
+  EXPECT_C_OK(thdcp_attention_forward(plan, &layout, &q, &k, &v, &out, r.lse.data(), r.max_logit.data(), nullptr));
+  EXPECT_C_OK(thdcp_attention_backward(plan, &layout, &q, &k, &v, &out, &dout, r.lse.data(), &dq, &dk, &dv, nullptr));
+  EXPECT_C_OK(thdcp_attention_plan_destroy(plan));
+  return r;
+}
+
+HostTensor local_of(const HostTensor& global, const thdcp_layout_t& layout, int cp, int rank) {
+  HostTensor local(global.dtype(), global.tokens() / cp, global.heads(), global.head_dim());
+  EXPECT_C_OK(thdcp_cp_split(global.data(), local.data(), global.row_bytes(), &layout, cp, rank));
+  return local;
+}
+
+// One rank: split, plan, forward, backward, merge its rows into `merged` (disjoint rows per
+// rank, so the ranks write it at the same time without a race).
+void run_rank(thdcp_communicator_t comm, const test::Batch& b, const Mask& mask, int cp, Result& merged) {
+  int rank = -1;
+  EXPECT_C_OK(thdcp_communicator_rank(comm, &rank));
+  const thdcp_layout_t layout = c_layout(b.layout);
+  const int64_t rows = b.q.tokens(), local_rows = rows / cp;
+  const HostTensor q = local_of(b.q, layout, cp, rank), k = local_of(b.k, layout, cp, rank),
+                   v = local_of(b.v, layout, cp, rank), dout = local_of(b.dout, layout, cp, rank);
+  Result local = poisoned_result(b, local_rows);
+
+  thdcp_cp_params p;
+  thdcp_cp_params_init(&p);
+  p.dtype = test::c_dtype(b.q.dtype());
+  p.cp_size = cp;
+  p.max_tokens = rows;
+  p.max_seqs = b.layout.num_seqs() + 2;  // fewer sequences than the capacity
+  p.q_heads = b.q.heads();
+  p.kv_heads = b.k.heads();
+  p.head_dim = b.q.head_dim();
+  p.window_left = mask.window_left;
+  p.window_right = mask.window_right;
+  p.num_threads = 1;
+  size_t workspace = 1;
+  EXPECT_C_OK(thdcp_cp_plan_workspace_size(&p, &workspace));
+  EXPECT_EQ(workspace, 0u);
+  thdcp_cp_plan_t plan = nullptr;
+  ASSERT_C_OK(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan));
+  const thdcp_tensor_t cq = c_tensor(q), ck = c_tensor(k), cv = c_tensor(v), cdout = c_tensor(dout);
+  const thdcp_tensor_t out = c_tensor(local.out), dq = c_tensor(local.dq), dk = c_tensor(local.dk),
+                       dv = c_tensor(local.dv);
+  EXPECT_C_OK(thdcp_cp_forward(plan, &layout, &cq, &ck, &cv, &out, local.lse.data(), local.max_logit.data(), nullptr));
+  EXPECT_C_OK(thdcp_cp_backward(plan, &layout, &cq, &ck, &cv, &out, &cdout, local.lse.data(), &dq, &dk, &dv,
+                                nullptr));
+  EXPECT_C_OK(thdcp_cp_plan_destroy(plan));
+
+  for (auto [from, to] : {std::make_pair(&local.out, &merged.out), std::make_pair(&local.dq, &merged.dq),
+                          std::make_pair(&local.dk, &merged.dk), std::make_pair(&local.dv, &merged.dv)}) {
+    EXPECT_C_OK(thdcp_cp_merge(from->data(), to->data(), from->row_bytes(), &layout, cp, rank));
+  }
+  for (int64_t h = 0; h < b.q.heads(); ++h) {
+    EXPECT_C_OK(thdcp_cp_merge(local.lse.data() + h * local_rows, merged.lse.data() + h * rows, sizeof(float),
+                               &layout, cp, rank));
+  }
+  if (rank == 0) merged.max_logit = local.max_logit;  // the same on every rank (max-reduced)
+
+  // thdcp_cp_local_rows is the map the C++ split uses.
+  std::vector<int32_t> global_rows(static_cast<size_t>(local_rows), -1);
+  EXPECT_C_OK(thdcp_cp_local_rows(&layout, cp, rank, global_rows.data(), local_rows));
+  EXPECT_EQ(global_rows, rank_row_map(b.layout.view(), cp, rank));
+}
+
+using Case = std::tuple<int /*cp*/, Mask, int /*q_heads*/, int /*kv_heads*/, DType>;
+
+class CApiCpEqualsSingleDevice : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CApiCpEqualsSingleDevice, InProcessGroupOfThreads) {
+  const auto& [cp, mask, q_heads, kv_heads, dtype] = GetParam();
+  // An empty document, one of length 1 and lengths that are not multiples of 2*cp.
+  const test::Batch b =
+      test::make_batch(make_layout({37, 0, 64, 1, 90, 13}, cp), dtype, q_heads, kv_heads, 16, 100 + cp + q_heads);
+  const Result reference = single_device(b, mask);
+
+  std::vector<thdcp_communicator_t> comms(static_cast<size_t>(cp), nullptr);
+  ASSERT_C_OK(thdcp_communicator_create_in_process_group(cp, comms.data()));
+  Result merged = poisoned_result(b, b.q.tokens());
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < cp; ++r) {
+    ranks.emplace_back([&, r] { run_rank(comms[static_cast<size_t>(r)], b, mask, cp, merged); });
+  }
+  for (auto& t : ranks) t.join();
+  for (thdcp_communicator_t c : comms) EXPECT_C_OK(thdcp_communicator_destroy(c));
+
+  // Both sides round to storage once after fp32 arithmetic; dK/dV are summed in another
+  // order (per rank, then across ranks).
+  const Tolerance storage = derive_tolerance(dtype, Accumulate::kFloat32, 2);
+  const Tolerance fp32 = derive_tolerance(DType::kFloat32, Accumulate::kFloat32, 2);
+  EXPECT_TRUE(test::matches("out", merged.out, reference.out, storage));
+  EXPECT_TRUE(test::matches("dq", merged.dq, reference.dq, storage));
+  EXPECT_TRUE(test::matches("dk", merged.dk, reference.dk, storage));
+  EXPECT_TRUE(test::matches("dv", merged.dv, reference.dv, storage));
+  EXPECT_TRUE(test::matches("lse", merged.lse, reference.lse, fp32));
+  EXPECT_TRUE(test::matches("max_logit", merged.max_logit, reference.max_logit, fp32));
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& param_info) {
+  const auto& [cp, mask, q_heads, kv_heads, dtype] = param_info.param;
+  return "cp" + std::to_string(cp) + "_" + test::mask_label(mask) + "_h" + std::to_string(q_heads) + "_" +
+         std::to_string(kv_heads) + "_" + dtype_name(dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CApiCpEqualsSingleDevice,
+                         ::testing::Values(Case{2, Mask::causal(), 4, 2, DType::kBFloat16},
+                                           Case{2, Mask::full(), 2, 1, DType::kFloat32},
+                                           Case{2, Mask::window(20, 0), 2, 2, DType::kFloat16},
+                                           Case{3, Mask::window(12, 6), 4, 1, DType::kBFloat16}),
+                         case_name);
+
+}  // namespace
+}  // namespace thdcp
