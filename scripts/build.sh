@@ -25,6 +25,9 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
+# The PyTorch package's operators are built (and tested, label torch) when python3 has PyTorch.
+python_package=OFF
+python3 -c 'import torch' >/dev/null 2>&1 && python_package=ON
 jobs=$(nproc 2>/dev/null || echo 2)
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTHDCP_BUILD_PYTHON=$python_package "$@"
 cmake --build build -j "$jobs"

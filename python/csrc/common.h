@@ -1,0 +1,94 @@
+// Shared helpers of the PyTorch ops: tensor views, dtypes and error translation.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <exception>
+#include <string>
+
+#include "thdcp/core/error.h"
+#include "thdcp/core/tensor.h"
+#include "thdcp/plan/mask.h"
+
+namespace thdcp::torch_ops {
+
+// Runs `body`, turning a thdcp::Error (a bad argument, named with its value and the fix) into
+// a Python ValueError and anything else thdcp throws into a RuntimeError.
+template <typename Body>
+auto translate_errors(const char* op, Body&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const Error& e) {
+    TORCH_CHECK_VALUE(false, "thdcp.", op, ": ", e.what());
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "thdcp.", op, ": ", e.what());
+  }
+}
+
+inline DType to_dtype(const at::Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kHalf: return DType::kFloat16;
+    case at::kFloat: return DType::kFloat32;
+    default:
+      TORCH_CHECK_VALUE(false, "thdcp: ", name, " has dtype ", t.scalar_type(),
+                        "; pass torch.bfloat16 or torch.float16 (float32 on the CPU backend)");
+  }
+}
+
+// A [rows, heads, head_dim] tensor whose last dimension is contiguous: any row and head
+// strides (views of a packed QKV buffer included) are passed on to the kernels, which check
+// them against what they need.
+inline void check_thd(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.dim() == 3, "thdcp: ", name, " has ", t.dim(), " dimensions (shape ", t.sizes(),
+                    "); pass a THD tensor [tokens, heads, head_dim]");
+  TORCH_CHECK_VALUE(t.size(2) <= 1 || t.stride(2) == 1, "thdcp: ", name, " has stride ", t.stride(2),
+                    " in head_dim (strides ", t.strides(), "); head_dim must be contiguous: pass ", name,
+                    ".contiguous()");
+}
+
+inline ConstThdTensor const_view(const at::Tensor& t, const char* name) {
+  check_thd(t, name);
+  return ConstThdTensor(t.data_ptr(), to_dtype(t, name), t.size(0), t.size(1), t.size(2), t.stride(0), t.stride(1));
+}
+
+inline ThdTensor view(at::Tensor& t, const char* name) {
+  const ConstThdTensor c = const_view(t, name);
+  ThdTensor v;
+  v.data = t.data_ptr();
+  v.dtype = c.dtype;
+  v.tokens = c.tokens;
+  v.heads = c.heads;
+  v.head_dim = c.head_dim;
+  v.row_stride = c.row_stride;
+  v.head_stride = c.head_stride;
+  return v;
+}
+
+// cu_seqlens-like metadata: int32, one dimension, at least two entries, contiguous, on `device`.
+inline void check_metadata(const at::Tensor& t, const char* name, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kInt, "thdcp: ", name, " has dtype ", t.scalar_type(),
+                    "; pass torch.int32 prefix sums");
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.numel() >= 2, "thdcp: ", name, " has shape ", t.sizes(),
+                    "; pass a 1-D tensor of num_seqs + 1 >= 2 prefix sums");
+  TORCH_CHECK_VALUE(t.is_contiguous(), "thdcp: ", name, " is not contiguous; pass ", name, ".contiguous()");
+  TORCH_CHECK_VALUE(t.device() == device, "thdcp: ", name, " is on ", t.device(), " but q is on ", device,
+                    "; move it to ", device);
+}
+
+inline void check_same_device(const at::Tensor& t, const char* name, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.device() == device, "thdcp: ", name, " is on ", t.device(), " but q is on ", device,
+                    "; pass every tensor on one device");
+}
+
+inline Mask window_mask(int64_t left, int64_t right) {
+  TORCH_CHECK_VALUE(left >= -1 && right >= -1 && left <= INT32_MAX && right <= INT32_MAX, "thdcp: window=(", left,
+                    ", ", right, ") is not valid; pass (left, right) with -1 for unbounded and 0 or more otherwise, "
+                    "e.g. (-1, 0) causal, (-1, -1) full, (4096, 0) causal sliding window");
+  return Mask::window(static_cast<int32_t>(left), static_cast<int32_t>(right));
+}
+
+}  // namespace thdcp::torch_ops

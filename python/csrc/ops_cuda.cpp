@@ -1,0 +1,404 @@
+// The CUDA implementations of the thdcp operators (schemas in ops.cpp), and the registry of
+// the NCCL communicators that cp_attention runs over.
+//
+// Every operator enqueues on PyTorch's current stream of the tensors' device and allocates
+// only through PyTorch's caching allocator (at::empty), with no host synchronisation and no
+// read-back, so it works inside torch.cuda.graph and torch.compile. The single-device
+// attention and RoPE make their plan on every call (host arithmetic, a kernel attribute and
+// one pointer query: capture-safe). A CP plan is collective (its ranks exchange and check
+// the problem, waiting on the host), so it is made once per (communicator, problem) on the
+// first, eager, call and reused; a first call inside a capture is refused with the fix.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+#include "thdcp/comm/nccl.h"
+#include "thdcp/cp/cuda.h"
+#include "thdcp/cuda/attention.h"
+#include "thdcp/cuda/check.h"
+#include "thdcp/cuda/rope.h"
+
+namespace thdcp::torch_ops {
+namespace {
+
+using Outputs3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+constexpr size_t kAlignment = 256;
+size_t align_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+void check_cuda_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
+                       const at::Tensor& cu_seqlens_padded) {
+  const at::Device device = q.device();
+  check_thd(q, "q");
+  check_thd(k, "k");
+  check_thd(v, "v");
+  check_same_device(k, "k", device);
+  check_same_device(v, "v", device);
+  check_metadata(cu_seqlens, "cu_seqlens", device);
+  check_metadata(cu_seqlens_padded, "cu_seqlens_padded", device);
+  TORCH_CHECK_VALUE(cu_seqlens.numel() == cu_seqlens_padded.numel(), "thdcp: cu_seqlens has ", cu_seqlens.numel(),
+                    " entries but cu_seqlens_padded has ", cu_seqlens_padded.numel(), "; pass one per sequence + 1");
+  TORCH_CHECK_VALUE(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, "thdcp: q has dtype ",
+                    q.scalar_type(), "; the CUDA backend takes torch.bfloat16 or torch.float16");
+}
+
+cuda::AttentionShape single_device_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_seqlens,
+                                         const Mask& mask) {
+  TORCH_CHECK_VALUE(k.size(0) == q.size(0), "thdcp: k has ", k.size(0), " rows but q has ", q.size(0),
+                    "; q, k and v share one layout (cu_seqlens_padded)");
+  cuda::AttentionShape shape;
+  const int max_seqs = static_cast<int>(cu_seqlens.numel() - 1);
+  shape.table.capacity = cuda::segment_table_capacity(cuda::TableKind::kSingleDevice, max_seqs);
+  shape.table.q_rows = shape.table.k_rows = q.size(0);
+  shape.table.mask = mask;
+  shape.table.kind = cuda::TableKind::kSingleDevice;
+  shape.q_heads = q.size(1);
+  shape.kv_heads = k.size(1);
+  shape.head_dim = q.size(2);
+  shape.dtype = to_dtype(q, "q");
+  shape.dq_dtype = shape.dkv_dtype = shape.dtype;
+  return shape;
+}
+
+Outputs3 attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
+                                int64_t window_left, int64_t window_right, double softmax_scale,
+                                bool return_max_logit) {
+  return translate_errors("attention", [&] {
+    check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
+    const c10::cuda::CUDAGuard guard(q.device());
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+    const Mask mask = window_mask(window_left, window_right);
+    const cuda::AttentionShape shape = single_device_shape(q, k, cu_seqlens, mask);
+    const int max_seqs = static_cast<int>(cu_seqlens.numel() - 1);
+    cuda::Options options;
+    options.softmax_scale = static_cast<float>(softmax_scale);
+
+    const size_t table_bytes = align_up(sizeof(Segment) * static_cast<size_t>(shape.table.capacity));
+    const size_t workspace_bytes = cuda::ForwardPlan::workspace_size(shape);
+    at::Tensor scratch = at::empty({static_cast<int64_t>(table_bytes + workspace_bytes)}, q.options().dtype(at::kByte));
+    auto* base = static_cast<unsigned char*>(scratch.data_ptr());
+    const cuda::ForwardPlan plan(shape, options, base + table_bytes, workspace_bytes);
+
+    at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+    at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
+    at::Tensor max_logit = at::empty({return_max_logit ? q.size(1) : 0}, q.options().dtype(at::kFloat));
+    cuda::ForwardTensors tensors;
+    tensors.q = const_view(q, "q");
+    tensors.k = const_view(k, "k");
+    tensors.v = const_view(v, "v");
+    tensors.out = view(out, "out");
+    tensors.lse = lse.data_ptr<float>();
+    tensors.max_logit = return_max_logit ? max_logit.data_ptr<float>() : nullptr;
+    const cuda::DeviceSegmentTable table =
+        cuda::enqueue_segment_table(cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>(), max_seqs,
+                                    q.size(0), mask, reinterpret_cast<Segment*>(base), stream);
+    plan.run(table, tensors, stream);
+    return Outputs3{out, lse, max_logit};
+  });
+}
+
+void check_lse(const at::Tensor& lse, const at::Tensor& q) {
+  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1),
+                    "thdcp: lse must be the forward's float32 [heads, tokens] tensor of ", q.size(1), " x ",
+                    q.size(0), "; got ", lse.scalar_type(), " ", lse.sizes());
+}
+
+Outputs3 attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                 const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
+                                 int64_t window_left, int64_t window_right, double softmax_scale,
+                                 bool deterministic) {
+  return translate_errors("attention backward", [&] {
+    check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
+    check_same_device(dout, "dout", q.device());
+    check_same_device(out, "out", q.device());
+    check_same_device(lse, "lse", q.device());
+    check_lse(lse, q);
+    const c10::cuda::CUDAGuard guard(q.device());
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+    const Mask mask = window_mask(window_left, window_right);
+    const cuda::AttentionShape shape = single_device_shape(q, k, cu_seqlens, mask);
+    const int max_seqs = static_cast<int>(cu_seqlens.numel() - 1);
+    cuda::Options options;
+    options.softmax_scale = static_cast<float>(softmax_scale);
+    options.deterministic = deterministic;
+
+    const size_t table_bytes = align_up(sizeof(Segment) * static_cast<size_t>(shape.table.capacity));
+    const size_t workspace_bytes = cuda::BackwardPlan::workspace_size(shape, options);
+    at::Tensor scratch = at::empty({static_cast<int64_t>(table_bytes + workspace_bytes)}, q.options().dtype(at::kByte));
+    auto* base = static_cast<unsigned char*>(scratch.data_ptr());
+    const cuda::BackwardPlan plan(shape, options, base + table_bytes, workspace_bytes);
+
+    at::Tensor dq = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+    at::Tensor dk = at::empty({k.size(0), k.size(1), k.size(2)}, k.options());
+    at::Tensor dv = at::empty({v.size(0), v.size(1), v.size(2)}, v.options());
+    cuda::BackwardTensors tensors;
+    tensors.q = const_view(q, "q");
+    tensors.k = const_view(k, "k");
+    tensors.v = const_view(v, "v");
+    tensors.out = const_view(out, "out");
+    tensors.dout = const_view(dout, "dout");
+    tensors.lse = lse.data_ptr<float>();
+    tensors.dq = view(dq, "dq");
+    tensors.dk = view(dk, "dk");
+    tensors.dv = view(dv, "dv");
+    const cuda::DeviceSegmentTable table =
+        cuda::enqueue_segment_table(cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>(), max_seqs,
+                                    q.size(0), mask, reinterpret_cast<Segment*>(base), stream);
+    plan.run(table, tensors, stream);
+    return Outputs3{dq, dk, dv};
+  });
+}
+
+at::Tensor rope_cuda(const at::Tensor& x, const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
+                     const std::optional<at::Tensor>& start_offsets, int64_t cp, int64_t rank, double theta,
+                     int64_t rotary_dim, bool interleaved, bool backward) {
+  return translate_errors("rope", [&] {
+    const at::Device device = x.device();
+    check_metadata(cu_seqlens, "cu_seqlens", device);
+    check_metadata(cu_seqlens_padded, "cu_seqlens_padded", device);
+    TORCH_CHECK_VALUE(cu_seqlens.numel() == cu_seqlens_padded.numel(), "thdcp: cu_seqlens has ", cu_seqlens.numel(),
+                      " entries but cu_seqlens_padded has ", cu_seqlens_padded.numel());
+    if (start_offsets) {
+      TORCH_CHECK_VALUE(start_offsets->scalar_type() == at::kInt && start_offsets->is_contiguous() &&
+                            start_offsets->numel() == cu_seqlens.numel() - 1 && start_offsets->device() == device,
+                        "thdcp: start_offsets must be a contiguous int32 tensor of num_seqs entries on ", device);
+    }
+    TORCH_CHECK_VALUE(cp >= 1 && cp <= 1024 && rank >= 0 && rank < cp, "thdcp: rope with cp=", cp, ", rank=", rank,
+                      "; pass cp >= 1 and a rank in [0, cp)");
+    const c10::cuda::CUDAGuard guard(x.device());
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
+    at::Tensor y = x.clone(at::MemoryFormat::Contiguous);
+    cuda::RopeShape shape;
+    shape.cp = static_cast<int>(cp);
+    shape.rank = static_cast<int>(rank);
+    shape.capacity.max_seqs = static_cast<int>(cu_seqlens.numel() - 1);
+    shape.capacity.max_tokens = x.size(0) * cp;
+    shape.q_heads = x.size(1);
+    shape.kv_heads = 0;
+    shape.head_dim = x.size(2);
+    shape.dtype = to_dtype(x, "x");
+    shape.config.layout = interleaved ? RopeLayout::kInterleaved : RopeLayout::kHalfSplit;
+    shape.config.rotary_dim = rotary_dim;
+    shape.config.theta = static_cast<float>(theta);
+    shape.with_start_offsets = start_offsets.has_value();
+    const cuda::RopePlan plan(shape);
+    const int32_t* offsets = start_offsets ? start_offsets->data_ptr<int32_t>() : nullptr;
+    ThdTensor yv = view(y, "x");
+    if (backward) {
+      plan.backward(cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>(), offsets, yv, ThdTensor{},
+                    stream);
+    } else {
+      plan.forward(cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>(), offsets, yv, ThdTensor{},
+                   stream);
+    }
+    return y;
+  });
+}
+
+// ---- CP over NCCL communicators that thdcp made ----
+
+struct PlanKey {
+  int cp, max_seqs;
+  int64_t max_tokens;
+  int32_t window_left, window_right;
+  int64_t q_heads, kv_heads, head_dim;
+  int dtype;
+  float scale;
+  bool operator<(const PlanKey& o) const {
+    return std::tie(cp, max_seqs, max_tokens, window_left, window_right, q_heads, kv_heads, head_dim, dtype, scale) <
+           std::tie(o.cp, o.max_seqs, o.max_tokens, o.window_left, o.window_right, o.q_heads, o.kv_heads, o.head_dim,
+                    o.dtype, o.scale);
+  }
+};
+
+struct CpPlanEntry {
+  at::Tensor workspace;  // kept for the plan's life (allocated once, outside any capture)
+  std::unique_ptr<cp::CudaPlan> plan;
+};
+
+// Destroyed in reverse order: the plans, then the communicator they refer to.
+struct CommEntry {
+  std::unique_ptr<DeviceCommunicator> comm;
+  std::map<PlanKey, CpPlanEntry> plans;
+};
+
+std::mutex registry_mutex;
+// Never destroyed: at interpreter exit the peers may be gone, and finalizing a communicator
+// then would wait for them. communicator_destroy() releases one explicitly.
+std::map<int64_t, std::unique_ptr<CommEntry>>& registry() {
+  static auto* entries = new std::map<int64_t, std::unique_ptr<CommEntry>>();
+  return *entries;
+}
+int64_t next_handle = 1;
+
+CommEntry& comm_entry(int64_t handle) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry().find(handle);
+  TORCH_CHECK_VALUE(it != registry().end(), "thdcp: communicator handle ", handle,
+                    " is not a live communicator; make one with thdcp.Communicator(group)");
+  return *it->second;
+}
+
+at::Tensor nccl_unique_id_op() {
+  return translate_errors("nccl_unique_id", [] {
+    const std::vector<char> id = nccl::unique_id();
+    at::Tensor t = at::empty({static_cast<int64_t>(id.size())}, at::TensorOptions().dtype(at::kByte));
+    std::memcpy(t.data_ptr(), id.data(), id.size());
+    return t;
+  });
+}
+
+int64_t communicator_create_op(const at::Tensor& unique_id, int64_t rank, int64_t size, int64_t device) {
+  return translate_errors("communicator_create", [&] {
+    TORCH_CHECK_VALUE(unique_id.device().is_cpu() && unique_id.scalar_type() == at::kByte && unique_id.is_contiguous(),
+                      "thdcp: unique_id must be the CPU uint8 tensor of thdcp.ops.nccl_unique_id()");
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    auto entry = std::make_unique<CommEntry>();
+    entry->comm = nccl::create_from_unique_id(unique_id.data_ptr(), static_cast<size_t>(unique_id.numel()),
+                                              static_cast<int>(rank), static_cast<int>(size), static_cast<int>(device));
+    // NCCL connects lazily: connect now, outside any capture.
+    entry->comm->warm_up(at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream());
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    const int64_t handle = next_handle++;
+    registry()[handle] = std::move(entry);
+    return handle;
+  });
+}
+
+void communicator_destroy_op(int64_t handle) {
+  std::unique_ptr<CommEntry> entry;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    auto it = registry().find(handle);
+    if (it == registry().end()) return;
+    entry = std::move(it->second);
+    registry().erase(it);
+  }
+}
+
+CpPlanEntry& cp_plan(CommEntry& entry, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_seqlens,
+                     const Mask& mask, double softmax_scale, cudaStream_t stream) {
+  DeviceCommunicator& comm = *entry.comm;
+  TORCH_CHECK_VALUE(q.get_device() == comm.device(), "thdcp: q is on cuda:", q.get_device(),
+                    " but the communicator's device is cuda:", comm.device(), "; pass tensors of that device");
+  cp::Problem problem;
+  problem.cp = comm.size();
+  problem.capacity.max_seqs = static_cast<int>(cu_seqlens.numel() - 1);
+  problem.capacity.max_tokens = q.size(0) * comm.size();
+  problem.mask = mask;
+  problem.q_heads = q.size(1);
+  problem.kv_heads = k.size(1);
+  problem.head_dim = q.size(2);
+  problem.dtype = to_dtype(q, "q");
+  const PlanKey key{problem.cp,      problem.capacity.max_seqs, problem.capacity.max_tokens, mask.window_left,
+                    mask.window_right, problem.q_heads,         problem.kv_heads,            problem.head_dim,
+                    static_cast<int>(problem.dtype), static_cast<float>(softmax_scale)};
+  auto it = entry.plans.find(key);
+  if (it != entry.plans.end()) return it->second;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  THDCP_CHECK_CUDA(cudaStreamIsCapturing(stream, &capture));
+  TORCH_CHECK(capture == cudaStreamCaptureStatusNone,
+              "thdcp.cp_attention: the first call for this shape (capacity ", problem.capacity.max_tokens, " tokens, ",
+              problem.capacity.max_seqs, " sequences, ", problem.q_heads, ":", problem.kv_heads, " heads, D ",
+              problem.head_dim, ") is inside a CUDA graph capture; making its plan is collective and waits on the "
+              "host: run one eager step (a warm-up) before capturing");
+  cuda::Options options;
+  options.softmax_scale = static_cast<float>(softmax_scale);
+  CpPlanEntry made;
+  const size_t bytes = cp::cuda_workspace_size(problem, options);
+  made.workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+  made.plan = std::make_unique<cp::CudaPlan>(comm, problem, options, made.workspace.data_ptr(), bytes);
+  return entry.plans.emplace(key, std::move(made)).first->second;
+}
+
+Outputs3 cp_attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, int64_t handle,
+                                   int64_t window_left, int64_t window_right, double softmax_scale,
+                                   bool return_max_logit) {
+  return translate_errors("cp_attention", [&] {
+    check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
+    const c10::cuda::CUDAGuard guard(q.device());
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+    CommEntry& entry = comm_entry(handle);
+    CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, stream);
+    at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+    at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
+    at::Tensor max_logit = at::empty({return_max_logit ? q.size(1) : 0}, q.options().dtype(at::kFloat));
+    cp::ForwardTensors tensors;
+    tensors.q = const_view(q, "q");
+    tensors.k = const_view(k, "k");
+    tensors.v = const_view(v, "v");
+    tensors.out = view(out, "out");
+    tensors.lse = lse.data_ptr<float>();
+    tensors.max_logit = return_max_logit ? max_logit.data_ptr<float>() : nullptr;
+    made.plan->forward(cp::DeviceLayout{cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>()},
+                       tensors, stream);
+    return Outputs3{out, lse, max_logit};
+  });
+}
+
+Outputs3 cp_attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                    const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, int64_t handle,
+                                    int64_t window_left, int64_t window_right, double softmax_scale) {
+  return translate_errors("cp_attention backward", [&] {
+    check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
+    check_same_device(dout, "dout", q.device());
+    check_same_device(out, "out", q.device());
+    check_same_device(lse, "lse", q.device());
+    check_lse(lse, q);
+    const c10::cuda::CUDAGuard guard(q.device());
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+    CommEntry& entry = comm_entry(handle);
+    CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, stream);
+    at::Tensor dq = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+    at::Tensor dk = at::empty({k.size(0), k.size(1), k.size(2)}, k.options());
+    at::Tensor dv = at::empty({v.size(0), v.size(1), v.size(2)}, v.options());
+    cp::BackwardTensors tensors;
+    tensors.q = const_view(q, "q");
+    tensors.k = const_view(k, "k");
+    tensors.v = const_view(v, "v");
+    tensors.out = const_view(out, "out");
+    tensors.dout = const_view(dout, "dout");
+    tensors.lse = lse.data_ptr<float>();
+    tensors.dq = view(dq, "dq");
+    tensors.dk = view(dk, "dk");
+    tensors.dv = view(dv, "dv");
+    made.plan->backward(cp::DeviceLayout{cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>()},
+                        tensors, stream);
+    return Outputs3{dq, dk, dv};
+  });
+}
+
+}  // namespace
+}  // namespace thdcp::torch_ops
+
+TORCH_LIBRARY_FRAGMENT(thdcp, m) {
+  using namespace thdcp::torch_ops;
+  // NCCL communicators for cp_attention, made over a torch.distributed group by
+  // thdcp.Communicator (the unique id travels over the group).
+  m.def("nccl_unique_id() -> Tensor", &nccl_unique_id_op);
+  m.def("communicator_create(Tensor unique_id, int rank, int size, int device) -> int", &communicator_create_op);
+  m.def("communicator_destroy(int comm) -> ()", &communicator_destroy_op);
+}
+
+TORCH_LIBRARY_IMPL(thdcp, CUDA, m) {
+  using namespace thdcp::torch_ops;
+  m.impl("attention_forward", &attention_forward_cuda);
+  m.impl("attention_backward", &attention_backward_cuda);
+  m.impl("rope", &rope_cuda);
+  m.impl("cp_attention_forward", &cp_attention_forward_cuda);
+  m.impl("cp_attention_backward", &cp_attention_backward_cuda);
+}

@@ -1,0 +1,64 @@
+"""thdcp: attention over packed variable-length sequences (the THD layout), with context
+parallelism and CUDA graphs, for PyTorch.
+
+    import thdcp
+    out = thdcp.attention(q, k, v, cu_seqlens)            # causal, [T, H, D] tensors
+    out = thdcp.attention(q, k, v, cu_seqlens, window=(4096, 0))
+
+The operators are registered with TORCH_LIBRARY (torch.ops.thdcp.*), with fake
+implementations and autograd formulas, so they trace under torch.compile(fullgraph=True) and
+run inside torch.cuda.graph. CUDA tensors run the CUDA kernels; CPU tensors run the reference
+backend.
+"""
+import ctypes as _ctypes
+import os as _os
+
+import torch as _torch
+
+_LIBRARY = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "libthdcp_torch.so")
+if not _os.path.exists(_LIBRARY):
+    raise ImportError(
+        "thdcp: the native library %s is missing: install the package with "
+        "'pip install --no-build-isolation .' from the thdcp repository" % _LIBRARY
+    )
+# The C++ runtime into the global scope first, so that the library's references to it bind
+# there: on some machines the module also carries weak copies of std::ostream members, and a
+# module loaded RTLD_LOCAL that binds to those gets private facet ids and crashes formatting
+# a number (seen on the GPU machine: every error message with a number in it).
+try:
+    _ctypes.CDLL("libstdc++.so.6", mode=_ctypes.RTLD_GLOBAL)
+except OSError:
+    pass
+_torch.ops.load_library(_LIBRARY)
+
+from .ops import attention, rope  # noqa: E402
+from .cp import Communicator, cp_attention, cp_layout, cp_merge, cp_rank_rows, cp_split  # noqa: E402
+from .graphs import GraphBank, StaticBatch  # noqa: E402
+from .planning import CapacityPlan, capacity_layout, choose_cp_size, default_capacity, plan_capacity  # noqa: E402
+
+__version__ = "0.1.0"
+
+
+def built_with_cuda() -> bool:
+    """Whether the CUDA operators were built (PyTorch with CUDA and thdcp's CUDA parts)."""
+    return bool(_torch.ops.thdcp.built_with_cuda())
+
+
+__all__ = [
+    "attention",
+    "rope",
+    "Communicator",
+    "cp_attention",
+    "cp_layout",
+    "cp_merge",
+    "cp_rank_rows",
+    "cp_split",
+    "GraphBank",
+    "StaticBatch",
+    "CapacityPlan",
+    "capacity_layout",
+    "choose_cp_size",
+    "default_capacity",
+    "plan_capacity",
+    "built_with_cuda",
+]

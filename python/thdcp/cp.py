@@ -1,0 +1,157 @@
+"""AllGather context parallelism over a torch.distributed group.
+
+Each sequence (padded to a multiple of 2 * cp) is cut into 2 * cp chunks; rank r holds chunks
+r and 2cp - 1 - r (one early, one late: the causal work is balanced). Every rank passes the
+*global* layout and its own rows; cp_attention all-gathers K/V over NCCL, attends, and in the
+backward reduce-scatters dK/dV. cp_split / cp_merge move a global tensor (tokens, labels,
+activations) to and from a rank's rows.
+
+    comm = thdcp.Communicator(group)                   # once: NCCL over the group's ranks
+    cu, cu_padded = thdcp.cp_layout(lengths, comm.size)
+    q_local = thdcp.cp_split(q, cu_padded, comm.size, comm.rank)
+    out_local = thdcp.cp_attention(q_local, k_local, v_local, cu.cuda(), cu_padded.cuda(), comm=comm)
+"""
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .ops import _kernel_ready, _results, _scale, _window
+from .planning import capacity_layout
+
+_ops = torch.ops.thdcp
+
+
+class Communicator:
+    """A thdcp NCCL communicator over the ranks of a torch.distributed group, on this rank's
+    current CUDA device (one GPU per rank). Made collectively (rank 0 of the group makes NCCL's
+    unique id; the group broadcasts it) and warmed up, so it can be captured in CUDA graphs.
+    Without an initialised torch.distributed, group=None gives a one-rank communicator.
+
+    Pass it to cp_attention as comm=...; its integer handle is a constant under
+    torch.compile. close() (or the interpreter's exit) releases it; close it only after every
+    CUDA graph that captured its collectives is gone.
+    """
+
+    def __init__(self, group=None, device: Optional[Union[int, torch.device]] = None):
+        import torch.distributed as dist
+
+        self.device = torch.cuda.current_device() if device is None else torch.device("cuda", device).index \
+            if isinstance(device, int) else torch.device(device).index
+        if group is None and not (dist.is_available() and dist.is_initialized()):
+            self.rank, self.size = 0, 1
+            unique_id = _ops.nccl_unique_id()
+        else:
+            group = group if group is not None else dist.group.WORLD
+            self.rank = dist.get_rank(group)
+            self.size = dist.get_world_size(group)
+            payload = [bytes(_ops.nccl_unique_id().tolist()) if self.rank == 0 else None]
+            dist.broadcast_object_list(payload, src=dist.get_global_rank(group, 0), group=group)
+            unique_id = torch.tensor(list(payload[0]), dtype=torch.uint8)
+        self.handle = int(_ops.communicator_create(unique_id, self.rank, self.size, self.device))
+
+    def close(self) -> None:
+        if self.handle:
+            _ops.communicator_destroy(self.handle)
+            self.handle = 0
+
+    def __repr__(self) -> str:
+        return "thdcp.Communicator(rank=%d, size=%d, device=cuda:%d)" % (self.rank, self.size, self.device)
+
+
+def cp_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cu_seqlens_padded: torch.Tensor,
+    *,
+    comm: Communicator,
+    window: Sequence[int] = (-1, 0),
+    softmax_scale: Optional[float] = None,
+    return_lse: bool = False,
+    return_max_logit: bool = False,
+):
+    """Attention of this rank's rows under AllGather CP over `comm` (every rank calls it).
+
+    q: [T / cp, Hq, D], k, v: [T / cp, Hkv, D]: this rank's rows in dual-chunk order
+    (cp_split), bf16 or fp16 CUDA tensors of the communicator's device. cu_seqlens,
+    cu_seqlens_padded: the global layout, int32 CUDA [B + 1], the same on every rank, every
+    padded length a multiple of 2 * cp and the last entry T (cp_layout makes them). Returns
+    this rank's out [T / cp, Hq, D] (and LSE [Hq, T / cp], the max logit per head reduced
+    over the group). The first call for a shape makes the CP plan (collective, on the host):
+    run it eagerly before capturing a graph. Calls on one communicator run on one stream.
+    """
+    left, right = _window(window)
+    out, lse, max_logit = _ops.cp_attention_forward(
+        q, k, v, cu_seqlens, cu_seqlens_padded, comm.handle, left, right, _scale(softmax_scale), return_max_logit
+    )
+    return _results(out, lse, max_logit, return_lse, return_max_logit)
+
+
+@torch.library.register_fake("thdcp::cp_attention_forward")
+def _cp_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right, softmax_scale,
+                     return_max_logit):
+    rows, heads, head_dim = q.shape
+    return (q.new_empty((rows, heads, head_dim)), q.new_empty((heads, rows), dtype=torch.float32),
+            q.new_empty((heads if return_max_logit else 0,), dtype=torch.float32))
+
+
+@torch.library.register_fake("thdcp::cp_attention_backward")
+def _cp_backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right,
+                      softmax_scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _cp_setup(ctx, inputs, output):
+    q, k, v, cu_seqlens, cu_seqlens_padded, comm, left, right, scale, _ = inputs
+    out, lse, max_logit = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, cu_seqlens_padded)
+    ctx.args = (comm, left, right, scale)
+    ctx.mark_non_differentiable(lse, max_logit)
+
+
+def _cp_backward(ctx, dout, dlse, dmax_logit):
+    q, k, v, out, lse, cu_seqlens, cu_seqlens_padded = ctx.saved_tensors
+    comm, left, right, scale = ctx.args
+    dq, dk, dv = _ops.cp_attention_backward(_kernel_ready(dout), q, k, v, out, lse, cu_seqlens, cu_seqlens_padded,
+                                            comm, left, right, scale)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("thdcp::cp_attention_forward", _cp_backward, setup_context=_cp_setup)
+
+
+def cp_layout(lengths: Sequence[int], cp: int, max_seqs: Optional[int] = None,
+              max_tokens: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(cu_seqlens, cu_seqlens_padded) as CPU int32 tensors for documents of `lengths`, each
+    padded to a multiple of 2 * cp. With max_seqs / max_tokens, the capacity form: max_seqs + 1
+    entries, trailing zero-length placeholders, the last absorbing rows up to max_tokens (what
+    a CUDA graph of that capacity takes)."""
+    lengths = [int(n) for n in lengths]
+    if max_seqs is None and max_tokens is None:
+        both = torch.tensor(_ops.make_layout(lengths, int(cp)), dtype=torch.int32)
+        return both[: len(lengths) + 1].clone(), both[len(lengths) + 1:].clone()
+    if max_seqs is None or max_tokens is None:
+        raise ValueError("thdcp.cp_layout: pass both max_seqs and max_tokens (the capacity form), or neither")
+    return capacity_layout(lengths, cp, max_tokens, max_seqs)
+
+
+def cp_rank_rows(cu_seqlens_padded: torch.Tensor, cp: int, rank: int) -> torch.Tensor:
+    """Global row of each of `rank`'s rows (int64 [T / cp], in its local order)."""
+    return _ops.cp_rank_rows(cu_seqlens_padded.to(device="cpu", dtype=torch.int32).contiguous(), int(cp), int(rank))
+
+
+def cp_split(x: torch.Tensor, cu_seqlens_padded: torch.Tensor, cp: int, rank: int) -> torch.Tensor:
+    """The rows of the global tensor x ([T, ...]: tokens, labels, activations) that `rank` holds."""
+    rows = cp_rank_rows(cu_seqlens_padded, cp, rank).to(x.device)
+    return x.index_select(0, rows)
+
+
+def cp_merge(parts: List[torch.Tensor], cu_seqlens_padded: torch.Tensor) -> torch.Tensor:
+    """The global tensor from every rank's rows (parts[r]: rank r's tensor, [T / cp, ...])."""
+    cp = len(parts)
+    first = parts[0]
+    merged = first.new_empty((first.shape[0] * cp,) + tuple(first.shape[1:]))
+    for rank, part in enumerate(parts):
+        merged.index_copy_(0, cp_rank_rows(cu_seqlens_padded, cp, rank).to(part.device), part)
+    return merged

@@ -1,0 +1,166 @@
+"""Single-device attention and RoPE: Python entry points, fake implementations (for
+torch.compile and meta tensors) and autograd formulas of the thdcp operators."""
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+_ops = torch.ops.thdcp
+
+
+def _window(window: Sequence[int]) -> Tuple[int, int]:
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise ValueError(
+            "thdcp: window=%r; pass (left, right): (-1, 0) causal, (-1, -1) full, (L, 0) causal sliding window"
+            % (window,)
+        )
+    left, right = int(window[0]), int(window[1])
+    if left < -1 or right < -1:
+        raise ValueError("thdcp: window=(%d, %d); each side is -1 (unbounded) or >= 0" % (left, right))
+    return left, right
+
+
+def _scale(softmax_scale: Optional[float]) -> float:
+    if softmax_scale is None:
+        return 0.0  # the kernels use 1/sqrt(head_dim)
+    scale = float(softmax_scale)
+    if not scale > 0.0:
+        raise ValueError("thdcp: softmax_scale=%r; pass a positive scale or None for 1/sqrt(head_dim)" % softmax_scale)
+    return scale
+
+
+def _kernel_ready(grad: torch.Tensor) -> torch.Tensor:
+    # Autograd may hand over expanded or transposed gradients; the kernels take THD views
+    # with a contiguous head dim and aligned rows.
+    return grad.contiguous()
+
+
+def _results(out, lse, max_logit, return_lse, return_max_logit):
+    if not return_lse and not return_max_logit:
+        return out
+    result = [out]
+    if return_lse:
+        result.append(lse)
+    if return_max_logit:
+        result.append(max_logit)
+    return tuple(result)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cu_seqlens_padded: Optional[torch.Tensor] = None,
+    *,
+    window: Sequence[int] = (-1, 0),
+    softmax_scale: Optional[float] = None,
+    return_lse: bool = False,
+    return_max_logit: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
+    """Attention over packed sequences (FlashAttention's varlen semantics on absolute positions).
+
+    q: [T, Hq, D]; k, v: [T, Hkv, D] (Hq a multiple of Hkv: GQA/MQA), bf16 or fp16 on CUDA
+    (D 64 or 128), or float32/bf16/fp16 on the CPU. Views of one packed QKV buffer
+    [T, Hq + 2 Hkv, D] are taken as they are (no copy).
+    cu_seqlens: int32 [B + 1], prefix sums of the valid lengths; cu_seqlens_padded: int32
+    [B + 1], prefix sums of the lengths in memory (None: no padding), last entry T. Trailing
+    zero-length sequences (placeholders) are allowed; padding rows get 0 and an LSE of -inf.
+    window: (left, right) keys visible around each query, -1 unbounded: (-1, 0) causal,
+    (-1, -1) full, (L, 0) causal sliding window.
+    Returns out [T, Hq, D], and with return_lse the float32 LSE [Hq, T], with
+    return_max_logit the float32 max score per head [Hq]. LSE and max_logit are not
+    differentiable.
+    """
+    if cu_seqlens_padded is None:
+        cu_seqlens_padded = cu_seqlens
+    left, right = _window(window)
+    out, lse, max_logit = _ops.attention_forward(
+        q, k, v, cu_seqlens, cu_seqlens_padded, left, right, _scale(softmax_scale), return_max_logit
+    )
+    return _results(out, lse, max_logit, return_lse, return_max_logit)
+
+
+@torch.library.register_fake("thdcp::attention_forward")
+def _attention_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, window_left, window_right, softmax_scale,
+                            return_max_logit):
+    tokens, heads, head_dim = q.shape
+    out = q.new_empty((tokens, heads, head_dim))
+    lse = q.new_empty((heads, tokens), dtype=torch.float32)
+    max_logit = q.new_empty((heads if return_max_logit else 0,), dtype=torch.float32)
+    return out, lse, max_logit
+
+
+@torch.library.register_fake("thdcp::attention_backward")
+def _attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, window_left, window_right,
+                             softmax_scale, deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, cu_seqlens, cu_seqlens_padded, left, right, scale, _ = inputs
+    out, lse, max_logit = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, cu_seqlens_padded)
+    ctx.window = (left, right)
+    ctx.scale = scale
+    ctx.mark_non_differentiable(lse, max_logit)
+
+
+def _attention_backward(ctx, dout, dlse, dmax_logit):
+    q, k, v, out, lse, cu_seqlens, cu_seqlens_padded = ctx.saved_tensors
+    dq, dk, dv = _ops.attention_backward(
+        _kernel_ready(dout), q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, ctx.window[0], ctx.window[1],
+        ctx.scale, True
+    )
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+torch.library.register_autograd("thdcp::attention_forward", _attention_backward, setup_context=_attention_setup)
+
+
+def rope(
+    x: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    cu_seqlens_padded: Optional[torch.Tensor] = None,
+    *,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+    theta: float = 10000.0,
+    rotary_dim: int = 0,
+    interleaved: bool = False,
+    start_offsets: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Rotary position embedding of a THD tensor, positions counted from each sequence's start.
+
+    x: [T / cp_size, H, D], this rank's rows in the dual-chunk order of CP (cp_size = 1: the
+    whole batch); cu_seqlens / cu_seqlens_padded: the *global* layout (every padded length a
+    multiple of 2 * cp_size when cp_size > 1). interleaved: GPT-J pairs (2i, 2i+1), else NeoX
+    halves. rotary_dim: leading elements rotated (0: all). start_offsets: int32 [B] added to
+    each sequence's positions (e.g. a document continued from an earlier batch).
+    Returns a new tensor (x is not changed); differentiable.
+    """
+    if cu_seqlens_padded is None:
+        cu_seqlens_padded = cu_seqlens
+    return _ops.rope(x, cu_seqlens, cu_seqlens_padded, start_offsets, int(cp_size), int(cp_rank), float(theta),
+                     int(rotary_dim), bool(interleaved), False)
+
+
+@torch.library.register_fake("thdcp::rope")
+def _rope_fake(x, cu_seqlens, cu_seqlens_padded, start_offsets, cp, rank, theta, rotary_dim, interleaved, backward):
+    return x.new_empty(x.shape)
+
+
+def _rope_setup(ctx, inputs, output):
+    x, cu_seqlens, cu_seqlens_padded, start_offsets, cp, rank, theta, rotary_dim, interleaved, backward = inputs
+    ctx.save_for_backward(cu_seqlens, cu_seqlens_padded, start_offsets)
+    ctx.args = (cp, rank, theta, rotary_dim, interleaved, backward)
+
+
+def _rope_backward(ctx, grad):
+    cu_seqlens, cu_seqlens_padded, start_offsets = ctx.saved_tensors
+    cp, rank, theta, rotary_dim, interleaved, backward = ctx.args
+    dx = _ops.rope(_kernel_ready(grad), cu_seqlens, cu_seqlens_padded, start_offsets, cp, rank, theta, rotary_dim,
+                   interleaved, not backward)
+    return dx, None, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("thdcp::rope", _rope_backward, setup_context=_rope_setup)

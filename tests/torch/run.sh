@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# ctest driver of the PyTorch package's tests (label torch).
+#   run.sh BUILD_DIR pytest            the pytest suite (CPU cases; CUDA cases with a GPU)
+#   run.sh BUILD_DIR torchrun N        tests/torch/cp_worker.py under torchrun with N processes
+# Exits 77 (ctest: skipped) with the reason when the package was not built or the GPUs are missing.
+set -u
+build=$1; mode=$2
+here=$(cd "$(dirname "$0")" && pwd)
+if [[ ! -f "$build/python/thdcp/libthdcp_torch.so" ]]; then
+  echo "SKIPPED: the PyTorch package was not built in $build (PyTorch was not importable when configuring;" \
+       "install PyTorch and configure with -DTHDCP_BUILD_PYTHON=ON, or run scripts/build.sh again)"
+  exit 77
+fi
+python=${THDCP_PYTHON:-python3}
+export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
+case "$mode" in
+  pytest)
+    exec "$python" -m pytest -q -p no:cacheprovider "$here" ;;
+  torchrun)
+    n=$3
+    gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+    if (( gpus < n )); then
+      echo "SKIPPED: cp_worker needs $n GPUs, $gpus visible"
+      exit 77
+    fi
+    exec "$python" -m torch.distributed.run --standalone --nproc-per-node "$n" "$here/cp_worker.py" ;;
+esac
+echo "run.sh: unknown mode $mode" >&2
+exit 2
