@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "thdcp/core/error.h"
@@ -77,6 +78,16 @@ inline void check_metadata(const at::Tensor& t, const char* name, const at::Devi
   TORCH_CHECK_VALUE(t.is_contiguous(), "thdcp: ", name, " is not contiguous; pass ", name, ".contiguous()");
   TORCH_CHECK_VALUE(t.device() == device, "thdcp: ", name, " is on ", t.device(), " but q is on ", device,
                     "; move it to ", device);
+}
+
+// RoPE's optional per-sequence start offsets: int32, num_seqs entries, contiguous, on `device`.
+inline void check_start_offsets(const std::optional<at::Tensor>& start_offsets, const at::Tensor& cu_seqlens,
+                                const at::Device& device) {
+  if (!start_offsets) return;
+  TORCH_CHECK_VALUE(start_offsets->scalar_type() == at::kInt && start_offsets->is_contiguous() &&
+                        start_offsets->numel() == cu_seqlens.numel() - 1 && start_offsets->device() == device,
+                    "thdcp: start_offsets must be a contiguous int32 tensor of num_seqs = ", cu_seqlens.numel() - 1,
+                    " entries on ", device);
 }
 
 inline void check_same_device(const at::Tensor& t, const char* name, const at::Device& device) {

@@ -101,11 +101,7 @@ at::Tensor rope_cpu(const at::Tensor& x, const at::Tensor& cu_seqlens, const at:
     const at::Device device = x.device();
     check_metadata(cu_seqlens, "cu_seqlens", device);
     check_metadata(cu_seqlens_padded, "cu_seqlens_padded", device);
-    if (start_offsets) {
-      TORCH_CHECK_VALUE(start_offsets->scalar_type() == at::kInt && start_offsets->is_contiguous() &&
-                            start_offsets->numel() == cu_seqlens.numel() - 1 && start_offsets->device() == device,
-                        "thdcp: start_offsets must be a contiguous int32 tensor of num_seqs entries on ", device);
-    }
+    check_start_offsets(start_offsets, cu_seqlens, device);
     TORCH_CHECK_VALUE(cp >= 1 && rank >= 0 && rank < cp, "thdcp: rope with cp=", cp, ", rank=", rank,
                       "; pass cp >= 1 and a rank in [0, cp)");
     // cp = 1 takes any padding (the position is the row minus its sequence start).

@@ -52,6 +52,63 @@ void check_cuda_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                     q.scalar_type(), "; the CUDA backend takes torch.bfloat16 or torch.float16");
 }
 
+// The outputs of a forward ([rows, Hq, D] out, [Hq, rows] fp32 lse, [Hq] or [0] max_logit)
+// and the tensor set of a forward call (cuda::ForwardTensors or cp::ForwardTensors: the same
+// fields) over them.
+Outputs3 forward_outputs(const at::Tensor& q, bool return_max_logit) {
+  return Outputs3{at::empty({q.size(0), q.size(1), q.size(2)}, q.options()),
+                  at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat)),
+                  at::empty({return_max_logit ? q.size(1) : 0}, q.options().dtype(at::kFloat))};
+}
+
+template <typename Tensors>
+Tensors forward_tensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Outputs3& outputs,
+                        bool return_max_logit) {
+  Tensors tensors;
+  tensors.q = const_view(q, "q");
+  tensors.k = const_view(k, "k");
+  tensors.v = const_view(v, "v");
+  tensors.out = view(std::get<0>(outputs), "out");
+  tensors.lse = std::get<1>(outputs).data_ptr<float>();
+  tensors.max_logit = return_max_logit ? std::get<2>(outputs).data_ptr<float>() : nullptr;
+  return tensors;
+}
+
+// The gradients of a backward (contiguous, in the inputs' dtypes) and the tensor set of a
+// backward call over them.
+Outputs3 backward_outputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return Outputs3{at::empty({q.size(0), q.size(1), q.size(2)}, q.options()),
+                  at::empty({k.size(0), k.size(1), k.size(2)}, k.options()),
+                  at::empty({v.size(0), v.size(1), v.size(2)}, v.options())};
+}
+
+template <typename Tensors>
+Tensors backward_tensors(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& out, const at::Tensor& lse, Outputs3& grads) {
+  Tensors tensors;
+  tensors.q = const_view(q, "q");
+  tensors.k = const_view(k, "k");
+  tensors.v = const_view(v, "v");
+  tensors.out = const_view(out, "out");
+  tensors.dout = const_view(dout, "dout");
+  tensors.lse = lse.data_ptr<float>();
+  tensors.dq = view(std::get<0>(grads), "dq");
+  tensors.dk = view(std::get<1>(grads), "dk");
+  tensors.dv = view(std::get<2>(grads), "dv");
+  return tensors;
+}
+
+// Checks of a backward's extra inputs (q, k, v, metadata: check_cuda_inputs).
+void check_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
+                           const at::Tensor& lse) {
+  check_same_device(dout, "dout", q.device());
+  check_same_device(out, "out", q.device());
+  check_same_device(lse, "lse", q.device());
+  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1),
+                    "thdcp: lse must be the forward's float32 [heads, tokens] tensor of ", q.size(1), " x ",
+                    q.size(0), "; got ", lse.scalar_type(), " ", lse.sizes());
+}
+
 cuda::AttentionShape single_device_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_seqlens,
                                          const Mask& mask) {
   TORCH_CHECK_VALUE(k.size(0) == q.size(0), "thdcp: k has ", k.size(0), " rows but q has ", q.size(0),
@@ -90,28 +147,14 @@ Outputs3 attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const 
     auto* base = static_cast<unsigned char*>(scratch.data_ptr());
     const cuda::ForwardPlan plan(shape, options, base + table_bytes, workspace_bytes);
 
-    at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-    at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
-    at::Tensor max_logit = at::empty({return_max_logit ? q.size(1) : 0}, q.options().dtype(at::kFloat));
-    cuda::ForwardTensors tensors;
-    tensors.q = const_view(q, "q");
-    tensors.k = const_view(k, "k");
-    tensors.v = const_view(v, "v");
-    tensors.out = view(out, "out");
-    tensors.lse = lse.data_ptr<float>();
-    tensors.max_logit = return_max_logit ? max_logit.data_ptr<float>() : nullptr;
+    Outputs3 outputs = forward_outputs(q, return_max_logit);
+    const auto tensors = forward_tensors<cuda::ForwardTensors>(q, k, v, outputs, return_max_logit);
     const cuda::DeviceSegmentTable table =
         cuda::enqueue_segment_table(cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>(), max_seqs,
                                     q.size(0), mask, reinterpret_cast<Segment*>(base), stream);
     plan.run(table, tensors, stream);
-    return Outputs3{out, lse, max_logit};
+    return outputs;
   });
-}
-
-void check_lse(const at::Tensor& lse, const at::Tensor& q) {
-  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1),
-                    "thdcp: lse must be the forward's float32 [heads, tokens] tensor of ", q.size(1), " x ",
-                    q.size(0), "; got ", lse.scalar_type(), " ", lse.sizes());
 }
 
 Outputs3 attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
@@ -121,10 +164,7 @@ Outputs3 attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q, co
                                  bool deterministic) {
   return translate_errors("attention backward", [&] {
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
-    check_same_device(dout, "dout", q.device());
-    check_same_device(out, "out", q.device());
-    check_same_device(lse, "lse", q.device());
-    check_lse(lse, q);
+    check_backward_inputs(dout, q, out, lse);
     const c10::cuda::CUDAGuard guard(q.device());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
     const Mask mask = window_mask(window_left, window_right);
@@ -140,24 +180,13 @@ Outputs3 attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q, co
     auto* base = static_cast<unsigned char*>(scratch.data_ptr());
     const cuda::BackwardPlan plan(shape, options, base + table_bytes, workspace_bytes);
 
-    at::Tensor dq = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-    at::Tensor dk = at::empty({k.size(0), k.size(1), k.size(2)}, k.options());
-    at::Tensor dv = at::empty({v.size(0), v.size(1), v.size(2)}, v.options());
-    cuda::BackwardTensors tensors;
-    tensors.q = const_view(q, "q");
-    tensors.k = const_view(k, "k");
-    tensors.v = const_view(v, "v");
-    tensors.out = const_view(out, "out");
-    tensors.dout = const_view(dout, "dout");
-    tensors.lse = lse.data_ptr<float>();
-    tensors.dq = view(dq, "dq");
-    tensors.dk = view(dk, "dk");
-    tensors.dv = view(dv, "dv");
+    Outputs3 grads = backward_outputs(q, k, v);
+    const auto tensors = backward_tensors<cuda::BackwardTensors>(dout, q, k, v, out, lse, grads);
     const cuda::DeviceSegmentTable table =
         cuda::enqueue_segment_table(cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>(), max_seqs,
                                     q.size(0), mask, reinterpret_cast<Segment*>(base), stream);
     plan.run(table, tensors, stream);
-    return Outputs3{dq, dk, dv};
+    return grads;
   });
 }
 
@@ -170,11 +199,7 @@ at::Tensor rope_cuda(const at::Tensor& x, const at::Tensor& cu_seqlens, const at
     check_metadata(cu_seqlens_padded, "cu_seqlens_padded", device);
     TORCH_CHECK_VALUE(cu_seqlens.numel() == cu_seqlens_padded.numel(), "thdcp: cu_seqlens has ", cu_seqlens.numel(),
                       " entries but cu_seqlens_padded has ", cu_seqlens_padded.numel());
-    if (start_offsets) {
-      TORCH_CHECK_VALUE(start_offsets->scalar_type() == at::kInt && start_offsets->is_contiguous() &&
-                            start_offsets->numel() == cu_seqlens.numel() - 1 && start_offsets->device() == device,
-                        "thdcp: start_offsets must be a contiguous int32 tensor of num_seqs entries on ", device);
-    }
+    check_start_offsets(start_offsets, cu_seqlens, device);
     TORCH_CHECK_VALUE(cp >= 1 && cp <= 1024 && rank >= 0 && rank < cp, "thdcp: rope with cp=", cp, ", rank=", rank,
                       "; pass cp >= 1 and a rank in [0, cp)");
     const c10::cuda::CUDAGuard guard(x.device());
@@ -333,19 +358,10 @@ Outputs3 cp_attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, con
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
     CommEntry& entry = comm_entry(handle);
     CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, stream);
-    at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-    at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
-    at::Tensor max_logit = at::empty({return_max_logit ? q.size(1) : 0}, q.options().dtype(at::kFloat));
-    cp::ForwardTensors tensors;
-    tensors.q = const_view(q, "q");
-    tensors.k = const_view(k, "k");
-    tensors.v = const_view(v, "v");
-    tensors.out = view(out, "out");
-    tensors.lse = lse.data_ptr<float>();
-    tensors.max_logit = return_max_logit ? max_logit.data_ptr<float>() : nullptr;
+    Outputs3 outputs = forward_outputs(q, return_max_logit);
     made.plan->forward(cp::DeviceLayout{cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>()},
-                       tensors, stream);
-    return Outputs3{out, lse, max_logit};
+                       forward_tensors<cp::ForwardTensors>(q, k, v, outputs, return_max_logit), stream);
+    return outputs;
   });
 }
 
@@ -355,30 +371,15 @@ Outputs3 cp_attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q,
                                     int64_t window_left, int64_t window_right, double softmax_scale) {
   return translate_errors("cp_attention backward", [&] {
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
-    check_same_device(dout, "dout", q.device());
-    check_same_device(out, "out", q.device());
-    check_same_device(lse, "lse", q.device());
-    check_lse(lse, q);
+    check_backward_inputs(dout, q, out, lse);
     const c10::cuda::CUDAGuard guard(q.device());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
     CommEntry& entry = comm_entry(handle);
     CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, stream);
-    at::Tensor dq = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-    at::Tensor dk = at::empty({k.size(0), k.size(1), k.size(2)}, k.options());
-    at::Tensor dv = at::empty({v.size(0), v.size(1), v.size(2)}, v.options());
-    cp::BackwardTensors tensors;
-    tensors.q = const_view(q, "q");
-    tensors.k = const_view(k, "k");
-    tensors.v = const_view(v, "v");
-    tensors.out = const_view(out, "out");
-    tensors.dout = const_view(dout, "dout");
-    tensors.lse = lse.data_ptr<float>();
-    tensors.dq = view(dq, "dq");
-    tensors.dk = view(dk, "dk");
-    tensors.dv = view(dv, "dv");
+    Outputs3 grads = backward_outputs(q, k, v);
     made.plan->backward(cp::DeviceLayout{cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>()},
-                        tensors, stream);
-    return Outputs3{dq, dk, dv};
+                        backward_tensors<cp::BackwardTensors>(dout, q, k, v, out, lse, grads), stream);
+    return grads;
   });
 }
 
