@@ -21,6 +21,9 @@ from .planning import capacity_layout
 _ops = torch.ops.thdcp
 
 
+_GROUP_COMMUNICATORS = {}
+
+
 class Communicator:
     """A thdcp NCCL communicator over the ranks of a torch.distributed group, on this rank's
     current CUDA device (one GPU per rank). Made collectively (rank 0 of the group makes NCCL's
@@ -49,6 +52,17 @@ class Communicator:
             unique_id = torch.tensor(list(payload[0]), dtype=torch.uint8)
         self.handle = int(_ops.communicator_create(unique_id, self.rank, self.size, self.device))
 
+    @classmethod
+    def for_group(cls, group=None) -> "Communicator":
+        """The communicator thdcp keeps for `group` (None: the default group), made on first use
+        (collective over the group: every rank must make the first call for a group together)."""
+        key = group if group is not None else "default"
+        comm = _GROUP_COMMUNICATORS.get(key)
+        if comm is None or not comm.handle:
+            comm = cls(group)
+            _GROUP_COMMUNICATORS[key] = comm
+        return comm
+
     def close(self) -> None:
         if self.handle:
             _ops.communicator_destroy(self.handle)
@@ -65,13 +79,16 @@ def cp_attention(
     cu_seqlens: torch.Tensor,
     cu_seqlens_padded: torch.Tensor,
     *,
-    comm: Communicator,
+    comm: Optional[Communicator] = None,
+    group=None,
     window: Sequence[int] = (-1, 0),
     softmax_scale: Optional[float] = None,
     return_lse: bool = False,
     return_max_logit: bool = False,
 ):
-    """Attention of this rank's rows under AllGather CP over `comm` (every rank calls it).
+    """Attention of this rank's rows under AllGather CP over `comm`, or over the communicator
+    thdcp keeps for the torch.distributed `group` (Communicator.for_group) when comm is None.
+    Every rank of the group calls it.
 
     q: [T / cp, Hq, D], k, v: [T / cp, Hkv, D]: this rank's rows in dual-chunk order
     (cp_split), bf16 or fp16 CUDA tensors of the communicator's device. cu_seqlens,
@@ -81,6 +98,8 @@ def cp_attention(
     over the group). The first call for a shape makes the CP plan (collective, on the host):
     run it eagerly before capturing a graph. Calls on one communicator run on one stream.
     """
+    if comm is None:
+        comm = Communicator.for_group(group)
     left, right = _window(window)
     out, lse, max_logit = _ops.cp_attention_forward(
         q, k, v, cu_seqlens, cu_seqlens_padded, comm.handle, left, right, _scale(softmax_scale), return_max_logit

@@ -37,7 +37,9 @@ def main():
         ref = thdcp.attention(qg, kg, vg, cu_d, cu_padded_d, window=window)
         ref_grads = torch.autograd.grad(ref, (qg, kg, vg), dout)
         ql, kl, vl = (thdcp.cp_split(t, cu_padded, cp, rank).requires_grad_() for t in (q, k, v))
-        out = thdcp.cp_attention(ql, kl, vl, cu_d, cu_padded_d, comm=comm, window=window)
+        # The group form (thdcp keeps a communicator per group) on one mask, comm= on the others.
+        by = {"group": dist.group.WORLD} if window == (-1, -1) else {"comm": comm}
+        out = thdcp.cp_attention(ql, kl, vl, cu_d, cu_padded_d, window=window, **by)
         grads = torch.autograd.grad(out, (ql, kl, vl), thdcp.cp_split(dout, cu_padded, cp, rank))
         torch.testing.assert_close(out, thdcp.cp_split(ref, cu_padded, cp, rank), rtol=1e-2, atol=1e-2)
         for got, want in zip(grads, ref_grads):

@@ -2,6 +2,7 @@
 # ctest driver of the PyTorch package's tests (label torch).
 #   run.sh BUILD_DIR pytest            the pytest suite (CPU cases; CUDA cases with a GPU)
 #   run.sh BUILD_DIR torchrun N        tests/torch/cp_worker.py under torchrun with N processes
+#   run.sh BUILD_DIR example           examples/train_packed.py on one GPU (short)
 # Exits 77 (ctest: skipped) with the reason when the package was not built or the GPUs are missing.
 set -u
 build=$1; mode=$2
@@ -16,6 +17,13 @@ export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
 case "$mode" in
   pytest)
     exec "$python" -m pytest -q -p no:cacheprovider "$here" ;;
+  example)
+    gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+    if (( gpus < 1 )); then
+      echo "SKIPPED: examples/train_packed.py needs a GPU, none visible"
+      exit 77
+    fi
+    exec "$python" "$here/../../examples/train_packed.py" --steps 9 ;;
   torchrun)
     n=$3
     gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
