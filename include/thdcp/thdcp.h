@@ -20,6 +20,9 @@
  *    caller allocates it. Runs only check with host arithmetic and compute (CPU) or enqueue
  *    on the caller's stream (CUDA): on the CUDA backend they allocate nothing, never
  *    synchronise and never read device memory back, so they can be captured in a CUDA graph.
+ *    Single-device attention runs that are not being captured also query every pointer
+ *    (device memory of the plan's device, or THDCP_ERROR_INVALID_ARGUMENT naming it); CP
+ *    runs and captured runs do not, so there a host pointer is the caller's error.
  *  - Backends: THDCP_BACKEND_CPU takes host pointers and computes before returning (the
  *    reference implementation: fp32 arithmetic, bf16/fp16/fp32 storage, head_dim a multiple
  *    of 8 in [8, 256]); THDCP_BACKEND_CUDA takes device pointers of the current device and

@@ -14,6 +14,7 @@
 
 #if defined(THDCP_HAVE_CUDA)
 #include "thdcp/cuda/attention.h"
+#include "thdcp/cuda/check.h"
 #endif
 
 namespace thdcp::capi {
@@ -196,6 +197,17 @@ Inputs inputs_of(const AttentionConfig& c, const thdcp_tensor_t* q, const thdcp_
   return in;
 }
 
+#if defined(THDCP_HAVE_CUDA)
+// Eager runs also check that every pointer is device memory of the plan's device (pointer
+// queries), so a host pointer is refused before anything is enqueued; runs being captured
+// into a graph skip those queries (the graph's buffers are checked by its eager warm-up).
+bool capturing(thdcp_stream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  THDCP_CHECK_CUDA(cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+#endif
+
 void forward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
              const thdcp_tensor_t* k, const thdcp_tensor_t* v, const thdcp_tensor_t* out, float* lse,
              float* max_logit, thdcp_stream_t stream) {
@@ -223,6 +235,7 @@ void forward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const 
   t.out = o;
   t.lse = lse;
   t.max_logit = max_logit;
+  if (!capturing(stream)) plan->forward->check_tensors(t);
   plan->forward->run(table, t, stream);
 #else
   (void)stream;
@@ -268,6 +281,7 @@ void backward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const
   t.dq = g_q;
   t.dk = g_k;
   t.dv = g_v;
+  if (!capturing(stream)) plan->backward->check_tensors(t);
   plan->backward->run(table, t, stream);
 #else
   (void)stream;
