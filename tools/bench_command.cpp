@@ -17,6 +17,7 @@
 #include "atomic_file.h"
 #include "bench_cp.h"
 #include "bench_graph.h"
+#include "bench_scaling.h"
 #include "thdcp/testing/compare.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/cuda/check.h"
@@ -54,7 +55,10 @@ const char* kHelp =
     "                      layers (--layers 8, --tokens 4096,16384 rows per rank, --cp 1,2)\n"
     "  --cp N[,N...]       also AllGather CP with N ranks sharing this GPU: verify, then time\n"
     "                      each phase and the whole step of every rank (one CUDA graph);\n"
-    "                      overhead = CP step of all ranks / single-device attention\n";
+    "                      overhead = CP step of all ranks / single-device attention\n"
+    "  --scaling --gpus N  instead: AllGather CP over NCCL across N GPUs (a thread per GPU)\n"
+    "                      against the same batch on GPU 0: verify, time, efficiency table\n"
+    "                      (--tokens 131072,524288; thdcp bench --scaling --help)\n";
 
 using Buffer = cuda::DeviceBuffer;
 
@@ -245,6 +249,7 @@ void require_gpu(const char* what) {
 
 int bench_command(const std::vector<std::string>& argv) {
   if (std::find(argv.begin(), argv.end(), "--graph") != argv.end()) return bench_graph_command(argv);
+  if (std::find(argv.begin(), argv.end(), "--scaling") != argv.end()) return bench_scaling_command(argv);
   for (const std::string& a : argv) {
     if (a == "--help" || a == "-h") {
       std::fputs(kHelp, stdout);
