@@ -69,7 +69,7 @@ TESTING_TARGET = "thdcp_testing"
 TESTING_USERS = {"thdcp_cli"}
 
 CXX_EXTENSIONS = (".h", ".hpp", ".hh", ".cuh", ".inl", ".ipp", ".c", ".cc", ".cpp", ".cxx", ".cu")
-SCANNED_DIRS = ("include", "src", "tools")
+SCANNED_DIRS = ("include", "src", "tools", "python/csrc")
 
 _CUDA_HEADER = re.compile(
     r"^(cuda\.h|cuda_[\w]*\.h|nccl\.h|nccl_[\w]*\.h|cudaTypedefs\.h|"
@@ -117,6 +117,8 @@ def part_of(rel):
         return pieces[1] if len(pieces) > 2 else "src"
     if pieces[0] == "tools":
         return "tools"
+    if pieces[0] == "python" and len(pieces) > 2 and pieces[1] == "csrc":
+        return "bindings"  # the PyTorch package's operators
     return None
 
 

@@ -265,6 +265,9 @@ CASES = [
     ("capi includes the tools",
      {"src/capi/bad.cpp": '#include "../../tools/npy.h"\n'},
      ("src/capi/bad.cpp", 1, "part-dependency")),
+    ("the PyTorch operators (bindings) include testing",
+     {"python/csrc/bad.cpp": '#include "thdcp/cp/cuda.h"\n#include "thdcp/testing/workload.h"\n'},
+     ("python/csrc/bad.cpp", 2, "part-dependency")),
     # Folders that are no part of the table.
     ("a folder that is no part",
      {"include/thdcp/misc/utils.h": "#pragma once\n"},
