@@ -57,24 +57,7 @@ AttentionConfig config_of(const thdcp_attention_params* given) {
                      "params->max_tokens=" << p.max_tokens << " must be in [0, 2^31): the rows of the tensors");
   THDCP_CAPI_REQUIRE(p.max_seqs >= 1, "params->max_seqs=" << p.max_seqs
                                                           << " must be >= 1: the most sequences a layout may have");
-  THDCP_CAPI_REQUIRE(p.q_heads <= std::numeric_limits<int32_t>::max() && p.kv_heads <= p.q_heads,
-                     "params->q_heads=" << p.q_heads << ", params->kv_heads=" << p.kv_heads
-                                        << ": need kv_heads <= q_heads < 2^31");
-  THDCP_CAPI_REQUIRE(p.q_heads >= 1 && p.kv_heads >= 1 && p.q_heads % p.kv_heads == 0,
-                     "params->q_heads=" << p.q_heads << ", params->kv_heads=" << p.kv_heads
-                                        << ": need kv_heads >= 1 and q_heads a multiple of kv_heads (GQA/MQA)");
-  if (cuda) {
-#if defined(THDCP_HAVE_CUDA)
-    THDCP_CAPI_REQUIRE(cuda::cuda_supports_head_dim(p.head_dim),
-                       "params->head_dim=" << p.head_dim
-                                           << " is not supported by the CUDA backend: use 64 or 128 (the CPU "
-                                              "backend takes any multiple of 8 in [8, 256])");
-#endif
-  } else {
-    THDCP_CAPI_REQUIRE(cpu_supports_head_dim(p.head_dim),
-                       "params->head_dim=" << p.head_dim
-                                           << " is not supported by the CPU backend: use a multiple of 8 in [8, 256]");
-  }
+  check_heads(p.q_heads, p.kv_heads, p.head_dim, cuda);
   c.max_tokens = p.max_tokens;
   c.max_seqs = p.max_seqs;
   c.q_heads = p.q_heads;

@@ -3,6 +3,11 @@
 #include <cstddef>
 #include <limits>
 
+#include "thdcp/cpu/attention.h"
+#if defined(THDCP_HAVE_CUDA)
+#include "thdcp/cuda/attention.h"
+#endif
+
 namespace thdcp::capi {
 
 // The first version of each params struct ends where thdcp.h says, on an 8-byte boundary,
@@ -108,6 +113,27 @@ LayoutView layout_view(const thdcp_layout_t* layout, const char* argument) {
   THDCP_CAPI_REQUIRE(layout->num_seqs >= 1, argument << "->num_seqs=" << layout->num_seqs
                                                      << " must be >= 1 (the arrays have num_seqs + 1 entries)");
   return LayoutView{layout->cu_seqlens, layout->cu_seqlens_padded, layout->num_seqs};
+}
+
+void check_heads(int64_t q_heads, int64_t kv_heads, int64_t head_dim, bool cuda_backend) {
+  THDCP_CAPI_REQUIRE(q_heads <= std::numeric_limits<int32_t>::max() && kv_heads <= q_heads,
+                     "params->q_heads=" << q_heads << ", params->kv_heads=" << kv_heads
+                                        << ": need kv_heads <= q_heads < 2^31");
+  THDCP_CAPI_REQUIRE(q_heads >= 1 && kv_heads >= 1 && q_heads % kv_heads == 0,
+                     "params->q_heads=" << q_heads << ", params->kv_heads=" << kv_heads
+                                        << ": need kv_heads >= 1 and q_heads a multiple of kv_heads (GQA/MQA)");
+  if (cuda_backend) {
+#if defined(THDCP_HAVE_CUDA)
+    THDCP_CAPI_REQUIRE(cuda::cuda_supports_head_dim(head_dim),
+                       "params->head_dim=" << head_dim
+                                           << " is not supported by the CUDA backend: use 64 or 128 (the CPU "
+                                              "backend takes any multiple of 8 in [8, 256])");
+#endif
+    return;
+  }
+  THDCP_CAPI_REQUIRE(cpu_supports_head_dim(head_dim),
+                     "params->head_dim=" << head_dim
+                                         << " is not supported by the CPU backend: use a multiple of 8 in [8, 256]");
 }
 
 Mask mask_of(int32_t window_left, int32_t window_right, const char* params) {

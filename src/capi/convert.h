@@ -60,6 +60,10 @@ LayoutView layout_view(const thdcp_layout_t* layout, const char* argument);
 // The mask of two window fields (each >= -1).
 Mask mask_of(int32_t window_left, int32_t window_right, const char* params);
 
+// params->q_heads, kv_heads and head_dim of a plan: GQA/MQA counts, and a head dim the backend
+// (CUDA when `cuda`, else the CPU) supports.
+void check_heads(int64_t q_heads, int64_t kv_heads, int64_t head_dim, bool cuda_backend);
+
 // A host array of `count` document lengths (count >= 0; NULL only when count is 0).
 std::vector<int64_t> lengths_of(const int64_t* lengths, int64_t count, const char* argument);
 

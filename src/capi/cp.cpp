@@ -50,24 +50,7 @@ CpConfig config_of(const thdcp_cp_params* given) {
                          p.max_tokens % (2 * static_cast<int64_t>(p.cp_size)) == 0,
                      "params->max_tokens=" << p.max_tokens << " must be a multiple of 2*cp_size=" << 2 * p.cp_size
                                            << " in [0, 2^31): the global rows of the layouts");
-  THDCP_CAPI_REQUIRE(p.q_heads <= std::numeric_limits<int32_t>::max() && p.kv_heads <= p.q_heads,
-                     "params->q_heads=" << p.q_heads << ", params->kv_heads=" << p.kv_heads
-                                        << ": need kv_heads <= q_heads < 2^31");
-  THDCP_CAPI_REQUIRE(p.q_heads >= 1 && p.kv_heads >= 1 && p.q_heads % p.kv_heads == 0,
-                     "params->q_heads=" << p.q_heads << ", params->kv_heads=" << p.kv_heads
-                                        << ": need kv_heads >= 1 and q_heads a multiple of kv_heads (GQA/MQA)");
-  if (backend == THDCP_BACKEND_CUDA) {
-#if defined(THDCP_HAVE_CUDA)
-    THDCP_CAPI_REQUIRE(cuda::cuda_supports_head_dim(p.head_dim),
-                       "params->head_dim=" << p.head_dim
-                                           << " is not supported by the CUDA backend: use 64 or 128 (the CPU "
-                                              "backend takes any multiple of 8 in [8, 256])");
-#endif
-  } else {
-    THDCP_CAPI_REQUIRE(cpu_supports_head_dim(p.head_dim),
-                       "params->head_dim=" << p.head_dim
-                                           << " is not supported by the CPU backend: use a multiple of 8 in [8, 256]");
-  }
+  check_heads(p.q_heads, p.kv_heads, p.head_dim, backend == THDCP_BACKEND_CUDA);
   problem.cp = p.cp_size;
   problem.capacity = Capacity{p.max_seqs, p.max_tokens};
   problem.mask = mask_of(p.window_left, p.window_right, "params");
