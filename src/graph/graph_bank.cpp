@@ -94,6 +94,9 @@ void* GraphBank::buffer(const Capacity& capacity, const std::string& name, size_
   void* p = nullptr;
   THDCP_CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
   THDCP_CHECK_CUDA(cudaMemset(p, 0, std::max<size_t>(bytes, 1)));
+  // The zeroing runs on the legacy stream, which a caller's non-blocking stream does not wait
+  // for: finish it here (plan time) so that an upload into the buffer cannot be overtaken.
+  THDCP_CHECK_CUDA(cudaStreamSynchronize(nullptr));
   e.buffers.emplace(name, std::make_pair(p, bytes));
   return p;
 }

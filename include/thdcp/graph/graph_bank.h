@@ -83,9 +83,10 @@ class GraphBank {
   void add_capacity(const Capacity& capacity);
   const std::vector<Capacity>& capacities() const { return capacities_; }
 
-  // Device memory of `capacity` named `name`: allocated (zeroed) on the first request and
-  // the same pointer for every later one, which may not ask for more bytes. Works for the
-  // fallback capacity of a bucket too. Not capture-safe.
+  // Device memory of `capacity` named `name`: allocated (zeroed, and the zeroing waited for,
+  // so that any stream may fill it next) on the first request and the same pointer for every
+  // later one, which may not ask for more bytes. Works for the fallback capacity of a bucket
+  // too. Not capture-safe.
   void* buffer(const Capacity& capacity, const std::string& name, size_t bytes);
 
   enum class How { kWarmUp, kCaptured, kReplayed, kFallback };
