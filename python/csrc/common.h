@@ -14,14 +14,17 @@
 
 namespace thdcp::torch_ops {
 
-// Runs `body`, turning a thdcp::Error (a bad argument, named with its value and the fix) into
-// a Python ValueError and anything else thdcp throws into a RuntimeError.
+// Runs `body`, turning a thdcp::Error into a Python exception by its kind: a bad argument
+// (named with its value and the fix) a ValueError, a part the build lacks a
+// NotImplementedError, anything else (CUDA, communication) a RuntimeError.
 template <typename Body>
 auto translate_errors(const char* op, Body&& body) -> decltype(body()) {
   try {
     return body();
   } catch (const Error& e) {
-    TORCH_CHECK_VALUE(false, "thdcp.", op, ": ", e.what());
+    TORCH_CHECK_VALUE(e.kind() != ErrorKind::kInvalidArgument, "thdcp.", op, ": ", e.what());
+    TORCH_CHECK_NOT_IMPLEMENTED(e.kind() != ErrorKind::kUnsupported, "thdcp.", op, ": ", e.what());
+    TORCH_CHECK(false, "thdcp.", op, ": ", e.what());
   } catch (const c10::Error&) {
     throw;
   } catch (const std::exception& e) {

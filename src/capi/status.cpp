@@ -19,12 +19,17 @@ bool contains(const char* text, const char* part) { return std::strstr(text, par
 
 }  // namespace
 
-thdcp_status_t status_of(const char* message) {
-  if (contains(message, "cudaErrorMemoryAllocation")) return THDCP_ERROR_OUT_OF_MEMORY;
-  if (contains(message, " failed: cuda")) return THDCP_ERROR_CUDA;
-  if (contains(message, "built without")) return THDCP_ERROR_UNSUPPORTED;
-  if (contains(message, "another rank failed") || contains(message, "shared-GPU rank") ||
-      contains(message, "NCCL") || contains(message, "nccl") || contains(message, "MPI_")) {
+thdcp_status_t status_of(const Error& error) {
+  switch (error.kind()) {
+    case ErrorKind::kUnsupported: return THDCP_ERROR_UNSUPPORTED;
+    case ErrorKind::kCuda: return THDCP_ERROR_CUDA;
+    case ErrorKind::kOutOfMemory: return THDCP_ERROR_OUT_OF_MEMORY;
+    case ErrorKind::kCommunication: return THDCP_ERROR_COMMUNICATION;
+    case ErrorKind::kInternal: return THDCP_ERROR_INTERNAL;
+    case ErrorKind::kInvalidArgument: break;
+  }
+  const char* message = error.what();
+  if (contains(message, "another rank failed") || contains(message, "shared-GPU rank")) {
     return THDCP_ERROR_COMMUNICATION;
   }
   return THDCP_ERROR_INVALID_ARGUMENT;

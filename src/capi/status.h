@@ -25,12 +25,13 @@ class ApiError : public std::runtime_error {
   thdcp_status_t status_;
 };
 
-// The status of a thdcp::Error, from what its message says happened: THDCP_CHECK_CUDA's
-// "<call> failed: cudaError..." is THDCP_ERROR_CUDA (cudaErrorMemoryAllocation
-// THDCP_ERROR_OUT_OF_MEMORY), a part missing from the build THDCP_ERROR_UNSUPPORTED, an
-// aborted group, a failed peer and NCCL or MPI failures THDCP_ERROR_COMMUNICATION, and
-// everything else (the library's argument checks) THDCP_ERROR_INVALID_ARGUMENT.
-thdcp_status_t status_of(const char* message);
+// The status of a thdcp::Error: from its ErrorKind (THDCP_CHECK_CUDA's failures are
+// THDCP_ERROR_CUDA, or THDCP_ERROR_OUT_OF_MEMORY for cudaErrorMemoryAllocation; a part
+// missing from the build THDCP_ERROR_UNSUPPORTED; an aborted group, a failed peer and NCCL
+// or MPI failures THDCP_ERROR_COMMUNICATION). An error of the default kind is an argument
+// check, THDCP_ERROR_INVALID_ARGUMENT, unless its message says it came from a peer (the
+// cross-rank checks forward another rank's error as text).
+thdcp_status_t status_of(const Error& error);
 
 // Stores "<function>: <message><detail>" as this thread's last error and returns status.
 // Never throws: without memory for the message, a fixed one stands in.
@@ -46,7 +47,7 @@ thdcp_status_t guarded(const char* function, Body&& body) noexcept {
   } catch (const ApiError& e) {
     return record(function, e.status(), e.what());
   } catch (const Error& e) {
-    return record(function, status_of(e.what()), e.what());
+    return record(function, status_of(e), e.what());
   } catch (const std::bad_alloc&) {
     return record(function, THDCP_ERROR_OUT_OF_MEMORY, "out of host memory (std::bad_alloc)");
   } catch (const std::length_error& e) {

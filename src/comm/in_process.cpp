@@ -55,7 +55,7 @@ struct InProcessGroup::State {
   Error abandoned() const {
     std::string message = "in-process communicator: another rank failed, collective abandoned";
     if (!reason_.empty()) message += " (" + reason_ + ")";
-    return Error(message);
+    return Error(message, ErrorKind::kCommunication);
   }
 
   int size_;

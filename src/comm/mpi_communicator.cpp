@@ -14,7 +14,8 @@
       char thdcp_mpi_text_[MPI_MAX_ERROR_STRING];                              \
       int thdcp_mpi_len_ = 0;                                                  \
       MPI_Error_string(thdcp_mpi_status_, thdcp_mpi_text_, &thdcp_mpi_len_);   \
-      THDCP_FAIL(#call << " failed: " << std::string(thdcp_mpi_text_, thdcp_mpi_len_)); \
+      THDCP_FAIL_AS(::thdcp::ErrorKind::kCommunication,                                            \
+                    #call << " failed: " << std::string(thdcp_mpi_text_, thdcp_mpi_len_));      \
     }                                                                          \
   } while (0)
 

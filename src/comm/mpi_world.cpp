@@ -17,14 +17,15 @@ bool launched_by_mpi() {
 bool built_with_mpi() { return false; }
 
 Session::Session(int*, char***) {
-  THDCP_FAIL("this thdcp was built without MPI: install an MPI (e.g. libopenmpi-dev) and rebuild "
-             "with -DTHDCP_WITH_MPI=ON");
+  THDCP_FAIL_AS(ErrorKind::kUnsupported,
+                "this thdcp was built without MPI: install an MPI (e.g. libopenmpi-dev) and rebuild "
+                "with -DTHDCP_WITH_MPI=ON");
 }
 Session::~Session() = default;
 void Session::abort(int) { std::abort(); }
 
 std::unique_ptr<Communicator> world() {
-  THDCP_FAIL("this thdcp was built without MPI: rebuild with -DTHDCP_WITH_MPI=ON");
+  THDCP_FAIL_AS(ErrorKind::kUnsupported, "this thdcp was built without MPI: rebuild with -DTHDCP_WITH_MPI=ON");
 }
 #endif
 

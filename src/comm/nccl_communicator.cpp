@@ -196,7 +196,7 @@ class NcclCommunicator final : public DeviceCommunicator {
       abort();
       if (child != nullptr) (void)ncclCommAbort(child);
       failure_ = message.str();
-      THDCP_FAIL(failure_);
+      THDCP_FAIL_AS(ErrorKind::kCommunication, failure_);
     }
     if (child == nullptr) {
       THDCP_CHECK(color < 0, who() << ": ncclCommSplit(color=" << color << ") returned no communicator");
@@ -261,8 +261,10 @@ class NcclCommunicator final : public DeviceCommunicator {
   }
 
   void check_usable(const char* call) const {
-    THDCP_CHECK(comm_ != nullptr, who() << ": " << call << " on a communicator that an earlier failure aborted ("
-                                        << failure_ << "); create a new communicator");
+    if (comm_ != nullptr) return;
+    THDCP_FAIL_AS(ErrorKind::kCommunication, who() << ": " << call << " on a communicator that an earlier failure "
+                                                      "aborted ("
+                                                   << failure_ << "); create a new communicator");
   }
 
   // A collective runs on the current device; one enqueued from another device's context
@@ -298,7 +300,7 @@ class NcclCommunicator final : public DeviceCommunicator {
   [[noreturn]] void abort_and_throw(const std::string& message) {
     abort();
     failure_ = message;
-    THDCP_FAIL(message);
+    THDCP_FAIL_AS(ErrorKind::kCommunication, message);
   }
 
   // A borrowed communicator is only dropped: aborting it is its owner's decision.
@@ -390,7 +392,7 @@ std::unique_ptr<DeviceCommunicator> init_rank(const ncclUniqueId& id, int rank, 
       message << "failed: " << describe(result, comm);
     }
     if (comm != nullptr) (void)ncclCommAbort(comm);
-    THDCP_FAIL(message.str());
+    THDCP_FAIL_AS(ErrorKind::kCommunication, message.str());
   }
   return std::make_unique<NcclCommunicator>(comm, rank, size, device, options);
 }

@@ -12,15 +12,17 @@ constexpr const char* kMissing = "thdcp was built without NCCL: install NCCL and
 bool built_with_nccl() { return false; }
 
 std::unique_ptr<DeviceCommunicator> create(Communicator&, int, const Options&) {
-  throw Error(kMissing);
+  throw Error(kMissing, ErrorKind::kUnsupported);
 }
 
-std::vector<char> unique_id() { throw Error(kMissing); }
+std::vector<char> unique_id() { throw Error(kMissing, ErrorKind::kUnsupported); }
 
 std::unique_ptr<DeviceCommunicator> create_from_unique_id(const void*, size_t, int, int, int, const Options&) {
-  throw Error(kMissing);
+  throw Error(kMissing, ErrorKind::kUnsupported);
 }
 
-std::unique_ptr<DeviceCommunicator> borrow(void*, int, const Options&) { throw Error(kMissing); }
+std::unique_ptr<DeviceCommunicator> borrow(void*, int, const Options&) {
+  throw Error(kMissing, ErrorKind::kUnsupported);
+}
 
 }  // namespace thdcp::nccl

@@ -100,7 +100,8 @@ struct SharedGpuGroup::State {
   // timeout, which aborts it).
   void rendezvous(int rank, Op op) {
     std::unique_lock<std::mutex> lock(mutex);
-    if (!abort_reason.empty()) throw Error("shared-GPU rank " + std::to_string(rank) + ": " + abort_reason);
+    if (!abort_reason.empty()) throw Error("shared-GPU rank " + std::to_string(rank) + ": " + abort_reason,
+                                           ErrorKind::kCommunication);
     const long generation_at_entry = generation;
     arrived_mask[rank] = true;
     if (++arrived == size) {
@@ -117,7 +118,8 @@ struct SharedGpuGroup::State {
       return generation != generation_at_entry || !abort_reason.empty();
     });
     if (generation != generation_at_entry) return;
-    if (released) throw Error("shared-GPU rank " + std::to_string(rank) + ": " + abort_reason);
+    if (released) throw Error("shared-GPU rank " + std::to_string(rank) + ": " + abort_reason,
+                              ErrorKind::kCommunication);
     std::ostringstream why;
     why << "rank " << rank << " waited " << options.timeout_seconds << " s in " << op_name(op)
         << " for ranks that never called it:";
@@ -127,7 +129,7 @@ struct SharedGpuGroup::State {
     why << " (a peer failed, hangs, or called another collective); collective abandoned";
     abort_reason = why.str();
     cv.notify_all();
-    throw Error("shared-GPU rank " + std::to_string(rank) + ": " + abort_reason);
+    throw Error("shared-GPU rank " + std::to_string(rank) + ": " + abort_reason, ErrorKind::kCommunication);
   }
 
   // Aborts this group and every group split from it (their ranks are this group's threads).
@@ -156,7 +158,7 @@ struct SharedGpuGroup::State {
           << op_name(first.op) << " with " << first.bytes
           << " bytes: every rank must call the same collectives in the same order with the same sizes";
       abort(why.str());
-      throw Error("shared-GPU rank " + std::to_string(rank) + ": " + why.str());
+      throw Error("shared-GPU rank " + std::to_string(rank) + ": " + why.str(), ErrorKind::kCommunication);
     }
   }
 
@@ -337,7 +339,8 @@ class SharedGpuCommunicator final : public DeviceCommunicator {
     }
     if (!why.empty()) {
       if (rank_ == 0 && s.captured) cudaGraphDestroy(s.captured);
-      throw Error("shared-GPU rank " + std::to_string(rank_) + ": the group's capture failed: " + why);
+      throw Error("shared-GPU rank " + std::to_string(rank_) + ": the group's capture failed: " + why,
+                  ErrorKind::kCommunication);
     }
     return rank_ == 0 ? s.captured : nullptr;
   }
@@ -373,7 +376,8 @@ class SharedGpuCommunicator final : public DeviceCommunicator {
       {
         std::lock_guard<std::mutex> lock(state_->mutex);
         if (!state_->abort_reason.empty()) {
-          throw Error("shared-GPU rank " + std::to_string(rank_) + ": " + state_->abort_reason);
+          throw Error("shared-GPU rank " + std::to_string(rank_) + ": " + state_->abort_reason,
+                      ErrorKind::kCommunication);
         }
       }
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -381,7 +385,7 @@ class SharedGpuCommunicator final : public DeviceCommunicator {
         const std::string why = "rank " + std::to_string(rank_) + " timed out after " + std::to_string(timeout_seconds) +
                                 " s waiting for its stream";
         state_->abort(why);
-        throw Error("shared-GPU " + why);
+        throw Error("shared-GPU " + why, ErrorKind::kCommunication);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }

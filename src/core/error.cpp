@@ -41,7 +41,7 @@ std::string quote_excerpt(const std::string& text, size_t max_chars) {
 
 namespace thdcp::detail {
 
-void throw_error(const char* file, int line, const std::string& message) {
+void throw_error(const char* file, int line, const std::string& message, ErrorKind kind) {
   // The location goes last: the user reads what to change first.
   std::ostringstream out;
   const char* base = file;
@@ -49,7 +49,7 @@ void throw_error(const char* file, int line, const std::string& message) {
     if (*p == '/') base = p + 1;
   }
   out << message << " [" << base << ":" << line << "]";
-  throw Error(out.str());
+  throw Error(out.str(), kind);
 }
 
 }  // namespace thdcp::detail

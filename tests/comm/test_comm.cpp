@@ -104,5 +104,24 @@ TEST(InProcessGroup, AbortReleasesAWaitingRankWithTheReason) {
   EXPECT_THDCP_ERROR(rank0->all_reduce_max(&y, 1), "another rank failed");
 }
 
+// A rank whose peer failed gets a communication error, the failing rank its own.
+TEST(ErrorKind, AnAbandonedCollectiveIsACommunicationError) {
+  try {
+    run_in_process(2, [](Communicator& comm) {
+      if (comm.rank() == 1) THDCP_FAIL("rank 1 gives up");
+      int mine = 0, all[2] = {};
+      try {
+        comm.all_gather(&mine, all, sizeof(int));
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kCommunication) << e.what();
+        throw;
+      }
+    });
+    ADD_FAILURE() << "run_in_process did not rethrow";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << "the cause is rethrown: " << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace thdcp

@@ -9,9 +9,20 @@ namespace thdcp {
 
 // The one exception type of the library. Its message names the argument, the value
 // and what the caller should change; the library never calls exit().
+// What kind of failure an Error reports, for callers that map errors to codes (the C ABI's
+// statuses): a bad argument (the default: every THDCP_CHECK), a part this build lacks, a
+// CUDA call that failed (out of device memory apart), a communication failure (a peer that
+// failed or disagreed, an aborted group, NCCL or MPI), or a broken invariant.
+enum class ErrorKind { kInvalidArgument, kUnsupported, kCuda, kOutOfMemory, kCommunication, kInternal };
+
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  explicit Error(const std::string& message, ErrorKind kind = ErrorKind::kInvalidArgument)
+      : std::runtime_error(message), kind_(kind) {}
+  ErrorKind kind() const { return kind_; }
+
+ private:
+  ErrorKind kind_;
 };
 
 // A user's value as it may appear in a message: in single quotes, at most `max_chars` bytes
@@ -21,7 +32,8 @@ class Error : public std::runtime_error {
 std::string quote_excerpt(const std::string& text, size_t max_chars = 40);
 
 namespace detail {
-[[noreturn]] void throw_error(const char* file, int line, const std::string& message);
+[[noreturn]] void throw_error(const char* file, int line, const std::string& message,
+                              ErrorKind kind = ErrorKind::kInvalidArgument);
 }  // namespace detail
 
 }  // namespace thdcp
@@ -40,3 +52,13 @@ namespace detail {
   } while (0)
 
 #define THDCP_FAIL(message) THDCP_CHECK(false, message)
+
+// THDCP_FAIL_AS(kind, stream-expression): throws a thdcp::Error of that ErrorKind.
+//   THDCP_FAIL_AS(::thdcp::ErrorKind::kCommunication, who << ": a peer failed");
+#define THDCP_FAIL_AS(kind, message)                                   \
+  do {                                                                 \
+    std::ostringstream thdcp_check_stream_;                            \
+    thdcp_check_stream_ << message;                                    \
+    ::thdcp::detail::throw_error(__FILE__, __LINE__,                   \
+                                 thdcp_check_stream_.str(), (kind));   \
+  } while (0)

@@ -13,7 +13,10 @@
       std::ostringstream thdcp_cuda_stream_;                                                     \
       thdcp_cuda_stream_ << #expr << " failed: " << cudaGetErrorName(thdcp_cuda_status_) << " (" \
                          << cudaGetErrorString(thdcp_cuda_status_) << ")";                      \
-      ::thdcp::detail::throw_error(__FILE__, __LINE__, thdcp_cuda_stream_.str());               \
+      ::thdcp::detail::throw_error(__FILE__, __LINE__, thdcp_cuda_stream_.str(),                \
+                                   thdcp_cuda_status_ == cudaErrorMemoryAllocation              \
+                                       ? ::thdcp::ErrorKind::kOutOfMemory                       \
+                                       : ::thdcp::ErrorKind::kCuda);                            \
     }                                                                                            \
   } while (0)
 
