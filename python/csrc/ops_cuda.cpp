@@ -127,6 +127,32 @@ cuda::AttentionShape single_device_shape(const at::Tensor& q, const at::Tensor& 
   return shape;
 }
 
+// One allocation (PyTorch's caching allocator, so capture-safe) for a single-device call: its
+// segment table, then its plan's workspace.
+struct CallScratch {
+  at::Tensor bytes;
+  Segment* segments = nullptr;
+  void* workspace = nullptr;
+};
+
+CallScratch call_scratch(const at::Tensor& q, const cuda::AttentionShape& shape, size_t workspace_bytes) {
+  const size_t table_bytes = align_up(sizeof(Segment) * static_cast<size_t>(shape.table.capacity));
+  CallScratch scratch;
+  scratch.bytes = at::empty({static_cast<int64_t>(table_bytes + workspace_bytes)}, q.options().dtype(at::kByte));
+  auto* base = static_cast<unsigned char*>(scratch.bytes.data_ptr());
+  scratch.segments = reinterpret_cast<Segment*>(base);
+  scratch.workspace = base + table_bytes;
+  return scratch;
+}
+
+// Enqueues the build of the call's single-device table into its scratch.
+cuda::DeviceSegmentTable enqueue_table(const CallScratch& scratch, const at::Tensor& q, const at::Tensor& cu_seqlens,
+                                       const at::Tensor& cu_seqlens_padded, const Mask& mask, cudaStream_t stream) {
+  return cuda::enqueue_segment_table(cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>(),
+                                     static_cast<int>(cu_seqlens.numel() - 1), q.size(0), mask, scratch.segments,
+                                     stream);
+}
+
 Outputs3 attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
                                 int64_t window_left, int64_t window_right, double softmax_scale,
@@ -137,22 +163,15 @@ Outputs3 attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
     const Mask mask = window_mask(window_left, window_right);
     const cuda::AttentionShape shape = single_device_shape(q, k, cu_seqlens, mask);
-    const int max_seqs = static_cast<int>(cu_seqlens.numel() - 1);
     cuda::Options options;
     options.softmax_scale = static_cast<float>(softmax_scale);
-
-    const size_t table_bytes = align_up(sizeof(Segment) * static_cast<size_t>(shape.table.capacity));
     const size_t workspace_bytes = cuda::ForwardPlan::workspace_size(shape);
-    at::Tensor scratch = at::empty({static_cast<int64_t>(table_bytes + workspace_bytes)}, q.options().dtype(at::kByte));
-    auto* base = static_cast<unsigned char*>(scratch.data_ptr());
-    const cuda::ForwardPlan plan(shape, options, base + table_bytes, workspace_bytes);
+    const CallScratch scratch = call_scratch(q, shape, workspace_bytes);
+    const cuda::ForwardPlan plan(shape, options, scratch.workspace, workspace_bytes);
 
     Outputs3 outputs = forward_outputs(q, return_max_logit);
     const auto tensors = forward_tensors<cuda::ForwardTensors>(q, k, v, outputs, return_max_logit);
-    const cuda::DeviceSegmentTable table =
-        cuda::enqueue_segment_table(cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>(), max_seqs,
-                                    q.size(0), mask, reinterpret_cast<Segment*>(base), stream);
-    plan.run(table, tensors, stream);
+    plan.run(enqueue_table(scratch, q, cu_seqlens, cu_seqlens_padded, mask, stream), tensors, stream);
     return outputs;
   });
 }
@@ -169,23 +188,16 @@ Outputs3 attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q, co
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
     const Mask mask = window_mask(window_left, window_right);
     const cuda::AttentionShape shape = single_device_shape(q, k, cu_seqlens, mask);
-    const int max_seqs = static_cast<int>(cu_seqlens.numel() - 1);
     cuda::Options options;
     options.softmax_scale = static_cast<float>(softmax_scale);
     options.deterministic = deterministic;
-
-    const size_t table_bytes = align_up(sizeof(Segment) * static_cast<size_t>(shape.table.capacity));
     const size_t workspace_bytes = cuda::BackwardPlan::workspace_size(shape, options);
-    at::Tensor scratch = at::empty({static_cast<int64_t>(table_bytes + workspace_bytes)}, q.options().dtype(at::kByte));
-    auto* base = static_cast<unsigned char*>(scratch.data_ptr());
-    const cuda::BackwardPlan plan(shape, options, base + table_bytes, workspace_bytes);
+    const CallScratch scratch = call_scratch(q, shape, workspace_bytes);
+    const cuda::BackwardPlan plan(shape, options, scratch.workspace, workspace_bytes);
 
     Outputs3 grads = backward_outputs(q, k, v);
     const auto tensors = backward_tensors<cuda::BackwardTensors>(dout, q, k, v, out, lse, grads);
-    const cuda::DeviceSegmentTable table =
-        cuda::enqueue_segment_table(cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>(), max_seqs,
-                                    q.size(0), mask, reinterpret_cast<Segment*>(base), stream);
-    plan.run(table, tensors, stream);
+    plan.run(enqueue_table(scratch, q, cu_seqlens, cu_seqlens_padded, mask, stream), tensors, stream);
     return grads;
   });
 }

@@ -38,8 +38,12 @@ class Communicator:
     def __init__(self, group=None, device: Optional[Union[int, torch.device]] = None):
         import torch.distributed as dist
 
-        self.device = torch.cuda.current_device() if device is None else torch.device("cuda", device).index \
-            if isinstance(device, int) else torch.device(device).index
+        if device is None:
+            self.device = torch.cuda.current_device()
+        elif isinstance(device, int):
+            self.device = device
+        else:
+            self.device = torch.device(device).index
         if group is None and not (dist.is_available() and dist.is_initialized()):
             self.rank, self.size = 0, 1
             unique_id = _ops.nccl_unique_id()
