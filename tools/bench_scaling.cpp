@@ -213,11 +213,7 @@ struct Baseline {
 // The single-device table's description before it is built (for the workspace sizes).
 cuda::AttentionShape single_device_shape(const BatchLayout& layout, const Mask& mask, const Shape& s) {
   cuda::AttentionShape shape;
-  shape.table.capacity = cuda::segment_table_capacity(cuda::TableKind::kSingleDevice, layout.num_seqs());
-  shape.table.q_rows = layout.total_rows();
-  shape.table.k_rows = layout.total_rows();
-  shape.table.mask = mask;
-  shape.table.kind = cuda::TableKind::kSingleDevice;
+  shape.table = cuda::single_device_table(layout.num_seqs(), layout.total_rows(), mask);
   shape.q_heads = s.q_heads;
   shape.kv_heads = s.kv_heads;
   shape.head_dim = s.head_dim;

@@ -114,11 +114,7 @@ cuda::AttentionShape single_device_shape(const at::Tensor& q, const at::Tensor& 
   TORCH_CHECK_VALUE(k.size(0) == q.size(0), "thdcp: k has ", k.size(0), " rows but q has ", q.size(0),
                     "; q, k and v share one layout (cu_seqlens_padded)");
   cuda::AttentionShape shape;
-  const int max_seqs = static_cast<int>(cu_seqlens.numel() - 1);
-  shape.table.capacity = cuda::segment_table_capacity(cuda::TableKind::kSingleDevice, max_seqs);
-  shape.table.q_rows = shape.table.k_rows = q.size(0);
-  shape.table.mask = mask;
-  shape.table.kind = cuda::TableKind::kSingleDevice;
+  shape.table = cuda::single_device_table(static_cast<int>(cu_seqlens.numel() - 1), q.size(0), mask);
   shape.q_heads = q.size(1);
   shape.kv_heads = k.size(1);
   shape.head_dim = q.size(2);

@@ -91,10 +91,7 @@ size_t align_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * k
 
 cuda::AttentionShape shape_of(const AttentionConfig& c) {
   cuda::AttentionShape s;
-  s.table.capacity = cuda::segment_table_capacity(cuda::TableKind::kSingleDevice, c.max_seqs);
-  s.table.q_rows = s.table.k_rows = c.max_tokens;
-  s.table.mask = c.mask;
-  s.table.kind = cuda::TableKind::kSingleDevice;
+  s.table = cuda::single_device_table(c.max_seqs, c.max_tokens, c.mask);
   s.q_heads = c.q_heads;
   s.kv_heads = c.kv_heads;
   s.head_dim = c.head_dim;

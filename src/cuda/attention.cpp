@@ -67,8 +67,13 @@ DeviceSegmentTable enqueue_segment_table(const int32_t* cu_seqlens, const int32_
                                          int64_t total_rows, const Mask& mask, Segment* segments,
                                          cudaStream_t stream) {
   detail::launch_build_single_table(cu_seqlens, cu_seqlens_padded, max_seqs, segments, stream);
-  DeviceSegmentTable table;
+  DeviceSegmentTable table = single_device_table(max_seqs, total_rows, mask);
   table.segments = segments;
+  return table;
+}
+
+DeviceSegmentTable single_device_table(int max_seqs, int64_t total_rows, const Mask& mask) {
+  DeviceSegmentTable table;
   table.capacity = segment_table_capacity(TableKind::kSingleDevice, max_seqs);
   table.q_rows = table.k_rows = total_rows;
   table.mask = mask;

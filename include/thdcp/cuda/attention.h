@@ -58,6 +58,11 @@ struct DeviceSegmentTable {
 // Entries a table needs for `max_seqs` sequences: max_seqs, or 2 * max_seqs for CP.
 int segment_table_capacity(TableKind kind, int max_seqs);
 
+// The description of a single-device table of `max_seqs` sequences over `total_rows` rows
+// (what build_segment_table returns), with `segments` null: the table part of a plan's
+// AttentionShape.
+DeviceSegmentTable single_device_table(int max_seqs, int64_t total_rows, const Mask& mask);
+
 // Enqueues the build of a single-device table (one segment per sequence, as
 // thdcp::build_segment_table) from device metadata.
 //   cu_seqlens, cu_seqlens_padded  device int32 arrays of max_seqs + 1 entries (DESIGN.md
