@@ -151,8 +151,23 @@ void BackwardPlan::check_tensors(const BackwardTensors& t) const {
 }
 
 void BackwardPlan::run(const DeviceSegmentTable& table, const BackwardTensors& t, cudaStream_t stream) const {
+  enqueue(table, t, stream, Passes::kBoth);
+}
+
+void BackwardPlan::run_keys(const DeviceSegmentTable& table, const BackwardTensors& t, cudaStream_t stream) const {
+  enqueue(table, t, stream, Passes::kKeys);
+}
+
+void BackwardPlan::run_queries(const DeviceSegmentTable& table, const BackwardTensors& t, cudaStream_t stream) const {
+  enqueue(table, t, stream, Passes::kQueries);
+}
+
+void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensors& t, cudaStream_t stream,
+                           Passes passes) const {
   detail::check_table_matches(shape_, table);
   check_backward_tensors(shape_, t);
+  const bool keys = passes != Passes::kQueries;
+  const bool queries = passes != Passes::kKeys;
 
   const BackwardWorkspace layout = backward_layout(shape_, !options_.deterministic);
   const bool fp32_dkv = shape_.dkv_dtype == DType::kFloat32;
@@ -189,22 +204,28 @@ void BackwardPlan::run(const DeviceSegmentTable& table, const BackwardTensors& t
   // dK/dV start at exactly 0: rows no query reaches stay 0. Every table kind this backend
   // builds reaches a key row from at most two segments (segments_per_key_row), which keeps
   // the fp32 dK/dV accumulation order-independent.
-  const size_t dkv_bytes = sizeof(float) * static_cast<size_t>(t.dk.numel());
-  if (dkv_bytes > 0) {
-    THDCP_CHECK_CUDA(cudaMemsetAsync(params.dk_accum, 0, dkv_bytes, stream));
-    THDCP_CHECK_CUDA(cudaMemsetAsync(params.dv_accum, 0, dkv_bytes, stream));
-  }
-  const size_t dq_bytes = sizeof(float) * static_cast<size_t>(t.dq.numel());
-  if (fused_dq_ && dq_bytes > 0) THDCP_CHECK_CUDA(cudaMemsetAsync(params.dq_accum, 0, dq_bytes, stream));
   const int head_dim = static_cast<int>(shape_.head_dim);
+  if (keys) {
+    const size_t dkv_bytes = sizeof(float) * static_cast<size_t>(t.dk.numel());
+    if (dkv_bytes > 0) {
+      THDCP_CHECK_CUDA(cudaMemsetAsync(params.dk_accum, 0, dkv_bytes, stream));
+      THDCP_CHECK_CUDA(cudaMemsetAsync(params.dv_accum, 0, dkv_bytes, stream));
+    }
+    const size_t dq_bytes = sizeof(float) * static_cast<size_t>(t.dq.numel());
+    if (fused_dq_ && dq_bytes > 0) THDCP_CHECK_CUDA(cudaMemsetAsync(params.dq_accum, 0, dq_bytes, stream));
+    if (table.capacity > 0) {
+      detail::launch_schedule(table.segments, table.capacity, detail::kDqTileRows,
+                              at<int>(workspace_, layout.q_start), dkv_tile_rows(fused_dq_),
+                              at<int>(workspace_, layout.k_start), nullptr, params.q_heads, stream);
+      detail::launch_delta(t.out.data, strides.out.row, strides.out.head, t.dout.data, strides.dout.row,
+                           strides.dout.head, shape_.dtype, table.q_rows, params.q_heads, head_dim, params.delta,
+                           stream);
+    }
+  }
+  // The schedule and delta of the key half stay in the workspace for the query half.
   if (table.capacity > 0) {
-    detail::launch_schedule(table.segments, table.capacity, detail::kDqTileRows, at<int>(workspace_, layout.q_start),
-                            dkv_tile_rows(fused_dq_), at<int>(workspace_, layout.k_start), nullptr, params.q_heads,
-                            stream);
-    detail::launch_delta(t.out.data, strides.out.row, strides.out.head, t.dout.data, strides.dout.row,
-                         strides.dout.head, shape_.dtype, table.q_rows, params.q_heads, head_dim, params.delta, stream);
-    const int gq = static_cast<int>(dq_grid_tiles(table));
-    const int gk = static_cast<int>(dkv_grid_tiles(table, fused_dq_));
+    const int gq = queries ? static_cast<int>(dq_grid_tiles(table)) : 0;
+    const int gk = keys ? static_cast<int>(dkv_grid_tiles(table, fused_dq_)) : 0;
     const bool bf16 = shape_.dtype == DType::kBFloat16;
     if (shape_.head_dim == 64) {
       bf16 ? detail::launch_backward<detail::Bf16Tag, 64>(params, strides, sm90_, gq, gk, stream)
@@ -214,14 +235,14 @@ void BackwardPlan::run(const DeviceSegmentTable& table, const BackwardTensors& t
            : detail::launch_backward<detail::Fp16Tag, 128>(params, strides, sm90_, gq, gk, stream);
     }
   }
-  if (!fp32_dkv) {
+  if (keys && !fp32_dkv) {
     detail::launch_cast_strided(params.dk_accum, t.dk.data, t.dk.dtype, table.k_rows, params.kv_heads, head_dim,
                                 t.dk.row_step(), t.dk.head_step(), 1.0f, stream);
     detail::launch_cast_strided(params.dv_accum, t.dv.data, t.dv.dtype, table.k_rows, params.kv_heads, head_dim,
                                 t.dv.row_step(), t.dv.head_step(), 1.0f, stream);
   }
-  // The fused path accumulates dS K; the softmax scale is applied once here.
-  if (fused_dq_) {
+  // The fused path accumulates dS K in the key half; the softmax scale is applied once here.
+  if (queries && fused_dq_) {
     detail::launch_cast_strided(params.dq_accum, t.dq.data, t.dq.dtype, table.q_rows, params.q_heads, head_dim,
                                 strides.dq.row, strides.dq.head, scale_, stream);
   }

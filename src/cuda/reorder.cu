@@ -76,6 +76,12 @@ void convert_from_fp32(const float* src, void* dst, DType dtype, int64_t n, cuda
   detail::launch_cast(src, dst, dtype, n, stream);
 }
 
+void convert_from_fp32(const float* src, ThdTensor dst, cudaStream_t stream) {
+  if (dst.numel() == 0) return;
+  detail::launch_cast_strided(src, dst.data, dst.dtype, dst.tokens, static_cast<int>(dst.heads),
+                              static_cast<int>(dst.head_dim), dst.row_step(), dst.head_step(), 1.0f, stream);
+}
+
 void gathered_rows_of_sequence(const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
                                int32_t* rows, cudaStream_t stream) {
   THDCP_CHECK(cp >= 1 && max_seqs >= 1 && total_rows >= 0 && total_rows % (2 * cp) == 0 &&

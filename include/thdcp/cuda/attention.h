@@ -205,10 +205,24 @@ class BackwardPlan {
   // ForwardPlan::run.
   void run(const DeviceSegmentTable& table, const BackwardTensors& tensors, cudaStream_t stream) const;
 
+  // run() in two halves, for callers that overlap other work with one of them (AllGather CP
+  // reduce-scatters one head group's dK/dV while the next group's run): run_keys enqueues the
+  // memsets, the schedule, delta, the dK/dV kernel and the dk/dv casts (and, where the plan
+  // fuses dQ into the dK/dV pass, its accumulation); run_queries the dQ kernel (or the fused
+  // dQ's cast). run_queries must follow run_keys of the same table and tensors, ordered after
+  // it, with no other run of this plan in between (the schedule and delta stay in the
+  // workspace). run_keys then run_queries enqueue exactly what run() does.
+  void run_keys(const DeviceSegmentTable& table, const BackwardTensors& tensors, cudaStream_t stream) const;
+  void run_queries(const DeviceSegmentTable& table, const BackwardTensors& tensors, cudaStream_t stream) const;
+
   int device() const { return device_; }
   const char* kernel_family() const { return sm90_ ? "sm90" : "portable"; }
 
  private:
+  enum class Passes { kBoth, kKeys, kQueries };
+  void enqueue(const DeviceSegmentTable& table, const BackwardTensors& tensors, cudaStream_t stream,
+               Passes passes) const;
+
   AttentionShape shape_;
   Options options_;
   float scale_ = 0.0f;

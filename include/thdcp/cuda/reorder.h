@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include "thdcp/core/dtype.h"
+#include "thdcp/core/tensor.h"
 
 namespace thdcp::cuda {
 
@@ -37,5 +38,9 @@ void gathered_rows_of_sequence(const int32_t* cu_seqlens_padded, int max_seqs, i
 
 // dst[i] = src[i] rounded to `dtype` (to nearest even; fp32 is a copy), n elements.
 void convert_from_fp32(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream);
+
+// The same into a strided view: src holds dst.tokens * dst.heads * dst.head_dim contiguous
+// floats ([tokens, heads, head_dim]); element (row, head, d) goes to dst's (row, head, d).
+void convert_from_fp32(const float* src, ThdTensor dst, cudaStream_t stream);
 
 }  // namespace thdcp::cuda
