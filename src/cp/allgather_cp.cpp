@@ -26,6 +26,16 @@ const char* phase_name(Phase phase) {
   return "?";
 }
 
+int auto_head_groups(const Problem& p) {
+  if (p.head_groups > 0) return p.head_groups;
+  if (p.cp <= 1) return 1;
+  constexpr int64_t kMinPairsPerGroup = 64 * 1024;
+  for (int groups : {4, 2}) {
+    if (p.kv_heads % groups == 0 && p.local_rows() * p.q_heads / groups >= kMinPairsPerGroup) return groups;
+  }
+  return 1;
+}
+
 double Timings::total() const {
   double sum = 0;
   for (double s : seconds) sum += s;
@@ -77,6 +87,14 @@ class CpuSteps {
            const LayoutView& layout, Timings* timings)
       : comm_(comm), p_(problem), options_(options), b_(buffers), layout_(layout), timings_(timings) {}
 
+  // Everything runs in program order on the calling thread: one head group, one lane.
+  int head_groups() const { return 1; }
+  void fork() {}
+  void join() {}
+  void use(detail::Lane) {}
+  void signal(detail::Ready, int) {}
+  void await(detail::Ready, int) {}
+
   void phase(Phase next) {
     const Clock::time_point now = Clock::now();
     if (timings_ && current_ != Phase::kCount) (*timings_)[current_] += std::chrono::duration<double>(now - start_).count();
@@ -90,14 +108,14 @@ class CpuSteps {
     for (int r = 0; r < p_.cp; ++r) maps_.push_back(rank_row_map(layout_, p_.cp, r));
   }
 
-  ConstThdTensor gather(const ConstThdTensor& local, Slot slot) {
+  ConstThdTensor gather(const ConstThdTensor& local, Slot slot, int /*group*/) {
     std::vector<unsigned char>& gathered = b_.gathered[index_of(slot)];
     const size_t local_bytes = static_cast<size_t>(local.tokens) * local.row_bytes();
     comm_.all_gather(local.data, gathered.data(), local_bytes);
     return ConstThdTensor(gathered.data(), local.dtype, local.tokens * p_.cp, local.heads, local.head_dim);
   }
 
-  ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot) {
+  ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot, int /*group*/) {
     std::vector<unsigned char>& ordered = b_.sequence[index_of(slot)];
     const size_t row_bytes = gathered.row_bytes();
     const size_t local_bytes = static_cast<size_t>(p_.local_rows()) * row_bytes;
@@ -106,7 +124,7 @@ class CpuSteps {
     return ConstThdTensor(ordered.data(), gathered.dtype, gathered.tokens, gathered.heads, gathered.head_dim);
   }
 
-  ConstThdTensor kept_sequence_order(const ConstThdTensor& local, Slot slot) {
+  ConstThdTensor kept_sequence_order(const ConstThdTensor& local, Slot slot, int /*group*/) {
     return ConstThdTensor(b_.sequence[index_of(slot)].data(), local.dtype, p_.capacity.max_tokens, local.heads,
                           local.head_dim);
   }
@@ -118,13 +136,16 @@ class CpuSteps {
 
   void max_reduce(float* max_logit, size_t count) { comm_.all_reduce_max(max_logit, count); }
 
-  SequenceGrads attention_backward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v,
-                                   const ConstThdTensor& out, const ConstThdTensor& dout, const float* lse,
-                                   ThdTensor dq) {
+  // The reference backward computes dQ with dK/dV: the query pass has nothing left to do.
+  SequenceGrads attention_backward_keys(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v,
+                                        const ConstThdTensor& out, const ConstThdTensor& dout, const float* lse,
+                                        ThdTensor dq, int /*group*/) {
     const SequenceGrads grads{fp32_view(b_.grad_seq[0], k), fp32_view(b_.grad_seq[1], k)};
     cpu::attention_backward(table_, q, k, v, out, dout, lse, dq, grads.dk, grads.dv, options_);
     return grads;
   }
+
+  void attention_backward_queries(int /*group*/) {}
 
   ThdTensor to_rank_order(const ThdTensor& seq, Slot slot) {
     std::vector<float>& ranked = b_.grad_ranked[index_of(slot)];
@@ -134,7 +155,7 @@ class CpuSteps {
     return fp32_view(ranked, seq);
   }
 
-  ThdTensor reduce_scatter(const ThdTensor& ranked, Slot slot) {
+  ThdTensor reduce_scatter(const ThdTensor& ranked, Slot slot, int /*group*/) {
     std::vector<float>& local = b_.grad_local[index_of(slot)];
     const int64_t rows = p_.local_rows();
     comm_.reduce_scatter_sum(static_cast<const float*>(ranked.data), local.data(),

@@ -18,10 +18,12 @@ namespace {
 
 constexpr size_t kAlignment = 256;
 constexpr double kPlanExchangeTimeoutSeconds = 300;
-constexpr int kMaxPhaseMarks = 16;
+constexpr int kMaxPhaseMarks = 64;
 
 size_t align_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
+using detail::Lane;
+using detail::Ready;
 using detail::SequenceGrads;
 using detail::Slot;
 
@@ -37,11 +39,13 @@ cuda::DeviceSegmentTable table_shape(const Problem& p) {
   return t;
 }
 
+// The attention of one head group.
 cuda::AttentionShape attention_shape(const Problem& p) {
+  const int groups = auto_head_groups(p);
   cuda::AttentionShape s;
   s.table = table_shape(p);
-  s.q_heads = p.q_heads;
-  s.kv_heads = p.kv_heads;
+  s.q_heads = p.q_heads / groups;
+  s.kv_heads = p.kv_heads / groups;
   s.head_dim = p.head_dim;
   s.dtype = p.dtype;
   s.dq_dtype = p.dtype;
@@ -49,10 +53,13 @@ cuda::AttentionShape attention_shape(const Problem& p) {
   return s;
 }
 
-// Offsets of the workspace, in order.
+// Offsets of the workspace, in order. The K/V buffers are head-group major: group g's
+// [rows, Hkv/G, D] block follows group g - 1's, so each group's collectives move one
+// contiguous block.
 struct Layout {
+  int groups = 1;
   size_t segments = 0, rank_rows = 0, packed[2] = {}, gathered[2] = {}, sequence[2] = {}, grad_ranked[2] = {},
-         grad_local = 0, forward = 0, backward = 0, total = 0;
+         grad_local = 0, forward = 0, backward[kMaxHeadGroups] = {}, total = 0;
   size_t forward_bytes = 0, backward_bytes = 0;
 };
 
@@ -80,7 +87,10 @@ Layout workspace_layout(const Problem& p, const cuda::Options& options) {
   w.forward_bytes = cuda::ForwardPlan::workspace_size(shape);
   w.backward_bytes = cuda::BackwardPlan::workspace_size(shape, options);
   w.forward = take(w.forward_bytes);
-  w.backward = take(w.backward_bytes);
+  // One backward workspace per group: a group's query pass reads the schedule and delta its
+  // key pass left, after every group's key pass ran.
+  w.groups = auto_head_groups(p);
+  for (int g = 0; g < w.groups; ++g) w.backward[g] = take(w.backward_bytes);
   w.total = at;
   return w;
 }
@@ -120,8 +130,8 @@ void check_tensor(const char* name, const ConstThdTensor& t, const Problem& p, i
 struct CudaPlan::Workspace {
   unsigned char* base = nullptr;
   Layout layout;
-  std::unique_ptr<cuda::ForwardPlan> forward;
-  std::unique_ptr<cuda::BackwardPlan> backward;
+  std::unique_ptr<cuda::ForwardPlan> forward;                    // one group's shape
+  std::unique_ptr<cuda::BackwardPlan> backward[kMaxHeadGroups];  // one per group (its own workspace)
   template <typename T>
   T* at(size_t offset) const {
     return reinterpret_cast<T*>(base + offset);
@@ -139,117 +149,201 @@ struct CudaPlan::Events {
   }
 };
 
+// The collectives lane: a stream of the highest priority, so that the block scheduler gives
+// a collective's blocks the next free SMs while attention kernels fill the GPU, and the
+// events that order the lanes (made at plan time; recorded and waited for, also inside a
+// capture, by every step).
+struct CudaPlan::Lanes {
+  cudaStream_t collectives = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  cudaEvent_t ready[2][kMaxHeadGroups] = {};  // [Ready][group]
+  Lanes() {
+    int least = 0, greatest = 0;
+    THDCP_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    THDCP_CHECK_CUDA(cudaStreamCreateWithPriority(&collectives, cudaStreamNonBlocking, greatest));
+    for (cudaEvent_t* e : {&fork, &join}) THDCP_CHECK_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    for (auto& kind : ready) {
+      for (cudaEvent_t& e : kind) THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+  }
+  ~Lanes() {
+    for (auto& kind : ready) {
+      for (cudaEvent_t e : kind) {
+        if (e) cudaEventDestroy(e);
+      }
+    }
+    for (cudaEvent_t e : {fork, join}) {
+      if (e) cudaEventDestroy(e);
+    }
+    if (collectives) cudaStreamDestroy(collectives);
+  }
+  Lanes(const Lanes&) = delete;
+  Lanes& operator=(const Lanes&) = delete;
+};
+
 namespace {
 
 class CudaSteps {
  public:
+  // With phase timing (`events`) every call enqueues on `stream` in program order, so each
+  // phase's events bracket its own work; otherwise the collectives go to lanes.collectives.
   CudaSteps(DeviceCommunicator& comm, const Problem& problem, const CudaPlan::Workspace& w,
-            CudaPlan::Events* events, const DeviceLayout& layout, cudaStream_t stream)
-      : comm_(comm), p_(problem), w_(w), events_(events), layout_(layout), stream_(stream) {
+            const CudaPlan::Lanes& lanes, CudaPlan::Events* events, const DeviceLayout& layout, cudaStream_t stream)
+      : comm_(comm),
+        p_(problem),
+        w_(w),
+        lanes_(lanes),
+        events_(events),
+        layout_(layout),
+        stream_(stream),
+        overlap_(events == nullptr),
+        current_(stream) {
     if (events_) events_->recorded = 0;
+  }
+
+  int head_groups() const { return w_.layout.groups; }
+
+  void fork() {
+    if (!overlap_) return;
+    THDCP_CHECK_CUDA(cudaEventRecord(lanes_.fork, stream_));
+    THDCP_CHECK_CUDA(cudaStreamWaitEvent(lanes_.collectives, lanes_.fork, 0));
+  }
+
+  void join() {
+    if (!overlap_) return;
+    THDCP_CHECK_CUDA(cudaEventRecord(lanes_.join, lanes_.collectives));
+    THDCP_CHECK_CUDA(cudaStreamWaitEvent(stream_, lanes_.join, 0));
+  }
+
+  void use(Lane lane) { current_ = overlap_ && lane == Lane::kCollectives ? lanes_.collectives : stream_; }
+
+  void signal(Ready what, int group) {
+    if (overlap_) THDCP_CHECK_CUDA(cudaEventRecord(ready(what, group), current_));
+  }
+
+  void await(Ready what, int group) {
+    if (overlap_) THDCP_CHECK_CUDA(cudaStreamWaitEvent(current_, ready(what, group), 0));
   }
 
   void phase(Phase next) {
     if (!events_ || events_->recorded >= kMaxPhaseMarks) return;
+    if (events_->recorded > 0 && events_->phases[events_->recorded - 1] == next) return;
     events_->phases[events_->recorded] = next;
-    THDCP_CHECK_CUDA(cudaEventRecord(events_->marks[events_->recorded++], stream_));
+    THDCP_CHECK_CUDA(cudaEventRecord(events_->marks[events_->recorded++], current_));
   }
 
   void build_table() {
     table_ = cuda::enqueue_cp_segment_table(layout_.cu_seqlens, layout_.cu_seqlens_padded, p_.capacity.max_seqs,
                                             p_.capacity.max_tokens, p_.cp, comm_.rank(), p_.mask,
-                                            w_.at<Segment>(w_.layout.segments), stream_);
+                                            w_.at<Segment>(w_.layout.segments), current_);
   }
 
-  ConstThdTensor gather(const ConstThdTensor& local, Slot slot) {
+  // `local`: the group's heads of this rank's K or V (a view with the tensor's strides),
+  // packed into the group's block first unless it is that block already.
+  ConstThdTensor gather(const ConstThdTensor& local, Slot slot, int group) {
     const int i = index_of(slot);
     const size_t row_bytes = local.row_bytes();
+    const size_t local_bytes = static_cast<size_t>(local.tokens) * row_bytes;
     const void* send = local.data;
     if (!local.contiguous()) {
-      unsigned char* packed = w_.at<unsigned char>(w_.layout.packed[i]);
+      unsigned char* packed = w_.at<unsigned char>(w_.layout.packed[i]) + static_cast<size_t>(group) * local_bytes;
       if (local.tokens > 0) {
         THDCP_CHECK_CUDA(cudaMemcpy2DAsync(packed, row_bytes, local.data,
                                            static_cast<size_t>(local.row_step()) * dtype_size(local.dtype), row_bytes,
-                                           static_cast<size_t>(local.tokens), cudaMemcpyDeviceToDevice, stream_));
+                                           static_cast<size_t>(local.tokens), cudaMemcpyDeviceToDevice, current_));
       }
       send = packed;
     }
-    unsigned char* gathered = w_.at<unsigned char>(w_.layout.gathered[i]);
-    comm_.all_gather(send, gathered, static_cast<size_t>(local.tokens) * row_bytes, stream_);
+    unsigned char* gathered =
+        w_.at<unsigned char>(w_.layout.gathered[i]) + static_cast<size_t>(group * p_.cp) * local_bytes;
+    comm_.all_gather(send, gathered, local_bytes, current_);
     return ConstThdTensor(gathered, local.dtype, local.tokens * p_.cp, local.heads, local.head_dim);
   }
 
-  ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot) {
-    unsigned char* ordered = w_.at<unsigned char>(w_.layout.sequence[index_of(slot)]);
+  ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot, int group) {
+    unsigned char* ordered = sequence_block(slot, group, gathered);
     cuda::gathered_to_sequence_order(gathered.data, ordered, gathered.row_bytes(), layout_.cu_seqlens_padded,
-                                     p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp, stream_);
+                                     p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp, current_);
     return ConstThdTensor(ordered, gathered.dtype, gathered.tokens, gathered.heads, gathered.head_dim);
   }
 
-  ConstThdTensor kept_sequence_order(const ConstThdTensor& local, Slot slot) {
-    return ConstThdTensor(w_.at<unsigned char>(w_.layout.sequence[index_of(slot)]), local.dtype,
-                          p_.capacity.max_tokens, local.heads, local.head_dim);
+  ConstThdTensor kept_sequence_order(const ConstThdTensor& local, Slot slot, int group) {
+    const ConstThdTensor shape(nullptr, local.dtype, p_.capacity.max_tokens, local.heads, local.head_dim);
+    return ConstThdTensor(sequence_block(slot, group, shape), local.dtype, p_.capacity.max_tokens, local.heads,
+                          local.head_dim);
   }
 
   void attention_forward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, ThdTensor out,
                          float* lse, float* max_logit) {
-    w_.forward->run(table_, cuda::ForwardTensors{q, k, v, out, lse, max_logit}, stream_);
+    w_.forward->run(table_, cuda::ForwardTensors{q, k, v, out, lse, max_logit}, current_);
   }
 
-  void max_reduce(float* max_logit, size_t count) { comm_.all_reduce_max(max_logit, count, stream_); }
+  void max_reduce(float* max_logit, size_t count) { comm_.all_reduce_max(max_logit, count, current_); }
 
-  SequenceGrads attention_backward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v,
-                                   const ConstThdTensor& out, const ConstThdTensor& dout, const float* lse,
-                                   ThdTensor dq) {
+  SequenceGrads attention_backward_keys(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v,
+                                        const ConstThdTensor& out, const ConstThdTensor& dout, const float* lse,
+                                        ThdTensor dq, int group) {
     int32_t* rank_rows = w_.at<int32_t>(w_.layout.rank_rows);
-    cuda::gathered_rows_of_sequence(layout_.cu_seqlens_padded, p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp,
-                                    rank_rows, stream_);
-    const SequenceGrads grads{fp32(w_.layout.grad_ranked[0], p_.capacity.max_tokens),
-                              fp32(w_.layout.grad_ranked[1], p_.capacity.max_tokens)};
-    cuda::BackwardTensors tensors{q, k, v, out, dout, lse, dq, grads.dk, grads.dv};
+    if (group == 0) {
+      cuda::gathered_rows_of_sequence(layout_.cu_seqlens_padded, p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp,
+                                      rank_rows, current_);
+    }
+    const size_t block = static_cast<size_t>(group) * static_cast<size_t>(p_.capacity.max_tokens * k.heads * k.head_dim);
+    const SequenceGrads grads{fp32(w_.layout.grad_ranked[0], p_.capacity.max_tokens, k.heads, block),
+                              fp32(w_.layout.grad_ranked[1], p_.capacity.max_tokens, k.heads, block)};
+    cuda::BackwardTensors& tensors = backward_[group];
+    tensors = cuda::BackwardTensors{q, k, v, out, dout, lse, dq, grads.dk, grads.dv};
     tensors.dkv_rows = rank_rows;
-    w_.backward->run(table_, tensors, stream_);
+    w_.backward[group]->run_keys(table_, tensors, current_);
     return grads;
   }
 
-  // attention_backward already accumulated the gradients in rank order.
+  void attention_backward_queries(int group) { w_.backward[group]->run_queries(table_, backward_[group], current_); }
+
+  // attention_backward_keys already accumulated the gradients in rank order.
   ThdTensor to_rank_order(const ThdTensor& grads, Slot) { return grads; }
 
-  ThdTensor reduce_scatter(const ThdTensor& ranked, Slot) {
-    const ThdTensor local = fp32(w_.layout.grad_local, p_.local_rows());
+  // One buffer serves every group and both of K and V: the collectives lane reduces and
+  // casts them one after another.
+  ThdTensor reduce_scatter(const ThdTensor& ranked, Slot, int) {
+    const ThdTensor local = fp32(w_.layout.grad_local, p_.local_rows(), ranked.heads, 0);
     comm_.reduce_scatter_sum(static_cast<const float*>(ranked.data), static_cast<float*>(local.data),
-                             static_cast<size_t>(local.numel()), stream_);
+                             static_cast<size_t>(local.numel()), current_);
     return local;
   }
 
   void cast(const ThdTensor& local, ThdTensor grad) {
     if (grad.contiguous()) {
-      cuda::convert_from_fp32(static_cast<const float*>(local.data), grad.data, grad.dtype, local.numel(), stream_);
-      return;
-    }
-    // Strided gradient rows (views of a packed dQKV buffer): round into the K gather buffer,
-    // dead by now, then one 2-D copy.
-    unsigned char* staging = w_.at<unsigned char>(w_.layout.gathered[0]);
-    cuda::convert_from_fp32(static_cast<const float*>(local.data), staging, grad.dtype, local.numel(), stream_);
-    if (grad.tokens > 0) {
-      THDCP_CHECK_CUDA(cudaMemcpy2DAsync(grad.data, static_cast<size_t>(grad.row_step()) * dtype_size(grad.dtype),
-                                         staging, grad.row_bytes(), grad.row_bytes(), static_cast<size_t>(grad.tokens),
-                                         cudaMemcpyDeviceToDevice, stream_));
+      cuda::convert_from_fp32(static_cast<const float*>(local.data), grad.data, grad.dtype, local.numel(), current_);
+    } else {
+      cuda::convert_from_fp32(static_cast<const float*>(local.data), grad, current_);
     }
   }
 
  private:
-  ThdTensor fp32(size_t offset, int64_t rows) const {
-    return ThdTensor{w_.at<float>(offset), DType::kFloat32, rows, p_.kv_heads, p_.head_dim};
+  ThdTensor fp32(size_t offset, int64_t rows, int64_t heads, size_t element_offset) const {
+    return ThdTensor{w_.at<float>(offset) + element_offset, DType::kFloat32, rows, heads, p_.head_dim};
   }
+
+  // Group `group`'s block of the sequence-order buffer of `slot` (blocks of like's size).
+  unsigned char* sequence_block(Slot slot, int group, const ConstThdTensor& like) const {
+    const size_t block = static_cast<size_t>(like.tokens) * like.row_bytes();
+    return w_.at<unsigned char>(w_.layout.sequence[index_of(slot)]) + static_cast<size_t>(group) * block;
+  }
+
+  cudaEvent_t ready(Ready what, int group) const { return lanes_.ready[what == Ready::kKv ? 0 : 1][group]; }
 
   DeviceCommunicator& comm_;
   const Problem& p_;
   const CudaPlan::Workspace& w_;
+  const CudaPlan::Lanes& lanes_;
   CudaPlan::Events* events_;
   DeviceLayout layout_;
   cudaStream_t stream_;
+  bool overlap_;
+  cudaStream_t current_;
   cuda::DeviceSegmentTable table_;
+  cuda::BackwardTensors backward_[kMaxHeadGroups];
 };
 
 void check_layout(const DeviceLayout& layout) {
@@ -359,9 +453,12 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const cuda:
     // The attention plans check dtype, head dim, kernel family and their workspaces.
     workspace_->forward = std::make_unique<cuda::ForwardPlan>(
         shape, options, workspace_->at<void>(workspace_->layout.forward), workspace_->layout.forward_bytes);
-    workspace_->backward = std::make_unique<cuda::BackwardPlan>(
-        shape, options, workspace_->at<void>(workspace_->layout.backward), workspace_->layout.backward_bytes);
+    for (int g = 0; g < workspace_->layout.groups; ++g) {
+      workspace_->backward[g] = std::make_unique<cuda::BackwardPlan>(
+          shape, options, workspace_->at<void>(workspace_->layout.backward[g]), workspace_->layout.backward_bytes);
+    }
   });
+  lanes_ = std::make_unique<Lanes>();
 }
 
 void CudaPlan::check_tensors(const DeviceLayout& layout, const ForwardTensors* forward,
@@ -406,14 +503,14 @@ CudaPlan::~CudaPlan() = default;
 void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream) {
   check_layout(layout);
   check_forward_tensors(problem_, t);
-  CudaSteps steps(comm_, problem_, *workspace_, events_.get(), layout, stream);
+  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
   detail::run_forward(steps, t);
 }
 
 void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, KvSource kv) {
   check_layout(layout);
   check_backward_tensors(problem_, t);
-  CudaSteps steps(comm_, problem_, *workspace_, events_.get(), layout, stream);
+  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
   detail::run_backward(steps, t, kv == KvSource::kGather);
 }
 

@@ -138,6 +138,85 @@ TEST_F(CudaCpKeptKv, BackwardOnForwardKvEqualsRegather) {
   }
 }
 
+class CudaCpHeadGroups : public test::CudaTest {};
+
+// Heads are independent, so every head grouping (and the serial order a plan with phase
+// timing runs in) gives the bits of one group; a captured step with groups replays them.
+TEST_F(CudaCpHeadGroups, EveryGroupingGivesTheBitsOfOneGroup) {
+  for (int cp : {1, 2, 4}) {
+    for (int index : {0, 1, 4}) {
+      const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
+      cp::Problem problem = problem_of(c, cp);
+      const test::Batch b = make_case_batch(c, cp, problem.capacity, 500 + index + cp, false);
+      std::vector<test::RankOutputs> one(cp), grouped(cp), timed(cp), replayed(cp);
+      problem.head_groups = 1;
+      run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+        test::CudaCpRank state(comm, problem);
+        state.load(b);
+        state.step(state.stream());
+        one[comm.rank()] = state.download();
+      });
+      for (int groups = 2; groups <= c.kv_heads; groups *= 2) {
+        SCOPED_TRACE(std::string(c.name) + " cp " + std::to_string(cp) + " head_groups " + std::to_string(groups));
+        problem.head_groups = groups;
+        run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+          const int rank = comm.rank();
+          test::CudaCpRank state(comm, problem);
+          state.load(b);
+          state.step(state.stream());
+          grouped[rank] = state.download();
+          // Captured (each rank's stream into the group's graph), then replayed.
+          comm.begin_capture(state.stream());
+          state.step(state.stream());
+          cudaGraph_t graph = comm.end_capture(state.stream());
+          cudaGraphExec_t exec = nullptr;
+          if (graph) THDCP_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+          state.load(b);
+          comm.launch(exec, state.stream());
+          comm.synchronize(state.stream(), 60);
+          replayed[rank] = state.download();
+          if (exec) cudaGraphExecDestroy(exec);
+          if (graph) cudaGraphDestroy(graph);
+          // With phase timing the plan runs every step in program order on one stream.
+          state.plan().enable_phase_timing();
+          state.load(b);
+          state.step(state.stream());
+          timed[rank] = state.download();
+        });
+        for (int rank = 0; rank < cp; ++rank) {
+          EXPECT_TRUE(test::identical(grouped[rank], one[rank])) << "overlapped, rank " << rank;
+          EXPECT_TRUE(test::identical(replayed[rank], one[rank])) << "replayed, rank " << rank;
+          EXPECT_TRUE(test::identical(timed[rank], one[rank])) << "serial, rank " << rank;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaCpHeadGroups, BadGroupingIsRefusedNamingIt) {
+  cp::Problem p = problem_of(edge_cases()[0], 2);  // kv_heads 2
+  p.head_groups = 3;
+  EXPECT_THDCP_ERROR(run_shared_gpu(2, [&](DeviceCommunicator& comm) { test::CudaCpRank state(comm, p); }),
+                     "head_groups=3 with kv_heads=2: use 0 (automatic) or a divisor of kv_heads");
+  std::vector<std::string> messages(2);
+  EXPECT_THROW(run_shared_gpu(2,
+                              [&](DeviceCommunicator& comm) {
+                                cp::Problem mine = problem_of(edge_cases()[0], 2);
+                                mine.head_groups = comm.rank() == 1 ? 2 : 1;
+                                try {
+                                  test::CudaCpRank state(comm, mine);
+                                } catch (const Error& e) {
+                                  messages[comm.rank()] = e.what();
+                                  throw;
+                                }
+                              }),
+               Error);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(messages[r].find("rank 1 passed head_groups=2 but rank 0 passed head_groups=1"), std::string::npos)
+        << messages[r];
+  }
+}
+
 class CudaCpFaults : public test::CudaTest {};
 
 cp::Problem small_problem(int cp) {

@@ -9,6 +9,14 @@
 // arithmetic only and enqueue on `stream`: the table build, the collectives, the reorders,
 // the attention kernels and the casts. No allocation, no host synchronisation, no pointer
 // query and no read-back, so a whole step of every rank can be captured in a CUDA graph.
+//
+// Overlap. The plan owns a second stream of the highest priority for the collectives (and
+// the reorders and casts around them). A step forks it from `stream` (an event), runs the
+// heads in problem.head_groups groups (auto_head_groups) so that one group's gather or
+// reduce-scatter runs while another group's attention does, and joins it back: work the
+// caller enqueues on `stream` after forward()/backward() follows all of the step, on both
+// streams, and a capture of `stream` takes both. Because of that second stream, one plan's
+// steps must be enqueued one after another (as before: they share the workspace).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -79,6 +87,7 @@ class CudaPlan {
 
   struct Workspace;
   struct Events;
+  struct Lanes;
 
  private:
   DeviceCommunicator& comm_;
@@ -86,6 +95,7 @@ class CudaPlan {
   cuda::Options options_;
   std::unique_ptr<Workspace> workspace_;
   std::unique_ptr<Events> events_;
+  std::unique_ptr<Lanes> lanes_;
 };
 
 }  // namespace thdcp::cp
