@@ -17,11 +17,12 @@ bool verify_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, co
 // (cp::KvSource::kFromForward).
 struct CpTiming {
   int64_t rows = 0;          // global rows after padding every document to 2*cp
-  double graph_ms[3] = {};   // median of the pass of every rank captured as one graph
-  cp::Timings phases[3];     // seconds per phase, mean over steps, summed over ranks
+  int head_groups = 1;       // what the plans ran (cp::auto_head_groups)
+  double graph_ms[3] = {};   // median of the pass of every rank captured as one graph (overlapped)
+  cp::Timings phases[3];     // seconds per phase, mean over steps, summed over ranks (serial steps)
 };
 
 CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, int q_heads, int kv_heads,
-                 int head_dim, DType dtype, uint64_t seed, int warmup, int iters);
+                 int head_dim, DType dtype, int head_groups, uint64_t seed, int warmup, int iters);
 
 }  // namespace thdcp::tools
