@@ -29,6 +29,7 @@ using Clock = std::chrono::steady_clock;
 // Short enough that a small collective is seen finished within a fraction of its own
 // latency budget; long enough not to keep a core busy that the step's host work needs.
 constexpr std::chrono::microseconds kPollInterval{100};
+constexpr int kSpinPolls = 1000;
 
 // warm_up() runs each collective once on this many bytes per rank: enough for NCCL to make
 // the connections that small collectives use, small enough to cost nothing.
@@ -66,14 +67,21 @@ std::string describe(ncclResult_t result, ncclComm_t comm) {
 
 // Waits while `comm` reports ncclInProgress (a non-blocking call still running on NCCL's
 // threads). Returns the final state, or ncclInProgress when the deadline passed first.
+// A collective that NCCL is still issuing is usually issued within microseconds, so the
+// first kSpinPolls polls only yield; sleeping kPollInterval at once would add a tenth of a
+// millisecond of host time to every such call (and delay what the caller enqueues next).
 ncclResult_t wait_while_in_progress(ncclComm_t comm, const Deadline& deadline) {
-  for (;;) {
+  for (int poll = 0;; ++poll) {
     ncclResult_t state = ncclInProgress;
     const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
     if (query != ncclSuccess) return query;
     if (state != ncclInProgress) return state;
     if (deadline.passed()) return ncclInProgress;
-    std::this_thread::sleep_for(kPollInterval);
+    if (poll < kSpinPolls) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(kPollInterval);
+    }
   }
 }
 
