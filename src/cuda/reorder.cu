@@ -13,25 +13,30 @@ constexpr int kRowsPerBlock = kThreads / 32;
 
 // One warp per row: the row's owner (a binary search over cu_seqlens_padded) is found once
 // per row, not once per 16-byte word, and the lanes move the row's words, coalesced.
-// kToSequence moves gathered -> ordered, else back.
+// kToSequence moves gathered -> ordered, else back. Ordered rows are ordered_pitch words
+// apart (a view of some heads of a wider tensor); gathered rows are packed.
 template <bool kToSequence>
 __global__ void __launch_bounds__(kThreads) reorder_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
-                                                           int64_t words_per_row,
+                                                           int64_t words_per_row, int64_t ordered_pitch,
                                                            const int32_t* __restrict__ cu_seqlens_padded,
                                                            int max_seqs, int64_t total_rows, int cp) {
   const int64_t global_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (global_row >= total_rows) return;
   const DualChunkLocation where = dual_chunk_locate_row(cu_seqlens_padded, max_seqs, cp, global_row);
   const int64_t gathered_row = where.rank * (total_rows / cp) + where.local_row;
-  const int64_t from = (kToSequence ? gathered_row : global_row) * words_per_row;
-  const int64_t to = (kToSequence ? global_row : gathered_row) * words_per_row;
+  const int64_t from = kToSequence ? gathered_row * words_per_row : global_row * ordered_pitch;
+  const int64_t to = kToSequence ? global_row * ordered_pitch : gathered_row * words_per_row;
   for (int64_t word = threadIdx.x % 32; word < words_per_row; word += 32) dst[to + word] = src[from + word];
 }
 
 template <bool kToSequence>
-void launch_reorder(const void* src, void* dst, size_t row_bytes, const int32_t* cu_seqlens_padded, int max_seqs,
-                    int64_t total_rows, int cp, cudaStream_t stream) {
+void launch_reorder(const void* src, void* dst, size_t row_bytes, size_t ordered_row_pitch,
+                    const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp, cudaStream_t stream) {
   THDCP_CHECK(row_bytes % 16 == 0, "row_bytes=" << row_bytes << " must be a multiple of 16");
+  if (ordered_row_pitch == 0) ordered_row_pitch = row_bytes;
+  THDCP_CHECK(ordered_row_pitch % 16 == 0 && ordered_row_pitch >= row_bytes,
+              "ordered_row_pitch=" << ordered_row_pitch << " must be a multiple of 16 and at least row_bytes="
+                                   << row_bytes);
   THDCP_CHECK(cp >= 1 && max_seqs >= 1 && total_rows >= 0 && total_rows % (2 * cp) == 0,
               "reorder: cp=" << cp << ", max_seqs=" << max_seqs << ", total_rows=" << total_rows
                              << ": need cp >= 1, max_seqs >= 1 and total_rows a multiple of 2*cp");
@@ -39,8 +44,8 @@ void launch_reorder(const void* src, void* dst, size_t row_bytes, const int32_t*
   if (total_rows == 0 || words_per_row == 0) return;
   const int64_t blocks = (total_rows + kRowsPerBlock - 1) / kRowsPerBlock;
   reorder_kernel<kToSequence><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      static_cast<const uint4*>(src), static_cast<uint4*>(dst), words_per_row, cu_seqlens_padded, max_seqs,
-      total_rows, cp);
+      static_cast<const uint4*>(src), static_cast<uint4*>(dst), words_per_row,
+      static_cast<int64_t>(ordered_row_pitch / 16), cu_seqlens_padded, max_seqs, total_rows, cp);
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
 
@@ -56,14 +61,15 @@ __global__ void gathered_rows_kernel(const int32_t* __restrict__ cu_seqlens_padd
 
 void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_bytes,
                                 const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
-                                cudaStream_t stream) {
-  launch_reorder<true>(gathered, ordered, row_bytes, cu_seqlens_padded, max_seqs, total_rows, cp, stream);
+                                cudaStream_t stream, size_t ordered_row_pitch) {
+  launch_reorder<true>(gathered, ordered, row_bytes, ordered_row_pitch, cu_seqlens_padded, max_seqs, total_rows, cp,
+                       stream);
 }
 
 void sequence_to_gathered_order(const void* ordered, void* gathered, size_t row_bytes,
                                 const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
                                 cudaStream_t stream) {
-  launch_reorder<false>(ordered, gathered, row_bytes, cu_seqlens_padded, max_seqs, total_rows, cp, stream);
+  launch_reorder<false>(ordered, gathered, row_bytes, 0, cu_seqlens_padded, max_seqs, total_rows, cp, stream);
 }
 
 void convert_from_fp32(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream) {

@@ -21,9 +21,11 @@ namespace thdcp::cuda {
 //   row_bytes          bytes per row, a multiple of 16 (rows are moved in 16-byte words)
 //   cu_seqlens_padded  device int32 array of max_seqs + 1 entries, every padded length a
 //                      multiple of 2*cp, last entry total_rows
+//   ordered_row_pitch  bytes from one ordered row to the next (0: row_bytes; else a multiple
+//                      of 16, >= row_bytes): the rows of some heads of a wider tensor
 void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_bytes,
                                 const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
-                                cudaStream_t stream);
+                                cudaStream_t stream, size_t ordered_row_pitch = 0);
 
 // gathered[owner(g)] = ordered[g]: the inverse, for gradients going back to their ranks.
 void sequence_to_gathered_order(const void* ordered, void* gathered, size_t row_bytes,
