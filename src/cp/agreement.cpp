@@ -44,10 +44,9 @@ void validate_problem(const Problem& p) {
               "q_heads=" << p.q_heads << ", kv_heads=" << p.kv_heads
                          << ": need kv_heads >= 1 and q_heads a multiple of kv_heads (GQA/MQA)");
   THDCP_CHECK(p.head_dim >= 1, "head_dim=" << p.head_dim << " must be >= 1");
-  THDCP_CHECK(p.head_groups == 0 || (p.head_groups >= 1 && p.head_groups <= kMaxHeadGroups &&
-                                     p.kv_heads % p.head_groups == 0),
+  THDCP_CHECK(p.head_groups >= 1 && p.head_groups <= kMaxHeadGroups && p.kv_heads % p.head_groups == 0,
               "head_groups=" << p.head_groups << " with kv_heads=" << p.kv_heads
-                             << ": use 0 (automatic) or a divisor of kv_heads of at most " << kMaxHeadGroups);
+                             << ": use a divisor of kv_heads of at most " << kMaxHeadGroups << " (1: no split)");
 }
 
 uint64_t layout_fingerprint(const LayoutView& layout) {

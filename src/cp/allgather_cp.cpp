@@ -26,16 +26,6 @@ const char* phase_name(Phase phase) {
   return "?";
 }
 
-int auto_head_groups(const Problem& p) {
-  if (p.head_groups > 0) return p.head_groups;
-  if (p.cp <= 1) return 1;
-  constexpr int64_t kMinPairsPerGroup = 64 * 1024;
-  for (int groups : {4, 2}) {
-    if (p.kv_heads % groups == 0 && p.local_rows() * p.q_heads / groups >= kMinPairsPerGroup) return groups;
-  }
-  return 1;
-}
-
 double Timings::total() const {
   double sum = 0;
   for (double s : seconds) sum += s;
@@ -124,9 +114,9 @@ class CpuSteps {
     return ConstThdTensor(ordered.data(), gathered.dtype, gathered.tokens, gathered.heads, gathered.head_dim);
   }
 
-  ConstThdTensor kept_sequence_order(const ConstThdTensor& local, Slot slot, int /*group*/) {
-    return ConstThdTensor(b_.sequence[index_of(slot)].data(), local.dtype, p_.capacity.max_tokens, local.heads,
-                          local.head_dim);
+  ConstThdTensor sequence_order(Slot slot) const {
+    return ConstThdTensor(b_.sequence[index_of(slot)].data(), p_.dtype, p_.capacity.max_tokens, p_.kv_heads,
+                          p_.head_dim);
   }
 
   void attention_forward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, ThdTensor out,
@@ -139,13 +129,13 @@ class CpuSteps {
   // The reference backward computes dQ with dK/dV: the query pass has nothing left to do.
   SequenceGrads attention_backward_keys(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v,
                                         const ConstThdTensor& out, const ConstThdTensor& dout, const float* lse,
-                                        ThdTensor dq, int /*group*/) {
+                                        ThdTensor dq) {
     const SequenceGrads grads{fp32_view(b_.grad_seq[0], k), fp32_view(b_.grad_seq[1], k)};
     cpu::attention_backward(table_, q, k, v, out, dout, lse, dq, grads.dk, grads.dv, options_);
     return grads;
   }
 
-  void attention_backward_queries(int /*group*/) {}
+  void attention_backward_queries() {}
 
   ThdTensor to_rank_order(const ThdTensor& seq, Slot slot) {
     std::vector<float>& ranked = b_.grad_ranked[index_of(slot)];
@@ -155,7 +145,7 @@ class CpuSteps {
     return fp32_view(ranked, seq);
   }
 
-  ThdTensor reduce_scatter(const ThdTensor& ranked, Slot slot, int /*group*/) {
+  ThdTensor reduce_scatter(const ThdTensor& ranked, Slot slot) {
     std::vector<float>& local = b_.grad_local[index_of(slot)];
     const int64_t rows = p_.local_rows();
     comm_.reduce_scatter_sum(static_cast<const float*>(ranked.data), local.data(),

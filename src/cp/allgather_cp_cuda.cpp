@@ -14,6 +14,7 @@
 
 namespace thdcp::cp {
 
+
 namespace {
 
 constexpr size_t kAlignment = 256;
@@ -39,9 +40,9 @@ cuda::DeviceSegmentTable table_shape(const Problem& p) {
   return t;
 }
 
-// The attention of one head group.
-cuda::AttentionShape attention_shape(const Problem& p) {
-  const int groups = auto_head_groups(p);
+// The attention of one of `groups` head groups (the forward's: problem.head_groups; the
+// backward runs every head at once).
+cuda::AttentionShape attention_shape(const Problem& p, int groups) {
   cuda::AttentionShape s;
   s.table = table_shape(p);
   s.q_heads = p.q_heads / groups;
@@ -53,13 +54,14 @@ cuda::AttentionShape attention_shape(const Problem& p) {
   return s;
 }
 
-// Offsets of the workspace, in order. The K/V buffers are head-group major: group g's
-// [rows, Hkv/G, D] block follows group g - 1's, so each group's collectives move one
-// contiguous block.
+// Offsets of the workspace, in order. The packed and gathered K/V are head-group major (group
+// g's [rows, Hkv/G, D] block after group g - 1's), so that each group's collective moves one
+// contiguous block; the sequence-order K/V are [T, Hkv, D], each group's reorder writing its
+// heads.
 struct Layout {
   int groups = 1;
   size_t segments = 0, rank_rows = 0, packed[2] = {}, gathered[2] = {}, sequence[2] = {}, grad_ranked[2] = {},
-         grad_local = 0, forward = 0, backward[kMaxHeadGroups] = {}, total = 0;
+         grad_local = 0, forward = 0, backward = 0, total = 0;
   size_t forward_bytes = 0, backward_bytes = 0;
 };
 
@@ -83,14 +85,11 @@ Layout workspace_layout(const Problem& p, const cuda::Options& options) {
   // order (BackwardTensors::dkv_rows), so the reduce-scatter takes them as they are.
   for (int i = 0; i < 2; ++i) w.grad_ranked[i] = take(elements * sizeof(float));
   w.grad_local = take(local_elements * sizeof(float));
-  const cuda::AttentionShape shape = attention_shape(p);
-  w.forward_bytes = cuda::ForwardPlan::workspace_size(shape);
-  w.backward_bytes = cuda::BackwardPlan::workspace_size(shape, options);
+  w.groups = p.head_groups;
+  w.forward_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p, w.groups));
+  w.backward_bytes = cuda::BackwardPlan::workspace_size(attention_shape(p, 1), options);
   w.forward = take(w.forward_bytes);
-  // One backward workspace per group: a group's query pass reads the schedule and delta its
-  // key pass left, after every group's key pass ran.
-  w.groups = auto_head_groups(p);
-  for (int g = 0; g < w.groups; ++g) w.backward[g] = take(w.backward_bytes);
+  w.backward = take(w.backward_bytes);
   w.total = at;
   return w;
 }
@@ -130,8 +129,8 @@ void check_tensor(const char* name, const ConstThdTensor& t, const Problem& p, i
 struct CudaPlan::Workspace {
   unsigned char* base = nullptr;
   Layout layout;
-  std::unique_ptr<cuda::ForwardPlan> forward;                    // one group's shape
-  std::unique_ptr<cuda::BackwardPlan> backward[kMaxHeadGroups];  // one per group (its own workspace)
+  std::unique_ptr<cuda::ForwardPlan> forward;    // one head group's shape
+  std::unique_ptr<cuda::BackwardPlan> backward;  // every head
   template <typename T>
   T* at(size_t offset) const {
     return reinterpret_cast<T*>(base + offset);
@@ -260,17 +259,19 @@ class CudaSteps {
     return ConstThdTensor(gathered, local.dtype, local.tokens * p_.cp, local.heads, local.head_dim);
   }
 
+  // Group `group`'s heads of the sequence-order tensor: its rows are the whole tensor's.
   ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot, int group) {
-    unsigned char* ordered = sequence_block(slot, group, gathered);
-    cuda::gathered_to_sequence_order(gathered.data, ordered, gathered.row_bytes(), layout_.cu_seqlens_padded,
-                                     p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp, current_);
-    return ConstThdTensor(ordered, gathered.dtype, gathered.tokens, gathered.heads, gathered.head_dim);
+    const ConstThdTensor whole = sequence_order(slot);
+    const ConstThdTensor heads = detail::head_group(whole, group, head_groups());
+    cuda::gathered_to_sequence_order(gathered.data, const_cast<void*>(heads.data), gathered.row_bytes(),
+                                     layout_.cu_seqlens_padded, p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp,
+                                     current_, whole.row_bytes());
+    return heads;
   }
 
-  ConstThdTensor kept_sequence_order(const ConstThdTensor& local, Slot slot, int group) {
-    const ConstThdTensor shape(nullptr, local.dtype, p_.capacity.max_tokens, local.heads, local.head_dim);
-    return ConstThdTensor(sequence_block(slot, group, shape), local.dtype, p_.capacity.max_tokens, local.heads,
-                          local.head_dim);
+  ConstThdTensor sequence_order(Slot slot) const {
+    return ConstThdTensor(w_.at<unsigned char>(w_.layout.sequence[index_of(slot)]), p_.dtype, p_.capacity.max_tokens,
+                          p_.kv_heads, p_.head_dim);
   }
 
   void attention_forward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, ThdTensor out,
@@ -282,31 +283,29 @@ class CudaSteps {
 
   SequenceGrads attention_backward_keys(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v,
                                         const ConstThdTensor& out, const ConstThdTensor& dout, const float* lse,
-                                        ThdTensor dq, int group) {
+                                        ThdTensor dq) {
     int32_t* rank_rows = w_.at<int32_t>(w_.layout.rank_rows);
-    if (group == 0) {
-      cuda::gathered_rows_of_sequence(layout_.cu_seqlens_padded, p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp,
-                                      rank_rows, current_);
-    }
-    const size_t block = static_cast<size_t>(group) * static_cast<size_t>(p_.capacity.max_tokens * k.heads * k.head_dim);
-    const SequenceGrads grads{fp32(w_.layout.grad_ranked[0], p_.capacity.max_tokens, k.heads, block),
-                              fp32(w_.layout.grad_ranked[1], p_.capacity.max_tokens, k.heads, block)};
-    cuda::BackwardTensors& tensors = backward_[group];
-    tensors = cuda::BackwardTensors{q, k, v, out, dout, lse, dq, grads.dk, grads.dv};
-    tensors.dkv_rows = rank_rows;
-    w_.backward[group]->run_keys(table_, tensors, current_);
+    cuda::gathered_rows_of_sequence(layout_.cu_seqlens_padded, p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp,
+                                    rank_rows, current_);
+    const SequenceGrads grads{fp32(w_.layout.grad_ranked[0], p_.capacity.max_tokens),
+                              fp32(w_.layout.grad_ranked[1], p_.capacity.max_tokens)};
+    backward_ = cuda::BackwardTensors{q, k, v, out, dout, lse, dq, grads.dk, grads.dv};
+    backward_.dkv_rows = rank_rows;
+    w_.backward->run_keys(table_, backward_, current_);
     return grads;
   }
 
-  void attention_backward_queries(int group) { w_.backward[group]->run_queries(table_, backward_[group], current_); }
+  void attention_backward_queries() {
+    w_.backward->run_queries(table_, backward_, current_);
+  }
 
   // attention_backward_keys already accumulated the gradients in rank order.
   ThdTensor to_rank_order(const ThdTensor& grads, Slot) { return grads; }
 
-  // One buffer serves every group and both of K and V: the collectives lane reduces and
-  // casts them one after another.
-  ThdTensor reduce_scatter(const ThdTensor& ranked, Slot, int) {
-    const ThdTensor local = fp32(w_.layout.grad_local, p_.local_rows(), ranked.heads, 0);
+  // One buffer serves both of K and V: the collectives lane reduces and casts them one after
+  // the other.
+  ThdTensor reduce_scatter(const ThdTensor& ranked, Slot) {
+    const ThdTensor local = fp32(w_.layout.grad_local, p_.local_rows());
     comm_.reduce_scatter_sum(static_cast<const float*>(ranked.data), static_cast<float*>(local.data),
                              static_cast<size_t>(local.numel()), current_);
     return local;
@@ -321,14 +320,8 @@ class CudaSteps {
   }
 
  private:
-  ThdTensor fp32(size_t offset, int64_t rows, int64_t heads, size_t element_offset) const {
-    return ThdTensor{w_.at<float>(offset) + element_offset, DType::kFloat32, rows, heads, p_.head_dim};
-  }
-
-  // Group `group`'s block of the sequence-order buffer of `slot` (blocks of like's size).
-  unsigned char* sequence_block(Slot slot, int group, const ConstThdTensor& like) const {
-    const size_t block = static_cast<size_t>(like.tokens) * like.row_bytes();
-    return w_.at<unsigned char>(w_.layout.sequence[index_of(slot)]) + static_cast<size_t>(group) * block;
+  ThdTensor fp32(size_t offset, int64_t rows) const {
+    return ThdTensor{w_.at<float>(offset), DType::kFloat32, rows, p_.kv_heads, p_.head_dim};
   }
 
   cudaEvent_t ready(Ready what, int group) const { return lanes_.ready[what == Ready::kKv ? 0 : 1][group]; }
@@ -343,7 +336,7 @@ class CudaSteps {
   bool overlap_;
   cudaStream_t current_;
   cuda::DeviceSegmentTable table_;
-  cuda::BackwardTensors backward_[kMaxHeadGroups];
+  cuda::BackwardTensors backward_;  // the key pass's, for the query pass
 };
 
 void check_layout(const DeviceLayout& layout) {
@@ -446,17 +439,16 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const cuda:
     THDCP_CHECK(problem.cp == comm.size(),
                 "problem.cp=" << problem.cp << " but the communicator has " << comm.size() << " ranks");
     workspace_->layout = workspace_layout(problem, options);
-    const cuda::AttentionShape shape = attention_shape(problem);
     THDCP_CHECK(workspace_bytes >= workspace_->layout.total,
                 "workspace has " << workspace_bytes << " bytes; cuda_workspace_size gives " << workspace_->layout.total);
     workspace_->base = static_cast<unsigned char*>(workspace);
     // The attention plans check dtype, head dim, kernel family and their workspaces.
     workspace_->forward = std::make_unique<cuda::ForwardPlan>(
-        shape, options, workspace_->at<void>(workspace_->layout.forward), workspace_->layout.forward_bytes);
-    for (int g = 0; g < workspace_->layout.groups; ++g) {
-      workspace_->backward[g] = std::make_unique<cuda::BackwardPlan>(
-          shape, options, workspace_->at<void>(workspace_->layout.backward[g]), workspace_->layout.backward_bytes);
-    }
+        attention_shape(problem, workspace_->layout.groups), options,
+        workspace_->at<void>(workspace_->layout.forward), workspace_->layout.forward_bytes);
+    workspace_->backward = std::make_unique<cuda::BackwardPlan>(
+        attention_shape(problem, 1), options, workspace_->at<void>(workspace_->layout.backward),
+        workspace_->layout.backward_bytes);
   });
   lanes_ = std::make_unique<Lanes>();
 }

@@ -3,38 +3,45 @@
 // host communicator, the CUDA one (allgather_cp_cuda.cpp) enqueues on streams with a device
 // communicator. Both hand out views of buffers they own, sized by the plan's capacity.
 //
-// Head groups and lanes. The heads are split into head_groups() groups (KV heads and their
-// query heads; heads are independent, so the split changes no value). Work goes to one of
-// two lanes: kCollectives (gathers, reorders, reduce-scatters, casts) and kCompute (the
-// attention kernels). A backend that overlaps them (CUDA: a second stream of high priority)
-// runs group g + 1's gather while group g's forward runs, and group g's reduce-scatter while
-// the next group's backward runs; a backend that does not (the CPU one, or CUDA while
-// phases are timed) runs everything in program order and its lanes are one.
+// Lanes and head groups. Work goes to one of two lanes: kCollectives (gathers, reorders,
+// reduce-scatters, casts) and kCompute (the attention kernels). A backend that overlaps them
+// (CUDA: a second stream of high priority) runs
+//   - in the forward, the K/V gather of head group g + 1 while group g's attention runs (the
+//     heads split into head_groups() groups: KV heads and their query heads; heads are
+//     independent, so the split changes no value), and
+//   - in the backward, the reduce-scatter of dK/dV while the dQ pass runs (the backward runs
+//     every head at once: its dK/dV pass then dQ pass are two launches, and a split would
+//     only slow the dK/dV pass that the reduce-scatter then competes with).
+// A backend that does not overlap (the CPU one, or CUDA while phases are timed) runs
+// everything in program order; its lanes are one.
 //
 //   int head_groups()                        G; views of group g are head_group(t, g, G)
 //   void fork() / join()                     the collectives lane starts after what the
 //                                            caller enqueued before / the caller's later
 //                                            work waits for both lanes
 //   void use(Lane)                           where subsequent calls enqueue
-//   void signal(Ready, g) / await(Ready, g)  group g's K/V (kKv) or dK/dV (kGrads) are ready /
-//                                            the current lane waits for them
+//   void signal(Ready, g) / await(Ready, g)  group g's K/V (kKv) or the dK/dV (kGrads, g = 0)
+//                                            are ready / the current lane waits for them
 //   void phase(Phase p)                      subsequent work belongs to p (timing)
 //   void build_table()                       this rank's segment table for the batch
-//   ConstThdTensor gather(local, Slot, g)    all-gather of group g of a local K or V, rank order
-//   ConstThdTensor to_sequence_order(gathered, Slot, g)
-//   ConstThdTensor kept_sequence_order(local, Slot, g)  what the last to_sequence_order left
+//   ConstThdTensor gather(local, Slot, g)    all-gather of group g's heads of a local K or V,
+//                                            rank order
+//   ConstThdTensor to_sequence_order(gathered, Slot, g)   group g's heads of the sequence-order
+//                                            K or V (a view of the whole one)
+//   ConstThdTensor sequence_order(Slot)      the whole sequence-order K or V, as the last
+//                                            to_sequence_order calls left it
 //   void attention_forward(q, k_seq, v_seq, out, lse, max_logit)   one group's views
 //   void max_reduce(max_logit, count)
-//   SequenceGrads attention_backward_keys(q, k_seq, v_seq, out, dout, lse, dq, g)
-//                                            fp32 dK/dV of every gathered row of group g, in
-//                                            the order to_rank_order takes: sequence order
-//                                            (CPU), or already the ranks' order (CUDA: the
-//                                            kernels accumulate each key row's gradient at
-//                                            its rank-order row); dQ where the backend's key
-//                                            pass computes it (CPU)
-//   void attention_backward_queries(g)       dQ of group g (after its key pass)
+//   SequenceGrads attention_backward_keys(q, k_seq, v_seq, out, dout, lse, dq)
+//                                            fp32 dK/dV of every gathered row, in the order
+//                                            to_rank_order takes: sequence order (CPU), or
+//                                            already the ranks' order (CUDA: the kernels
+//                                            accumulate each key row's gradient at its
+//                                            rank-order row); dQ where the backend's key pass
+//                                            computes it (CPU)
+//   void attention_backward_queries()        dQ (after the key pass)
 //   ThdTensor to_rank_order(grads_fp32, Slot) to the order the ranks hold their rows in
-//   ThdTensor reduce_scatter(rank_ordered_fp32, Slot, g)   this rank's rows, summed over ranks
+//   ThdTensor reduce_scatter(rank_ordered_fp32, Slot)   this rank's rows, summed over ranks
 //   void cast(local_fp32, ThdTensor grad)    one rounding to the gradient's dtype
 //
 // The collectives are issued in the same order on every rank, and on the device one after
@@ -43,7 +50,6 @@
 // gather.
 #pragma once
 
-#include <array>
 #include <tuple>
 #include <type_traits>
 
@@ -57,7 +63,7 @@ enum class Lane { kCollectives, kCompute };
 enum class Ready { kKv, kGrads };
 
 struct SequenceGrads {
-  ThdTensor dk, dv;  // fp32, [T, Hkv/G, D], every gathered row (order: see attention_backward_keys)
+  ThdTensor dk, dv;  // fp32, [T, Hkv, D], every gathered row (order: see attention_backward_keys)
 };
 
 // Heads g * heads/groups .. (g + 1) * heads/groups - 1 of t, as a view with t's strides.
@@ -80,6 +86,8 @@ Float* head_group_rows(Float* per_head_rows, int64_t rows, int64_t q_heads, int 
   return per_head_rows ? per_head_rows + g * (q_heads / groups) * rows : nullptr;
 }
 
+// The groups are enqueued one after another (group g's gather, then its attention), so that
+// the host's enqueueing of later groups' collectives never holds back the compute lane.
 template <typename Steps>
 void run_forward(Steps& steps, const ForwardTensors& t) {
   steps.phase(Phase::kTable);
@@ -87,22 +95,19 @@ void run_forward(Steps& steps, const ForwardTensors& t) {
   const int groups = steps.head_groups();
   const int64_t rows = t.q.tokens, hq = t.q.heads;
   steps.fork();
-  steps.use(Lane::kCollectives);
-  std::array<ConstThdTensor, kMaxHeadGroups> k_seq, v_seq;
   for (int g = 0; g < groups; ++g) {
+    steps.use(Lane::kCollectives);
     steps.phase(Phase::kGather);
     const ConstThdTensor k_gathered = steps.gather(head_group(t.k, g, groups), Slot::kK, g);
     const ConstThdTensor v_gathered = steps.gather(head_group(t.v, g, groups), Slot::kV, g);
     steps.phase(Phase::kReorder);
-    k_seq[g] = steps.to_sequence_order(k_gathered, Slot::kK, g);
-    v_seq[g] = steps.to_sequence_order(v_gathered, Slot::kV, g);
+    const ConstThdTensor k_seq = steps.to_sequence_order(k_gathered, Slot::kK, g);
+    const ConstThdTensor v_seq = steps.to_sequence_order(v_gathered, Slot::kV, g);
     steps.signal(Ready::kKv, g);
-  }
-  steps.use(Lane::kCompute);
-  for (int g = 0; g < groups; ++g) {
+    steps.use(Lane::kCompute);
     steps.await(Ready::kKv, g);
     steps.phase(Phase::kAttention);
-    steps.attention_forward(head_group(t.q, g, groups), k_seq[g], v_seq[g], head_group(t.out, g, groups),
+    steps.attention_forward(head_group(t.q, g, groups), k_seq, v_seq, head_group(t.out, g, groups),
                             head_group_rows(t.lse, rows, hq, g, groups),
                             head_group_rows(t.max_logit, 1, hq, g, groups));
   }
@@ -115,61 +120,46 @@ void run_forward(Steps& steps, const ForwardTensors& t) {
 }
 
 // `gather_kv` false: K/V in sequence order are the ones the step set kept from the forward
-// of the same step (kept_sequence_order), and neither the gather nor the reorder runs again.
+// of the same step (sequence_order), and neither the gather nor the reorder runs again.
 template <typename Steps>
 void run_backward(Steps& steps, const BackwardTensors& t, bool gather_kv = true) {
   steps.phase(Phase::kTable);
   steps.build_table();
-  const int groups = steps.head_groups();
-  const int64_t rows = t.q.tokens, hq = t.q.heads;
   steps.fork();
-  std::array<ConstThdTensor, kMaxHeadGroups> k_seq, v_seq;
-  steps.use(Lane::kCollectives);
-  for (int g = 0; g < groups; ++g) {
-    if (gather_kv) {
+  if (gather_kv) {
+    steps.use(Lane::kCollectives);
+    const int groups = steps.head_groups();
+    for (int g = 0; g < groups; ++g) {
       steps.phase(Phase::kGather);
       const ConstThdTensor k_gathered = steps.gather(head_group(t.k, g, groups), Slot::kK, g);
       const ConstThdTensor v_gathered = steps.gather(head_group(t.v, g, groups), Slot::kV, g);
       steps.phase(Phase::kReorder);
-      k_seq[g] = steps.to_sequence_order(k_gathered, Slot::kK, g);
-      v_seq[g] = steps.to_sequence_order(v_gathered, Slot::kV, g);
-      steps.signal(Ready::kKv, g);
-    } else {
-      k_seq[g] = steps.kept_sequence_order(head_group(t.k, g, groups), Slot::kK, g);
-      v_seq[g] = steps.kept_sequence_order(head_group(t.v, g, groups), Slot::kV, g);
+      steps.to_sequence_order(k_gathered, Slot::kK, g);
+      steps.to_sequence_order(v_gathered, Slot::kV, g);
     }
+    steps.signal(Ready::kKv, 0);
+    steps.use(Lane::kCompute);
+    steps.await(Ready::kKv, 0);
   }
-  // The key passes of every group first, so that the last group's reduce-scatter overlaps
-  // the query passes.
-  steps.use(Lane::kCompute);
-  std::array<SequenceGrads, kMaxHeadGroups> grads;
-  for (int g = 0; g < groups; ++g) {
-    if (gather_kv) steps.await(Ready::kKv, g);
-    steps.phase(Phase::kAttention);
-    grads[g] = steps.attention_backward_keys(head_group(t.q, g, groups), k_seq[g], v_seq[g],
-                                             head_group(t.out, g, groups), head_group(t.dout, g, groups),
-                                             head_group_rows(t.lse, rows, hq, g, groups), head_group(t.dq, g, groups),
-                                             g);
-    steps.signal(Ready::kGrads, g);
-  }
+  steps.phase(Phase::kAttention);
+  const SequenceGrads grads = steps.attention_backward_keys(t.q, steps.sequence_order(Slot::kK),
+                                                            steps.sequence_order(Slot::kV), t.out, t.dout, t.lse,
+                                                            t.dq);
+  steps.signal(Ready::kGrads, 0);
   steps.use(Lane::kCollectives);
-  for (int g = 0; g < groups; ++g) {
-    steps.await(Ready::kGrads, g);
-    for (const auto& [seq, grad, slot] : {std::make_tuple(grads[g].dk, head_group(t.dk, g, groups), Slot::kK),
-                                          std::make_tuple(grads[g].dv, head_group(t.dv, g, groups), Slot::kV)}) {
-      steps.phase(Phase::kReorder);
-      const ThdTensor rank_ordered = steps.to_rank_order(seq, slot);
-      steps.phase(Phase::kReduce);
-      const ThdTensor local = steps.reduce_scatter(rank_ordered, slot, g);
-      steps.phase(Phase::kCast);
-      steps.cast(local, grad);
-    }
+  steps.await(Ready::kGrads, 0);
+  for (const auto& [seq, grad, slot] : {std::make_tuple(grads.dk, t.dk, Slot::kK),
+                                        std::make_tuple(grads.dv, t.dv, Slot::kV)}) {
+    steps.phase(Phase::kReorder);
+    const ThdTensor rank_ordered = steps.to_rank_order(seq, slot);
+    steps.phase(Phase::kReduce);
+    const ThdTensor local = steps.reduce_scatter(rank_ordered, slot);
+    steps.phase(Phase::kCast);
+    steps.cast(local, grad);
   }
   steps.use(Lane::kCompute);
-  for (int g = 0; g < groups; ++g) {
-    steps.phase(Phase::kAttention);
-    steps.attention_backward_queries(g);
-  }
+  steps.phase(Phase::kAttention);
+  steps.attention_backward_queries();
   steps.join();
   steps.phase(Phase::kCount);
 }

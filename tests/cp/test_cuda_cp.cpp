@@ -197,7 +197,7 @@ TEST_F(CudaCpHeadGroups, BadGroupingIsRefusedNamingIt) {
   cp::Problem p = problem_of(edge_cases()[0], 2);  // kv_heads 2
   p.head_groups = 3;
   EXPECT_THDCP_ERROR(run_shared_gpu(2, [&](DeviceCommunicator& comm) { test::CudaCpRank state(comm, p); }),
-                     "head_groups=3 with kv_heads=2: use 0 (automatic) or a divisor of kv_heads");
+                     "head_groups=3 with kv_heads=2: use a divisor of kv_heads");
   std::vector<std::string> messages(2);
   EXPECT_THROW(run_shared_gpu(2,
                               [&](DeviceCommunicator& comm) {

@@ -33,25 +33,19 @@ struct Problem {
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   DType dtype = DType::kBFloat16;  // q, k, v, out, dout
-  // The CUDA backend splits the heads into this many groups (KV head g * Hkv/G .. and its
-  // query heads) and overlaps each group's collectives with the attention of the others:
-  // group g + 1's K/V are gathered while group g's forward runs, group g's dK/dV are
-  // reduce-scattered while the next group's backward runs (heads are independent, so the
-  // result is the same bits for every G). 0: chosen from the shape (auto_head_groups);
-  // otherwise a divisor of kv_heads, at most kMaxHeadGroups. The CPU backend runs every head
-  // at once whatever this says.
-  int head_groups = 0;
+  // The CUDA forward can split the heads into this many groups (KV heads g * Hkv/G .. and
+  // their query heads) and gather group g + 1's K/V while group g's attention runs; a backward
+  // that gathers K/V again gathers them in the same groups (heads are independent: every G
+  // gives the same bits). A divisor of kv_heads, at most kMaxHeadGroups. The default, 1, was
+  // the faster on the cards measured (bench/RESULTS.md: on 2 x H200 over NCCL, 2 groups were
+  // within 0.5 % of 1; with ranks sharing one GPU they were 2-5 % slower). The CPU backend
+  // runs every head at once whatever this says.
+  int head_groups = 1;
 
   int64_t local_rows() const { return capacity.max_tokens / cp; }
 };
 
 constexpr int kMaxHeadGroups = 8;
-
-// The head groups a plan of `problem` runs: problem.head_groups where set, else the largest
-// of 4 and 2 that divides kv_heads and leaves every group at least 64K (row, query head)
-// pairs per rank (smaller groups lose more to launch tails than overlap gains), else 1;
-// always 1 at cp = 1 (nothing to overlap).
-int auto_head_groups(const Problem& problem);
 
 // The steps of one CP forward or backward, in order. Timings are kept per phase.
 enum class Phase : int { kTable = 0, kGather, kReorder, kAttention, kReduce, kCast, kCount };

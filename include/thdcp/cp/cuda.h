@@ -11,12 +11,13 @@
 // query and no read-back, so a whole step of every rank can be captured in a CUDA graph.
 //
 // Overlap. The plan owns a second stream of the highest priority for the collectives (and
-// the reorders and casts around them). A step forks it from `stream` (an event), runs the
-// heads in problem.head_groups groups (auto_head_groups) so that one group's gather or
-// reduce-scatter runs while another group's attention does, and joins it back: work the
-// caller enqueues on `stream` after forward()/backward() follows all of the step, on both
-// streams, and a capture of `stream` takes both. Because of that second stream, one plan's
-// steps must be enqueued one after another (as before: they share the workspace).
+// the reorders and casts around them). A step forks it from `stream` (an event) and joins it
+// back before returning: work the caller enqueues on `stream` after forward()/backward()
+// follows all of the step, on both streams, and a capture of `stream` takes both. The
+// forward runs the heads in problem.head_groups groups (default 1) so that one group's
+// K/V gather runs while another group's attention does; the backward reduce-scatters dK/dV
+// while its dQ pass runs. Because of that second stream, one plan's steps must be enqueued
+// one after another (as before: they share the workspace).
 #pragma once
 
 #include <cuda_runtime_api.h>
