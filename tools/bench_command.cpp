@@ -57,7 +57,7 @@ const char* kHelp =
     "                      each phase and the whole step of every rank (one CUDA graph);\n"
     "                      overhead = CP step of all ranks / single-device attention\n"
     "  --head-groups G[,G...]  with --cp: cp::Problem::head_groups of the CP plans, each a\n"
-    "                      row (0: automatic, the default)\n"
+    "                      row (1)\n"
     "  --scaling --gpus N  instead: AllGather CP over NCCL across N GPUs (a thread per GPU)\n"
     "                      against the same batch on GPU 0: verify, time, efficiency table\n"
     "                      (--tokens 131072,524288; thdcp bench --scaling --help)\n";
@@ -281,9 +281,9 @@ int bench_command(const std::vector<std::string>& argv) {
     for (int64_t c : parse_int_list("cp", args.get("cp", ""), 1, 64)) cp_sizes.push_back(static_cast<int>(c));
   }
   std::vector<int> head_groups;
-  for (int64_t g : parse_int_list("head-groups", args.get("head-groups", "0"), 0, cp::kMaxHeadGroups)) {
-    if (g > 0 && p.kv_heads % g != 0) {
-      throw UsageError("--head-groups " + std::to_string(g) + ": use 0 (automatic) or a divisor of --kv-heads " +
+  for (int64_t g : parse_int_list("head-groups", args.get("head-groups", "1"), 1, cp::kMaxHeadGroups)) {
+    if (p.kv_heads % g != 0) {
+      throw UsageError("--head-groups " + std::to_string(g) + ": use a divisor of --kv-heads " +
                        std::to_string(p.kv_heads));
     }
     head_groups.push_back(static_cast<int>(g));
@@ -381,7 +381,7 @@ int bench_command(const std::vector<std::string>& argv) {
         for (int pass = 0; pass < 3; ++pass) {
           const double base = pass == 0 ? single[mask_index].fwd_ms : single[mask_index].fwd_bwd_ms;
           const double ms = t.graph_ms[pass];
-          std::printf("%-3d %-6d %-7s %-8s %9.3f %9.3f %9.3f", cp, t.head_groups, m.name, pass_names[pass], base, ms,
+          std::printf("%-3d %-6d %-7s %-8s %9.3f %9.3f %9.3f", cp, groups, m.name, pass_names[pass], base, ms,
                       ms / base);
           for (int ph = 0; ph < static_cast<int>(cp::Phase::kCount); ++ph) {
             std::printf(" %9.3f", t.phases[pass].seconds[ph] * 1e3);

@@ -157,7 +157,6 @@ CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, 
   p.head_groups = head_groups;
   CpTiming result;
   result.rows = layout.total_rows();
-  result.head_groups = cp::auto_head_groups(p);
   ThreadBarrier barrier(cp);
   cudaStream_t origin;
   THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking));

@@ -17,7 +17,6 @@ bool verify_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, co
 // (cp::KvSource::kFromForward).
 struct CpTiming {
   int64_t rows = 0;          // global rows after padding every document to 2*cp
-  int head_groups = 1;       // what the plans ran (cp::auto_head_groups)
   double graph_ms[3] = {};   // median of the pass of every rank captured as one graph (overlapped)
   cp::Timings phases[3];     // seconds per phase, mean over steps, summed over ranks (serial steps)
 };

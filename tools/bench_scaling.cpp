@@ -85,7 +85,9 @@ const char* kHelp =
     "  --seed N            seed of lengths and data (1)\n"
     "  --warmup N          untimed steps (3)\n"
     "  --iters N           timed steps; the median is reported (20)\n"
-    "  --head-groups G[,G...]  cp::Problem::head_groups of the CP plans, each a row (0: automatic)\n"
+    "  --head-groups G[,G...]  cp::Problem::head_groups of the CP plans, each a row (1)\n"
+    "  --kv S[,S...]       where the backward takes K/V from, each a row: gather (all-gather them\n"
+    "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward)\n"
     "\n"
     "A configuration whose buffers do not fit the free memory of a GPU (or of the host) is\n"
     "skipped with the reason. Exit codes: 0 every configuration that ran matched, 1 a\n"
@@ -363,7 +365,8 @@ bool any_rank(Communicator& host, bool flag) {
 // One rank of the CP run of a (T, mask, cp): its NCCL communicator, buffers and plan; the
 // check against the reference; the timed steps.
 void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, const Reference& ref, const Mask& mask,
-             const Shape& s, int head_groups, int warmup, int iters, std::vector<RankReport>& reports) {
+             const Shape& s, int head_groups, cp::KvSource kv, int warmup, int iters,
+             std::vector<RankReport>& reports) {
   const int rank = host.rank(), cp = host.size();
   RankReport& report = reports[static_cast<size_t>(rank)];
   nccl::Options options;
@@ -429,7 +432,7 @@ void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, co
   // with the tolerances of the CUDA CP tests (tests/cp/cuda_cp_cases.h: a tensor-core result
   // with P, resp. P and dS, rounded to the storage dtype; fp32 results to 2^-16).
   plan.forward(device_layout, ft, stream.get());
-  plan.backward(device_layout, bt, stream.get());
+  plan.backward(device_layout, bt, stream.get(), kv);
   comm->synchronize(stream.get(), kSyncTimeout);
   const Tolerance out_tolerance = derive_tensor_core_tolerance(s.dtype, 1);
   const Tolerance grad_tolerance = derive_tensor_core_tolerance(s.dtype, 2);
@@ -456,7 +459,7 @@ void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, co
     host_barrier(host);
     THDCP_CHECK_CUDA(cudaEventRecord(start.get(), stream.get()));
     plan.forward(device_layout, ft, stream.get());
-    plan.backward(device_layout, bt, stream.get());
+    plan.backward(device_layout, bt, stream.get(), kv);
     THDCP_CHECK_CUDA(cudaEventRecord(stop.get(), stream.get()));
     comm->synchronize(stream.get(), kSyncTimeout);
     if (i >= warmup) report.step_ms.push_back(elapsed_ms(start, stop));
@@ -471,7 +474,7 @@ void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, co
     plan.forward(device_layout, ft, stream.get());
     comm->synchronize(stream.get(), kSyncTimeout);
     plan.add_phase_timings(timings);
-    plan.backward(device_layout, bt, stream.get());
+    plan.backward(device_layout, bt, stream.get(), kv);
     comm->synchronize(stream.get(), kSyncTimeout);
     plan.add_phase_timings(timings);
     if (i < warmup) continue;
@@ -487,7 +490,8 @@ struct Row {
   int64_t tokens = 0;
   std::string mask;
   int cp = 0;
-  int groups = 0;  // head groups the plan ran (cp::auto_head_groups)
+  int groups = 0;  // cp::Problem::head_groups
+  bool kept_kv = false;  // the backward on the forward's K/V (cp::KvSource::kFromForward)
   size_t documents = 0;
   std::string status;  // "PASS", "FAIL", "skipped"
   double baseline_ms = 0, step_ms = 0, comm_ms = 0, efficiency = 0;
@@ -544,7 +548,7 @@ std::vector<NamedMask> parse_masks(const std::string& text, int64_t window) {
 int bench_scaling_command(const std::vector<std::string>& argv) {
   const Args args(argv,
                   {"gpus", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
-                   "max-length", "seed", "warmup", "iters", "head-groups"},
+                   "max-length", "seed", "warmup", "iters", "head-groups", "kv"},
                   {"scaling", "help"});
   if (args.has("help")) {
     std::fputs(kHelp, stdout);
@@ -593,12 +597,24 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
   const int warmup = static_cast<int>(args.get_int("warmup", 3, 0, 1000));
   const int iters = static_cast<int>(args.get_int("iters", 20, 1, 10000));
   std::vector<int> groups_list;
-  for (int64_t g : parse_int_list("head-groups", args.get("head-groups", "0"), 0, cp::kMaxHeadGroups)) {
-    if (g > 0 && s.kv_heads % g != 0) {
-      throw UsageError("--head-groups " + std::to_string(g) + ": use 0 (automatic) or a divisor of --kv-heads " +
+  for (int64_t g : parse_int_list("head-groups", args.get("head-groups", "1"), 1, cp::kMaxHeadGroups)) {
+    if (s.kv_heads % g != 0) {
+      throw UsageError("--head-groups " + std::to_string(g) + ": use a divisor of --kv-heads " +
                        std::to_string(s.kv_heads));
     }
     groups_list.push_back(static_cast<int>(g));
+  }
+  std::vector<bool> kv_list;
+  {
+    std::stringstream items(args.get("kv", "gather"));
+    std::string item;
+    while (std::getline(items, item, ',')) {
+      if (item != "gather" && item != "kept") {
+        throw UsageError("--kv '" + args.get("kv", "") + "': use gather and/or kept, separated by ','");
+      }
+      kv_list.push_back(item == "kept");
+    }
+    if (kv_list.empty()) throw UsageError("--kv '': use gather and/or kept");
   }
 
   // The GPUs: every cp needs its own (NCCL refuses two ranks on one device).
@@ -663,9 +679,15 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
               static_cast<long long>(align), warmup, iters);
   std::fflush(stdout);
 
-  std::vector<std::pair<int, int>> variants;  // (cp, head_groups), each a row
+  struct Variant {
+    int cp, head_groups;
+    bool kept_kv;
+  };
+  std::vector<Variant> variants;  // each a row
   for (int c : cps) {
-    for (int g : groups_list) variants.emplace_back(c, g);
+    for (int g : groups_list) {
+      for (bool kept : kv_list) variants.push_back(Variant{c, g, kept});
+    }
   }
   std::vector<Row> rows;
   bool failed = false;
@@ -688,7 +710,7 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
       std::printf("skip T=%lld: needs about %s of host memory, %s available\n", static_cast<long long>(tokens),
                   gib(host_need).c_str(), gib(host_free).c_str());
       for (const NamedMask& m : masks) {
-        for (int c : cps) rows.push_back(Row{tokens, m.name, c, 0, lengths.size(), "skipped", 0, 0, 0, 0, {}});
+        for (int c : cps) rows.push_back(Row{tokens, m.name, c, 0, false, lengths.size(), "skipped", 0, 0, 0, 0, {}});
       }
       continue;
     }
@@ -704,7 +726,7 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
       const Baseline base = run_baseline(layout, in, m.mask, s, warmup, iters);
       if (!base.skip.empty()) {
         std::printf("skip T=%lld %s: %s\n", static_cast<long long>(tokens), m.name.c_str(), base.skip.c_str());
-        for (int c : cps) rows.push_back(Row{tokens, m.name, c, 0, lengths.size(), "skipped", 0, 0, 0, 0, {}});
+        for (int c : cps) rows.push_back(Row{tokens, m.name, c, 0, false, lengths.size(), "skipped", 0, 0, 0, 0, {}});
         continue;
       }
       std::printf("baseline T=%lld %s: 1 GPU, fwd+bwd %.3f ms (%.1f TFLOP/s over %.0f allowed pairs)\n",
@@ -712,18 +734,14 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
                   14.0 * pairs * static_cast<double>(s.head_dim * s.q_heads) / (base.ms * 1e9), pairs);
       std::fflush(stdout);
 
-      for (const std::pair<int, int>& variant : variants) {
-        const int c = variant.first, head_groups = variant.second;
-        cp::Problem planned;
-        planned.cp = c;
-        planned.capacity = Capacity{layout.num_seqs(), layout.total_rows()};
-        planned.q_heads = s.q_heads;
-        planned.kv_heads = s.kv_heads;
-        planned.head_groups = head_groups;
-        Row row{tokens, m.name, c, cp::auto_head_groups(planned), lengths.size(), "PASS", base.ms, 0, 0, 0, {}};
+      for (const Variant& variant : variants) {
+        const int c = variant.cp, head_groups = variant.head_groups;
+        const cp::KvSource kv = variant.kept_kv ? cp::KvSource::kFromForward : cp::KvSource::kGather;
+        Row row{tokens, m.name, c, head_groups, variant.kept_kv, lengths.size(), "PASS", base.ms,
+                0, 0, 0, {}};
         std::vector<RankReport> reports(static_cast<size_t>(c));
         run_in_process(c, [&](Communicator& host) {
-          cp_rank(host, layout, in, base.ref, m.mask, s, head_groups, warmup, iters, reports);
+          cp_rank(host, layout, in, base.ref, m.mask, s, head_groups, kv, warmup, iters, reports);
         });
         std::string skip;
         for (const RankReport& r : reports) {
@@ -783,9 +801,10 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
         }
         row.comm_ms = row.step_ms - row.phase_ms[static_cast<size_t>(cp::Phase::kAttention)];
         row.efficiency = base.ms / (c * row.step_ms);
-        std::printf("result T=%lld %s cp=%d head groups %d: baseline %.3f ms, CP step %.3f ms (per rank:%s), beyond "
-                    "attention %.3f ms, efficiency %.3f (%s)\n",
-                    static_cast<long long>(tokens), m.name.c_str(), c, row.groups, base.ms, row.step_ms,
+        std::printf("result T=%lld %s cp=%d head groups %d, backward K/V %s: baseline %.3f ms, CP step %.3f ms (per "
+                    "rank:%s), beyond attention %.3f ms, efficiency %.3f (%s)\n",
+                    static_cast<long long>(tokens), m.name.c_str(), c, row.groups, row.kept_kv ? "kept" : "gathered",
+                    base.ms, row.step_ms,
                     per_rank.c_str(), row.comm_ms, row.efficiency, target_text(row).c_str());
         std::fflush(stdout);
         rows.push_back(row);
@@ -802,15 +821,15 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
               "peer); beyond attention = step - attention phase: what the overlap left exposed;\n"
               "efficiency = baseline / (cp x step).\n\n",
               iters, warmup);
-  std::printf("| T | mask | cp | head groups | documents | check | baseline ms | step ms |");
+  std::printf("| T | mask | cp | head groups | bwd K/V | documents | check | baseline ms | step ms |");
   for (int p = 0; p < kPhases; ++p) std::printf(" %s |", cp::phase_name(static_cast<cp::Phase>(p)));
   std::printf(" beyond attention ms | efficiency | target |\n");
-  std::printf("| ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |");
+  std::printf("| ---: | --- | ---: | ---: | --- | ---: | --- | ---: | ---: |");
   for (int p = 0; p < kPhases; ++p) std::printf(" ---: |");
   std::printf(" ---: | ---: | --- |\n");
   for (const Row& r : rows) {
-    std::printf("| %lld | %s | %d | %d | %zu | %s |", static_cast<long long>(r.tokens), r.mask.c_str(), r.cp, r.groups,
-                r.documents, r.status.c_str());
+    std::printf("| %lld | %s | %d | %d | %s | %zu | %s |", static_cast<long long>(r.tokens), r.mask.c_str(), r.cp,
+                r.groups, r.kept_kv ? "kept" : "gathered", r.documents, r.status.c_str());
     if (r.status == "PASS") {
       std::printf(" %.3f | %.3f |", r.baseline_ms, r.step_ms);
       for (int p = 0; p < kPhases; ++p) std::printf(" %.3f |", r.phase_ms[static_cast<size_t>(p)]);
