@@ -166,4 +166,17 @@ std::pair<int64_t, int64_t> Args::get_pair(const std::string& flag, std::pair<in
   return {parse_int(flag, text.substr(0, at), -1, INT32_MAX), parse_int(flag, text.substr(at + 1), -1, INT32_MAX)};
 }
 
+std::vector<int> parse_divisor_list(const std::string& flag, const std::string& text, int64_t max, int64_t whole,
+                                   const std::string& whole_flag) {
+  std::vector<int> values;
+  for (int64_t n : parse_int_list(flag, text, 1, max)) {
+    if (whole % n != 0) {
+      throw UsageError("--" + flag + " " + std::to_string(n) + ": use a divisor of --" + whole_flag + " " +
+                       std::to_string(whole));
+    }
+    values.push_back(static_cast<int>(n));
+  }
+  return values;
+}
+
 }  // namespace thdcp::tools

@@ -55,5 +55,8 @@ int64_t parse_int(const std::string& flag, const std::string& text, int64_t min,
 double parse_bytes(const std::string& flag, const std::string& text);
 // "1,2,4": every item an integer in [min, max]; an empty item (",", "1,,2", "1,2,") is refused.
 std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t min, int64_t max);
+// parse_int_list in [1, max] whose every item divides `whole` (named `whole_flag` in the error).
+std::vector<int> parse_divisor_list(const std::string& flag, const std::string& text, int64_t max, int64_t whole,
+                                   const std::string& whole_flag);
 
 }  // namespace thdcp::tools

@@ -280,14 +280,8 @@ int bench_command(const std::vector<std::string>& argv) {
   if (args.has("cp")) {
     for (int64_t c : parse_int_list("cp", args.get("cp", ""), 1, 64)) cp_sizes.push_back(static_cast<int>(c));
   }
-  std::vector<int> head_groups;
-  for (int64_t g : parse_int_list("head-groups", args.get("head-groups", "1"), 1, cp::kMaxHeadGroups)) {
-    if (p.kv_heads % g != 0) {
-      throw UsageError("--head-groups " + std::to_string(g) + ": use a divisor of --kv-heads " +
-                       std::to_string(p.kv_heads));
-    }
-    head_groups.push_back(static_cast<int>(g));
-  }
+  const std::vector<int> head_groups =
+      parse_divisor_list("head-groups", args.get("head-groups", "1"), cp::kMaxHeadGroups, p.kv_heads, "kv-heads");
   if (args.has("lengths-out")) check_output_file("lengths-out", args.get("lengths-out", ""));
   require_gpu("thdcp bench");
 

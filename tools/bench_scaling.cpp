@@ -596,14 +596,8 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
   const uint64_t seed = args.get_seed("seed", 1);
   const int warmup = static_cast<int>(args.get_int("warmup", 3, 0, 1000));
   const int iters = static_cast<int>(args.get_int("iters", 20, 1, 10000));
-  std::vector<int> groups_list;
-  for (int64_t g : parse_int_list("head-groups", args.get("head-groups", "1"), 1, cp::kMaxHeadGroups)) {
-    if (s.kv_heads % g != 0) {
-      throw UsageError("--head-groups " + std::to_string(g) + ": use a divisor of --kv-heads " +
-                       std::to_string(s.kv_heads));
-    }
-    groups_list.push_back(static_cast<int>(g));
-  }
+  const std::vector<int> groups_list =
+      parse_divisor_list("head-groups", args.get("head-groups", "1"), cp::kMaxHeadGroups, s.kv_heads, "kv-heads");
   std::vector<bool> kv_list;
   {
     std::stringstream items(args.get("kv", "gather"));
