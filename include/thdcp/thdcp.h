@@ -365,12 +365,17 @@ typedef struct thdcp_cp_params {
                                        (skips a gather) — only when that forward ran on the
                                        same k, v and layout on the same stream and nothing
                                        else used the plan since. Default 0 */
+  int32_t head_groups;   /* CUDA: the forward's K/V gather and attention run in this many
+                            groups of heads, one group's gather beside another's attention
+                            (the same results for every value); a divisor of kv_heads, at
+                            most 8. 0 or 1: one group (the default) */
+  int32_t reserved;      /* 0 */
 } thdcp_cp_params;
 
 #define THDCP_CP_PARAMS_MIN_SIZE ((size_t)72)
 #define THDCP_CP_PARAMS_INIT                                                                   \
   {sizeof(thdcp_cp_params), THDCP_BACKEND_CPU, THDCP_DTYPE_BF16, 0, 0, 0, 0, 1, 0, -1, -1, 0.0f, \
-   1, 0, 0}
+   1, 0, 0, 0, 0}
 
 static inline void thdcp_cp_params_init(thdcp_cp_params* params) {
   const thdcp_cp_params defaults = THDCP_CP_PARAMS_INIT;

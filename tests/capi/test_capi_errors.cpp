@@ -388,6 +388,26 @@ TEST(CApiCpPlan, BadParamsAndCommunicators) {
   EXPECT_C_STATUS(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
                   "params->head_dim=20");
   p = cp_params(1);
+  p.q_heads = 4;
+  p.kv_heads = 2;
+  p.head_groups = 3;
+  EXPECT_C_STATUS(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->head_groups=3 with kv_heads=2", "a divisor of kv_heads");
+  p.head_groups = 2;
+  p.reserved = 7;
+  EXPECT_C_STATUS(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->reserved=7 must be 0");
+  // A caller compiled against the struct before head_groups (80 bytes) gets one group.
+  p = cp_params(1);
+  p.struct_size = 80;
+  p.head_groups = 5;  // past struct_size: not read
+  thdcp_communicator_t fresh = nullptr;  // `comm` was aborted by the failed plan above
+  ASSERT_C_OK(thdcp_communicator_create_in_process_group(1, &fresh));
+  thdcp_cp_plan_t older = nullptr;
+  EXPECT_C_OK(thdcp_cp_plan_create(fresh, &p, nullptr, 0, &older));
+  EXPECT_C_OK(thdcp_cp_plan_destroy(older));
+  EXPECT_C_OK(thdcp_communicator_destroy(fresh));
+  p = cp_params(1);
   p.backend = THDCP_BACKEND_CUDA;
   p.head_dim = 64;
   if (built_with(THDCP_FEATURE_CUDA)) {
