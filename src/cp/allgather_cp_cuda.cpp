@@ -14,7 +14,6 @@
 
 namespace thdcp::cp {
 
-
 namespace {
 
 constexpr size_t kAlignment = 256;
@@ -59,7 +58,6 @@ cuda::AttentionShape attention_shape(const Problem& p, int groups) {
 // contiguous block; the sequence-order K/V are [T, Hkv, D], each group's reorder writing its
 // heads.
 struct Layout {
-  int groups = 1;
   size_t segments = 0, rank_rows = 0, packed[2] = {}, gathered[2] = {}, sequence[2] = {}, grad_ranked[2] = {},
          grad_local = 0, forward = 0, backward = 0, total = 0;
   size_t forward_bytes = 0, backward_bytes = 0;
@@ -85,8 +83,7 @@ Layout workspace_layout(const Problem& p, const cuda::Options& options) {
   // order (BackwardTensors::dkv_rows), so the reduce-scatter takes them as they are.
   for (int i = 0; i < 2; ++i) w.grad_ranked[i] = take(elements * sizeof(float));
   w.grad_local = take(local_elements * sizeof(float));
-  w.groups = p.head_groups;
-  w.forward_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p, w.groups));
+  w.forward_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p, p.head_groups));
   w.backward_bytes = cuda::BackwardPlan::workspace_size(attention_shape(p, 1), options);
   w.forward = take(w.forward_bytes);
   w.backward = take(w.backward_bytes);
@@ -200,7 +197,7 @@ class CudaSteps {
     if (events_) events_->recorded = 0;
   }
 
-  int head_groups() const { return w_.layout.groups; }
+  int head_groups() const { return p_.head_groups; }
 
   void fork() {
     if (!overlap_) return;
@@ -444,7 +441,7 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const cuda:
     workspace_->base = static_cast<unsigned char*>(workspace);
     // The attention plans check dtype, head dim, kernel family and their workspaces.
     workspace_->forward = std::make_unique<cuda::ForwardPlan>(
-        attention_shape(problem, workspace_->layout.groups), options,
+        attention_shape(problem, problem.head_groups), options,
         workspace_->at<void>(workspace_->layout.forward), workspace_->layout.forward_bytes);
     workspace_->backward = std::make_unique<cuda::BackwardPlan>(
         attention_shape(problem, 1), options, workspace_->at<void>(workspace_->layout.backward),
