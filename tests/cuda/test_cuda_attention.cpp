@@ -125,6 +125,29 @@ void expect_close(const char* what, const std::vector<float>& actual, const std:
   std::cout << "  " << what << ": max_rel_error=" << c.max_rel_error << "\n";
 }
 
+// Rows of q, k and v that no segment reads as a token (padding, the capacity's rows past the
+// batch) become NaN, as in a caller's uninitialised buffer: the kernels' tiles reach into such
+// rows, and a kernel that let one into a result (P = 0 times a NaN of V is NaN) would show it.
+void poison_unread_rows(const SegmentTable& table, HostTensor& q, HostTensor& k, HostTensor& v) {
+  std::vector<bool> q_read(static_cast<size_t>(table.q_rows), false);
+  std::vector<bool> k_read(static_cast<size_t>(table.k_rows), false);
+  for (const Segment& seg : table.segments) {
+    for (int64_t r = 0; r < seg.q_len; ++r) q_read[static_cast<size_t>(seg.q_row + r)] = true;
+    for (int64_t r = 0; r < seg.k_len; ++r) k_read[static_cast<size_t>(seg.k_row + r)] = true;
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const auto poison = [nan](HostTensor& t, const std::vector<bool>& read) {
+    const int64_t row_elements = t.heads() * t.head_dim();
+    for (int64_t row = 0; row < t.tokens(); ++row) {
+      if (read[static_cast<size_t>(row)]) continue;
+      for (int64_t i = 0; i < row_elements; ++i) t.set(row * row_elements + i, nan);
+    }
+  };
+  poison(q, q_read);
+  poison(k, k_read);
+  poison(v, k_read);
+}
+
 class CudaAttentionEdge : public CudaTest, public ::testing::WithParamInterface<EdgeCase> {};
 
 TEST_P(CudaAttentionEdge, MatchesCpuReference) {
@@ -174,6 +197,7 @@ TEST_P(CudaAttentionEdge, MatchesCpuReference) {
   fill_normal(k, seed + 2);
   fill_normal(v, seed + 3);
   fill_normal(dout, seed + 4);
+  poison_unread_rows(table, q, k, v);
 
   // CPU reference.
   const DType grad_dtype = c.fp32_grads ? DType::kFloat32 : c.dtype;
