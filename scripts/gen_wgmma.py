@@ -8,7 +8,7 @@ is generated rather than written by hand. Run from the repository root:
 
 TYPES = [("Bf16Tag", "bf16"), ("Fp16Tag", "f16")]
 # (A from shared memory?, N): the forms the kernels issue.
-FORMS = [(False, 64), (False, 128), (True, 64)]
+FORMS = [(False, 64), (False, 128), (True, 64), (True, 128)]
 
 
 def operand_list(first, count, per_line):
