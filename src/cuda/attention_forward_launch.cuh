@@ -22,15 +22,15 @@ void configure_forward(bool sm90) {
 }
 
 template <typename Storage, int kHeadDim>
-void launch_forward(const ForwardParams& params, const ForwardStrides& strides, bool sm90, int grid_tiles,
-                    cudaStream_t stream) {
+void launch_forward(const ForwardParams& params, const ForwardStrides& strides, const ForwardTensorMaps* maps,
+                    int grid_tiles, cudaStream_t stream) {
   using Shape = ForwardShape<kHeadDim>;
   using Sm90 = ForwardSm90Shape<kHeadDim>;
   if (grid_tiles == 0 || params.q_heads == 0) return;
-  // grid_tiles and the tile schedule were sized with forward_tile_rows(sm90).
+  // grid_tiles and the tile schedule were sized with forward_tile_rows(maps != nullptr).
   const dim3 grid(static_cast<unsigned>(grid_tiles), static_cast<unsigned>(params.q_heads));
-  if (sm90) {
-    forward_kernel_sm90<Storage, kHeadDim><<<grid, Sm90::kThreads, Sm90::kSmemBytes, stream>>>(params, strides);
+  if (maps != nullptr) {
+    forward_kernel_sm90<Storage, kHeadDim><<<grid, Sm90::kThreads, Sm90::kSmemBytes, stream>>>(params, strides, *maps);
   } else {
     forward_kernel<Storage, kHeadDim><<<grid, Shape::kThreads, Shape::kSmemBytes, stream>>>(params, strides);
   }

@@ -1,76 +1,213 @@
-// The forward on Hopper (sm_90a): forward_kernel's algorithm with warpgroup MMAs. One
-// warpgroup owns a query tile of 64 rows (16 per warp); K/V tiles of 64 keys stream through a
-// cp.async double buffer, and the tensor cores read Q, K and V straight from shared memory
-// (wgmma.cuh layout):
-//   S = Q K^T          (m64n64k16, Q and K read K-major),
-//   online softmax     (registers, online_softmax_step),
-//   O += P V           (m64nDk16, P from registers, V read MN-major).
-// Same block order, masks and epilogue as forward_kernel.
+// The forward on Hopper (sm_90a), warp-specialized (the schedule of FlashAttention-3): a block
+// owns a query tile of 128 rows of one head and has three warpgroups.
+//   - The producer (warpgroup 0; one thread issues every copy) loads the Q tile once and the
+//     K and V tiles of 128 keys through a two-stage pipeline with TMA (sm90_pipeline.cuh),
+//     by coordinates in tensor maps of the whole THD tensors (tensor_map.h).
+//   - Two consumer warpgroups own 64 query rows each and run, per key tile n,
+//       S = Q K^T        (wgmma m64n128k16, Q and K read K-major from shared memory),
+//       online softmax   (registers),
+//       O += P V         (wgmma, P from registers, V read MN-major),
+//     with the softmax of tile n overlapping the P V product of tile n - 1 ("intra-warpgroup
+//     overlap"): O is rescaled only after that product has landed.
+// setmaxnreg moves registers from the producer (24 per thread) to the consumers (240).
+// Masks, the key tiles visited, the block order and the epilogue are forward_kernel's.
+//
+// Rows a tile copies past a segment's keys (its padding, the next segment's rows) are
+// masked out of S; V's such rows are zeroed in shared memory before P V reads them, so
+// that P = 0 never multiplies a NaN of a padding row. Rows past the tensor's end arrive as
+// zeros.
 #pragma once
 
 #include "attention_forward.cuh"
+#include "sm90_pipeline.cuh"
 #include "wgmma.cuh"
 
 namespace thdcp::cuda::detail {
 
 template <int kHeadDim>
 struct ForwardSm90Shape {
-  static constexpr int kTileM = kForwardSm90TileRows;  // one warpgroup: 16 rows per warp
-  static constexpr int kTileN = 64;
-  static constexpr int kThreads = 128;
-  static constexpr uint32_t kTileBytes = 64 * kHeadDim * 2;
-  // Q, two K and two V buffers (wgmma layout), and the slack that aligns them to 1024 bytes:
-  // 81 KiB at D = 128, two blocks per SM.
-  static constexpr size_t kSmemBytes = 5 * kTileBytes + 1024;
+  static constexpr int kTileM = kForwardSm90TileRows;  // two consumer warpgroups of 64 rows
+  static constexpr int kTileN = 128;
+  static constexpr int kStages = 2;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kColumnBlocks = kHeadDim / 64;  // 128-byte swizzle atoms per row
+  static constexpr uint32_t kQBytes = kTileM * kHeadDim * 2;
+  static constexpr uint32_t kKvBytes = kTileN * kHeadDim * 2;
+  // Q, then kStages K tiles, then kStages V tiles (each 1024-byte aligned for the swizzle),
+  // then the barriers: Q full, K full/empty and V full/empty per stage.
+  static constexpr uint32_t kBarrierOffset = kQBytes + 2 * kStages * kKvBytes;
+  static constexpr size_t kSmemBytes = kBarrierOffset + 8 * (1 + 4 * kStages) + 1024;
+  static_assert(kTileM == 64 * kConsumers, "64 query rows per consumer warpgroup");
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumers <= 65536, "register file");
 };
 
+// online_softmax_step without touching O, whose product with V may still be in flight: raises
+// the row maxima, scales this thread's row sums by the correction exp2((old max - new max)
+// scale_log2), writes that correction, and turns s into P (adding it to the row sums).
+// Returns whether some row of the warp raised its maximum (warp-uniform); if not, every
+// correction is 1.
+template <int kN>
+__device__ __forceinline__ bool online_softmax_scores(float (&s)[kN / 8][4], float (&row_max)[2],
+                                                      float (&row_sum)[2], float scale_log2,
+                                                      float (&correction)[2]) {
+  float new_max[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int nf = 0; nf < kN / 8; ++nf) tile_max = fmaxf(tile_max, fmaxf(s[nf][2 * half], s[nf][2 * half + 1]));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    new_max[half] = fmaxf(row_max[half], tile_max);
+  }
+  const bool raised = __any_sync(0xffffffffu, new_max[0] != row_max[0] || new_max[1] != row_max[1]);
+  float offset[2];  // 0 for a row that has seen only masked keys: exp2(-inf) = 0, not NaN
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    offset[half] = (new_max[half] == -INFINITY ? 0.0f : new_max[half]) * scale_log2;
+    correction[half] = raised ? fast_exp2(row_max[half] * scale_log2 - offset[half]) : 1.0f;
+    row_sum[half] *= correction[half];
+    row_max[half] = new_max[half];
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int nf = 0; nf < kN / 8; ++nf) {
+#pragma unroll
+      for (int e = 2 * half; e < 2 * half + 2; ++e) {
+        const float prob = fast_exp2(fmaf(s[nf][e], scale_log2, -offset[half]));
+        s[nf][e] = prob;
+        row_sum[half] += prob;
+      }
+    }
+  }
+  return raised;
+}
+
+template <int kD>
+__device__ __forceinline__ void rescale_rows(float (&o)[kD / 8][4], const float (&correction)[2]) {
+#pragma unroll
+  for (int df = 0; df < kD / 8; ++df) {
+    o[df][0] *= correction[0];
+    o[df][1] *= correction[0];
+    o[df][2] *= correction[1];
+    o[df][3] *= correction[1];
+  }
+}
+
+// Zeroes rows [first_row, kRows) of every column block of a wgmma tile of kRows rows at
+// `tile` (all 128 threads of a warpgroup, `thread` = 0..127) and makes the zeros visible to
+// the warpgroup's next wgmma (named barrier `barrier_id`).
+template <int kRows, int kColumnBlocks>
+__device__ __forceinline__ void zero_tile_rows(uint32_t tile, int first_row, int thread, int barrier_id) {
+  const int chunks = (kRows - first_row) * 8;  // 16-byte chunks of those rows in one block
+#pragma unroll
+  for (int b = 0; b < kColumnBlocks; ++b) {
+    const uint32_t base = tile + static_cast<uint32_t>((b * kRows + first_row) * 128);
+    for (int c = thread; c < chunks; c += 128) {
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(base + 16u * c), "r"(0) : "memory");
+    }
+  }
+  fence_proxy_async_shared();
+  named_barrier_sync(barrier_id, 128);
+}
+
+// Copies the box of rows [row, row + kRows) of head `head` (all kColumnBlocks column blocks)
+// of the tensor of `map` into the wgmma tile at `dst`, completing on `barrier`.
+template <int kRows, int kColumnBlocks>
+__device__ __forceinline__ void tma_load_rows(uint32_t dst, const ThdTensorMap& map, int head, int row,
+                                              uint32_t barrier) {
+#pragma unroll
+  for (int b = 0; b < kColumnBlocks; ++b) {
+    const uint32_t block = dst + static_cast<uint32_t>(b * kRows * 128);
+    if (map.heads_outer) {
+      tma_load_3d(block, &map.map, 64 * b, row, head, barrier);
+    } else {
+      tma_load_3d(block, &map.map, 64 * b, head, row, barrier);
+    }
+  }
+}
+
 template <typename Storage, int kHeadDim>
-__global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 2)
-    forward_kernel_sm90(const ForwardParams p, const ForwardStrides strides) {
+__global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
+    forward_kernel_sm90(const ForwardParams p, const ForwardStrides strides,
+                        const __grid_constant__ ForwardTensorMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Traits = StorageTraits<Storage>;
-  using Element = typename Traits::Element;
   using Shape = ForwardSm90Shape<kHeadDim>;
   constexpr int kM = Shape::kTileM;
   constexpr int kN = Shape::kTileN;
   constexpr int kD = kHeadDim;
-  constexpr int kThreads = Shape::kThreads;
-  static_assert(kM == 64 && kN == 64 && kThreads == 128, "one warpgroup, 64-row wgmma tiles");
+  constexpr int kStages = Shape::kStages;
+  constexpr int kBlocks = Shape::kColumnBlocks;
 
   QueryTileWork work;
   if (!work.assign<kM>(p.tile_start, p.num_segments, p.segments, p.q_heads, p.kv_heads)) return;
   const Segment& seg = work.seg;
-  const int head = work.head, kv_head = work.kv_head, m0 = work.m0, span_rows = work.span_rows, valid_q = work.valid_q;
+  const int m0 = work.m0;
   const Mask mask{p.window_left, p.window_right};
-  const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
+  const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, work.valid_q, kM);
   const int n_begin = key_tiles.begin;
   const int n_end = key_tiles.end;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t q_tile = (smem_address(smem_raw) + 1023u) & ~1023u;
-  const uint32_t k_base = q_tile + Shape::kTileBytes;  // two K buffers, then two V buffers
-  const uint32_t v_base = k_base + 2 * Shape::kTileBytes;
+  const uint32_t k_base = q_tile + Shape::kQBytes;
+  const uint32_t v_base = k_base + kStages * Shape::kKvBytes;
+  const uint32_t q_full = q_tile + Shape::kBarrierOffset;
+  const auto k_full = [&](int stage) { return q_full + 8u * (1 + stage); };
+  const auto k_empty = [&](int stage) { return q_full + 8u * (1 + kStages + stage); };
+  const auto v_full = [&](int stage) { return q_full + 8u * (1 + 2 * kStages + stage); };
+  const auto v_empty = [&](int stage) { return q_full + 8u * (1 + 3 * kStages + stage); };
 
-  const Element* k = static_cast<const Element*>(p.k);
-  const Element* v = static_cast<const Element*>(p.v);
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_full, 1);
+#pragma unroll
+    for (int stage = 0; stage < kStages; ++stage) {
+      mbarrier_init(k_full(stage), 1);
+      mbarrier_init(v_full(stage), 1);
+      mbarrier_init(k_empty(stage), 128 * Shape::kConsumers);
+      mbarrier_init(v_empty(stage), 128 * Shape::kConsumers);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
 
-  // Rows past q_len and k_len are zero-filled.
-  load_wgmma_tile_async<kM, kD, kThreads>(q_tile, static_cast<const Element*>(p.q), seg.q_row + m0, valid_q,
-                                          strides.q, head);
-  auto load_kv = [&](int n, int buffer) {
-    const int rows = min(kN, seg.k_len - n * kN);
-    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer) * Shape::kTileBytes;
-    load_wgmma_tile_async<kN, kD, kThreads>(k_base + buffer_bytes, k, seg.k_row + n * kN, rows, strides.k, kv_head);
-    load_wgmma_tile_async<kN, kD, kThreads>(v_base + buffer_bytes, v, seg.k_row + n * kN, rows, strides.v, kv_head);
-  };
-  if (n_begin < n_end) load_kv(n_begin, 0);
-  cp_async_commit();
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  if (warpgroup == 0) {
+    setmaxnreg_dec<Shape::kProducerRegisters>();
+    if (threadIdx.x == 0 && n_begin < n_end) {
+      prefetch_tensor_map(&maps.k.map);
+      prefetch_tensor_map(&maps.v.map);
+      mbarrier_arrive_expect_tx(q_full, Shape::kQBytes);
+      tma_load_rows<kM, kBlocks>(q_tile, maps.q, work.head, seg.q_row + m0, q_full);
+      for (int n = n_begin; n < n_end; ++n) {
+        const int i = n - n_begin;
+        const int stage = i % kStages;
+        const uint32_t parity = ((i / kStages) & 1) ^ 1;
+        const int row = seg.k_row + n * kN;
+        mbarrier_wait(k_empty(stage), parity);
+        mbarrier_arrive_expect_tx(k_full(stage), Shape::kKvBytes);
+        tma_load_rows<kN, kBlocks>(k_base + stage * Shape::kKvBytes, maps.k, work.kv_head, row, k_full(stage));
+        mbarrier_wait(v_empty(stage), parity);
+        mbarrier_arrive_expect_tx(v_full(stage), Shape::kKvBytes);
+        tma_load_rows<kN, kBlocks>(v_base + stage * Shape::kKvBytes, maps.v, work.kv_head, row, v_full(stage));
+      }
+    }
+    return;
+  }
+  setmaxnreg_inc<Shape::kConsumerRegisters>();
 
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const int consumer = warpgroup - 1;
+  const int thread = static_cast<int>(threadIdx.x) % 128;
+  const int lane = thread % 32;
   const int group_row = lane >> 2;
   const int pair_col = (lane & 3) * 2;
-  const int warp_row0 = warp * 16;
+  const int warp_row0 = consumer * 64 + (thread / 32) * 16;  // this warp's first row of the tile
+  // This warpgroup's 64 rows of the Q tile: the tile's column blocks stay kM rows apart.
+  const uint32_t q_rows = q_tile + static_cast<uint32_t>(consumer * 64 * 128);
 
   float o[kD / 8][4];
   float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) scores
@@ -78,43 +215,72 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 2)
 #pragma unroll
   for (int i = 0; i < kD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
-  for (int n = n_begin; n < n_end; ++n) {
-    const int buffer = (n - n_begin) & 1;
-    prefetch_next_and_wait(n + 1 < n_end, [&] { load_kv(n + 1, buffer ^ 1); });
-    fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
-    __syncthreads();
-    const uint32_t k_tile = k_base + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
-    const uint32_t v_tile = v_base + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
-
+  if (n_begin < n_end) {
     float s[kN / 8][4];
+    uint32_t pa[kN / 16][4];  // P of the previous key tile, the A operand of P V
+    float correction[2];
+    const auto mask_scores = [&](int n) {
+      if (n < key_tiles.unmasked_begin || n >= key_tiles.unmasked_end) {
+        mask_row_keys<kN>(seg, mask, m0 + warp_row0 + group_row, n * kN, pair_col,
+                          [&](int nf, int e) { s[nf][e] = -INFINITY; });
+      }
+    };
+
+    mbarrier_wait(q_full, 0);
+    mbarrier_wait(k_full(0), 0);
     wgmma_fence();
-    wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_tile, k_tile);
+    wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_rows, k_base);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(flat(s));
-
-    if (n < key_tiles.unmasked_begin || n >= key_tiles.unmasked_end) {
-      mask_row_keys<kN>(seg, mask, m0 + warp_row0 + group_row, n * kN, pair_col,
-                        [&](int nf, int e) { s[nf][e] = -INFINITY; });
-    }
-    online_softmax_step<kN, kD>(s, o, row_max, row_sum, p.scale_log2);
-
-    // O += P V, with P rounded to the storage type for the tensor cores.
-    uint32_t pa[kN / 16][4];
+    mbarrier_arrive(k_empty(0));
+    mask_scores(n_begin);
+    online_softmax_scores<kN>(s, row_max, row_sum, p.scale_log2, correction);  // O is still 0
     accumulator_to_a_fragments<Storage, kN>(s, pa);
+
+    for (int n = n_begin + 1; n < n_end; ++n) {
+      const int i = n - n_begin;
+      const int stage = i % kStages;
+      const int previous = (i - 1) % kStages;
+      mbarrier_wait(k_full(stage), (i / kStages) & 1);
+      wgmma_fence();
+      wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_rows, k_base + stage * Shape::kKvBytes);
+      wgmma_commit();
+      mbarrier_wait(v_full(previous), ((i - 1) / kStages) & 1);
+      wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(o, pa, v_base + previous * Shape::kKvBytes);
+      wgmma_commit();
+
+      wgmma_wait<1>();  // S has landed; P V of the previous tile may still run
+      wgmma_fence_operands(flat(s));
+      mbarrier_arrive(k_empty(stage));
+      mask_scores(n);
+      const bool raised = online_softmax_scores<kN>(s, row_max, row_sum, p.scale_log2, correction);
+      wgmma_wait<0>();
+      wgmma_fence_operands(flat(o));
+      mbarrier_arrive(v_empty(previous));
+      if (raised) rescale_rows<kD>(o, correction);
+      accumulator_to_a_fragments<Storage, kN>(s, pa);
+    }
+
+    const int last = n_end - 1 - n_begin;
+    const int stage = last % kStages;
+    const uint32_t v_tile = v_base + stage * Shape::kKvBytes;
+    mbarrier_wait(v_full(stage), (last / kStages) & 1);
+    // Only a segment's last key tile reaches past its keys, and it is the last one visited.
+    const int valid_keys = seg.k_len - (n_end - 1) * kN;
+    if (valid_keys < kN) zero_tile_rows<kN, kBlocks>(v_tile, valid_keys, thread, 1 + consumer);
     wgmma_fence();
     wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(o, pa, v_tile);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(flat(o));
-    __syncthreads();  // the buffer is refilled by the next iteration's prefetch
+    mbarrier_arrive(v_empty(stage));  // keeps the arrivals balanced; nothing refills it
   }
-  cp_async_wait<0>();
 
   float thread_max = -INFINITY;
-  store_forward_rows<Storage, kD>(p, strides.out, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, o,
-                                  row_max, row_sum, thread_max);
-  reduce_max_logit(p, head, thread_max);
+  store_forward_rows<Storage, kD>(p, strides.out, seg, work.head, m0, warp_row0 + group_row, work.span_rows,
+                                  pair_col, o, row_max, row_sum, thread_max);
+  reduce_max_logit(p, work.head, thread_max);
 #endif
 }
 

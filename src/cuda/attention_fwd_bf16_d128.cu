@@ -3,5 +3,6 @@
 
 namespace thdcp::cuda::detail {
 template void configure_forward<Bf16Tag, 128>(bool);
-template void launch_forward<Bf16Tag, 128>(const ForwardParams&, const ForwardStrides&, bool, int, cudaStream_t);
+template void launch_forward<Bf16Tag, 128>(const ForwardParams&, const ForwardStrides&, const ForwardTensorMaps*, int,
+                                              cudaStream_t);
 }  // namespace thdcp::cuda::detail

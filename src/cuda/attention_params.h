@@ -10,6 +10,8 @@
 // BackwardParams, which was above it already.
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 #include "thdcp/plan/segment.h"
@@ -30,6 +32,18 @@ constexpr int64_t kMaxRowStride = int64_t{1} << 26;
 
 struct ForwardStrides {
   Strides q, k, v, out;
+};
+
+// A TMA map of one THD tensor (tensor_map.h) for the Hopper kernels, which take them as
+// __grid_constant__ parameters. Coordinates are (column, head, row), innermost first, or
+// (column, row, head) when heads_outer is 1 (head-major views).
+struct ThdTensorMap {
+  CUtensorMap map;
+  int32_t heads_outer;
+};
+
+struct ForwardTensorMaps {
+  ThdTensorMap q, k, v;
 };
 
 struct BackwardStrides {

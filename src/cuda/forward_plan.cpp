@@ -3,6 +3,7 @@
 
 #include "attention_checks.h"
 #include "launch.h"
+#include "tensor_map.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/cuda/check.h"
@@ -41,6 +42,7 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const Options& options, vo
   scale_ = detail::resolve_scale(options, shape_.head_dim);
   device_ = detail::current_device();
   sm90_ = detail::use_sm90_kernels();
+  if (sm90_) tensor_map_encoder_ = reinterpret_cast<void*>(detail::tensor_map_encoder());
   THDCP_CHECK(forward_grid_tiles(shape_.table, sm90_) <= std::numeric_limits<int32_t>::max(),
               "too many query tiles: " << forward_grid_tiles(shape_.table, sm90_)
                                        << " (q_rows=" << shape_.table.q_rows << ", capacity "
@@ -102,13 +104,24 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
                           static_cast<int*>(workspace_), 1, nullptr, t.max_logit, params.q_heads, stream);
   if (table.capacity == 0) return;
   const int grid_tiles = static_cast<int>(forward_grid_tiles(table, sm90_));
+  // The Hopper kernel's TMA maps: host arithmetic and a driver call per tensor, no stream
+  // work (capture-safe); a graph keeps them with the kernel's parameters.
+  detail::ForwardTensorMaps maps;
+  if (sm90_) {
+    const auto encode = reinterpret_cast<detail::EncodeTiledFn>(tensor_map_encoder_);
+    const int rows = detail::kForwardSm90TileRows;
+    maps.q = detail::encode_thd_tensor_map(encode, "q", t.q, rows);
+    maps.k = detail::encode_thd_tensor_map(encode, "k", t.k, rows);
+    maps.v = detail::encode_thd_tensor_map(encode, "v", t.v, rows);
+  }
+  const detail::ForwardTensorMaps* sm90_maps = sm90_ ? &maps : nullptr;
   const bool bf16 = shape_.dtype == DType::kBFloat16;
   if (shape_.head_dim == 64) {
-    bf16 ? detail::launch_forward<detail::Bf16Tag, 64>(params, strides, sm90_, grid_tiles, stream)
-         : detail::launch_forward<detail::Fp16Tag, 64>(params, strides, sm90_, grid_tiles, stream);
+    bf16 ? detail::launch_forward<detail::Bf16Tag, 64>(params, strides, sm90_maps, grid_tiles, stream)
+         : detail::launch_forward<detail::Fp16Tag, 64>(params, strides, sm90_maps, grid_tiles, stream);
   } else {
-    bf16 ? detail::launch_forward<detail::Bf16Tag, 128>(params, strides, sm90_, grid_tiles, stream)
-         : detail::launch_forward<detail::Fp16Tag, 128>(params, strides, sm90_, grid_tiles, stream);
+    bf16 ? detail::launch_forward<detail::Bf16Tag, 128>(params, strides, sm90_maps, grid_tiles, stream)
+         : detail::launch_forward<detail::Fp16Tag, 128>(params, strides, sm90_maps, grid_tiles, stream);
   }
 }
 

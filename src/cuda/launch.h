@@ -10,11 +10,12 @@
 
 namespace thdcp::cuda::detail {
 
-// Query rows per forward block (portable kernel, and the Hopper one), query rows per dQ block, key rows per dK/dV block (64 for
-// the deterministic backward: two 4-warp blocks per SM; 128 when dQ is fused into it: half
-// the dQ atomics). The host sizes grids and schedules with them.
+// Query rows per forward block (portable kernel; the Hopper one: two consumer warpgroups of
+// 64 rows), query rows per dQ block, key rows per dK/dV block (64 for the deterministic
+// backward: two 4-warp blocks per SM; 128 when dQ is fused into it: half the dQ atomics).
+// The host sizes grids and schedules with them.
 constexpr int kForwardTileRows = 128;
-constexpr int kForwardSm90TileRows = 64;
+constexpr int kForwardSm90TileRows = 128;
 constexpr int kDqTileRows = 64;
 constexpr int kDkvTileRows = 64;
 constexpr int kDkvFusedTileRows = 128;
@@ -42,9 +43,10 @@ template <typename Storage, int kHeadDim>
 void configure_backward(bool sm90, bool fused);
 
 // Enqueue the kernels of the family `sm90` (configured before on the launching device).
+// The forward runs the Hopper kernel when `maps` (the TMA maps of q, k, v) is given.
 template <typename Storage, int kHeadDim>
-void launch_forward(const ForwardParams& params, const ForwardStrides& strides, bool sm90, int grid_tiles,
-                    cudaStream_t stream);
+void launch_forward(const ForwardParams& params, const ForwardStrides& strides, const ForwardTensorMaps* maps,
+                    int grid_tiles, cudaStream_t stream);
 template <typename Storage, int kHeadDim>
 void launch_backward(const BackwardParams& params, const BackwardStrides& strides, bool sm90, int grid_q_tiles,
                      int grid_k_tiles, cudaStream_t stream);

@@ -184,6 +184,7 @@ class ForwardPlan {
   void* workspace_ = nullptr;
   int device_ = 0;
   bool sm90_ = false;
+  void* tensor_map_encoder_ = nullptr;  // sm90: the driver's cuTensorMapEncodeTiled
 };
 
 class BackwardPlan {
