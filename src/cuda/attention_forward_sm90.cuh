@@ -131,6 +131,25 @@ __device__ __forceinline__ void tma_load_rows(uint32_t dst, const ThdTensorMap& 
   }
 }
 
+// The consumers' turns at the tensor cores ("ping-pong"): a consumer issues its GEMMs of a
+// step only on its turn and then hands the turn to the other, so that one warpgroup's
+// softmax runs while the other's GEMMs do. Named barriers 3 and 4 (of 256 threads: the
+// waiting warpgroup's sync and the other's arrive). Consumer 0 has the first turn; both take
+// the same number of turns, and each arrive is matched by a sync.
+struct TensorCoreTurns {
+  int consumer;
+  __device__ __forceinline__ void start() const {
+    if (consumer == 1) arrive_other_(0);
+  }
+  __device__ __forceinline__ void wait() const { named_barrier_sync(3 + consumer, 256); }
+  __device__ __forceinline__ void pass() const { arrive_other_(1 - consumer); }
+
+ private:
+  __device__ __forceinline__ void arrive_other_(int other) const {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(3 + other), "r"(256) : "memory");
+  }
+};
+
 template <typename Storage, int kHeadDim>
 __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
     forward_kernel_sm90(const ForwardParams p, const ForwardStrides strides,
@@ -226,11 +245,15 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
       }
     };
 
+    const TensorCoreTurns turns{consumer};
+    turns.start();
     mbarrier_wait(q_full, 0);
     mbarrier_wait(k_full(0), 0);
+    turns.wait();
     wgmma_fence();
     wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_rows, k_base);
     wgmma_commit();
+    turns.pass();
     wgmma_wait<0>();
     wgmma_fence_operands(flat(s));
     mbarrier_arrive(k_empty(0));
@@ -243,12 +266,14 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
       const int stage = i % kStages;
       const int previous = (i - 1) % kStages;
       mbarrier_wait(k_full(stage), (i / kStages) & 1);
+      mbarrier_wait(v_full(previous), ((i - 1) / kStages) & 1);
+      turns.wait();
       wgmma_fence();
       wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_rows, k_base + stage * Shape::kKvBytes);
       wgmma_commit();
-      mbarrier_wait(v_full(previous), ((i - 1) / kStages) & 1);
       wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(o, pa, v_base + previous * Shape::kKvBytes);
       wgmma_commit();
+      turns.pass();
 
       wgmma_wait<1>();  // S has landed; P V of the previous tile may still run
       wgmma_fence_operands(flat(s));
@@ -269,9 +294,11 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
     // Only a segment's last key tile reaches past its keys, and it is the last one visited.
     const int valid_keys = seg.k_len - (n_end - 1) * kN;
     if (valid_keys < kN) zero_tile_rows<kN, kBlocks>(v_tile, valid_keys, thread, 1 + consumer);
+    turns.wait();
     wgmma_fence();
     wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(o, pa, v_tile);
     wgmma_commit();
+    if (consumer == 0) turns.pass();  // consumer 1 has no turn left to take
     wgmma_wait<0>();
     wgmma_fence_operands(flat(o));
     mbarrier_arrive(v_empty(stage));  // keeps the arrivals balanced; nothing refills it
