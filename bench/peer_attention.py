@@ -2,16 +2,25 @@
 """Peers of `thdcp bench` on the same batch, measured in the same run on the same card.
 
   - torch.nn.attention.varlen.varlen_attn (FlashAttention-2 class, packed THD tensors);
-  - FlexAttention with a document mask (torch.compile'd), on [1, H, T, D].
+  - FlexAttention with a document mask (torch.compile'd), on [1, H, T, D];
+  - cuDNN's fused attention (the sdpa / sdpa_backward graphs TransformerEngine runs), through
+    the cudnn-frontend Python API (nvidia-cudnn-frontend) on the packed THD buffers: ragged
+    offsets, padding mask with per-document lengths, a top-left diagonal band for the masks.
+    Only cuDNN backend engines are taken (the frontend may also rank its own Python kernels);
+    the plan that ran and the fwd/bwd workspaces are printed. O, the softmax stats and dQ, dK,
+    dV are checked against an fp32 reference on the three shortest documents and the longest
+    before anything is timed; what fails the check is not timed. --cudnn-det adds a row with
+    the deterministic backward (use_deterministic_algorithm).
 
 Reads the document lengths written by `thdcp bench --lengths-out FILE`, packs them back to
-back (no padding: both peers take cu_seqlens of the real tokens), and counts TFLOP/s from the
+back (no padding: every peer takes cu_seqlens of the real tokens), and counts TFLOP/s from the
 same exact allowed (query, key) pairs as thdcp: fwd 4*pairs*D*Hq, bwd 10*pairs*D*Hq.
 Peers that are missing or refuse an argument are reported as such, never silently replaced.
 """
 import argparse
 import inspect
 import math
+import os
 import sys
 import warnings
 
@@ -171,6 +180,343 @@ def bench_flex(args, lengths, masks):
             print(f"flex {mask_name}: failed: {e}")
 
 
+# ---------------------------------------------------------------------------------------------
+# cuDNN (cudnn-frontend): THD as cuDNN takes it. b = documents, s = longest document; every
+# [T, H, D] buffer is described as [b, H, s, D] with BSHD strides (token H*D, head D) and a
+# ragged offset per tensor: element offsets cu_seqlens * H * D, int64 [b+1, 1, 1, 1]. The
+# softmax stats are a ragged [T, Hq] fp32 tensor (offsets cu_seqlens * Hq). Per-document
+# lengths go in as seq_len_q / seq_len_kv with the padding mask.
+
+CUDNN_VERIFY_LIMIT = 2e-2  # max |cuDNN - fp32 reference| / max |reference|, per tensor
+
+
+def cudnn_mask_kwargs(cudnn, window_left):
+    """The bench's masks as a top-left diagonal band: key j stays for query i iff
+    j <= i (right bound 0: row + 0 >= col) and, with a window, col + left_bound > row, i.e.
+    j >= i - (left_bound - 1): left_bound = W + 1 gives i - W <= j <= i."""
+    kwargs = dict(diagonal_alignment=cudnn.diagonal_alignment.TOP_LEFT, diagonal_band_right_bound=0)
+    if window_left >= 0:
+        kwargs["diagonal_band_left_bound"] = window_left + 1
+    return kwargs
+
+
+def cudnn_graph(cudnn, handle, geo, window_left, backward, deterministic=False):
+    """One sdpa (forward, training: stats on) or sdpa_backward graph over the packed batch.
+    Returns (graph, {name: graph tensor}); names match the buffers of bench_cudnn."""
+    f32, i32, i64 = cudnn.data_type.FLOAT, cudnn.data_type.INT32, cudnn.data_type.INT64
+    b, s, d = geo["b"], geo["s"], geo["d"]
+    name = ("thd_bwd" if backward else "thd_fwd") + ("_det" if deterministic else "")
+    graph = cudnn.pygraph(name=name, io_data_type=geo["io"], intermediate_data_type=f32,
+                          compute_data_type=f32, handle=handle)
+    t = {}
+
+    def index(name, rows, dtype):
+        t[name] = graph.tensor(name=name, dim=[rows, 1, 1, 1], stride=[1, 1, 1, 1], data_type=dtype)
+        return t[name]
+
+    def layout(heads, width):
+        return [b, heads, s, width], [s * heads * width, width, heads * width, 1]
+
+    def packed_input(name, heads, width=d, dtype=None):
+        dim, stride = layout(heads, width)
+        t[name] = graph.tensor(name=name, dim=dim, stride=stride, data_type=dtype or geo["io"],
+                               ragged_offset=index("off_" + name, b + 1, i64))
+        return t[name]
+
+    def packed_output(name, tensor, heads, width=d, dtype=None):
+        dim, stride = layout(heads, width)
+        tensor.set_output(True).set_data_type(dtype or geo["io"]).set_dim(dim).set_stride(stride)
+        tensor.set_ragged_offset(index("off_" + name, b + 1, i64))
+        t[name] = tensor
+
+    common = dict(attn_scale=geo["scale"], use_padding_mask=True,
+                  seq_len_q=index("seq_q", b, i32), seq_len_kv=index("seq_kv", b, i32),
+                  max_total_seq_len_q=geo["T"], max_total_seq_len_kv=geo["T"],
+                  **cudnn_mask_kwargs(cudnn, window_left))
+    q = packed_input("q", geo["hq"])
+    k = packed_input("k", geo["hkv"])
+    v = packed_input("v", geo["hkv"])
+    if not backward:
+        o, stats = graph.sdpa(q=q, k=k, v=v, generate_stats=True, name="sdpa", **common)
+        packed_output("o", o, geo["hq"])
+        packed_output("stats", stats, geo["hq"], width=1, dtype=f32)
+    else:
+        o = packed_input("o", geo["hq"])
+        do = packed_input("do", geo["hq"])
+        stats = packed_input("stats", geo["hq"], width=1, dtype=f32)
+        dq, dk, dv = graph.sdpa_backward(q=q, k=k, v=v, o=o, dO=do, stats=stats,
+                                         use_deterministic_algorithm=deterministic,
+                                         name="sdpa_backward", **common)
+        packed_output("dq", dq, geo["hq"])
+        packed_output("dk", dk, geo["hkv"])
+        packed_output("dv", dv, geo["hkv"])
+    return graph, t
+
+
+def cudnn_build(cudnn, graph):
+    """validate, build_operation_graph, create_execution_plans([A, FALLBACK]), then
+    check_support + build_plans on the first cuDNN backend plan of the ranked list (the
+    frontend ranks its own Python engines in the same list: those are skipped). Returns a
+    line naming the plan and the workspace it needs, and the workspace bytes."""
+    try:
+        from cudnn.engines.engine_ids import is_backend_engine
+    except ImportError:  # a frontend without Python engines: every plan is a backend one
+        def is_backend_engine(engine_id):
+            return engine_id >= 0
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    plans = graph.plans
+    backend = [i for i, cfg in enumerate(plans) if is_backend_engine(cfg.engine_id)]
+    # A Python plan's name is its engine's plus its knobs in brackets: name each engine once.
+    skipped = sorted({graph.get_plan_name_at_index(i).split("[")[0]
+                      for i in range(len(plans)) if i not in backend})
+    if not backend:
+        raise RuntimeError(f"no cuDNN backend plan among the {len(plans)} ranked "
+                           f"(only: {', '.join(skipped)})")
+    declined, detail = [], ""
+    for n, i in enumerate(backend):
+        name = graph.get_plan_name_at_index(i)
+        try:
+            graph.select_plan(i)
+            graph.check_support()
+            graph.build_plans()
+        except Exception as e:  # noqa: BLE001
+            detail = str(e) or type(e).__name__
+            declined.append(f"{name}: {detail.splitlines()[0]}")
+            continue
+        workspace = graph.get_workspace_size()
+        notes = [f"engine {plans[i].engine_id}", f"backend plan {n + 1} of {len(backend)}"]
+        if declined:
+            notes.append("declined before it: " + " | ".join(declined))
+        if skipped:
+            notes.append(f"skipped {len(plans) - len(backend)} non-backend: {', '.join(skipped)}")
+        return f"plan {name} ({'; '.join(notes)}), workspace {workspace} bytes", workspace
+    # The last refusal in full below the one-line list (cuDNN gives every engine's reason).
+    raise RuntimeError("no cuDNN backend plan built: " + " | ".join(declined) + "\n" + detail)
+
+
+def attention_reference(q, k, v, dout, window_left, scale, budget=1 << 26):
+    """fp32 attention of one document, forward and backward, query rows in chunks of at most
+    `budget` scores: q, dout [n, Hq, D], k, v [n, Hkv, D] (GQA: query head h reads K/V head
+    h // (Hq / Hkv)). Returns o, lse (natural log of the scaled scores), dq, dk, dv."""
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    group = hq // hkv
+    qf, dof = q.float().transpose(0, 1), dout.float().transpose(0, 1)
+    kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)
+    vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
+    o = torch.empty_like(qf)
+    lse = torch.empty(hq, n, device=q.device)
+    dq, dk, dv = torch.empty_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
+    pos = torch.arange(n, device=q.device)
+    rows = max(1, budget // (hq * n))
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        c0 = 0 if window_left < 0 else max(0, r0 - window_left)
+        i, j = pos[r0:r1, None], pos[None, c0:r1]
+        allowed = j <= i
+        if window_left >= 0:
+            allowed &= j >= i - window_left
+        scores = (qf[:, r0:r1] @ kf[:, c0:r1].transpose(1, 2)) * scale
+        scores.masked_fill_(~allowed, float("-inf"))
+        lse[:, r0:r1] = torch.logsumexp(scores, dim=-1)
+        p = torch.exp(scores - lse[:, r0:r1, None])
+        o[:, r0:r1] = p @ vf[:, c0:r1]
+        dp = dof[:, r0:r1] @ vf[:, c0:r1].transpose(1, 2)
+        delta = (dof[:, r0:r1] * o[:, r0:r1]).sum(-1, keepdim=True)
+        ds = p * (dp - delta)
+        dq[:, r0:r1] = (ds @ kf[:, c0:r1]) * scale
+        dk[:, c0:r1] += (ds.transpose(1, 2) @ qf[:, r0:r1]) * scale
+        dv[:, c0:r1] += p.transpose(1, 2) @ dof[:, r0:r1]
+    dk = dk.view(hkv, group, n, d).sum(1)
+    dv = dv.view(hkv, group, n, d).sum(1)
+    return {"o": o.transpose(0, 1), "lse": lse.transpose(0, 1), "dq": dq.transpose(0, 1),
+            "dk": dk.transpose(0, 1), "dv": dv.transpose(0, 1)}
+
+
+def relative_errors(refs, outputs, names, doc_view):
+    """max |output - ref| / max |ref| per tensor name, over the checked documents (a reference
+    that is all but zero, as dQ and dK are with a window of 0, is compared against 1e-3)."""
+    out = {}
+    for name in names:
+        err = max(float((doc_view(outputs[name], i).float() - ref[name]).abs().max())
+                  for i, ref in refs)
+        top = max(float(ref[name].abs().max()) for _, ref in refs)
+        out[name] = err / max(top, 1e-3)
+    return out
+
+
+def error_line(errs):
+    return "max|err|/max|ref| " + " ".join(f"{n} {e:.1e}" for n, e in errs.items())
+
+
+def print_failure(prefix, e):
+    """One line for the summary, then the rest of a long message (cuDNN lists every engine's
+    reason) indented, so that it stays in the log and out of the summary."""
+    lines = str(e).splitlines() or [""]
+    print(f"{prefix}: {type(e).__name__}: {lines[0][:400]}")
+    for line in lines[1:60]:
+        print(f"    {line}")
+
+
+def bench_cudnn(args, lengths, masks):
+    try:  # loads torch's libcudnn first: the frontend then finds it loaded
+        torch_cudnn = torch.backends.cudnn.version()
+    except Exception as e:  # noqa: BLE001
+        torch_cudnn = f"unknown ({type(e).__name__}: {str(e).splitlines()[0]})"
+    try:
+        import cudnn
+        version = f"cudnn frontend {cudnn.__version__}, backend {cudnn.backend_version_string()}"
+    except Exception as e:  # noqa: BLE001
+        print_failure("cudnn: not available", e)
+        return
+    print(f"{version}; torch's cuDNN {torch_cudnn}")
+    dev = "cuda"
+    dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[args.dtype])
+    hq, hkv, d = args.q_heads, args.kv_heads, args.head_dim
+    T = sum(lengths)
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    geo = dict(b=len(lengths), s=max(lengths), d=d, hq=hq, hkv=hkv, T=T, scale=1.0 / math.sqrt(d),
+               io={"bf16": cudnn.data_type.BFLOAT16, "fp16": cudnn.data_type.HALF}[args.dtype])
+    try:
+        handle = cudnn.create_handle()
+        cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)  # where time_ms records
+        cu_t = torch.tensor(cu, dtype=torch.int64, device=dev).view(-1, 1, 1, 1)
+        seq = torch.tensor(lengths, dtype=torch.int32, device=dev).view(-1, 1, 1, 1)
+        q = torch.randn(T, hq, d, device=dev, dtype=dtype)
+        buf = dict(q=q, k=torch.randn(T, hkv, d, device=dev, dtype=dtype),
+                   v=torch.randn(T, hkv, d, device=dev, dtype=dtype),
+                   do=torch.randn(T, hq, d, device=dev, dtype=dtype),
+                   o=torch.empty_like(q), dq=torch.empty_like(q),
+                   dk=torch.empty(T, hkv, d, device=dev, dtype=dtype),
+                   dv=torch.empty(T, hkv, d, device=dev, dtype=dtype),
+                   stats=torch.empty(T, hq, 1, device=dev, dtype=torch.float32),
+                   seq_q=seq, seq_kv=seq)
+        for names, elements in ((("q", "o", "do", "dq"), hq * d), (("k", "v", "dk", "dv"), hkv * d),
+                                (("stats",), hq)):
+            for name in names:
+                buf["off_" + name] = cu_t * elements
+    except Exception as e:  # noqa: BLE001
+        print_failure("cudnn: not available", e)
+        return
+    outputs = dict(o=buf["o"], lse=buf["stats"][..., 0], dq=buf["dq"], dk=buf["dk"], dv=buf["dv"])
+    # Checked documents: the three shortest and the longest (all of them when there are few).
+    order = sorted((i for i in range(len(lengths)) if lengths[i] > 0), key=lambda i: lengths[i])
+    check = sorted(set(order[:3] + order[-1:]), key=lambda i: lengths[i])
+
+    def doc_view(tensor, i):
+        return tensor[cu[i]:cu[i + 1]]
+
+    def workspace(nbytes):
+        free, _ = torch.cuda.mem_get_info()
+        if nbytes > free - (256 << 20):
+            raise MemoryError(f"workspace of {nbytes} bytes ({nbytes / 2**30:.1f} GiB) does not "
+                              f"fit: {free / 2**30:.1f} GiB free")
+        return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
+
+    for mask_name, window_left in masks:
+        pairs = allowed_pairs(lengths, window_left)
+        fwd_ws = refs = None
+        try:
+            fwd, fwd_t = cudnn_graph(cudnn, handle, geo, window_left, backward=False)
+            line, ws = cudnn_build(cudnn, fwd)
+            print(f"cudnn {mask_name} fwd: {line}")
+            fwd_ws = workspace(ws)
+            fwd_pack = {tensor: buf[name] for name, tensor in fwd_t.items()}
+
+            def run_fwd():
+                fwd.execute(fwd_pack, fwd_ws, handle=handle)
+
+            run_fwd()
+            torch.cuda.synchronize()
+            refs = [(i, attention_reference(doc_view(buf["q"], i), doc_view(buf["k"], i),
+                                            doc_view(buf["v"], i), doc_view(buf["do"], i),
+                                            window_left, geo["scale"])) for i in check]
+            errs = relative_errors(refs, outputs, ("o", "lse"), doc_view)
+            ok = max(errs.values()) < CUDNN_VERIFY_LIMIT
+            docs = ", ".join(str(lengths[i]) for i in check)
+            print(f"cudnn {mask_name} fwd: {'verified' if ok else 'verification FAILED'} against "
+                  f"fp32 on documents of {docs} tokens: {error_line(errs)} "
+                  f"(limit {CUDNN_VERIFY_LIMIT:g})")
+            if ok:
+                ms = time_ms(run_fwd, args.warmup, args.iters)
+                report("cudnn", mask_name, "fwd", pairs, ms, 4, args)
+            else:
+                print(f"cudnn {mask_name}: not timed")
+        except Exception as e:  # noqa: BLE001
+            print_failure(f"cudnn {mask_name} fwd: failed", e)
+            ok = False
+        if ok:  # the backward reads the verified forward's O and stats
+            for deterministic in (False, True) if args.cudnn_det else (False,):
+                bench_cudnn_bwd(args, cudnn, handle, geo, buf, mask_name, window_left, pairs, refs,
+                                outputs, doc_view, run_fwd, workspace, deterministic)
+        fwd_ws = refs = None
+        torch.cuda.empty_cache()
+
+
+def bench_cudnn_bwd(args, cudnn, handle, geo, buf, mask_name, window_left, pairs, refs, outputs,
+                    doc_view, run_fwd, workspace, deterministic):
+    """sdpa_backward after the verified forward, use_deterministic_algorithm=deterministic (a
+    "cudnn-det" row): dQ, dK, dV checked against the fp32 reference, two runs compared bitwise,
+    then forward + backward timed. A plan that does not build or a workspace that does not fit
+    is reported, not fatal."""
+    peer = "cudnn-det" if deterministic else "cudnn"
+    env = "CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT"  # read by the frontend when it builds the graph
+    saved = os.environ.get(env)
+    limit = ""
+    if deterministic and args.cudnn_det_dp_limit is not None:
+        os.environ[env] = str(args.cudnn_det_dp_limit)
+        limit = f" ({env}={args.cudnn_det_dp_limit})"
+    bwd_ws = None
+    try:
+        bwd, bwd_t = cudnn_graph(cudnn, handle, geo, window_left, backward=True,
+                                 deterministic=deterministic)
+        line, ws = cudnn_build(cudnn, bwd)
+        print(f"{peer} {mask_name} bwd: {line}{limit}")
+        bwd_ws = workspace(ws)
+        bwd_pack = {tensor: buf[name] for name, tensor in bwd_t.items()}
+
+        def run_bwd():
+            bwd.execute(bwd_pack, bwd_ws, handle=handle)
+
+        run_fwd()
+        run_bwd()
+        torch.cuda.synchronize()
+        first = {name: buf[name].clone() for name in ("dq", "dk", "dv")}
+        run_bwd()
+        torch.cuda.synchronize()
+        repeatable = all(torch.equal(first[name], buf[name]) for name in first)
+        del first
+        errs = relative_errors(refs, outputs, ("dq", "dk", "dv"), doc_view)
+        ok = max(errs.values()) < CUDNN_VERIFY_LIMIT
+        print(f"{peer} {mask_name} bwd: {'verified' if ok else 'verification FAILED'} against "
+              f"fp32: {error_line(errs)} (limit {CUDNN_VERIFY_LIMIT:g}); two runs bitwise "
+              f"{'identical' if repeatable else 'different'}")
+        if not ok:
+            print(f"{peer} {mask_name}: fwd+bwd not timed")
+            return
+
+        def fwd_bwd():
+            run_fwd()
+            run_bwd()
+
+        ms = time_ms(fwd_bwd, args.warmup, args.iters)
+        report(peer, mask_name, "fwd+bwd", pairs, ms, 14, args)
+    except Exception as e:  # noqa: BLE001
+        print_failure(f"{peer} {mask_name} bwd: failed", e)
+    finally:
+        if limit:
+            if saved is None:
+                os.environ.pop(env, None)
+            else:
+                os.environ[env] = saved
+        bwd_ws = None
+        torch.cuda.empty_cache()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--lengths", required=True, help="file of document lengths, one per line")
@@ -181,7 +527,14 @@ def main():
     parser.add_argument("--window", type=int, default=1024)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--peers", default="varlen,flex")
+    parser.add_argument("--peers", default="varlen,flex,cudnn",
+                        help="comma list of the peers to run: varlen, flex, cudnn")
+    parser.add_argument("--cudnn-det", action="store_true",
+                        help="cudnn: also time the deterministic backward (a cudnn-det row)")
+    parser.add_argument("--cudnn-det-dp-limit", type=int, default=None, metavar="BYTES",
+                        help="cudnn-det: CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT for its graph "
+                             "(on Hopper with cuDNN >= 9.25 a dP workspace above it takes the "
+                             "ordered-dQ deterministic path, workspace linear in length)")
     args = parser.parse_args()
     with open(args.lengths) as f:
         lengths = [int(line) for line in f if line.strip()]
@@ -192,11 +545,15 @@ def main():
           f"{sum(lengths)} tokens, longest {max(lengths)}")
     print(f"{'peer':<12} {'mask':<7} {'pass':<8} {'pairs':>12} {'ms':>10} {'TFLOP/s':>9}")
     masks = [("causal", -1), ("window", args.window)]
-    peers = args.peers.split(",")
+    peers = [p for p in args.peers.split(",") if p]
+    for unknown in sorted(set(peers) - {"varlen", "flex", "cudnn"}):
+        print(f"{unknown}: unknown peer (known: varlen, flex, cudnn)")
     if "varlen" in peers:
         bench_varlen(args, lengths, masks)
     if "flex" in peers:
         bench_flex(args, lengths, masks)
+    if "cudnn" in peers:
+        bench_cudnn(args, lengths, masks)
     return 0
 
 

@@ -66,7 +66,25 @@ step "memcheck (CP, shared GPU)" memcheck.log compute-sanitizer --tool memcheck 
 LENGTHS=$BUILD/bench_lengths.txt
 step bench bench.log "$BUILD/thdcp" bench --lengths-out "$LENGTHS" --cp 2,4,8
 if [ -s "$LENGTHS" ]; then
-  step peers peers.log env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/peer_attention.py" --lengths "$LENGTHS"
+  # cuDNN's fused attention is the third peer: the nvidia-cudnn-frontend wheel travels with the
+  # tree in .whl/ (git-ignored; no network here) and goes to /tmp/site. Without the wheel, or
+  # when it does not install, the peer reports itself not available: the check goes on.
+  PEERS_PYTHONPATH=${PYTHONPATH:-}
+  CUDNN_WHEELS=("$ROOT"/.whl/nvidia_cudnn_frontend-*.whl)
+  if [ -f "${CUDNN_WHEELS[0]}" ]; then
+    echo "== cudnn frontend: pip install --target /tmp/site $ROOT/.whl/*.whl" >> "$OUTDIR/peers.log"
+    if PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --no-index --no-deps --no-compile \
+        --no-cache-dir --upgrade --target /tmp/site "$ROOT"/.whl/*.whl >> "$OUTDIR/peers.log" 2>&1; then
+      say "ok      cudnn frontend wheel installed to /tmp/site"
+      PEERS_PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    else
+      say "skipped cudnn frontend wheel (pip install failed; see peers.log)"
+    fi
+  else
+    say "skipped cudnn frontend wheel (no .whl/nvidia_cudnn_frontend-*.whl: the cuDNN peer is not available)"
+  fi
+  step peers peers.log env PYTHONUNBUFFERED=1 PYTHONPATH="$PEERS_PYTHONPATH" \
+    python3 "$ROOT/bench/peer_attention.py" --lengths "$LENGTHS" --cudnn-det
 else
   say "skipped peers (the bench wrote no lengths)"
 fi
@@ -87,6 +105,7 @@ fi
   grep -vE "^== " "$OUTDIR/bench.log" | grep -vE "^verify" | tail -n 30
   grep -E "^verify" "$OUTDIR/bench.log" | awk '{print $1, $2, $3, $4, $5, $6, $7}' | head -n 40
   echo "--- peers"
-  grep -vE "^== " "$OUTDIR/peers.log" 2>/dev/null | tail -n 14
+  # Indented lines are the detail of a failure (cuDNN lists every engine's reason).
+  grep -vE "^== |^ " "$OUTDIR/peers.log" 2>/dev/null | tail -n 40
 } | tee -a "$SUMMARY"
 exit $status
