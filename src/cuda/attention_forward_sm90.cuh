@@ -1,5 +1,6 @@
-// The forward on Hopper (sm_90a), warp-specialized (the schedule of FlashAttention-3): a block
-// owns a query tile of 128 rows of one head and has three warpgroups.
+// The forward on Hopper (sm_90a), warp-specialized (the schedule of FlashAttention-3): a work
+// item is a query tile of 128 rows of one head, and a persistent block (one per SM) of three
+// warpgroups takes items in turn.
 //   - The producer (warpgroup 0; one thread issues every copy) loads the Q tile once and the
 //     K and V tiles of 128 keys through a two-stage pipeline with TMA (sm90_pipeline.cuh),
 //     by coordinates in tensor maps of the whole THD tensors (tensor_map.h).
@@ -9,7 +10,7 @@
 //       O += P V         (wgmma, P from registers, V read MN-major),
 //     with the softmax of tile n overlapping the P V product of tile n - 1 ("intra-warpgroup
 //     overlap"): O is rescaled only after that product has landed.
-// setmaxnreg moves registers from the producer (24 per thread) to the consumers (240).
+// setmaxnreg moves registers from the producer (40 per thread) to the consumers (232).
 // Masks, the key tiles visited, the block order and the epilogue are forward_kernel's.
 //
 // Rows a tile copies past a segment's keys (its padding, the next segment's rows) are
@@ -31,17 +32,23 @@ struct ForwardSm90Shape {
   static constexpr int kStages = 2;
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
   static constexpr int kColumnBlocks = kHeadDim / 64;  // 128-byte swizzle atoms per row
   static constexpr uint32_t kQBytes = kTileM * kHeadDim * 2;
   static constexpr uint32_t kKvBytes = kTileN * kHeadDim * 2;
   // Q, then kStages K tiles, then kStages V tiles (each 1024-byte aligned for the swizzle),
-  // then the barriers: Q full, K full/empty and V full/empty per stage.
+  // then the barriers: Q full/empty, K full/empty and V full/empty per stage, then the two
+  // slots of work items (ForwardItem).
   static constexpr uint32_t kBarrierOffset = kQBytes + 2 * kStages * kKvBytes;
-  static constexpr size_t kSmemBytes = kBarrierOffset + 8 * (1 + 4 * kStages) + 1024;
+  static constexpr uint32_t kItemOffset = kBarrierOffset + 8 * (2 + 4 * kStages);
+  static constexpr size_t kSmemBytes = kItemOffset + 2 * 64 + 1024;
   static_assert(kTileM == 64 * kConsumers, "64 query rows per consumer warpgroup");
-  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumers <= 65536, "register file");
+  // setmaxnreg moves registers inside the block's allocation (launch bounds: 65536 / kThreads,
+  // rounded down to a multiple of 8, per thread); asking for more waits forever.
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumers <=
+                    65536 / kThreads / 8 * 8 * kThreads,
+                "the warpgroups' registers exceed the block's");
 };
 
 // online_softmax_step without touching O, whose product with V may still be in flight: raises
@@ -135,7 +142,8 @@ __device__ __forceinline__ void tma_load_rows(uint32_t dst, const ThdTensorMap& 
 // step only on its turn and then hands the turn to the other, so that one warpgroup's
 // softmax runs while the other's GEMMs do. Named barriers 3 and 4 (of 256 threads: the
 // waiting warpgroup's sync and the other's arrive). Consumer 0 has the first turn; both take
-// the same number of turns, and each arrive is matched by a sync.
+// the same number of turns, and consumer 0 takes consumer 1's last hand-over at the end, so
+// that each arrive is matched by a sync.
 struct TensorCoreTurns {
   int consumer;
   __device__ __forceinline__ void start() const {
@@ -150,6 +158,23 @@ struct TensorCoreTurns {
   }
 };
 
+// Persistent: the grid has one block per SM (launch_forward). Block b's first work item is b;
+// after that its producer takes the next one from a counter (p.work_counter, zeroed by the
+// schedule kernel), so items go out in the forward's order (QueryTileWork::assign_item: tiles
+// last first, heads fastest) to whichever block is free first, as a grid of blocks would,
+// and the producer loads the next item's Q and K/V while the consumers finish the last
+// product and store the outputs of the current one. The producer describes each item (its
+// QueryTileWork) in one of two shared slots while the item before streams its K/V, and hands
+// it over with the Q tile (the Q barrier's arrival; an item with no visible key gets the
+// arrival alone, an invalid slot ends the loop). Q use u goes with slot u % 2. Counters of Q
+// and K/V stage uses run on across items (their barrier phases follow from them).
+// A work item as the producer hands it to the consumers (in shared memory).
+struct ForwardItem {
+  QueryTileWork work;
+  int valid;  // 0: no item left
+};
+static_assert(sizeof(ForwardItem) <= 64, "two slots of 64 bytes (ForwardSm90Shape::kSmemBytes)");
+
 template <typename Storage, int kHeadDim>
 __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
     forward_kernel_sm90(const ForwardParams p, const ForwardStrides strides,
@@ -162,27 +187,25 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
   constexpr int kStages = Shape::kStages;
   constexpr int kBlocks = Shape::kColumnBlocks;
 
-  QueryTileWork work;
-  if (!work.assign<kM>(p.tile_start, p.num_segments, p.segments, p.q_heads, p.kv_heads)) return;
-  const Segment& seg = work.seg;
-  const int m0 = work.m0;
+  const int64_t items = static_cast<int64_t>(__ldg(p.tile_start + p.num_segments)) * p.q_heads;
+  if (blockIdx.x >= items) return;
   const Mask mask{p.window_left, p.window_right};
-  const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, work.valid_q, kM);
-  const int n_begin = key_tiles.begin;
-  const int n_end = key_tiles.end;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t q_tile = (smem_address(smem_raw) + 1023u) & ~1023u;
   const uint32_t k_base = q_tile + Shape::kQBytes;
   const uint32_t v_base = k_base + kStages * Shape::kKvBytes;
   const uint32_t q_full = q_tile + Shape::kBarrierOffset;
-  const auto k_full = [&](int stage) { return q_full + 8u * (1 + stage); };
-  const auto k_empty = [&](int stage) { return q_full + 8u * (1 + kStages + stage); };
-  const auto v_full = [&](int stage) { return q_full + 8u * (1 + 2 * kStages + stage); };
-  const auto v_empty = [&](int stage) { return q_full + 8u * (1 + 3 * kStages + stage); };
+  const uint32_t q_empty = q_full + 8u;
+  const auto k_full = [&](int stage) { return q_full + 8u * (2 + stage); };
+  const auto k_empty = [&](int stage) { return q_full + 8u * (2 + kStages + stage); };
+  const auto v_full = [&](int stage) { return q_full + 8u * (2 + 2 * kStages + stage); };
+  const auto v_empty = [&](int stage) { return q_full + 8u * (2 + 3 * kStages + stage); };
+  ForwardItem* slots = reinterpret_cast<ForwardItem*>(smem_raw + (q_tile + Shape::kItemOffset - smem_address(smem_raw)));
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
+    mbarrier_init(q_empty, 128 * Shape::kConsumers);
 #pragma unroll
     for (int stage = 0; stage < kStages; ++stage) {
       mbarrier_init(k_full(stage), 1);
@@ -197,16 +220,38 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   if (warpgroup == 0) {
     setmaxnreg_dec<Shape::kProducerRegisters>();
-    if (threadIdx.x == 0 && n_begin < n_end) {
-      prefetch_tensor_map(&maps.k.map);
-      prefetch_tensor_map(&maps.v.map);
-      mbarrier_arrive_expect_tx(q_full, Shape::kQBytes);
-      tma_load_rows<kM, kBlocks>(q_tile, maps.q, work.head, seg.q_row + m0, q_full);
-      for (int n = n_begin; n < n_end; ++n) {
-        const int i = n - n_begin;
-        const int stage = i % kStages;
-        const uint32_t parity = ((i / kStages) & 1) ^ 1;
-        const int row = seg.k_row + n * kN;
+    if (threadIdx.x != 0) return;
+    prefetch_tensor_map(&maps.q.map);
+    prefetch_tensor_map(&maps.k.map);
+    prefetch_tensor_map(&maps.v.map);
+    const auto describe = [&](int64_t item, ForwardItem& slot) {
+      slot.valid = item < items;
+      if (slot.valid) slot.work.assign_item<kM>(item, p.tile_start, p.num_segments, p.segments, p.q_heads, p.kv_heads);
+    };
+    describe(blockIdx.x, slots[0]);
+    int kv_uses = 0;
+    for (int q_uses = 0;; ++q_uses) {
+      mbarrier_wait(q_empty, (q_uses & 1) ^ 1);  // both consumers are done with the last item's Q
+      const ForwardItem& slot = slots[q_uses & 1];
+      if (!slot.valid) {
+        mbarrier_arrive(q_full);
+        break;
+      }
+      const QueryTileWork work = slot.work;
+      const VisibleKeyTiles<kN> key_tiles(work.seg, mask, work.m0, work.valid_q, kM);
+      if (key_tiles.begin == key_tiles.end) {
+        mbarrier_arrive(q_full);
+      } else {
+        mbarrier_arrive_expect_tx(q_full, Shape::kQBytes);
+        tma_load_rows<kM, kBlocks>(q_tile, maps.q, work.head, work.seg.q_row + work.m0, q_full);
+      }
+      // The next item, while this one's K/V stream in. Its slot was last read by the
+      // consumers for the item before this one, which they are done with (q_empty).
+      describe(gridDim.x + static_cast<int64_t>(atomicAdd(p.work_counter, 1)), slots[(q_uses + 1) & 1]);
+      for (int n = key_tiles.begin; n < key_tiles.end; ++n, ++kv_uses) {
+        const int stage = kv_uses % kStages;
+        const uint32_t parity = ((kv_uses / kStages) & 1) ^ 1;
+        const int row = work.seg.k_row + n * kN;
         mbarrier_wait(k_empty(stage), parity);
         mbarrier_arrive_expect_tx(k_full(stage), Shape::kKvBytes);
         tma_load_rows<kN, kBlocks>(k_base + stage * Shape::kKvBytes, maps.k, work.kv_head, row, k_full(stage));
@@ -227,87 +272,104 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
   const int warp_row0 = consumer * 64 + (thread / 32) * 16;  // this warp's first row of the tile
   // This warpgroup's 64 rows of the Q tile: the tile's column blocks stay kM rows apart.
   const uint32_t q_rows = q_tile + static_cast<uint32_t>(consumer * 64 * 128);
+  const TensorCoreTurns turns{consumer};
+  turns.start();
+  int kv_uses = 0;
 
-  float o[kD / 8][4];
-  float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) scores
-  float row_sum[2] = {0.0f, 0.0f};            // this thread's part of the denominator
+  for (int q_uses = 0;; ++q_uses) {
+    mbarrier_wait(q_full, q_uses & 1);
+    if (!slots[q_uses & 1].valid) break;
+    const QueryTileWork work = slots[q_uses & 1].work;
+    const Segment& seg = work.seg;
+    const int m0 = work.m0;
+    const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, work.valid_q, kM);
+    const int n_begin = key_tiles.begin;
+    const int n_end = key_tiles.end;
+
+    float o[kD / 8][4];
+    float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) scores
+    float row_sum[2] = {0.0f, 0.0f};            // this thread's part of the denominator
 #pragma unroll
-  for (int i = 0; i < kD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    for (int i = 0; i < kD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
-  if (n_begin < n_end) {
-    float s[kN / 8][4];
-    uint32_t pa[kN / 16][4];  // P of the previous key tile, the A operand of P V
-    float correction[2];
-    const auto mask_scores = [&](int n) {
-      if (n < key_tiles.unmasked_begin || n >= key_tiles.unmasked_end) {
-        mask_row_keys<kN>(seg, mask, m0 + warp_row0 + group_row, n * kN, pair_col,
-                          [&](int nf, int e) { s[nf][e] = -INFINITY; });
-      }
-    };
+    if (n_begin < n_end) {
+      float s[kN / 8][4];
+      uint32_t pa[kN / 16][4];  // P of the previous key tile, the A operand of P V
+      float correction[2];
+      const auto mask_scores = [&](int n) {
+        if (n < key_tiles.unmasked_begin || n >= key_tiles.unmasked_end) {
+          mask_row_keys<kN>(seg, mask, m0 + warp_row0 + group_row, n * kN, pair_col,
+                            [&](int nf, int e) { s[nf][e] = -INFINITY; });
+        }
+      };
+      // K/V stage use u of this item's tile n: kv_uses + n - n_begin.
+      const auto stage_of = [&](int n) { return (kv_uses + n - n_begin) % kStages; };
+      const auto parity_of = [&](int n) { return static_cast<uint32_t>(((kv_uses + n - n_begin) / kStages) & 1); };
 
-    const TensorCoreTurns turns{consumer};
-    turns.start();
-    mbarrier_wait(q_full, 0);
-    mbarrier_wait(k_full(0), 0);
-    turns.wait();
-    wgmma_fence();
-    wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_rows, k_base);
-    wgmma_commit();
-    turns.pass();
-    wgmma_wait<0>();
-    wgmma_fence_operands(flat(s));
-    mbarrier_arrive(k_empty(0));
-    mask_scores(n_begin);
-    online_softmax_scores<kN>(s, row_max, row_sum, p.scale_log2, correction);  // O is still 0
-    accumulator_to_a_fragments<Storage, kN>(s, pa);
-
-    for (int n = n_begin + 1; n < n_end; ++n) {
-      const int i = n - n_begin;
-      const int stage = i % kStages;
-      const int previous = (i - 1) % kStages;
-      mbarrier_wait(k_full(stage), (i / kStages) & 1);
-      mbarrier_wait(v_full(previous), ((i - 1) / kStages) & 1);
+      mbarrier_wait(k_full(stage_of(n_begin)), parity_of(n_begin));
       turns.wait();
       wgmma_fence();
-      wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_rows, k_base + stage * Shape::kKvBytes);
-      wgmma_commit();
-      wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(o, pa, v_base + previous * Shape::kKvBytes);
+      wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_rows, k_base + stage_of(n_begin) * Shape::kKvBytes);
       wgmma_commit();
       turns.pass();
-
-      wgmma_wait<1>();  // S has landed; P V of the previous tile may still run
+      wgmma_wait<0>();
       wgmma_fence_operands(flat(s));
-      mbarrier_arrive(k_empty(stage));
-      mask_scores(n);
-      const bool raised = online_softmax_scores<kN>(s, row_max, row_sum, p.scale_log2, correction);
+      mbarrier_arrive(k_empty(stage_of(n_begin)));
+      mask_scores(n_begin);
+      online_softmax_scores<kN>(s, row_max, row_sum, p.scale_log2, correction);  // O is still 0
+      accumulator_to_a_fragments<Storage, kN>(s, pa);
+
+      for (int n = n_begin + 1; n < n_end; ++n) {
+        const int stage = stage_of(n);
+        const int previous = stage_of(n - 1);
+        mbarrier_wait(k_full(stage), parity_of(n));
+        mbarrier_wait(v_full(previous), parity_of(n - 1));
+        turns.wait();
+        wgmma_fence();
+        wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_rows, k_base + stage * Shape::kKvBytes);
+        wgmma_commit();
+        wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(o, pa, v_base + previous * Shape::kKvBytes);
+        wgmma_commit();
+        turns.pass();
+
+        wgmma_wait<1>();  // S has landed; P V of the previous tile may still run
+        wgmma_fence_operands(flat(s));
+        mbarrier_arrive(k_empty(stage));
+        mask_scores(n);
+        const bool raised = online_softmax_scores<kN>(s, row_max, row_sum, p.scale_log2, correction);
+        wgmma_wait<0>();
+        wgmma_fence_operands(flat(o));
+        mbarrier_arrive(v_empty(previous));
+        if (raised) rescale_rows<kD>(o, correction);
+        accumulator_to_a_fragments<Storage, kN>(s, pa);
+      }
+      mbarrier_arrive(q_empty);  // every S of this item has landed: the producer may load the next Q
+
+      const int stage = stage_of(n_end - 1);
+      const uint32_t v_tile = v_base + stage * Shape::kKvBytes;
+      mbarrier_wait(v_full(stage), parity_of(n_end - 1));
+      // Only a segment's last key tile reaches past its keys, and it is the last one visited.
+      const int valid_keys = seg.k_len - (n_end - 1) * kN;
+      if (valid_keys < kN) zero_tile_rows<kN, kBlocks>(v_tile, valid_keys, thread, 1 + consumer);
+      turns.wait();
+      wgmma_fence();
+      wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(o, pa, v_tile);
+      wgmma_commit();
+      turns.pass();
       wgmma_wait<0>();
       wgmma_fence_operands(flat(o));
-      mbarrier_arrive(v_empty(previous));
-      if (raised) rescale_rows<kD>(o, correction);
-      accumulator_to_a_fragments<Storage, kN>(s, pa);
+      mbarrier_arrive(v_empty(stage));
+      kv_uses += n_end - n_begin;
+    } else {
+      mbarrier_arrive(q_empty);  // no Q was loaded; the item's slot has been read
     }
 
-    const int last = n_end - 1 - n_begin;
-    const int stage = last % kStages;
-    const uint32_t v_tile = v_base + stage * Shape::kKvBytes;
-    mbarrier_wait(v_full(stage), (last / kStages) & 1);
-    // Only a segment's last key tile reaches past its keys, and it is the last one visited.
-    const int valid_keys = seg.k_len - (n_end - 1) * kN;
-    if (valid_keys < kN) zero_tile_rows<kN, kBlocks>(v_tile, valid_keys, thread, 1 + consumer);
-    turns.wait();
-    wgmma_fence();
-    wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(o, pa, v_tile);
-    wgmma_commit();
-    if (consumer == 0) turns.pass();  // consumer 1 has no turn left to take
-    wgmma_wait<0>();
-    wgmma_fence_operands(flat(o));
-    mbarrier_arrive(v_empty(stage));  // keeps the arrivals balanced; nothing refills it
+    float thread_max = -INFINITY;
+    store_forward_rows<Storage, kD>(p, strides.out, seg, work.head, m0, warp_row0 + group_row, work.span_rows,
+                                    pair_col, o, row_max, row_sum, thread_max);
+    reduce_max_logit(p, work.head, thread_max);
   }
-
-  float thread_max = -INFINITY;
-  store_forward_rows<Storage, kD>(p, strides.out, seg, work.head, m0, warp_row0 + group_row, work.span_rows,
-                                  pair_col, o, row_max, row_sum, thread_max);
-  reduce_max_logit(p, work.head, thread_max);
+  if (consumer == 0) turns.wait();  // consumer 1's last hand-over: every arrive is matched
 #endif
 }
 

@@ -4,5 +4,5 @@
 namespace thdcp::cuda::detail {
 template void configure_forward<Bf16Tag, 64>(bool);
 template void launch_forward<Bf16Tag, 64>(const ForwardParams&, const ForwardStrides&, const ForwardTensorMaps*, int,
-                                              cudaStream_t);
+                                              int, cudaStream_t);
 }  // namespace thdcp::cuda::detail

@@ -4,7 +4,7 @@
 //
 // The tensors' strides travel in a second struct (ForwardStrides, BackwardStrides), not
 // inside ForwardParams: NVVM (CUDA 13.0) reads a by-value kernel parameter larger than 128
-// bytes through a pointer, and ForwardParams (104 bytes) with its 64 bytes of strides lost
+// bytes through a pointer, and ForwardParams (112 bytes) with its 64 bytes of strides lost
 // the forward's loop unswitching on the mask (a masked key tile cost about twice the
 // instructions, seen in PTX and SASS). Each struct here stays at or below 128 bytes, except
 // BackwardParams, which was above it already.
@@ -60,6 +60,7 @@ struct ForwardParams {
   const Segment* segments;
   int num_segments;
   const int* tile_start;  // num_segments + 1 prefix sums of query tiles per segment
+  int* work_counter;      // the Hopper kernel's work items handed out (zeroed by the schedule kernel)
   int64_t q_rows;
   int q_heads;
   int kv_heads;

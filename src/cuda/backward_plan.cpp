@@ -216,7 +216,7 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
     if (table.capacity > 0) {
       detail::launch_schedule(table.segments, table.capacity, detail::kDqTileRows,
                               at<int>(workspace_, layout.q_start), dkv_tile_rows(fused_dq_),
-                              at<int>(workspace_, layout.k_start), nullptr, params.q_heads, stream);
+                              at<int>(workspace_, layout.k_start), nullptr, params.q_heads, nullptr, stream);
       detail::launch_delta(t.out.data, strides.out.row, strides.out.head, t.dout.data, strides.dout.row,
                            strides.dout.head, shape_.dtype, table.q_rows, params.q_heads, head_dim, params.delta,
                            stream);

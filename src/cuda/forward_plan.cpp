@@ -32,7 +32,8 @@ void check_forward_tensors(const AttentionShape& shape, const ForwardTensors& t)
 
 size_t ForwardPlan::workspace_size(const AttentionShape& shape) {
   THDCP_CHECK(shape.table.capacity >= 0, "segment table capacity " << shape.table.capacity << " must be >= 0");
-  return detail::align_up(sizeof(int) * (static_cast<size_t>(shape.table.capacity) + 1));
+  // Tile prefix sums (capacity + 1), then the Hopper kernel's work-item counter.
+  return detail::align_up(sizeof(int) * (static_cast<size_t>(shape.table.capacity) + 2));
 }
 
 ForwardPlan::ForwardPlan(const AttentionShape& shape, const Options& options, void* workspace,
@@ -42,7 +43,10 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const Options& options, vo
   scale_ = detail::resolve_scale(options, shape_.head_dim);
   device_ = detail::current_device();
   sm90_ = detail::use_sm90_kernels();
-  if (sm90_) tensor_map_encoder_ = reinterpret_cast<void*>(detail::tensor_map_encoder());
+  if (sm90_) {
+    tensor_map_encoder_ = reinterpret_cast<void*>(detail::tensor_map_encoder());
+    THDCP_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
+  }
   THDCP_CHECK(forward_grid_tiles(shape_.table, sm90_) <= std::numeric_limits<int32_t>::max(),
               "too many query tiles: " << forward_grid_tiles(shape_.table, sm90_)
                                        << " (q_rows=" << shape_.table.q_rows << ", capacity "
@@ -89,6 +93,7 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
   params.segments = table.segments;
   params.num_segments = table.capacity;
   params.tile_start = static_cast<const int*>(workspace_);
+  params.work_counter = static_cast<int*>(workspace_) + table.capacity + 1;
   params.q_rows = table.q_rows;
   params.q_heads = static_cast<int>(shape_.q_heads);
   params.kv_heads = static_cast<int>(shape_.kv_heads);
@@ -99,9 +104,10 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
   const detail::ForwardStrides strides{detail::strides_of(t.q), detail::strides_of(t.k), detail::strides_of(t.v),
                                        detail::strides_of(t.out)};
 
-  // Also sets max_logit to -inf (all that an empty table writes).
+  // Also sets max_logit to -inf (all that an empty table writes) and zeroes the counter.
   detail::launch_schedule(table.segments, table.capacity, detail::forward_tile_rows(sm90_),
-                          static_cast<int*>(workspace_), 1, nullptr, t.max_logit, params.q_heads, stream);
+                          static_cast<int*>(workspace_), 1, nullptr, t.max_logit, params.q_heads,
+                          params.work_counter, stream);
   if (table.capacity == 0) return;
   const int grid_tiles = static_cast<int>(forward_grid_tiles(table, sm90_));
   // The Hopper kernel's TMA maps: host arithmetic and a driver call per tensor, no stream
@@ -117,11 +123,11 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
   const detail::ForwardTensorMaps* sm90_maps = sm90_ ? &maps : nullptr;
   const bool bf16 = shape_.dtype == DType::kBFloat16;
   if (shape_.head_dim == 64) {
-    bf16 ? detail::launch_forward<detail::Bf16Tag, 64>(params, strides, sm90_maps, grid_tiles, stream)
-         : detail::launch_forward<detail::Fp16Tag, 64>(params, strides, sm90_maps, grid_tiles, stream);
+    bf16 ? detail::launch_forward<detail::Bf16Tag, 64>(params, strides, sm90_maps, grid_tiles, sm_count_, stream)
+         : detail::launch_forward<detail::Fp16Tag, 64>(params, strides, sm90_maps, grid_tiles, sm_count_, stream);
   } else {
-    bf16 ? detail::launch_forward<detail::Bf16Tag, 128>(params, strides, sm90_maps, grid_tiles, stream)
-         : detail::launch_forward<detail::Fp16Tag, 128>(params, strides, sm90_maps, grid_tiles, stream);
+    bf16 ? detail::launch_forward<detail::Bf16Tag, 128>(params, strides, sm90_maps, grid_tiles, sm_count_, stream)
+         : detail::launch_forward<detail::Fp16Tag, 128>(params, strides, sm90_maps, grid_tiles, sm_count_, stream);
   }
 }
 

@@ -43,19 +43,21 @@ template <typename Storage, int kHeadDim>
 void configure_backward(bool sm90, bool fused);
 
 // Enqueue the kernels of the family `sm90` (configured before on the launching device).
-// The forward runs the Hopper kernel when `maps` (the TMA maps of q, k, v) is given.
+// The forward runs the Hopper kernel when `maps` (the TMA maps of q, k, v) is given, with
+// one persistent block per SM (sm_count of the launching device).
 template <typename Storage, int kHeadDim>
 void launch_forward(const ForwardParams& params, const ForwardStrides& strides, const ForwardTensorMaps* maps,
-                    int grid_tiles, cudaStream_t stream);
+                    int grid_tiles, int sm_count, cudaStream_t stream);
 template <typename Storage, int kHeadDim>
 void launch_backward(const BackwardParams& params, const BackwardStrides& strides, bool sm90, int grid_q_tiles,
                      int grid_k_tiles, cudaStream_t stream);
 
 // Tile schedule: start[s] = sum over s' < s of tiles(s'), for query tiles of `q_tile_rows`
 // (over q_span) into q_start and key tiles of `k_tile_rows` (over k_len, segments with
-// queries only) into k_start (may be null). Also fills max_logit (may be null) with -inf.
+// queries only) into k_start (may be null). Also fills max_logit (may be null) with -inf and
+// zeroes *work_counter (may be null: the persistent forward's item counter).
 void launch_schedule(const Segment* segments, int num_segments, int q_tile_rows, int* q_start, int k_tile_rows,
-                     int* k_start, float* max_logit, int q_heads, cudaStream_t stream);
+                     int* k_start, float* max_logit, int q_heads, int* work_counter, cudaStream_t stream);
 
 // delta[h, row] = sum_d dout[row, h, d] * out[row, h, d] for every row (fp32); element
 // (row, h, d) of out at row * out_row_stride + h * out_head_stride + d (dout likewise).

@@ -43,7 +43,7 @@ __global__ void build_cp_table_kernel(const int32_t* cu_seqlens, const int32_t* 
 // One block: exclusive prefix sums of the tiles of every segment.
 __global__ void __launch_bounds__(kScheduleThreads)
     schedule_kernel(const Segment* segments, int num_segments, int q_tile_rows, int* q_start, int k_tile_rows,
-                    int* k_start, float* max_logit, int q_heads) {
+                    int* k_start, float* max_logit, int q_heads, int* work_counter) {
   using Scan = cub::BlockScan<int, kScheduleThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   int q_carry = 0;
@@ -51,6 +51,7 @@ __global__ void __launch_bounds__(kScheduleThreads)
   if (threadIdx.x == 0) {
     q_start[0] = 0;
     if (k_start) k_start[0] = 0;
+    if (work_counter) *work_counter = 0;
   }
   for (int base = 0; base < num_segments; base += kScheduleThreads) {
     const int s = base + static_cast<int>(threadIdx.x);
@@ -171,9 +172,9 @@ void launch_build_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_
 }
 
 void launch_schedule(const Segment* segments, int num_segments, int q_tile_rows, int* q_start, int k_tile_rows,
-                     int* k_start, float* max_logit, int q_heads, cudaStream_t stream) {
+                     int* k_start, float* max_logit, int q_heads, int* work_counter, cudaStream_t stream) {
   schedule_kernel<<<1, kScheduleThreads, 0, stream>>>(segments, num_segments, q_tile_rows, q_start, k_tile_rows,
-                                                      k_start, max_logit, q_heads);
+                                                      k_start, max_logit, q_heads, work_counter);
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
 

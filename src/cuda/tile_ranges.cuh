@@ -27,21 +27,29 @@ __device__ __forceinline__ void relative_range(int64_t begin, int64_t end, int64
 // the most keys, and its first key tiles are seen by the most queries, so the longest blocks
 // start early rather than end the grid. False for the blocks past the real work (grids are
 // sized by capacity).
-__device__ __forceinline__ bool block_tile_and_head(const int* tile_start, int num_segments, int heads,
-                                                    bool last_first, int& tile, int& head) {
+// item_tile_and_head: the same for work item `item` of a persistent kernel, whose blocks
+// take the items in that order.
+__device__ __forceinline__ bool item_tile_and_head(int64_t item, const int* tile_start, int num_segments, int heads,
+                                                   bool last_first, int& tile, int& head) {
   const int total_tiles = __ldg(tile_start + num_segments);
-  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-  const int64_t tile_rank = block / heads;
+  const int64_t tile_rank = item / heads;
   if (tile_rank >= total_tiles) return false;
   tile = last_first ? total_tiles - 1 - static_cast<int>(tile_rank) : static_cast<int>(tile_rank);
-  head = static_cast<int>(block - tile_rank * heads);
+  head = static_cast<int>(item - tile_rank * heads);
   return true;
 }
 
+__device__ __forceinline__ bool block_tile_and_head(const int* tile_start, int num_segments, int heads,
+                                                    bool last_first, int& tile, int& head) {
+  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  return item_tile_and_head(block, tile_start, num_segments, heads, last_first, tile, head);
+}
+
 // The query tile of kM rows and the query head of a forward or dQ block (block_tile_and_head,
-// tiles last first), with its segment, first row m0 in the segment, rows of the tile inside
-// the segment's span (span_rows; the rest belong to the next segment) and valid rows
-// (valid_q; the rest of the span is padding). False for the blocks past the real work.
+// tiles last first) or of a persistent kernel's work item, with its segment, first row m0 in
+// the segment, rows of the tile inside the segment's span (span_rows; the rest belong to the
+// next segment) and valid rows (valid_q; the rest of the span is padding). False for the
+// blocks (items) past the real work.
 struct QueryTileWork {
   Segment seg;
   int head = 0;
@@ -53,8 +61,16 @@ struct QueryTileWork {
   template <int kM>
   __device__ __forceinline__ bool assign(const int* tile_start, int num_segments, const Segment* segments, int q_heads,
                                          int kv_heads) {
+    const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+    return assign_item<kM>(block, tile_start, num_segments, segments, q_heads, kv_heads);
+  }
+
+  // The same for work item `item` (item_tile_and_head).
+  template <int kM>
+  __device__ __forceinline__ bool assign_item(int64_t item, const int* tile_start, int num_segments,
+                                              const Segment* segments, int q_heads, int kv_heads) {
     int tile = 0;
-    if (!block_tile_and_head(tile_start, num_segments, q_heads, true, tile, head)) return false;
+    if (!item_tile_and_head(item, tile_start, num_segments, q_heads, true, tile, head)) return false;
     const int segment_index = find_segment(tile_start, num_segments, tile);
     seg = segments[segment_index];
     m0 = (tile - __ldg(tile_start + segment_index)) * kM;

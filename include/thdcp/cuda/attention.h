@@ -185,6 +185,7 @@ class ForwardPlan {
   int device_ = 0;
   bool sm90_ = false;
   void* tensor_map_encoder_ = nullptr;  // sm90: the driver's cuTensorMapEncodeTiled
+  int sm_count_ = 0;                    // sm90: persistent blocks of the forward
 };
 
 class BackwardPlan {
