@@ -36,7 +36,8 @@ const char* kHelp =
     "Verifies the CUDA attention kernels against the CPU reference on a small batch, then\n"
     "times them (CUDA events, warm-up, median) on a packed batch of lognormal documents,\n"
     "causal and windowed, forward and forward+backward. TFLOP/s count the exact allowed\n"
-    "(query, key) pairs: forward 4*pairs*D*Hq, backward 10*pairs*D*Hq.\n"
+    "(query, key) pairs: forward 4*pairs*D*Hq, backward 10*pairs*D*Hq. The device workspace\n"
+    "each pass needs for the timed batch is printed after the table.\n"
     "\n"
     "  --tokens N          tokens of the timed batch (65536)\n"
     "  --verify-tokens N   tokens of the verified batch (4096)\n"
@@ -332,6 +333,7 @@ int bench_command(const std::vector<std::string>& argv) {
   struct Single {
     double fwd_ms = 0, fwd_bwd_ms = 0;
   } single[2];
+  size_t workspace[3] = {0, 0, 0};  // device workspace of the timed batch: fwd, bwd, bwd(nondet)
   int mask_index = 0;
   for (const auto& m : masks) {
     DeviceBatch batch(lengths, m.mask, p, seed);
@@ -354,8 +356,17 @@ int bench_command(const std::vector<std::string>& argv) {
                   fwd_bwd_ms, 14 * unit / (fwd_bwd_ms * 1e9));
       if (deterministic) single[mask_index].fwd_bwd_ms = fwd_bwd_ms;
     }
+    if (mask_index == 0) {  // the same for every mask: capacity and shape only
+      cuda::Options nondet;
+      nondet.deterministic = false;
+      workspace[0] = cuda::forward_workspace_size(batch.table);
+      workspace[1] = cuda::backward_workspace_size(batch.table, p.q_heads, p.kv_heads, p.head_dim, p.dtype);
+      workspace[2] = cuda::backward_workspace_size(batch.table, p.q_heads, p.kv_heads, p.head_dim, p.dtype, nondet);
+    }
     ++mask_index;
   }
+  std::printf("workspace: fwd %zu bytes, bwd %zu bytes, bwd(nondet) %zu bytes\n", workspace[0], workspace[1],
+              workspace[2]);
   if (cp_sizes.empty()) return 0;
   std::printf("\nAllGather CP, ranks sharing this GPU (shared-GPU communicator). step: the whole step of every rank,\n"
               "one CUDA graph, median ms (collectives overlapped with other head groups' attention); overhead =\n"
