@@ -47,10 +47,11 @@ struct ForwardShape {
 // (a warp-uniform vote: a correction factor of exp2(0) would leave them unchanged anyway),
 // and turns s into P = exp2(s scale_log2 - max scale_log2), adding it to row_sum (this
 // thread's part of the denominator).
-template <int kN, int kD>
-__device__ __forceinline__ void online_softmax_step(float (&s)[kN / 8][4], float (&o)[kD / 8][4],
-                                                    float (&row_max)[2], float (&row_sum)[2], float scale_log2) {
-  float new_max[2];
+// The running maxima of this thread's two rows raised by the scores s of one key tile (the
+// four threads of a row exchange their maxima).
+template <int kN>
+__device__ __forceinline__ void raised_row_max(const float (&s)[kN / 8][4], const float (&row_max)[2],
+                                               float (&new_max)[2]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float tile_max = -INFINITY;
@@ -60,6 +61,13 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kN / 8][4], float
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
     new_max[half] = fmaxf(row_max[half], tile_max);
   }
+}
+
+template <int kN, int kD>
+__device__ __forceinline__ void online_softmax_step(float (&s)[kN / 8][4], float (&o)[kD / 8][4],
+                                                    float (&row_max)[2], float (&row_sum)[2], float scale_log2) {
+  float new_max[2];
+  raised_row_max<kN>(s, row_max, new_max);
   const bool raised = new_max[0] != row_max[0] || new_max[1] != row_max[1];
   // A row that has seen only masked keys keeps max -inf; subtracting 0 then keeps
   // exp2(-inf) = 0 instead of NaN.

@@ -61,15 +61,7 @@ __device__ __forceinline__ bool online_softmax_scores(float (&s)[kN / 8][4], flo
                                                       float (&row_sum)[2], float scale_log2,
                                                       float (&correction)[2]) {
   float new_max[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float tile_max = -INFINITY;
-#pragma unroll
-    for (int nf = 0; nf < kN / 8; ++nf) tile_max = fmaxf(tile_max, fmaxf(s[nf][2 * half], s[nf][2 * half + 1]));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-    new_max[half] = fmaxf(row_max[half], tile_max);
-  }
+  raised_row_max<kN>(s, row_max, new_max);
   const bool raised = __any_sync(0xffffffffu, new_max[0] != row_max[0] || new_max[1] != row_max[1]);
   float offset[2];  // 0 for a row that has seen only masked keys: exp2(-inf) = 0, not NaN
 #pragma unroll
