@@ -27,9 +27,12 @@ ThdTensorMap encode_thd_tensor_map(EncodeTiledFn encode, const char* name, const
   if (t.numel() == 0) return result;
   const cuuint64_t element = dtype_size(t.dtype);
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(t.row_step()) * element;
-  const cuuint64_t head_bytes = static_cast<cuuint64_t>(t.head_step()) * element;
-  // The driver wants the outer strides in increasing order: rows outermost for the usual
-  // [rows, heads, D] layouts, heads outermost for head-major views ([heads, rows, D]).
+  // With one head the head stride is never applied (and check_view does not check it): the
+  // row stride stands in, which the driver accepts.
+  const cuuint64_t head_bytes = t.heads > 1 ? static_cast<cuuint64_t>(t.head_step()) * element : row_bytes;
+  // The driver wants the outer strides in increasing order: rows outermost for the layouts
+  // check_view accepts (row stride >= (heads - 1) * head stride + head_dim); heads outermost
+  // would serve head-major views ([heads, rows, D]), which it refuses today.
   result.heads_outer = t.heads > 1 && head_bytes > row_bytes ? 1 : 0;
   const cuuint64_t heads = static_cast<cuuint64_t>(t.heads);
   const cuuint64_t rows = static_cast<cuuint64_t>(t.tokens);
