@@ -66,10 +66,8 @@ __global__ void one_wgmma(const __nv_bfloat16* a, const __nv_bfloat16* b, float*
   float acc[N / 8][4];
   wgmma_fence();
   if (form == Form::kSharedKMajor) {
-    if constexpr (N == 64) {
-      WgmmaSs<Bf16Tag, N>::template run<0, 0>(flat(acc), wgmma_desc_k_major<kTileRows>(a_tile, 0),
-                                              wgmma_desc_k_major<kTileRows>(b_tile, 0), 0);
-    }
+    WgmmaSs<Bf16Tag, N>::template run<0, 0>(flat(acc), wgmma_desc_k_major<kTileRows>(a_tile, 0),
+                                            wgmma_desc_k_major<kTileRows>(b_tile, 0), 0);
   } else if (form == Form::kRegistersMNMajor) {
     WgmmaRs<Bf16Tag, N>::template run<1>(flat(acc), a_fragment, wgmma_desc_mn_major<kTileRows>(b_tile, 0), 0);
   } else {
@@ -132,6 +130,7 @@ class Wgmma : public CudaTest {
 };
 
 TEST_F(Wgmma, SharedKMajorN64) { check<64>(Form::kSharedKMajor); }
+TEST_F(Wgmma, SharedKMajorN128) { check<128>(Form::kSharedKMajor); }
 TEST_F(Wgmma, RegistersMNMajorN64) { check<64>(Form::kRegistersMNMajor); }
 TEST_F(Wgmma, RegistersMNMajorN128) { check<128>(Form::kRegistersMNMajor); }
 TEST_F(Wgmma, RegistersKMajorN64) { check<64>(Form::kRegistersKMajor); }
