@@ -63,6 +63,24 @@ __device__ __forceinline__ void raised_row_max(const float (&s)[kN / 8][4], cons
   }
 }
 
+// s = P = exp2(s scale_log2 - offset) for this thread's two rows, added to its row sums.
+template <int kN>
+__device__ __forceinline__ void exponentiate_scores(float (&s)[kN / 8][4], const float (&offset)[2],
+                                                    float scale_log2, float (&row_sum)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int nf = 0; nf < kN / 8; ++nf) {
+#pragma unroll
+      for (int e = 2 * half; e < 2 * half + 2; ++e) {
+        const float prob = fast_exp2(fmaf(s[nf][e], scale_log2, -offset[half]));
+        s[nf][e] = prob;
+        row_sum[half] += prob;
+      }
+    }
+  }
+}
+
 template <int kN, int kD>
 __device__ __forceinline__ void online_softmax_step(float (&s)[kN / 8][4], float (&o)[kD / 8][4],
                                                     float (&row_max)[2], float (&row_sum)[2], float scale_log2) {
@@ -87,18 +105,8 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kN / 8][4], float
     }
   }
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    row_max[half] = new_max[half];
-#pragma unroll
-    for (int nf = 0; nf < kN / 8; ++nf) {
-#pragma unroll
-      for (int e = 2 * half; e < 2 * half + 2; ++e) {
-        const float prob = fast_exp2(fmaf(s[nf][e], scale_log2, -offset[half]));
-        s[nf][e] = prob;
-        row_sum[half] += prob;
-      }
-    }
-  }
+  for (int half = 0; half < 2; ++half) row_max[half] = new_max[half];
+  exponentiate_scores<kN>(s, offset, scale_log2, row_sum);
 }
 
 // Writes out = o / sum and lse for this thread's rows tile_row and tile_row + 8 (below

@@ -71,18 +71,7 @@ __device__ __forceinline__ bool online_softmax_scores(float (&s)[kN / 8][4], flo
     row_sum[half] *= correction[half];
     row_max[half] = new_max[half];
   }
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-#pragma unroll
-    for (int nf = 0; nf < kN / 8; ++nf) {
-#pragma unroll
-      for (int e = 2 * half; e < 2 * half + 2; ++e) {
-        const float prob = fast_exp2(fmaf(s[nf][e], scale_log2, -offset[half]));
-        s[nf][e] = prob;
-        row_sum[half] += prob;
-      }
-    }
-  }
+  exponentiate_scores<kN>(s, offset, scale_log2, row_sum);
   return raised;
 }
 
