@@ -41,11 +41,18 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const Options& options, vo
     : shape_(shape) {
   detail::check_shape(shape_, /*backward=*/false);
   scale_ = detail::resolve_scale(options, shape_.head_dim);
+  THDCP_CHECK(options.sm_margin >= 0, "sm_margin=" << options.sm_margin
+                                                   << " must be >= 0 (the SMs the forward leaves free; 0: none)");
   device_ = detail::current_device();
   sm90_ = detail::use_sm90_kernels();
   if (sm90_) {
     tensor_map_encoder_ = reinterpret_cast<void*>(detail::tensor_map_encoder());
-    THDCP_CHECK_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
+    int multiprocessors = 0;
+    THDCP_CHECK_CUDA(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device_));
+    THDCP_CHECK(options.sm_margin < multiprocessors,
+                "sm_margin=" << options.sm_margin << " leaves no SM for the forward: device " << device_ << " has "
+                             << multiprocessors << "; pass at most " << multiprocessors - 1);
+    sm_count_ = multiprocessors - options.sm_margin;  // the persistent kernel's blocks at most
   }
   THDCP_CHECK(forward_grid_tiles(shape_.table, sm90_) <= std::numeric_limits<int32_t>::max(),
               "too many query tiles: " << forward_grid_tiles(shape_.table, sm90_)

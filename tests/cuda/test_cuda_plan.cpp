@@ -251,6 +251,39 @@ TEST_F(CudaPlan, CheckTensorsNamesHostPointers) {
                "workspace has");
 }
 
+// Options::sm_margin leaves SMs free beside the forward: the persistent forward on fewer
+// blocks (down to one, which then takes every work item from the counter) gives the same
+// bits as on all of them. A negative margin, or one that leaves no SM, is refused at plan
+// time, naming sm_margin.
+TEST_F(CudaPlan, SmMarginGivesTheSameBits) {
+  Step step;
+  step.load({300, 1, 0, 517, 64}, 11);
+  const cuda::BackwardPlan backward(step.shape, {}, step.bwd_ws.data(), step.bwd_ws.bytes());
+  const cuda::ForwardPlan all_sms(step.shape, {}, step.fwd_ws.data(), step.fwd_ws.bytes());
+  const auto expected = run_plans(step, all_sms, backward);
+  int multiprocessors = 0;
+  THDCP_CHECK_CUDA(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, all_sms.device()));
+  const bool sm90 = std::string(all_sms.kernel_family()) == "sm90";
+  for (int margin : {1, multiprocessors / 2, multiprocessors - 1}) {
+    cuda::Options options;
+    options.sm_margin = margin;
+    const cuda::ForwardPlan fewer(step.shape, options, step.fwd_ws.data(), step.fwd_ws.bytes());
+    expect_same(run_plans(step, fewer, backward), expected, "sm_margin=" + std::to_string(margin));
+  }
+  cuda::Options bad;
+  bad.sm_margin = -1;
+  expect_error(error_of([&] { cuda::ForwardPlan(step.shape, bad, step.fwd_ws.data(), step.fwd_ws.bytes()); }),
+               "sm_margin=-1 must be >= 0");
+  bad.sm_margin = multiprocessors;
+  const std::string message =
+      error_of([&] { cuda::ForwardPlan(step.shape, bad, step.fwd_ws.data(), step.fwd_ws.bytes()); });
+  if (sm90) {
+    expect_error(message, "sm_margin=" + std::to_string(multiprocessors) + " leaves no SM for the forward");
+  } else {
+    EXPECT_EQ(message, "") << "the portable kernels are not persistent and ignore sm_margin";
+  }
+}
+
 // A plan belongs to the device current when it is made. With two GPUs, a plan made on
 // device 1 runs there on device 1's buffers and gives device 0's bits.
 TEST_F(CudaPlan, PlansArePerDevice) {

@@ -108,6 +108,13 @@ struct Options {
   // the deterministic sm90 passes are faster than that fused pass, so they run for both
   // settings (bench/RESULTS.md). Needs a workspace sized with the same options.
   bool deterministic = true;
+  // Forward only, Hopper kernels (kernel_family() "sm90"): SMs the persistent forward leaves
+  // free, for work that runs beside it on another stream (a collective of context
+  // parallelism: NCCL's kernels need SMs of their own). The forward then runs
+  // multiprocessors - sm_margin blocks. Same results for every margin. FlashAttention-3 calls
+  // the same knob sm_margin. 0 <= sm_margin < the device's SM count; the portable kernels
+  // (not persistent) ignore it.
+  int sm_margin = 0;
 };
 
 // Head dims the CUDA kernels are compiled for: 64 and 128.
