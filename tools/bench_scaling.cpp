@@ -88,6 +88,8 @@ const char* kHelp =
     "  --head-groups G[,G...]  cp::Problem::head_groups of the CP plans, each a row (1)\n"
     "  --kv S[,S...]       where the backward takes K/V from, each a row: gather (all-gather them\n"
     "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward)\n"
+    "  --sm-margin M[,M...]  cuda::Options::sm_margin of the CP plans, each a row (0): SMs the\n"
+    "                      persistent Hopper forward leaves to the collectives beside it\n"
     "\n"
     "A configuration whose buffers do not fit the free memory of a GPU (or of the host) is\n"
     "skipped with the reason. Exit codes: 0 every configuration that ran matched, 1 a\n"
@@ -323,6 +325,10 @@ struct RankReport {
   bool passed = false;
   std::vector<double> step_ms;                      // per timed step
   std::vector<std::array<double, kPhases>> phases;  // per timed step: forward + backward, ms
+  // The step's collectives alone, on idle GPUs (per timed repeat, ms): the all-gathers of K
+  // and V that the forward makes, and the reduce-scatters of fp32 dK and dV of the backward.
+  std::vector<double> gather_ms, reduce_ms;
+  std::string collectives_skip;  // non-empty: no memory for the extra buffers
 };
 
 const char* const kCheckNames[6] = {"out", "lse", "max_logit", "dq", "dk", "dv"};
@@ -365,7 +371,7 @@ bool any_rank(Communicator& host, bool flag) {
 // One rank of the CP run of a (T, mask, cp): its NCCL communicator, buffers and plan; the
 // check against the reference; the timed steps.
 void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, const Reference& ref, const Mask& mask,
-             const Shape& s, int head_groups, cp::KvSource kv, int warmup, int iters,
+             const Shape& s, int head_groups, cp::KvSource kv, const cuda::Options& attention, int warmup, int iters,
              std::vector<RankReport>& reports) {
   const int rank = host.rank(), cp = host.size();
   RankReport& report = reports[static_cast<size_t>(rank)];
@@ -415,7 +421,7 @@ void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, co
   cup.upload(layout.cu_seqlens_padded.data(), offsets, stream.get());
   for (DeviceBuffer* o : {&out, &dq, &dk, &dv, &lse, &max_logit}) o->poison(stream.get());
 
-  cp::CudaPlan plan(*comm, problem, cuda::Options{}, workspace.data(), workspace.bytes());
+  cp::CudaPlan plan(*comm, problem, attention, workspace.data(), workspace.bytes());
   comm->warm_up(stream.get());
   auto tensor = [&](const DeviceBuffer& buffer, int64_t heads) {
     return ThdTensor{buffer.data(), s.dtype, local, heads, s.head_dim};
@@ -482,6 +488,38 @@ void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, co
     for (int p = 0; p < kPhases; ++p) ms[static_cast<size_t>(p)] = timings.seconds[p] * 1e3;
     report.phases.push_back(ms);
   }
+
+  // The collectives alone, with nothing beside them: what NCCL takes on this host for the
+  // step's volumes (its bus bandwidth), against which the exposed communication reads.
+  const size_t kv_bytes = s.bytes(local, s.kv_heads);
+  const size_t grad_count = static_cast<size_t>(local * s.kv_heads * s.head_dim);
+  const double extra = static_cast<double>(kv_bytes) * cp + sizeof(float) * static_cast<double>(grad_count) * (cp + 1);
+  if (extra + kDeviceMargin > device_free_bytes(comm->device())) {
+    report.collectives_skip = "no room for " + gib(extra) + " of collective buffers";
+  }
+  if (any_rank(host, !report.collectives_skip.empty())) return;
+  DeviceBuffer gathered(kv_bytes * static_cast<size_t>(cp)), ranked(sizeof(float) * grad_count * cp),
+      reduced(sizeof(float) * grad_count);
+  ranked.poison(stream.get());
+  for (int i = 0; i < warmup + iters; ++i) {
+    host_barrier(host);
+    THDCP_CHECK_CUDA(cudaEventRecord(start.get(), stream.get()));
+    comm->all_gather(k.data(), gathered.data(), kv_bytes, stream.get());
+    comm->all_gather(v.data(), gathered.data(), kv_bytes, stream.get());
+    THDCP_CHECK_CUDA(cudaEventRecord(stop.get(), stream.get()));
+    comm->synchronize(stream.get(), kSyncTimeout);
+    if (i >= warmup) report.gather_ms.push_back(elapsed_ms(start, stop));
+  }
+  for (int i = 0; i < warmup + iters; ++i) {
+    host_barrier(host);
+    THDCP_CHECK_CUDA(cudaEventRecord(start.get(), stream.get()));
+    for (int twice = 0; twice < 2; ++twice) {
+      comm->reduce_scatter_sum(ranked.as<float>(), reduced.as<float>(), grad_count, stream.get());
+    }
+    THDCP_CHECK_CUDA(cudaEventRecord(stop.get(), stream.get()));
+    comm->synchronize(stream.get(), kSyncTimeout);
+    if (i >= warmup) report.reduce_ms.push_back(elapsed_ms(start, stop));
+  }
   host_barrier(host);
 }
 
@@ -492,10 +530,15 @@ struct Row {
   int cp = 0;
   int groups = 0;  // cp::Problem::head_groups
   bool kept_kv = false;  // the backward on the forward's K/V (cp::KvSource::kFromForward)
+  int sm_margin = 0;     // cuda::Options::sm_margin
   size_t documents = 0;
   std::string status;  // "PASS", "FAIL", "skipped"
   double baseline_ms = 0, step_ms = 0, comm_ms = 0, efficiency = 0;
   std::array<double, kPhases> phase_ms{};
+  // The collectives alone (the slowest rank, median): all-gathers of K and V, reduce-scatters
+  // of fp32 dK and dV, and their bus bandwidths (nccl-tests' busbw: bytes of the whole
+  // gathered / reduced tensors x (cp - 1) / cp per second). 0: not measured.
+  double gather_ms = 0, reduce_ms = 0, gather_busbw = 0, reduce_busbw = 0;
 };
 
 double target_of(int cp) {
@@ -548,7 +591,7 @@ std::vector<NamedMask> parse_masks(const std::string& text, int64_t window) {
 int bench_scaling_command(const std::vector<std::string>& argv) {
   const Args args(argv,
                   {"gpus", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
-                   "max-length", "seed", "warmup", "iters", "head-groups", "kv"},
+                   "max-length", "seed", "warmup", "iters", "head-groups", "kv", "sm-margin"},
                   {"scaling", "help"});
   if (args.has("help")) {
     std::fputs(kHelp, stdout);
@@ -598,6 +641,10 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
   const int iters = static_cast<int>(args.get_int("iters", 20, 1, 10000));
   const std::vector<int> groups_list =
       parse_divisor_list("head-groups", args.get("head-groups", "1"), cp::kMaxHeadGroups, s.kv_heads, "kv-heads");
+  std::vector<int> margin_list;
+  for (int64_t m : parse_int_list("sm-margin", args.get("sm-margin", "0"), 0, 1024)) {
+    margin_list.push_back(static_cast<int>(m));
+  }
   std::vector<bool> kv_list;
   {
     std::stringstream items(args.get("kv", "gather"));
@@ -676,11 +723,14 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
   struct Variant {
     int cp, head_groups;
     bool kept_kv;
+    int sm_margin;
   };
   std::vector<Variant> variants;  // each a row
   for (int c : cps) {
     for (int g : groups_list) {
-      for (bool kept : kv_list) variants.push_back(Variant{c, g, kept});
+      for (bool kept : kv_list) {
+        for (int margin : margin_list) variants.push_back(Variant{c, g, kept, margin});
+      }
     }
   }
   std::vector<Row> rows;
@@ -704,7 +754,7 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
       std::printf("skip T=%lld: needs about %s of host memory, %s available\n", static_cast<long long>(tokens),
                   gib(host_need).c_str(), gib(host_free).c_str());
       for (const NamedMask& m : masks) {
-        for (int c : cps) rows.push_back(Row{tokens, m.name, c, 0, false, lengths.size(), "skipped", 0, 0, 0, 0, {}});
+        for (int c : cps) rows.push_back(Row{tokens, m.name, c, 0, false, 0, lengths.size(), "skipped", 0, 0, 0, 0, {}});
       }
       continue;
     }
@@ -720,7 +770,7 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
       const Baseline base = run_baseline(layout, in, m.mask, s, warmup, iters);
       if (!base.skip.empty()) {
         std::printf("skip T=%lld %s: %s\n", static_cast<long long>(tokens), m.name.c_str(), base.skip.c_str());
-        for (int c : cps) rows.push_back(Row{tokens, m.name, c, 0, false, lengths.size(), "skipped", 0, 0, 0, 0, {}});
+        for (int c : cps) rows.push_back(Row{tokens, m.name, c, 0, false, 0, lengths.size(), "skipped", 0, 0, 0, 0, {}});
         continue;
       }
       std::printf("baseline T=%lld %s: 1 GPU, fwd+bwd %.3f ms (%.1f TFLOP/s over %.0f allowed pairs)\n",
@@ -731,11 +781,13 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
       for (const Variant& variant : variants) {
         const int c = variant.cp, head_groups = variant.head_groups;
         const cp::KvSource kv = variant.kept_kv ? cp::KvSource::kFromForward : cp::KvSource::kGather;
-        Row row{tokens, m.name, c, head_groups, variant.kept_kv, lengths.size(), "PASS", base.ms,
+        Row row{tokens, m.name, c, head_groups, variant.kept_kv, variant.sm_margin, lengths.size(), "PASS", base.ms,
                 0, 0, 0, {}};
+        cuda::Options attention;
+        attention.sm_margin = variant.sm_margin;
         std::vector<RankReport> reports(static_cast<size_t>(c));
         run_in_process(c, [&](Communicator& host) {
-          cp_rank(host, layout, in, base.ref, m.mask, s, head_groups, kv, warmup, iters, reports);
+          cp_rank(host, layout, in, base.ref, m.mask, s, head_groups, kv, attention, warmup, iters, reports);
         });
         std::string skip;
         for (const RankReport& r : reports) {
@@ -794,11 +846,34 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
           }
         }
         row.comm_ms = row.step_ms - row.phase_ms[static_cast<size_t>(cp::Phase::kAttention)];
+        if (reports[0].collectives_skip.empty()) {
+          std::vector<double> gather(static_cast<size_t>(iters), 0.0), reduce(static_cast<size_t>(iters), 0.0);
+          for (const RankReport& r : reports) {
+            for (size_t i = 0; i < gather.size(); ++i) {
+              gather[i] = std::max(gather[i], r.gather_ms[i]);
+              reduce[i] = std::max(reduce[i], r.reduce_ms[i]);
+            }
+          }
+          row.gather_ms = median(gather);
+          row.reduce_ms = median(reduce);
+          const double share = static_cast<double>(c - 1) / c;
+          const double kv_bytes = static_cast<double>(s.bytes(tokens, s.kv_heads));
+          const double grad_bytes = sizeof(float) * static_cast<double>(tokens * s.kv_heads * s.head_dim);
+          row.gather_busbw = 2 * kv_bytes * share / (row.gather_ms * 1e6);
+          row.reduce_busbw = 2 * grad_bytes * share / (row.reduce_ms * 1e6);
+          std::printf("collectives alone T=%lld cp=%d: all-gather of K and V %.3f ms (busbw %.0f GB/s), "
+                      "reduce-scatter of fp32 dK and dV %.3f ms (busbw %.0f GB/s)\n",
+                      static_cast<long long>(tokens), c, row.gather_ms, row.gather_busbw, row.reduce_ms,
+                      row.reduce_busbw);
+        } else {
+          std::printf("collectives alone T=%lld cp=%d: not measured: %s\n", static_cast<long long>(tokens), c,
+                      reports[0].collectives_skip.c_str());
+        }
         row.efficiency = base.ms / (c * row.step_ms);
-        std::printf("result T=%lld %s cp=%d head groups %d, backward K/V %s: baseline %.3f ms, CP step %.3f ms (per "
-                    "rank:%s), beyond attention %.3f ms, efficiency %.3f (%s)\n",
+        std::printf("result T=%lld %s cp=%d head groups %d, backward K/V %s, SM margin %d: baseline %.3f ms, CP step "
+                    "%.3f ms (per rank:%s), beyond attention %.3f ms, efficiency %.3f (%s)\n",
                     static_cast<long long>(tokens), m.name.c_str(), c, row.groups, row.kept_kv ? "kept" : "gathered",
-                    base.ms, row.step_ms,
+                    row.sm_margin, base.ms, row.step_ms,
                     per_rank.c_str(), row.comm_ms, row.efficiency, target_text(row).c_str());
         std::fflush(stdout);
         rows.push_back(row);
@@ -815,15 +890,15 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
               "peer); beyond attention = step - attention phase: what the overlap left exposed;\n"
               "efficiency = baseline / (cp x step).\n\n",
               iters, warmup);
-  std::printf("| T | mask | cp | head groups | bwd K/V | documents | check | baseline ms | step ms |");
+  std::printf("| T | mask | cp | head groups | bwd K/V | SM margin | documents | check | baseline ms | step ms |");
   for (int p = 0; p < kPhases; ++p) std::printf(" %s |", cp::phase_name(static_cast<cp::Phase>(p)));
   std::printf(" beyond attention ms | efficiency | target |\n");
-  std::printf("| ---: | --- | ---: | ---: | --- | ---: | --- | ---: | ---: |");
+  std::printf("| ---: | --- | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: |");
   for (int p = 0; p < kPhases; ++p) std::printf(" ---: |");
   std::printf(" ---: | ---: | --- |\n");
   for (const Row& r : rows) {
-    std::printf("| %lld | %s | %d | %d | %s | %zu | %s |", static_cast<long long>(r.tokens), r.mask.c_str(), r.cp,
-                r.groups, r.kept_kv ? "kept" : "gathered", r.documents, r.status.c_str());
+    std::printf("| %lld | %s | %d | %d | %s | %d | %zu | %s |", static_cast<long long>(r.tokens), r.mask.c_str(), r.cp,
+                r.groups, r.kept_kv ? "kept" : "gathered", r.sm_margin, r.documents, r.status.c_str());
     if (r.status == "PASS") {
       std::printf(" %.3f | %.3f |", r.baseline_ms, r.step_ms);
       for (int p = 0; p < kPhases; ++p) std::printf(" %.3f |", r.phase_ms[static_cast<size_t>(p)]);
@@ -837,6 +912,18 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
       for (int p = 0; p < kPhases; ++p) std::printf(" - |");
       std::printf(" - | - | %s |\n", target_text(r).c_str());
     }
+  }
+  std::printf("\nThe step's collectives alone (the slowest rank, median; nothing else on the GPUs): all-gathers\n"
+              "of K and V as in the forward, reduce-scatters of fp32 dK and dV as in the backward. busbw as in\n"
+              "nccl-tests: bytes of the whole tensors x (cp - 1) / cp per second.\n\n");
+  std::printf("| T | mask | cp | head groups | bwd K/V | SM margin | all-gather K, V ms | busbw GB/s | "
+              "reduce-scatter dK, dV ms | busbw GB/s |\n| ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | "
+              "---: |\n");
+  for (const Row& r : rows) {
+    if (r.gather_ms <= 0) continue;
+    std::printf("| %lld | %s | %d | %d | %s | %d | %.3f | %.0f | %.3f | %.0f |\n", static_cast<long long>(r.tokens),
+                r.mask.c_str(), r.cp, r.groups, r.kept_kv ? "kept" : "gathered", r.sm_margin, r.gather_ms,
+                r.gather_busbw, r.reduce_ms, r.reduce_busbw);
   }
   if (failed) std::printf("\nverification FAILED for at least one configuration (not timed)\n");
   return failed ? 1 : 0;
