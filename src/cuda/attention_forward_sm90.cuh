@@ -1,9 +1,11 @@
 // The forward on Hopper (sm_90a), warp-specialized (the schedule of FlashAttention-3): a work
 // item is a query tile of 128 rows of one head, and a persistent block (one per SM) of three
 // warpgroups takes items in turn.
-//   - The producer (warpgroup 0; one thread issues every copy) loads the Q tile once and the
-//     K and V tiles of 128 keys through a two-stage pipeline with TMA (sm90_pipeline.cuh),
-//     by coordinates in tensor maps of the whole THD tensors (tensor_map.h).
+//   - The producer (warpgroup 0; one thread issues every copy) loads each item's Q tile once
+//     (two Q buffers, so the next item's Q can land while the current one is still read) and
+//     the K and V tiles of 128 keys through a two-stage pipeline with TMA
+//     (sm90_pipeline.cuh), by coordinates in tensor maps of the whole THD tensors
+//     (tensor_map.h).
 //   - Two consumer warpgroups own 64 query rows each and run, per key tile n,
 //       S = Q K^T        (wgmma m64n128k16, Q and K read K-major from shared memory),
 //       online softmax   (registers),
@@ -29,7 +31,9 @@ template <int kHeadDim>
 struct ForwardSm90Shape {
   static constexpr int kTileM = kForwardSm90TileRows;  // two consumer warpgroups of 64 rows
   static constexpr int kTileN = 128;
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 2;   // K/V tiles in flight
+  static constexpr int kQStages = 2;  // Q tiles: the current item's and the next one's
+  static constexpr int kSlots = 4;    // work item descriptions (ForwardItem), see the kernel
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegisters = 40;
@@ -37,12 +41,12 @@ struct ForwardSm90Shape {
   static constexpr int kColumnBlocks = kHeadDim / 64;  // 128-byte swizzle atoms per row
   static constexpr uint32_t kQBytes = kTileM * kHeadDim * 2;
   static constexpr uint32_t kKvBytes = kTileN * kHeadDim * 2;
-  // Q, then kStages K tiles, then kStages V tiles (each 1024-byte aligned for the swizzle),
-  // then the barriers: Q full/empty, K full/empty and V full/empty per stage, then the two
-  // slots of work items (ForwardItem).
-  static constexpr uint32_t kBarrierOffset = kQBytes + 2 * kStages * kKvBytes;
-  static constexpr uint32_t kItemOffset = kBarrierOffset + 8 * (2 + 4 * kStages);
-  static constexpr size_t kSmemBytes = kItemOffset + 2 * 64 + 1024;
+  // kQStages Q tiles, then kStages K tiles, then kStages V tiles (each 1024-byte aligned for
+  // the swizzle), then the barriers: Q full and empty per Q stage, K full/empty and V
+  // full/empty per stage, then the kSlots slots of work items (ForwardItem, 64 bytes each).
+  static constexpr uint32_t kBarrierOffset = kQStages * kQBytes + 2 * kStages * kKvBytes;
+  static constexpr uint32_t kItemOffset = kBarrierOffset + 8 * (2 * kQStages + 4 * kStages);
+  static constexpr size_t kSmemBytes = kItemOffset + kSlots * 64 + 1024;
   static_assert(kTileM == 64 * kConsumers, "64 query rows per consumer warpgroup");
   // setmaxnreg moves registers inside the block's allocation (launch bounds: 65536 / kThreads,
   // rounded down to a multiple of 8, per thread); asking for more waits forever.
@@ -144,17 +148,22 @@ struct TensorCoreTurns {
 // schedule kernel), so items go out in the forward's order (QueryTileWork::assign_item: tiles
 // last first, heads fastest) to whichever block is free first, as a grid of blocks would,
 // and the producer loads the next item's Q and K/V while the consumers finish the last
-// product and store the outputs of the current one. The producer describes each item (its
-// QueryTileWork) in one of two shared slots while the item before streams its K/V, and hands
-// it over with the Q tile (the Q barrier's arrival; an item with no visible key gets the
-// arrival alone, an invalid slot ends the loop). Q use u goes with slot u % 2. Counters of Q
-// and K/V stage uses run on across items (their barrier phases follow from them).
+// product and store the outputs of the current one. Item u (the u-th of the block) takes Q
+// buffer u % kQStages and slot u % kSlots. The producer describes item u + 1 (its
+// QueryTileWork, found from the counter and the tile prefix sums: global loads) after it has
+// issued item u's K/V loads, so that latency is not in front of them, and hands it over
+// with the Q tile (the Q barrier's arrival; an item with no visible key gets the arrival
+// alone, an invalid slot ends the loop). It writes slot u + 1 after waiting for the release
+// of Q buffer (u) % kQStages, i.e. once the consumers have started item u + 1 - kQStages and
+// read every slot up to it: with kSlots = kQStages + 2 that slot's last item, u + 1 - kSlots,
+// is long read. Counters of Q and K/V stage uses run on across items (their barrier phases
+// follow from them).
 // A work item as the producer hands it to the consumers (in shared memory).
 struct ForwardItem {
   QueryTileWork work;
   int valid;  // 0: no item left
 };
-static_assert(sizeof(ForwardItem) <= 64, "two slots of 64 bytes (ForwardSm90Shape::kSmemBytes)");
+static_assert(sizeof(ForwardItem) <= 64, "slots of 64 bytes (ForwardSm90Shape::kSmemBytes)");
 
 template <typename Storage, int kHeadDim>
 __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
@@ -166,27 +175,36 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
   constexpr int kN = Shape::kTileN;
   constexpr int kD = kHeadDim;
   constexpr int kStages = Shape::kStages;
+  constexpr int kQStages = Shape::kQStages;
+  constexpr int kSlots = Shape::kSlots;
   constexpr int kBlocks = Shape::kColumnBlocks;
+  static_assert(kSlots >= kQStages + 1, "a slot is rewritten only once its item has been read");
 
   const int64_t items = static_cast<int64_t>(__ldg(p.tile_start + p.num_segments)) * p.q_heads;
   if (blockIdx.x >= items) return;
   const Mask mask{p.window_left, p.window_right};
 
   extern __shared__ unsigned char smem_raw[];
-  const uint32_t q_tile = (smem_address(smem_raw) + 1023u) & ~1023u;
-  const uint32_t k_base = q_tile + Shape::kQBytes;
+  const uint32_t q_base = (smem_address(smem_raw) + 1023u) & ~1023u;
+  const uint32_t k_base = q_base + kQStages * Shape::kQBytes;
   const uint32_t v_base = k_base + kStages * Shape::kKvBytes;
-  const uint32_t q_full = q_tile + Shape::kBarrierOffset;
-  const uint32_t q_empty = q_full + 8u;
-  const auto k_full = [&](int stage) { return q_full + 8u * (2 + stage); };
-  const auto k_empty = [&](int stage) { return q_full + 8u * (2 + kStages + stage); };
-  const auto v_full = [&](int stage) { return q_full + 8u * (2 + 2 * kStages + stage); };
-  const auto v_empty = [&](int stage) { return q_full + 8u * (2 + 3 * kStages + stage); };
-  ForwardItem* slots = reinterpret_cast<ForwardItem*>(smem_raw + (q_tile + Shape::kItemOffset - smem_address(smem_raw)));
+  const uint32_t barriers = q_base + Shape::kBarrierOffset;
+  const auto q_tile = [&](int q_stage) { return q_base + static_cast<uint32_t>(q_stage) * Shape::kQBytes; };
+  const auto q_full = [&](int q_stage) { return barriers + 8u * q_stage; };
+  const auto q_empty = [&](int q_stage) { return barriers + 8u * (kQStages + q_stage); };
+  const uint32_t kv_barriers = barriers + 8u * 2 * kQStages;
+  const auto k_full = [&](int stage) { return kv_barriers + 8u * stage; };
+  const auto k_empty = [&](int stage) { return kv_barriers + 8u * (kStages + stage); };
+  const auto v_full = [&](int stage) { return kv_barriers + 8u * (2 * kStages + stage); };
+  const auto v_empty = [&](int stage) { return kv_barriers + 8u * (3 * kStages + stage); };
+  ForwardItem* slots = reinterpret_cast<ForwardItem*>(smem_raw + (q_base + Shape::kItemOffset - smem_address(smem_raw)));
 
   if (threadIdx.x == 0) {
-    mbarrier_init(q_full, 1);
-    mbarrier_init(q_empty, 128 * Shape::kConsumers);
+#pragma unroll
+    for (int q_stage = 0; q_stage < kQStages; ++q_stage) {
+      mbarrier_init(q_full(q_stage), 1);
+      mbarrier_init(q_empty(q_stage), 128 * Shape::kConsumers);
+    }
 #pragma unroll
     for (int stage = 0; stage < kStages; ++stage) {
       mbarrier_init(k_full(stage), 1);
@@ -212,23 +230,22 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
     describe(blockIdx.x, slots[0]);
     int kv_uses = 0;
     for (int q_uses = 0;; ++q_uses) {
-      mbarrier_wait(q_empty, (q_uses & 1) ^ 1);  // both consumers are done with the last item's Q
-      const ForwardItem& slot = slots[q_uses & 1];
+      const int q_stage = q_uses % kQStages;
+      // Both consumers are done with the Q of item q_uses - kQStages.
+      mbarrier_wait(q_empty(q_stage), ((q_uses / kQStages) & 1) ^ 1);
+      const ForwardItem& slot = slots[q_uses % kSlots];
       if (!slot.valid) {
-        mbarrier_arrive(q_full);
+        mbarrier_arrive(q_full(q_stage));
         break;
       }
       const QueryTileWork work = slot.work;
       const VisibleKeyTiles<kN> key_tiles(work.seg, mask, work.m0, work.valid_q, kM);
       if (key_tiles.begin == key_tiles.end) {
-        mbarrier_arrive(q_full);
+        mbarrier_arrive(q_full(q_stage));
       } else {
-        mbarrier_arrive_expect_tx(q_full, Shape::kQBytes);
-        tma_load_rows<kM, kBlocks>(q_tile, maps.q, work.head, work.seg.q_row + work.m0, q_full);
+        mbarrier_arrive_expect_tx(q_full(q_stage), Shape::kQBytes);
+        tma_load_rows<kM, kBlocks>(q_tile(q_stage), maps.q, work.head, work.seg.q_row + work.m0, q_full(q_stage));
       }
-      // The next item, while this one's K/V stream in. Its slot was last read by the
-      // consumers for the item before this one, which they are done with (q_empty).
-      describe(gridDim.x + static_cast<int64_t>(atomicAdd(p.work_counter, 1)), slots[(q_uses + 1) & 1]);
       for (int n = key_tiles.begin; n < key_tiles.end; ++n, ++kv_uses) {
         const int stage = kv_uses % kStages;
         const uint32_t parity = ((kv_uses / kStages) & 1) ^ 1;
@@ -240,6 +257,8 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
         mbarrier_arrive_expect_tx(v_full(stage), Shape::kKvBytes);
         tma_load_rows<kN, kBlocks>(v_base + stage * Shape::kKvBytes, maps.v, work.kv_head, row, v_full(stage));
       }
+      // The next item, while this one's last K/V tiles stream in and are used.
+      describe(gridDim.x + static_cast<int64_t>(atomicAdd(p.work_counter, 1)), slots[(q_uses + 1) % kSlots]);
     }
     return;
   }
@@ -251,16 +270,17 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
   const int group_row = lane >> 2;
   const int pair_col = (lane & 3) * 2;
   const int warp_row0 = consumer * 64 + (thread / 32) * 16;  // this warp's first row of the tile
-  // This warpgroup's 64 rows of the Q tile: the tile's column blocks stay kM rows apart.
-  const uint32_t q_rows = q_tile + static_cast<uint32_t>(consumer * 64 * 128);
   const TensorCoreTurns turns{consumer};
   turns.start();
   int kv_uses = 0;
 
   for (int q_uses = 0;; ++q_uses) {
-    mbarrier_wait(q_full, q_uses & 1);
-    if (!slots[q_uses & 1].valid) break;
-    const QueryTileWork work = slots[q_uses & 1].work;
+    const int q_stage = q_uses % kQStages;
+    mbarrier_wait(q_full(q_stage), (q_uses / kQStages) & 1);
+    if (!slots[q_uses % kSlots].valid) break;
+    const QueryTileWork work = slots[q_uses % kSlots].work;
+    // This warpgroup's 64 rows of the Q tile: the tile's column blocks stay kM rows apart.
+    const uint32_t q_rows = q_tile(q_stage) + static_cast<uint32_t>(consumer * 64 * 128);
     const Segment& seg = work.seg;
     const int m0 = work.m0;
     const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, work.valid_q, kM);
@@ -324,7 +344,7 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
         if (raised) rescale_rows<kD>(o, correction);
         accumulator_to_a_fragments<Storage, kN>(s, pa);
       }
-      mbarrier_arrive(q_empty);  // every S of this item has landed: the producer may load the next Q
+      mbarrier_arrive(q_empty(q_stage));  // every S of this item has landed: its Q buffer is free
 
       const int stage = stage_of(n_end - 1);
       const uint32_t v_tile = v_base + stage * Shape::kKvBytes;
@@ -342,7 +362,7 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
       mbarrier_arrive(v_empty(stage));
       kv_uses += n_end - n_begin;
     } else {
-      mbarrier_arrive(q_empty);  // no Q was loaded; the item's slot has been read
+      mbarrier_arrive(q_empty(q_stage));  // no Q was loaded; the item's slot has been read
     }
 
     float thread_max = -INFINITY;
