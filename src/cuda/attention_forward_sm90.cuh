@@ -151,13 +151,13 @@ struct TensorCoreTurns {
 // product and store the outputs of the current one. Item u (the u-th of the block) takes Q
 // buffer u % kQStages and slot u % kSlots. The producer describes item u + 1 (its
 // QueryTileWork, found from the counter and the tile prefix sums: global loads) after it has
-// issued item u's K/V loads, so that latency is not in front of them, and hands it over
-// with the Q tile (the Q barrier's arrival; an item with no visible key gets the arrival
-// alone, an invalid slot ends the loop). It writes slot u + 1 after waiting for the release
-// of Q buffer (u) % kQStages, i.e. once the consumers have started item u + 1 - kQStages and
-// read every slot up to it: with kSlots = kQStages + 2 that slot's last item, u + 1 - kSlots,
-// is long read. Counters of Q and K/V stage uses run on across items (their barrier phases
-// follow from them).
+// issued the loads of item u's first K/V tile, so that latency is not in front of them, and
+// hands it over with the Q tile (the Q barrier's arrival; an item with no visible key gets
+// the arrival alone, an invalid slot ends the loop). It writes slot (u + 1) % kSlots after
+// waiting, in iteration u, for the consumers to release the Q of item u - kQStages, which
+// they do after reading every slot up to that item's; the slot's last item, u + 1 - kSlots,
+// is at most that one (kSlots >= kQStages + 1). Counters of Q and K/V stage uses run on
+// across items (their barrier phases follow from them).
 // A work item as the producer hands it to the consumers (in shared memory).
 struct ForwardItem {
   QueryTileWork work;
@@ -246,6 +246,13 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
         mbarrier_arrive_expect_tx(q_full(q_stage), Shape::kQBytes);
         tma_load_rows<kM, kBlocks>(q_tile(q_stage), maps.q, work.head, work.seg.q_row + work.m0, q_full(q_stage));
       }
+      // The next item is described once this item's first K/V tiles are on their way (after
+      // the first tile's loads, or at once when the item has none), so that its latency
+      // (global loads) is neither in front of them nor at the end of a long item.
+      const auto describe_next = [&] {
+        describe(gridDim.x + static_cast<int64_t>(atomicAdd(p.work_counter, 1)), slots[(q_uses + 1) % kSlots]);
+      };
+      if (key_tiles.begin == key_tiles.end) describe_next();
       for (int n = key_tiles.begin; n < key_tiles.end; ++n, ++kv_uses) {
         const int stage = kv_uses % kStages;
         const uint32_t parity = ((kv_uses / kStages) & 1) ^ 1;
@@ -256,9 +263,8 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
         mbarrier_wait(v_empty(stage), parity);
         mbarrier_arrive_expect_tx(v_full(stage), Shape::kKvBytes);
         tma_load_rows<kN, kBlocks>(v_base + stage * Shape::kKvBytes, maps.v, work.kv_head, row, v_full(stage));
+        if (n == key_tiles.begin) describe_next();
       }
-      // The next item, while this one's last K/V tiles stream in and are used.
-      describe(gridDim.x + static_cast<int64_t>(atomicAdd(p.work_counter, 1)), slots[(q_uses + 1) % kSlots]);
     }
     return;
   }
