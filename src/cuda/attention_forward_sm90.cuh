@@ -114,12 +114,7 @@ __device__ __forceinline__ void tma_load_rows(uint32_t dst, const ThdTensorMap& 
                                               uint32_t barrier) {
 #pragma unroll
   for (int b = 0; b < kColumnBlocks; ++b) {
-    const uint32_t block = dst + static_cast<uint32_t>(b * kRows * 128);
-    if (map.heads_outer) {
-      tma_load_3d(block, &map.map, 64 * b, row, head, barrier);
-    } else {
-      tma_load_3d(block, &map.map, 64 * b, head, row, barrier);
-    }
+    tma_load_3d(dst + static_cast<uint32_t>(b * kRows * 128), &map.map, 64 * b, head, row, barrier);
   }
 }
 

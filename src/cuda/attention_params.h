@@ -35,11 +35,9 @@ struct ForwardStrides {
 };
 
 // A TMA map of one THD tensor (tensor_map.h) for the Hopper kernels, which take them as
-// __grid_constant__ parameters. Coordinates are (column, head, row), innermost first, or
-// (column, row, head) when heads_outer is 1 (head-major views).
+// __grid_constant__ parameters. Coordinates are (column, head, row), innermost first.
 struct ThdTensorMap {
   CUtensorMap map;
-  int32_t heads_outer;
 };
 
 struct ForwardTensorMaps {

@@ -30,19 +30,17 @@ ThdTensorMap encode_thd_tensor_map(EncodeTiledFn encode, const char* name, const
   // With one head the head stride is never applied (and check_view does not check it): the
   // row stride stands in, which the driver accepts.
   const cuuint64_t head_bytes = t.heads > 1 ? static_cast<cuuint64_t>(t.head_step()) * element : row_bytes;
-  // The driver wants the outer strides in increasing order: rows outermost for the layouts
-  // check_view accepts (row stride >= (heads - 1) * head stride + head_dim); heads outermost
-  // would serve head-major views ([heads, rows, D]), which it refuses today.
-  result.heads_outer = t.heads > 1 && head_bytes > row_bytes ? 1 : 0;
-  const cuuint64_t heads = static_cast<cuuint64_t>(t.heads);
-  const cuuint64_t rows = static_cast<cuuint64_t>(t.tokens);
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(t.head_dim), result.heads_outer ? rows : heads,
-                              result.heads_outer ? heads : rows};
-  const cuuint64_t strides[2] = {result.heads_outer ? row_bytes : head_bytes,
-                                 result.heads_outer ? head_bytes : row_bytes};
+  // Rows are outermost: the views check_view accepts have row stride >= (heads - 1) * head
+  // stride + head_dim, so the outer strides increase as the driver wants them to.
+  THDCP_CHECK(head_bytes <= row_bytes, name << " has head stride " << t.head_step() << " above its row stride "
+                                            << t.row_step()
+                                            << " elements (a head-major view): the Hopper kernels take row-major "
+                                               "THD views ([T, H, D] with any padding of rows and heads)");
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(t.head_dim), static_cast<cuuint64_t>(t.heads),
+                              static_cast<cuuint64_t>(t.tokens)};
+  const cuuint64_t strides[2] = {head_bytes, row_bytes};
   const cuuint32_t columns = static_cast<cuuint32_t>(t.head_dim < 64 ? t.head_dim : 64);
-  const cuuint32_t box[3] = {columns, result.heads_outer ? static_cast<cuuint32_t>(box_rows) : 1u,
-                             result.heads_outer ? 1u : static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t box[3] = {columns, 1u, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUtensorMapDataType type =
       t.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
