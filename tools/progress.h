@@ -6,12 +6,18 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <string>
 #include <thread>
 
 namespace thdcp::tools {
+
+// Wall seconds since `start` on the steady clock: how the tool times its phases.
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 class Progress {
  public:

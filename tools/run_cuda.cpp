@@ -51,10 +51,6 @@ HostTensor download(const DeviceThd& device, cudaStream_t stream) {
   return host;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 }  // namespace
 
 Backend resolve_backend(const RunConfig& c, std::string* why) {

@@ -22,10 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 AttentionOptions attention_options(const RunConfig& config, int threads) {
   AttentionOptions options;
   options.num_threads = threads;
