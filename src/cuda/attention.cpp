@@ -52,7 +52,7 @@ int segment_table_capacity(TableKind kind, int max_seqs) {
 DeviceSegmentTable build_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
                                        int64_t total_rows, const Mask& mask, Segment* segments,
                                        cudaStream_t stream) {
-  detail::check_mask(mask);
+  check_mask(mask);
   THDCP_CHECK(max_seqs >= 1, "max_seqs=" << max_seqs << " must be >= 1");
   THDCP_CHECK(total_rows >= 0 && total_rows <= std::numeric_limits<int32_t>::max(),
               "total_rows=" << total_rows << " must be in [0, 2^31)");
@@ -84,7 +84,7 @@ DeviceSegmentTable single_device_table(int max_seqs, int64_t total_rows, const M
 DeviceSegmentTable build_cp_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
                                           int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
                                           Segment* segments, cudaStream_t stream) {
-  detail::check_mask(mask);
+  check_mask(mask);
   THDCP_CHECK(max_seqs >= 1, "max_seqs=" << max_seqs << " must be >= 1");
   THDCP_CHECK(cp >= 1, "cp=" << cp << " must be >= 1");
   THDCP_CHECK(rank >= 0 && rank < cp, "rank=" << rank << " must be in [0, cp=" << cp << ")");

@@ -32,12 +32,6 @@ int current_device() {
   return device;
 }
 
-void check_mask(const Mask& mask) {
-  THDCP_CHECK(mask.window_left >= -1, "window_left=" << mask.window_left << " must be >= 0, or -1 for unbounded");
-  THDCP_CHECK(mask.window_right >= -1,
-              "window_right=" << mask.window_right << " must be >= 0, or -1 for unbounded");
-}
-
 void check_table_description(const DeviceSegmentTable& table) {
   THDCP_CHECK(table.capacity >= 0, "segment table capacity " << table.capacity << " must be >= 0");
   THDCP_CHECK(table.q_rows >= 0 && table.k_rows >= 0 && table.q_rows <= std::numeric_limits<int32_t>::max() &&

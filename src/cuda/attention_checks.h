@@ -26,8 +26,6 @@ int current_device();
 const char* memory_type_name(cudaMemoryType type);
 using ::thdcp::cuda::check_device_pointer;  // thdcp/cuda/check.h
 
-void check_mask(const Mask& mask);
-
 // The description of a table (capacity, rows, mask), not its device contents.
 void check_table_description(const DeviceSegmentTable& table);
 

@@ -6,8 +6,6 @@
 
 namespace thdcp {
 
-namespace {
-
 void check_mask(const Mask& mask) {
   // Every negative value means "unbounded"; only -1 is documented, so reject the rest
   // rather than guess what the caller meant.
@@ -15,8 +13,6 @@ void check_mask(const Mask& mask) {
   THDCP_CHECK(mask.window_right >= -1,
               "window_right=" << mask.window_right << " must be >= 0, or -1 for unbounded");
 }
-
-}  // namespace
 
 SegmentTable build_segment_table(const LayoutView& layout, const Mask& mask) {
   check_mask(mask);

@@ -27,6 +27,11 @@ struct Mask {
   }
 };
 
+// Throws thdcp::Error naming the field unless each window is >= 0 or -1 (unbounded): every
+// other negative value is refused rather than guessed at. Host only; every table builder and
+// attention call checks its mask with it.
+void check_mask(const Mask& mask);
+
 // Half-open range [begin, end) of key positions.
 struct PositionRange {
   int64_t begin;
