@@ -33,9 +33,6 @@ namespace {
 
 using Outputs3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
-constexpr size_t kAlignment = 256;
-size_t align_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
-
 void check_cuda_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                        const at::Tensor& cu_seqlens_padded) {
   const at::Device device = q.device();
@@ -132,7 +129,7 @@ struct CallScratch {
 };
 
 CallScratch call_scratch(const at::Tensor& q, const cuda::AttentionShape& shape, size_t workspace_bytes) {
-  const size_t table_bytes = align_up(sizeof(Segment) * static_cast<size_t>(shape.table.capacity));
+  const size_t table_bytes = cuda::align_workspace(sizeof(Segment) * static_cast<size_t>(shape.table.capacity));
   CallScratch scratch;
   scratch.bytes = at::empty({static_cast<int64_t>(table_bytes + workspace_bytes)}, q.options().dtype(at::kByte));
   auto* base = static_cast<unsigned char*>(scratch.bytes.data_ptr());

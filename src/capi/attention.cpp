@@ -85,9 +85,7 @@ AttentionOptions cpu_options(const AttentionConfig& c) {
 }
 
 #if defined(THDCP_HAVE_CUDA)
-constexpr size_t kAlignment = 256;  // of every region of the workspace, as the plans need
-
-size_t align_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+using cuda::align_workspace;
 
 cuda::AttentionShape shape_of(const AttentionConfig& c) {
   cuda::AttentionShape s;
@@ -118,10 +116,10 @@ struct CudaWorkspace {
 CudaWorkspace cuda_workspace(const AttentionConfig& c) {
   const cuda::AttentionShape shape = shape_of(c);
   CudaWorkspace w;
-  w.forward_offset = align_up(static_cast<size_t>(shape.table.capacity) * sizeof(Segment));
-  w.forward_bytes = align_up(cuda::ForwardPlan::workspace_size(shape));
+  w.forward_offset = align_workspace(static_cast<size_t>(shape.table.capacity) * sizeof(Segment));
+  w.forward_bytes = align_workspace(cuda::ForwardPlan::workspace_size(shape));
   w.backward_offset = w.forward_offset + w.forward_bytes;
-  w.backward_bytes = align_up(cuda::BackwardPlan::workspace_size(shape, cuda_options(c)));
+  w.backward_bytes = align_workspace(cuda::BackwardPlan::workspace_size(shape, cuda_options(c)));
   w.total = w.backward_offset + w.backward_bytes;
   return w;
 }
@@ -299,8 +297,8 @@ thdcp_status_t thdcp_attention_plan_create(const thdcp_attention_params* params,
       THDCP_CAPI_REQUIRE(workspace != nullptr && workspace_bytes >= w.total,
                          "workspace=" << workspace << " of workspace_bytes=" << workspace_bytes << ": the plan needs "
                                       << w.total << " bytes of device memory (thdcp_attention_plan_workspace_size)");
-      THDCP_CAPI_REQUIRE(reinterpret_cast<uintptr_t>(workspace) % thdcp::capi::kAlignment == 0,
-                         "workspace=" << workspace << " is not " << thdcp::capi::kAlignment
+      THDCP_CAPI_REQUIRE(reinterpret_cast<uintptr_t>(workspace) % thdcp::cuda::kWorkspaceAlignment == 0,
+                         "workspace=" << workspace << " is not " << thdcp::cuda::kWorkspaceAlignment
                                       << "-byte aligned: pass memory from cudaMalloc");
       auto* base = static_cast<unsigned char*>(workspace);
       const thdcp::cuda::AttentionShape shape = thdcp::capi::shape_of(made->config);

@@ -16,11 +16,8 @@ namespace thdcp::cp {
 
 namespace {
 
-constexpr size_t kAlignment = 256;
 constexpr double kPlanExchangeTimeoutSeconds = 300;
 constexpr int kMaxPhaseMarks = 64;
-
-size_t align_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
 using detail::Lane;
 using detail::Ready;
@@ -69,7 +66,7 @@ Layout workspace_layout(const Problem& p, const cuda::Options& options) {
   size_t at = 0;
   auto take = [&at](size_t bytes) {
     const size_t offset = at;
-    at += align_up(bytes);
+    at += cuda::align_workspace(bytes);
     return offset;
   };
   const size_t elements = static_cast<size_t>(p.capacity.max_tokens * p.kv_heads * p.head_dim);

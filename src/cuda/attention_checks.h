@@ -12,13 +12,6 @@
 
 namespace thdcp::cuda::detail {
 
-// Workspace base alignment, and of each region carved from it.
-constexpr size_t kWorkspaceAlignment = 256;
-
-inline size_t align_up(size_t bytes) {
-  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
-}
-
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int current_device();

@@ -32,21 +32,21 @@ struct BackwardWorkspace {
 BackwardWorkspace backward_layout(const AttentionShape& shape, bool fused_dq) {
   const DeviceSegmentTable& table = shape.table;
   BackwardWorkspace w;
-  const size_t schedule = detail::align_up(sizeof(int) * (static_cast<size_t>(table.capacity) + 1));
+  const size_t schedule = align_workspace(sizeof(int) * (static_cast<size_t>(table.capacity) + 1));
   w.q_start = 0;
   w.k_start = w.q_start + schedule;
   w.delta = w.k_start + schedule;
-  size_t end = w.delta + detail::align_up(sizeof(float) * static_cast<size_t>(shape.q_heads * table.q_rows));
+  size_t end = w.delta + align_workspace(sizeof(float) * static_cast<size_t>(shape.q_heads * table.q_rows));
   if (shape.dkv_dtype != DType::kFloat32) {
     const size_t accum =
-        detail::align_up(sizeof(float) * static_cast<size_t>(table.k_rows * shape.kv_heads * shape.head_dim));
+        align_workspace(sizeof(float) * static_cast<size_t>(table.k_rows * shape.kv_heads * shape.head_dim));
     w.dk_accum = end;
     w.dv_accum = end + accum;
     end += 2 * accum;
   }
   if (fused_dq) {
     w.dq_accum = end;
-    end += detail::align_up(sizeof(float) * static_cast<size_t>(table.q_rows * shape.q_heads * shape.head_dim));
+    end += align_workspace(sizeof(float) * static_cast<size_t>(table.q_rows * shape.q_heads * shape.head_dim));
   }
   w.total = end;
   return w;
@@ -127,7 +127,7 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const Options& options, 
                                << " bytes; BackwardPlan::workspace_size (backward_workspace_size) gives " << needed
                                << " for dk/dv in " << dtype_name(shape_.dkv_dtype)
                                << " and deterministic=" << options_.deterministic << ": pass a workspace of that size");
-  detail::check_device_pointer("workspace", workspace, device_, detail::kWorkspaceAlignment);
+  detail::check_device_pointer("workspace", workspace, device_, kWorkspaceAlignment);
   workspace_ = workspace;
   const bool bf16 = shape_.dtype == DType::kBFloat16;
   if (shape_.head_dim == 64) {

@@ -33,7 +33,7 @@ void check_forward_tensors(const AttentionShape& shape, const ForwardTensors& t)
 size_t ForwardPlan::workspace_size(const AttentionShape& shape) {
   THDCP_CHECK(shape.table.capacity >= 0, "segment table capacity " << shape.table.capacity << " must be >= 0");
   // Tile prefix sums (capacity + 1), then the Hopper kernel's work-item counter.
-  return detail::align_up(sizeof(int) * (static_cast<size_t>(shape.table.capacity) + 2));
+  return align_workspace(sizeof(int) * (static_cast<size_t>(shape.table.capacity) + 2));
 }
 
 ForwardPlan::ForwardPlan(const AttentionShape& shape, const Options& options, void* workspace,
@@ -63,7 +63,7 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const Options& options, vo
               "workspace has " << workspace_bytes
                                << " bytes; ForwardPlan::workspace_size (forward_workspace_size) gives " << needed
                                << ": pass a workspace of that size");
-  detail::check_device_pointer("workspace", workspace, device_, detail::kWorkspaceAlignment);
+  detail::check_device_pointer("workspace", workspace, device_, kWorkspaceAlignment);
   workspace_ = workspace;
   const bool bf16 = shape_.dtype == DType::kBFloat16;
   if (shape_.head_dim == 64) {

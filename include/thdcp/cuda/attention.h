@@ -158,6 +158,14 @@ struct AttentionShape {
   DType dkv_dtype = DType::kBFloat16;  // backward only: dtype or fp32 (dk and dv)
 };
 
+// Every workspace a plan takes is kWorkspaceAlignment-byte aligned device memory; a caller
+// that carves several workspaces (or tables) from one allocation rounds each part up with
+// align_workspace.
+constexpr size_t kWorkspaceAlignment = 256;
+constexpr size_t align_workspace(size_t bytes) {
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
 class ForwardPlan {
  public:
   // Bytes of device workspace the plan needs (tile schedule); depends only on the capacity.
