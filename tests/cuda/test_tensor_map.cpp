@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda/tensor_map.h"
+#include "support/expect_error.h"
 #include "thdcp/core/error.h"
 
 namespace thdcp::test {
@@ -93,15 +94,8 @@ TEST_F(TensorMap, EmptyViewGetsAZeroMapWithoutTheDriver) {
 TEST_F(TensorMap, DriverRefusalNamesTheTensorAndItsLayout) {
   g_call.result = CUDA_ERROR_INVALID_VALUE;
   const ConstThdTensor t(storage_, DType::kBFloat16, 1000, 8, 128);
-  try {
-    cuda::detail::encode_thd_tensor_map(fake_encode, "q", t, 128);
-    FAIL() << "expected thdcp::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find("cannot describe q"), std::string::npos) << message;
-    EXPECT_NE(message.find("1000 rows, 8 heads"), std::string::npos) << message;
-    EXPECT_NE(message.find("THDCP_PORTABLE_KERNELS=1"), std::string::npos) << message;
-  }
+  expect_error([&] { cuda::detail::encode_thd_tensor_map(fake_encode, "q", t, 128); },
+               {"cannot describe q", "1000 rows, 8 heads", "THDCP_PORTABLE_KERNELS=1"});
 }
 
 // check_view refuses such views before any map is made; the map refuses them too, without
@@ -110,13 +104,8 @@ TEST_F(TensorMap, HeadMajorViewIsRefusedBeforeTheDriver) {
   ConstThdTensor t(storage_, DType::kBFloat16, 100, 4, 64);
   t.head_stride = 100 * 64;  // [H, T, D]
   t.row_stride = 64;
-  try {
-    cuda::detail::encode_thd_tensor_map(fake_encode, "v", t, 128);
-    FAIL() << "expected thdcp::Error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find("v has head stride 6400 above its row stride 64"), std::string::npos) << message;
-  }
+  EXPECT_THDCP_ERROR(cuda::detail::encode_thd_tensor_map(fake_encode, "v", t, 128),
+                     "v has head stride 6400 above its row stride 64");
   EXPECT_EQ(g_call.calls, 0);
 }
 
