@@ -11,6 +11,7 @@
 
 #include "attention_common.h"
 #include "thread_pool.h"
+#include "thdcp/core/softmax_scale.h"
 
 namespace thdcp::cpu {
 
@@ -81,7 +82,7 @@ void backward_impl(const SegmentTable& table, const ConstThdTensor& q, const Con
   const int64_t kv_heads = k.heads;
   const int64_t group_size = q_heads / kv_heads;
   const int64_t dim = q.head_dim;
-  const Acc scale = static_cast<Acc>(detail::resolve_scale(options, dim));
+  const Acc scale = static_cast<Acc>(resolve_softmax_scale(options.softmax_scale, dim));
   const int threads = resolve_num_threads(options.num_threads);
   const std::vector<KeyGroup> groups = key_groups(table);
   const int64_t num_groups = static_cast<int64_t>(groups.size());
@@ -166,7 +167,7 @@ void attention_backward(const SegmentTable& table, ConstThdTensor q, ConstThdTen
   detail::check_output_dtype("dk", dk.dtype, k.dtype);
   detail::check_output_dtype("dv", dv.dtype, v.dtype);
   THDCP_CHECK(lse != nullptr, "lse must point to the forward's Hq * q_rows = " << q.heads * table.q_rows << " floats");
-  detail::resolve_scale(options, q.head_dim);
+  resolve_softmax_scale(options.softmax_scale, q.head_dim);
   if (options.accumulate == Accumulate::kFloat64) {
     backward_impl<double>(table, q, k, v, out, dout, lse, dq, dk, dv, options);
   } else {

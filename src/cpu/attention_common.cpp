@@ -40,12 +40,5 @@ void check_output_dtype(const char* name, DType dtype, DType input_dtype) {
                    << ") or fp32");
 }
 
-float resolve_scale(const AttentionOptions& options, int64_t head_dim) {
-  THDCP_CHECK(std::isfinite(options.softmax_scale) && options.softmax_scale >= 0.0f,
-              "softmax_scale=" << options.softmax_scale << " must be finite and >= 0 (0 means 1/sqrt(head_dim))");
-  return options.softmax_scale > 0.0f ? options.softmax_scale
-                                      : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-}
-
 }  // namespace cpu::detail
 }  // namespace thdcp

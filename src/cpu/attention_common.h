@@ -22,8 +22,6 @@ void check_qkv(const SegmentTable& table, const ConstThdTensor& q, const ConstTh
 // An output may be stored in the inputs' dtype or, for accumulation across calls, in fp32.
 void check_output_dtype(const char* name, DType dtype, DType input_dtype);
 
-float resolve_scale(const AttentionOptions& options, int64_t head_dim);
-
 // Element (row, head, d) of a THD tensor as arithmetic type Acc.
 template <typename Acc>
 inline Acc load(const ConstThdTensor& t, int64_t row, int64_t head, int64_t d) {

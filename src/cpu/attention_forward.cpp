@@ -6,6 +6,7 @@
 
 #include "attention_common.h"
 #include "thread_pool.h"
+#include "thdcp/core/softmax_scale.h"
 
 namespace thdcp::cpu {
 
@@ -28,7 +29,7 @@ void forward_impl(const SegmentTable& table, const ConstThdTensor& q, const Cons
   const int64_t group = q.heads / k.heads;
   const int64_t dim = q.head_dim;
   const int64_t num_segments = static_cast<int64_t>(table.segments.size());
-  const Acc scale = static_cast<Acc>(detail::resolve_scale(options, dim));
+  const Acc scale = static_cast<Acc>(resolve_softmax_scale(options.softmax_scale, dim));
   const int threads = resolve_num_threads(options.num_threads);
   const float neg_inf = -std::numeric_limits<float>::infinity();
 
@@ -96,7 +97,7 @@ void attention_forward(const SegmentTable& table, ConstThdTensor q, ConstThdTens
   THDCP_CHECK(out.dtype == q.dtype,
               "out has dtype " << dtype_name(out.dtype) << " but q has " << dtype_name(q.dtype) << ": they must match");
   THDCP_CHECK(lse != nullptr, "lse must point to Hq * q_rows = " << q.heads * table.q_rows << " floats");
-  detail::resolve_scale(options, q.head_dim);
+  resolve_softmax_scale(options.softmax_scale, q.head_dim);
   if (options.accumulate == Accumulate::kFloat64) {
     forward_impl<double>(table, q, k, v, out, lse, max_logit, options);
   } else {

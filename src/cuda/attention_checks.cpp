@@ -67,13 +67,6 @@ void check_shape(const AttentionShape& shape, bool backward) {
                               << ") or fp32");
 }
 
-float resolve_scale(const Options& options, int64_t head_dim) {
-  THDCP_CHECK(std::isfinite(options.softmax_scale) && options.softmax_scale >= 0.0f,
-              "softmax_scale=" << options.softmax_scale << " must be finite and >= 0 (0 means 1/sqrt(head_dim))");
-  return options.softmax_scale > 0.0f ? options.softmax_scale
-                                      : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-}
-
 void check_table_matches(const AttentionShape& shape, const DeviceSegmentTable& table) {
   const DeviceSegmentTable& planned = shape.table;
   THDCP_CHECK(table.capacity == planned.capacity,

@@ -26,8 +26,6 @@ void check_table_description(const DeviceSegmentTable& table);
 // head dim and dtype. `backward` also checks dq_dtype and dkv_dtype.
 void check_shape(const AttentionShape& shape, bool backward);
 
-float resolve_scale(const Options& options, int64_t head_dim);
-
 // run(): `table` has the capacity, rows, mask and kind the plan was made for, and a segment
 // array when it has entries.
 void check_table_matches(const AttentionShape& shape, const DeviceSegmentTable& table);

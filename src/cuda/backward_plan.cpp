@@ -6,6 +6,7 @@
 #include "attention_checks.h"
 #include "launch.h"
 #include "thdcp/core/error.h"
+#include "thdcp/core/softmax_scale.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/cuda/check.h"
 
@@ -108,7 +109,7 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const Options& options, 
                            size_t workspace_bytes)
     : shape_(shape), options_(options) {
   detail::check_shape(shape_, /*backward=*/true);
-  scale_ = detail::resolve_scale(options_, shape_.head_dim);
+  scale_ = resolve_softmax_scale(options_.softmax_scale, shape_.head_dim);
   device_ = detail::current_device();
   sm90_ = detail::use_sm90_kernels();
   // deterministic = false allows the fused pass with dQ atomics; on Hopper the sm90 pair of

@@ -5,6 +5,7 @@
 #include "launch.h"
 #include "tensor_map.h"
 #include "thdcp/core/error.h"
+#include "thdcp/core/softmax_scale.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/cuda/check.h"
 
@@ -40,7 +41,7 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const Options& options, vo
                          size_t workspace_bytes)
     : shape_(shape) {
   detail::check_shape(shape_, /*backward=*/false);
-  scale_ = detail::resolve_scale(options, shape_.head_dim);
+  scale_ = resolve_softmax_scale(options.softmax_scale, shape_.head_dim);
   THDCP_CHECK(options.sm_margin >= 0, "sm_margin=" << options.sm_margin
                                                    << " must be >= 0 (the SMs the forward leaves free; 0: none)");
   device_ = detail::current_device();
