@@ -10,6 +10,8 @@
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/plan/layout.h"
+#include "thdcp/plan/segment_table.h"
+#include "thdcp/testing/compare.h"
 #include "thdcp/testing/workload.h"
 
 namespace thdcp::test {
@@ -282,6 +284,79 @@ TEST_F(CudaPlan, SmMarginGivesTheSameBits) {
   } else {
     EXPECT_EQ(message, "") << "the portable kernels are not persistent and ignore sm_margin";
   }
+}
+
+// Merging (ForwardTensors::merge_out, merge_lse): every sequence's keys cut in two tables at
+// 2/5 of its keys; the first run writes an fp32 partial result, the second merges it by LSE.
+// That equals one run over the whole table within the tolerance of two tensor-core results
+// (out) and of fp32 results (lse, max_logit). The window (200, 0) leaves rows whose first
+// part sees no key and rows that see none of the second. Also: an fp32 out, rounded to bf16
+// on the host, is the bf16 out bit for bit; merge_out without merge_lse is refused.
+TEST_F(CudaPlan, MergesAPartialResultByLse) {
+  Step step;
+  const std::vector<int64_t> lengths{300, 1, 0, 517, 64};
+  step.load(lengths, 21);
+  const cuda::ForwardPlan forward(step.shape, {}, step.fwd_ws.data(), step.fwd_ws.bytes());
+  const int64_t rows = step.capacity.max_tokens;
+  step.poison_outputs();
+  forward.run(step.table, step.forward_tensors(), nullptr);
+  THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+  const auto whole = step.results();
+
+  DeviceTensor partial(DType::kFloat32, rows, kHq, kD);
+  DeviceBuffer partial_lse(sizeof(float) * kHq * rows);
+  forward.run(step.table, cuda::ForwardTensors{step.q.cview(), step.k.cview(), step.v.cview(), partial.view(),
+                                               partial_lse.as<float>(), nullptr},
+              nullptr);
+  THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+  const std::vector<float> fp32_out = download_vector<float>(partial.buffer, static_cast<size_t>(rows * kHq * kD));
+  std::vector<uint16_t> rounded(fp32_out.size());
+  for (size_t i = 0; i < fp32_out.size(); ++i) rounded[i] = float_to_bf16(fp32_out[i]);
+  EXPECT_EQ(0, std::memcmp(rounded.data(), whole[0].data(), whole[0].size())) << "fp32 out rounded vs bf16 out";
+
+  const BatchLayout layout = make_layout(lengths, 1, step.capacity);
+  const SegmentTable host = build_segment_table(layout.view(), step.mask);
+  ASSERT_EQ(static_cast<int>(host.segments.size()), step.table.capacity);
+  std::vector<Segment> first = host.segments, second = host.segments;
+  for (size_t i = 0; i < first.size(); ++i) {
+    const int32_t cut = first[i].k_len * 2 / 5;
+    first[i].k_len = cut;
+    second[i].k_row += cut;
+    second[i].k_pos += cut;
+    second[i].k_len -= cut;
+  }
+  DeviceBuffer first_segments(sizeof(Segment) * first.size()), second_segments(sizeof(Segment) * second.size());
+  first_segments.upload(first.data(), first_segments.bytes());
+  second_segments.upload(second.data(), second_segments.bytes());
+  cuda::DeviceSegmentTable first_table = step.table, second_table = step.table;
+  first_table.segments = first_segments.as<Segment>();
+  second_table.segments = second_segments.as<Segment>();
+
+  step.poison_outputs();
+  partial.buffer.poison();
+  cuda::ForwardTensors part = step.forward_tensors();
+  part.out = partial.view();
+  part.lse = partial_lse.as<float>();
+  forward.run(first_table, part, nullptr);
+  cuda::ForwardTensors merged = step.forward_tensors();
+  merged.merge_out = partial.buffer.as<float>();
+  merged.merge_lse = partial_lse.as<float>();
+  forward.run(second_table, merged, nullptr);
+  THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+  const auto result = step.results();
+  const Comparison out = compare_values(result[0].data(), kDtype, whole[0].data(), kDtype, rows * kHq * kD,
+                                        derive_tensor_core_tolerance(kDtype, 2));
+  EXPECT_TRUE(out.passed()) << "out: " << out.summary();
+  for (int i : {1, 2}) {
+    const int64_t n = static_cast<int64_t>(whole[static_cast<size_t>(i)].size() / sizeof(float));
+    const Comparison c = compare_values(result[static_cast<size_t>(i)].data(), DType::kFloat32,
+                                        whole[static_cast<size_t>(i)].data(), DType::kFloat32, n,
+                                        tensor_core_fp32_tolerance());
+    EXPECT_TRUE(c.passed()) << kResultNames[i] << ": " << c.summary();
+  }
+
+  merged.merge_lse = nullptr;
+  expect_error(error_of([&] { forward.run(second_table, merged, nullptr); }), "merge_out and merge_lse go together");
 }
 
 // A plan belongs to the device current when it is made. With two GPUs, a plan made on
