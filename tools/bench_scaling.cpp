@@ -90,6 +90,9 @@ const char* kHelp =
     "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward)\n"
     "  --sm-margin M[,M...]  cuda::Options::sm_margin of the CP plans, each a row (0): SMs the\n"
     "                      persistent Hopper forward leaves to the collectives beside it\n"
+    "  --local-first B[,B...]  cp::Problem::local_first, each a row (1): 1 = the forward's local\n"
+    "                      keys attended while the gather runs, merged by LSE (masks with\n"
+    "                      window_right 0); 0 = one attention after the gather\n"
     "\n"
     "A configuration whose buffers do not fit the free memory of a GPU (or of the host) is\n"
     "skipped with the reason. Exit codes: 0 every configuration that ran matched, 1 a\n"
@@ -371,8 +374,8 @@ bool any_rank(Communicator& host, bool flag) {
 // One rank of the CP run of a (T, mask, cp): its NCCL communicator, buffers and plan; the
 // check against the reference; the timed steps.
 void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, const Reference& ref, const Mask& mask,
-             const Shape& s, int head_groups, cp::KvSource kv, const cuda::Options& attention, int warmup, int iters,
-             std::vector<RankReport>& reports) {
+             const Shape& s, int head_groups, bool local_first, cp::KvSource kv, const cuda::Options& attention,
+             int warmup, int iters, std::vector<RankReport>& reports) {
   const int rank = host.rank(), cp = host.size();
   RankReport& report = reports[static_cast<size_t>(rank)];
   nccl::Options options;
@@ -390,6 +393,7 @@ void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, co
   problem.head_dim = s.head_dim;
   problem.dtype = s.dtype;
   problem.head_groups = head_groups;
+  problem.local_first = local_first;
   const int64_t local = problem.local_rows();
   const size_t offsets = sizeof(int32_t) * layout.cu_seqlens.size();
   const size_t workspace_bytes = cp::cuda_workspace_size(problem);
@@ -539,7 +543,11 @@ struct Row {
   // of fp32 dK and dV, and their bus bandwidths (nccl-tests' busbw: bytes of the whole
   // gathered / reduced tensors x (cp - 1) / cp per second). 0: not measured.
   double gather_ms = 0, reduce_ms = 0, gather_busbw = 0, reduce_busbw = 0;
+  bool local_first = false;  // the forward ran local-first (cp::Problem::local_first, a mask it applies to)
 };
+
+// The forward's form, as the tables print it.
+const char* forward_form(const Row& r) { return r.local_first ? "local-first" : "one"; }
 
 double target_of(int cp) {
   switch (cp) {
@@ -591,7 +599,7 @@ std::vector<NamedMask> parse_masks(const std::string& text, int64_t window) {
 int bench_scaling_command(const std::vector<std::string>& argv) {
   const Args args(argv,
                   {"gpus", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
-                   "max-length", "seed", "warmup", "iters", "head-groups", "kv", "sm-margin"},
+                   "max-length", "seed", "warmup", "iters", "head-groups", "kv", "sm-margin", "local-first"},
                   {"scaling", "help"});
   if (args.has("help")) {
     std::fputs(kHelp, stdout);
@@ -644,6 +652,10 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
   std::vector<int> margin_list;
   for (int64_t m : parse_int_list("sm-margin", args.get("sm-margin", "0"), 0, 1024)) {
     margin_list.push_back(static_cast<int>(m));
+  }
+  std::vector<bool> local_first_list;
+  for (int64_t b : parse_int_list("local-first", args.get("local-first", "1"), 0, 1)) {
+    local_first_list.push_back(b != 0);
   }
   std::vector<bool> kv_list;
   {
@@ -724,12 +736,15 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
     int cp, head_groups;
     bool kept_kv;
     int sm_margin;
+    bool local_first;
   };
   std::vector<Variant> variants;  // each a row
   for (int c : cps) {
     for (int g : groups_list) {
       for (bool kept : kv_list) {
-        for (int margin : margin_list) variants.push_back(Variant{c, g, kept, margin});
+        for (int margin : margin_list) {
+          for (bool local_first : local_first_list) variants.push_back(Variant{c, g, kept, margin, local_first});
+        }
       }
     }
   }
@@ -783,11 +798,13 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
         const cp::KvSource kv = variant.kept_kv ? cp::KvSource::kFromForward : cp::KvSource::kGather;
         Row row{tokens, m.name, c, head_groups, variant.kept_kv, variant.sm_margin, lengths.size(), "PASS", base.ms,
                 0, 0, 0, {}};
+        row.local_first = variant.local_first && c > 1 && cp_split_applies(m.mask);
         cuda::Options attention;
         attention.sm_margin = variant.sm_margin;
         std::vector<RankReport> reports(static_cast<size_t>(c));
         run_in_process(c, [&](Communicator& host) {
-          cp_rank(host, layout, in, base.ref, m.mask, s, head_groups, kv, attention, warmup, iters, reports);
+          cp_rank(host, layout, in, base.ref, m.mask, s, head_groups, variant.local_first, kv, attention, warmup, iters,
+                  reports);
         });
         std::string skip;
         for (const RankReport& r : reports) {
@@ -870,10 +887,10 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
                       reports[0].collectives_skip.c_str());
         }
         row.efficiency = base.ms / (c * row.step_ms);
-        std::printf("result T=%lld %s cp=%d head groups %d, backward K/V %s, SM margin %d: baseline %.3f ms, CP step "
-                    "%.3f ms (per rank:%s), beyond attention %.3f ms, efficiency %.3f (%s)\n",
-                    static_cast<long long>(tokens), m.name.c_str(), c, row.groups, row.kept_kv ? "kept" : "gathered",
-                    row.sm_margin, base.ms, row.step_ms,
+        std::printf("result T=%lld %s cp=%d head groups %d, forward %s, backward K/V %s, SM margin %d: baseline "
+                    "%.3f ms, CP step %.3f ms (per rank:%s), beyond attention %.3f ms, efficiency %.3f (%s)\n",
+                    static_cast<long long>(tokens), m.name.c_str(), c, row.groups, forward_form(row),
+                    row.kept_kv ? "kept" : "gathered", row.sm_margin, base.ms, row.step_ms,
                     per_rank.c_str(), row.comm_ms, row.efficiency, target_text(row).c_str());
         std::fflush(stdout);
         rows.push_back(row);
@@ -890,15 +907,16 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
               "peer); beyond attention = step - attention phase: what the overlap left exposed;\n"
               "efficiency = baseline / (cp x step).\n\n",
               iters, warmup);
-  std::printf("| T | mask | cp | head groups | bwd K/V | SM margin | documents | check | baseline ms | step ms |");
+  std::printf("| T | mask | cp | head groups | fwd | bwd K/V | SM margin | documents | check | baseline ms | step ms |");
   for (int p = 0; p < kPhases; ++p) std::printf(" %s |", cp::phase_name(static_cast<cp::Phase>(p)));
   std::printf(" beyond attention ms | efficiency | target |\n");
-  std::printf("| ---: | --- | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: |");
+  std::printf("| ---: | --- | ---: | ---: | --- | --- | ---: | ---: | --- | ---: | ---: |");
   for (int p = 0; p < kPhases; ++p) std::printf(" ---: |");
   std::printf(" ---: | ---: | --- |\n");
   for (const Row& r : rows) {
-    std::printf("| %lld | %s | %d | %d | %s | %d | %zu | %s |", static_cast<long long>(r.tokens), r.mask.c_str(), r.cp,
-                r.groups, r.kept_kv ? "kept" : "gathered", r.sm_margin, r.documents, r.status.c_str());
+    std::printf("| %lld | %s | %d | %d | %s | %s | %d | %zu | %s |", static_cast<long long>(r.tokens), r.mask.c_str(),
+                r.cp, r.groups, forward_form(r), r.kept_kv ? "kept" : "gathered", r.sm_margin, r.documents,
+                r.status.c_str());
     if (r.status == "PASS") {
       std::printf(" %.3f | %.3f |", r.baseline_ms, r.step_ms);
       for (int p = 0; p < kPhases; ++p) std::printf(" %.3f |", r.phase_ms[static_cast<size_t>(p)]);

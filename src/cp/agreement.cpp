@@ -19,7 +19,7 @@ struct Descriptor {
   int64_t max_tokens;
   int32_t window_left, window_right;
   int64_t q_heads, kv_heads, head_dim;
-  int32_t head_groups, reserved;
+  int32_t head_groups, local_first;
   uint64_t options_fingerprint;
   uint64_t layout_fingerprint;
   int64_t local_rows[3];
@@ -80,6 +80,7 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
   mine.kv_heads = p.kv_heads;
   mine.head_dim = p.head_dim;
   mine.head_groups = p.head_groups;
+  mine.local_first = p.local_first ? 1 : 0;
   mine.options_fingerprint = in.options_fingerprint;
   mine.layout_fingerprint = in.layout_fingerprint;
   for (int i = 0; i < 3; ++i) mine.local_rows[i] = in.local_rows[i];
@@ -110,6 +111,9 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
                         << fix);
     THDCP_CHECK(d.head_groups == ref.head_groups, "rank " << r << " passed head_groups=" << d.head_groups
                                                           << " but rank 0 passed head_groups=" << ref.head_groups
+                                                          << fix);
+    THDCP_CHECK(d.local_first == ref.local_first, "rank " << r << " passed local_first=" << d.local_first
+                                                          << " but rank 0 passed local_first=" << ref.local_first
                                                           << fix);
     THDCP_CHECK(d.dtype == ref.dtype, "rank " << r << " passed dtype " << dtype_name(static_cast<DType>(d.dtype))
                                               << " but rank 0 passed " << dtype_name(static_cast<DType>(ref.dtype))

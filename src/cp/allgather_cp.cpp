@@ -78,6 +78,7 @@ class CpuSteps {
       : comm_(comm), p_(problem), options_(options), b_(buffers), layout_(layout), timings_(timings) {}
 
   // Everything runs in program order on the calling thread: one head group, one lane.
+  static constexpr bool kLocalFirst = false;  // one attention over the gathered K/V
   int head_groups() const { return 1; }
   void fork() {}
   void join() {}

@@ -36,11 +36,17 @@ cuda::DeviceSegmentTable table_shape(const Problem& p) {
   return t;
 }
 
+// Whether the forward runs local-first (Problem::local_first, for masks it applies to). At
+// cp = 1 there is no gather to hide, and the step stays the plain single-GPU call.
+bool runs_local_first(const Problem& p) { return p.local_first && p.cp > 1 && cp_split_applies(p.mask); }
+
 // The attention of one of `groups` head groups (the forward's: problem.head_groups; the
-// backward runs every head at once).
-cuda::AttentionShape attention_shape(const Problem& p, int groups) {
+// backward runs every head at once). `local_keys`: the local-first forward's first pass,
+// whose keys are this rank's own rows.
+cuda::AttentionShape attention_shape(const Problem& p, int groups, bool local_keys = false) {
   cuda::AttentionShape s;
   s.table = table_shape(p);
+  if (local_keys) s.table.k_rows = p.local_rows();
   s.q_heads = p.q_heads / groups;
   s.kv_heads = p.kv_heads / groups;
   s.head_dim = p.head_dim;
@@ -54,10 +60,13 @@ cuda::AttentionShape attention_shape(const Problem& p, int groups) {
 // g's [rows, Hkv/G, D] block after group g - 1's), so that each group's collective moves one
 // contiguous block; the sequence-order K/V are [T, Hkv, D], each group's reorder writing its
 // heads.
+// The local-first forward adds the remote table (the local one takes `segments`), one head
+// group's fp32 partial result and its lse, and the first pass's attention workspace.
 struct Layout {
   size_t segments = 0, rank_rows = 0, packed[2] = {}, gathered[2] = {}, sequence[2] = {}, grad_ranked[2] = {},
          grad_local = 0, forward = 0, backward = 0, total = 0;
-  size_t forward_bytes = 0, backward_bytes = 0;
+  size_t remote_segments = 0, partial_out = 0, partial_lse = 0, forward_local = 0;
+  size_t forward_bytes = 0, backward_bytes = 0, forward_local_bytes = 0;
 };
 
 Layout workspace_layout(const Problem& p, const cuda::Options& options) {
@@ -84,6 +93,15 @@ Layout workspace_layout(const Problem& p, const cuda::Options& options) {
   w.backward_bytes = cuda::BackwardPlan::workspace_size(attention_shape(p, 1), options);
   w.forward = take(w.forward_bytes);
   w.backward = take(w.backward_bytes);
+  if (runs_local_first(p)) {
+    const size_t group_q_elements =
+        static_cast<size_t>(p.local_rows() * (p.q_heads / p.head_groups) * p.head_dim);
+    w.remote_segments = take(sizeof(Segment) * static_cast<size_t>(table_shape(p).capacity));
+    w.partial_out = take(group_q_elements * sizeof(float));
+    w.partial_lse = take(static_cast<size_t>(p.local_rows() * (p.q_heads / p.head_groups)) * sizeof(float));
+    w.forward_local_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p, p.head_groups, true));
+    w.forward_local = take(w.forward_local_bytes);
+  }
   w.total = at;
   return w;
 }
@@ -124,6 +142,7 @@ struct CudaPlan::Workspace {
   unsigned char* base = nullptr;
   Layout layout;
   std::unique_ptr<cuda::ForwardPlan> forward;    // one head group's shape
+  std::unique_ptr<cuda::ForwardPlan> forward_local;  // local-first: the first pass (local keys)
   std::unique_ptr<cuda::BackwardPlan> backward;  // every head
   template <typename T>
   T* at(size_t offset) const {
@@ -180,8 +199,10 @@ class CudaSteps {
  public:
   // With phase timing (`events`) every call enqueues on `stream` in program order, so each
   // phase's events bracket its own work; otherwise the collectives go to lanes.collectives.
+  // `forward`: the steps of a forward (its table may be the local-first split).
   CudaSteps(DeviceCommunicator& comm, const Problem& problem, const CudaPlan::Workspace& w,
-            const CudaPlan::Lanes& lanes, CudaPlan::Events* events, const DeviceLayout& layout, cudaStream_t stream)
+            const CudaPlan::Lanes& lanes, CudaPlan::Events* events, const DeviceLayout& layout, cudaStream_t stream,
+            bool forward)
       : comm_(comm),
         p_(problem),
         w_(w),
@@ -190,10 +211,13 @@ class CudaSteps {
         layout_(layout),
         stream_(stream),
         overlap_(events == nullptr),
+        local_first_(forward && runs_local_first(problem)),
         current_(stream) {
     if (events_) events_->recorded = 0;
   }
 
+  static constexpr bool kLocalFirst = true;
+  bool local_first() const { return local_first_; }
   int head_groups() const { return p_.head_groups; }
 
   void fork() {
@@ -226,6 +250,15 @@ class CudaSteps {
   }
 
   void build_table() {
+    if (local_first_) {
+      const cuda::DeviceCpSplitTables split = cuda::enqueue_cp_split_tables(
+          layout_.cu_seqlens, layout_.cu_seqlens_padded, p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp,
+          comm_.rank(), p_.mask, w_.at<Segment>(w_.layout.segments), w_.at<Segment>(w_.layout.remote_segments),
+          current_);
+      local_table_ = split.local;
+      table_ = split.remote;
+      return;
+    }
     table_ = cuda::enqueue_cp_segment_table(layout_.cu_seqlens, layout_.cu_seqlens_padded, p_.capacity.max_seqs,
                                             p_.capacity.max_tokens, p_.cp, comm_.rank(), p_.mask,
                                             w_.at<Segment>(w_.layout.segments), current_);
@@ -268,9 +301,24 @@ class CudaSteps {
                           p_.kv_heads, p_.head_dim);
   }
 
+  // The group's partial result (fp32 out, lse) over its own chunks' keys: local K/V rows.
+  void attention_local(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, float* max_logit) {
+    const ThdTensor partial{w_.at<float>(w_.layout.partial_out), DType::kFloat32, q.tokens, q.heads, q.head_dim};
+    w_.forward_local->run(local_table_,
+                          cuda::ForwardTensors{q, k, v, partial, w_.at<float>(w_.layout.partial_lse), max_logit},
+                          current_);
+  }
+
+  // Local-first: the keys before the chunks, merged with attention_local's partial result
+  // (its max_logit raised, not reset).
   void attention_forward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, ThdTensor out,
                          float* lse, float* max_logit) {
-    w_.forward->run(table_, cuda::ForwardTensors{q, k, v, out, lse, max_logit}, current_);
+    cuda::ForwardTensors tensors{q, k, v, out, lse, max_logit};
+    if (local_first_) {
+      tensors.merge_out = w_.at<float>(w_.layout.partial_out);
+      tensors.merge_lse = w_.at<float>(w_.layout.partial_lse);
+    }
+    w_.forward->run(table_, tensors, current_);
   }
 
   void max_reduce(float* max_logit, size_t count) { comm_.all_reduce_max(max_logit, count, current_); }
@@ -328,8 +376,10 @@ class CudaSteps {
   DeviceLayout layout_;
   cudaStream_t stream_;
   bool overlap_;
+  bool local_first_;
   cudaStream_t current_;
-  cuda::DeviceSegmentTable table_;
+  cuda::DeviceSegmentTable table_;        // the CP table, or local-first's remote one
+  cuda::DeviceSegmentTable local_table_;  // local-first's local one
   cuda::BackwardTensors backward_;  // the key pass's, for the query pass
 };
 
@@ -440,6 +490,11 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const cuda:
     workspace_->forward = std::make_unique<cuda::ForwardPlan>(
         attention_shape(problem, problem.head_groups), options,
         workspace_->at<void>(workspace_->layout.forward), workspace_->layout.forward_bytes);
+    if (runs_local_first(problem)) {
+      workspace_->forward_local = std::make_unique<cuda::ForwardPlan>(
+          attention_shape(problem, problem.head_groups, true), options,
+          workspace_->at<void>(workspace_->layout.forward_local), workspace_->layout.forward_local_bytes);
+    }
     workspace_->backward = std::make_unique<cuda::BackwardPlan>(
         attention_shape(problem, 1), options, workspace_->at<void>(workspace_->layout.backward),
         workspace_->layout.backward_bytes);
@@ -489,14 +544,14 @@ CudaPlan::~CudaPlan() = default;
 void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream) {
   check_layout(layout);
   check_forward_tensors(problem_, t);
-  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
+  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream, true);
   detail::run_forward(steps, t);
 }
 
 void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, KvSource kv) {
   check_layout(layout);
   check_backward_tensors(problem_, t);
-  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
+  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream, false);
   detail::run_backward(steps, t, kv == KvSource::kGather);
 }
 

@@ -31,6 +31,13 @@
 //   ConstThdTensor sequence_order(Slot)      the whole sequence-order K or V, as the last
 //                                            to_sequence_order calls left it
 //   void attention_forward(q, k_seq, v_seq, out, lse, max_logit)   one group's views
+//   kLocalFirst, bool local_first()          (CUDA) whether this forward runs local-first
+//                                            (cp::Problem::local_first)
+//   void attention_local(q, k, v, max_logit) then: one group's queries against their own
+//                                            chunks' keys (this rank's K/V), into the step
+//                                            set's fp32 partial result, which the group's
+//                                            attention_forward (keys before the chunks)
+//                                            merges by LSE
 //   void max_reduce(max_logit, count)
 //   SequenceGrads attention_backward_keys(q, k_seq, v_seq, out, dout, lse, dq)
 //                                            fp32 dK/dV of every gathered row, in the order
@@ -105,6 +112,14 @@ void run_forward(Steps& steps, const ForwardTensors& t) {
     const ConstThdTensor v_seq = steps.to_sequence_order(v_gathered, Slot::kV, g);
     steps.signal(Ready::kKv, g);
     steps.use(Lane::kCompute);
+    if constexpr (Steps::kLocalFirst) {
+      // Needs no gathered row: runs while the gather above is in flight.
+      if (steps.local_first()) {
+        steps.phase(Phase::kAttention);
+        steps.attention_local(head_group(t.q, g, groups), head_group(t.k, g, groups), head_group(t.v, g, groups),
+                              head_group_rows(t.max_logit, 1, hq, g, groups));
+      }
+    }
     steps.await(Ready::kKv, g);
     steps.phase(Phase::kAttention);
     steps.attention_forward(head_group(t.q, g, groups), k_seq, v_seq, head_group(t.out, g, groups),

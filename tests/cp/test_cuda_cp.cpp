@@ -138,6 +138,60 @@ TEST_F(CudaCpKeptKv, BackwardOnForwardKvEqualsRegather) {
   }
 }
 
+class CudaCpLocalFirst : public test::CudaTest {};
+
+// cp::Problem::local_first (the default) and the one-attention forward both match the CPU
+// reference on the edge cases whose mask it applies to (causal, left window), forward and
+// backward; they differ (only by rounding) in `out`, so the test would see a path that
+// silently fell back. Ranks that disagree on it are refused, naming it.
+TEST_F(CudaCpLocalFirst, BothForwardsMatchTheReference) {
+  for (int cp : {2, 3, 4}) {
+    for (int index : {0, 1, 3}) {
+      const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
+      ASSERT_TRUE(cp_split_applies(c.mask)) << c.name;
+      cp::Problem problem = problem_of(c, cp);
+      const test::Batch b = make_case_batch(c, cp, problem.capacity, 700 + index + cp, false);
+      const test::GlobalResult ref = test::single_device(b, c.mask, AttentionOptions{});
+      std::vector<test::RankOutputs> split(cp), whole(cp);
+      for (bool local_first : {true, false}) {
+        problem.local_first = local_first;
+        run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+          test::CudaCpRank state(comm, problem);
+          state.load(b);
+          state.step(state.stream());
+          (local_first ? split : whole)[comm.rank()] = state.download();
+        });
+      }
+      bool any_difference = false;
+      for (int rank = 0; rank < cp; ++rank) {
+        SCOPED_TRACE(std::string(c.name) + " local-first");
+        expect_matches_reference(split[rank], ref, b, cp, rank);
+        SCOPED_TRACE(std::string(c.name) + " one attention");
+        expect_matches_reference(whole[rank], ref, b, cp, rank);
+        any_difference = any_difference || !test::same_bits(split[rank].out, whole[rank].out);
+      }
+      EXPECT_TRUE(any_difference) << c.name << " cp " << cp << ": local-first gave the one-attention bits";
+    }
+  }
+  std::vector<std::string> messages(2);
+  EXPECT_THROW(run_shared_gpu(2,
+                              [&](DeviceCommunicator& comm) {
+                                cp::Problem mine = problem_of(edge_cases()[0], 2);
+                                mine.local_first = comm.rank() == 0;
+                                try {
+                                  test::CudaCpRank state(comm, mine);
+                                } catch (const Error& e) {
+                                  messages[comm.rank()] = e.what();
+                                  throw;
+                                }
+                              }),
+               Error);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(messages[r].find("rank 1 passed local_first=0 but rank 0 passed local_first=1"), std::string::npos)
+        << messages[r];
+  }
+}
+
 class CudaCpHeadGroups : public test::CudaTest {};
 
 // Heads are independent, so every head grouping (and the serial order a plan with phase
