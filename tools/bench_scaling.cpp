@@ -90,7 +90,7 @@ const char* kHelp =
     "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward)\n"
     "  --sm-margin M[,M...]  cuda::Options::sm_margin of the CP plans, each a row (0): SMs the\n"
     "                      persistent Hopper forward leaves to the collectives beside it\n"
-    "  --local-first B[,B...]  cp::Problem::local_first, each a row (1): 1 = the forward's local\n"
+    "  --local-first B[,B...]  cp::Problem::local_first, each a row (0): 1 = the forward's local\n"
     "                      keys attended while the gather runs, merged by LSE (masks with\n"
     "                      window_right 0); 0 = one attention after the gather\n"
     "\n"
@@ -654,7 +654,7 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
     margin_list.push_back(static_cast<int>(m));
   }
   std::vector<bool> local_first_list;
-  for (int64_t b : parse_int_list("local-first", args.get("local-first", "1"), 0, 1)) {
+  for (int64_t b : parse_int_list("local-first", args.get("local-first", "0"), 0, 1)) {
     local_first_list.push_back(b != 0);
   }
   std::vector<bool> kv_list;

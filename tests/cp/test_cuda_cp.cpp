@@ -140,7 +140,7 @@ TEST_F(CudaCpKeptKv, BackwardOnForwardKvEqualsRegather) {
 
 class CudaCpLocalFirst : public test::CudaTest {};
 
-// cp::Problem::local_first (the default) and the one-attention forward both match the CPU
+// cp::Problem::local_first and the one-attention forward (the default) both match the CPU
 // reference on the edge cases whose mask it applies to (causal, left window), forward and
 // backward; they differ (only by rounding) in `out`, so the test would see a path that
 // silently fell back. Ranks that disagree on it are refused, naming it.

@@ -41,14 +41,15 @@ struct Problem {
   // within 0.5 % of 1; with ranks sharing one GPU they were 2-5 % slower). The CPU backend
   // runs every head at once whatever this says.
   int head_groups = 1;
-  // The CUDA forward of a mask that reaches no key after its query (window_right == 0:
-  // causal, left windows) runs local-first: each chunk's queries attend to the chunk's own
+  // Opt-in. The CUDA forward of a mask that reaches no key after its query (window_right ==
+  // 0: causal, left windows) runs local-first: each chunk's queries attend to the chunk's own
   // keys (this rank's K/V, no gather needed) while the gather is in flight, then to the keys
   // before the chunk, and the two are merged by LSE in fp32 (thdcp/plan/segment.h,
-  // cp_local_segment). false: one attention over the gathered K/V after the gather. The two
-  // differ only by rounding. Other masks, cp = 1 (nothing to gather) and the CPU backend
-  // always run the one attention.
-  bool local_first = true;
+  // cp_local_segment). The two forms differ only by rounding. Off by default: on 4 x H200
+  // (bench/RESULTS.md) the second launch cost more attention time (1.8 ms of 30 at cp = 2,
+  // T = 131072) than the gather it hides, and no step got shorter. Other masks, cp = 1
+  // (nothing to gather) and the CPU backend always run the one attention.
+  bool local_first = false;
 
   int64_t local_rows() const { return capacity.max_tokens / cp; }
 };
