@@ -27,7 +27,7 @@ void launch_forward(const ForwardParams& params, const ForwardStrides& strides, 
   using Shape = ForwardShape<kHeadDim>;
   using Sm90 = ForwardSm90Shape<kHeadDim>;
   if (grid_tiles == 0 || params.q_heads == 0) return;
-  // grid_tiles and the tile schedule were sized with forward_tile_rows(maps != nullptr).
+  // grid_tiles and the tile schedule were sized with forward_tile_rows(maps != nullptr, kHeadDim).
   const dim3 grid(static_cast<unsigned>(grid_tiles), static_cast<unsigned>(params.q_heads));
   if (maps != nullptr) {
     // Persistent: a block per SM, or per work item when there are fewer (the real count is

@@ -1,18 +1,19 @@
 // The forward on Hopper (sm_90a), warp-specialized (the schedule of FlashAttention-3): a work
-// item is a query tile of 128 rows of one head, and a persistent block (one per SM) of three
-// warpgroups takes items in turn.
+// item is a query tile of one head (128 rows at head dim 128, 192 at 64), and a persistent
+// block (one per SM) of a producer and two or three consumer warpgroups takes items in turn.
 //   - The producer (warpgroup 0; one thread issues every copy) loads each item's Q tile once
 //     (two Q buffers, so the next item's Q can land while the current one is still read) and
 //     the K and V tiles of 128 keys through a two-stage pipeline with TMA
 //     (sm90_pipeline.cuh), by coordinates in tensor maps of the whole THD tensors
 //     (tensor_map.h).
-//   - Two consumer warpgroups own 64 query rows each and run, per key tile n,
+//   - The consumer warpgroups own 64 query rows each and run, per key tile n,
 //       S = Q K^T        (wgmma m64n128k16, Q and K read K-major from shared memory),
 //       online softmax   (registers),
 //       O += P V         (wgmma, P from registers, V read MN-major),
 //     with the softmax of tile n overlapping the P V product of tile n - 1 ("intra-warpgroup
 //     overlap"): O is rescaled only after that product has landed.
-// setmaxnreg moves registers from the producer (40 per thread) to the consumers (232).
+// setmaxnreg moves registers from the producer (40 per thread with two consumers, 32 with
+// three) to the consumers (232, resp. 160).
 // Masks, the key tiles visited, the block order and the epilogue are forward_kernel's.
 //
 // Rows a tile copies past a segment's keys (its padding, the next segment's rows) are
@@ -29,15 +30,15 @@ namespace thdcp::cuda::detail {
 
 template <int kHeadDim>
 struct ForwardSm90Shape {
-  static constexpr int kTileM = kForwardSm90TileRows;  // two consumer warpgroups of 64 rows
-  static constexpr int kTileN = 128;
+  static constexpr int kTileM = forward_sm90_tile_rows(kHeadDim);  // 64 rows per consumer warpgroup
+  static constexpr int kTileN = kForwardSm90KeyRows;
   static constexpr int kStages = 2;   // K/V tiles in flight
   static constexpr int kQStages = 2;  // Q tiles: the current item's and the next one's
   static constexpr int kSlots = 4;    // work item descriptions (ForwardItem), see the kernel
-  static constexpr int kConsumers = 2;
+  static constexpr int kConsumers = kTileM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kProducerRegisters = 40;
-  static constexpr int kConsumerRegisters = 232;
+  static constexpr int kProducerRegisters = kConsumers == 2 ? 40 : 32;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 232 : 160;
   static constexpr int kColumnBlocks = kHeadDim / 64;  // 128-byte swizzle atoms per row
   static constexpr uint32_t kQBytes = kTileM * kHeadDim * 2;
   static constexpr uint32_t kKvBytes = kTileN * kHeadDim * 2;
@@ -118,23 +119,29 @@ __device__ __forceinline__ void tma_load_rows(uint32_t dst, const ThdTensorMap& 
   }
 }
 
-// The consumers' turns at the tensor cores ("ping-pong"): a consumer issues its GEMMs of a
-// step only on its turn and then hands the turn to the other, so that one warpgroup's
-// softmax runs while the other's GEMMs do. Named barriers 3 and 4 (of 256 threads: the
-// waiting warpgroup's sync and the other's arrive). Consumer 0 has the first turn; both take
-// the same number of turns, and consumer 0 takes consumer 1's last hand-over at the end, so
-// that each arrive is matched by a sync.
+// The consumers' turns at the tensor cores ("ping-pong", round robin over kConsumers): a
+// consumer issues its GEMMs of a step only on its turn and then hands the turn to the next,
+// so that one warpgroup's softmax runs while another's GEMMs do. Named barriers
+// kFirstBarrier + consumer (of 256 threads: the waiting warpgroup's sync and the previous
+// one's arrive); zero_tile_rows takes barriers 1 .. kConsumers. Consumer 0 has the first
+// turn; all take the same number of turns, and consumer 0 takes the last consumer's final
+// hand-over at the end, so that each arrive is matched by a sync.
+template <int kConsumers>
 struct TensorCoreTurns {
+  static constexpr int kFirstBarrier = 1 + kConsumers;
+  static_assert(kFirstBarrier + kConsumers <= 16, "16 named barriers");
   int consumer;
   __device__ __forceinline__ void start() const {
-    if (consumer == 1) arrive_other_(0);
+    if (consumer == kConsumers - 1) arrive_(0);
   }
-  __device__ __forceinline__ void wait() const { named_barrier_sync(3 + consumer, 256); }
-  __device__ __forceinline__ void pass() const { arrive_other_(1 - consumer); }
+  __device__ __forceinline__ void wait() const { named_barrier_sync(kFirstBarrier + consumer, 256); }
+  __device__ __forceinline__ void pass() const {
+    arrive_(kConsumers == 2 ? 1 - consumer : (consumer + 1 == kConsumers ? 0 : consumer + 1));
+  }
 
  private:
-  __device__ __forceinline__ void arrive_other_(int other) const {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(3 + other), "r"(256) : "memory");
+  __device__ __forceinline__ void arrive_(int next) const {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(kFirstBarrier + next), "r"(256) : "memory");
   }
 };
 
@@ -271,7 +278,7 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
   const int group_row = lane >> 2;
   const int pair_col = (lane & 3) * 2;
   const int warp_row0 = consumer * 64 + (thread / 32) * 16;  // this warp's first row of the tile
-  const TensorCoreTurns turns{consumer};
+  const TensorCoreTurns<Shape::kConsumers> turns{consumer};
   turns.start();
   int kv_uses = 0;
 
@@ -371,7 +378,7 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
                                     pair_col, o, row_max, row_sum, thread_max);
     reduce_max_logit(p, work.head, thread_max);
   }
-  if (consumer == 0) turns.wait();  // consumer 1's last hand-over: every arrive is matched
+  if (consumer == 0) turns.wait();  // the last consumer's final hand-over: every arrive is matched
 #endif
 }
 

@@ -15,8 +15,8 @@ namespace {
 
 // Query tiles never overlap and lie inside q_rows, so their count is at most
 // ceil(q_rows / tile) plus one partial tile per segment.
-int64_t forward_grid_tiles(const DeviceSegmentTable& table, bool sm90) {
-  return detail::ceil_div(table.q_rows, detail::forward_tile_rows(sm90)) + table.capacity;
+int64_t forward_grid_tiles(const DeviceSegmentTable& table, bool sm90, int head_dim) {
+  return detail::ceil_div(table.q_rows, detail::forward_tile_rows(sm90, head_dim)) + table.capacity;
 }
 
 void check_forward_tensors(const AttentionShape& shape, const ForwardTensors& t) {
@@ -64,8 +64,9 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const Options& options, vo
                              << multiprocessors << "; pass at most " << multiprocessors - 1);
     sm_count_ = multiprocessors - options.sm_margin;  // the persistent kernel's blocks at most
   }
-  THDCP_CHECK(forward_grid_tiles(shape_.table, sm90_) <= std::numeric_limits<int32_t>::max(),
-              "too many query tiles: " << forward_grid_tiles(shape_.table, sm90_)
+  const int head_dim = static_cast<int>(shape_.head_dim);
+  THDCP_CHECK(forward_grid_tiles(shape_.table, sm90_, head_dim) <= std::numeric_limits<int32_t>::max(),
+              "too many query tiles: " << forward_grid_tiles(shape_.table, sm90_, head_dim)
                                        << " (q_rows=" << shape_.table.q_rows << ", capacity "
                                        << shape_.table.capacity << ")");
   const size_t needed = workspace_size(shape_);
@@ -130,20 +131,20 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
 
   // Also sets max_logit to -inf (all that an empty table writes; a merging run keeps the
   // earlier run's) and zeroes the counter.
-  detail::launch_schedule(table.segments, table.capacity, detail::forward_tile_rows(sm90_),
+  const int head_dim = static_cast<int>(shape_.head_dim);
+  detail::launch_schedule(table.segments, table.capacity, detail::forward_tile_rows(sm90_, head_dim),
                           static_cast<int*>(workspace_), 1, nullptr, t.merge_out ? nullptr : t.max_logit,
                           params.q_heads, params.work_counter, stream);
   if (table.capacity == 0) return;
-  const int grid_tiles = static_cast<int>(forward_grid_tiles(table, sm90_));
+  const int grid_tiles = static_cast<int>(forward_grid_tiles(table, sm90_, head_dim));
   // The Hopper kernel's TMA maps: host arithmetic and a driver call per tensor, no stream
   // work (capture-safe); a graph keeps them with the kernel's parameters.
   detail::ForwardTensorMaps maps;
   if (sm90_) {
     const auto encode = reinterpret_cast<detail::EncodeTiledFn>(tensor_map_encoder_);
-    const int rows = detail::kForwardSm90TileRows;
-    maps.q = detail::encode_thd_tensor_map(encode, "q", t.q, rows);
-    maps.k = detail::encode_thd_tensor_map(encode, "k", t.k, rows);
-    maps.v = detail::encode_thd_tensor_map(encode, "v", t.v, rows);
+    maps.q = detail::encode_thd_tensor_map(encode, "q", t.q, detail::forward_sm90_tile_rows(head_dim));
+    maps.k = detail::encode_thd_tensor_map(encode, "k", t.k, detail::kForwardSm90KeyRows);
+    maps.v = detail::encode_thd_tensor_map(encode, "v", t.v, detail::kForwardSm90KeyRows);
   }
   const detail::ForwardTensorMaps* sm90_maps = sm90_ ? &maps : nullptr;
   const bool bf16 = shape_.dtype == DType::kBFloat16;

@@ -10,12 +10,17 @@
 
 namespace thdcp::cuda::detail {
 
-// Query rows per forward block (portable kernel; the Hopper one: two consumer warpgroups of
-// 64 rows), query rows per dQ block, key rows per dK/dV block (64 for the deterministic
+// Query rows per forward block (portable kernel; the Hopper one: consumer warpgroups of 64
+// rows, two at head dim 128 and three at 64, see forward_sm90_tile_rows), query rows per dQ
+// block, key rows per dK/dV block (64 for the deterministic
 // backward: two 4-warp blocks per SM; 128 when dQ is fused into it: half the dQ atomics).
 // The host sizes grids and schedules with them.
 constexpr int kForwardTileRows = 128;
-constexpr int kForwardSm90TileRows = 128;
+// The Hopper forward's query rows per block and key rows per K/V tile at head dim D: at 64
+// the GEMMs of a key tile are too short for two warpgroups to hide each other's softmax, so
+// three take turns (as FlashAttention-3's 192 x 128 tiles).
+constexpr int forward_sm90_tile_rows(int head_dim) { return head_dim == 64 ? 192 : 128; }
+constexpr int kForwardSm90KeyRows = 128;
 constexpr int kDqTileRows = 64;
 constexpr int kDkvTileRows = 64;
 constexpr int kDkvFusedTileRows = 128;
@@ -31,9 +36,11 @@ struct Fp16Tag {};
 // capture. The plans call it once and keep the answer.
 bool use_sm90_kernels();
 
-// Query rows per forward block of a kernel family: the tile schedule and grid of the
-// forward are sized with it.
-inline int forward_tile_rows(bool sm90) { return sm90 ? kForwardSm90TileRows : kForwardTileRows; }
+// Query rows per forward block of a kernel family at a head dim: the tile schedule and grid
+// of the forward are sized with it.
+inline int forward_tile_rows(bool sm90, int head_dim) {
+  return sm90 ? forward_sm90_tile_rows(head_dim) : kForwardTileRows;
+}
 
 // Sets the attributes (dynamic shared memory, carveout) of the kernels that launch_forward /
 // launch_backward will run for this family (and fused dQ pass) on the current device.
