@@ -105,6 +105,11 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
     dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
   }
 
+  // The steps are software-pipelined by one: step s's dV/dK products run on the tensor cores
+  // while step s + 1 waits for its tiles and issues its S^T and dP^T, and P^T = exp(S^T -
+  // lse) is computed while dP^T is still in flight. wgmma groups in flight at step s's
+  // wait<1>: [dV/dK of s - 1, S^T of s, dP^T of s]; it returns when the first two have
+  // landed, which also frees the other Q/dO buffer for the prefetch of step s + 1.
   int m_index = 0;
   int head_index = 0;
   for (int step = 0; step < steps; ++step) {
@@ -115,7 +120,7 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
       next_m = 0;
       ++next_head;
     }
-    prefetch_next_and_wait(step + 1 < steps, [&] { load_q(next_m, next_head, buffer ^ 1); });
+    cp_async_wait<0>();          // this step's Q/dO (and on step 0 K/V): loaded during the last one
     fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
     __syncthreads();
     const uint32_t q_tile = q_tiles + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
@@ -128,14 +133,20 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
     float dpt[kM / 8][4];
     wgmma_fence();
     wgmma_ss_k_major<Storage, kM, kN, kM, kD / 16>(st, k_tile, q_tile);
+    wgmma_commit();
     wgmma_ss_k_major<Storage, kM, kN, kM, kD / 16>(dpt, v_tile, do_tile);
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // the last step's dV/dK and this step's S^T have landed
     wgmma_fence_operands(flat(st));
-    wgmma_fence_operands(flat(dpt));
+    wgmma_fence_operands(flat(dv));
+    wgmma_fence_operands(flat(dk));
+    __syncthreads();  // every warp's: the other Q/dO buffer is free
+    if (step + 1 < steps) load_q(next_m, next_head, buffer ^ 1);
+    cp_async_commit();
 
+    // P^T, with S^T = -inf (P = 0) where masked. A query row with lse = -inf (it saw no key)
+    // gets the offset +inf, hence P = 0.
     if (!dkv_step_unmasked(seg, mask, n0, valid_k, kN, m0, kM)) {
-      // A masked entry gets S^T = -inf (P = 0) and dP^T = 0, so nothing leaks into dS.
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         int lo = 0;
@@ -146,16 +157,11 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const int column = nf * 8 + c;
-            if (column < lo || column >= hi) {
-              st[nf][2 * half + c] = -INFINITY;
-              dpt[nf][2 * half + c] = 0.0f;
-            }
+            if (column < lo || column >= hi) st[nf][2 * half + c] = -INFINITY;
           }
         }
       }
     }
-    // P^T and dS^T = P^T (dP^T - delta). A query row with lse = -inf (it saw no key) gets
-    // the offset +inf, hence P = 0.
 #pragma unroll
     for (int nf = 0; nf < kM / 8; ++nf) {
 #pragma unroll
@@ -163,32 +169,44 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
         const int column = nf * 8 + pair_col + c;
         const float lse = lse_tile[column];
         const float offset = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
-        const float row_delta = delta_tile[column];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int e = 2 * half + c;
-          const float prob = fast_exp2(fmaf(st[nf][e], p.scale_log2, -offset));
-          st[nf][e] = prob;
-          dpt[nf][e] = prob * (dpt[nf][e] - row_delta);
+          st[nf][e] = fast_exp2(fmaf(st[nf][e], p.scale_log2, -offset));
         }
       }
     }
-    // As A fragments (storage precision) of the k-steps over the step's queries.
     uint32_t pt[kM / 16][4];
-    uint32_t dst[kM / 16][4];
     accumulator_to_a_fragments<Storage, kM>(st, pt);
+
+    wgmma_wait<0>();  // dP^T
+    wgmma_fence_operands(flat(dpt));
+    // dS^T = P^T (dP^T - delta): 0 where P is, since dP^T is finite (V and dO rows past the
+    // valid ones are zero-filled, and so are their lse and delta).
+#pragma unroll
+    for (int nf = 0; nf < kM / 8; ++nf) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float row_delta = delta_tile[nf * 8 + pair_col + c];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int e = 2 * half + c;
+          dpt[nf][e] = st[nf][e] * (dpt[nf][e] - row_delta);
+        }
+      }
+    }
+    uint32_t dst[kM / 16][4];
     accumulator_to_a_fragments<Storage, kM>(dpt, dst);
     wgmma_fence();
     wgmma_rs_mn_major<Storage, kD, kM, kM / 16>(dv, pt, do_tile);
     wgmma_rs_mn_major<Storage, kD, kM, kM / 16>(dk, dst, q_tile);
     wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(flat(dv));
-    wgmma_fence_operands(flat(dk));
     m_index = next_m;
     head_index = next_head;
-    __syncthreads();  // the Q/dO buffer is refilled by the next step's prefetch
   }
+  wgmma_wait<0>();
+  wgmma_fence_operands(flat(dv));
+  wgmma_fence_operands(flat(dk));
 
   // One fp32 addition per (segment, element): with at most two segments reaching a key row
   // and the accumulator starting at zero, the result does not depend on their order.
