@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -138,6 +139,25 @@ TEST_F(CudaCpKeptKv, BackwardOnForwardKvEqualsRegather) {
   }
 }
 
+// Two ranks plan edge case 0 with problems that `change` makes differ: both throw, and each
+// message has `expected`.
+void expect_disagreement_refused(const std::function<void(cp::Problem&, int)>& change, const std::string& expected) {
+  std::vector<std::string> messages(2);
+  EXPECT_THROW(run_shared_gpu(2,
+                              [&](DeviceCommunicator& comm) {
+                                cp::Problem mine = problem_of(edge_cases()[0], 2);
+                                change(mine, comm.rank());
+                                try {
+                                  test::CudaCpRank state(comm, mine);
+                                } catch (const Error& e) {
+                                  messages[comm.rank()] = e.what();
+                                  throw;
+                                }
+                              }),
+               Error);
+  for (int r = 0; r < 2; ++r) EXPECT_NE(messages[r].find(expected), std::string::npos) << messages[r];
+}
+
 class CudaCpLocalFirst : public test::CudaTest {};
 
 // cp::Problem::local_first and the one-attention forward (the default) both match the CPU
@@ -173,23 +193,8 @@ TEST_F(CudaCpLocalFirst, BothForwardsMatchTheReference) {
       EXPECT_TRUE(any_difference) << c.name << " cp " << cp << ": local-first gave the one-attention bits";
     }
   }
-  std::vector<std::string> messages(2);
-  EXPECT_THROW(run_shared_gpu(2,
-                              [&](DeviceCommunicator& comm) {
-                                cp::Problem mine = problem_of(edge_cases()[0], 2);
-                                mine.local_first = comm.rank() == 0;
-                                try {
-                                  test::CudaCpRank state(comm, mine);
-                                } catch (const Error& e) {
-                                  messages[comm.rank()] = e.what();
-                                  throw;
-                                }
-                              }),
-               Error);
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_NE(messages[r].find("rank 1 passed local_first=0 but rank 0 passed local_first=1"), std::string::npos)
-        << messages[r];
-  }
+  expect_disagreement_refused([](cp::Problem& p, int rank) { p.local_first = rank == 0; },
+                              "rank 1 passed local_first=0 but rank 0 passed local_first=1");
 }
 
 class CudaCpHeadGroups : public test::CudaTest {};
@@ -252,23 +257,8 @@ TEST_F(CudaCpHeadGroups, BadGroupingIsRefusedNamingIt) {
   p.head_groups = 3;
   EXPECT_THDCP_ERROR(run_shared_gpu(2, [&](DeviceCommunicator& comm) { test::CudaCpRank state(comm, p); }),
                      "head_groups=3 with kv_heads=2: use a divisor of kv_heads");
-  std::vector<std::string> messages(2);
-  EXPECT_THROW(run_shared_gpu(2,
-                              [&](DeviceCommunicator& comm) {
-                                cp::Problem mine = problem_of(edge_cases()[0], 2);
-                                mine.head_groups = comm.rank() == 1 ? 2 : 1;
-                                try {
-                                  test::CudaCpRank state(comm, mine);
-                                } catch (const Error& e) {
-                                  messages[comm.rank()] = e.what();
-                                  throw;
-                                }
-                              }),
-               Error);
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_NE(messages[r].find("rank 1 passed head_groups=2 but rank 0 passed head_groups=1"), std::string::npos)
-        << messages[r];
-  }
+  expect_disagreement_refused([](cp::Problem& p, int rank) { p.head_groups = rank == 1 ? 2 : 1; },
+                              "rank 1 passed head_groups=2 but rank 0 passed head_groups=1");
 }
 
 class CudaCpFaults : public test::CudaTest {};
