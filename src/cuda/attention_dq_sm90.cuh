@@ -5,7 +5,7 @@
 // memory (wgmma.cuh layout; K/V double-buffered with cp.async), each operand once per
 // product for all 64 rows:
 //   S = Q K^T, dP = dO V^T   (m64n64k16, Q/dO and K/V read K-major),
-//   dS = P (dP - delta)      (registers, dq_softmax_gradient),
+//   dS = P (dP - delta)      (registers; P computed while dP is still in flight),
 //   dQ += dS K               (m64nDk16, dS from registers, K read MN-major from the same tile).
 // Q and dO stay in shared memory rather than in registers as A fragments for the whole loop:
 // ptxas (CUDA 13.0) reused the registers of such loop-invariant wgmma A operands for values
@@ -27,12 +27,15 @@ struct DqSm90Shape {
   static constexpr int kThreads = 128;
   static constexpr uint32_t kTileBytes = 64 * kHeadDim * 2;
   // Q, dO, two K and two V buffers (wgmma layout), and the slack that aligns them to 1024
-  // bytes: 97 KiB at D = 128, two blocks per SM.
+  // bytes: 97 KiB at D = 128.
   static constexpr size_t kSmemBytes = 6 * kTileBytes + 1024;
+  // Blocks per SM the registers are bounded for: at D = 64 three fit (49 KiB of shared memory
+  // and up to 170 registers each); at D = 128 shared memory allows two.
+  static constexpr int kMinBlocks = kHeadDim == 64 ? 3 : 2;
 };
 
 template <typename Storage, int kHeadDim>
-__global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, 2)
+__global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, DqSm90Shape<kHeadDim>::kMinBlocks)
     dq_kernel_sm90(const BackwardParams p, const BackwardStrides strides) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = StorageTraits<Storage>;
@@ -103,15 +106,29 @@ __global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, 2)
     float dp[kN / 8][4];
     wgmma_fence();
     wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_tile, k_tile);
+    wgmma_commit();
     wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(dp, do_tile, v_tile);
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // S; dP is still in flight while P is computed
     wgmma_fence_operands(flat(s));
+    if (n < key_tiles.unmasked_begin || n >= key_tiles.unmasked_end) {
+      mask_row_keys<kN>(seg, mask, m0 + warp_row0 + group_row, n * kN, pair_col,
+                        [&](int nf, int e) { s[nf][e] = -INFINITY; });
+    }
+#pragma unroll
+    for (int nf = 0; nf < kN / 8; ++nf) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nf][e] = fast_exp2(fmaf(s[nf][e], p.scale_log2, -lse_log2[e >> 1]));
+    }
+    wgmma_wait<0>();
     wgmma_fence_operands(flat(dp));
-
-    const bool needs_mask = n < key_tiles.unmasked_begin || n >= key_tiles.unmasked_end;
-    dq_softmax_gradient<kN>(s, dp, needs_mask, seg, mask, m0 + warp_row0 + group_row, n * kN, pair_col, lse_log2,
-                            delta, p.scale_log2);
+    // dS = P (dP - delta): 0 where P is (dP and delta are finite: rows past the valid ones
+    // are zero-filled, their statistics 0).
+#pragma unroll
+    for (int nf = 0; nf < kN / 8; ++nf) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nf][e] *= dp[nf][e] - delta[e >> 1];
+    }
 
     // dQ += dS K (dS rounded to the storage type for the tensor cores).
     uint32_t ds[kN / 16][4];
