@@ -85,18 +85,11 @@ THDCP_HD bool cp_split_applies(const Mask& mask) { return mask.window_right == 0
 
 THDCP_HD Segment cp_local_segment(int64_t padded_start, int64_t padded_len, int64_t length, int cp, int rank,
                                   int slot) {
-  const int64_t chunk_rows = dual_chunk_rows(padded_len, cp);
-  const int chunk = dual_chunk_index(cp, rank, slot);
-  const int64_t q_len = dual_chunk_valid_rows(length, chunk_rows, chunk);
-  Segment s;
-  s.q_row = static_cast<int32_t>(padded_start / cp + slot * chunk_rows);
-  s.q_len = static_cast<int32_t>(q_len);
-  s.q_pos = static_cast<int32_t>(static_cast<int64_t>(chunk) * chunk_rows);
-  s.q_span = static_cast<int32_t>(chunk_rows);
+  // cp_segment's query block (it does not depend on the mask), against itself.
+  Segment s = cp_segment(padded_start, padded_len, length, cp, rank, slot, Mask::causal());
   s.k_row = s.q_row;
   s.k_len = s.q_len;
   s.k_pos = s.q_pos;
-  s.reserved = 0;
   return s;
 }
 
