@@ -94,11 +94,10 @@ Layout workspace_layout(const Problem& p, const cuda::Options& options) {
   w.forward = take(w.forward_bytes);
   w.backward = take(w.backward_bytes);
   if (runs_local_first(p)) {
-    const size_t group_q_elements =
-        static_cast<size_t>(p.local_rows() * (p.q_heads / p.head_groups) * p.head_dim);
+    const size_t group_rows = static_cast<size_t>(p.local_rows() * (p.q_heads / p.head_groups));  // rows x heads
     w.remote_segments = take(sizeof(Segment) * static_cast<size_t>(table_shape(p).capacity));
-    w.partial_out = take(group_q_elements * sizeof(float));
-    w.partial_lse = take(static_cast<size_t>(p.local_rows() * (p.q_heads / p.head_groups)) * sizeof(float));
+    w.partial_out = take(group_rows * static_cast<size_t>(p.head_dim) * sizeof(float));
+    w.partial_lse = take(group_rows * sizeof(float));
     w.forward_local_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p, p.head_groups, true));
     w.forward_local = take(w.forward_local_bytes);
   }

@@ -13,6 +13,7 @@
 #include "launch.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/check.h"
+#include "thdcp/plan/segment_table.h"
 
 namespace thdcp::cuda {
 
@@ -100,10 +101,10 @@ DeviceSegmentTable build_cp_segment_table(const int32_t* cu_seqlens, const int32
                                   stream);
 }
 
-DeviceSegmentTable enqueue_cp_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
-                                            int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
-                                            Segment* segments, cudaStream_t stream) {
-  detail::launch_build_cp_table(cu_seqlens, cu_seqlens_padded, max_seqs, cp, rank, mask, segments, nullptr, stream);
+namespace {
+
+// The description of an AllGather-CP table over `segments`.
+DeviceSegmentTable cp_table(Segment* segments, int max_seqs, int64_t total_rows, int cp, const Mask& mask) {
   DeviceSegmentTable table;
   table.segments = segments;
   table.capacity = segment_table_capacity(TableKind::kAllGatherCp, max_seqs);
@@ -114,24 +115,24 @@ DeviceSegmentTable enqueue_cp_segment_table(const int32_t* cu_seqlens, const int
   return table;
 }
 
+}  // namespace
+
+DeviceSegmentTable enqueue_cp_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
+                                            int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
+                                            Segment* segments, cudaStream_t stream) {
+  detail::launch_build_cp_table(cu_seqlens, cu_seqlens_padded, max_seqs, cp, rank, mask, segments, nullptr, stream);
+  return cp_table(segments, max_seqs, total_rows, cp, mask);
+}
+
 DeviceCpSplitTables enqueue_cp_split_tables(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
                                             int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
                                             Segment* local, Segment* remote, cudaStream_t stream) {
-  THDCP_CHECK(cp_split_applies(mask), "mask window (" << mask.window_left << ", " << mask.window_right
-                                                      << ") reaches keys after the query: the local-first split "
-                                                         "needs window_right == 0 (causal or a left window)");
+  check_cp_split_mask(mask);
   THDCP_CHECK(local != nullptr && remote != nullptr, "the split tables need two segment arrays (local, remote)");
   detail::launch_build_cp_table(cu_seqlens, cu_seqlens_padded, max_seqs, cp, rank, mask, local, remote, stream);
-  DeviceCpSplitTables split;
-  split.remote.segments = remote;
-  split.remote.capacity = segment_table_capacity(TableKind::kAllGatherCp, max_seqs);
-  split.remote.q_rows = total_rows / cp;
-  split.remote.k_rows = total_rows;
-  split.remote.mask = mask;
-  split.remote.kind = TableKind::kAllGatherCp;
-  split.local = split.remote;
-  split.local.segments = local;
-  split.local.k_rows = total_rows / cp;
+  DeviceCpSplitTables split{cp_table(local, max_seqs, total_rows, cp, mask),
+                            cp_table(remote, max_seqs, total_rows, cp, mask)};
+  split.local.k_rows = total_rows / cp;  // the rank's own K/V rows
   return split;
 }
 

@@ -49,9 +49,7 @@ SegmentTable build_cp_segment_table(const LayoutView& layout, int cp, int rank, 
 
 CpSplitTables build_cp_split_tables(const LayoutView& layout, int cp, int rank, const Mask& mask) {
   const SegmentTable whole = build_cp_segment_table(layout, cp, rank, mask);  // checks the arguments
-  THDCP_CHECK(cp_split_applies(mask), "mask window (" << mask.window_left << ", " << mask.window_right
-                                                      << ") reaches keys after the query: the local-first split "
-                                                         "needs window_right == 0 (causal or a left window)");
+  check_cp_split_mask(mask);
   CpSplitTables split;
   split.local = whole;
   split.remote = whole;
@@ -66,6 +64,12 @@ CpSplitTables build_cp_split_tables(const LayoutView& layout, int cp, int rank, 
     }
   }
   return split;
+}
+
+void check_cp_split_mask(const Mask& mask) {
+  THDCP_CHECK(cp_split_applies(mask), "mask window (" << mask.window_left << ", " << mask.window_right
+                                                      << ") reaches keys after the query: the local-first split "
+                                                         "needs window_right == 0 (causal or a left window)");
 }
 
 void validate_segment_table(const SegmentTable& table) {

@@ -35,6 +35,10 @@ struct CpSplitTables {
 };
 CpSplitTables build_cp_split_tables(const LayoutView& layout, int cp, int rank, const Mask& mask);
 
+// Throws thdcp::Error, naming the window, unless cp_split_applies(mask): the check of
+// build_cp_split_tables and of the CUDA backend's device builder.
+void check_cp_split_mask(const Mask& mask);
+
 // Checks that every segment lies inside the tensors, that q_len <= q_span and that query
 // blocks do not overlap (each output row has one writer). Throws thdcp::Error.
 void validate_segment_table(const SegmentTable& table);
