@@ -164,7 +164,9 @@ class CudaCpLocalFirst : public test::CudaTest {};
 // cp::Problem::local_first and the one-attention forward (the default) both match the CPU
 // reference on the edge cases whose mask it applies to (causal, left window), forward and
 // backward; they differ (only by rounding) in `out`, so the test would see a path that
-// silently fell back. Ranks that disagree on it are refused, naming it.
+// silently fell back. Ranks that disagree on it are refused, naming it. A local-first step
+// captured (each rank's stream into the group's graph) and replayed, and one run in program
+// order (phase timing), give the eager step's bits.
 TEST_F(CudaCpLocalFirst, BothForwardsMatchTheReference) {
   for (int cp : {2, 3, 4}) {
     for (int index : {0, 1, 3}) {
@@ -173,14 +175,31 @@ TEST_F(CudaCpLocalFirst, BothForwardsMatchTheReference) {
       cp::Problem problem = problem_of(c, cp);
       const test::Batch b = make_case_batch(c, cp, problem.capacity, 700 + index + cp, false);
       const test::GlobalResult ref = test::single_device(b, c.mask, AttentionOptions{});
-      std::vector<test::RankOutputs> split(cp), whole(cp);
+      std::vector<test::RankOutputs> split(cp), whole(cp), replayed(cp), timed(cp);
       for (bool local_first : {true, false}) {
         problem.local_first = local_first;
         run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+          const int rank = comm.rank();
           test::CudaCpRank state(comm, problem);
           state.load(b);
           state.step(state.stream());
-          (local_first ? split : whole)[comm.rank()] = state.download();
+          (local_first ? split : whole)[rank] = state.download();
+          if (!local_first) return;
+          comm.begin_capture(state.stream());
+          state.step(state.stream());
+          cudaGraph_t graph = comm.end_capture(state.stream());
+          cudaGraphExec_t exec = nullptr;
+          if (graph) THDCP_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+          state.load(b);
+          comm.launch(exec, state.stream());
+          comm.synchronize(state.stream(), 60);
+          replayed[rank] = state.download();
+          if (exec) cudaGraphExecDestroy(exec);
+          if (graph) cudaGraphDestroy(graph);
+          state.plan().enable_phase_timing();
+          state.load(b);
+          state.step(state.stream());
+          timed[rank] = state.download();
         });
       }
       bool any_difference = false;
@@ -190,6 +209,8 @@ TEST_F(CudaCpLocalFirst, BothForwardsMatchTheReference) {
         SCOPED_TRACE(std::string(c.name) + " one attention");
         expect_matches_reference(whole[rank], ref, b, cp, rank);
         any_difference = any_difference || !test::same_bits(split[rank].out, whole[rank].out);
+        EXPECT_TRUE(test::identical(replayed[rank], split[rank])) << c.name << " replayed, rank " << rank;
+        EXPECT_TRUE(test::identical(timed[rank], split[rank])) << c.name << " in program order, rank " << rank;
       }
       EXPECT_TRUE(any_difference) << c.name << " cp " << cp << ": local-first gave the one-attention bits";
     }
