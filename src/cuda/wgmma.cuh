@@ -28,15 +28,17 @@ __device__ __forceinline__ int wgmma_tile_offset(int row, int chunk) {
 
 // Copies rows [0, kRows) of head `head` of a THD tensor, from `first_row` on, into a wgmma
 // tile at shared address `tile`; rows >= valid_rows are zero-filled (never read). Addresses
-// as load_tile_async's (row_offset, pass_step).
+// as load_tile_async's (row_offset, pass_step). `thread` = 0 .. kThreads - 1: the kThreads
+// threads that share the copy.
 template <int kRows, int kHeadDim, int kThreads, typename Element>
-__device__ __forceinline__ void load_wgmma_tile_async(uint32_t tile, const Element* tensor, int64_t first_row,
-                                                      int valid_rows, const Strides& strides, int head) {
+__device__ __forceinline__ void load_wgmma_tile_async_from(uint32_t tile, const Element* tensor, int64_t first_row,
+                                                           int valid_rows, const Strides& strides, int head,
+                                                           int thread) {
   constexpr int kChunks = kHeadDim / 8;
   constexpr int kRowStep = kThreads / kChunks;
   static_assert(kRows * kChunks % kThreads == 0 && kRowStep % 8 == 0, "row passes keep the swizzle phase");
-  const int chunk = static_cast<int>(threadIdx.x) % kChunks;
-  const int row0 = static_cast<int>(threadIdx.x) / kChunks;
+  const int chunk = thread % kChunks;
+  const int row0 = thread / kChunks;
   const uint32_t dst0 = tile + static_cast<uint32_t>(wgmma_tile_offset<kRows>(row0, chunk) * 2);
   const Element* src = tensor + row_offset(strides, static_cast<uint32_t>(first_row) + row0, head, chunk);
 #pragma unroll
@@ -45,6 +47,14 @@ __device__ __forceinline__ void load_wgmma_tile_async(uint32_t tile, const Eleme
     cp_async_16(dst0 + static_cast<uint32_t>(kRowStep * i * 128), valid ? src : tensor, valid);
     src += pass_step<kRowStep>(strides);
   }
+}
+
+// The same, shared by the block's first kThreads threads (threadIdx.x).
+template <int kRows, int kHeadDim, int kThreads, typename Element>
+__device__ __forceinline__ void load_wgmma_tile_async(uint32_t tile, const Element* tensor, int64_t first_row,
+                                                      int valid_rows, const Strides& strides, int head) {
+  load_wgmma_tile_async_from<kRows, kHeadDim, kThreads>(tile, tensor, first_row, valid_rows, strides, head,
+                                                        static_cast<int>(threadIdx.x));
 }
 
 // The descriptor fields: start address, leading-dimension and stride-dimension byte offsets
