@@ -1,9 +1,12 @@
 // The backward launcher: the dK/dV pass (dkv_kernel, or dkv_kernel_sm90 on Hopper) and the
-// dQ pass (dq_kernel, or dq_kernel_sm90), or the fused dK/dV/dQ pass when Options::deterministic is off.
+// dQ pass (dq_kernel, or dq_kernel_sm90), or a fused dK/dV/dQ pass: on Hopper at head dim
+// 128 without a left window (dkvq_kernel_sm90, then dq_store_kernel; the plan decides), with
+// the portable kernels when Options::deterministic is off (dkv_kernel with kFuseDq).
 #pragma once
 
 #include "attention_backward.cuh"
 #include "attention_dkv_sm90.cuh"
+#include "attention_dkvq_sm90.cuh"
 #include "attention_dq_sm90.cuh"
 
 namespace thdcp::cuda::detail {
@@ -12,7 +15,12 @@ template <typename Storage, int kHeadDim>
 void configure_backward(bool sm90, bool fused) {
   // Function attributes belong to the device that is current when they are set, so the plan
   // sets them, for the kernels it will launch, on its own device every time it is made.
-  if (fused) {
+  if (fused && sm90) {
+    if constexpr (kHeadDim == DkvqSm90Shape::kD) {
+      THDCP_CHECK_CUDA(cudaFuncSetAttribute(dkvq_kernel_sm90<Storage>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(DkvqSm90Shape::kSmemBytes)));
+    }
+  } else if (fused) {
     THDCP_CHECK_CUDA(cudaFuncSetAttribute(dkv_kernel<Storage, kHeadDim, true>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(DkvShape<kHeadDim, true>::kSmemBytes)));
@@ -48,7 +56,12 @@ void launch_backward(const BackwardParams& params, const BackwardStrides& stride
   const bool fused = params.dq_accum != nullptr;
   if (grid_k_tiles > 0 && params.kv_heads > 0) {
     const dim3 grid(static_cast<unsigned>(grid_k_tiles), static_cast<unsigned>(params.kv_heads));
-    if (fused) {
+    if (fused && sm90) {
+      if constexpr (kHeadDim == DkvqSm90Shape::kD) {
+        dkvq_kernel_sm90<Storage>
+            <<<grid, DkvqSm90Shape::kThreads, DkvqSm90Shape::kSmemBytes, stream>>>(params, strides);
+      }
+    } else if (fused) {
       dkv_kernel<Storage, kHeadDim, true><<<grid, DkvFused::kThreads, DkvFused::kSmemBytes, stream>>>(params, strides);
     } else if (sm90) {
       dkv_kernel_sm90<Storage, kHeadDim><<<grid, DkvSm90::kThreads, DkvSm90::kSmemBytes, stream>>>(params, strides);
@@ -57,9 +70,11 @@ void launch_backward(const BackwardParams& params, const BackwardStrides& stride
     }
     THDCP_CHECK_CUDA(cudaGetLastError());
   }
-  if (!fused && grid_q_tiles > 0 && params.q_heads > 0) {
+  if ((!fused || sm90) && grid_q_tiles > 0 && params.q_heads > 0) {
     const dim3 grid(static_cast<unsigned>(grid_q_tiles), static_cast<unsigned>(params.q_heads));
-    if (sm90) {
+    if (fused) {
+      if constexpr (kHeadDim == DkvqSm90Shape::kD) dq_store_kernel<Storage><<<grid, 128, 0, stream>>>(params, strides);
+    } else if (sm90) {
       dq_kernel_sm90<Storage, kHeadDim><<<grid, DqSm90::kThreads, DqSm90::kSmemBytes, stream>>>(params, strides);
     } else {
       dq_kernel<Storage, kHeadDim><<<grid, Dq::kThreads, Dq::kSmemBytes, stream>>>(params, strides);

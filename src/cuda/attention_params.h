@@ -87,7 +87,13 @@ struct BackwardParams {
   bool dq_fp32;
   // The fp32 accumulators are contiguous ([rows, heads, D]): in the workspace, or dk/dv
   // themselves when they are fp32 (the host requires those contiguous).
-  float* dq_accum;  // [q_rows, q_heads, D] fp32, zeroed; non-null: dQ fused into dkv_kernel
+  // Non-null: dQ fused into the dK/dV pass. Portable: [q_rows, q_heads, D] fp32, zeroed.
+  // Hopper (dkvq_kernel_sm90): 64-row tiles per (query tile of the dQ grid, query head),
+  // dq_half_offset's layout, written by the first key tile of each (no zeroing).
+  float* dq_accum;
+  // Hopper's fused pass: [query tiles of the dQ grid, q_heads], zeroed: the key tiles that
+  // have added into each query tile (they add in increasing order). Null otherwise.
+  int* dq_order;
   float* dk_accum;  // [k_rows, kv_heads, D] fp32, zeroed before the dK/dV kernel
   float* dv_accum;
   const int32_t* dkv_rows;  // [k_rows] accumulator row of each key row, or null: the same row

@@ -25,12 +25,17 @@ struct BackwardWorkspace {
   size_t dk_accum = 0;
   size_t dv_accum = 0;
   size_t dq_accum = 0;
+  size_t dq_order = 0;
   size_t total = 0;
 };
 
-// fused_dq: room for the fp32 dQ accumulator. The size follows options.deterministic only,
-// not the kernel family, so that a workspace sized on one GPU fits every other.
-BackwardWorkspace backward_layout(const AttentionShape& shape, bool fused_dq) {
+int64_t dq_grid_tiles(const DeviceSegmentTable& table) {
+  return detail::ceil_div(table.q_rows, detail::kDqTileRows) + table.capacity;
+}
+
+// Room for the fp32 dQ accumulator of a fused pass and the Hopper pass's order counts, in
+// every mode and kernel family, so that a workspace sized on one GPU fits every other.
+BackwardWorkspace backward_layout(const AttentionShape& shape) {
   const DeviceSegmentTable& table = shape.table;
   BackwardWorkspace w;
   const size_t schedule = align_workspace(sizeof(int) * (static_cast<size_t>(table.capacity) + 1));
@@ -45,10 +50,13 @@ BackwardWorkspace backward_layout(const AttentionShape& shape, bool fused_dq) {
     w.dv_accum = end + accum;
     end += 2 * accum;
   }
-  if (fused_dq) {
-    w.dq_accum = end;
-    end += align_workspace(sizeof(float) * static_cast<size_t>(table.q_rows * shape.q_heads * shape.head_dim));
-  }
+  // [q_rows, q_heads, D] for the portable fused pass; the Hopper one's tiles of 64 rows for
+  // each query tile of the dQ grid and head (as many rows or more), and its order counts.
+  w.dq_accum = end;
+  end += align_workspace(sizeof(float) * static_cast<size_t>(dq_grid_tiles(table) * detail::kDqTileRows *
+                                                              shape.q_heads * shape.head_dim));
+  w.dq_order = end;
+  end += align_workspace(sizeof(int) * static_cast<size_t>(dq_grid_tiles(table) * shape.q_heads));
   w.total = end;
   return w;
 }
@@ -58,18 +66,16 @@ T* at(void* base, size_t offset) {
   return reinterpret_cast<T*>(static_cast<unsigned char*>(base) + offset);
 }
 
-// Dkv tile rows of the pass the plan runs.
-int dkv_tile_rows(bool fused_dq) { return fused_dq ? detail::kDkvFusedTileRows : detail::kDkvTileRows; }
-
-int64_t dq_grid_tiles(const DeviceSegmentTable& table) {
-  return detail::ceil_div(table.q_rows, detail::kDqTileRows) + table.capacity;
+// Key rows per dK/dV block of the pass the plan runs: 128 for the fused passes, else 64.
+int dkv_tile_rows(bool sm90, bool fused_dq) {
+  if (!fused_dq) return detail::kDkvTileRows;
+  return sm90 ? detail::kDkvqTileRows : detail::kDkvFusedTileRows;
 }
 
 // Key tiles: each segment's keys lie inside its sequence's valid rows, and at most
 // segments_per_key_row segments share a row.
-int64_t dkv_grid_tiles(const DeviceSegmentTable& table, bool fused_dq) {
-  return detail::ceil_div(table.k_rows * segments_per_key_row(table.kind), dkv_tile_rows(fused_dq)) +
-         table.capacity;
+int64_t dkv_grid_tiles(const DeviceSegmentTable& table, int tile_rows) {
+  return detail::ceil_div(table.k_rows * segments_per_key_row(table.kind), tile_rows) + table.capacity;
 }
 
 void check_backward_tensors(const AttentionShape& shape, const BackwardTensors& t) {
@@ -99,10 +105,10 @@ void check_backward_tensors(const AttentionShape& shape, const BackwardTensors& 
 
 }  // namespace
 
-size_t BackwardPlan::workspace_size(const AttentionShape& shape, const Options& options) {
+size_t BackwardPlan::workspace_size(const AttentionShape& shape, const Options& /*options*/) {
   THDCP_CHECK(shape.table.capacity >= 0, "segment table capacity " << shape.table.capacity << " must be >= 0");
   THDCP_CHECK(shape.q_heads >= 0 && shape.kv_heads >= 0 && shape.head_dim >= 0, "heads and head_dim must be >= 0");
-  return backward_layout(shape, !options.deterministic).total;
+  return backward_layout(shape).total;
 }
 
 BackwardPlan::BackwardPlan(const AttentionShape& shape, const Options& options, void* workspace,
@@ -112,12 +118,14 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const Options& options, 
   scale_ = resolve_softmax_scale(options_.softmax_scale, shape_.head_dim);
   device_ = detail::current_device();
   sm90_ = detail::use_sm90_kernels();
-  // deterministic = false allows the fused pass with dQ atomics; on Hopper the sm90 pair of
-  // deterministic passes is the faster one, so it serves both settings there. The workspace
-  // check below uses the size workspace_size reports (room for dq_accum either way).
-  fused_dq_ = !options_.deterministic && !sm90_;
+  // Hopper at head dim 128 without a left window fuses dQ into the dK/dV pass
+  // (dkvq_kernel_sm90), in key-tile order in both modes: the ordered pass measured faster
+  // than the same pass in any order. With a left window it measured slower than the two
+  // passes, which Hopper runs there and at head dim 64 (no fused kernel). The portable
+  // kernels fuse dQ only when deterministic = false (with atomics in any order).
+  fused_dq_ = sm90_ ? shape_.head_dim == 128 && shape_.table.mask.window_left < 0 : !options_.deterministic;
   const int64_t grid_q = dq_grid_tiles(shape_.table);
-  const int64_t grid_k = dkv_grid_tiles(shape_.table, fused_dq_);
+  const int64_t grid_k = dkv_grid_tiles(shape_.table, dkv_tile_rows(sm90_, fused_dq_));
   THDCP_CHECK(grid_q <= std::numeric_limits<int32_t>::max() && grid_k <= std::numeric_limits<int32_t>::max(),
               "too many tiles: " << grid_q << " query, " << grid_k << " key (q_rows=" << shape_.table.q_rows
                                  << ", k_rows=" << shape_.table.k_rows << ", capacity " << shape_.table.capacity
@@ -170,7 +178,7 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   const bool keys = passes != Passes::kQueries;
   const bool queries = passes != Passes::kKeys;
 
-  const BackwardWorkspace layout = backward_layout(shape_, !options_.deterministic);
+  const BackwardWorkspace layout = backward_layout(shape_);
   const bool fp32_dkv = shape_.dkv_dtype == DType::kFloat32;
   detail::BackwardParams params{};
   params.q = t.q.data;
@@ -183,6 +191,7 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   params.dq = t.dq.data;
   params.dq_fp32 = shape_.dq_dtype == DType::kFloat32;
   params.dq_accum = fused_dq_ ? at<float>(workspace_, layout.dq_accum) : nullptr;
+  params.dq_order = fused_dq_ && sm90_ ? at<int>(workspace_, layout.dq_order) : nullptr;
   params.dk_accum = fp32_dkv ? static_cast<float*>(t.dk.data) : at<float>(workspace_, layout.dk_accum);
   params.dv_accum = fp32_dkv ? static_cast<float*>(t.dv.data) : at<float>(workspace_, layout.dv_accum);
   params.dkv_rows = t.dkv_rows;
@@ -213,10 +222,15 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
       THDCP_CHECK_CUDA(cudaMemsetAsync(params.dv_accum, 0, dkv_bytes, stream));
     }
     const size_t dq_bytes = sizeof(float) * static_cast<size_t>(t.dq.numel());
-    if (fused_dq_ && dq_bytes > 0) THDCP_CHECK_CUDA(cudaMemsetAsync(params.dq_accum, 0, dq_bytes, stream));
+    // (The Hopper pass writes each accumulator tile before it adds to it.)
+    if (fused_dq_ && !sm90_ && dq_bytes > 0) THDCP_CHECK_CUDA(cudaMemsetAsync(params.dq_accum, 0, dq_bytes, stream));
+    if (params.dq_order) {
+      const size_t order_bytes = sizeof(int) * static_cast<size_t>(dq_grid_tiles(table) * params.q_heads);
+      THDCP_CHECK_CUDA(cudaMemsetAsync(params.dq_order, 0, order_bytes, stream));
+    }
     if (table.capacity > 0) {
       detail::launch_schedule(table.segments, table.capacity, detail::kDqTileRows,
-                              at<int>(workspace_, layout.q_start), dkv_tile_rows(fused_dq_),
+                              at<int>(workspace_, layout.q_start), dkv_tile_rows(sm90_, fused_dq_),
                               at<int>(workspace_, layout.k_start), nullptr, params.q_heads, nullptr, stream);
       detail::launch_delta(t.out.data, strides.out.row, strides.out.head, t.dout.data, strides.dout.row,
                            strides.dout.head, shape_.dtype, table.q_rows, params.q_heads, head_dim, params.delta,
@@ -226,7 +240,7 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   // The schedule and delta of the key half stay in the workspace for the query half.
   if (table.capacity > 0) {
     const int gq = queries ? static_cast<int>(dq_grid_tiles(table)) : 0;
-    const int gk = keys ? static_cast<int>(dkv_grid_tiles(table, fused_dq_)) : 0;
+    const int gk = keys ? static_cast<int>(dkv_grid_tiles(table, dkv_tile_rows(sm90_, fused_dq_))) : 0;
     const bool bf16 = shape_.dtype == DType::kBFloat16;
     if (shape_.head_dim == 64) {
       bf16 ? detail::launch_backward<detail::Bf16Tag, 64>(params, strides, sm90_, gq, gk, stream)
@@ -242,8 +256,9 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
     detail::launch_cast_strided(params.dv_accum, t.dv.data, t.dv.dtype, table.k_rows, params.kv_heads, head_dim,
                                 t.dv.row_step(), t.dv.head_step(), 1.0f, stream);
   }
-  // The fused path accumulates dS K in the key half; the softmax scale is applied once here.
-  if (queries && fused_dq_) {
+  // The portable fused pass accumulates dS K in the key half; the softmax scale is applied
+  // once here. (The Hopper one's dq_store_kernel is launch_backward's query half.)
+  if (queries && fused_dq_ && !sm90_) {
     detail::launch_cast_strided(params.dq_accum, t.dq.data, t.dq.dtype, table.q_rows, params.q_heads, head_dim,
                                 strides.dq.row, strides.dq.head, scale_, stream);
   }

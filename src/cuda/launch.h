@@ -24,6 +24,8 @@ constexpr int kForwardSm90KeyRows = 128;
 constexpr int kDqTileRows = 64;
 constexpr int kDkvTileRows = 64;
 constexpr int kDkvFusedTileRows = 128;
+// Key rows per block of the Hopper dK/dV/dQ pass (head dim 128): two consumer warpgroups.
+constexpr int kDkvqTileRows = 128;
 
 // Storage tags for the templates (the kernels never see thdcp::DType).
 struct Bf16Tag {};

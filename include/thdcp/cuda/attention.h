@@ -110,15 +110,17 @@ DeviceCpSplitTables enqueue_cp_split_tables(const int32_t* cu_seqlens, const int
 // Options of the CUDA backend.
 struct Options {
   float softmax_scale = 0.0f;  // scale of q.k; 0 means 1/sqrt(head_dim)
-  // Backward only. true: same bits on every run. dQ comes from its own pass with no
-  // atomics, and each fp32 dK/dV element receives at most two atomic additions onto zero
-  // (one per segment that reaches the key row; every table this backend builds has at most
-  // two), and two additions onto zero give the same bits in either order.
+  // Backward only. true: same bits on every run. Each fp32 dK/dV element receives at most
+  // two atomic additions onto zero (one per segment that reaches the key row; every table
+  // this backend builds has at most two), and two additions onto zero give the same bits in
+  // either order. dQ: on Hopper (kernel_family() "sm90") at head dim 128 without a left
+  // window, the dK/dV pass adds each key tile's share into fp32 accumulator tiles, the key
+  // tiles of a query tile one after the other in a fixed order; otherwise dQ comes from a
+  // pass of its own with no atomics.
   // false: the order of additions may vary where that is faster. With the portable kernels,
   // dQ is accumulated inside the dK/dV pass with fp32 atomics (as FlashAttention-2 does), so
-  // its last bits depend on the order the blocks run in. On Hopper (kernel_family() "sm90")
-  // the deterministic sm90 passes are faster than that fused pass, so they run for both
-  // settings (bench/RESULTS.md). Needs a workspace sized with the same options.
+  // its last bits depend on the order the blocks run in. On Hopper the deterministic kernels
+  // measured faster than any-order ones, so they run for both settings (bench/RESULTS.md).
   bool deterministic = true;
   // Forward only, Hopper kernels (kernel_family() "sm90"): SMs the persistent forward leaves
   // free, for work that runs beside it on another stream (a collective of context
@@ -228,8 +230,9 @@ class BackwardPlan {
  public:
   // Bytes of device workspace the plan needs: tile schedules, delta = rowsum(dO * O)
   // ([Hq, q_rows] fp32), fp32 accumulators for dk/dv when they are stored in 16 bits
-  // ([k_rows, Hkv, D] each) and, with options.deterministic == false, for dq
-  // ([q_rows, Hq, D]). Depends only on the capacity, the shape and options.deterministic.
+  // ([k_rows, Hkv, D] each), an fp32 accumulator for dq (64-row tiles of the query tiles,
+  // about [q_rows, Hq, D]) and its order counts. Depends only on the capacity and the shape
+  // (the same for every Options and kernel family).
   static size_t workspace_size(const AttentionShape& shape, const Options& options = {});
 
   // As ForwardPlan's (also checks dq_dtype and dkv_dtype).
@@ -267,7 +270,7 @@ class BackwardPlan {
   void* workspace_ = nullptr;
   int device_ = 0;
   bool sm90_ = false;
-  bool fused_dq_ = false;  // dQ accumulated by the dK/dV pass (portable, deterministic = false)
+  bool fused_dq_ = false;  // dQ accumulated by the dK/dV pass (Hopper; portable: deterministic = false)
 };
 
 // Bytes of device workspace attention_forward needs (tile schedule). Depends only on the
