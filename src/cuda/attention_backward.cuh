@@ -320,18 +320,13 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
   constexpr int kHalfD = kD / 2;
   constexpr int kThreads = Shape::kThreads;
 
-  int tile = 0;
-  int kv_head = 0;
-  if (!block_tile_and_head(p.k_tile_start, p.num_segments, p.kv_heads, false, tile, kv_head)) return;
-  const int group = p.q_heads / p.kv_heads;
-  const int segment_index = find_segment(p.k_tile_start, p.num_segments, tile);
-  const Segment seg = p.segments[segment_index];
-  const int n0 = (tile - __ldg(p.k_tile_start + segment_index)) * kN;
-  const int valid_k = min(kN, seg.k_len - n0);
   const Mask mask{p.window_left, p.window_right};
-  const DkvQueryTiles query_tiles(seg, mask, n0, valid_k, kM);
-  const int m_begin = query_tiles.begin;
-  const int m_count = query_tiles.count;
+  KeyTileWork work;
+  if (!work.assign<kN, kM>(p.k_tile_start, p.num_segments, p.segments, p.kv_heads, mask)) return;
+  const Segment& seg = work.seg;
+  const int kv_head = work.kv_head, n0 = work.n0, valid_k = work.valid_k, m_begin = work.m_begin,
+            m_count = work.m_count;
+  const int group = p.q_heads / p.kv_heads;
   const int steps = m_count * group;
 
   extern __shared__ __align__(128) unsigned char smem[];

@@ -26,6 +26,118 @@ struct DkvSm90Shape {
   static constexpr size_t kSmemBytes = 6 * kTileBytes + 4 * kTileM * sizeof(float) + 1024;
 };
 
+// The per-step arithmetic of the Hopper dK/dV warpgroups (dkv_kernel_sm90, and the
+// consumers of dkvq_kernel_sm90), on the m64 x kM accumulators of one warpgroup: this
+// thread holds key rows key_row and key_row + 8 from key index key0 of the segment, and query
+// columns 8 nf + pair_col + {0, 1} from query index m0.
+//
+// S^T -> P^T in place: S^T = -inf (P = 0) where the mask hides a pair, unless the whole step
+// is `unmasked`; a query row with lse = -inf (it saw no key) gets the offset +inf, hence
+// P = 0.
+template <int kM>
+__device__ __forceinline__ void dkv_step_probabilities(float (&st)[kM / 8][4], const Segment& seg, const Mask& mask,
+                                                       int key0, int key_row, int m0, int pair_col, bool unmasked,
+                                                       const float* lse_tile, float scale_log2) {
+  if (!unmasked) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      int lo = 0;
+      int hi = 0;
+      key_visible_queries<kM>(seg, mask, key0 + key_row + 8 * half, m0 + pair_col, lo, hi);
+#pragma unroll
+      for (int nf = 0; nf < kM / 8; ++nf) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int column = nf * 8 + c;
+          if (column < lo || column >= hi) st[nf][2 * half + c] = -INFINITY;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int nf = 0; nf < kM / 8; ++nf) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int column = nf * 8 + pair_col + c;
+      const float lse = lse_tile[column];
+      const float offset = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int e = 2 * half + c;
+        st[nf][e] = fast_exp2(fmaf(st[nf][e], scale_log2, -offset));
+      }
+    }
+  }
+}
+
+// dP^T -> dS^T = P^T (dP^T - delta) in place: 0 where P is, since dP^T is finite (V and dO
+// rows past the valid ones are zero-filled, and so are their lse and delta).
+template <int kM>
+__device__ __forceinline__ void dkv_step_ds(float (&dpt)[kM / 8][4], const float (&pt)[kM / 8][4],
+                                            const float* delta_tile, int pair_col) {
+#pragma unroll
+  for (int nf = 0; nf < kM / 8; ++nf) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float row_delta = delta_tile[nf * 8 + pair_col + c];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int e = 2 * half + c;
+        dpt[nf][e] = pt[nf][e] * (dpt[nf][e] - row_delta);
+      }
+    }
+  }
+}
+
+// The rest of a step once S^T has landed and dP^T is in flight: P^T, then (after dP^T has
+// landed) dS^T, and dV += P^T dO, dK += dS^T Q issued and committed (not waited for; they
+// read P^T and dS^T from registers: `pt` and `dst` must stay as they are until they land).
+template <typename Storage, int kM, int kD>
+__device__ __forceinline__ void dkv_step_products(float (&st)[kM / 8][4], float (&dpt)[kM / 8][4],
+                                                  float (&dv)[kD / 8][4], float (&dk)[kD / 8][4],
+                                                  uint32_t (&pt)[kM / 16][4], uint32_t (&dst)[kM / 16][4],
+                                                  const Segment& seg, const Mask& mask, int key0, int key_row, int m0,
+                                                  int pair_col, bool unmasked, const float* lse_tile,
+                                                  const float* delta_tile, float scale_log2, uint32_t q_tile,
+                                                  uint32_t do_tile) {
+  dkv_step_probabilities<kM>(st, seg, mask, key0, key_row, m0, pair_col, unmasked, lse_tile, scale_log2);
+  accumulator_to_a_fragments<Storage, kM>(st, pt);
+  wgmma_wait<0>();  // dP^T
+  wgmma_fence_operands(flat(dpt));
+  dkv_step_ds<kM>(dpt, st, delta_tile, pair_col);
+  accumulator_to_a_fragments<Storage, kM>(dpt, dst);
+  wgmma_fence();
+  wgmma_rs_mn_major<Storage, kD, kM, kM / 16>(dv, pt, do_tile);
+  wgmma_rs_mn_major<Storage, kD, kM, kM / 16>(dk, dst, q_tile);
+  wgmma_commit();
+}
+
+// The end of a warpgroup's loop: its dK (times the softmax scale) and dV rows (of key_rows
+// valid ones) added into the fp32 accumulators, one fp32 addition per (segment, element):
+// with at most two segments reaching a key row and the accumulator starting at zero, the
+// result does not depend on their order.
+template <int kD>
+__device__ __forceinline__ void add_dkv_rows(const BackwardParams& p, const Segment& seg, int kv_head, int key0,
+                                             int key_row, int key_rows, int pair_col, const float (&dk)[kD / 8][4],
+                                             const float (&dv)[kD / 8][4]) {
+  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;  // of the fp32 accumulators (contiguous)
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key_local = key_row + 8 * half;
+    if (key_local >= key_rows) continue;
+    const int64_t key = static_cast<int64_t>(seg.k_row) + key0 + key_local;
+    const int64_t offset =
+        (p.dkv_rows ? p.dkv_rows[key] : key) * kv_stride + static_cast<int64_t>(kv_head) * kD + pair_col;
+#pragma unroll
+    for (int df = 0; df < kD / 8; ++df) {
+      atomicAdd(p.dk_accum + offset + df * 8, dk[df][2 * half] * p.scale);
+      atomicAdd(p.dk_accum + offset + df * 8 + 1, dk[df][2 * half + 1] * p.scale);
+      atomicAdd(p.dv_accum + offset + df * 8, dv[df][2 * half]);
+      atomicAdd(p.dv_accum + offset + df * 8 + 1, dv[df][2 * half + 1]);
+    }
+  }
+}
+
 template <typename Storage, int kHeadDim>
 __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
     dkv_kernel_sm90(const BackwardParams p, const BackwardStrides strides) {
@@ -39,18 +151,13 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
   constexpr int kThreads = Shape::kThreads;
   static_assert(kN == 64 && kM == 64 && kThreads == 128, "one warpgroup of 64 keys, 64 queries per step");
 
-  int tile = 0;
-  int kv_head = 0;
-  if (!block_tile_and_head(p.k_tile_start, p.num_segments, p.kv_heads, false, tile, kv_head)) return;
-  const int group = p.q_heads / p.kv_heads;
-  const int segment_index = find_segment(p.k_tile_start, p.num_segments, tile);
-  const Segment seg = p.segments[segment_index];
-  const int n0 = (tile - __ldg(p.k_tile_start + segment_index)) * kN;
-  const int valid_k = min(kN, seg.k_len - n0);
   const Mask mask{p.window_left, p.window_right};
-  const DkvQueryTiles query_tiles(seg, mask, n0, valid_k, kM);
-  const int m_begin = query_tiles.begin;
-  const int m_count = query_tiles.count;
+  KeyTileWork work;
+  if (!work.assign<kN, kM>(p.k_tile_start, p.num_segments, p.segments, p.kv_heads, mask)) return;
+  const Segment& seg = work.seg;
+  const int kv_head = work.kv_head, n0 = work.n0, valid_k = work.valid_k, m_begin = work.m_begin,
+            m_count = work.m_count;
+  const int group = p.q_heads / p.kv_heads;
   const int steps = m_count * group;
   if (steps == 0) return;  // no query sees these keys: their gradients stay 0
 
@@ -65,7 +172,6 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
 
   const Element* q = static_cast<const Element*>(p.q);
   const Element* dout = static_cast<const Element*>(p.dout);
-  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;  // of the fp32 accumulators (contiguous)
 
   load_wgmma_tile_async<kN, kD, kThreads>(k_tile, static_cast<const Element*>(p.k), seg.k_row + n0, valid_k,
                                           strides.k, kv_head);
@@ -144,63 +250,11 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
     if (step + 1 < steps) load_q(next_m, next_head, buffer ^ 1);
     cp_async_commit();
 
-    // P^T, with S^T = -inf (P = 0) where masked. A query row with lse = -inf (it saw no key)
-    // gets the offset +inf, hence P = 0.
-    if (!dkv_step_unmasked(seg, mask, n0, valid_k, kN, m0, kM)) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        int lo = 0;
-        int hi = 0;
-        key_visible_queries<kM>(seg, mask, n0 + key_row + 8 * half, m0 + pair_col, lo, hi);
-#pragma unroll
-        for (int nf = 0; nf < kM / 8; ++nf) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int column = nf * 8 + c;
-            if (column < lo || column >= hi) st[nf][2 * half + c] = -INFINITY;
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int nf = 0; nf < kM / 8; ++nf) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int column = nf * 8 + pair_col + c;
-        const float lse = lse_tile[column];
-        const float offset = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int e = 2 * half + c;
-          st[nf][e] = fast_exp2(fmaf(st[nf][e], p.scale_log2, -offset));
-        }
-      }
-    }
     uint32_t pt[kM / 16][4];
-    accumulator_to_a_fragments<Storage, kM>(st, pt);
-
-    wgmma_wait<0>();  // dP^T
-    wgmma_fence_operands(flat(dpt));
-    // dS^T = P^T (dP^T - delta): 0 where P is, since dP^T is finite (V and dO rows past the
-    // valid ones are zero-filled, and so are their lse and delta).
-#pragma unroll
-    for (int nf = 0; nf < kM / 8; ++nf) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float row_delta = delta_tile[nf * 8 + pair_col + c];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int e = 2 * half + c;
-          dpt[nf][e] = st[nf][e] * (dpt[nf][e] - row_delta);
-        }
-      }
-    }
     uint32_t dst[kM / 16][4];
-    accumulator_to_a_fragments<Storage, kM>(dpt, dst);
-    wgmma_fence();
-    wgmma_rs_mn_major<Storage, kD, kM, kM / 16>(dv, pt, do_tile);
-    wgmma_rs_mn_major<Storage, kD, kM, kM / 16>(dk, dst, q_tile);
-    wgmma_commit();
+    dkv_step_products<Storage, kM, kD>(st, dpt, dv, dk, pt, dst, seg, mask, n0, key_row, m0, pair_col,
+                                       dkv_step_unmasked(seg, mask, n0, valid_k, kN, m0, kM), lse_tile, delta_tile,
+                                       p.scale_log2, q_tile, do_tile);
     m_index = next_m;
     head_index = next_head;
   }
@@ -208,23 +262,7 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
   wgmma_fence_operands(flat(dv));
   wgmma_fence_operands(flat(dk));
 
-  // One fp32 addition per (segment, element): with at most two segments reaching a key row
-  // and the accumulator starting at zero, the result does not depend on their order.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int key_local = key_row + 8 * half;
-    if (key_local >= valid_k) continue;
-    const int64_t key = static_cast<int64_t>(seg.k_row) + n0 + key_local;
-    const int64_t offset =
-        (p.dkv_rows ? p.dkv_rows[key] : key) * kv_stride + static_cast<int64_t>(kv_head) * kD + pair_col;
-#pragma unroll
-    for (int df = 0; df < kD / 8; ++df) {
-      atomicAdd(p.dk_accum + offset + df * 8, dk[df][2 * half] * p.scale);
-      atomicAdd(p.dk_accum + offset + df * 8 + 1, dk[df][2 * half + 1] * p.scale);
-      atomicAdd(p.dv_accum + offset + df * 8, dv[df][2 * half]);
-      atomicAdd(p.dv_accum + offset + df * 8 + 1, dv[df][2 * half + 1]);
-    }
-  }
+  add_dkv_rows<kD>(p, seg, kv_head, n0, key_row, valid_k, pair_col, dk, dv);
 #endif
 }
 

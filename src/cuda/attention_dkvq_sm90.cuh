@@ -24,6 +24,7 @@
 #pragma once
 
 #include "attention_backward.cuh"
+#include "attention_dkv_sm90.cuh"
 #include "sm90_pipeline.cuh"
 #include "wgmma.cuh"
 
@@ -98,19 +99,13 @@ __global__ void __launch_bounds__(DkvqSm90Shape::kThreads, 1)
   constexpr int kM = Shape::kTileM;
   constexpr int kKeys = Shape::kKeys;
 
-  int tile = 0;
-  int kv_head = 0;
-  if (!block_tile_and_head(p.k_tile_start, p.num_segments, p.kv_heads, false, tile, kv_head)) return;
-  const int group = p.q_heads / p.kv_heads;
-  const int segment_index = find_segment(p.k_tile_start, p.num_segments, tile);
-  const Segment seg = p.segments[segment_index];
-  const int n_tile = tile - __ldg(p.k_tile_start + segment_index);
-  const int n0 = n_tile * kKeys;
-  const int valid_k = min(kKeys, seg.k_len - n0);
   const Mask mask{p.window_left, p.window_right};
-  const DkvQueryTiles query_tiles(seg, mask, n0, valid_k, kM);
-  const int m_begin = query_tiles.begin;
-  const int m_count = query_tiles.count;
+  KeyTileWork work;
+  if (!work.assign<kKeys, kM>(p.k_tile_start, p.num_segments, p.segments, p.kv_heads, mask)) return;
+  const Segment& seg = work.seg;
+  const int segment_index = work.segment_index, kv_head = work.kv_head, n_tile = work.n_tile, n0 = work.n0,
+            valid_k = work.valid_k, m_begin = work.m_begin, m_count = work.m_count;
+  const int group = p.q_heads / p.kv_heads;
   const int steps = m_count * group;
   if (steps == 0) return;  // no query sees these keys: their gradients stay 0
 
@@ -181,7 +176,6 @@ __global__ void __launch_bounds__(DkvqSm90Shape::kThreads, 1)
   const uint32_t dq_half = base + Shape::kDq + static_cast<uint32_t>(w) * Shape::kDqHalfBytes;
   const Element* q = static_cast<const Element*>(p.q);
   const Element* dout = static_cast<const Element*>(p.dout);
-  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
 
   // K and V of this warpgroup's keys (rows past the valid ones are zero-filled).
   load_wgmma_tile_async_from<64, kD, 128>(k_tile, static_cast<const Element*>(p.k), seg.k_row + key0, valid_keys,
@@ -274,58 +268,11 @@ __global__ void __launch_bounds__(DkvqSm90Shape::kThreads, 1)
       wgmma_wait<1>();
       wgmma_fence_operands(flat(st));
 
-      if (!dkv_step_unmasked(seg, mask, key0, valid_keys, 64, m0, kM)) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          int lo = 0;
-          int hi = 0;
-          key_visible_queries<kM>(seg, mask, key0 + key_row + 8 * half, m0 + pair_col, lo, hi);
-#pragma unroll
-          for (int nf = 0; nf < kM / 8; ++nf) {
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const int column = nf * 8 + c;
-              if (column < lo || column >= hi) st[nf][2 * half + c] = -INFINITY;
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int nf = 0; nf < kM / 8; ++nf) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float lse = lse_tile[nf * 8 + pair_col + c];
-          const float offset = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int e = 2 * half + c;
-            st[nf][e] = fast_exp2(fmaf(st[nf][e], p.scale_log2, -offset));
-          }
-        }
-      }
       uint32_t pt[kM / 16][4];
-      accumulator_to_a_fragments<Storage, kM>(st, pt);
-
-      wgmma_wait<0>();  // dP^T
-      wgmma_fence_operands(flat(dpt));
-#pragma unroll
-      for (int nf = 0; nf < kM / 8; ++nf) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float row_delta = delta_tile[nf * 8 + pair_col + c];
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int e = 2 * half + c;
-            dpt[nf][e] = st[nf][e] * (dpt[nf][e] - row_delta);
-          }
-        }
-      }
       uint32_t dst[kM / 16][4];
-      accumulator_to_a_fragments<Storage, kM>(dpt, dst);
-      wgmma_fence();
-      wgmma_rs_mn_major<Storage, kD, kM, kM / 16>(dv, pt, do_tile);
-      wgmma_rs_mn_major<Storage, kD, kM, kM / 16>(dk, dst, q_tile);
-      wgmma_commit();
+      dkv_step_products<Storage, kM, kD>(st, dpt, dv, dk, pt, dst, seg, mask, key0, key_row, m0, pair_col,
+                                         dkv_step_unmasked(seg, mask, key0, valid_keys, 64, m0, kM), lse_tile,
+                                         delta_tile, p.scale_log2, q_tile, do_tile);
 
       // dS^T of this warpgroup's keys to its tile (rows key_row, key_row + 8; query columns
       // 16 j + pair_col + {0, 1} and 16 j + 8 + ...: accumulator_to_a_fragments' order).
@@ -391,22 +338,7 @@ __global__ void __launch_bounds__(DkvqSm90Shape::kThreads, 1)
     asm volatile("bar.arrive %0, %1;\n" ::"r"(Shape::kDqFull), "r"(Shape::kHandOverThreads) : "memory");
   }
 
-  // One fp32 addition per (segment, element), as dkv_kernel_sm90.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int key_local = key_row + 8 * half;
-    if (key_local >= valid_keys) continue;
-    const int64_t key = static_cast<int64_t>(seg.k_row) + key0 + key_local;
-    const int64_t offset =
-        (p.dkv_rows ? p.dkv_rows[key] : key) * kv_stride + static_cast<int64_t>(kv_head) * kD + pair_col;
-#pragma unroll
-    for (int df = 0; df < kD / 8; ++df) {
-      atomicAdd(p.dk_accum + offset + df * 8, dk[df][2 * half] * p.scale);
-      atomicAdd(p.dk_accum + offset + df * 8 + 1, dk[df][2 * half + 1] * p.scale);
-      atomicAdd(p.dv_accum + offset + df * 8, dv[df][2 * half]);
-      atomicAdd(p.dv_accum + offset + df * 8 + 1, dv[df][2 * half + 1]);
-    }
-  }
+  add_dkv_rows<kD>(p, seg, kv_head, key0, key_row, valid_keys, pair_col, dk, dv);
 #endif
 }
 

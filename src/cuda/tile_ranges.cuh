@@ -158,6 +158,38 @@ struct DkvQueryTiles {
   }
 };
 
+// The key tile of kN rows and the KV head of a dK/dV block (block_tile_and_head, tiles first
+// to last), with its segment (and its index), the tile's index n_tile among the segment's
+// key tiles, its first row n0 = n_tile kN in the segment, its valid rows, and the query tiles
+// of kM rows that can see it, [m_begin, m_begin + m_count) (DkvQueryTiles). False for the
+// blocks past the real work.
+struct KeyTileWork {
+  Segment seg;
+  int segment_index = 0;
+  int kv_head = 0;
+  int n_tile = 0;
+  int n0 = 0;
+  int valid_k = 0;
+  int m_begin = 0;
+  int m_count = 0;
+
+  template <int kN, int kM>
+  __device__ __forceinline__ bool assign(const int* tile_start, int num_segments, const Segment* segments,
+                                         int kv_heads, const Mask& mask) {
+    int tile = 0;
+    if (!block_tile_and_head(tile_start, num_segments, kv_heads, false, tile, kv_head)) return false;
+    segment_index = find_segment(tile_start, num_segments, tile);
+    seg = segments[segment_index];
+    n_tile = tile - __ldg(tile_start + segment_index);
+    n0 = n_tile * kN;
+    valid_k = min(kN, seg.k_len - n0);
+    const DkvQueryTiles query_tiles(seg, mask, n0, valid_k, kM);
+    m_begin = query_tiles.begin;
+    m_count = query_tiles.count;
+    return true;
+  }
+};
+
 // Whether every (query, key) pair of query rows [m0, m0 + tile_rows) and key rows
 // [n0, n0 + key_rows) is a valid pair the mask allows (no per-element mask needed).
 __device__ __forceinline__ bool dkv_step_unmasked(const Segment& seg, const Mask& mask, int n0, int valid_k,
