@@ -17,10 +17,11 @@
 // Order (p.dq_order, zeroed by the host; required): the key tiles of a segment add into a
 // query tile in increasing order, each after the one before has completed, counted by the
 // query tile's entry of p.dq_order; the first one writes the accumulator tile instead of
-// adding to it, so the accumulator needs no zeroing. Same bits on every run. The steps go over the query tiles last first with
-// the heads of the group inside, so key tile n reaches a query tile at the same step index as
-// key tile n - 1 (causal) or later (left window): each block runs about one step behind the
-// one before it. A block waits only for blocks of lower index, which start first.
+// adding to it, so the accumulator needs no zeroing. Same bits on every run. The steps go
+// over the query tiles last first with the heads of the group inside, so key tile n reaches
+// a query tile at the same step index as key tile n - 1 (causal) or later: each block runs
+// about one step behind the one before it. A block waits only for blocks of lower index,
+// which start first.
 #pragma once
 
 #include "attention_backward.cuh"
