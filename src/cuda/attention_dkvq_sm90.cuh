@@ -60,17 +60,6 @@ struct DkvqSm90Shape {
   static_assert(kWriterRegisters * 128 + 2 * kConsumerRegisters * 128 <= 65536, "registers of the block");
 };
 
-// The first key tile (of `key_rows` keys) of a segment whose dK/dV block visits query tile
-// m_tile (of 64 queries; DkvQueryTiles): the key tiles that visit a query tile are
-// consecutive, from this one on. Without a left window, tile 0; with one, the first tile whose
-// last key lies within window_left of the query tile's first row.
-__device__ __forceinline__ int first_key_tile_of_query_tile(const Segment& seg, const Mask& mask, int m_tile,
-                                                            int key_rows) {
-  if (mask.window_left < 0) return 0;
-  const int64_t x = static_cast<int64_t>(m_tile) * 64 + seg.q_pos - seg.k_pos - mask.window_left;
-  return x <= 0 ? 0 : static_cast<int>(x / key_rows);
-}
-
 // Spins until *flag == value (one thread; acquire: what was released with the count is
 // visible to this thread after it).
 __device__ __forceinline__ void wait_for_count(const int* flag, int value) {
@@ -135,7 +124,7 @@ __global__ void __launch_bounds__(DkvqSm90Shape::kThreads, 1)
         const int64_t slot = q_tile * p.q_heads + step_head(step);
         float* accum = p.dq_accum + slot * (64 * kD);
         order = p.dq_order + slot;
-        const int rank = n_tile - first_key_tile_of_query_tile(seg, mask, m_tile, kKeys);
+        const int rank = n_tile - static_cast<int>(first_key_tile_reaching(seg, mask, m_tile, kM, kKeys));
         wait_for_count(order, rank);
         asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the acquire, before the async proxy
         const uint32_t src = base + Shape::kDq;

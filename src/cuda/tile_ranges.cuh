@@ -140,21 +140,15 @@ __device__ __forceinline__ void mask_row_keys(const Segment& seg, const Mask& ma
 }
 
 // The query tiles (of tile_rows rows) [begin, begin + count) that can see a key of
-// [n0, n0 + valid_k) of a segment: i - window_right <= j <= i + window_left for some j. Only
-// a bound: the mask is applied per element.
+// [n0, n0 + valid_k) of a segment (key_tile_query_tiles, thdcp/plan/segment.h).
 struct DkvQueryTiles {
   int begin = 0;
   int count = 0;
 
   __device__ DkvQueryTiles(const Segment& seg, const Mask& mask, int n0, int valid_k, int tile_rows) {
-    int64_t q_begin = 0;
-    int64_t q_end = seg.q_len;
-    const int64_t first_key = static_cast<int64_t>(seg.k_pos) + n0;
-    const int64_t last_key = first_key + valid_k - 1;
-    if (mask.window_right >= 0) q_begin = max(q_begin, first_key - mask.window_right - seg.q_pos);
-    if (mask.window_left >= 0) q_end = min(q_end, last_key + mask.window_left + 1 - seg.q_pos);
-    begin = static_cast<int>(q_begin / tile_rows);
-    count = q_end > q_begin ? static_cast<int>((q_end + tile_rows - 1) / tile_rows) - begin : 0;
+    const PositionRange tiles = key_tile_query_tiles(seg, mask, n0, valid_k, tile_rows);
+    begin = static_cast<int>(tiles.begin);
+    count = static_cast<int>(tiles.end - tiles.begin);
   }
 };
 

@@ -168,6 +168,73 @@ TEST(SegmentTable, KeyRangeIsRestrictedToTheWindow) {
   EXPECT_EQ(late.k_row, 176);
 }
 
+// The CUDA backward's dK/dV blocks visit the query tiles key_tile_query_tiles gives, and the
+// one-pass Hopper backward orders the dQ additions into a query tile by key tile, starting at
+// first_key_tile_reaching (a wrong start would make a block wait for ever). For the tables of
+// every CP size and mask, both key-tile sizes: the range holds every query tile with a pair
+// the mask allows, the key tiles that reach a query tile are consecutive and start where
+// first_key_tile_reaching says, and a query tile with a valid query that sees a key is reached.
+TEST(SegmentTable, KeyTilesReachConsecutiveQueryTilesFromTheFirstOne) {
+  constexpr int64_t kQueryTile = 64;
+  for (const Mask& mask : test::all_test_masks()) {
+    Rng rng(static_cast<uint64_t>(mask.window_left * 131 + mask.window_right + 5));
+    for (int cp : {1, 2, 3, 4, 8}) {
+      std::vector<int64_t> lengths = test_lengths(rng, cp);
+      lengths.push_back(700);
+      const BatchLayout layout = make_layout(lengths, cp);
+      for (int rank = 0; rank < cp; ++rank) {
+        const SegmentTable table =
+            cp == 1 ? build_segment_table(layout.view(), mask) : build_cp_segment_table(layout.view(), cp, rank, mask);
+        for (const Segment& s : table.segments) {
+          for (int64_t key_rows : {int64_t{64}, int64_t{128}}) {
+            SCOPED_TRACE(test::mask_label(mask) + ", cp " + std::to_string(cp) + ", rank " + std::to_string(rank) +
+                         ", q_pos " + std::to_string(s.q_pos) + ", k_pos " + std::to_string(s.k_pos) +
+                         ", key tiles of " + std::to_string(key_rows));
+            const int64_t k_len = s.k_len;
+            const int64_t key_tiles = (k_len + key_rows - 1) / key_rows;
+            const int64_t query_tiles = (s.q_len + kQueryTile - 1) / kQueryTile;
+            std::vector<PositionRange> reach;
+            for (int64_t n = 0; n < key_tiles; ++n) {
+              const int64_t n0 = n * key_rows;
+              reach.push_back(key_tile_query_tiles(s, mask, n0, std::min(key_rows, k_len - n0), kQueryTile));
+              // A bound: every query tile with an allowed pair is in the range.
+              for (int64_t i = 0; i < s.q_len; ++i) {
+                const PositionRange keys = segment_visible_keys(s, mask, i);
+                const bool sees = keys.begin < s.k_pos + n0 + std::min(key_rows, k_len - n0) &&
+                                  keys.end > s.k_pos + n0 && keys.size() > 0;
+                if (sees) {
+                  ASSERT_GE(i / kQueryTile, reach.back().begin) << "key tile " << n << ", query " << i;
+                  ASSERT_LT(i / kQueryTile, reach.back().end) << "key tile " << n << ", query " << i;
+                }
+              }
+            }
+            for (int64_t m = 0; m < query_tiles; ++m) {
+              std::vector<int64_t> reaching;
+              for (int64_t n = 0; n < key_tiles; ++n) {
+                if (m >= reach[static_cast<size_t>(n)].begin && m < reach[static_cast<size_t>(n)].end) {
+                  reaching.push_back(n);
+                }
+              }
+              bool seen = false;
+              for (int64_t i = m * kQueryTile; i < std::min<int64_t>(s.q_len, (m + 1) * kQueryTile); ++i) {
+                seen = seen || segment_visible_keys(s, mask, i).size() > 0;
+              }
+              if (seen) {
+                ASSERT_FALSE(reaching.empty()) << "query tile " << m;
+              }
+              if (reaching.empty()) continue;
+              EXPECT_EQ(reaching.back() - reaching.front() + 1, static_cast<int64_t>(reaching.size()))
+                  << "query tile " << m << ": the key tiles that reach it are not consecutive";
+              EXPECT_EQ(reaching.front(), first_key_tile_reaching(s, mask, m, kQueryTile, key_rows))
+                  << "query tile " << m;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(SegmentTable, ValidationRejectsBrokenTables) {
   SegmentTable table;
   table.q_rows = 8;

@@ -108,6 +108,38 @@ THDCP_HD PositionRange segment_visible_keys(const Segment& s, const Mask& mask, 
   return visible_keys(mask, s.q_pos + q_index, s.k_pos, static_cast<int64_t>(s.k_pos) + s.k_len);
 }
 
+// The query tiles (of q_tile_rows rows, counted from the segment's first query row) that a
+// tile of valid_k keys from key index n0 of the segment can reach under the mask, [begin,
+// end): i - window_right <= j <= i + window_left for some query i and key j of the two
+// tiles, with i a valid query. Only a bound (the mask is applied per element): the dK/dV
+// blocks of the CUDA backward visit these query tiles.
+THDCP_HD PositionRange key_tile_query_tiles(const Segment& s, const Mask& mask, int64_t n0, int64_t valid_k,
+                                            int64_t q_tile_rows) {
+  int64_t q_begin = 0;
+  int64_t q_end = s.q_len;
+  const int64_t first_key = static_cast<int64_t>(s.k_pos) + n0;
+  const int64_t last_key = first_key + valid_k - 1;
+  if (mask.window_right >= 0) q_begin = q_begin > first_key - mask.window_right - s.q_pos
+                                            ? q_begin
+                                            : first_key - mask.window_right - s.q_pos;
+  if (mask.window_left >= 0) q_end = q_end < last_key + mask.window_left + 1 - s.q_pos
+                                         ? q_end
+                                         : last_key + mask.window_left + 1 - s.q_pos;
+  const int64_t begin = q_begin / q_tile_rows;
+  return {begin, q_end > q_begin ? (q_end + q_tile_rows - 1) / q_tile_rows : begin};
+}
+
+// The first key tile (of key_rows keys) of a segment whose key_tile_query_tiles contains
+// query tile m_tile: the key tiles that reach a query tile are consecutive, from this one on
+// (tests/plan/test_segment_table.cpp checks both). Without a left window, tile 0; with one,
+// the first tile whose last key lies within window_left of the query tile's first row.
+THDCP_HD int64_t first_key_tile_reaching(const Segment& s, const Mask& mask, int64_t m_tile, int64_t q_tile_rows,
+                                         int64_t key_rows) {
+  if (mask.window_left < 0) return 0;
+  const int64_t x = m_tile * q_tile_rows + s.q_pos - s.k_pos - mask.window_left;
+  return x <= 0 ? 0 : x / key_rows;
+}
+
 // Number of (query, key) pairs the mask allows within a segment.
 THDCP_HD int64_t segment_pairs(const Segment& s, const Mask& mask) {
   int64_t pairs = 0;
