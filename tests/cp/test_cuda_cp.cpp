@@ -159,6 +159,28 @@ void expect_disagreement_refused(const cp::Problem& base, const std::function<vo
   for (int r = 0; r < 2; ++r) EXPECT_NE(messages[r].find(expected), std::string::npos) << messages[r];
 }
 
+// After an eager step of `state` on batch `b`: captures a step and replays it on the batch
+// loaded again (outputs to `replayed`), then runs one in program order, which a plan with
+// phase timing does on one stream (outputs to `timed`).
+void replay_and_run_in_order(DeviceCommunicator& comm, test::CudaCpRank& state, const test::Batch& b,
+                             test::RankOutputs& replayed, test::RankOutputs& timed) {
+  comm.begin_capture(state.stream());
+  state.step(state.stream());
+  cudaGraph_t graph = comm.end_capture(state.stream());
+  cudaGraphExec_t exec = nullptr;
+  if (graph) THDCP_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  state.load(b);
+  comm.launch(exec, state.stream());
+  comm.synchronize(state.stream(), 60);
+  replayed = state.download();
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  state.plan().enable_phase_timing();
+  state.load(b);
+  state.step(state.stream());
+  timed = state.download();
+}
+
 class CudaCpLocalFirst : public test::CudaTest {};
 
 // cp::Problem::local_first and the one-attention forward (the default) both match the CPU
@@ -184,22 +206,7 @@ TEST_F(CudaCpLocalFirst, BothForwardsMatchTheReference) {
           state.load(b);
           state.step(state.stream());
           (local_first ? split : whole)[rank] = state.download();
-          if (!local_first) return;
-          comm.begin_capture(state.stream());
-          state.step(state.stream());
-          cudaGraph_t graph = comm.end_capture(state.stream());
-          cudaGraphExec_t exec = nullptr;
-          if (graph) THDCP_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-          state.load(b);
-          comm.launch(exec, state.stream());
-          comm.synchronize(state.stream(), 60);
-          replayed[rank] = state.download();
-          if (exec) cudaGraphExecDestroy(exec);
-          if (graph) cudaGraphDestroy(graph);
-          state.plan().enable_phase_timing();
-          state.load(b);
-          state.step(state.stream());
-          timed[rank] = state.download();
+          if (local_first) replay_and_run_in_order(comm, state, b, replayed[rank], timed[rank]);
         });
       }
       bool any_difference = false;
@@ -247,23 +254,8 @@ TEST_F(CudaCpHeadGroups, EveryGroupingGivesTheBitsOfOneGroup) {
           state.load(b);
           state.step(state.stream());
           grouped[rank] = state.download();
-          // Captured (each rank's stream into the group's graph), then replayed.
-          comm.begin_capture(state.stream());
-          state.step(state.stream());
-          cudaGraph_t graph = comm.end_capture(state.stream());
-          cudaGraphExec_t exec = nullptr;
-          if (graph) THDCP_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-          state.load(b);
-          comm.launch(exec, state.stream());
-          comm.synchronize(state.stream(), 60);
-          replayed[rank] = state.download();
-          if (exec) cudaGraphExecDestroy(exec);
-          if (graph) cudaGraphDestroy(graph);
-          // With phase timing the plan runs every step in program order on one stream.
-          state.plan().enable_phase_timing();
-          state.load(b);
-          state.step(state.stream());
-          timed[rank] = state.download();
+          // Captured (each rank's stream into the group's graph) and replayed, then in order.
+          replay_and_run_in_order(comm, state, b, replayed[rank], timed[rank]);
         });
         for (int rank = 0; rank < cp; ++rank) {
           EXPECT_TRUE(test::identical(grouped[rank], one[rank])) << "overlapped, rank " << rank;
