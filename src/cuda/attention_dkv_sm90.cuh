@@ -113,19 +113,34 @@ __device__ __forceinline__ void dkv_step_products(float (&st)[kM / 8][4], float 
 }
 
 // The end of a warpgroup's loop: its dK (times the softmax scale) and dV rows (of key_rows
-// valid ones) added into the fp32 accumulators, one fp32 addition per (segment, element):
-// with at most two segments reaching a key row and the accumulator starting at zero, the
-// result does not depend on their order.
-template <int kD>
+// valid ones) stored into p.dk_out / p.dv_out when the host set them, else added into the
+// fp32 accumulators, one fp32 addition per (segment, element): with at most two segments
+// reaching a key row and the accumulator starting at zero, the result does not depend on
+// their order.
+template <typename Storage, int kD>
 __device__ __forceinline__ void add_dkv_rows(const BackwardParams& p, const Segment& seg, int kv_head, int key0,
                                              int key_row, int key_rows, int pair_col, const float (&dk)[kD / 8][4],
                                              const float (&dv)[kD / 8][4]) {
+  using Traits = StorageTraits<Storage>;
+  using Element = typename Traits::Element;
   const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;  // of the fp32 accumulators (contiguous)
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key_local = key_row + 8 * half;
     if (key_local >= key_rows) continue;
     const int64_t key = static_cast<int64_t>(seg.k_row) + key0 + key_local;
+    if (p.dk_out != nullptr) {
+      const int64_t offset = key * kv_stride + static_cast<int64_t>(kv_head) * kD + pair_col;
+      Element* dk_row = static_cast<Element*>(p.dk_out) + offset;
+      Element* dv_row = static_cast<Element*>(p.dv_out) + offset;
+#pragma unroll
+      for (int df = 0; df < kD / 8; ++df) {
+        *reinterpret_cast<uint32_t*>(dk_row + df * 8) =
+            Traits::pack(dk[df][2 * half] * p.scale, dk[df][2 * half + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dv_row + df * 8) = Traits::pack(dv[df][2 * half], dv[df][2 * half + 1]);
+      }
+      continue;
+    }
     const int64_t offset =
         (p.dkv_rows ? p.dkv_rows[key] : key) * kv_stride + static_cast<int64_t>(kv_head) * kD + pair_col;
 #pragma unroll
@@ -262,7 +277,7 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
   wgmma_fence_operands(flat(dv));
   wgmma_fence_operands(flat(dk));
 
-  add_dkv_rows<kD>(p, seg, kv_head, n0, key_row, valid_k, pair_col, dk, dv);
+  add_dkv_rows<Storage, kD>(p, seg, kv_head, n0, key_row, valid_k, pair_col, dk, dv);
 #endif
 }
 

@@ -97,6 +97,13 @@ struct BackwardParams {
   float* dk_accum;  // [k_rows, kv_heads, D] fp32, zeroed before the dK/dV kernel
   float* dv_accum;
   const int32_t* dkv_rows;  // [k_rows] accumulator row of each key row, or null: the same row
+  // Non-null (the Hopper dK/dV kernels only): dk and dv themselves, contiguous, in q's dtype,
+  // zeroed by the host, for a table that reaches every key row from one segment and no
+  // dkv_rows. The kernels then store their rows there, rounded once from fp32 (the bits that
+  // adding into zeroed accumulators and casting gave), instead of adding into dk_accum and
+  // dv_accum; rows no block writes stay 0.
+  void* dk_out;
+  void* dv_out;
   const Segment* segments;
   int num_segments;
   const int* q_tile_start;  // prefix sums of query tiles (dQ kernel)

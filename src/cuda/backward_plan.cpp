@@ -118,12 +118,11 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const Options& options, 
   scale_ = resolve_softmax_scale(options_.softmax_scale, shape_.head_dim);
   device_ = detail::current_device();
   sm90_ = detail::use_sm90_kernels();
-  // Hopper at head dim 128 without a left window fuses dQ into the dK/dV pass
-  // (dkvq_kernel_sm90), in key-tile order in both modes: the ordered pass measured faster
-  // than the same pass in any order. With a left window it measured slower than the two
-  // passes, which Hopper runs there and at head dim 64 (no fused kernel). The portable
-  // kernels fuse dQ only when deterministic = false (with atomics in any order).
-  fused_dq_ = sm90_ ? shape_.head_dim == 128 && shape_.table.mask.window_left < 0 : !options_.deterministic;
+  // Hopper without a left window fuses dQ into the dK/dV pass (dkvq_kernel_sm90), in key-tile
+  // order in both modes: the ordered pass measured faster than the same pass in any order.
+  // With a left window it measured slower than the two passes, which Hopper runs there. The
+  // portable kernels fuse dQ only when deterministic = false (with atomics in any order).
+  fused_dq_ = sm90_ ? shape_.table.mask.window_left < 0 : !options_.deterministic;
   const int64_t grid_q = dq_grid_tiles(shape_.table);
   const int64_t grid_k = dkv_grid_tiles(shape_.table, dkv_tile_rows(sm90_, fused_dq_));
   THDCP_CHECK(grid_q <= std::numeric_limits<int32_t>::max() && grid_k <= std::numeric_limits<int32_t>::max(),
@@ -195,6 +194,12 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   params.dk_accum = fp32_dkv ? static_cast<float*>(t.dk.data) : at<float>(workspace_, layout.dk_accum);
   params.dv_accum = fp32_dkv ? static_cast<float*>(t.dv.data) : at<float>(workspace_, layout.dv_accum);
   params.dkv_rows = t.dkv_rows;
+  // The Hopper kernels store dK/dV rows directly where one segment reaches each key row (a
+  // single-device table) and dk/dv are contiguous in q's dtype: no fp32 accumulators, no casts.
+  const bool direct_dkv = keys && sm90_ && !fp32_dkv && segments_per_key_row(table.kind) == 1 &&
+                          t.dkv_rows == nullptr && t.dk.contiguous() && t.dv.contiguous();
+  params.dk_out = direct_dkv ? t.dk.data : nullptr;
+  params.dv_out = direct_dkv ? t.dv.data : nullptr;
   params.segments = table.segments;
   params.num_segments = table.capacity;
   params.q_tile_start = at<int>(workspace_, layout.q_start);
@@ -216,10 +221,11 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   // the fp32 dK/dV accumulation order-independent.
   const int head_dim = static_cast<int>(shape_.head_dim);
   if (keys) {
-    const size_t dkv_bytes = sizeof(float) * static_cast<size_t>(t.dk.numel());
+    // (Rows of the direct stores that no block writes stay 0 the same way.)
+    const size_t dkv_bytes = (direct_dkv ? dtype_size(t.dk.dtype) : sizeof(float)) * static_cast<size_t>(t.dk.numel());
     if (dkv_bytes > 0) {
-      THDCP_CHECK_CUDA(cudaMemsetAsync(params.dk_accum, 0, dkv_bytes, stream));
-      THDCP_CHECK_CUDA(cudaMemsetAsync(params.dv_accum, 0, dkv_bytes, stream));
+      THDCP_CHECK_CUDA(cudaMemsetAsync(direct_dkv ? t.dk.data : params.dk_accum, 0, dkv_bytes, stream));
+      THDCP_CHECK_CUDA(cudaMemsetAsync(direct_dkv ? t.dv.data : params.dv_accum, 0, dkv_bytes, stream));
     }
     const size_t dq_bytes = sizeof(float) * static_cast<size_t>(t.dq.numel());
     // (The Hopper pass writes each accumulator tile before it adds to it.)
@@ -250,7 +256,7 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
            : detail::launch_backward<detail::Fp16Tag, 128>(params, strides, sm90_, gq, gk, stream);
     }
   }
-  if (keys && !fp32_dkv) {
+  if (keys && !fp32_dkv && !direct_dkv) {
     detail::launch_cast_strided(params.dk_accum, t.dk.data, t.dk.dtype, table.k_rows, params.kv_heads, head_dim,
                                 t.dk.row_step(), t.dk.head_step(), 1.0f, stream);
     detail::launch_cast_strided(params.dv_accum, t.dv.data, t.dv.dtype, table.k_rows, params.kv_heads, head_dim,

@@ -101,23 +101,42 @@ __device__ __forceinline__ float to_float(__half x) {
   return __half2float(x);
 }
 
-// One warp per (row, head).
+// Eight elements of a 16-bit dtype, loaded as one 16-byte vector, dotted in fp32.
 template <typename Element>
-__global__ void delta_kernel(const Element* out, int64_t out_row_stride, int64_t out_head_stride, const Element* dout,
-                             int64_t dout_row_stride, int64_t dout_head_stride, int64_t pairs, int head_dim,
-                             float* delta, int64_t rows, int heads) {
-  const int64_t pair = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (pair >= pairs) return;
-  const int64_t row = pair / heads;
-  const int head = static_cast<int>(pair % heads);
-  const Element* o = out + row * out_row_stride + static_cast<int64_t>(head) * out_head_stride;
-  const Element* d = dout + row * dout_row_stride + static_cast<int64_t>(head) * dout_head_stride;
+__device__ __forceinline__ float dot8(const Element* a, const Element* b) {
+  const uint4 va = __ldg(reinterpret_cast<const uint4*>(a));
+  const uint4 vb = __ldg(reinterpret_cast<const uint4*>(b));
+  Element ea[8];
+  Element eb[8];
+  memcpy(ea, &va, sizeof(va));
+  memcpy(eb, &vb, sizeof(vb));
   float sum = 0.0f;
-  for (int i = lane; i < head_dim; i += 32) sum += to_float(o[i]) * to_float(d[i]);
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane == 0) delta[static_cast<int64_t>(head) * rows + row] = sum;
+  for (int i = 0; i < 8; ++i) sum = fmaf(to_float(ea[i]), to_float(eb[i]), sum);
+  return sum;
+}
+
+// kLanes = head_dim / 8 threads per (head, row) pair, 16 bytes of out and of dout each; the
+// pairs in head-major order, so that consecutive pairs store consecutive delta entries.
+// (Rows and heads start on 16-byte boundaries: attention_checks.)
+template <typename Element, int kLanes>
+__global__ void delta_kernel(const Element* out, int64_t out_row_stride, int64_t out_head_stride, const Element* dout,
+                             int64_t dout_row_stride, int64_t dout_head_stride, float* delta, int64_t rows,
+                             int heads) {
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t pair = thread / kLanes;
+  const int part = static_cast<int>(thread % kLanes);
+  const bool active = pair < rows * heads;  // every lane stays for the shuffles
+  const int head = active ? static_cast<int>(pair / rows) : 0;
+  const int64_t row = active ? pair - head * rows : 0;
+  float sum = 0.0f;
+  if (active) {
+    sum = dot8(out + row * out_row_stride + static_cast<int64_t>(head) * out_head_stride + part * 8,
+               dout + row * dout_row_stride + static_cast<int64_t>(head) * dout_head_stride + part * 8);
+  }
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (active && part == 0) delta[pair] = sum;
 }
 
 template <typename Element>
@@ -140,6 +159,25 @@ __global__ void cast_kernel(const float* src, Element* dst, int64_t n, float sca
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     dst[i] = from_float<Element>(scale * src[i]);
+  }
+}
+
+// The same, four elements per thread and iteration (src 16-byte aligned, dst aligned to four
+// elements, n a multiple of 4).
+template <typename Element>
+__global__ void cast4_kernel(const float4* src, Element* dst, int64_t n4, float scale) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = src[i];
+    Element e[4] = {from_float<Element>(scale * v.x), from_float<Element>(scale * v.y),
+                    from_float<Element>(scale * v.z), from_float<Element>(scale * v.w)};
+    if constexpr (sizeof(Element) == 2) {
+      uint2 packed;
+      memcpy(&packed, e, sizeof(packed));
+      reinterpret_cast<uint2*>(dst)[i] = packed;
+    } else {
+      reinterpret_cast<float4*>(dst)[i] = make_float4(e[0], e[1], e[2], e[3]);
+    }
   }
 }
 
@@ -186,36 +224,51 @@ void launch_schedule(const Segment* segments, int num_segments, int q_tile_rows,
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
 
+template <typename Element, int kLanes>
+void launch_delta_lanes(const void* out, int64_t out_row_stride, int64_t out_head_stride, const void* dout,
+                        int64_t dout_row_stride, int64_t dout_head_stride, int64_t rows, int heads, float* delta,
+                        cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  delta_kernel<Element, kLanes><<<blocks_for(rows * heads * kLanes, kThreads), kThreads, 0, stream>>>(
+      static_cast<const Element*>(out), out_row_stride, out_head_stride, static_cast<const Element*>(dout),
+      dout_row_stride, dout_head_stride, delta, rows, heads);
+}
+
 void launch_delta(const void* out, int64_t out_row_stride, int64_t out_head_stride, const void* dout,
                   int64_t dout_row_stride, int64_t dout_head_stride, DType dtype, int64_t rows, int heads,
                   int head_dim, float* delta, cudaStream_t stream) {
-  const int64_t pairs = rows * heads;
-  if (pairs == 0) return;
-  constexpr int kThreads = 256;
-  const unsigned blocks = blocks_for(pairs * 32, kThreads);
-  if (dtype == DType::kBFloat16) {
-    delta_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(out), out_row_stride,
-                                                  out_head_stride, static_cast<const __nv_bfloat16*>(dout),
-                                                  dout_row_stride, dout_head_stride, pairs, head_dim, delta, rows,
-                                                  heads);
-  } else {
-    delta_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __half*>(out), out_row_stride, out_head_stride,
-                                                  static_cast<const __half*>(dout), dout_row_stride,
-                                                  dout_head_stride, pairs, head_dim, delta, rows, heads);
-  }
+  if (rows * heads == 0) return;
+  THDCP_CHECK(head_dim == 64 || head_dim == 128, "launch_delta: head_dim=" << head_dim << " is not 64 or 128");
+  const bool bf16 = dtype == DType::kBFloat16;
+  const auto launch = head_dim == 64 ? (bf16 ? launch_delta_lanes<__nv_bfloat16, 8> : launch_delta_lanes<__half, 8>)
+                                     : (bf16 ? launch_delta_lanes<__nv_bfloat16, 16> : launch_delta_lanes<__half, 16>);
+  launch(out, out_row_stride, out_head_stride, dout, dout_row_stride, dout_head_stride, rows, heads, delta, stream);
   THDCP_CHECK_CUDA(cudaGetLastError());
+}
+
+template <typename Element>
+void launch_cast_as(const float* src, void* dst, int64_t n, float scale, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  Element* out = static_cast<Element*>(dst);
+  const bool vector = n % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(dst) % (4 * sizeof(Element)) == 0;
+  if (vector) {
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(n / 4, kThreads), 65536));
+    cast4_kernel<<<blocks, kThreads, 0, stream>>>(reinterpret_cast<const float4*>(src), out, n / 4, scale);
+  } else {
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(n, kThreads), 65536));
+    cast_kernel<<<blocks, kThreads, 0, stream>>>(src, out, n, scale);
+  }
 }
 
 void launch_cast(const float* src, void* dst, DType dtype, int64_t n, float scale, cudaStream_t stream) {
   if (n == 0) return;
-  constexpr int kThreads = 256;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(n, kThreads), 65536));
   if (dtype == DType::kBFloat16) {
-    cast_kernel<<<blocks, kThreads, 0, stream>>>(src, static_cast<__nv_bfloat16*>(dst), n, scale);
+    launch_cast_as<__nv_bfloat16>(src, dst, n, scale, stream);
   } else if (dtype == DType::kFloat16) {
-    cast_kernel<<<blocks, kThreads, 0, stream>>>(src, static_cast<__half*>(dst), n, scale);
+    launch_cast_as<__half>(src, dst, n, scale, stream);
   } else {
-    cast_kernel<<<blocks, kThreads, 0, stream>>>(src, static_cast<float*>(dst), n, scale);
+    launch_cast_as<float>(src, dst, n, scale, stream);
   }
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
