@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(DkvqSm90Shape::kThreads, 1)
     asm volatile("bar.arrive %0, %1;\n" ::"r"(Shape::kDqFull), "r"(Shape::kHandOverThreads) : "memory");
   }
 
-  add_dkv_rows<kD>(p, seg, kv_head, key0, key_row, valid_keys, pair_col, dk, dv);
+  add_dkv_rows<Storage, kD>(p, seg, kv_head, key0, key_row, valid_keys, pair_col, dk, dv);
 #endif
 }
 

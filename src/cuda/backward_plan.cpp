@@ -118,11 +118,12 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const Options& options, 
   scale_ = resolve_softmax_scale(options_.softmax_scale, shape_.head_dim);
   device_ = detail::current_device();
   sm90_ = detail::use_sm90_kernels();
-  // Hopper without a left window fuses dQ into the dK/dV pass (dkvq_kernel_sm90), in key-tile
-  // order in both modes: the ordered pass measured faster than the same pass in any order.
-  // With a left window it measured slower than the two passes, which Hopper runs there. The
+  // Hopper at head dim 128 without a left window fuses dQ into the dK/dV pass
+  // (dkvq_kernel_sm90), in key-tile order in both modes: the ordered pass measured faster
+  // than the same pass in any order. With a left window, and at head dim 64 (branch
+  // wip/dkvq-d64), it measured slower than the two passes, which Hopper runs there. The
   // portable kernels fuse dQ only when deterministic = false (with atomics in any order).
-  fused_dq_ = sm90_ ? shape_.table.mask.window_left < 0 : !options_.deterministic;
+  fused_dq_ = sm90_ ? shape_.head_dim == 128 && shape_.table.mask.window_left < 0 : !options_.deterministic;
   const int64_t grid_q = dq_grid_tiles(shape_.table);
   const int64_t grid_k = dkv_grid_tiles(shape_.table, dkv_tile_rows(sm90_, fused_dq_));
   THDCP_CHECK(grid_q <= std::numeric_limits<int32_t>::max() && grid_k <= std::numeric_limits<int32_t>::max(),
