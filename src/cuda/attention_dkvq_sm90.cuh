@@ -334,11 +334,16 @@ __global__ void __launch_bounds__(DkvqSm90Shape::kThreads, 1)
 
 // dQ of the fused pass: the block of (query tile of the dQ grid, query head), 128 threads,
 // reads the tile's fp32 accumulator (dq_half_offset) and stores the tile's span rows of dq,
-// scaled by the softmax scale, in dq_kernel_sm90's layout and order (rows past q_len hold 0:
-// their partials were 0). After dkvq_kernel_sm90 on the same stream.
+// scaled by the softmax scale (rows past q_len hold 0: their partials were 0). A warp takes
+// 16 rows, one row at a time, each lane 4 consecutive columns: 16-byte loads from the
+// accumulator and one contiguous row store per warp. After dkvq_kernel_sm90 on the same
+// stream.
 template <typename Storage>
 __global__ void __launch_bounds__(128) dq_store_kernel(const BackwardParams p, const BackwardStrides strides) {
+  using Traits = StorageTraits<Storage>;
+  using Element = typename Traits::Element;
   constexpr int kD = DkvqSm90Shape::kD;
+  static_assert(kD == 128, "a warp's 32 lanes x 4 columns are one row");
   int tile = 0;
   int head = 0;
   if (!block_tile_and_head(p.q_tile_start, p.num_segments, p.q_heads, false, tile, head)) return;
@@ -347,28 +352,35 @@ __global__ void __launch_bounds__(128) dq_store_kernel(const BackwardParams p, c
   const int m0 = (tile - __ldg(p.q_tile_start + segment_index)) * 64;
   const int span_rows = min(64, seg.q_span - m0);
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int row = 16 * (static_cast<int>(threadIdx.x) / 32) + lane / 4;
-  const int pair_col = (lane % 4) * 2;
-  const float* accum = p.dq_accum + (static_cast<int64_t>(tile) * p.q_heads + head) * (64 * kD);
+  const int row0 = 16 * (static_cast<int>(threadIdx.x) / 32);
+  const int column = 4 * lane;  // of dq; in half column / 64 of the accumulator tile
+  const float* accum = p.dq_accum + (static_cast<int64_t>(tile) * p.q_heads + head) * (64 * kD) + (column / 64) * 64 * 64;
   // A tile whose valid queries see no key was written by no key tile (its dQ is 0); every
   // other one was, by the first key tile that visits it (DkvQueryTiles is a bound of these).
   const int valid_q = max(0, min(64, seg.q_len - m0));
   const VisibleKeyTiles<64> key_tiles(seg, Mask{p.window_left, p.window_right}, m0, valid_q, 64);
   const bool written = key_tiles.begin < key_tiles.end;
-  float dq[kD / 8][4];
+  float4 v[16];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
+  for (int i = 0; i < 16; ++i) {
+    v[i] = written && row0 + i < span_rows
+               ? *reinterpret_cast<const float4*>(accum + dq_half_offset(row0 + i, column % 64))
+               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
 #pragma unroll
-    for (int df = 0; df < kD / 8; ++df) {
-      const int column = (df % 8) * 8 + pair_col;
-      const float2 v = written ? *reinterpret_cast<const float2*>(accum + (df / 8) * 64 * 64 +
-                                                                  dq_half_offset(row + 8 * half, column))
-                               : make_float2(0.0f, 0.0f);
-      dq[df][2 * half] = v.x;
-      dq[df][2 * half + 1] = v.y;
+  for (int i = 0; i < 16; ++i) {
+    if (row0 + i >= span_rows) break;
+    const int64_t offset = (static_cast<int64_t>(seg.q_row) + m0 + row0 + i) * strides.dq.row +
+                           static_cast<int64_t>(head) * strides.dq.head + column;
+    if (p.dq_fp32) {
+      *reinterpret_cast<float4*>(static_cast<float*>(p.dq) + offset) =
+          make_float4(v[i].x * p.scale, v[i].y * p.scale, v[i].z * p.scale, v[i].w * p.scale);
+    } else {
+      const uint2 packed = make_uint2(Traits::pack(v[i].x * p.scale, v[i].y * p.scale),
+                                      Traits::pack(v[i].z * p.scale, v[i].w * p.scale));
+      *reinterpret_cast<uint2*>(static_cast<Element*>(p.dq) + offset) = packed;
     }
   }
-  store_dq_rows<Storage, kD>(p, strides.dq, seg, head, m0, row, span_rows, pair_col, dq);
 }
 
 }  // namespace thdcp::cuda::detail
