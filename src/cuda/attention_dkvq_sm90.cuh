@@ -354,7 +354,8 @@ __global__ void __launch_bounds__(128) dq_store_kernel(const BackwardParams p, c
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int row0 = 16 * (static_cast<int>(threadIdx.x) / 32);
   const int column = 4 * lane;  // of dq; in half column / 64 of the accumulator tile
-  const float* accum = p.dq_accum + (static_cast<int64_t>(tile) * p.q_heads + head) * (64 * kD) + (column / 64) * 64 * 64;
+  const float* accum =
+      p.dq_accum + (static_cast<int64_t>(tile) * p.q_heads + head) * (64 * kD) + (column / 64) * 64 * 64;
   // A tile whose valid queries see no key was written by no key tile (its dQ is 0); every
   // other one was, by the first key tile that visits it (DkvQueryTiles is a bound of these).
   const int valid_q = max(0, min(64, seg.q_len - m0));
