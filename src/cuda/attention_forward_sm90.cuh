@@ -360,10 +360,26 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
       // Only a segment's last key tile reaches past its keys, and it is the last one visited.
       const int valid_keys = seg.k_len - (n_end - 1) * kN;
       if (valid_keys < kN) zero_tile_rows<kN, kBlocks>(v_tile, valid_keys, thread, 1 + consumer);
+      // The diagonal half tile: when this warpgroup's last valid row sees no key of the upper
+      // half of the last key tile (a causal mask's diagonal tile, for the first 64 rows of a
+      // 128-row tile; a warpgroup with no valid row sees none), its P there is 0 and its P V
+      // runs over the lower half only (K = kN / 2). Each branch fences its own products: a
+      // fence before the branch makes ptxas serialise every wgmma of the kernel (C7520).
+      // (S stays whole: a shape chosen at run time for S serialises them too, C7511 / C7515.)
+      const int first_row = m0 + consumer * 64;
+      const int last_row = min(first_row + 63, m0 + work.valid_q - 1);
+      const bool half = last_row < first_row || segment_visible_keys(seg, mask, last_row).end <=
+                                                    static_cast<int64_t>(seg.k_pos) + (n_end - 1) * kN + kN / 2;
       turns.wait();
-      wgmma_fence();
-      wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(o, pa, v_tile);
-      wgmma_commit();
+      if (half) {
+        wgmma_fence();
+        wgmma_rs_mn_major<Storage, kD, kN, kN / 32>(o, leading<kN / 32>(pa), v_tile);
+        wgmma_commit();
+      } else {
+        wgmma_fence();
+        wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(o, pa, v_tile);
+        wgmma_commit();
+      }
       turns.pass();
       wgmma_wait<0>();
       wgmma_fence_operands(flat(o));

@@ -86,6 +86,14 @@ __device__ __forceinline__ float (&flat(float (&x)[kFragments][4]))[kFragments *
   return reinterpret_cast<float(&)[kFragments * 4]>(x);
 }
 
+// The first kLeading fragments of an array of fragments: the lower kLeading 8 columns of an
+// accumulator, or the first kLeading k-steps of A fragments.
+template <int kLeading, typename T, int kAll>
+__device__ __forceinline__ T (&leading(T (&x)[kAll][4]))[kLeading][4] {
+  static_assert(kLeading <= kAll, "a part of the array");
+  return reinterpret_cast<T(&)[kLeading][4]>(x);
+}
+
 // acc = A B^T over kSteps k-steps of 16 columns, A and B K-major tiles (kRowsA and kRowsB
 // rows; B's first kN rows are the N of the product) at shared addresses a_tile, b_tile.
 // Issued, not committed.
