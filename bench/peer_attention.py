@@ -7,10 +7,12 @@
     the cudnn-frontend Python API (nvidia-cudnn-frontend) on the packed THD buffers: ragged
     offsets, padding mask with per-document lengths, a top-left diagonal band for the masks.
     Only cuDNN backend engines are taken (the frontend may also rank its own Python kernels);
-    the plan that ran and the fwd/bwd workspaces are printed. O, the softmax stats and dQ, dK,
-    dV are checked against an fp32 reference on the three shortest documents and the longest
-    before anything is timed; what fails the check is not timed. --cudnn-det adds a row with
-    the deterministic backward (use_deterministic_algorithm).
+    the plan that ran and the fwd/bwd workspaces are printed. --cudnn-det adds a row with the
+    deterministic backward (use_deterministic_algorithm).
+
+Every peer is checked before it is timed: O and dQ, dK, dV (and cuDNN's softmax stats) against
+an fp32 reference on the three shortest documents and the longest, on the tensors it is then
+timed on; what fails the check is not timed.
 
 Reads the document lengths written by `thdcp bench --lengths-out FILE`, packs them back to
 back (no padding: every peer takes cu_seqlens of the real tokens), and counts TFLOP/s from the
@@ -29,6 +31,8 @@ import torch
 # create_block_mask(_compile=True) warns that torch.compile(create_block_mask) is the new way;
 # both build the mask without materialising T x T booleans.
 warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+VERIFY_LIMIT = 2e-2  # max |peer - fp32 reference| / max |reference|, per tensor
 
 
 def allowed_pairs(lengths, window_left):
@@ -64,6 +68,33 @@ def time_ms(fn, warmup, iters):
 def report(peer, mask, what, pairs, ms, flop_factor, args):
     tflops = flop_factor * pairs * args.head_dim * args.q_heads / (ms * 1e9)
     print(f"{peer:<12} {mask:<7} {what:<8} {pairs:>12} {ms:>10.3f} {tflops:>9.1f}", flush=True)
+
+
+def checked_documents(lengths):
+    """The documents a peer is checked on: the three shortest and the longest (all of them
+    when there are few), shortest first."""
+    order = sorted((i for i in range(len(lengths)) if lengths[i] > 0), key=lambda i: lengths[i])
+    return sorted(set(order[:3] + order[-1:]), key=lambda i: lengths[i])
+
+
+def verify_peer(peer, mask_name, window_left, lengths, inputs, run, doc_view, scale):
+    """One forward and backward of a peer, run() -> {o, dq, dk, dv}, checked against the fp32
+    reference on checked_documents. inputs: its q, k, v and dout; doc_view(tensor, i): document
+    i of one of those tensors (or of an output) as [n, H, D]. Prints one line; returns whether
+    every tensor is within VERIFY_LIMIT."""
+    check = checked_documents(lengths)
+    with torch.no_grad():
+        refs = [(i, attention_reference(*(doc_view(inputs[name], i) for name in ("q", "k", "v", "do")),
+                                        window_left, scale)) for i in check]
+    outputs = run()
+    torch.cuda.synchronize()
+    errs = relative_errors(refs, outputs, ("o", "dq", "dk", "dv"), doc_view)
+    ok = max(errs.values()) < VERIFY_LIMIT
+    docs = ", ".join(str(lengths[i]) for i in check)
+    print(f"{peer} {mask_name}: {'verified' if ok else 'verification FAILED'} against fp32 on "
+          f"documents of {docs} tokens: {error_line(errs)} (limit {VERIFY_LIMIT:g})"
+          f"{'' if ok else '; not timed'}")
+    return ok
 
 
 def bench_varlen(args, lengths, masks):
@@ -116,6 +147,22 @@ def bench_varlen(args, lengths, masks):
             rep = args.q_heads // args.kv_heads
             kk = k.detach().repeat_interleave(rep, dim=1).requires_grad_()
             vv = v.detach().repeat_interleave(rep, dim=1).requires_grad_()
+
+        def outputs():
+            for t in (q, k, v, kk, vv):
+                t.grad = None
+            out = call(kk, vv)
+            out.backward(dout)
+            dk, dv = kk.grad, vv.grad
+            if dk.shape[1] != args.kv_heads:  # repeated K/V heads: sum each K/V head's copies
+                dk = dk.view(T, args.kv_heads, -1, args.head_dim).sum(2)
+                dv = dv.view(T, args.kv_heads, -1, args.head_dim).sum(2)
+            return dict(o=out.detach(), dq=q.grad, dk=dk, dv=dv)
+
+        cu_list = cu.tolist()
+        if not verify_peer("varlen_attn", mask_name, window_left, lengths, dict(q=q, k=k, v=v, do=dout),
+                           outputs, lambda t, i: t[cu_list[i]:cu_list[i + 1]], 1.0 / math.sqrt(args.head_dim)):
+            continue
         pairs = allowed_pairs(lengths, window_left)
         with torch.no_grad():
             ms = time_ms(lambda: call(kk, vv), args.warmup, args.iters)
@@ -165,6 +212,18 @@ def bench_flex(args, lengths, masks):
             block_mask = create_block_mask(mask_mod, None, None, T, T, device=dev)
         pairs = allowed_pairs(lengths, window_left)
         try:
+            def outputs():
+                for t in (q, k, v):
+                    t.grad = None
+                out = compiled(q, k, v, block_mask=block_mask, enable_gqa=True)
+                out.backward(dout)
+                return dict(o=out.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
+
+            bounds = [0] + torch.cumsum(torch.tensor(lengths), 0).tolist()
+            if not verify_peer("flex", mask_name, window_left, lengths, dict(q=q, k=k, v=v, do=dout), outputs,
+                               lambda t, i: t[0, :, bounds[i]:bounds[i + 1]].transpose(0, 1),
+                               1.0 / math.sqrt(args.head_dim)):
+                continue
             with torch.no_grad():
                 ms = time_ms(lambda: compiled(q, k, v, block_mask=block_mask, enable_gqa=True),
                              args.warmup, args.iters)
@@ -187,7 +246,6 @@ def bench_flex(args, lengths, masks):
 # softmax stats are a ragged [T, Hq] fp32 tensor (offsets cu_seqlens * Hq). Per-document
 # lengths go in as seq_len_q / seq_len_kv with the padding mask.
 
-CUDNN_VERIFY_LIMIT = 2e-2  # max |cuDNN - fp32 reference| / max |reference|, per tensor
 
 
 def cudnn_mask_kwargs(cudnn, window_left):
@@ -403,9 +461,7 @@ def bench_cudnn(args, lengths, masks):
         print_failure("cudnn: not available", e)
         return
     outputs = dict(o=buf["o"], lse=buf["stats"][..., 0], dq=buf["dq"], dk=buf["dk"], dv=buf["dv"])
-    # Checked documents: the three shortest and the longest (all of them when there are few).
-    order = sorted((i for i in range(len(lengths)) if lengths[i] > 0), key=lambda i: lengths[i])
-    check = sorted(set(order[:3] + order[-1:]), key=lambda i: lengths[i])
+    check = checked_documents(lengths)
 
     def doc_view(tensor, i):
         return tensor[cu[i]:cu[i + 1]]
@@ -436,11 +492,11 @@ def bench_cudnn(args, lengths, masks):
                                             doc_view(buf["v"], i), doc_view(buf["do"], i),
                                             window_left, geo["scale"])) for i in check]
             errs = relative_errors(refs, outputs, ("o", "lse"), doc_view)
-            ok = max(errs.values()) < CUDNN_VERIFY_LIMIT
+            ok = max(errs.values()) < VERIFY_LIMIT
             docs = ", ".join(str(lengths[i]) for i in check)
             print(f"cudnn {mask_name} fwd: {'verified' if ok else 'verification FAILED'} against "
                   f"fp32 on documents of {docs} tokens: {error_line(errs)} "
-                  f"(limit {CUDNN_VERIFY_LIMIT:g})")
+                  f"(limit {VERIFY_LIMIT:g})")
             if ok:
                 ms = time_ms(run_fwd, args.warmup, args.iters)
                 report("cudnn", mask_name, "fwd", pairs, ms, 4, args)
@@ -491,9 +547,9 @@ def bench_cudnn_bwd(args, cudnn, handle, geo, buf, mask_name, window_left, pairs
         repeatable = all(torch.equal(first[name], buf[name]) for name in first)
         del first
         errs = relative_errors(refs, outputs, ("dq", "dk", "dv"), doc_view)
-        ok = max(errs.values()) < CUDNN_VERIFY_LIMIT
+        ok = max(errs.values()) < VERIFY_LIMIT
         print(f"{peer} {mask_name} bwd: {'verified' if ok else 'verification FAILED'} against "
-              f"fp32: {error_line(errs)} (limit {CUDNN_VERIFY_LIMIT:g}); two runs bitwise "
+              f"fp32: {error_line(errs)} (limit {VERIFY_LIMIT:g}); two runs bitwise "
               f"{'identical' if repeatable else 'different'}")
         if not ok:
             print(f"{peer} {mask_name}: fwd+bwd not timed")
