@@ -11,7 +11,10 @@
 //     independent, so the split changes no value), and
 //   - in the backward, the reduce-scatter of dK/dV while the dQ pass runs (the backward runs
 //     every head at once: its dK/dV pass then dQ pass are two launches, and a split would
-//     only slow the dK/dV pass that the reduce-scatter then competes with).
+//     only slow the dK/dV pass that the reduce-scatter then competes with). Where the
+//     kernels compute dQ in the dK/dV pass (Hopper, head dim 128, no left window), only the
+//     fp32 dQ's store runs beside the reduce-scatter, which is then mostly exposed
+//     (bench/RESULTS.md, CP scaling with the one-pass backward).
 // A backend that does not overlap (the CPU one, or CUDA while phases are timed) runs
 // everything in program order; its lanes are one.
 //

@@ -16,8 +16,9 @@
 // follows all of the step, on both streams, and a capture of `stream` takes both. The
 // forward runs the heads in problem.head_groups groups (default 1) so that one group's
 // K/V gather runs while another group's attention does; the backward reduce-scatters dK/dV
-// while its dQ pass runs. Because of that second stream, one plan's steps must be enqueued
-// one after another (as before: they share the workspace).
+// while its dQ pass runs (where dQ comes from the dK/dV pass, Hopper at head dim 128 with no
+// left window, only dQ's store runs beside it). Because of that second stream, one plan's
+// steps must be enqueued one after another (as before: they share the workspace).
 #pragma once
 
 #include <cuda_runtime_api.h>
