@@ -77,15 +77,21 @@ def checked_documents(lengths):
     return sorted(set(order[:3] + order[-1:]), key=lambda i: lengths[i])
 
 
+def fp32_references(inputs, doc_view, check, window_left, scale):
+    """[(i, attention_reference of document i)] for the documents in `check`, from inputs q, k,
+    v and do (doc_view(tensor, i): document i as [n, H, D])."""
+    with torch.no_grad():
+        return [(i, attention_reference(*(doc_view(inputs[name], i) for name in ("q", "k", "v", "do")),
+                                        window_left, scale)) for i in check]
+
+
 def verify_peer(peer, mask_name, window_left, lengths, inputs, run, doc_view, scale):
     """One forward and backward of a peer, run() -> {o, dq, dk, dv}, checked against the fp32
     reference on checked_documents. inputs: its q, k, v and dout; doc_view(tensor, i): document
     i of one of those tensors (or of an output) as [n, H, D]. Prints one line; returns whether
     every tensor is within VERIFY_LIMIT."""
     check = checked_documents(lengths)
-    with torch.no_grad():
-        refs = [(i, attention_reference(*(doc_view(inputs[name], i) for name in ("q", "k", "v", "do")),
-                                        window_left, scale)) for i in check]
+    refs = fp32_references(inputs, doc_view, check, window_left, scale)
     outputs = run()
     torch.cuda.synchronize()
     errs = relative_errors(refs, outputs, ("o", "dq", "dk", "dv"), doc_view)
@@ -488,9 +494,7 @@ def bench_cudnn(args, lengths, masks):
 
             run_fwd()
             torch.cuda.synchronize()
-            refs = [(i, attention_reference(doc_view(buf["q"], i), doc_view(buf["k"], i),
-                                            doc_view(buf["v"], i), doc_view(buf["do"], i),
-                                            window_left, geo["scale"])) for i in check]
+            refs = fp32_references(buf, doc_view, check, window_left, geo["scale"])
             errs = relative_errors(refs, outputs, ("o", "lse"), doc_view)
             ok = max(errs.values()) < VERIFY_LIMIT
             docs = ", ".join(str(lengths[i]) for i in check)
