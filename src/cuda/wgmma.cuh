@@ -86,8 +86,8 @@ __device__ __forceinline__ float (&flat(float (&x)[kFragments][4]))[kFragments *
   return reinterpret_cast<float(&)[kFragments * 4]>(x);
 }
 
-// The first kLeading fragments of an array of fragments: the lower kLeading 8 columns of an
-// accumulator, or the first kLeading k-steps of A fragments.
+// The first kLeading fragments of an array of fragments: an accumulator's first 8 kLeading
+// columns, or the first kLeading k-steps of A fragments.
 template <int kLeading, typename T, int kAll>
 __device__ __forceinline__ T (&leading(T (&x)[kAll][4]))[kLeading][4] {
   static_assert(kLeading <= kAll, "a part of the array");
