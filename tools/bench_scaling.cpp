@@ -90,6 +90,9 @@ const char* kHelp =
     "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward)\n"
     "  --sm-margin M[,M...]  cuda::Options::sm_margin of the CP plans, each a row (0): SMs the\n"
     "                      persistent Hopper forward leaves to the collectives beside it\n"
+    "  --dq-pass B[,B...]  cuda::Options::separate_dq_pass of the CP plans, each a row (0): 1 = on\n"
+    "                      Hopper at head dim 128 without a left window, dQ in a pass of its own,\n"
+    "                      beside the reduce-scatter of dK/dV, instead of in the dK/dV pass\n"
     "  --local-first B[,B...]  cp::Problem::local_first, each a row (0): 1 = the forward's local\n"
     "                      keys attended while the gather runs, merged by LSE (masks with\n"
     "                      window_right 0); 0 = one attention after the gather\n"
@@ -544,10 +547,16 @@ struct Row {
   // gathered / reduced tensors x (cp - 1) / cp per second). 0: not measured.
   double gather_ms = 0, reduce_ms = 0, gather_busbw = 0, reduce_busbw = 0;
   bool local_first = false;  // the forward ran local-first (cp::Problem::local_first, a mask it applies to)
+  bool dq_pass = false;      // cuda::Options::separate_dq_pass
 };
 
 // The forward's form, as the tables print it.
 const char* forward_form(const Row& r) { return r.local_first ? "local-first" : "one"; }
+
+// Where the backward takes K/V from, and (with --dq-pass 1) that dQ had a pass of its own.
+std::string backward_form(const Row& r) {
+  return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "");
+}
 
 double target_of(int cp) {
   switch (cp) {
@@ -599,7 +608,7 @@ std::vector<NamedMask> parse_masks(const std::string& text, int64_t window) {
 int bench_scaling_command(const std::vector<std::string>& argv) {
   const Args args(argv,
                   {"gpus", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
-                   "max-length", "seed", "warmup", "iters", "head-groups", "kv", "sm-margin", "local-first"},
+                   "max-length", "seed", "warmup", "iters", "head-groups", "kv", "sm-margin", "dq-pass", "local-first"},
                   {"scaling", "help"});
   if (args.has("help")) {
     std::fputs(kHelp, stdout);
@@ -653,6 +662,8 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
   for (int64_t m : parse_int_list("sm-margin", args.get("sm-margin", "0"), 0, 1024)) {
     margin_list.push_back(static_cast<int>(m));
   }
+  std::vector<bool> dq_pass_list;
+  for (int64_t b : parse_int_list("dq-pass", args.get("dq-pass", "0"), 0, 1)) dq_pass_list.push_back(b != 0);
   std::vector<bool> local_first_list;
   for (int64_t b : parse_int_list("local-first", args.get("local-first", "0"), 0, 1)) {
     local_first_list.push_back(b != 0);
@@ -736,6 +747,7 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
     int cp, head_groups;
     bool kept_kv;
     int sm_margin;
+    bool dq_pass;
     bool local_first;
   };
   std::vector<Variant> variants;  // each a row
@@ -743,7 +755,11 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
     for (int g : groups_list) {
       for (bool kept : kv_list) {
         for (int margin : margin_list) {
-          for (bool local_first : local_first_list) variants.push_back(Variant{c, g, kept, margin, local_first});
+          for (bool dq_pass : dq_pass_list) {
+            for (bool local_first : local_first_list) {
+              variants.push_back(Variant{c, g, kept, margin, dq_pass, local_first});
+            }
+          }
         }
       }
     }
@@ -799,8 +815,10 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
         Row row{tokens, m.name, c, head_groups, variant.kept_kv, variant.sm_margin, lengths.size(), "PASS", base.ms,
                 0, 0, 0, {}};
         row.local_first = variant.local_first && c > 1 && cp_split_applies(m.mask);
+        row.dq_pass = variant.dq_pass;
         cuda::Options attention;
         attention.sm_margin = variant.sm_margin;
+        attention.separate_dq_pass = variant.dq_pass;
         std::vector<RankReport> reports(static_cast<size_t>(c));
         run_in_process(c, [&](Communicator& host) {
           cp_rank(host, layout, in, base.ref, m.mask, s, head_groups, variant.local_first, kv, attention, warmup, iters,
@@ -890,7 +908,7 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
         std::printf("result T=%lld %s cp=%d head groups %d, forward %s, backward K/V %s, SM margin %d: baseline "
                     "%.3f ms, CP step %.3f ms (per rank:%s), beyond attention %.3f ms, efficiency %.3f (%s)\n",
                     static_cast<long long>(tokens), m.name.c_str(), c, row.groups, forward_form(row),
-                    row.kept_kv ? "kept" : "gathered", row.sm_margin, base.ms, row.step_ms,
+                    backward_form(row).c_str(), row.sm_margin, base.ms, row.step_ms,
                     per_rank.c_str(), row.comm_ms, row.efficiency, target_text(row).c_str());
         std::fflush(stdout);
         rows.push_back(row);
@@ -915,7 +933,7 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
   std::printf(" ---: | ---: | --- |\n");
   for (const Row& r : rows) {
     std::printf("| %lld | %s | %d | %d | %s | %s | %d | %zu | %s |", static_cast<long long>(r.tokens), r.mask.c_str(),
-                r.cp, r.groups, forward_form(r), r.kept_kv ? "kept" : "gathered", r.sm_margin, r.documents,
+                r.cp, r.groups, forward_form(r), backward_form(r).c_str(), r.sm_margin, r.documents,
                 r.status.c_str());
     if (r.status == "PASS") {
       std::printf(" %.3f | %.3f |", r.baseline_ms, r.step_ms);
@@ -940,7 +958,7 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
   for (const Row& r : rows) {
     if (r.gather_ms <= 0) continue;
     std::printf("| %lld | %s | %d | %d | %s | %d | %.3f | %.0f | %.3f | %.0f |\n", static_cast<long long>(r.tokens),
-                r.mask.c_str(), r.cp, r.groups, r.kept_kv ? "kept" : "gathered", r.sm_margin, r.gather_ms,
+                r.mask.c_str(), r.cp, r.groups, backward_form(r).c_str(), r.sm_margin, r.gather_ms,
                 r.gather_busbw, r.reduce_ms, r.reduce_busbw);
   }
   if (failed) std::printf("\nverification FAILED for at least one configuration (not timed)\n");

@@ -123,7 +123,9 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const Options& options, 
   // than the same pass in any order. With a left window, and at head dim 64 (branch
   // wip/dkvq-d64), it measured slower than the two passes, which Hopper runs there. The
   // portable kernels fuse dQ only when deterministic = false (with atomics in any order).
-  fused_dq_ = sm90_ ? shape_.head_dim == 128 && shape_.table.mask.window_left < 0 : !options_.deterministic;
+  // Options::separate_dq_pass keeps the two passes on Hopper.
+  fused_dq_ = sm90_ ? shape_.head_dim == 128 && shape_.table.mask.window_left < 0 && !options_.separate_dq_pass
+                    : !options_.deterministic;
   const int64_t grid_q = dq_grid_tiles(shape_.table);
   const int64_t grid_k = dkv_grid_tiles(shape_.table, dkv_tile_rows(sm90_, fused_dq_));
   THDCP_CHECK(grid_q <= std::numeric_limits<int32_t>::max() && grid_k <= std::numeric_limits<int32_t>::max(),

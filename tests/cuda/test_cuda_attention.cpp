@@ -238,12 +238,21 @@ TEST_P(CudaAttentionEdge, MatchesCpuReference) {
   expect_close("max_logit", download_vector<float>(max_logit, max_logit_ref.size()), max_logit_ref,
                kFp32ResultTolerance);
 
-  // Backward in both modes: deterministic (dQ pass of its own) and not (the portable
-  // kernels' fused pass with dQ by atomics; on Hopper the sm90 passes again).
-  for (bool deterministic : {true, false}) {
-    SCOPED_TRACE(deterministic ? "deterministic backward" : "deterministic = false backward");
+  // Backward in each mode: deterministic (on Hopper at head dim 128 without a left window dQ
+  // comes from the dK/dV pass, elsewhere from a pass of its own), not (the portable kernels'
+  // fused pass with dQ by atomics; on Hopper the sm90 passes again), and with dQ's pass kept
+  // separate on Hopper (Options::separate_dq_pass).
+  struct Mode {
+    const char* name;
+    bool deterministic;
+    bool separate_dq_pass;
+  };
+  for (const Mode& mode : {Mode{"deterministic backward", true, false}, Mode{"deterministic = false backward", false, false},
+                           Mode{"separate dQ pass", true, true}}) {
+    SCOPED_TRACE(mode.name);
     cuda::Options options;
-    options.deterministic = deterministic;
+    options.deterministic = mode.deterministic;
+    options.separate_dq_pass = mode.separate_dq_pass;
     for (DeviceBuffer* b : {&dq.buffer, &dk.buffer, &dv.buffer}) b->poison();
     DeviceBuffer bwd_ws(
         cuda::backward_workspace_size(device_table, c.q_heads, c.kv_heads, c.head_dim, grad_dtype, options));

@@ -129,6 +129,11 @@ struct Options {
   // the same knob sm_margin. 0 <= sm_margin < the device's SM count; the portable kernels
   // (not persistent) ignore it.
   int sm_margin = 0;
+  // Backward only, Hopper kernels: true runs dQ in a pass of its own after the dK/dV pass
+  // where the one pass would compute it beside dK and dV (head dim 128, no left window), so
+  // that work on another stream can run beside the dQ pass: AllGather CP reduce-scatters
+  // dK/dV there. Deterministic either way; dQ's last bits differ between the two.
+  bool separate_dq_pass = false;
 };
 
 // Head dims the CUDA kernels are compiled for: 64 and 128.
