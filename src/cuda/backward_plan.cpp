@@ -66,7 +66,7 @@ T* at(void* base, size_t offset) {
   return reinterpret_cast<T*>(static_cast<unsigned char*>(base) + offset);
 }
 
-// The narrowest left window the Hopper backward runs in one pass. One H200, 2026-11-27
+// The narrowest left window the Hopper backward runs in one pass (single-device tables). One H200, 2026-11-27
 // 08:50 UTC, backward ms, two passes -> one (bench/RESULTS.md): window 1024 6.81 -> 7.45 and
 // long documents' 2048 12.51 -> 14.29 (slower); 4096 13.44 -> 13.34 and long documents' 8192
 // 26.35 -> 25.27 (faster).
@@ -126,13 +126,18 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const Options& options, 
   sm90_ = detail::use_sm90_kernels();
   // Hopper at head dim 128 fuses dQ into the dK/dV pass (dkvq_kernel_sm90), in key-tile
   // order in both modes: the ordered pass measured faster than the same pass in any order.
-  // It does so without a left window or with one of at least kOnePassMinWindowLeft keys.
+  // It does so without a left window, or on a single-device table with one of at least
+  // kOnePassMinWindowLeft keys. On AllGather-CP tables windows keep the two passes: the
+  // reduce-scatter of dK/dV runs beside the dQ pass (4 x H200, 2026-11-27 09:06 UTC, window
+  // 4096, T = 131072, CP efficiency 0.732 (cp 2) and 0.601 (cp 4) in one pass against 0.804
+  // and 0.698 in two).
   // Narrower windows, and head dim 64 (branch wip/dkvq-d64), measured slower in one pass
   // than in the two, which Hopper runs there. The portable kernels fuse dQ only when
   // deterministic = false (with atomics in any order). Options::separate_dq_pass keeps the
   // two passes on Hopper.
   const int64_t window_left = shape_.table.mask.window_left;
-  const bool one_pass_window = window_left < 0 || window_left >= kOnePassMinWindowLeft;
+  const bool one_pass_window = window_left < 0 || (shape_.table.kind == TableKind::kSingleDevice &&
+                                                     window_left >= kOnePassMinWindowLeft);
   fused_dq_ = sm90_ ? shape_.head_dim == 128 && one_pass_window && !options_.separate_dq_pass : !options_.deterministic;
   const int64_t grid_q = dq_grid_tiles(shape_.table);
   const int64_t grid_k = dkv_grid_tiles(shape_.table, dkv_tile_rows(sm90_, fused_dq_));

@@ -50,9 +50,9 @@ std::vector<EdgeCase> edge_cases() {
       {"window7_3_gqa4_bf16_d64", {9, 100, 2, 255}, Mask::window(7, 3), 4, 1, 64, bf16, 0, 0, true},
       {"window1000_0_bf16_d128", {1500, 300, 3}, Mask::window(1000, 0), 2, 1, 128, bf16},
       {"one_long_causal_fp16_d128", {2000}, Mask::causal(), 2, 2, 128, fp16, 0, 0, false, 1, 0},
-      // A left window wide enough for Hopper's one-pass backward at head dim 128 (4096 keys),
+      // A left window wide enough for Hopper's one-pass backward at head dim 128 (4096 keys)
       // in documents longer than it: the first key tile adding into a query tile is not the
-      // segment's first (alone, and as CP rank 0 of 2, whose second chunk is the last).
+      // segment's first. As CP rank 0 of 2 (its second chunk is the last), the two passes.
       {"window4096_0_bf16_d128", {4500, 70}, Mask::window(4096, 0), 1, 1, 128, bf16},
       {"cp2_rank0_window4096_0_fp16_d128", {4600}, Mask::window(4096, 0), 2, 1, 128, fp16, 2, 0},
       {"full_gqa8_fp16_d64", {70, 1, 190}, Mask::full(), 8, 1, 64, fp16, 0, 0, true},
@@ -244,8 +244,8 @@ TEST_P(CudaAttentionEdge, MatchesCpuReference) {
                kFp32ResultTolerance);
 
   // Backward in each mode: deterministic (on Hopper at head dim 128 without a left window,
-  // or with one of 4096 keys or more, dQ comes from the dK/dV pass, elsewhere from a pass of
-  // its own), not (the portable kernels' fused pass with dQ by atomics; on Hopper the sm90
+  // or on a single-device table with one of 4096 keys or more, dQ comes from the dK/dV pass,
+  // elsewhere from a pass of its own), not (the portable kernels' fused pass with dQ by atomics; on Hopper the sm90
   // passes again), and with dQ's pass kept separate on Hopper (Options::separate_dq_pass).
   struct Mode {
     const char* name;
