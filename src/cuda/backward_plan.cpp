@@ -66,10 +66,10 @@ T* at(void* base, size_t offset) {
   return reinterpret_cast<T*>(static_cast<unsigned char*>(base) + offset);
 }
 
-// The narrowest left window the Hopper backward runs in one pass (single-device tables). One H200, 2026-11-27
-// 08:50 UTC, backward ms, two passes -> one (bench/RESULTS.md): window 1024 6.81 -> 7.45 and
-// long documents' 2048 12.51 -> 14.29 (slower); 4096 13.44 -> 13.34 and long documents' 8192
-// 26.35 -> 25.27 (faster).
+// The narrowest left window the Hopper backward runs in one pass (single-device tables).
+// One H200, 2026-11-27 08:50 UTC, backward ms, two passes -> one (bench/RESULTS.md): window
+// 1024 6.81 -> 7.45 and long documents' 2048 12.51 -> 14.29 (slower); 4096 13.44 -> 13.34
+// and long documents' 8192 26.35 -> 25.27 (faster).
 constexpr int64_t kOnePassMinWindowLeft = 4096;
 
 // Key rows per dK/dV block of the pass the plan runs: 128 for the fused passes, else 64.
@@ -130,11 +130,10 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const Options& options, 
   // kOnePassMinWindowLeft keys. On AllGather-CP tables windows keep the two passes: the
   // reduce-scatter of dK/dV runs beside the dQ pass (4 x H200, 2026-11-27 09:06 UTC, window
   // 4096, T = 131072, CP efficiency 0.732 (cp 2) and 0.601 (cp 4) in one pass against 0.804
-  // and 0.698 in two).
-  // Narrower windows, and head dim 64 (branch wip/dkvq-d64), measured slower in one pass
-  // than in the two, which Hopper runs there. The portable kernels fuse dQ only when
-  // deterministic = false (with atomics in any order). Options::separate_dq_pass keeps the
-  // two passes on Hopper.
+  // and 0.698 in two). Narrower windows, and head dim 64 (branch wip/dkvq-d64), measured
+  // slower in one pass than in the two, which Hopper runs there. The portable kernels fuse
+  // dQ only when deterministic = false (with atomics in any order).
+  // Options::separate_dq_pass keeps the two passes on Hopper.
   const int64_t window_left = shape_.table.mask.window_left;
   const bool one_pass_window = window_left < 0 || (shape_.table.kind == TableKind::kSingleDevice &&
                                                      window_left >= kOnePassMinWindowLeft);

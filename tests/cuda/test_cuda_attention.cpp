@@ -245,14 +245,16 @@ TEST_P(CudaAttentionEdge, MatchesCpuReference) {
 
   // Backward in each mode: deterministic (on Hopper at head dim 128 without a left window,
   // or on a single-device table with one of 4096 keys or more, dQ comes from the dK/dV pass,
-  // elsewhere from a pass of its own), not (the portable kernels' fused pass with dQ by atomics; on Hopper the sm90
-  // passes again), and with dQ's pass kept separate on Hopper (Options::separate_dq_pass).
+  // elsewhere from a pass of its own), not (the portable kernels' fused pass with dQ by
+  // atomics; on Hopper the sm90 passes again), and with dQ's pass kept separate on Hopper
+  // (Options::separate_dq_pass).
   struct Mode {
     const char* name;
     bool deterministic;
     bool separate_dq_pass;
   };
-  for (const Mode& mode : {Mode{"deterministic backward", true, false}, Mode{"deterministic = false backward", false, false},
+  for (const Mode& mode : {Mode{"deterministic backward", true, false},
+                           Mode{"deterministic = false backward", false, false},
                            Mode{"separate dQ pass", true, true}}) {
     SCOPED_TRACE(mode.name);
     cuda::Options options;

@@ -132,7 +132,8 @@ struct Options {
   // Backward only, Hopper kernels: true runs dQ in a pass of its own after the dK/dV pass
   // where the one pass would compute it beside dK and dV (head dim 128, no left window, or
   // on a single-device table one of at least 4096 keys), so that work on another stream can
-  // run beside the dQ pass: AllGather CP reduce-scatters dK/dV there. Deterministic either way; dQ's last bits differ between the two.
+  // run beside the dQ pass: AllGather CP reduce-scatters dK/dV there. Deterministic either
+  // way; dQ's last bits differ between the two.
   bool separate_dq_pass = false;
 };
 
