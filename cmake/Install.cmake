@@ -79,9 +79,7 @@ if(NOT THDCP_HAVE_CUDA)
     PATTERN "cuda" EXCLUDE                    # include/thdcp/cuda/ (thdcp_cuda)
     PATTERN "graph" EXCLUDE                   # include/thdcp/graph/ (thdcp_graph)
     PATTERN "cuda.h" EXCLUDE                  # cp/cuda.h (thdcp_cp_cuda)
-    PATTERN "device_communicator.h" EXCLUDE   # comm/: thdcp_comm_device
-    PATTERN "nccl.h" EXCLUDE
-    PATTERN "shared_gpu.h" EXCLUDE)
+    PATTERN "comm_device" EXCLUDE)            # include/thdcp/comm_device/ (thdcp_comm_device)
 endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/thdcp
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}

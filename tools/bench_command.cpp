@@ -20,7 +20,7 @@
 #include "bench_scaling.h"
 #include "thdcp/testing/compare.h"
 #include "thdcp/cuda/attention.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 #include "thdcp/testing/device_buffer.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/segment_table.h"

@@ -15,9 +15,9 @@
 #include <mutex>
 #include <vector>
 
-#include "thdcp/comm/shared_gpu.h"
+#include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/cp/cuda.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 #include "thdcp/plan/rank_split.h"
 #include "thdcp/plan/segment_table.h"
 #include "thdcp/testing/compare.h"
@@ -61,7 +61,7 @@ ThdTensor view(const DeviceBuffer& b, const cp::Problem& p, int64_t heads) {
 enum class Pass { kForward = 0, kForwardBackward = 1, kForwardBackwardKeptKv = 2 };
 
 void step(cp::CudaPlan& plan, RankBuffers& b, const cp::Problem& p, cudaStream_t stream, Pass pass) {
-  const cp::DeviceLayout layout{b.cu.as<int32_t>(), b.cup.as<int32_t>()};
+  const DeviceLayout layout{b.cu.as<int32_t>(), b.cup.as<int32_t>()};
   plan.forward(layout,
                cp::ForwardTensors{view(b.q, p, p.q_heads), view(b.k, p, p.kv_heads), view(b.v, p, p.kv_heads),
                                   view(b.out, p, p.q_heads), b.lse.as<float>(), b.max_logit.as<float>()},
@@ -201,7 +201,7 @@ CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, 
         comm.synchronize(stream, 120);
         plan.add_phase_timings(one);
         if (backward) {
-          plan.backward(cp::DeviceLayout{b.cu.as<int32_t>(), b.cup.as<int32_t>()},
+          plan.backward(DeviceLayout{b.cu.as<int32_t>(), b.cup.as<int32_t>()},
                         cp::BackwardTensors{view(b.q, p, q_heads), view(b.k, p, kv_heads), view(b.v, p, kv_heads),
                                             view(b.out, p, q_heads), view(b.dout, p, q_heads), b.lse.as<float>(),
                                             view(b.dq, p, q_heads), view(b.dk, p, kv_heads), view(b.dv, p, kv_heads)},

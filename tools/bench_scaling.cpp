@@ -43,10 +43,10 @@
 
 #include "args.h"
 #include "thdcp/comm/communicator.h"
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 #include "thdcp/cp/cuda.h"
 #include "thdcp/cuda/attention.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/rank_split.h"
 #include "thdcp/plan/segment_table.h"
@@ -433,7 +433,7 @@ void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, co
   auto tensor = [&](const DeviceBuffer& buffer, int64_t heads) {
     return ThdTensor{buffer.data(), s.dtype, local, heads, s.head_dim};
   };
-  const cp::DeviceLayout device_layout{cu.as<int32_t>(), cup.as<int32_t>()};
+  const DeviceLayout device_layout{cu.as<int32_t>(), cup.as<int32_t>()};
   const cp::ForwardTensors ft{tensor(q, s.q_heads),   tensor(k, s.kv_heads), tensor(v, s.kv_heads),
                               tensor(out, s.q_heads), lse.as<float>(),       max_logit.as<float>()};
   const cp::BackwardTensors bt{tensor(q, s.q_heads),   tensor(k, s.kv_heads),   tensor(v, s.kv_heads),

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "thdcp/core/error.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 #include "thdcp/testing/workload.h"
 
 namespace thdcp::tools {
@@ -109,7 +109,7 @@ graph::Work GraphStep::work() {
                                                                                      << max_tokens_);
     cp::CudaPlan& attention = cp_plan(c);
     const cuda::RopePlan* rope = shape_.rope ? &rope_plan(c) : nullptr;
-    const cp::DeviceLayout layout = batch.layout();
+    const DeviceLayout layout = batch.layout();
     const int64_t hq = shape_.q_heads, hkv = shape_.kv_heads;
     for (const Layer& l : layers_) {
       if (rope) {

@@ -13,10 +13,10 @@
 #include <cuda_runtime_api.h>
 
 #include "thdcp/comm/mpi.h"
-#include "thdcp/comm/nccl.h"
-#include "thdcp/comm/shared_gpu.h"
+#include "thdcp/comm_device/nccl.h"
+#include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/cp/cuda.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 #include "thdcp/testing/device_buffer.h"
 #endif
 
@@ -244,7 +244,7 @@ RankResult run_rank_cuda(CudaRun& run, Communicator& host_comm, const RunConfig&
     cp::CudaPlan plan(comm, problem, cuda::Options{}, workspace.data(), workspace.bytes());
     plan.enable_phase_timing();
     comm.warm_up(stream);
-    const cp::DeviceLayout device_layout{static_cast<const int32_t*>(cu.data()), static_cast<const int32_t*>(cup.data())};
+    const DeviceLayout device_layout{static_cast<const int32_t*>(cu.data()), static_cast<const int32_t*>(cup.data())};
 
     auto start = std::chrono::steady_clock::now();
     plan.forward(device_layout, cp::ForwardTensors{q.view(), k.view(), v.view(), out.view(),

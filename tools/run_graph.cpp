@@ -19,8 +19,8 @@
 #include <cuda_runtime_api.h>
 
 #include "graph_step.h"
-#include "thdcp/comm/shared_gpu.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/comm_device/shared_gpu.h"
+#include "thdcp/core/cuda_check.h"
 #include "thdcp/graph/cp_groups.h"
 #include "thdcp/testing/thread_barrier.h"
 #include "thdcp/testing/workload.h"

@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "common.h"
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 #include "thdcp/cp/cuda.h"
 #include "thdcp/cuda/attention.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 #include "thdcp/cuda/rope.h"
 
 namespace thdcp::torch_ops {
@@ -364,7 +364,7 @@ Outputs3 cp_attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, con
     CommEntry& entry = comm_entry(handle);
     CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, stream);
     Outputs3 outputs = forward_outputs(q, return_max_logit);
-    made.plan->forward(cp::DeviceLayout{cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>()},
+    made.plan->forward(DeviceLayout{cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>()},
                        forward_tensors<cp::ForwardTensors>(q, k, v, outputs, return_max_logit), stream);
     return outputs;
   });
@@ -382,7 +382,7 @@ Outputs3 cp_attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q,
     CommEntry& entry = comm_entry(handle);
     CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, stream);
     Outputs3 grads = backward_outputs(q, k, v);
-    made.plan->backward(cp::DeviceLayout{cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>()},
+    made.plan->backward(DeviceLayout{cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>()},
                         backward_tensors<cp::BackwardTensors>(dout, q, k, v, out, lse, grads), stream);
     return grads;
   });

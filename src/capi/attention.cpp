@@ -14,7 +14,7 @@
 
 #if defined(THDCP_HAVE_CUDA)
 #include "thdcp/cuda/attention.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 #endif
 
 namespace thdcp::capi {

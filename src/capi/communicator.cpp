@@ -16,7 +16,7 @@
 #if defined(THDCP_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 #endif
 
 using thdcp::capi::ApiError;

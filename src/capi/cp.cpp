@@ -182,7 +182,7 @@ void forward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_t
     return;
   }
 #if defined(THDCP_HAVE_CUDA)
-  plan.cuda->forward(cp::DeviceLayout{batch.cu_seqlens, batch.cu_seqlens_padded}, t, stream);
+  plan.cuda->forward(DeviceLayout{batch.cu_seqlens, batch.cu_seqlens_padded}, t, stream);
 #else
   (void)stream;
 #endif
@@ -221,7 +221,7 @@ void backward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_
     return;
   }
 #if defined(THDCP_HAVE_CUDA)
-  plan.cuda->backward(cp::DeviceLayout{batch.cu_seqlens, batch.cu_seqlens_padded}, t, stream,
+  plan.cuda->backward(DeviceLayout{batch.cu_seqlens, batch.cu_seqlens_padded}, t, stream,
                       plan.config.backward_kv_from_forward ? cp::KvSource::kFromForward : cp::KvSource::kGather);
 #else
   (void)stream;

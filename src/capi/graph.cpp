@@ -58,7 +58,7 @@ void run(thdcp_graph_bank_st& bank, const int64_t* lengths, int64_t num_document
   const graph::Work step = [&](const graph::StaticBatch& batch, cudaStream_t s) {
     thdcp_static_batch_info info{};
     info.struct_size = sizeof(info);
-    const cp::DeviceLayout layout = batch.layout();
+    const DeviceLayout layout = batch.layout();
     info.layout.cu_seqlens = layout.cu_seqlens;
     info.layout.cu_seqlens_padded = layout.cu_seqlens_padded;
     info.layout.num_seqs = batch.capacity().max_seqs;

@@ -10,8 +10,8 @@
 #include "thdcp/thdcp.h"
 
 #if defined(THDCP_HAVE_CUDA)
-#include "thdcp/comm/device_communicator.h"
-#include "thdcp/comm/shared_gpu.h"
+#include "thdcp/comm_device/device_communicator.h"
+#include "thdcp/comm_device/shared_gpu.h"
 #endif
 
 // One rank of a group: a host communicator or a device one, and the group it can abort.

@@ -9,7 +9,7 @@
 
 #include "thdcp/comm/communicator.h"
 
-#include "rank_threads.h"
+#include "thdcp/comm/rank_threads.h"
 #include "thdcp/core/error.h"
 
 namespace thdcp {

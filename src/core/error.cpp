@@ -1,5 +1,7 @@
 #include "thdcp/core/error.h"
 
+#include "thdcp/core/cuda_check.h"
+
 #include <cstdio>
 
 namespace thdcp {
@@ -50,6 +52,13 @@ void throw_error(const char* file, int line, const std::string& message, ErrorKi
   }
   out << message << " [" << base << ":" << line << "]";
   throw Error(out.str(), kind);
+}
+
+void throw_cuda_error(const char* file, int line, const char* call, const char* error_name, const char* error_text,
+                      bool out_of_memory) {
+  std::ostringstream message;
+  message << call << " failed: " << error_name << " (" << error_text << ")";
+  throw_error(file, line, message.str(), out_of_memory ? ErrorKind::kOutOfMemory : ErrorKind::kCuda);
 }
 
 }  // namespace thdcp::detail

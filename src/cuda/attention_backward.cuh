@@ -23,6 +23,7 @@
 
 #include "tensor_core.cuh"
 #include "tile_ranges.cuh"
+#include "tile_shapes.h"
 #include "thdcp/cuda/check.h"
 #include "thdcp/plan/mask.h"
 #include "thdcp/plan/segment.h"

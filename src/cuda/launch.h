@@ -5,31 +5,12 @@
 #include <cuda_runtime_api.h>
 
 #include "attention_params.h"
+#include "storage_tags.h"
+#include "tile_shapes.h"
 #include "thdcp/core/dtype.h"
 #include "thdcp/plan/mask.h"
 
 namespace thdcp::cuda::detail {
-
-// Query rows per forward block (portable kernel; the Hopper one: consumer warpgroups of 64
-// rows, two at head dim 128 and three at 64, see forward_sm90_tile_rows), query rows per dQ
-// block, key rows per dK/dV block (64 for the deterministic
-// backward: two 4-warp blocks per SM; 128 when dQ is fused into it: half the dQ atomics).
-// The host sizes grids and schedules with them.
-constexpr int kForwardTileRows = 128;
-// The Hopper forward's query rows per block and key rows per K/V tile at head dim D: at 64
-// the GEMMs of a key tile are too short for two warpgroups to hide each other's softmax, so
-// three take turns (as FlashAttention-3's 192 x 128 tiles).
-constexpr int forward_sm90_tile_rows(int head_dim) { return head_dim == 64 ? 192 : 128; }
-constexpr int kForwardSm90KeyRows = 128;
-constexpr int kDqTileRows = 64;
-constexpr int kDkvTileRows = 64;
-constexpr int kDkvFusedTileRows = 128;
-// Key rows per block of the Hopper dK/dV/dQ pass (head dim 128): two consumer warpgroups.
-constexpr int kDkvqTileRows = 128;
-
-// Storage tags for the templates (the kernels never see thdcp::DType).
-struct Bf16Tag {};
-struct Fp16Tag {};
 
 // Whether the current device runs the Hopper kernels (sm_90a wgmma; compute capability 9.x)
 // for the forward and the deterministic backward, unless the environment variable

@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "attention_params.h"
-#include "launch.h"
+#include "storage_tags.h"
 
 namespace thdcp::cuda::detail {
 

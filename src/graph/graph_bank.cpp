@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "thdcp/core/error.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 
 namespace thdcp::graph {
 

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "thdcp/core/error.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 
 namespace thdcp::graph {
 
@@ -69,10 +69,10 @@ Fit StaticBatch::fill(const std::vector<int64_t>& lengths, cudaStream_t stream,
   return Fit::kFits;
 }
 
-cp::DeviceLayout StaticBatch::layout() const {
+DeviceLayout StaticBatch::layout() const {
   const int32_t* base = static_cast<const int32_t*>(device_block_);
   const size_t n = static_cast<size_t>(capacity_.max_seqs + 1);
-  return cp::DeviceLayout{base, base + n};
+  return DeviceLayout{base, base + n};
 }
 
 const int32_t* StaticBatch::start_offsets() const {

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "thdcp/comm/device_communicator.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/comm_device/device_communicator.h"
+#include "thdcp/core/cuda_check.h"
 #include "thdcp/testing/device_buffer.h"
 
 namespace thdcp::test {

@@ -1,4 +1,4 @@
-// Which GPU a launched process takes (thdcp/comm/nccl.h), and the NCCL-less stand-in: no GPU
+// Which GPU a launched process takes (thdcp/comm_device/nccl.h), and the NCCL-less stand-in: no GPU
 // needed (label cpu). Each case sets the launcher variables it needs and clears the rest.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 
 #include "support/expect_error.h"
 #include "thdcp/comm/communicator.h"
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 
 namespace thdcp {
 namespace {

@@ -14,7 +14,7 @@
 #include "cuda/cuda_test_support.h"
 #include "support/expect_error.h"
 #include "thdcp/comm/communicator.h"
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 
 namespace thdcp {
 namespace {

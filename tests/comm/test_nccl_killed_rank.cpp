@@ -30,9 +30,9 @@
 #include <thread>
 #include <vector>
 
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 #include "thdcp/core/error.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 #include "thdcp/testing/device_buffer.h"
 
 namespace thdcp {

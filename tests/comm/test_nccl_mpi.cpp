@@ -12,7 +12,7 @@
 
 #include "comm/nccl_test_support.h"
 #include "thdcp/comm/mpi.h"
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 
 namespace thdcp {
 namespace {

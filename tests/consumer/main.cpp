@@ -16,7 +16,7 @@
 #include <thdcp/plan/mask.h>
 #include <thdcp/plan/segment_table.h>
 #if THDCP_CONSUMER_HAVE_CUDA
-#include <thdcp/comm/nccl.h>
+#include <thdcp/comm_device/nccl.h>
 #include <thdcp/cuda/attention.h>
 #endif
 

@@ -91,7 +91,7 @@ class CudaCpRank {
     for (DeviceBuffer* p : {&out_.buffer, &dq_.buffer, &dk_.buffer, &dv_.buffer, &lse_, &max_logit_}) p->poison(stream_);
   }
 
-  cp::DeviceLayout layout() const { return cp::DeviceLayout{cu_.as<int32_t>(), cup_.as<int32_t>()}; }
+  DeviceLayout layout() const { return DeviceLayout{cu_.as<int32_t>(), cup_.as<int32_t>()}; }
   // The static q and k buffers, writable (e.g. to apply RoPE in place before a step).
   ThdTensor q() { return q_.view(); }
   ThdTensor k() { return k_.view(); }

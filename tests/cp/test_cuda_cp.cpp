@@ -16,7 +16,7 @@
 #include "cp/cuda_cp_rank.h"
 #include "support/expect_error.h"
 #include "support/gpu_tolerance.h"
-#include "thdcp/comm/shared_gpu.h"
+#include "thdcp/comm_device/shared_gpu.h"
 
 namespace thdcp {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "cp/cuda_cp_cases.h"
 #include "thdcp/comm/mpi.h"
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 
 namespace thdcp {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cp/cuda_cp_cases.h"
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 
 namespace thdcp {
 namespace {

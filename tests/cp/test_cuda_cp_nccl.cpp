@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "cp/cuda_cp_cases.h"
-#include "thdcp/comm/nccl.h"
-#include "thdcp/comm/shared_gpu.h"
+#include "thdcp/comm_device/nccl.h"
+#include "thdcp/comm_device/shared_gpu.h"
 
 namespace thdcp {
 namespace {

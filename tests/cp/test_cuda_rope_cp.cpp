@@ -13,7 +13,7 @@
 
 #include "cp/cuda_cp_cases.h"
 #include "cp/cuda_cp_rank.h"
-#include "thdcp/comm/shared_gpu.h"
+#include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/cpu/rope.h"
 #include "thdcp/cuda/rope.h"
 
@@ -107,7 +107,7 @@ TEST_P(CudaRopeCp, RopeThenCpAttentionEqualsRopeThenSingleDeviceAttention) {
 
     state.load(batch);  // the rank's rows of the un-rotated batch
     THDCP_CHECK_CUDA(cudaDeviceSynchronize());  // the uploads ran on the legacy stream
-    const cp::DeviceLayout layout = state.layout();
+    const DeviceLayout layout = state.layout();
     rope.forward(layout.cu_seqlens, layout.cu_seqlens_padded, device_offsets, state.q(), state.k(), state.stream());
     state.step(state.stream());
     outputs[rank] = state.download();

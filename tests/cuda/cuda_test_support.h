@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 #include "thdcp/testing/device_buffer.h"
 #include "thdcp/core/tensor.h"
 

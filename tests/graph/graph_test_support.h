@@ -11,7 +11,7 @@
 
 #include "cp/cuda_cp_cases.h"
 #include "cp/cuda_cp_rank.h"
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 #include "thdcp/graph/graph_bank.h"
 
 namespace thdcp::test {

@@ -13,7 +13,7 @@
 
 #include "graph/graph_test_support.h"
 #include "support/expect_error.h"
-#include "thdcp/comm/shared_gpu.h"
+#include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/graph/cp_groups.h"
 #include "thdcp/graph/graph_bank.h"
 

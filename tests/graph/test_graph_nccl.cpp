@@ -10,7 +10,7 @@
 
 #include "graph/graph_test_support.h"
 #include "thdcp/comm/communicator.h"
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 #include "thdcp/graph/cp_groups.h"
 
 namespace thdcp {

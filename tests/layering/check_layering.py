@@ -14,8 +14,10 @@ What it checks:
   * a part includes thdcp headers only of the parts in PARTS below (both "thdcp/..." and
     <thdcp/...>; a relative include such as "launch.h" belongs to the file it resolves to,
     or to the includer's part when it resolves to nothing);
-  * CMake: no library target links thdcp_testing; thdcp_core, thdcp_plan and thdcp_cpu
-    compile no .cu file and link nothing of CUDA.
+  * CMake: every target_link_libraries between two targets of the parts follows the same
+    table as the includes (TARGET_PARTS names each target's part); no library target links
+    thdcp_testing; thdcp_core, thdcp_plan and thdcp_cpu compile no .cu file and link nothing
+    of CUDA.
 Python 3 standard library only.
 """
 
@@ -29,23 +31,26 @@ from dataclasses import dataclass
 # its own). Dependencies are spelled out, not implied: cp lists core even though plan
 # brings it. A folder under include/thdcp/ or src/ that is not here is itself a violation,
 # so a new part cannot go unchecked: add it here with its row of DESIGN.md section 8.
-_LIBRARY = {"core", "plan", "cpu", "comm", "cuda", "cp", "graph", "capi", "bindings"}
+# Every part is one folder (include/thdcp/<part>/, src/<part>/): the host communicators are
+# comm/, the device communicators comm_device/.
+_LIBRARY = {"core", "plan", "cpu", "comm", "comm_device", "cuda", "cp", "graph", "capi", "bindings"}
 PARTS = {
     "core": set(),
     "plan": {"core"},
     "cpu": {"plan", "core"},
-    # Host and device communicators. comm never includes plan; the device communicators
-    # may also include thdcp/cuda/check.h (see COMM_DEVICE_EXTRA).
-    "comm": {"core"},
+    "comm": {"core"},  # host communicators: never plan, never CUDA's parts
+    "comm_device": {"comm", "core"},  # stream-ordered communicators of device buffers
     # Kernels read plan's headers (segment.h, dual_chunk.h, mask.h) and nothing above them:
     # never comm, cp, graph, testing (and not cpu: cpu is a backend beside cuda).
     "cuda": {"plan", "core"},
-    "cp": {"plan", "core", "cpu", "comm", "cuda"},  # never graph
-    "graph": {"cp", "comm", "cuda", "plan", "core"},
+    "cp": {"plan", "core", "cpu", "comm", "comm_device", "cuda"},  # never graph
+    # Graphs of whole steps: static batches and banks over a device communicator. They do
+    # not know what a step runs, so never cp or cuda.
+    "graph": {"comm_device", "comm", "plan", "core"},
     # The C ABI (include/thdcp/thdcp.h, src/capi) sits on top: it may include every library
     # part, and no part includes it (its header is C; the C++ API is the other parts' own),
     # except bindings, which DESIGN.md section 8 allows to sit over it.
-    "capi": {"graph", "cp", "comm", "cuda", "cpu", "plan", "core"},
+    "capi": {"graph", "cp", "comm", "comm_device", "cuda", "cpu", "plan", "core"},
     "bindings": _LIBRARY - {"bindings"},
     "testing": (_LIBRARY - {"capi"}) | {"testing"},  # anything but capi and tools
     "tools": (_LIBRARY - {"capi"}) | {"testing", "tools"},
@@ -57,12 +62,29 @@ CUDA_FREE_TARGETS = {"thdcp_core", "thdcp_plan", "thdcp_cpu"}
 # The one file of a CUDA-free part that may speak to nvcc (through macros, not includes).
 CUDA_KEYWORD_EXCEPTION = "include/thdcp/core/host_device.h"
 
-# The device communicators may include this header-only check macro of the cuda part.
-COMM_DEVICE_EXTRA = {"thdcp/cuda/check.h"}
-COMM_DEVICE_TARGET = "thdcp_comm_device"
-# Device-communicator files by stem, besides the sources CMake builds into
-# COMM_DEVICE_TARGET (and the headers of the same stem).
-COMM_DEVICE_STEMS = {"device_communicator", "host_staged", "nccl", "shared_gpu"}
+# CMake targets of the parts: a link between two of them must follow PARTS as an include
+# does. A thdcp_* target that is not here (and is not a test's) is reported, so a new target
+# cannot go unchecked either. "umbrella" is the INTERFACE target users link, which brings
+# every library part below the C ABI: a part may link it only if it may use all of them.
+TARGET_PARTS = {
+    "thdcp_core": "core",
+    "thdcp_plan": "plan",
+    "thdcp_cpu": "cpu",
+    "thdcp_comm": "comm",
+    "thdcp_comm_device": "comm_device",
+    "thdcp_cuda": "cuda",
+    "thdcp_cuda_headers": "cuda",
+    "thdcp_cp": "cp",
+    "thdcp_cp_cuda": "cp",
+    "thdcp_graph": "graph",
+    "thdcp": "umbrella",
+    "thdcp_c": "capi",
+    "thdcp_torch": "bindings",
+    "thdcp_testing": "testing",
+    "thdcp_tools_io": "tools",
+    "thdcp_cli": "tools",
+}
+UMBRELLA_PARTS = {"core", "plan", "cpu", "comm", "comm_device", "cuda", "cp", "graph"}
 
 TESTING_TARGET = "thdcp_testing"
 # Targets that may link thdcp_testing besides test_* and those defined under tests/.
@@ -220,21 +242,12 @@ def _resolve_relative(root, includer, include):
     return None
 
 
-def is_device_comm_file(rel, device_comm_sources=()):
-    """Whether a comm file is a device communicator: built into thdcp_comm_device, a header
-    of the same stem as one of its sources, or named in COMM_DEVICE_STEMS."""
-    stem = os.path.splitext(os.path.basename(rel))[0]
-    stems = set(COMM_DEVICE_STEMS)
-    stems.update(os.path.splitext(os.path.basename(s))[0] for s in device_comm_sources)
-    return rel in device_comm_sources or stem in stems
-
-
 def _allowed_text(part):
     allowed = sorted(PARTS[part] - {part})
     return ", ".join(allowed) if allowed else "nothing"
 
 
-def check_file(root, path, device_comm_sources=()):
+def check_file(root, path):
     rel = _rel(root, path)
     part = part_of(rel)
     if part is None:
@@ -284,14 +297,6 @@ def check_file(root, path, device_comm_sources=()):
             continue
         if target in PARTS[part]:
             continue
-        if part == "comm" and include in COMM_DEVICE_EXTRA:
-            if is_device_comm_file(rel, device_comm_sources):
-                continue
-            violations.append(Violation(
-                rel, number, shown, "part-dependency",
-                f"only the device communicators (built into {COMM_DEVICE_TARGET}) may include "
-                f"{include}; the host communicators depend on core only (DESIGN.md section 8)"))
-            continue
         violations.append(Violation(
             rel, number, shown, "part-dependency",
             f"{part} may include only {_allowed_text(part)}, never {target} "
@@ -299,10 +304,10 @@ def check_file(root, path, device_comm_sources=()):
     return violations
 
 
-def check_includes(root, device_comm_sources=()):
+def check_includes(root):
     violations = []
     for path in source_files(root):
-        violations.extend(check_file(root, path, device_comm_sources))
+        violations.extend(check_file(root, path))
     return violations
 
 
@@ -442,15 +447,6 @@ def collect_cmake(root):
     return commands
 
 
-def device_comm_sources(commands):
-    sources = set()
-    for command in commands:
-        if command.name in ("add_library", "target_sources") and command.args \
-                and command.args[0] == COMM_DEVICE_TARGET:
-            sources.update(s for s in _sources(command) if "${" not in s)
-    return sources
-
-
 _WORD = r"(?<![\w]){}(?![\w])"
 
 
@@ -465,6 +461,60 @@ def _may_link_testing(target, command, defined):
     return (target.startswith("test_") or target in TESTING_USERS
             or (where is not None and _under(where, "tests"))
             or (where is not None and kind == "add_executable" and _under(where, "bench")))
+
+
+_THDCP_TARGET = re.compile(r"(?<![\w])thdcp(?:_\w+)?(?![\w:])")
+
+
+def _may_link(part, linked_part):
+    """Whether a target of `part` may link a target of `linked_part` (PARTS, as includes)."""
+    if linked_part == part:
+        return True
+    if part == "umbrella":
+        return linked_part in UMBRELLA_PARTS
+    allowed = PARTS.get(part, set()) | {part}
+    if linked_part == "umbrella":
+        return UMBRELLA_PARTS <= allowed
+    return linked_part in allowed
+
+
+def _is_test_target(target, defined):
+    where, _ = defined.get(target, (None, None))
+    return target.startswith("test_") or (where is not None and _under(where, "tests"))
+
+
+def _link_violations(command, target, links, defined):
+    """A target of a part links only targets of the parts it may include (DESIGN.md section
+    8, the PARTS table): the link lines hold the same rules as the includes."""
+    if "${" in target or _is_test_target(target, defined):
+        return []
+    part = TARGET_PARTS.get(target)
+    if part is None:
+        if not _THDCP_TARGET.fullmatch(target):
+            return []  # not a target of the library (a benchmark, an interop helper)
+        return [Violation(command.path, command.line, f"target_link_libraries({target} ...)",
+                          "unknown-target",
+                          f"target '{target}' is no part of DESIGN.md section 8; add it to "
+                          "TARGET_PARTS in tests/layering/check_layering.py with its part")]
+    violations = []
+    for arg in links:
+        for linked in _THDCP_TARGET.findall(arg):
+            if linked == TESTING_TARGET:
+                continue  # the testing-link rule speaks for it
+            linked_part = TARGET_PARTS.get(linked)
+            what = f"target_link_libraries({target} ... {linked})"
+            if linked_part is None:
+                violations.append(Violation(
+                    command.path, command.line, what, "unknown-target",
+                    f"'{linked}' is no target of a part of DESIGN.md section 8; add it to "
+                    "TARGET_PARTS in tests/layering/check_layering.py with its part"))
+            elif not _may_link(part, linked_part):
+                allowed = "every library part below capi" if part == "umbrella" else _allowed_text(part)
+                violations.append(Violation(
+                    command.path, command.line, what, "link-dependency",
+                    f"{target} ({part}) may link only {allowed}, never {linked} ({linked_part}) "
+                    "(DESIGN.md section 8)"))
+    return violations
 
 
 def check_cmake(root, commands=None):
@@ -499,6 +549,8 @@ def check_cmake(root, commands=None):
                 command.path, command.line, what, "testing-link",
                 f"no library target links {TESTING_TARGET}: it is for tests, tools and "
                 "benchmarks only (DESIGN.md section 8)"))
+        if command.name == "target_link_libraries":
+            violations.extend(_link_violations(command, target, links, defined))
         if target not in CUDA_FREE_TARGETS:
             continue
         if command.name in ("add_library", "target_sources"):
@@ -525,7 +577,7 @@ def check_cmake(root, commands=None):
 def check(root):
     """Every violation in the tree at root, sorted by file and line."""
     commands = collect_cmake(root)
-    violations = check_includes(root, device_comm_sources(commands))
+    violations = check_includes(root)
     violations.extend(check_cmake(root, commands))
     return sorted(set(violations))
 

@@ -19,9 +19,9 @@ import check_layering  # noqa: E402
 
 # A small tree that follows every rule, with the cases the checker must not flag: CUDA in
 # comments, in `#if 0` and in strings; the __CUDACC__ test of core/host_device.h; relative
-# includes; the device communicators' thdcp/cuda/check.h; CUDA in cuda and comm; tests and
-# tools using anything; test binaries, thdcp_cli, a tests/ helper and a benchmark linking
-# thdcp_testing.
+# includes; CUDA in cuda and comm_device; tests and tools using anything; test binaries,
+# thdcp_cli, a tests/ helper and a benchmark linking thdcp_testing; link lines that follow
+# the table, the umbrella target included.
 CLEAN = {
     "CMakeLists.txt": """\
 cmake_minimum_required(VERSION 3.25)
@@ -34,23 +34,28 @@ add_library(thdcp_cpu STATIC
 target_link_libraries(thdcp_cpu PUBLIC thdcp_plan Threads::Threads)
 add_library(thdcp_comm STATIC src/comm/in_process.cpp)
 target_link_libraries(thdcp_comm PUBLIC thdcp_core)
-add_library(thdcp_comm_device STATIC src/comm/host_staged.cpp src/comm/peer_copy.cu)
+add_library(thdcp_comm_device STATIC src/comm_device/shared_gpu.cpp src/comm_device/peer_copy.cu)
 target_link_libraries(thdcp_comm_device PUBLIC thdcp_comm CUDA::cudart)
 add_subdirectory(src/cuda)
 add_library(thdcp_cp STATIC src/cp/allgather.cpp)
 target_link_libraries(thdcp_cp PUBLIC thdcp_cpu thdcp_comm thdcp_cuda thdcp_comm_device)
+add_library(thdcp_graph STATIC src/graph/bank.cpp)
+target_link_libraries(thdcp_graph PUBLIC thdcp_comm_device $<BUILD_INTERFACE:thdcp_plan>
+                      $<INSTALL_INTERFACE:thdcp::nccl>)
+add_library(thdcp INTERFACE)
+target_link_libraries(thdcp INTERFACE thdcp_cp thdcp_graph)
 add_library(thdcp_testing STATIC src/testing/workload.cpp)
 target_link_libraries(thdcp_testing PUBLIC thdcp_cpu)
 include(tools/io.cmake)
 add_executable(thdcp_cli tools/main.cpp)
-target_link_libraries(thdcp_cli PRIVATE thdcp_cp thdcp_testing thdcp_tools_io)
+target_link_libraries(thdcp_cli PRIVATE thdcp thdcp_testing thdcp_tools_io)
 add_subdirectory(src/capi)
 add_subdirectory(tests)
 add_subdirectory(bench)
 """,
     "src/capi/CMakeLists.txt": """\
 add_library(thdcp_c SHARED thdcp_c.cpp)
-target_link_libraries(thdcp_c PRIVATE thdcp_cp)
+target_link_libraries(thdcp_c PRIVATE thdcp_cp thdcp_graph)
 """,
     "src/cuda/CMakeLists.txt": """\
 add_library(thdcp_cuda STATIC kernels.cu attention.cpp)
@@ -112,15 +117,16 @@ constexpr int kBig = 1'000'000;
     "src/cpu/attention.cpp": '#include "thdcp/cpu/attention.h"\n#include "thread_pool.h"\n',
     "src/cpu/thread_pool.h": "#pragma once\n#include <thread>\n",
     "include/thdcp/comm/communicator.h": '#pragma once\n#include "thdcp/core/error.h"\n',
-    "include/thdcp/comm/device_communicator.h": "#pragma once\n#include <cuda_runtime_api.h>\n",
-    "include/thdcp/comm/host_staged.h": """\
+    "include/thdcp/comm_device/device_communicator.h": "#pragma once\n#include <cuda_runtime_api.h>\n",
+    "include/thdcp/comm_device/shared_gpu.h": """\
 #pragma once
 #include <cuda_runtime_api.h>
 #include "thdcp/comm/communicator.h"
-#include "thdcp/comm/device_communicator.h"
+#include "thdcp/comm_device/device_communicator.h"
 """,
-    "src/comm/host_staged.cpp": '#include "thdcp/comm/host_staged.h"\n#include "thdcp/cuda/check.h"\n',
-    "src/comm/peer_copy.cu": '#include <thdcp/cuda/check.h>\n__global__ void copy() {}\n',
+    "include/thdcp/core/cuda_check.h": '#pragma once\n#include "thdcp/core/error.h"\n',
+    "src/comm_device/shared_gpu.cpp": '#include "thdcp/comm_device/shared_gpu.h"\n#include "thdcp/core/cuda_check.h"\n',
+    "src/comm_device/peer_copy.cu": '#include <thdcp/core/cuda_check.h>\n__global__ void copy() {}\n',
     "src/comm/in_process.cpp": '#include "thdcp/comm/communicator.h"\n#include <thread>\n',
     "include/thdcp/cuda/check.h": '#pragma once\n#include <cuda_runtime_api.h>\n#include "thdcp/core/error.h"\n',
     "include/thdcp/cuda/attention.h": """\
@@ -143,18 +149,18 @@ __global__ void kernel() {}
 #include "thdcp/cpu/attention.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/comm/communicator.h"
-#include "thdcp/comm/device_communicator.h"
+#include "thdcp/comm_device/device_communicator.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/core/error.h"
 """,
     "src/cp/allgather.cpp": '#include "thdcp/cp/cp.h"\n#include "../cuda/launch.h"\n',
     "include/thdcp/graph/bank.h": """\
 #pragma once
-#include "thdcp/cp/cp.h"
-#include "thdcp/comm/device_communicator.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/comm_device/device_communicator.h"
+#include "thdcp/core/cuda_check.h"
 #include "thdcp/plan/layout.h"
 """,
+    "src/graph/bank.cpp": '#include "thdcp/graph/bank.h"\n',
     "include/thdcp/testing/workload.h": '#pragma once\n#include "thdcp/graph/bank.h"\n#include "thdcp/cpu/attention.h"\n',
     "src/testing/workload.cpp": '#include "thdcp/testing/workload.h"\n',
     "include/thdcp/thdcp.h": "#ifndef THDCP_H_\n#define THDCP_H_\n#include <stdint.h>\n#endif\n",
@@ -213,14 +219,18 @@ CASES = [
     ("comm includes plan through a relative path",
      {"src/comm/bad.cpp": '#include "../plan/local.h"\n'},
      ("src/comm/bad.cpp", 1, "part-dependency")),
-    ("a host communicator includes thdcp/cuda/check.h",
-     {"src/comm/in_process.cpp": '#include "thdcp/comm/communicator.h"\n#include "thdcp/cuda/check.h"\n'},
+    ("a host communicator includes a device communicator",
+     {"src/comm/in_process.cpp": '#include "thdcp/comm/communicator.h"\n'
+                                 '#include "thdcp/comm_device/device_communicator.h"\n'},
      ("src/comm/in_process.cpp", 2, "part-dependency")),
-    ("a device communicator includes more of cuda than check.h",
-     {"src/comm/host_staged.cpp": '#include "thdcp/cuda/attention.h"\n'},
-     ("src/comm/host_staged.cpp", 1, "part-dependency")),
+    ("a device communicator includes cuda",
+     {"src/comm_device/shared_gpu.cpp": '#include "thdcp/cuda/check.h"\n'},
+     ("src/comm_device/shared_gpu.cpp", 1, "part-dependency")),
+    ("graph includes cp",
+     {"src/graph/bank.cpp": '#include "thdcp/graph/bank.h"\n#include "thdcp/cp/cp.h"\n'},
+     ("src/graph/bank.cpp", 2, "part-dependency")),
     ("cuda includes comm",
-     {"include/thdcp/cuda/bad.h": '#include "thdcp/comm/device_communicator.h"\n'},
+     {"include/thdcp/cuda/bad.h": '#include "thdcp/comm_device/device_communicator.h"\n'},
      ("include/thdcp/cuda/bad.h", 1, "part-dependency")),
     ("cuda includes cp (angle form)",
      {"src/cuda/bad.cu": "#include <thdcp/cp/cp.h>\n"},
@@ -275,6 +285,27 @@ CASES = [
     ("an include of a folder that is no part",
      {"src/cp/bad.cpp": '#include "thdcp/misc/utils.h"\n'},
      ("src/cp/bad.cpp", 1, "unknown-part")),
+    # CMake: link lines follow the table of the parts, as includes do.
+    ("graph links cp (a planted wrong link edge)",
+     {"cmake/bad.cmake": "target_link_libraries(thdcp_graph PUBLIC thdcp_cp_cuda)\n"},
+     ("cmake/bad.cmake", 1, "link-dependency")),
+    ("cuda links a communicator, in a generator expression",
+     {"src/cuda/CMakeLists.txt": CLEAN["src/cuda/CMakeLists.txt"]
+      + "target_link_libraries(thdcp_cuda PRIVATE $<BUILD_INTERFACE:thdcp_comm_device>)\n"},
+     ("src/cuda/CMakeLists.txt", 3, "link-dependency")),
+    ("cp links the umbrella, which brings graph",
+     {"cmake/bad.cmake": "target_link_libraries(thdcp_cp PRIVATE thdcp)\n"},
+     ("cmake/bad.cmake", 1, "link-dependency")),
+    ("the C ABI's library is linked by a part below it",
+     {"cmake/bad.cmake": "\ntarget_link_libraries(thdcp_comm PUBLIC thdcp_c)\n"},
+     ("cmake/bad.cmake", 2, "link-dependency")),
+    ("a library target no part owns",
+     {"cmake/bad.cmake": "add_library(thdcp_misc STATIC src/misc.cpp)\n"
+                         "target_link_libraries(thdcp_misc PUBLIC thdcp_core)\n"},
+     ("cmake/bad.cmake", 2, "unknown-target")),
+    ("a part links a target no part owns",
+     {"cmake/bad.cmake": "target_link_libraries(thdcp_plan PUBLIC thdcp_misc)\n"},
+     ("cmake/bad.cmake", 1, "unknown-target")),
     # CMake: no library links thdcp_testing.
     ("a library links thdcp_testing",
      {"cmake/bad.cmake": "\ntarget_link_libraries(thdcp_cp\n  PUBLIC thdcp_testing)\n"},
@@ -374,10 +405,17 @@ class CheckLayeringTest(unittest.TestCase):
         for above in ("comm", "cp", "graph", "testing", "cpu"):
             self.assertNotIn(above, parts["cuda"])
         self.assertNotIn("graph", parts["cp"])
+        for below in ("cp", "cuda", "cpu"):
+            self.assertNotIn(below, parts["graph"])  # graph knows steps only as callables
+        self.assertEqual(parts["comm_device"], {"comm", "core"})
+        self.assertEqual(check_layering.part_of("src/comm_device/nccl_communicator.cpp"), "comm_device")
+        self.assertEqual(check_layering.part_of("include/thdcp/comm_device/nccl.h"), "comm_device")
+        for target, part in check_layering.TARGET_PARTS.items():
+            self.assertTrue(part in parts or part == "umbrella", target)
         self.assertNotIn("tools", parts["graph"])
         self.assertNotIn("testing", parts["graph"])
         self.assertNotIn("tools", parts["testing"])
-        for part in ("core", "plan", "cpu", "comm", "cuda", "cp", "graph"):
+        for part in ("core", "plan", "cpu", "comm", "comm_device", "cuda", "cp", "graph"):
             self.assertNotIn("testing", parts[part])
             self.assertIn(part, parts["capi"])  # capi may include every library part
         for part in parts:

@@ -27,19 +27,11 @@
 #include <cstdint>
 #include <memory>
 
-#include "thdcp/comm/device_communicator.h"
+#include "thdcp/comm_device/device_communicator.h"
 #include "thdcp/cp/cp.h"
 #include "thdcp/cuda/attention.h"
 
 namespace thdcp::cp {
-
-// The global layout of a batch in device memory, in its capacity form (DESIGN.md section
-// 1): problem.capacity.max_seqs + 1 int32 entries each, every padded length a multiple of
-// 2*cp, last padded entry problem.capacity.max_tokens. The same on every rank.
-struct DeviceLayout {
-  const int32_t* cu_seqlens = nullptr;
-  const int32_t* cu_seqlens_padded = nullptr;
-};
 
 // What a plan's workspace must hold; forward and backward of one plan share it (run them in
 // order on one stream).

@@ -1,24 +1,10 @@
-// THDCP_CHECK_CUDA: turns a failed CUDA runtime call into thdcp::Error, naming the call,
-// the CUDA error and the location (like TransformerEngine's NVTE_CHECK_CUDA).
+// Checks of device pointers at plan time, and (through thdcp/core/cuda_check.h)
+// THDCP_CHECK_CUDA for the CUDA part's own runtime calls.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include "thdcp/core/error.h"
-
-#define THDCP_CHECK_CUDA(expr)                                                                   \
-  do {                                                                                           \
-    const cudaError_t thdcp_cuda_status_ = (expr);                                               \
-    if (thdcp_cuda_status_ != cudaSuccess) {                                                     \
-      std::ostringstream thdcp_cuda_stream_;                                                     \
-      thdcp_cuda_stream_ << #expr << " failed: " << cudaGetErrorName(thdcp_cuda_status_) << " (" \
-                         << cudaGetErrorString(thdcp_cuda_status_) << ")";                      \
-      ::thdcp::detail::throw_error(__FILE__, __LINE__, thdcp_cuda_stream_.str(),                \
-                                   thdcp_cuda_status_ == cudaErrorMemoryAllocation              \
-                                       ? ::thdcp::ErrorKind::kOutOfMemory                       \
-                                       : ::thdcp::ErrorKind::kCuda);                            \
-    }                                                                                            \
-  } while (0)
+#include "thdcp/core/cuda_check.h"
 
 namespace thdcp::cuda {
 

@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "thdcp/comm/device_communicator.h"
+#include "thdcp/comm_device/device_communicator.h"
 #include "thdcp/graph/graph_bank.h"
 
 namespace thdcp::graph {

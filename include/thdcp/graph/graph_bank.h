@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "thdcp/comm/device_communicator.h"
+#include "thdcp/comm_device/device_communicator.h"
 #include "thdcp/graph/static_batch.h"
 #include "thdcp/plan/capacity.h"
 

@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "thdcp/cp/cuda.h"
 #include "thdcp/plan/capacity.h"
+#include "thdcp/plan/layout.h"
 
 namespace thdcp::graph {
 
@@ -42,7 +42,7 @@ class StaticBatch {
   Fit fill(const std::vector<int64_t>& lengths, cudaStream_t stream, const std::vector<int32_t>& start_offsets = {});
 
   // Device pointers, fixed for the life of the object.
-  cp::DeviceLayout layout() const;
+  DeviceLayout layout() const;
   const int32_t* start_offsets() const;  // capacity.max_seqs entries (placeholders 0)
 
   int cp() const { return cp_; }

@@ -19,6 +19,16 @@ struct LayoutView {
   int64_t padded_length(int b) const { return cu_seqlens_padded[b + 1] - cu_seqlens_padded[b]; }
 };
 
+// The layout of a batch in device memory, in its capacity form (section 1 of the design
+// notes): max_seqs + 1 int32 entries each, unused trailing entries repeating the last value,
+// the last padded entry the capacity's max_tokens. What the device-side calls read (table
+// builds, reorders, RoPE, AllGather CP), so that nothing needs the lengths on the host. The
+// pointers only: the entry count is the capacity the caller planned for.
+struct DeviceLayout {
+  const int32_t* cu_seqlens = nullptr;
+  const int32_t* cu_seqlens_padded = nullptr;
+};
+
 // An owned layout.
 struct BatchLayout {
   std::vector<int32_t> cu_seqlens;

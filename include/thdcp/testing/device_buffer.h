@@ -7,7 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 
 namespace thdcp::cuda {
 

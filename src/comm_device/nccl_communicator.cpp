@@ -1,4 +1,4 @@
-// The NCCL device communicator (thdcp/comm/nccl.h).
+// The NCCL device communicator (thdcp/comm_device/nccl.h).
 //
 // Every NCCL communicator made here is non-blocking (config.blocking = 0): init, split,
 // finalize, and a collective whose connections NCCL is still making may return
@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 #include "thdcp/core/error.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 
 namespace thdcp::nccl {
 namespace {

@@ -1,11 +1,11 @@
 // The per-rank graph capture of DeviceCommunicator (NCCL and any communicator whose ranks
 // each own their stream's graph).
-#include "thdcp/comm/device_communicator.h"
+#include "thdcp/comm_device/device_communicator.h"
 
 #include <string>
 
 #include "thdcp/core/error.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 #include "stream_capture.h"
 
 namespace thdcp {

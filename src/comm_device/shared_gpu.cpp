@@ -1,4 +1,4 @@
-#include "thdcp/comm/shared_gpu.h"
+#include "thdcp/comm_device/shared_gpu.h"
 
 #include <algorithm>
 #include <chrono>
@@ -12,11 +12,11 @@
 #include <utility>
 #include <vector>
 
-#include "rank_threads.h"
+#include "thdcp/comm/rank_threads.h"
 #include "shared_gpu_kernels.h"
 #include "stream_capture.h"
 #include "thdcp/core/error.h"
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 
 namespace thdcp {
 

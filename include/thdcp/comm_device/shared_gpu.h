@@ -21,7 +21,7 @@
 #include <memory>
 #include <string>
 
-#include "thdcp/comm/device_communicator.h"
+#include "thdcp/comm_device/device_communicator.h"
 
 namespace thdcp {
 

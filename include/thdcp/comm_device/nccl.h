@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "thdcp/comm/communicator.h"
-#include "thdcp/comm/device_communicator.h"
+#include "thdcp/comm_device/device_communicator.h"
 
 namespace thdcp::nccl {
 

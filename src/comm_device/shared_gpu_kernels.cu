@@ -1,6 +1,6 @@
 #include "shared_gpu_kernels.h"
 
-#include "thdcp/cuda/check.h"
+#include "thdcp/core/cuda_check.h"
 
 namespace thdcp::detail {
 

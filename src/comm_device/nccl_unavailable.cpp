@@ -1,6 +1,6 @@
-// thdcp/comm/nccl.h in a build without NCCL: callers compile and link, and learn at run
+// thdcp/comm_device/nccl.h in a build without NCCL: callers compile and link, and learn at run
 // time how to get the real communicator.
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 #include "thdcp/core/error.h"
 
 namespace thdcp::nccl {

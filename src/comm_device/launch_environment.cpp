@@ -1,10 +1,10 @@
-// The parts of thdcp/comm/nccl.h that exist with or without NCCL: which GPU a process
+// The parts of thdcp/comm_device/nccl.h that exist with or without NCCL: which GPU a process
 // started by a launcher should use.
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 
-#include "thdcp/comm/nccl.h"
+#include "thdcp/comm_device/nccl.h"
 #include "thdcp/core/error.h"
 
 namespace thdcp::nccl {
