@@ -57,8 +57,6 @@ const char* kHelp =
     "  --cp N[,N...]       also AllGather CP with N ranks sharing this GPU: verify, then time\n"
     "                      each phase and the whole step of every rank (one CUDA graph);\n"
     "                      overhead = CP step of all ranks / single-device attention\n"
-    "  --head-groups G[,G...]  with --cp: cp::Problem::head_groups of the CP plans, each a\n"
-    "                      row (1)\n"
     "  --scaling --gpus N  instead: AllGather CP over NCCL across N GPUs (a thread per GPU)\n"
     "                      against the same batch on GPU 0: verify, time, efficiency table\n"
     "                      (--tokens 131072,524288; thdcp bench --scaling --help)\n";
@@ -261,7 +259,7 @@ int bench_command(const std::vector<std::string>& argv) {
   }
   const Args args(argv,
                   {"tokens", "verify-tokens", "q-heads", "kv-heads", "head-dim", "dtype", "window", "median",
-                   "max-length", "seed", "warmup", "iters", "lengths-out", "cp", "head-groups"},
+                   "max-length", "seed", "warmup", "iters", "lengths-out", "cp"},
                   {});
   const int64_t tokens = args.get_int("tokens", 65536, 2, int64_t{1} << 30);
   const int64_t verify_tokens = args.get_int("verify-tokens", 4096, 0, int64_t{1} << 24);
@@ -281,8 +279,6 @@ int bench_command(const std::vector<std::string>& argv) {
   if (args.has("cp")) {
     for (int64_t c : parse_int_list("cp", args.get("cp", ""), 1, 64)) cp_sizes.push_back(static_cast<int>(c));
   }
-  const std::vector<int> head_groups =
-      parse_divisor_list("head-groups", args.get("head-groups", "1"), cp::kMaxHeadGroups, p.kv_heads, "kv-heads");
   if (args.has("lengths-out")) check_output_file("lengths-out", args.get("lengths-out", ""));
   require_gpu("thdcp bench");
 
@@ -369,32 +365,28 @@ int bench_command(const std::vector<std::string>& argv) {
               workspace[2]);
   if (cp_sizes.empty()) return 0;
   std::printf("\nAllGather CP, ranks sharing this GPU (shared-GPU communicator). step: the whole step of every rank,\n"
-              "one CUDA graph, median ms (collectives overlapped with other head groups' attention); overhead =\n"
+              "one CUDA graph, median ms (the backward's reduce-scatter overlapped with its dQ pass); overhead =\n"
               "step / single-device attention (same lengths). Phases: ms per step summed over ranks, from CUDA\n"
               "events of eager steps run in program order (ranks run concurrently, so a phase can include other\n"
               "ranks' work). fwd+bwd*: the backward on the forward's K/V (cp::KvSource::kFromForward).\n");
-  std::printf("%-3s %-6s %-7s %-8s %9s %9s %9s", "cp", "groups", "mask", "pass", "single", "step", "overhead");
+  std::printf("%-3s %-7s %-8s %9s %9s %9s", "cp", "mask", "pass", "single", "step", "overhead");
   for (int ph = 0; ph < static_cast<int>(cp::Phase::kCount); ++ph) std::printf(" %9s", cp::phase_name(static_cast<cp::Phase>(ph)));
   std::printf("\n");
   for (int cp : cp_sizes) {
-    for (int groups : head_groups) {
-      mask_index = 0;
-      for (const auto& m : masks) {
-        const CpTiming t = time_cp(cp, lengths, m.mask, p.q_heads, p.kv_heads, p.head_dim, p.dtype, groups, seed,
-                                   warmup, iters);
-        const char* pass_names[3] = {"fwd", "fwd+bwd", "fwd+bwd*"};
-        for (int pass = 0; pass < 3; ++pass) {
-          const double base = pass == 0 ? single[mask_index].fwd_ms : single[mask_index].fwd_bwd_ms;
-          const double ms = t.graph_ms[pass];
-          std::printf("%-3d %-6d %-7s %-8s %9.3f %9.3f %9.3f", cp, groups, m.name, pass_names[pass], base, ms,
-                      ms / base);
-          for (int ph = 0; ph < static_cast<int>(cp::Phase::kCount); ++ph) {
-            std::printf(" %9.3f", t.phases[pass].seconds[ph] * 1e3);
-          }
-          std::printf("\n");
+    mask_index = 0;
+    for (const auto& m : masks) {
+      const CpTiming t = time_cp(cp, lengths, m.mask, p.q_heads, p.kv_heads, p.head_dim, p.dtype, seed, warmup, iters);
+      const char* pass_names[3] = {"fwd", "fwd+bwd", "fwd+bwd*"};
+      for (int pass = 0; pass < 3; ++pass) {
+        const double base = pass == 0 ? single[mask_index].fwd_ms : single[mask_index].fwd_bwd_ms;
+        const double ms = t.graph_ms[pass];
+        std::printf("%-3d %-7s %-8s %9.3f %9.3f %9.3f", cp, m.name, pass_names[pass], base, ms, ms / base);
+        for (int ph = 0; ph < static_cast<int>(cp::Phase::kCount); ++ph) {
+          std::printf(" %9.3f", t.phases[pass].seconds[ph] * 1e3);
         }
-        ++mask_index;
+        std::printf("\n");
       }
+      ++mask_index;
     }
   }
   return 0;

@@ -143,7 +143,7 @@ bool verify_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, co
 }
 
 CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, int q_heads, int kv_heads,
-                 int head_dim, DType dtype, int head_groups, uint64_t seed, int warmup, int iters) {
+                 int head_dim, DType dtype, uint64_t seed, int warmup, int iters) {
   const BatchLayout layout = make_layout(lengths, cp, Capacity{static_cast<int>(lengths.size()) + 1,
                                                                make_layout(lengths, cp).total_rows()});
   cp::Problem p;
@@ -154,7 +154,6 @@ CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, 
   p.kv_heads = kv_heads;
   p.head_dim = head_dim;
   p.dtype = dtype;
-  p.head_groups = head_groups;
   CpTiming result;
   result.rows = layout.total_rows();
   ThreadBarrier barrier(cp);

@@ -22,6 +22,6 @@ struct CpTiming {
 };
 
 CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, int q_heads, int kv_heads,
-                 int head_dim, DType dtype, int head_groups, uint64_t seed, int warmup, int iters);
+                 int head_dim, DType dtype, uint64_t seed, int warmup, int iters);
 
 }  // namespace thdcp::tools

@@ -20,9 +20,8 @@
 //   phases    CudaPlan::enable_phase_timing, in separate eager steps (the forward's events are
 //             read before the backward reuses them, so a host sync sits between the two): per
 //             rank the median over steps of forward + backward, then the max over ranks.
-// The timed steps overlap: the plan runs its collectives on a second stream, head group by
-// head group (cp::Problem::head_groups, --head-groups), beside the attention of the other
-// groups. Phase timing runs a step in program order on one stream instead, so the phases are
+// The timed steps overlap: the plan runs its collectives on a second stream, the backward's
+// reduce-scatter beside its dQ pass. Phase timing runs a step in program order on one stream instead, so the phases are
 // each one's own time (a collective's includes any wait for a slower peer); "beyond
 // attention" = step - attention phase is what the overlap left exposed.
 // efficiency = baseline / (N * step); targets 0.95 at cp 2, 0.90 at cp 4, 0.85 at cp 8.
@@ -85,7 +84,6 @@ const char* kHelp =
     "  --seed N            seed of lengths and data (1)\n"
     "  --warmup N          untimed steps (3)\n"
     "  --iters N           timed steps; the median is reported (20)\n"
-    "  --head-groups G[,G...]  cp::Problem::head_groups of the CP plans, each a row (1)\n"
     "  --kv S[,S...]       where the backward takes K/V from, each a row: gather (all-gather them\n"
     "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward)\n"
     "  --sm-margin M[,M...]  cuda::Options::sm_margin of the CP plans, each a row (0): SMs the\n"
@@ -93,9 +91,6 @@ const char* kHelp =
     "  --dq-pass B[,B...]  cuda::Options::separate_dq_pass of the CP plans, each a row (0): 1 = on\n"
     "                      Hopper at head dim 128 without a left window, dQ in a pass of its own,\n"
     "                      beside the reduce-scatter of dK/dV, instead of in the dK/dV pass\n"
-    "  --local-first B[,B...]  cp::Problem::local_first, each a row (0): 1 = the forward's local\n"
-    "                      keys attended while the gather runs, merged by LSE (masks with\n"
-    "                      window_right 0); 0 = one attention after the gather\n"
     "\n"
     "A configuration whose buffers do not fit the free memory of a GPU (or of the host) is\n"
     "skipped with the reason. Exit codes: 0 every configuration that ran matched, 1 a\n"
@@ -377,7 +372,7 @@ bool any_rank(Communicator& host, bool flag) {
 // One rank of the CP run of a (T, mask, cp): its NCCL communicator, buffers and plan; the
 // check against the reference; the timed steps.
 void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, const Reference& ref, const Mask& mask,
-             const Shape& s, int head_groups, bool local_first, cp::KvSource kv, const cuda::Options& attention,
+             const Shape& s, cp::KvSource kv, const cuda::Options& attention,
              int warmup, int iters, std::vector<RankReport>& reports) {
   const int rank = host.rank(), cp = host.size();
   RankReport& report = reports[static_cast<size_t>(rank)];
@@ -395,8 +390,6 @@ void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, co
   problem.kv_heads = s.kv_heads;
   problem.head_dim = s.head_dim;
   problem.dtype = s.dtype;
-  problem.head_groups = head_groups;
-  problem.local_first = local_first;
   const int64_t local = problem.local_rows();
   const size_t offsets = sizeof(int32_t) * layout.cu_seqlens.size();
   const size_t workspace_bytes = cp::cuda_workspace_size(problem);
@@ -535,7 +528,6 @@ struct Row {
   int64_t tokens = 0;
   std::string mask;
   int cp = 0;
-  int groups = 0;  // cp::Problem::head_groups
   bool kept_kv = false;  // the backward on the forward's K/V (cp::KvSource::kFromForward)
   int sm_margin = 0;     // cuda::Options::sm_margin
   size_t documents = 0;
@@ -546,12 +538,8 @@ struct Row {
   // of fp32 dK and dV, and their bus bandwidths (nccl-tests' busbw: bytes of the whole
   // gathered / reduced tensors x (cp - 1) / cp per second). 0: not measured.
   double gather_ms = 0, reduce_ms = 0, gather_busbw = 0, reduce_busbw = 0;
-  bool local_first = false;  // the forward ran local-first (cp::Problem::local_first, a mask it applies to)
   bool dq_pass = false;      // cuda::Options::separate_dq_pass
 };
-
-// The forward's form, as the tables print it.
-const char* forward_form(const Row& r) { return r.local_first ? "local-first" : "one"; }
 
 // Where the backward takes K/V from, and (with --dq-pass 1) that dQ had a pass of its own.
 std::string backward_form(const Row& r) {
@@ -608,7 +596,7 @@ std::vector<NamedMask> parse_masks(const std::string& text, int64_t window) {
 int bench_scaling_command(const std::vector<std::string>& argv) {
   const Args args(argv,
                   {"gpus", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
-                   "max-length", "seed", "warmup", "iters", "head-groups", "kv", "sm-margin", "dq-pass", "local-first"},
+                   "max-length", "seed", "warmup", "iters", "kv", "sm-margin", "dq-pass"},
                   {"scaling", "help"});
   if (args.has("help")) {
     std::fputs(kHelp, stdout);
@@ -656,18 +644,12 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
   const uint64_t seed = args.get_seed("seed", 1);
   const int warmup = static_cast<int>(args.get_int("warmup", 3, 0, 1000));
   const int iters = static_cast<int>(args.get_int("iters", 20, 1, 10000));
-  const std::vector<int> groups_list =
-      parse_divisor_list("head-groups", args.get("head-groups", "1"), cp::kMaxHeadGroups, s.kv_heads, "kv-heads");
   std::vector<int> margin_list;
   for (int64_t m : parse_int_list("sm-margin", args.get("sm-margin", "0"), 0, 1024)) {
     margin_list.push_back(static_cast<int>(m));
   }
   std::vector<bool> dq_pass_list;
   for (int64_t b : parse_int_list("dq-pass", args.get("dq-pass", "0"), 0, 1)) dq_pass_list.push_back(b != 0);
-  std::vector<bool> local_first_list;
-  for (int64_t b : parse_int_list("local-first", args.get("local-first", "0"), 0, 1)) {
-    local_first_list.push_back(b != 0);
-  }
   std::vector<bool> kv_list;
   {
     std::stringstream items(args.get("kv", "gather"));
@@ -744,23 +726,16 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
   std::fflush(stdout);
 
   struct Variant {
-    int cp, head_groups;
+    int cp;
     bool kept_kv;
     int sm_margin;
     bool dq_pass;
-    bool local_first;
   };
   std::vector<Variant> variants;  // each a row
   for (int c : cps) {
-    for (int g : groups_list) {
-      for (bool kept : kv_list) {
-        for (int margin : margin_list) {
-          for (bool dq_pass : dq_pass_list) {
-            for (bool local_first : local_first_list) {
-              variants.push_back(Variant{c, g, kept, margin, dq_pass, local_first});
-            }
-          }
-        }
+    for (bool kept : kv_list) {
+      for (int margin : margin_list) {
+        for (bool dq_pass : dq_pass_list) variants.push_back(Variant{c, kept, margin, dq_pass});
       }
     }
   }
@@ -785,7 +760,7 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
       std::printf("skip T=%lld: needs about %s of host memory, %s available\n", static_cast<long long>(tokens),
                   gib(host_need).c_str(), gib(host_free).c_str());
       for (const NamedMask& m : masks) {
-        for (int c : cps) rows.push_back(Row{tokens, m.name, c, 0, false, 0, lengths.size(), "skipped", 0, 0, 0, 0, {}});
+        for (int c : cps) rows.push_back(Row{tokens, m.name, c, false, 0, lengths.size(), "skipped", 0, 0, 0, 0, {}});
       }
       continue;
     }
@@ -801,7 +776,7 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
       const Baseline base = run_baseline(layout, in, m.mask, s, warmup, iters);
       if (!base.skip.empty()) {
         std::printf("skip T=%lld %s: %s\n", static_cast<long long>(tokens), m.name.c_str(), base.skip.c_str());
-        for (int c : cps) rows.push_back(Row{tokens, m.name, c, 0, false, 0, lengths.size(), "skipped", 0, 0, 0, 0, {}});
+        for (int c : cps) rows.push_back(Row{tokens, m.name, c, false, 0, lengths.size(), "skipped", 0, 0, 0, 0, {}});
         continue;
       }
       std::printf("baseline T=%lld %s: 1 GPU, fwd+bwd %.3f ms (%.1f TFLOP/s over %.0f allowed pairs)\n",
@@ -810,19 +785,16 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
       std::fflush(stdout);
 
       for (const Variant& variant : variants) {
-        const int c = variant.cp, head_groups = variant.head_groups;
+        const int c = variant.cp;
         const cp::KvSource kv = variant.kept_kv ? cp::KvSource::kFromForward : cp::KvSource::kGather;
-        Row row{tokens, m.name, c, head_groups, variant.kept_kv, variant.sm_margin, lengths.size(), "PASS", base.ms,
-                0, 0, 0, {}};
-        row.local_first = variant.local_first && c > 1 && cp_split_applies(m.mask);
+        Row row{tokens, m.name, c, variant.kept_kv, variant.sm_margin, lengths.size(), "PASS", base.ms, 0, 0, 0, {}};
         row.dq_pass = variant.dq_pass;
         cuda::Options attention;
         attention.sm_margin = variant.sm_margin;
         attention.separate_dq_pass = variant.dq_pass;
         std::vector<RankReport> reports(static_cast<size_t>(c));
         run_in_process(c, [&](Communicator& host) {
-          cp_rank(host, layout, in, base.ref, m.mask, s, head_groups, variant.local_first, kv, attention, warmup, iters,
-                  reports);
+          cp_rank(host, layout, in, base.ref, m.mask, s, kv, attention, warmup, iters, reports);
         });
         std::string skip;
         for (const RankReport& r : reports) {
@@ -905,10 +877,9 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
                       reports[0].collectives_skip.c_str());
         }
         row.efficiency = base.ms / (c * row.step_ms);
-        std::printf("result T=%lld %s cp=%d head groups %d, forward %s, backward K/V %s, SM margin %d: baseline "
+        std::printf("result T=%lld %s cp=%d, backward K/V %s, SM margin %d: baseline "
                     "%.3f ms, CP step %.3f ms (per rank:%s), beyond attention %.3f ms, efficiency %.3f (%s)\n",
-                    static_cast<long long>(tokens), m.name.c_str(), c, row.groups, forward_form(row),
-                    backward_form(row).c_str(), row.sm_margin, base.ms, row.step_ms,
+                    static_cast<long long>(tokens), m.name.c_str(), c, backward_form(row).c_str(), row.sm_margin, base.ms, row.step_ms,
                     per_rank.c_str(), row.comm_ms, row.efficiency, target_text(row).c_str());
         std::fflush(stdout);
         rows.push_back(row);
@@ -919,22 +890,21 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
   std::printf("\nGPUs %s; %s\n", gpu_names.c_str(), nvls_note.c_str());
   std::printf("AllGather CP over NCCL vs 1 GPU, forward+backward, ms (CUDA events, median of %d after %d warm-up):\n"
               "step = the slowest rank's step (ranks start together after a host barrier; collectives on the\n"
-              "plan's second stream, overlapped with the attention of other head groups); phases = per rank the\n"
+              "plan's second stream, the reduce-scatter overlapped with the dQ pass); phases = per rank the\n"
               "median over separate eager steps run in program order on one stream (phase timing), max over\n"
               "ranks (reduce = max_logit all-reduce + fp32 dK/dV reduce-scatter, including waits for a slower\n"
               "peer); beyond attention = step - attention phase: what the overlap left exposed;\n"
               "efficiency = baseline / (cp x step).\n\n",
               iters, warmup);
-  std::printf("| T | mask | cp | head groups | fwd | bwd K/V | SM margin | documents | check | baseline ms | step ms |");
+  std::printf("| T | mask | cp | bwd K/V | SM margin | documents | check | baseline ms | step ms |");
   for (int p = 0; p < kPhases; ++p) std::printf(" %s |", cp::phase_name(static_cast<cp::Phase>(p)));
   std::printf(" beyond attention ms | efficiency | target |\n");
-  std::printf("| ---: | --- | ---: | ---: | --- | --- | ---: | ---: | --- | ---: | ---: |");
+  std::printf("| ---: | --- | ---: | --- | ---: | ---: | --- | ---: | ---: |");
   for (int p = 0; p < kPhases; ++p) std::printf(" ---: |");
   std::printf(" ---: | ---: | --- |\n");
   for (const Row& r : rows) {
-    std::printf("| %lld | %s | %d | %d | %s | %s | %d | %zu | %s |", static_cast<long long>(r.tokens), r.mask.c_str(),
-                r.cp, r.groups, forward_form(r), backward_form(r).c_str(), r.sm_margin, r.documents,
-                r.status.c_str());
+    std::printf("| %lld | %s | %d | %s | %d | %zu | %s |", static_cast<long long>(r.tokens), r.mask.c_str(), r.cp,
+                backward_form(r).c_str(), r.sm_margin, r.documents, r.status.c_str());
     if (r.status == "PASS") {
       std::printf(" %.3f | %.3f |", r.baseline_ms, r.step_ms);
       for (int p = 0; p < kPhases; ++p) std::printf(" %.3f |", r.phase_ms[static_cast<size_t>(p)]);
@@ -952,13 +922,13 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
   std::printf("\nThe step's collectives alone (the slowest rank, median; nothing else on the GPUs): all-gathers\n"
               "of K and V as in the forward, reduce-scatters of fp32 dK and dV as in the backward. busbw as in\n"
               "nccl-tests: bytes of the whole tensors x (cp - 1) / cp per second.\n\n");
-  std::printf("| T | mask | cp | head groups | bwd K/V | SM margin | all-gather K, V ms | busbw GB/s | "
-              "reduce-scatter dK, dV ms | busbw GB/s |\n| ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | "
+  std::printf("| T | mask | cp | bwd K/V | SM margin | all-gather K, V ms | busbw GB/s | "
+              "reduce-scatter dK, dV ms | busbw GB/s |\n| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | "
               "---: |\n");
   for (const Row& r : rows) {
     if (r.gather_ms <= 0) continue;
-    std::printf("| %lld | %s | %d | %d | %s | %d | %.3f | %.0f | %.3f | %.0f |\n", static_cast<long long>(r.tokens),
-                r.mask.c_str(), r.cp, r.groups, backward_form(r).c_str(), r.sm_margin, r.gather_ms,
+    std::printf("| %lld | %s | %d | %s | %d | %.3f | %.0f | %.3f | %.0f |\n", static_cast<long long>(r.tokens),
+                r.mask.c_str(), r.cp, backward_form(r).c_str(), r.sm_margin, r.gather_ms,
                 r.gather_busbw, r.reduce_ms, r.reduce_busbw);
   }
   if (failed) std::printf("\nverification FAILED for at least one configuration (not timed)\n");

@@ -365,10 +365,8 @@ typedef struct thdcp_cp_params {
                                        (skips a gather) — only when that forward ran on the
                                        same k, v and layout on the same stream and nothing
                                        else used the plan since. Default 0 */
-  int32_t head_groups;   /* CUDA: the forward's K/V gather and attention run in this many
-                            groups of heads, one group's gather beside another's attention
-                            (the same results for every value); a divisor of kv_heads, at
-                            most 8. 0 or 1: one group (the default) */
+  int32_t reserved_head_groups; /* 0 or 1. Was head_groups (the forward's gather in groups
+                                   of heads), removed in 0.2: one group measured fastest */
   int32_t reserved;      /* 0 */
 } thdcp_cp_params;
 

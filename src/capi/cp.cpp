@@ -65,13 +65,10 @@ CpConfig config_of(const thdcp_cp_params* given) {
                      "params->num_threads=" << p.num_threads << " must be >= 0 (0: every hardware thread)");
   c.num_threads = p.num_threads;
   c.backward_kv_from_forward = p.backward_kv_from_forward != 0;
-  THDCP_CAPI_REQUIRE(p.head_groups >= 0 && p.head_groups <= cp::kMaxHeadGroups &&
-                         (p.head_groups == 0 || p.kv_heads % p.head_groups == 0),
-                     "params->head_groups=" << p.head_groups << " with kv_heads=" << p.kv_heads
-                                            << ": use 0 or 1 (one group) or a divisor of kv_heads of at most "
-                                            << cp::kMaxHeadGroups);
+  THDCP_CAPI_REQUIRE(p.reserved_head_groups == 0 || p.reserved_head_groups == 1,
+                     "params->reserved_head_groups=" << p.reserved_head_groups
+                                                     << " must be 0 or 1 (head groups were removed in 0.2)");
   THDCP_CAPI_REQUIRE(p.reserved == 0, "params->reserved=" << p.reserved << " must be 0");
-  problem.head_groups = p.head_groups == 0 ? 1 : p.head_groups;
   return c;
 }
 

@@ -19,7 +19,6 @@ struct Descriptor {
   int64_t max_tokens;
   int32_t window_left, window_right;
   int64_t q_heads, kv_heads, head_dim;
-  int32_t head_groups, local_first;
   uint64_t options_fingerprint;
   uint64_t layout_fingerprint;
   int64_t local_rows[3];
@@ -44,9 +43,6 @@ void validate_problem(const Problem& p) {
               "q_heads=" << p.q_heads << ", kv_heads=" << p.kv_heads
                          << ": need kv_heads >= 1 and q_heads a multiple of kv_heads (GQA/MQA)");
   THDCP_CHECK(p.head_dim >= 1, "head_dim=" << p.head_dim << " must be >= 1");
-  THDCP_CHECK(p.head_groups >= 1 && p.head_groups <= kMaxHeadGroups && p.kv_heads % p.head_groups == 0,
-              "head_groups=" << p.head_groups << " with kv_heads=" << p.kv_heads
-                             << ": use a divisor of kv_heads of at most " << kMaxHeadGroups << " (1: no split)");
 }
 
 uint64_t layout_fingerprint(const LayoutView& layout) {
@@ -79,8 +75,6 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
   mine.q_heads = p.q_heads;
   mine.kv_heads = p.kv_heads;
   mine.head_dim = p.head_dim;
-  mine.head_groups = p.head_groups;
-  mine.local_first = p.local_first ? 1 : 0;
   mine.options_fingerprint = in.options_fingerprint;
   mine.layout_fingerprint = in.layout_fingerprint;
   for (int i = 0; i < 3; ++i) mine.local_rows[i] = in.local_rows[i];
@@ -92,7 +86,7 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
     if (!all[r].ok) throw Error((r == in.rank ? "" : "rank " + std::to_string(r) + ": ") + all[r].message);
   }
   const Descriptor& ref = all[0];
-  const char* fix = ": every rank must plan the same problem (cp, capacity, mask, heads, head_dim, head groups, dtype, options)";
+  const char* fix = ": every rank must plan the same problem (cp, capacity, mask, heads, head_dim, dtype, options)";
   for (int r = 1; r < in.size; ++r) {
     const Descriptor& d = all[r];
     THDCP_CHECK(d.cp == ref.cp, "rank " << r << " passed cp=" << d.cp << " but rank 0 passed cp=" << ref.cp << fix);
@@ -109,12 +103,6 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
                 "rank " << r << " passed heads " << d.q_heads << ":" << d.kv_heads << " head_dim " << d.head_dim
                         << " but rank 0 passed " << ref.q_heads << ":" << ref.kv_heads << " head_dim " << ref.head_dim
                         << fix);
-    THDCP_CHECK(d.head_groups == ref.head_groups, "rank " << r << " passed head_groups=" << d.head_groups
-                                                          << " but rank 0 passed head_groups=" << ref.head_groups
-                                                          << fix);
-    THDCP_CHECK(d.local_first == ref.local_first, "rank " << r << " passed local_first=" << d.local_first
-                                                          << " but rank 0 passed local_first=" << ref.local_first
-                                                          << fix);
     THDCP_CHECK(d.dtype == ref.dtype, "rank " << r << " passed dtype " << dtype_name(static_cast<DType>(d.dtype))
                                               << " but rank 0 passed " << dtype_name(static_cast<DType>(ref.dtype))
                                               << fix);

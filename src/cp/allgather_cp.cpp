@@ -77,14 +77,12 @@ class CpuSteps {
            const LayoutView& layout, Timings* timings)
       : comm_(comm), p_(problem), options_(options), b_(buffers), layout_(layout), timings_(timings) {}
 
-  // Everything runs in program order on the calling thread: one head group, one lane.
-  static constexpr bool kLocalFirst = false;  // one attention over the gathered K/V
-  int head_groups() const { return 1; }
+  // Everything runs in program order on the calling thread: one lane.
   void fork() {}
   void join() {}
   void use(detail::Lane) {}
-  void signal(detail::Ready, int) {}
-  void await(detail::Ready, int) {}
+  void signal(detail::Ready) {}
+  void await(detail::Ready) {}
 
   void phase(Phase next) {
     const Clock::time_point now = Clock::now();
@@ -99,14 +97,14 @@ class CpuSteps {
     for (int r = 0; r < p_.cp; ++r) maps_.push_back(rank_row_map(layout_, p_.cp, r));
   }
 
-  ConstThdTensor gather(const ConstThdTensor& local, Slot slot, int /*group*/) {
+  ConstThdTensor gather(const ConstThdTensor& local, Slot slot) {
     std::vector<unsigned char>& gathered = b_.gathered[index_of(slot)];
     const size_t local_bytes = static_cast<size_t>(local.tokens) * local.row_bytes();
     comm_.all_gather(local.data, gathered.data(), local_bytes);
     return ConstThdTensor(gathered.data(), local.dtype, local.tokens * p_.cp, local.heads, local.head_dim);
   }
 
-  ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot, int /*group*/) {
+  ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot) {
     std::vector<unsigned char>& ordered = b_.sequence[index_of(slot)];
     const size_t row_bytes = gathered.row_bytes();
     const size_t local_bytes = static_cast<size_t>(p_.local_rows()) * row_bytes;

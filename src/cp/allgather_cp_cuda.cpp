@@ -36,19 +36,12 @@ cuda::DeviceSegmentTable table_shape(const Problem& p) {
   return t;
 }
 
-// Whether the forward runs local-first (Problem::local_first, for masks it applies to). At
-// cp = 1 there is no gather to hide, and the step stays the plain single-GPU call.
-bool runs_local_first(const Problem& p) { return p.local_first && p.cp > 1 && cp_split_applies(p.mask); }
-
-// The attention of one of `groups` head groups (the forward's: problem.head_groups; the
-// backward runs every head at once). `local_keys`: the local-first forward's first pass,
-// whose keys are this rank's own rows.
-cuda::AttentionShape attention_shape(const Problem& p, int groups, bool local_keys = false) {
+// The attention of the rank's queries over the gathered keys.
+cuda::AttentionShape attention_shape(const Problem& p) {
   cuda::AttentionShape s;
   s.table = table_shape(p);
-  if (local_keys) s.table.k_rows = p.local_rows();
-  s.q_heads = p.q_heads / groups;
-  s.kv_heads = p.kv_heads / groups;
+  s.q_heads = p.q_heads;
+  s.kv_heads = p.kv_heads;
   s.head_dim = p.head_dim;
   s.dtype = p.dtype;
   s.dq_dtype = p.dtype;
@@ -56,17 +49,12 @@ cuda::AttentionShape attention_shape(const Problem& p, int groups, bool local_ke
   return s;
 }
 
-// Offsets of the workspace, in order. The packed and gathered K/V are head-group major (group
-// g's [rows, Hkv/G, D] block after group g - 1's), so that each group's collective moves one
-// contiguous block; the sequence-order K/V are [T, Hkv, D], each group's reorder writing its
-// heads.
-// The local-first forward adds the remote table (the local one takes `segments`), one head
-// group's fp32 partial result and its lse, and the first pass's attention workspace.
+// Offsets of the workspace, in order: the packed K/V (strided inputs), the gathered K/V in
+// rank order and in sequence order ([T, Hkv, D] each), the fp32 dK/dV.
 struct Layout {
   size_t segments = 0, rank_rows = 0, packed[2] = {}, gathered[2] = {}, sequence[2] = {}, grad_ranked[2] = {},
          grad_local = 0, forward = 0, backward = 0, total = 0;
-  size_t remote_segments = 0, partial_out = 0, partial_lse = 0, forward_local = 0;
-  size_t forward_bytes = 0, backward_bytes = 0, forward_local_bytes = 0;
+  size_t forward_bytes = 0, backward_bytes = 0;
 };
 
 Layout workspace_layout(const Problem& p, const cuda::Options& options) {
@@ -89,18 +77,10 @@ Layout workspace_layout(const Problem& p, const cuda::Options& options) {
   // order (BackwardTensors::dkv_rows), so the reduce-scatter takes them as they are.
   for (int i = 0; i < 2; ++i) w.grad_ranked[i] = take(elements * sizeof(float));
   w.grad_local = take(local_elements * sizeof(float));
-  w.forward_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p, p.head_groups));
-  w.backward_bytes = cuda::BackwardPlan::workspace_size(attention_shape(p, 1), options);
+  w.forward_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p));
+  w.backward_bytes = cuda::BackwardPlan::workspace_size(attention_shape(p), options);
   w.forward = take(w.forward_bytes);
   w.backward = take(w.backward_bytes);
-  if (runs_local_first(p)) {
-    const size_t group_rows = static_cast<size_t>(p.local_rows() * (p.q_heads / p.head_groups));  // rows x heads
-    w.remote_segments = take(sizeof(Segment) * static_cast<size_t>(table_shape(p).capacity));
-    w.partial_out = take(group_rows * static_cast<size_t>(p.head_dim) * sizeof(float));
-    w.partial_lse = take(group_rows * sizeof(float));
-    w.forward_local_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p, p.head_groups, true));
-    w.forward_local = take(w.forward_local_bytes);
-  }
   w.total = at;
   return w;
 }
@@ -140,9 +120,8 @@ void check_tensor(const char* name, const ConstThdTensor& t, const Problem& p, i
 struct CudaPlan::Workspace {
   unsigned char* base = nullptr;
   Layout layout;
-  std::unique_ptr<cuda::ForwardPlan> forward;    // one head group's shape
-  std::unique_ptr<cuda::ForwardPlan> forward_local;  // local-first: the first pass (local keys)
-  std::unique_ptr<cuda::BackwardPlan> backward;  // every head
+  std::unique_ptr<cuda::ForwardPlan> forward;
+  std::unique_ptr<cuda::BackwardPlan> backward;
   template <typename T>
   T* at(size_t offset) const {
     return reinterpret_cast<T*>(base + offset);
@@ -167,23 +146,16 @@ struct CudaPlan::Events {
 struct CudaPlan::Lanes {
   cudaStream_t collectives = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
-  cudaEvent_t ready[2][kMaxHeadGroups] = {};  // [Ready][group]
+  cudaEvent_t ready[2] = {};  // [Ready]
   Lanes() {
     int least = 0, greatest = 0;
     THDCP_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     THDCP_CHECK_CUDA(cudaStreamCreateWithPriority(&collectives, cudaStreamNonBlocking, greatest));
     for (cudaEvent_t* e : {&fork, &join}) THDCP_CHECK_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-    for (auto& kind : ready) {
-      for (cudaEvent_t& e : kind) THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    }
+    for (cudaEvent_t& e : ready) THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   ~Lanes() {
-    for (auto& kind : ready) {
-      for (cudaEvent_t e : kind) {
-        if (e) cudaEventDestroy(e);
-      }
-    }
-    for (cudaEvent_t e : {fork, join}) {
+    for (cudaEvent_t e : {ready[0], ready[1], fork, join}) {
       if (e) cudaEventDestroy(e);
     }
     if (collectives) cudaStreamDestroy(collectives);
@@ -198,10 +170,8 @@ class CudaSteps {
  public:
   // With phase timing (`events`) every call enqueues on `stream` in program order, so each
   // phase's events bracket its own work; otherwise the collectives go to lanes.collectives.
-  // `forward`: the steps of a forward (its table may be the local-first split).
   CudaSteps(DeviceCommunicator& comm, const Problem& problem, const CudaPlan::Workspace& w,
-            const CudaPlan::Lanes& lanes, CudaPlan::Events* events, const DeviceLayout& layout, cudaStream_t stream,
-            bool forward)
+            const CudaPlan::Lanes& lanes, CudaPlan::Events* events, const DeviceLayout& layout, cudaStream_t stream)
       : comm_(comm),
         p_(problem),
         w_(w),
@@ -210,14 +180,9 @@ class CudaSteps {
         layout_(layout),
         stream_(stream),
         overlap_(events == nullptr),
-        local_first_(forward && runs_local_first(problem)),
         current_(stream) {
     if (events_) events_->recorded = 0;
   }
-
-  static constexpr bool kLocalFirst = true;
-  bool local_first() const { return local_first_; }
-  int head_groups() const { return p_.head_groups; }
 
   void fork() {
     if (!overlap_) return;
@@ -233,12 +198,12 @@ class CudaSteps {
 
   void use(Lane lane) { current_ = overlap_ && lane == Lane::kCollectives ? lanes_.collectives : stream_; }
 
-  void signal(Ready what, int group) {
-    if (overlap_) THDCP_CHECK_CUDA(cudaEventRecord(ready(what, group), current_));
+  void signal(Ready what) {
+    if (overlap_) THDCP_CHECK_CUDA(cudaEventRecord(ready(what), current_));
   }
 
-  void await(Ready what, int group) {
-    if (overlap_) THDCP_CHECK_CUDA(cudaStreamWaitEvent(current_, ready(what, group), 0));
+  void await(Ready what) {
+    if (overlap_) THDCP_CHECK_CUDA(cudaStreamWaitEvent(current_, ready(what), 0));
   }
 
   void phase(Phase next) {
@@ -249,29 +214,20 @@ class CudaSteps {
   }
 
   void build_table() {
-    if (local_first_) {
-      const cuda::DeviceCpSplitTables split = cuda::enqueue_cp_split_tables(
-          layout_.cu_seqlens, layout_.cu_seqlens_padded, p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp,
-          comm_.rank(), p_.mask, w_.at<Segment>(w_.layout.segments), w_.at<Segment>(w_.layout.remote_segments),
-          current_);
-      local_table_ = split.local;
-      table_ = split.remote;
-      return;
-    }
     table_ = cuda::enqueue_cp_segment_table(layout_.cu_seqlens, layout_.cu_seqlens_padded, p_.capacity.max_seqs,
                                             p_.capacity.max_tokens, p_.cp, comm_.rank(), p_.mask,
                                             w_.at<Segment>(w_.layout.segments), current_);
   }
 
-  // `local`: the group's heads of this rank's K or V (a view with the tensor's strides),
-  // packed into the group's block first unless it is that block already.
-  ConstThdTensor gather(const ConstThdTensor& local, Slot slot, int group) {
+  // `local`: this rank's K or V (a view with the tensor's strides), packed into the
+  // workspace first unless it is contiguous.
+  ConstThdTensor gather(const ConstThdTensor& local, Slot slot) {
     const int i = index_of(slot);
     const size_t row_bytes = local.row_bytes();
     const size_t local_bytes = static_cast<size_t>(local.tokens) * row_bytes;
     const void* send = local.data;
     if (!local.contiguous()) {
-      unsigned char* packed = w_.at<unsigned char>(w_.layout.packed[i]) + static_cast<size_t>(group) * local_bytes;
+      unsigned char* packed = w_.at<unsigned char>(w_.layout.packed[i]);
       if (local.tokens > 0) {
         THDCP_CHECK_CUDA(cudaMemcpy2DAsync(packed, row_bytes, local.data,
                                            static_cast<size_t>(local.row_step()) * dtype_size(local.dtype), row_bytes,
@@ -279,20 +235,17 @@ class CudaSteps {
       }
       send = packed;
     }
-    unsigned char* gathered =
-        w_.at<unsigned char>(w_.layout.gathered[i]) + static_cast<size_t>(group * p_.cp) * local_bytes;
+    unsigned char* gathered = w_.at<unsigned char>(w_.layout.gathered[i]);
     comm_.all_gather(send, gathered, local_bytes, current_);
     return ConstThdTensor(gathered, local.dtype, local.tokens * p_.cp, local.heads, local.head_dim);
   }
 
-  // Group `group`'s heads of the sequence-order tensor: its rows are the whole tensor's.
-  ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot, int group) {
-    const ConstThdTensor whole = sequence_order(slot);
-    const ConstThdTensor heads = detail::head_group(whole, group, head_groups());
-    cuda::gathered_to_sequence_order(gathered.data, const_cast<void*>(heads.data), gathered.row_bytes(),
+  ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot) {
+    const ConstThdTensor ordered = sequence_order(slot);
+    cuda::gathered_to_sequence_order(gathered.data, const_cast<void*>(ordered.data), gathered.row_bytes(),
                                      layout_.cu_seqlens_padded, p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp,
-                                     current_, whole.row_bytes());
-    return heads;
+                                     current_, ordered.row_bytes());
+    return ordered;
   }
 
   ConstThdTensor sequence_order(Slot slot) const {
@@ -300,24 +253,9 @@ class CudaSteps {
                           p_.kv_heads, p_.head_dim);
   }
 
-  // The group's partial result (fp32 out, lse) over its own chunks' keys: local K/V rows.
-  void attention_local(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, float* max_logit) {
-    const ThdTensor partial{w_.at<float>(w_.layout.partial_out), DType::kFloat32, q.tokens, q.heads, q.head_dim};
-    w_.forward_local->run(local_table_,
-                          cuda::ForwardTensors{q, k, v, partial, w_.at<float>(w_.layout.partial_lse), max_logit},
-                          current_);
-  }
-
-  // Local-first: the keys before the chunks, merged with attention_local's partial result
-  // (its max_logit raised, not reset).
   void attention_forward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, ThdTensor out,
                          float* lse, float* max_logit) {
-    cuda::ForwardTensors tensors{q, k, v, out, lse, max_logit};
-    if (local_first_) {
-      tensors.merge_out = w_.at<float>(w_.layout.partial_out);
-      tensors.merge_lse = w_.at<float>(w_.layout.partial_lse);
-    }
-    w_.forward->run(table_, tensors, current_);
+    w_.forward->run(table_, cuda::ForwardTensors{q, k, v, out, lse, max_logit}, current_);
   }
 
   void max_reduce(float* max_logit, size_t count) { comm_.all_reduce_max(max_logit, count, current_); }
@@ -365,7 +303,7 @@ class CudaSteps {
     return ThdTensor{w_.at<float>(offset), DType::kFloat32, rows, p_.kv_heads, p_.head_dim};
   }
 
-  cudaEvent_t ready(Ready what, int group) const { return lanes_.ready[what == Ready::kKv ? 0 : 1][group]; }
+  cudaEvent_t ready(Ready what) const { return lanes_.ready[what == Ready::kKv ? 0 : 1]; }
 
   DeviceCommunicator& comm_;
   const Problem& p_;
@@ -375,10 +313,8 @@ class CudaSteps {
   DeviceLayout layout_;
   cudaStream_t stream_;
   bool overlap_;
-  bool local_first_;
   cudaStream_t current_;
-  cuda::DeviceSegmentTable table_;        // the CP table, or local-first's remote one
-  cuda::DeviceSegmentTable local_table_;  // local-first's local one
+  cuda::DeviceSegmentTable table_;
   cuda::BackwardTensors backward_;  // the key pass's, for the query pass
 };
 
@@ -487,15 +423,10 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const cuda:
     workspace_->base = static_cast<unsigned char*>(workspace);
     // The attention plans check dtype, head dim, kernel family and their workspaces.
     workspace_->forward = std::make_unique<cuda::ForwardPlan>(
-        attention_shape(problem, problem.head_groups), options,
-        workspace_->at<void>(workspace_->layout.forward), workspace_->layout.forward_bytes);
-    if (runs_local_first(problem)) {
-      workspace_->forward_local = std::make_unique<cuda::ForwardPlan>(
-          attention_shape(problem, problem.head_groups, true), options,
-          workspace_->at<void>(workspace_->layout.forward_local), workspace_->layout.forward_local_bytes);
-    }
+        attention_shape(problem), options, workspace_->at<void>(workspace_->layout.forward),
+        workspace_->layout.forward_bytes);
     workspace_->backward = std::make_unique<cuda::BackwardPlan>(
-        attention_shape(problem, 1), options, workspace_->at<void>(workspace_->layout.backward),
+        attention_shape(problem), options, workspace_->at<void>(workspace_->layout.backward),
         workspace_->layout.backward_bytes);
   });
   lanes_ = std::make_unique<Lanes>();
@@ -543,14 +474,14 @@ CudaPlan::~CudaPlan() = default;
 void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream) {
   check_layout(layout);
   check_forward_tensors(problem_, t);
-  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream, true);
+  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
   detail::run_forward(steps, t);
 }
 
 void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, KvSource kv) {
   check_layout(layout);
   check_backward_tensors(problem_, t);
-  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream, false);
+  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
   detail::run_backward(steps, t, kv == KvSource::kGather);
 }
 

@@ -120,20 +120,8 @@ DeviceSegmentTable cp_table(Segment* segments, int max_seqs, int64_t total_rows,
 DeviceSegmentTable enqueue_cp_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
                                             int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
                                             Segment* segments, cudaStream_t stream) {
-  detail::launch_build_cp_table(cu_seqlens, cu_seqlens_padded, max_seqs, cp, rank, mask, segments, nullptr, stream);
+  detail::launch_build_cp_table(cu_seqlens, cu_seqlens_padded, max_seqs, cp, rank, mask, segments, stream);
   return cp_table(segments, max_seqs, total_rows, cp, mask);
-}
-
-DeviceCpSplitTables enqueue_cp_split_tables(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
-                                            int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
-                                            Segment* local, Segment* remote, cudaStream_t stream) {
-  check_cp_split_mask(mask);
-  THDCP_CHECK(local != nullptr && remote != nullptr, "the split tables need two segment arrays (local, remote)");
-  detail::launch_build_cp_table(cu_seqlens, cu_seqlens_padded, max_seqs, cp, rank, mask, local, remote, stream);
-  DeviceCpSplitTables split{cp_table(local, max_seqs, total_rows, cp, mask),
-                            cp_table(remote, max_seqs, total_rows, cp, mask)};
-  split.local.k_rows = total_rows / cp;  // the rank's own K/V rows
-  return split;
 }
 
 size_t forward_workspace_size(const DeviceSegmentTable& table) {

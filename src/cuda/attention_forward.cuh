@@ -112,10 +112,7 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kN / 8][4], float
 
 // Writes out = o / sum and lse for this thread's rows tile_row and tile_row + 8 (below
 // span_rows; padding rows and rows that saw no key get 0 and -inf), and folds their
-// maximum logit into thread_max. out is q's dtype, or fp32 (p.out_fp32: a partial result).
-// With p.merge_lse, the row is merged with a partial result of the same queries over other
-// keys (o_m, lse_m): lse = log(e^lse + e^lse_m) and out = e^(lse_a - lse) o / sum +
-// e^(lse_m - lse) o_m, in fp32 before the one rounding to out's dtype.
+// maximum logit into thread_max.
 template <typename Storage, int kD>
 __device__ __forceinline__ void store_forward_rows(const ForwardParams& p, const Strides& out_strides,
                                                    const Segment& seg, int head, int m0,
@@ -135,38 +132,13 @@ __device__ __forceinline__ void store_forward_rows(const ForwardParams& p, const
     if (r < span_rows) {
       const int64_t row = static_cast<int64_t>(seg.q_row) + m0 + r;
       const int64_t lse_index = static_cast<int64_t>(head) * p.q_rows + row;
-      float lse = seen ? row_max[half] * p.scale + logf(sum) : -INFINITY;
-      float weight = seen ? 1.0f / sum : 0.0f;  // of o
-      float merged_weight = 0.0f;               // of the merged partial's row
-      const float* merged = nullptr;
-      if (p.merge_lse != nullptr) {
-        const float other = p.merge_lse[lse_index];
-        const float high = fmaxf(lse, other);
-        if (high > -INFINITY) {  // else neither saw a key: 0 and -inf
-          const float mine = expf(lse - high);
-          const float theirs = expf(other - high);
-          const float total = mine + theirs;
-          weight *= mine / total;
-          merged_weight = theirs / total;
-          lse = high + logf(total);
-          merged = p.merge_out + (row * p.q_heads + head) * kD + pair_col;
-        }
-      }
+      const float lse = seen ? row_max[half] * p.scale + logf(sum) : -INFINITY;
+      const float weight = seen ? 1.0f / sum : 0.0f;
       const int64_t offset = row * out_strides.row + static_cast<int64_t>(head) * out_strides.head + pair_col;
 #pragma unroll
       for (int df = 0; df < kD / 8; ++df) {
-        float x = o[df][2 * half] * weight;
-        float y = o[df][2 * half + 1] * weight;
-        if (merged != nullptr) {
-          const float2 m = *reinterpret_cast<const float2*>(merged + df * 8);
-          x = fmaf(merged_weight, m.x, x);
-          y = fmaf(merged_weight, m.y, y);
-        }
-        if (p.out_fp32) {
-          *reinterpret_cast<float2*>(static_cast<float*>(p.out) + offset + df * 8) = make_float2(x, y);
-        } else {
-          *reinterpret_cast<uint32_t*>(static_cast<Element*>(p.out) + offset + df * 8) = Traits::pack(x, y);
-        }
+        *reinterpret_cast<uint32_t*>(static_cast<Element*>(p.out) + offset + df * 8) =
+            Traits::pack(o[df][2 * half] * weight, o[df][2 * half + 1] * weight);
       }
       if ((threadIdx.x & 3) == 0) p.lse[lse_index] = lse;
     }

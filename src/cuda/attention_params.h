@@ -52,16 +52,11 @@ struct ForwardParams {
   const void* q;  // [q_rows, q_heads, D]
   const void* k;  // [k_rows, kv_heads, D]
   const void* v;
-  void* out;         // [q_rows, q_heads, D], q's dtype or fp32 (out_fp32)
+  void* out;         // [q_rows, q_heads, D], q's dtype
   float* lse;        // [q_heads, q_rows]
-  float* max_logit;  // [q_heads] or nullptr (set to -inf by the schedule kernel first, unless merging)
-  // Non-null: a partial result of the same queries over other keys, merged into out and lse
-  // by LSE (store_forward_rows). merge_out is fp32 [q_rows, q_heads, D], contiguous.
-  const float* merge_out;
-  const float* merge_lse;  // [q_heads, q_rows]
+  float* max_logit;  // [q_heads] or nullptr (set to -inf by the schedule kernel first)
   const Segment* segments;
   int num_segments;
-  int out_fp32;           // out holds fp32 (a partial result for a later merge)
   const int* tile_start;  // num_segments + 1 prefix sums of query tiles per segment
   int* work_counter;      // the Hopper kernel's work items handed out (zeroed by the schedule kernel)
   int64_t q_rows;

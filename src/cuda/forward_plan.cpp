@@ -24,18 +24,9 @@ void check_forward_tensors(const AttentionShape& shape, const ForwardTensors& t)
   detail::check_view("q", t.q, table.q_rows, shape.q_heads, shape.head_dim, shape.dtype);
   detail::check_view("k", t.k, table.k_rows, shape.kv_heads, shape.head_dim, shape.dtype);
   detail::check_view("v", t.v, table.k_rows, shape.kv_heads, shape.head_dim, shape.dtype);
-  // fp32 out: a partial result for a later merge (ForwardTensors).
-  detail::check_view("out", t.out, table.q_rows, shape.q_heads, shape.head_dim,
-                     t.out.dtype == DType::kFloat32 ? DType::kFloat32 : shape.dtype);
+  detail::check_view("out", t.out, table.q_rows, shape.q_heads, shape.head_dim, shape.dtype);
   detail::check_float_array("lse", t.lse, shape.q_heads * table.q_rows);
   if (t.max_logit) detail::check_float_array("max_logit", t.max_logit, shape.q_heads);
-  THDCP_CHECK((t.merge_out == nullptr) == (t.merge_lse == nullptr),
-              "merge_out and merge_lse go together (a partial result and its lse): pass both or neither");
-  if (t.merge_out != nullptr) {
-    THDCP_CHECK(reinterpret_cast<uintptr_t>(t.merge_out) % 16 == 0,
-                "merge_out=" << static_cast<const void*>(t.merge_out) << " is not 16-byte aligned");
-    detail::check_float_array("merge_lse", t.merge_lse, shape.q_heads * table.q_rows);
-  }
 }
 
 }  // namespace
@@ -95,10 +86,6 @@ void ForwardPlan::check_tensors(const ForwardTensors& t) const {
   if (t.out.numel() > 0) detail::check_device_pointer("out", t.out.data, device_, 16);
   if (shape_.q_heads * q_rows > 0) detail::check_device_pointer("lse", t.lse, device_, alignof(float));
   if (t.max_logit) detail::check_device_pointer("max_logit", t.max_logit, device_, alignof(float));
-  if (t.merge_out != nullptr && shape_.q_heads * q_rows > 0) {
-    detail::check_device_pointer("merge_out", t.merge_out, device_, 16);
-    detail::check_device_pointer("merge_lse", t.merge_lse, device_, alignof(float));
-  }
 }
 
 void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, cudaStream_t stream) const {
@@ -112,11 +99,8 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
   params.out = t.out.data;
   params.lse = t.lse;
   params.max_logit = t.max_logit;
-  params.merge_out = t.merge_out;
-  params.merge_lse = t.merge_lse;
   params.segments = table.segments;
   params.num_segments = table.capacity;
-  params.out_fp32 = t.out.dtype == DType::kFloat32;
   params.tile_start = static_cast<const int*>(workspace_);
   params.work_counter = static_cast<int*>(workspace_) + table.capacity + 1;
   params.q_rows = table.q_rows;
@@ -129,11 +113,10 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
   const detail::ForwardStrides strides{detail::strides_of(t.q), detail::strides_of(t.k), detail::strides_of(t.v),
                                        detail::strides_of(t.out)};
 
-  // Also sets max_logit to -inf (all that an empty table writes; a merging run keeps the
-  // earlier run's) and zeroes the counter.
+  // Also sets max_logit to -inf (all that an empty table writes) and zeroes the counter.
   const int head_dim = static_cast<int>(shape_.head_dim);
   detail::launch_schedule(table.segments, table.capacity, detail::forward_tile_rows(sm90_, head_dim),
-                          static_cast<int*>(workspace_), 1, nullptr, t.merge_out ? nullptr : t.max_logit,
+                          static_cast<int*>(workspace_), 1, nullptr, t.max_logit,
                           params.q_heads, params.work_counter, stream);
   if (table.capacity == 0) return;
   const int grid_tiles = static_cast<int>(forward_grid_tiles(table, sm90_, head_dim));

@@ -68,9 +68,7 @@ void launch_cast_strided(const float* src, void* dst, DType dtype, int64_t rows,
 // The device table builders (segment_table.cu).
 void launch_build_single_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
                                Segment* segments, cudaStream_t stream);
-// `remote` null: the CP table into `segments`; otherwise the local-first split (local
-// segments into `segments`, remote ones into `remote`).
 void launch_build_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs, int cp,
-                           int rank, Mask mask, Segment* segments, Segment* remote, cudaStream_t stream);
+                           int rank, Mask mask, Segment* segments, cudaStream_t stream);
 
 }  // namespace thdcp::cuda::detail

@@ -29,10 +29,8 @@ __global__ void build_single_table_kernel(const int32_t* cu_seqlens, const int32
   segments[b] = single_device_segment(start, cu_seqlens_padded[b + 1] - start, cu_seqlens[b + 1] - cu_seqlens[b]);
 }
 
-// `remote` null: the CP table into `segments`; otherwise its local-first split, the local
-// segments into `segments` and the remote ones into `remote`.
 __global__ void build_cp_table_kernel(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
-                                      int cp, int rank, Mask mask, Segment* segments, Segment* remote) {
+                                      int cp, int rank, Mask mask, Segment* segments) {
   const int index = blockIdx.x * blockDim.x + threadIdx.x;
   if (index >= 2 * max_seqs) return;
   const int b = index / 2;
@@ -40,12 +38,7 @@ __global__ void build_cp_table_kernel(const int32_t* cu_seqlens, const int32_t* 
   const int64_t start = cu_seqlens_padded[b];
   const int64_t padded_len = cu_seqlens_padded[b + 1] - start;
   const int64_t length = cu_seqlens[b + 1] - cu_seqlens[b];
-  if (remote == nullptr) {
-    segments[index] = cp_segment(start, padded_len, length, cp, rank, slot, mask);
-  } else {
-    segments[index] = cp_local_segment(start, padded_len, length, cp, rank, slot);
-    remote[index] = cp_remote_segment(start, padded_len, length, cp, rank, slot, mask);
-  }
+  segments[index] = cp_segment(start, padded_len, length, cp, rank, slot, mask);
 }
 
 // One block: exclusive prefix sums of the tiles of every segment.
@@ -210,10 +203,10 @@ void launch_build_single_table(const int32_t* cu_seqlens, const int32_t* cu_seql
 }
 
 void launch_build_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs, int cp,
-                           int rank, Mask mask, Segment* segments, Segment* remote, cudaStream_t stream) {
+                           int rank, Mask mask, Segment* segments, cudaStream_t stream) {
   if (max_seqs == 0) return;
   build_cp_table_kernel<<<blocks_for(2 * static_cast<int64_t>(max_seqs), kBuildThreads), kBuildThreads, 0,
-                          stream>>>(cu_seqlens, cu_seqlens_padded, max_seqs, cp, rank, mask, segments, remote);
+                          stream>>>(cu_seqlens, cu_seqlens_padded, max_seqs, cp, rank, mask, segments);
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
 

@@ -47,31 +47,6 @@ SegmentTable build_cp_segment_table(const LayoutView& layout, int cp, int rank, 
   return table;
 }
 
-CpSplitTables build_cp_split_tables(const LayoutView& layout, int cp, int rank, const Mask& mask) {
-  const SegmentTable whole = build_cp_segment_table(layout, cp, rank, mask);  // checks the arguments
-  check_cp_split_mask(mask);
-  CpSplitTables split;
-  split.local = whole;
-  split.remote = whole;
-  split.local.k_rows = whole.q_rows;
-  for (int b = 0; b < layout.num_seqs; ++b) {
-    for (int slot = 0; slot < 2; ++slot) {
-      const size_t i = 2 * static_cast<size_t>(b) + slot;
-      split.local.segments[i] =
-          cp_local_segment(layout.padded_start(b), layout.padded_length(b), layout.length(b), cp, rank, slot);
-      split.remote.segments[i] = cp_remote_segment(layout.padded_start(b), layout.padded_length(b),
-                                                   layout.length(b), cp, rank, slot, mask);
-    }
-  }
-  return split;
-}
-
-void check_cp_split_mask(const Mask& mask) {
-  THDCP_CHECK(cp_split_applies(mask), "mask window (" << mask.window_left << ", " << mask.window_right
-                                                      << ") reaches keys after the query: the local-first split "
-                                                         "needs window_right == 0 (causal or a left window)");
-}
-
 void validate_segment_table(const SegmentTable& table) {
   check_mask(table.mask);
   std::vector<std::pair<int64_t, int64_t>> q_blocks;

@@ -390,17 +390,18 @@ TEST(CApiCpPlan, BadParamsAndCommunicators) {
   p = cp_params(1);
   p.q_heads = 4;
   p.kv_heads = 2;
-  p.head_groups = 3;
+  p.reserved_head_groups = 2;
   EXPECT_C_STATUS(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
-                  "params->head_groups=3 with kv_heads=2", "a divisor of kv_heads");
-  p.head_groups = 2;
+                  "params->reserved_head_groups=2 must be 0 or 1");
+  p.reserved_head_groups = 1;
   p.reserved = 7;
   EXPECT_C_STATUS(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
                   "params->reserved=7 must be 0");
-  // A caller compiled against the struct before head_groups (80 bytes) gets one group.
+  // A caller compiled against the struct before reserved_head_groups (80 bytes): the bytes
+  // past struct_size are not read.
   p = cp_params(1);
   p.struct_size = 80;
-  p.head_groups = 5;  // past struct_size: not read
+  p.reserved_head_groups = 5;  // past struct_size: not read
   thdcp_communicator_t fresh = nullptr;  // `comm` was aborted by the failed plan above
   ASSERT_C_OK(thdcp_communicator_create_in_process_group(1, &fresh));
   thdcp_cp_plan_t older = nullptr;

@@ -22,18 +22,17 @@ struct EdgeCase {
   Mask mask;
   int q_heads, kv_heads, head_dim;
   DType dtype;
-  int head_groups;  // cp::Problem::head_groups
 };
 
 inline const std::vector<EdgeCase>& edge_cases() {
   static const std::vector<EdgeCase> cases = {
-      {"short_and_empty_causal_gqa4_bf16", {0, 1, 17, 37, 300, 2}, 2, Mask::causal(), 8, 2, 64, DType::kBFloat16, 2},
-      {"one_sequence_fills_capacity_fp16", {-1}, 0, Mask::causal(), 4, 4, 128, DType::kFloat16, 4},
+      {"short_and_empty_causal_gqa4_bf16", {0, 1, 17, 37, 300, 2}, 2, Mask::causal(), 8, 2, 64, DType::kBFloat16},
+      {"one_sequence_fills_capacity_fp16", {-1}, 0, Mask::causal(), 4, 4, 128, DType::kFloat16},
       {"max_seqs_minus_one_full_gqa8_bf16", {130, 7, 64, 1, 95, 33, 12}, 0, Mask::full(), 8, 1, 128,
-       DType::kBFloat16, 1},
-      {"window_wider_than_chunk_fp16", {1500, 700, 3}, 1, Mask::window(1000, 0), 8, 2, 64, DType::kFloat16, 1},
-      {"window_both_sides_gqa1_bf16", {400, 250, 9}, 1, Mask::window(64, 200), 4, 4, 128, DType::kBFloat16, 2},
-      {"small_window_gqa8_fp16", {333, 21, 160}, 1, Mask::window(16, 16), 8, 1, 64, DType::kFloat16, 1},
+       DType::kBFloat16},
+      {"window_wider_than_chunk_fp16", {1500, 700, 3}, 1, Mask::window(1000, 0), 8, 2, 64, DType::kFloat16},
+      {"window_both_sides_gqa1_bf16", {400, 250, 9}, 1, Mask::window(64, 200), 4, 4, 128, DType::kBFloat16},
+      {"small_window_gqa8_fp16", {333, 21, 160}, 1, Mask::window(16, 16), 8, 1, 64, DType::kFloat16},
   };
   return cases;
 }
@@ -92,7 +91,6 @@ inline cp::Problem problem_of(const EdgeCase& c, int cp) {
   problem.kv_heads = c.kv_heads;
   problem.head_dim = c.head_dim;
   problem.dtype = c.dtype;
-  problem.head_groups = c.head_groups;
   return problem;
 }
 

@@ -6,7 +6,6 @@
 #include <tuple>
 #include <vector>
 
-#include "cp/allgather_steps.h"
 #include "support/cp_check.h"
 
 namespace thdcp {
@@ -121,70 +120,6 @@ TEST(CpErrors, MisalignedLayoutIsRejected) {
                                                   t.view(), lse.data(), nullptr);
                                     }),
                      "is not a multiple of 2*cp=4");
-}
-
-// head_groups is checked with the problem: a divisor of kv_heads, at most kMaxHeadGroups.
-TEST(CpErrors, HeadGroupsAreChecked) {
-  cp::Problem p;
-  p.cp = 2;
-  p.capacity = Capacity{4, 64};
-  p.q_heads = 8;
-  p.kv_heads = 2;
-  p.head_dim = 16;
-  EXPECT_EQ(p.head_groups, 1);
-  for (int bad : {-1, 0, 3, 4}) {
-    p.head_groups = bad;
-    EXPECT_THDCP_ERROR(run_in_process(2, [&](Communicator& comm) { cp::CpuPlan plan(comm, p, {}); }),
-                       "head_groups=" + std::to_string(bad) + " with kv_heads=2: use a divisor of kv_heads");
-  }
-  p.head_groups = 2;  // the CPU backend accepts it and runs every head at once
-  run_in_process(2, [&](Communicator& comm) { cp::CpuPlan plan(comm, p, {}); });
-}
-
-// The views of a head group (the CP algorithm's split of the heads) address exactly that
-// group's heads of every row, for contiguous tensors and for views of a wider buffer.
-TEST(CpHeadGroups, ViewsAddressTheirHeads) {
-  const int64_t rows = 3, dim = 4;
-  HostTensor buffer(DType::kFloat32, rows, 12, dim);  // e.g. a packed QKV buffer: 12 heads a row
-  for (int64_t i = 0; i < buffer.numel(); ++i) buffer.set(i, static_cast<float>(i));
-  auto at = [&](const ThdTensor& t, int64_t r, int64_t h, int64_t d) {
-    return static_cast<const float*>(t.data)[r * t.row_step() + h * t.head_step() + d];
-  };
-  auto expected = [&](int64_t r, int64_t h, int64_t d) { return static_cast<float>((r * 12 + h) * dim + d); };
-
-  // Contiguous: all 12 heads, 3 groups of 4.
-  const ThdTensor whole = buffer.view();
-  for (int g = 0; g < 3; ++g) {
-    const ThdTensor group = cp::detail::head_group(whole, g, 3);
-    EXPECT_EQ(group.heads, 4);
-    EXPECT_FALSE(group.contiguous());
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t h = 0; h < 4; ++h) {
-        for (int64_t d = 0; d < dim; ++d) EXPECT_EQ(at(group, r, h, d), expected(r, g * 4 + h, d));
-      }
-    }
-  }
-  EXPECT_TRUE(cp::detail::head_group(whole, 0, 1).contiguous());
-
-  // A view of heads 4..11 (row_stride 12 heads), const, 4 groups of 2: group 3 is heads 10, 11.
-  const ConstThdTensor kv(static_cast<const float*>(buffer.data()) + 4 * dim, DType::kFloat32, rows, 8, dim,
-                          12 * dim, 0);
-  const ConstThdTensor group = cp::detail::head_group(kv, 3, 4);
-  EXPECT_EQ(group.heads, 2);
-  EXPECT_EQ(group.row_step(), 12 * dim);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t h = 0; h < 2; ++h) {
-      for (int64_t d = 0; d < dim; ++d) {
-        EXPECT_EQ(static_cast<const float*>(group.data)[r * group.row_step() + h * group.head_step() + d],
-                  expected(r, 10 + h, d));
-      }
-    }
-  }
-
-  // [Hq, rows] per-head arrays (lse): group g starts at row g * Hq/G; absent stays absent.
-  std::vector<float> lse(8 * 5);
-  EXPECT_EQ(cp::detail::head_group_rows(lse.data(), 5, 8, 2, 4), lse.data() + 2 * 2 * 5);
-  EXPECT_EQ(cp::detail::head_group_rows(static_cast<float*>(nullptr), 5, 8, 2, 4), nullptr);
 }
 
 }  // namespace

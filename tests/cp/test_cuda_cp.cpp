@@ -181,100 +181,34 @@ void replay_and_run_in_order(DeviceCommunicator& comm, test::CudaCpRank& state, 
   timed = state.download();
 }
 
-class CudaCpLocalFirst : public test::CudaTest {};
+class CudaCpOrder : public test::CudaTest {};
 
-// cp::Problem::local_first and the one-attention forward (the default) both match the CPU
-// reference on the edge cases whose mask it applies to (causal, left window), forward and
-// backward; they differ (only by rounding) in `out`, so the test would see a path that
-// silently fell back. Ranks that disagree on it are refused, naming it. A local-first step
-// captured (each rank's stream into the group's graph) and replayed, and one run in program
-// order (phase timing), give the eager step's bits.
-TEST_F(CudaCpLocalFirst, BothForwardsMatchTheReference) {
-  for (int cp : {2, 3, 4}) {
-    for (int index : {0, 1, 3}) {
-      const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
-      ASSERT_TRUE(cp_split_applies(c.mask)) << c.name;
-      cp::Problem problem = problem_of(c, cp);
-      const test::Batch b = make_case_batch(c, cp, problem.capacity, 700 + index + cp, false);
-      const test::GlobalResult ref = test::single_device(b, c.mask, AttentionOptions{});
-      std::vector<test::RankOutputs> split(cp), whole(cp), replayed(cp), timed(cp);
-      for (bool local_first : {true, false}) {
-        problem.local_first = local_first;
-        run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
-          const int rank = comm.rank();
-          test::CudaCpRank state(comm, problem);
-          state.load(b);
-          state.step(state.stream());
-          (local_first ? split : whole)[rank] = state.download();
-          if (local_first) replay_and_run_in_order(comm, state, b, replayed[rank], timed[rank]);
-        });
-      }
-      bool any_difference = false;
-      for (int rank = 0; rank < cp; ++rank) {
-        SCOPED_TRACE(std::string(c.name) + " local-first");
-        expect_matches_reference(split[rank], ref, b, cp, rank);
-        SCOPED_TRACE(std::string(c.name) + " one attention");
-        expect_matches_reference(whole[rank], ref, b, cp, rank);
-        any_difference = any_difference || !test::same_bits(split[rank].out, whole[rank].out);
-        EXPECT_TRUE(test::identical(replayed[rank], split[rank])) << c.name << " replayed, rank " << rank;
-        EXPECT_TRUE(test::identical(timed[rank], split[rank])) << c.name << " in program order, rank " << rank;
-      }
-      EXPECT_TRUE(any_difference) << c.name << " cp " << cp << ": local-first gave the one-attention bits";
-    }
-  }
-  expect_disagreement_refused(problem_of(edge_cases()[0], 2),
-                              [](cp::Problem& p, int rank) { p.local_first = rank == 0; },
-                              "rank 1 passed local_first=0 but rank 0 passed local_first=1");
-}
-
-class CudaCpHeadGroups : public test::CudaTest {};
-
-// Heads are independent, so every head grouping (and the serial order a plan with phase
-// timing runs in) gives the bits of one group; a captured step with groups replays them.
-TEST_F(CudaCpHeadGroups, EveryGroupingGivesTheBitsOfOneGroup) {
+// The overlapped step (collectives on the plan's second stream), the same step captured
+// (each rank's stream into the group's graph) and replayed, and the step a plan with phase
+// timing runs in program order on one stream all give the same bits.
+TEST_F(CudaCpOrder, ReplayAndProgramOrderGiveTheOverlappedBits) {
   for (int cp : {1, 2, 4}) {
     for (int index : {0, 1, 4}) {
       const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
-      cp::Problem problem = problem_of(c, cp);
+      SCOPED_TRACE(std::string(c.name) + " cp " + std::to_string(cp));
+      const cp::Problem problem = problem_of(c, cp);
       const test::Batch b = make_case_batch(c, cp, problem.capacity, 500 + index + cp, false);
-      std::vector<test::RankOutputs> one(cp), grouped(cp), timed(cp), replayed(cp);
-      problem.head_groups = 1;
+      std::vector<test::RankOutputs> overlapped(cp), timed(cp), replayed(cp);
       run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+        const int rank = comm.rank();
         test::CudaCpRank state(comm, problem);
         state.load(b);
         state.step(state.stream());
-        one[comm.rank()] = state.download();
+        overlapped[rank] = state.download();
+        replay_and_run_in_order(comm, state, b, replayed[rank], timed[rank]);
       });
-      for (int groups = 2; groups <= c.kv_heads; groups *= 2) {
-        SCOPED_TRACE(std::string(c.name) + " cp " + std::to_string(cp) + " head_groups " + std::to_string(groups));
-        problem.head_groups = groups;
-        run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
-          const int rank = comm.rank();
-          test::CudaCpRank state(comm, problem);
-          state.load(b);
-          state.step(state.stream());
-          grouped[rank] = state.download();
-          // Captured (each rank's stream into the group's graph) and replayed, then in order.
-          replay_and_run_in_order(comm, state, b, replayed[rank], timed[rank]);
-        });
-        for (int rank = 0; rank < cp; ++rank) {
-          EXPECT_TRUE(test::identical(grouped[rank], one[rank])) << "overlapped, rank " << rank;
-          EXPECT_TRUE(test::identical(replayed[rank], one[rank])) << "replayed, rank " << rank;
-          EXPECT_TRUE(test::identical(timed[rank], one[rank])) << "serial, rank " << rank;
-        }
+      for (int rank = 0; rank < cp; ++rank) {
+        expect_matches_reference(overlapped[rank], b, c.mask, cp, rank);
+        EXPECT_TRUE(test::identical(replayed[rank], overlapped[rank])) << "replayed, rank " << rank;
+        EXPECT_TRUE(test::identical(timed[rank], overlapped[rank])) << "program order, rank " << rank;
       }
     }
   }
-}
-
-TEST_F(CudaCpHeadGroups, BadGroupingIsRefusedNamingIt) {
-  cp::Problem p = problem_of(edge_cases()[0], 2);  // kv_heads 2
-  p.head_groups = 3;
-  EXPECT_THDCP_ERROR(run_shared_gpu(2, [&](DeviceCommunicator& comm) { test::CudaCpRank state(comm, p); }),
-                     "head_groups=3 with kv_heads=2: use a divisor of kv_heads");
-  expect_disagreement_refused(problem_of(edge_cases()[0], 2),
-                              [](cp::Problem& mine, int rank) { mine.head_groups = rank == 1 ? 2 : 1; },
-                              "rank 1 passed head_groups=2 but rank 0 passed head_groups=1");
 }
 
 class CudaCpFaults : public test::CudaTest {};

@@ -90,57 +90,6 @@ TEST_P(SegmentTablePairs, SingleDeviceAndEveryCpSizeMatchTheMask) {
 INSTANTIATE_TEST_SUITE_P(Masks, SegmentTablePairs, ::testing::ValuesIn(test::all_test_masks()),
                          [](const ::testing::TestParamInfo<Mask>& param_info) { return test::mask_label(param_info.param); });
 
-// The local-first split (masks with window_right == 0): over every rank, the local tables
-// (keys: the rank's own rows, mapped to global rows) and the remote tables together allow
-// exactly the mask's pairs, each once, with the CP table's query blocks.
-TEST(SegmentTable, LocalFirstSplitMatchesTheMask) {
-  for (const Mask& mask : test::all_test_masks()) {
-    if (!cp_split_applies(mask)) continue;
-    Rng rng(static_cast<uint64_t>(mask.window_left * 31 + 5));
-    for (int cp = 1; cp <= 8; ++cp) {
-      const BatchLayout layout = make_layout(test_lengths(rng, cp), cp);
-      const LayoutView view = layout.view();
-      const int64_t rows = layout.total_rows();
-      std::vector<int64_t> pairs;
-      int64_t counted = 0;
-      for (int rank = 0; rank < cp; ++rank) {
-        const SegmentTable whole = build_cp_segment_table(view, cp, rank, mask);
-        const CpSplitTables split = build_cp_split_tables(view, cp, rank, mask);
-        EXPECT_EQ(split.local.q_rows, rows / cp);
-        EXPECT_EQ(split.local.k_rows, rows / cp);
-        EXPECT_EQ(split.remote.k_rows, rows);
-        validate_segment_table(split.local);
-        validate_segment_table(split.remote);
-        ASSERT_EQ(split.local.segments.size(), whole.segments.size());
-        for (size_t i = 0; i < whole.segments.size(); ++i) {
-          for (const Segment* s : {&split.local.segments[i], &split.remote.segments[i]}) {
-            EXPECT_EQ(s->q_row, whole.segments[i].q_row);
-            EXPECT_EQ(s->q_len, whole.segments[i].q_len);
-            EXPECT_EQ(s->q_pos, whole.segments[i].q_pos);
-            EXPECT_EQ(s->q_span, whole.segments[i].q_span);
-          }
-        }
-        const std::vector<int32_t> global_rows = rank_row_map(view, cp, rank);
-        // Local keys are local rows: map them to global rows as the queries are.
-        std::vector<int64_t> local;
-        table_pairs_into(split.local, global_rows, rows, local);
-        for (int64_t& pair : local) {
-          pair = pair / rows * rows + global_rows[static_cast<size_t>(pair % rows)];
-        }
-        pairs.insert(pairs.end(), local.begin(), local.end());
-        table_pairs_into(split.remote, global_rows, rows, pairs);
-        counted += table_pairs(split.local) + table_pairs(split.remote);
-      }
-      std::sort(pairs.begin(), pairs.end());
-      EXPECT_EQ(pairs, global_pairs(view, mask)) << "cp " << cp << ", " << test::mask_label(mask);
-      EXPECT_EQ(counted, static_cast<int64_t>(pairs.size()));
-    }
-  }
-  const BatchLayout layout = make_layout({64}, 2);
-  EXPECT_THROW(build_cp_split_tables(layout.view(), 2, 0, Mask::full()), Error);
-  EXPECT_THROW(build_cp_split_tables(layout.view(), 2, 0, Mask::window(16, 1)), Error);
-}
-
 TEST(SegmentTable, CpQueryBlocksTileTheLocalTensor) {
   // With q_span, the segments of a rank cover every local row exactly once, so a kernel
   // that writes its segments writes every row (padding included).

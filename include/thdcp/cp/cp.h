@@ -33,28 +33,9 @@ struct Problem {
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   DType dtype = DType::kBFloat16;  // q, k, v, out, dout
-  // The CUDA forward can split the heads into this many groups (KV heads g * Hkv/G .. and
-  // their query heads) and gather group g + 1's K/V while group g's attention runs; a backward
-  // that gathers K/V again gathers them in the same groups (heads are independent: every G
-  // gives the same bits). A divisor of kv_heads, at most kMaxHeadGroups. The default, 1, was
-  // the faster on the cards measured (bench/RESULTS.md: on 2 x H200 over NCCL, 2 groups were
-  // within 0.5 % of 1; with ranks sharing one GPU they were 2-5 % slower). The CPU backend
-  // runs every head at once whatever this says.
-  int head_groups = 1;
-  // Opt-in. The CUDA forward of a mask that reaches no key after its query (window_right ==
-  // 0: causal, left windows) runs local-first: each chunk's queries attend to the chunk's own
-  // keys (this rank's K/V, no gather needed) while the gather is in flight, then to the keys
-  // before the chunk, and the two are merged by LSE in fp32 (thdcp/plan/segment.h,
-  // cp_local_segment). The two forms differ only by rounding. Off by default: on 4 x H200
-  // (bench/RESULTS.md) the second launch cost more attention time (1.8 ms of 30 at cp = 2,
-  // T = 131072) than the gather it hides, and no step got shorter. Other masks, cp = 1
-  // (nothing to gather) and the CPU backend always run the one attention.
-  bool local_first = false;
 
   int64_t local_rows() const { return capacity.max_tokens / cp; }
 };
-
-constexpr int kMaxHeadGroups = 8;
 
 // The steps of one CP forward or backward, in order. Timings are kept per phase.
 enum class Phase : int { kTable = 0, kGather, kReorder, kAttention, kReduce, kCast, kCount };

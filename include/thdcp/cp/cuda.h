@@ -14,11 +14,10 @@
 // the reorders and casts around them). A step forks it from `stream` (an event) and joins it
 // back before returning: work the caller enqueues on `stream` after forward()/backward()
 // follows all of the step, on both streams, and a capture of `stream` takes both. The
-// forward runs the heads in problem.head_groups groups (default 1) so that one group's
-// K/V gather runs while another group's attention does; the backward reduce-scatters dK/dV
-// while its dQ pass runs (where dQ comes from the dK/dV pass, Hopper at head dim 128 with no
-// left window, only dQ's store runs beside it). Because of that second stream, one plan's
-// steps must be enqueued one after another (as before: they share the workspace).
+// backward reduce-scatters dK/dV while its dQ pass runs (where dQ comes from the dK/dV pass,
+// Hopper at head dim 128 with no left window, only dQ's store runs beside it, unless the
+// options ask for a dQ pass of its own). Because of that second stream, one plan's steps
+// must be enqueued one after another (they share the workspace).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -95,18 +95,6 @@ DeviceSegmentTable enqueue_cp_segment_table(const int32_t* cu_seqlens, const int
                                             int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
                                             Segment* segments, cudaStream_t stream);
 
-// The local-first split of the AllGather-CP table (thdcp::build_cp_split_tables, with
-// cp_local_segment and cp_remote_segment of thdcp/plan/segment.h), for masks with
-// window_right == 0 (throws otherwise): `local` addresses the rank's local K/V
-// (k_rows = total_rows / cp), `remote` the gathered K/V in sequence order. Both have the CP
-// table's capacity and query blocks. Unchecked like the two above (host arithmetic only).
-struct DeviceCpSplitTables {
-  DeviceSegmentTable local, remote;
-};
-DeviceCpSplitTables enqueue_cp_split_tables(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
-                                            int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
-                                            Segment* local, Segment* remote, cudaStream_t stream);
-
 // Options of the CUDA backend.
 struct Options {
   float softmax_scale = 0.0f;  // scale of q.k; 0 means 1/sqrt(head_dim)
@@ -147,21 +135,12 @@ bool cuda_supports_head_dim(int64_t head_dim);
 // capture.
 const char* kernel_family();
 
-// The tensors of one forward call (shapes under attention_forward). `out` has q's dtype, or
-// fp32 for a partial result that a later run merges (below).
-//
-// Merging (AllGather CP's local-first forward): a run given merge_out and merge_lse, the
-// result of an earlier run of the same queries over other keys (fp32 out, its lse), writes
-// the attention over both key sets: lse = log(e^lse_a + e^lse_b) and out = the two results
-// weighted by e^(lse_x - lse), summed in fp32 and rounded once. Its max_logit, if given,
-// must hold the earlier run's and is raised, not reset.
+// The tensors of one forward call (shapes under attention_forward).
 struct ForwardTensors {
   ConstThdTensor q, k, v;
   ThdTensor out;
   float* lse = nullptr;
-  float* max_logit = nullptr;        // optional
-  const float* merge_out = nullptr;  // optional: fp32 [q_rows, Hq, D], contiguous, 16-byte aligned
-  const float* merge_lse = nullptr;  // with merge_out: [Hq, q_rows]
+  float* max_logit = nullptr;  // optional
 };
 
 // The tensors of one backward call (shapes under attention_backward).

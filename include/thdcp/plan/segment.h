@@ -71,38 +71,6 @@ THDCP_HD Segment cp_segment(int64_t padded_start, int64_t padded_len, int64_t le
   return s;
 }
 
-// The local-first split of cp_segment (the CUDA forward's, DESIGN.md section 5), for masks
-// that reach no key after a query (window_right == 0: causal, left windows). Every key a
-// chunk's queries see is then in the chunk itself or before it, so the segment's keys are
-// two blocks:
-//   - `local`: the chunk's queries against the chunk's own keys, rows of the rank's local
-//     K/V (the query rows themselves: local Q and K/V share the local layout), so it needs
-//     no gather;
-//   - `remote`: against the keys before the chunk (from where the mask starts to reach),
-//     rows of the gathered K/V in sequence order.
-// Together they hold exactly cp_segment's (query, key) pairs, each in one of them.
-THDCP_HD bool cp_split_applies(const Mask& mask) { return mask.window_right == 0; }
-
-THDCP_HD Segment cp_local_segment(int64_t padded_start, int64_t padded_len, int64_t length, int cp, int rank,
-                                  int slot) {
-  // cp_segment's query block (it does not depend on the mask), against itself.
-  Segment s = cp_segment(padded_start, padded_len, length, cp, rank, slot, Mask::causal());
-  s.k_row = s.q_row;
-  s.k_len = s.q_len;
-  s.k_pos = s.q_pos;
-  return s;
-}
-
-THDCP_HD Segment cp_remote_segment(int64_t padded_start, int64_t padded_len, int64_t length, int cp, int rank,
-                                   int slot, const Mask& mask) {
-  Segment s = cp_segment(padded_start, padded_len, length, cp, rank, slot, mask);
-  // cp_segment's keys end at the chunk's last query (window_right == 0); keep those before
-  // the chunk's first.
-  const int64_t before = static_cast<int64_t>(s.q_pos) - s.k_pos;
-  s.k_len = static_cast<int32_t>(s.q_len > 0 && before > 0 ? before : 0);
-  return s;
-}
-
 // Keys (as positions) that query row `q_index` (0-based within the segment) sees.
 THDCP_HD PositionRange segment_visible_keys(const Segment& s, const Mask& mask, int64_t q_index) {
   return visible_keys(mask, s.q_pos + q_index, s.k_pos, static_cast<int64_t>(s.k_pos) + s.k_len);

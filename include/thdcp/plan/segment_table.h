@@ -26,19 +26,6 @@ SegmentTable build_segment_table(const LayoutView& layout, const Mask& mask);
 // gathered K/V in sequence order (T rows).
 SegmentTable build_cp_segment_table(const LayoutView& layout, int cp, int rank, const Mask& mask);
 
-// The local-first split of build_cp_segment_table (cp_local_segment, cp_remote_segment):
-// `local` addresses the rank's local K/V (k_rows = T / cp), `remote` the gathered K/V in
-// sequence order (T rows); both have the CP table's query blocks. Only for masks with
-// window_right == 0 (cp_split_applies); throws otherwise.
-struct CpSplitTables {
-  SegmentTable local, remote;
-};
-CpSplitTables build_cp_split_tables(const LayoutView& layout, int cp, int rank, const Mask& mask);
-
-// Throws thdcp::Error, naming the window, unless cp_split_applies(mask): the check of
-// build_cp_split_tables and of the CUDA backend's device builder.
-void check_cp_split_mask(const Mask& mask);
-
 // Checks that every segment lies inside the tensors, that q_len <= q_span and that query
 // blocks do not overlap (each output row has one writer). Throws thdcp::Error.
 void validate_segment_table(const SegmentTable& table);
