@@ -118,7 +118,7 @@ struct DeviceBatch {
                                       static_cast<int32_t*>(cu_seqlens_padded.data()), layout.num_seqs(), rows, mask,
                                       static_cast<Segment*>(segments.data()), nullptr);
     fwd_ws = std::make_unique<Buffer>(cuda::forward_workspace_size(table));
-    cuda::Options fused;
+    AttentionOptions fused;
     fused.deterministic = false;
     bwd_ws = std::make_unique<Buffer>(
         std::max(cuda::backward_workspace_size(table, p.q_heads, p.kv_heads, p.head_dim, p.dtype),
@@ -141,7 +141,7 @@ struct DeviceBatch {
                             static_cast<float*>(max_logit.data()), fwd_ws->data(), fwd_ws->bytes(), stream);
   }
   void backward(cudaStream_t stream, bool deterministic) {
-    cuda::Options options;
+    AttentionOptions options;
     options.deterministic = deterministic;
     cuda::attention_backward(table, view(q, problem.q_heads), view(k, problem.kv_heads), view(v, problem.kv_heads),
                              view(out, problem.q_heads), view(dout, problem.q_heads), static_cast<float*>(lse.data()),
@@ -353,7 +353,7 @@ int bench_command(const std::vector<std::string>& argv) {
       if (deterministic) single[mask_index].fwd_bwd_ms = fwd_bwd_ms;
     }
     if (mask_index == 0) {  // the same for every mask: capacity and shape only
-      cuda::Options nondet;
+      AttentionOptions nondet;
       nondet.deterministic = false;
       workspace[0] = cuda::forward_workspace_size(batch.table);
       workspace[1] = cuda::backward_workspace_size(batch.table, p.q_heads, p.kv_heads, p.head_dim, p.dtype);

@@ -120,7 +120,7 @@ bool verify_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, co
     for (DeviceBuffer* o : {&b.out, &b.dq, &b.dk, &b.dv}) o->poison();
     cudaStream_t stream;
     THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    cp::CudaPlan plan(comm, p, cuda::Options{}, b.workspace.data(), b.workspace.bytes());
+    cp::CudaPlan plan(comm, p, AttentionOptions{}, b.workspace.data(), b.workspace.bytes());
     step(plan, b, p, stream, Pass::kForwardBackward);
     comm.synchronize(stream, 120);
     THDCP_CHECK_CUDA(cudaStreamDestroy(stream));
@@ -187,7 +187,7 @@ CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, 
       b.cup.upload(layout.cu_seqlens_padded.data(), b.cup.bytes());
       cudaStream_t stream;
       THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      cp::CudaPlan plan(comm, p, cuda::Options{}, b.workspace.data(), b.workspace.bytes());
+      cp::CudaPlan plan(comm, p, AttentionOptions{}, b.workspace.data(), b.workspace.bytes());
       plan.enable_phase_timing();
       comm.warm_up(stream);
       // Phases: eager steps, events on this rank's stream, summed over the timed steps.
@@ -217,7 +217,7 @@ CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, 
       }
       // The whole step of every rank as one graph, from a plan without phase timing (which
       // runs a step in program order on one stream): its collectives overlap the attention.
-      cp::CudaPlan overlapped(comm, p, cuda::Options{}, b.workspace.data(), b.workspace.bytes());
+      cp::CudaPlan overlapped(comm, p, AttentionOptions{}, b.workspace.data(), b.workspace.bytes());
       barrier.wait();
       if (comm.rank() == 0) {
         THDCP_CHECK_CUDA(cudaStreamBeginCapture(origin, cudaStreamCaptureModeGlobal));

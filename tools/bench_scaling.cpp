@@ -86,9 +86,9 @@ const char* kHelp =
     "  --iters N           timed steps; the median is reported (20)\n"
     "  --kv S[,S...]       where the backward takes K/V from, each a row: gather (all-gather them\n"
     "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward)\n"
-    "  --sm-margin M[,M...]  cuda::Options::sm_margin of the CP plans, each a row (0): SMs the\n"
+    "  --sm-margin M[,M...]  AttentionOptions::sm_margin of the CP plans, each a row (0): SMs the\n"
     "                      persistent Hopper forward leaves to the collectives beside it\n"
-    "  --dq-pass B[,B...]  cuda::Options::separate_dq_pass of the CP plans, each a row (0): 1 = on\n"
+    "  --dq-pass B[,B...]  AttentionOptions::separate_dq_pass of the CP plans, each a row (0): 1 = on\n"
     "                      Hopper at head dim 128 without a left window, dQ in a pass of its own,\n"
     "                      beside the reduce-scatter of dK/dV, instead of in the dK/dV pass\n"
     "\n"
@@ -270,8 +270,8 @@ Baseline run_baseline(const BatchLayout& layout, const Inputs& in, const Mask& m
 
   shape.table = cuda::build_segment_table(cu.as<int32_t>(), cup.as<int32_t>(), max_seqs, rows, mask,
                                           segments.as<Segment>(), stream.get());
-  const cuda::ForwardPlan forward(shape, cuda::Options{}, fwd_ws.data(), fwd_ws.bytes());
-  const cuda::BackwardPlan backward(shape, cuda::Options{}, bwd_ws.data(), bwd_ws.bytes());
+  const cuda::ForwardPlan forward(shape, AttentionOptions{}, fwd_ws.data(), fwd_ws.bytes());
+  const cuda::BackwardPlan backward(shape, AttentionOptions{}, bwd_ws.data(), bwd_ws.bytes());
   auto view = [&](const DeviceBuffer& buffer, int64_t heads) {
     return ThdTensor{buffer.data(), s.dtype, rows, heads, s.head_dim};
   };
@@ -372,7 +372,7 @@ bool any_rank(Communicator& host, bool flag) {
 // One rank of the CP run of a (T, mask, cp): its NCCL communicator, buffers and plan; the
 // check against the reference; the timed steps.
 void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, const Reference& ref, const Mask& mask,
-             const Shape& s, cp::KvSource kv, const cuda::Options& attention,
+             const Shape& s, cp::KvSource kv, const AttentionOptions& attention,
              int warmup, int iters, std::vector<RankReport>& reports) {
   const int rank = host.rank(), cp = host.size();
   RankReport& report = reports[static_cast<size_t>(rank)];
@@ -529,7 +529,7 @@ struct Row {
   std::string mask;
   int cp = 0;
   bool kept_kv = false;  // the backward on the forward's K/V (cp::KvSource::kFromForward)
-  int sm_margin = 0;     // cuda::Options::sm_margin
+  int sm_margin = 0;     // AttentionOptions::sm_margin
   size_t documents = 0;
   std::string status;  // "PASS", "FAIL", "skipped"
   double baseline_ms = 0, step_ms = 0, comm_ms = 0, efficiency = 0;
@@ -538,7 +538,7 @@ struct Row {
   // of fp32 dK and dV, and their bus bandwidths (nccl-tests' busbw: bytes of the whole
   // gathered / reduced tensors x (cp - 1) / cp per second). 0: not measured.
   double gather_ms = 0, reduce_ms = 0, gather_busbw = 0, reduce_busbw = 0;
-  bool dq_pass = false;      // cuda::Options::separate_dq_pass
+  bool dq_pass = false;      // AttentionOptions::separate_dq_pass
 };
 
 // Where the backward takes K/V from, and (with --dq-pass 1) that dQ had a pass of its own.
@@ -789,7 +789,7 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
         const cp::KvSource kv = variant.kept_kv ? cp::KvSource::kFromForward : cp::KvSource::kGather;
         Row row{tokens, m.name, c, variant.kept_kv, variant.sm_margin, lengths.size(), "PASS", base.ms, 0, 0, 0, {}};
         row.dq_pass = variant.dq_pass;
-        cuda::Options attention;
+        AttentionOptions attention;
         attention.sm_margin = variant.sm_margin;
         attention.separate_dq_pass = variant.dq_pass;
         std::vector<RankReport> reports(static_cast<size_t>(c));

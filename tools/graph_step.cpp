@@ -82,7 +82,7 @@ cp::CudaPlan& GraphStep::cp_plan(const Capacity& capacity) {
   const size_t bytes = cp::cuda_workspace_size(problem);
   // One workspace per capacity, shared by every layer (they run in order on one stream).
   void* workspace = bank_.buffer(capacity, "cp workspace", bytes);
-  auto plan = std::make_unique<cp::CudaPlan>(bank_.communicator(), problem, cuda::Options{}, workspace, bytes);
+  auto plan = std::make_unique<cp::CudaPlan>(bank_.communicator(), problem, AttentionOptions{}, workspace, bytes);
   return *cp_plans_.emplace(capacity, std::move(plan)).first->second;
 }
 

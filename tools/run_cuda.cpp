@@ -241,7 +241,7 @@ RankResult run_rank_cuda(CudaRun& run, Communicator& host_comm, const RunConfig&
         cudaMemcpyAsync(cup.data(), batch.layout.cu_seqlens_padded.data(), offsets, cudaMemcpyHostToDevice, stream));
     const cp::Problem problem = problem_of(c, layout, cp);
     DeviceBuffer workspace(cp::cuda_workspace_size(problem));
-    cp::CudaPlan plan(comm, problem, cuda::Options{}, workspace.data(), workspace.bytes());
+    cp::CudaPlan plan(comm, problem, AttentionOptions{}, workspace.data(), workspace.bytes());
     plan.enable_phase_timing();
     comm.warm_up(stream);
     const DeviceLayout device_layout{static_cast<const int32_t*>(cu.data()), static_cast<const int32_t*>(cup.data())};

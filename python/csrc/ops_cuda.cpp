@@ -129,7 +129,7 @@ struct CallScratch {
 };
 
 CallScratch call_scratch(const at::Tensor& q, const cuda::AttentionShape& shape, size_t workspace_bytes) {
-  const size_t table_bytes = cuda::align_workspace(sizeof(Segment) * static_cast<size_t>(shape.table.capacity));
+  const size_t table_bytes = align_workspace(sizeof(Segment) * static_cast<size_t>(shape.table.capacity));
   CallScratch scratch;
   scratch.bytes = at::empty({static_cast<int64_t>(table_bytes + workspace_bytes)}, q.options().dtype(at::kByte));
   auto* base = static_cast<unsigned char*>(scratch.bytes.data_ptr());
@@ -156,7 +156,7 @@ Outputs3 attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const 
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
     const Mask mask = window_mask(window_left, window_right);
     const cuda::AttentionShape shape = single_device_shape(q, k, cu_seqlens, mask);
-    cuda::Options options;
+    AttentionOptions options;
     options.softmax_scale = static_cast<float>(softmax_scale);
     const size_t workspace_bytes = cuda::ForwardPlan::workspace_size(shape);
     const CallScratch scratch = call_scratch(q, shape, workspace_bytes);
@@ -181,7 +181,7 @@ Outputs3 attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q, co
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
     const Mask mask = window_mask(window_left, window_right);
     const cuda::AttentionShape shape = single_device_shape(q, k, cu_seqlens, mask);
-    cuda::Options options;
+    AttentionOptions options;
     options.softmax_scale = static_cast<float>(softmax_scale);
     options.deterministic = deterministic;
     const size_t workspace_bytes = cuda::BackwardPlan::workspace_size(shape, options);
@@ -344,7 +344,7 @@ CpPlanEntry& cp_plan(CommEntry& entry, const at::Tensor& q, const at::Tensor& k,
               problem.capacity.max_seqs, " sequences, ", problem.q_heads, ":", problem.kv_heads, " heads, D ",
               problem.head_dim, ") is inside a CUDA graph capture; making its plan is collective and waits on the "
               "host: run one eager step (a warm-up) before capturing");
-  cuda::Options options;
+  AttentionOptions options;
   options.softmax_scale = static_cast<float>(softmax_scale);
   CpPlanEntry made;
   const size_t bytes = cp::cuda_workspace_size(problem, options);

@@ -85,7 +85,7 @@ AttentionOptions cpu_options(const AttentionConfig& c) {
 }
 
 #if defined(THDCP_HAVE_CUDA)
-using cuda::align_workspace;
+
 
 cuda::AttentionShape shape_of(const AttentionConfig& c) {
   cuda::AttentionShape s;
@@ -99,8 +99,8 @@ cuda::AttentionShape shape_of(const AttentionConfig& c) {
   return s;
 }
 
-cuda::Options cuda_options(const AttentionConfig& c) {
-  cuda::Options o;
+AttentionOptions cuda_options(const AttentionConfig& c) {
+  AttentionOptions o;
   o.softmax_scale = c.softmax_scale;
   o.deterministic = c.deterministic;
   return o;
@@ -169,9 +169,9 @@ struct Inputs {
 Inputs inputs_of(const AttentionConfig& c, const thdcp_tensor_t* q, const thdcp_tensor_t* k,
                  const thdcp_tensor_t* v) {
   Inputs in{const_view(q, "q"), const_view(k, "k"), const_view(v, "v")};
-  expect_shape(in.q, "q", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dtype, "dtype");
-  expect_shape(in.k, "k", c.max_tokens, "max_tokens", c.kv_heads, "kv_heads", c.head_dim, c.dtype, "dtype");
-  expect_shape(in.v, "v", c.max_tokens, "max_tokens", c.kv_heads, "kv_heads", c.head_dim, c.dtype, "dtype");
+  expect_shape(in.q, "q", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dtype);
+  expect_shape(in.k, "k", c.max_tokens, "max_tokens", c.kv_heads, "kv_heads", c.head_dim, c.dtype);
+  expect_shape(in.v, "v", c.max_tokens, "max_tokens", c.kv_heads, "kv_heads", c.head_dim, c.dtype);
   return in;
 }
 
@@ -194,7 +194,7 @@ void forward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const 
   const LayoutView batch = run_layout(c, layout);
   const Inputs in = inputs_of(c, q, k, v);
   const ThdTensor o = view(out, "out");
-  expect_shape(o, "out", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dtype, "dtype");
+  expect_shape(o, "out", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dtype);
   THDCP_CAPI_REQUIRE(lse != nullptr || c.q_heads * c.max_tokens == 0,
                      "lse is NULL: pass q_heads * max_tokens = " << c.q_heads * c.max_tokens << " floats");
   if (c.backend == THDCP_BACKEND_CPU) {
@@ -229,17 +229,15 @@ void backward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const
   const LayoutView batch = run_layout(c, layout);
   const Inputs in = inputs_of(c, q, k, v);
   const ConstThdTensor o = const_view(out, "out"), d_o = const_view(dout, "dout");
-  expect_shape(o, "out", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dtype, "dtype");
-  expect_shape(d_o, "dout", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dtype, "dtype");
+  expect_shape(o, "out", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dtype);
+  expect_shape(d_o, "dout", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dtype);
   THDCP_CAPI_REQUIRE(lse != nullptr || c.q_heads * c.max_tokens == 0,
                      "lse is NULL: pass the forward's q_heads * max_tokens = " << c.q_heads * c.max_tokens
                                                                                << " floats");
   const ThdTensor g_q = view(dq, "dq"), g_k = view(dk, "dk"), g_v = view(dv, "dv");
-  expect_shape(g_q, "dq", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dq_dtype, "dq_dtype");
-  expect_shape(g_k, "dk", c.max_tokens, "max_tokens", c.kv_heads, "kv_heads", c.head_dim, c.dkv_dtype,
-               "dkv_dtype");
-  expect_shape(g_v, "dv", c.max_tokens, "max_tokens", c.kv_heads, "kv_heads", c.head_dim, c.dkv_dtype,
-               "dkv_dtype");
+  expect_shape(g_q, "dq", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dq_dtype);
+  expect_shape(g_k, "dk", c.max_tokens, "max_tokens", c.kv_heads, "kv_heads", c.head_dim, c.dkv_dtype);
+  expect_shape(g_v, "dv", c.max_tokens, "max_tokens", c.kv_heads, "kv_heads", c.head_dim, c.dkv_dtype);
   if (c.backend == THDCP_BACKEND_CPU) {
     const SegmentTable table = build_segment_table(batch, c.mask);
     cpu::attention_backward(table, in.q, in.k, in.v, o, d_o, lse, g_q, g_k, g_v, cpu_options(c));
@@ -297,12 +295,12 @@ thdcp_status_t thdcp_attention_plan_create(const thdcp_attention_params* params,
       THDCP_CAPI_REQUIRE(workspace != nullptr && workspace_bytes >= w.total,
                          "workspace=" << workspace << " of workspace_bytes=" << workspace_bytes << ": the plan needs "
                                       << w.total << " bytes of device memory (thdcp_attention_plan_workspace_size)");
-      THDCP_CAPI_REQUIRE(reinterpret_cast<uintptr_t>(workspace) % thdcp::cuda::kWorkspaceAlignment == 0,
-                         "workspace=" << workspace << " is not " << thdcp::cuda::kWorkspaceAlignment
+      THDCP_CAPI_REQUIRE(reinterpret_cast<uintptr_t>(workspace) % thdcp::kWorkspaceAlignment == 0,
+                         "workspace=" << workspace << " is not " << thdcp::kWorkspaceAlignment
                                       << "-byte aligned: pass memory from cudaMalloc");
       auto* base = static_cast<unsigned char*>(workspace);
       const thdcp::cuda::AttentionShape shape = thdcp::capi::shape_of(made->config);
-      const thdcp::cuda::Options options = thdcp::capi::cuda_options(made->config);
+      const thdcp::AttentionOptions options = thdcp::capi::cuda_options(made->config);
       made->segments = reinterpret_cast<thdcp::Segment*>(base);
       made->forward = std::make_unique<thdcp::cuda::ForwardPlan>(shape, options, base + w.forward_offset,
                                                                  w.forward_bytes);

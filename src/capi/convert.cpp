@@ -94,13 +94,9 @@ ConstThdTensor const_view(const thdcp_tensor_t* tensor, const char* argument) {
 ThdTensor view(const thdcp_tensor_t* tensor, const char* argument) { return view_of<ThdTensor>(tensor, argument); }
 
 void expect_shape(const ConstThdTensor& t, const char* argument, int64_t rows, const char* rows_name, int64_t heads,
-                  const char* heads_name, int64_t head_dim, DType dtype, const char* dtype_name_of_plan) {
-  THDCP_CAPI_REQUIRE(t.tokens == rows && t.heads == heads && t.head_dim == head_dim,
-                     argument << " is [" << t.tokens << ", " << t.heads << ", " << t.head_dim
-                              << "] but the plan needs [" << rows_name << "=" << rows << ", " << heads_name << "="
-                              << heads << ", head_dim=" << head_dim << "]");
-  THDCP_CAPI_REQUIRE(t.dtype == dtype, argument << " has dtype " << dtype_name(t.dtype) << " but the plan's "
-                                                << dtype_name_of_plan << " is " << dtype_name(dtype));
+                  const char* heads_name, int64_t head_dim, DType dtype) {
+  check_thd_shape(argument, t, ThdShape{rows, rows_name, heads, heads_name, head_dim});
+  check_thd_dtype(argument, t.dtype, dtype);
 }
 
 LayoutView layout_view(const thdcp_layout_t* layout, const char* argument) {
@@ -116,12 +112,11 @@ LayoutView layout_view(const thdcp_layout_t* layout, const char* argument) {
 }
 
 void check_heads(int64_t q_heads, int64_t kv_heads, int64_t head_dim, bool cuda_backend) {
-  THDCP_CAPI_REQUIRE(q_heads <= std::numeric_limits<int32_t>::max() && kv_heads <= q_heads,
-                     "params->q_heads=" << q_heads << ", params->kv_heads=" << kv_heads
-                                        << ": need kv_heads <= q_heads < 2^31");
-  THDCP_CAPI_REQUIRE(q_heads >= 1 && kv_heads >= 1 && q_heads % kv_heads == 0,
-                     "params->q_heads=" << q_heads << ", params->kv_heads=" << kv_heads
-                                        << ": need kv_heads >= 1 and q_heads a multiple of kv_heads (GQA/MQA)");
+  HeadShape heads;
+  heads.q_heads = q_heads;
+  heads.kv_heads = kv_heads;
+  heads.head_dim = head_dim;
+  check_head_shape(heads, "params->");
   if (cuda_backend) {
 #if defined(THDCP_HAVE_CUDA)
     THDCP_CAPI_REQUIRE(cuda::cuda_supports_head_dim(head_dim),

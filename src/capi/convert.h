@@ -51,7 +51,7 @@ ThdTensor view(const thdcp_tensor_t* tensor, const char* argument);
 //   rows_name   how the rows are called in the message ("max_tokens", "max_tokens / cp")
 //   heads_name  "q_heads" or "kv_heads"
 void expect_shape(const ConstThdTensor& tensor, const char* argument, int64_t rows, const char* rows_name,
-                  int64_t heads, const char* heads_name, int64_t head_dim, DType dtype, const char* dtype_name);
+                  int64_t heads, const char* heads_name, int64_t head_dim, DType dtype);
 
 // The layout as a view: not NULL, both arrays given, num_seqs >= 1. Its values are checked
 // by the callers (validate_layout on the host; the device's are the caller's contract).

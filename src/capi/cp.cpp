@@ -80,8 +80,8 @@ AttentionOptions cpu_options(const CpConfig& c) {
 }
 
 #if defined(THDCP_HAVE_CUDA)
-cuda::Options cuda_options(const CpConfig& c) {
-  cuda::Options o;
+AttentionOptions cuda_options(const CpConfig& c) {
+  AttentionOptions o;
   o.softmax_scale = c.softmax_scale;
   o.deterministic = c.deterministic;
   return o;

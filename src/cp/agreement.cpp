@@ -39,10 +39,41 @@ void validate_problem(const Problem& p) {
   THDCP_CHECK(p.mask.window_left >= -1 && p.mask.window_right >= -1,
               "mask (" << p.mask.window_left << "," << p.mask.window_right
                        << ") is invalid: each window is >= 0, or -1 for unbounded");
-  THDCP_CHECK(p.q_heads >= 1 && p.kv_heads >= 1 && p.q_heads % p.kv_heads == 0,
-              "q_heads=" << p.q_heads << ", kv_heads=" << p.kv_heads
-                         << ": need kv_heads >= 1 and q_heads a multiple of kv_heads (GQA/MQA)");
-  THDCP_CHECK(p.head_dim >= 1, "head_dim=" << p.head_dim << " must be >= 1");
+  check_head_shape(p);
+}
+
+namespace {
+
+// The shapes of a rank's query-side (q, out, dout, dq) and key-side (k, v, dk, dv) tensors.
+ThdShape local_q(const Problem& p) { return ThdShape{p.local_rows(), "T/cp", p.q_heads, "q_heads", p.head_dim}; }
+ThdShape local_kv(const Problem& p) { return ThdShape{p.local_rows(), "T/cp", p.kv_heads, "kv_heads", p.head_dim}; }
+
+void check_local(const char* name, const ConstThdTensor& t, const ThdShape& shape, DType dtype, bool or_fp32 = false) {
+  check_thd_shape(name, t, shape);
+  check_thd_dtype(name, t.dtype, dtype, or_fp32);
+}
+
+}  // namespace
+
+void check_forward_tensors(const Problem& p, const ForwardTensors& t) {
+  check_local("q", t.q, local_q(p), p.dtype);
+  check_local("k", t.k, local_kv(p), p.dtype);
+  check_local("v", t.v, local_kv(p), p.dtype);
+  check_local("out", t.out, local_q(p), p.dtype);
+  THDCP_CHECK(t.lse != nullptr || p.local_rows() * p.q_heads == 0, "lse is a null pointer: pass Hq * T/cp floats");
+}
+
+void check_backward_tensors(const Problem& p, const BackwardTensors& t) {
+  check_local("q", t.q, local_q(p), p.dtype);
+  check_local("k", t.k, local_kv(p), p.dtype);
+  check_local("v", t.v, local_kv(p), p.dtype);
+  check_local("out", t.out, local_q(p), p.dtype);
+  check_local("dout", t.dout, local_q(p), p.dtype);
+  check_local("dq", t.dq, local_q(p), p.dtype, /*or_fp32=*/true);
+  check_local("dk", t.dk, local_kv(p), p.dtype, /*or_fp32=*/true);
+  check_local("dv", t.dv, local_kv(p), p.dtype, /*or_fp32=*/true);
+  THDCP_CHECK(t.lse != nullptr || p.local_rows() * p.q_heads == 0,
+              "lse is a null pointer: pass the forward's Hq * T/cp floats");
 }
 
 uint64_t layout_fingerprint(const LayoutView& layout) {

@@ -1,4 +1,5 @@
-// The cross-rank check of a CP plan (DESIGN.md section 5): every rank validates its own
+// The checks of a CP plan and its steps, shared by both step sets. The cross-rank check of
+// a plan (DESIGN.md section 5): every rank validates its own
 // arguments, the ranks exchange the outcome together with the problem they planned, and all
 // of them throw the same thdcp::Error when one failed or the problems differ. It runs once,
 // when a plan is made; a step moves no descriptors.
@@ -16,6 +17,12 @@ namespace thdcp::cp::detail {
 // Checks a problem on its own: cp, capacity, mask, heads. Backend limits (dtype, head dim)
 // are the step sets' own checks. Throws thdcp::Error.
 void validate_problem(const Problem& problem);
+
+// What every step checks against its plan, on either backend, with host arithmetic only:
+// every tensor is this rank's [T/cp, heads, D] in the problem's dtype (gradients: or fp32),
+// and lse is given. Throws thdcp::Error naming the tensor.
+void check_forward_tensors(const Problem& problem, const ForwardTensors& tensors);
+void check_backward_tensors(const Problem& problem, const BackwardTensors& tensors);
 
 // FNV-1a over both offset arrays: one-shot calls also agree on their layout.
 uint64_t layout_fingerprint(const LayoutView& layout);

@@ -58,19 +58,6 @@ uint64_t options_fingerprint(const AttentionOptions& options) {
   return (static_cast<uint64_t>(scale_bits) << 8) | static_cast<uint64_t>(options.accumulate);
 }
 
-void check_rows(const char* name, int64_t rows, int64_t local_rows) {
-  THDCP_CHECK(rows == local_rows, name << " has " << rows << " rows but this rank holds T/cp=" << local_rows
-                                       << " rows of the layout: pass the rank's local tensor (thdcp::split_for_rank)");
-}
-
-void check_tensor(const char* name, const ConstThdTensor& t, const Problem& p, int64_t heads) {
-  check_rows(name, t.tokens, p.local_rows());
-  THDCP_CHECK(t.heads == heads && t.head_dim == p.head_dim,
-              name << " is [" << t.tokens << ", " << t.heads << ", " << t.head_dim << "] but the plan has " << heads
-                   << " heads of head_dim " << p.head_dim);
-  THDCP_CHECK(t.data != nullptr || t.numel() == 0, name << " is a null pointer");
-}
-
 class CpuSteps {
  public:
   CpuSteps(Communicator& comm, const Problem& problem, const AttentionOptions& options, CpuPlan::Buffers& buffers,
@@ -183,29 +170,6 @@ void check_layout(const LayoutView& layout, const Problem& p) {
   validate_layout(layout, p.capacity.max_tokens, p.cp);
 }
 
-void check_forward(const Problem& p, const ForwardTensors& t) {
-  check_tensor("q", t.q, p, p.q_heads);
-  check_tensor("k", t.k, p, p.kv_heads);
-  check_tensor("v", t.v, p, p.kv_heads);
-  check_tensor("out", t.out, p, p.q_heads);
-  THDCP_CHECK(t.lse != nullptr, "lse must point to Hq * T/cp floats");
-}
-
-void check_backward(const Problem& p, const BackwardTensors& t) {
-  for (auto [name, tensor, heads] : {std::make_tuple("q", t.q, p.q_heads), std::make_tuple("k", t.k, p.kv_heads),
-                                     std::make_tuple("v", t.v, p.kv_heads), std::make_tuple("out", t.out, p.q_heads),
-                                     std::make_tuple("dout", t.dout, p.q_heads),
-                                     std::make_tuple("dq", ConstThdTensor(t.dq), p.q_heads),
-                                     std::make_tuple("dk", ConstThdTensor(t.dk), p.kv_heads),
-                                     std::make_tuple("dv", ConstThdTensor(t.dv), p.kv_heads)}) {
-    check_tensor(name, tensor, p, heads);
-  }
-  THDCP_CHECK((t.dk.dtype == p.dtype || t.dk.dtype == DType::kFloat32) &&
-                  (t.dv.dtype == p.dtype || t.dv.dtype == DType::kFloat32),
-              "dk/dv must have k's dtype (" << dtype_name(p.dtype) << ") or fp32");
-  THDCP_CHECK(t.lse != nullptr, "lse must point to the forward's Hq * T/cp floats");
-}
-
 }  // namespace
 
 CpuPlan::CpuPlan(Communicator& comm, const Problem& problem, const AttentionOptions& options)
@@ -244,14 +208,14 @@ CpuPlan::CpuPlan(Communicator& comm, const Problem& problem, const AttentionOpti
 
 void CpuPlan::forward(const LayoutView& layout, const ForwardTensors& tensors, Timings* timings) {
   check_layout(layout, problem_);
-  check_forward(problem_, tensors);
+  detail::check_forward_tensors(problem_, tensors);
   CpuSteps steps(comm_, problem_, options_, *buffers_, layout, timings);
   detail::run_forward(steps, tensors);
 }
 
 void CpuPlan::backward(const LayoutView& layout, const BackwardTensors& tensors, Timings* timings) {
   check_layout(layout, problem_);
-  check_backward(problem_, tensors);
+  detail::check_backward_tensors(problem_, tensors);
   // The fp32 gradient buffers are the largest; only a backward needs them.
   const size_t kv_elements = static_cast<size_t>(problem_.capacity.max_tokens * problem_.kv_heads * problem_.head_dim);
   for (int i = 0; i < 2; ++i) {
@@ -312,7 +276,7 @@ void forward(Communicator& comm, const LayoutView& layout, const Mask& mask, Con
              ConstThdTensor v, ThdTensor out, float* lse, float* max_logit, const AttentionOptions& options,
              Timings* timings) {
   const ForwardTensors tensors{q, k, v, out, lse, max_logit};
-  one_shot(comm, layout, mask, tensors, options, timings, check_forward,
+  one_shot(comm, layout, mask, tensors, options, timings, detail::check_forward_tensors,
            [&](CpuPlan& plan) { plan.forward(layout, tensors, timings); });
 }
 
@@ -320,7 +284,7 @@ void backward(Communicator& comm, const LayoutView& layout, const Mask& mask, Co
               ConstThdTensor v, ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
               ThdTensor dv, const AttentionOptions& options, Timings* timings) {
   const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
-  one_shot(comm, layout, mask, tensors, options, timings, check_backward,
+  one_shot(comm, layout, mask, tensors, options, timings, detail::check_backward_tensors,
            [&](CpuPlan& plan) { plan.backward(layout, tensors, timings); });
 }
 

@@ -49,43 +49,45 @@ cuda::AttentionShape attention_shape(const Problem& p) {
   return s;
 }
 
-// Offsets of the workspace, in order: the packed K/V (strided inputs), the gathered K/V in
-// rank order and in sequence order ([T, Hkv, D] each), the fp32 dK/dV.
-struct Layout {
-  size_t segments = 0, rank_rows = 0, packed[2] = {}, gathered[2] = {}, sequence[2] = {}, grad_ranked[2] = {},
-         grad_local = 0, forward = 0, backward = 0, total = 0;
+// The parts of the workspace: the table, the rank-order rows of every key, the packed K/V
+// (strided inputs), the gathered K/V in rank order and in sequence order ([T, Hkv, D] each),
+// the fp32 dK/dV of every gathered row and of the rank's rows, the attention plans'
+// workspaces. `carver` without memory sizes the workspace.
+struct Parts {
+  Segment* segments = nullptr;
+  int32_t* rank_rows = nullptr;
+  unsigned char* packed[2] = {};
+  unsigned char* gathered[2] = {};
+  unsigned char* sequence[2] = {};
+  float* grad_ranked[2] = {};
+  float* grad_local = nullptr;
+  void* forward = nullptr;
+  void* backward = nullptr;
   size_t forward_bytes = 0, backward_bytes = 0;
 };
 
-Layout workspace_layout(const Problem& p, const cuda::Options& options) {
+Parts carve_parts(WorkspaceCarver& carver, const Problem& p, const AttentionOptions& options) {
   detail::validate_problem(p);
-  Layout w;
-  size_t at = 0;
-  auto take = [&at](size_t bytes) {
-    const size_t offset = at;
-    at += cuda::align_workspace(bytes);
-    return offset;
-  };
+  Parts w;
   const size_t elements = static_cast<size_t>(p.capacity.max_tokens * p.kv_heads * p.head_dim);
   const size_t local_elements = elements / static_cast<size_t>(p.cp);
-  w.segments = take(sizeof(Segment) * static_cast<size_t>(table_shape(p).capacity));
-  w.rank_rows = take(sizeof(int32_t) * static_cast<size_t>(p.capacity.max_tokens));
-  for (int i = 0; i < 2; ++i) w.packed[i] = take(local_elements * dtype_size(p.dtype));
-  for (int i = 0; i < 2; ++i) w.gathered[i] = take(elements * dtype_size(p.dtype));
-  for (int i = 0; i < 2; ++i) w.sequence[i] = take(elements * dtype_size(p.dtype));
+  w.segments = carver.take_array<Segment>(static_cast<size_t>(table_shape(p).capacity));
+  w.rank_rows = carver.take_array<int32_t>(static_cast<size_t>(p.capacity.max_tokens));
+  for (unsigned char*& part : w.packed) part = carver.take<unsigned char>(local_elements * dtype_size(p.dtype));
+  for (unsigned char*& part : w.gathered) part = carver.take<unsigned char>(elements * dtype_size(p.dtype));
+  for (unsigned char*& part : w.sequence) part = carver.take<unsigned char>(elements * dtype_size(p.dtype));
   // fp32 dK/dV of every gathered row, accumulated by the attention backward straight in rank
   // order (BackwardTensors::dkv_rows), so the reduce-scatter takes them as they are.
-  for (int i = 0; i < 2; ++i) w.grad_ranked[i] = take(elements * sizeof(float));
-  w.grad_local = take(local_elements * sizeof(float));
+  for (float*& part : w.grad_ranked) part = carver.take_array<float>(elements);
+  w.grad_local = carver.take_array<float>(local_elements);
   w.forward_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p));
   w.backward_bytes = cuda::BackwardPlan::workspace_size(attention_shape(p), options);
-  w.forward = take(w.forward_bytes);
-  w.backward = take(w.backward_bytes);
-  w.total = at;
+  w.forward = carver.take(w.forward_bytes);
+  w.backward = carver.take(w.backward_bytes);
   return w;
 }
 
-uint64_t options_fingerprint(const cuda::Options& options) {
+uint64_t options_fingerprint(const AttentionOptions& options) {
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &options.softmax_scale, sizeof(scale_bits));
   return (static_cast<uint64_t>(scale_bits) << 8) | (options.deterministic ? 1u : 0u);
@@ -103,29 +105,12 @@ void check_packable(const char* name, const ConstThdTensor& t) {
                    << t.heads * t.head_dim << " elements)");
 }
 
-void check_tensor(const char* name, const ConstThdTensor& t, const Problem& p, int64_t heads, bool any_dtype) {
-  THDCP_CHECK(t.tokens == p.local_rows(),
-              name << " has " << t.tokens << " rows but this rank holds T/cp=" << p.local_rows()
-                   << " rows: pass the rank's local tensor");
-  THDCP_CHECK(t.heads == heads && t.head_dim == p.head_dim,
-              name << " is [" << t.tokens << ", " << t.heads << ", " << t.head_dim << "] but the plan has " << heads
-                   << " heads of head_dim " << p.head_dim);
-  THDCP_CHECK(any_dtype || t.dtype == p.dtype,
-              name << " has dtype " << dtype_name(t.dtype) << " but the plan has " << dtype_name(p.dtype));
-  THDCP_CHECK(t.data != nullptr || t.numel() == 0, name << " is a null pointer");
-}
-
 }  // namespace
 
 struct CudaPlan::Workspace {
-  unsigned char* base = nullptr;
-  Layout layout;
+  Parts parts;
   std::unique_ptr<cuda::ForwardPlan> forward;
   std::unique_ptr<cuda::BackwardPlan> backward;
-  template <typename T>
-  T* at(size_t offset) const {
-    return reinterpret_cast<T*>(base + offset);
-  }
 };
 
 struct CudaPlan::Events {
@@ -216,7 +201,7 @@ class CudaSteps {
   void build_table() {
     table_ = cuda::enqueue_cp_segment_table(layout_.cu_seqlens, layout_.cu_seqlens_padded, p_.capacity.max_seqs,
                                             p_.capacity.max_tokens, p_.cp, comm_.rank(), p_.mask,
-                                            w_.at<Segment>(w_.layout.segments), current_);
+                                            w_.parts.segments, current_);
   }
 
   // `local`: this rank's K or V (a view with the tensor's strides), packed into the
@@ -227,7 +212,7 @@ class CudaSteps {
     const size_t local_bytes = static_cast<size_t>(local.tokens) * row_bytes;
     const void* send = local.data;
     if (!local.contiguous()) {
-      unsigned char* packed = w_.at<unsigned char>(w_.layout.packed[i]);
+      unsigned char* packed = w_.parts.packed[i];
       if (local.tokens > 0) {
         THDCP_CHECK_CUDA(cudaMemcpy2DAsync(packed, row_bytes, local.data,
                                            static_cast<size_t>(local.row_step()) * dtype_size(local.dtype), row_bytes,
@@ -235,7 +220,7 @@ class CudaSteps {
       }
       send = packed;
     }
-    unsigned char* gathered = w_.at<unsigned char>(w_.layout.gathered[i]);
+    unsigned char* gathered = w_.parts.gathered[i];
     comm_.all_gather(send, gathered, local_bytes, current_);
     return ConstThdTensor(gathered, local.dtype, local.tokens * p_.cp, local.heads, local.head_dim);
   }
@@ -249,7 +234,7 @@ class CudaSteps {
   }
 
   ConstThdTensor sequence_order(Slot slot) const {
-    return ConstThdTensor(w_.at<unsigned char>(w_.layout.sequence[index_of(slot)]), p_.dtype, p_.capacity.max_tokens,
+    return ConstThdTensor(w_.parts.sequence[index_of(slot)], p_.dtype, p_.capacity.max_tokens,
                           p_.kv_heads, p_.head_dim);
   }
 
@@ -263,11 +248,11 @@ class CudaSteps {
   SequenceGrads attention_backward_keys(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v,
                                         const ConstThdTensor& out, const ConstThdTensor& dout, const float* lse,
                                         ThdTensor dq) {
-    int32_t* rank_rows = w_.at<int32_t>(w_.layout.rank_rows);
+    int32_t* rank_rows = w_.parts.rank_rows;
     cuda::gathered_rows_of_sequence(layout_.cu_seqlens_padded, p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp,
                                     rank_rows, current_);
-    const SequenceGrads grads{fp32(w_.layout.grad_ranked[0], p_.capacity.max_tokens),
-                              fp32(w_.layout.grad_ranked[1], p_.capacity.max_tokens)};
+    const SequenceGrads grads{fp32(w_.parts.grad_ranked[0], p_.capacity.max_tokens),
+                              fp32(w_.parts.grad_ranked[1], p_.capacity.max_tokens)};
     backward_ = cuda::BackwardTensors{q, k, v, out, dout, lse, dq, grads.dk, grads.dv};
     backward_.dkv_rows = rank_rows;
     w_.backward->run_keys(table_, backward_, current_);
@@ -284,7 +269,7 @@ class CudaSteps {
   // One buffer serves both of K and V: the collectives lane reduces and casts them one after
   // the other.
   ThdTensor reduce_scatter(const ThdTensor& ranked, Slot) {
-    const ThdTensor local = fp32(w_.layout.grad_local, p_.local_rows());
+    const ThdTensor local = fp32(w_.parts.grad_local, p_.local_rows());
     comm_.reduce_scatter_sum(static_cast<const float*>(ranked.data), static_cast<float*>(local.data),
                              static_cast<size_t>(local.numel()), current_);
     return local;
@@ -299,8 +284,8 @@ class CudaSteps {
   }
 
  private:
-  ThdTensor fp32(size_t offset, int64_t rows) const {
-    return ThdTensor{w_.at<float>(offset), DType::kFloat32, rows, p_.kv_heads, p_.head_dim};
+  ThdTensor fp32(float* data, int64_t rows) const {
+    return ThdTensor{data, DType::kFloat32, rows, p_.kv_heads, p_.head_dim};
   }
 
   cudaEvent_t ready(Ready what) const { return lanes_.ready[what == Ready::kKv ? 0 : 1]; }
@@ -326,42 +311,30 @@ void check_layout(const DeviceLayout& layout) {
               "layout arrays must be 4-byte aligned int32 arrays");
 }
 
-// Host arithmetic only: what every step checks against the plan.
+// Host arithmetic only: what every step checks against the plan, and what the CUDA step set
+// needs besides: K/V rows it can pack with one 2-D copy, and dk/dv of one dtype.
 void check_forward_tensors(const Problem& p, const ForwardTensors& t) {
-  check_tensor("q", t.q, p, p.q_heads, false);
-  check_tensor("k", t.k, p, p.kv_heads, false);
-  check_tensor("v", t.v, p, p.kv_heads, false);
-  check_tensor("out", t.out, p, p.q_heads, false);
+  detail::check_forward_tensors(p, t);
   check_packable("k", t.k);
   check_packable("v", t.v);
-  THDCP_CHECK(t.lse != nullptr || p.local_rows() * p.q_heads == 0, "lse must point to Hq * T/cp floats");
 }
 
 void check_backward_tensors(const Problem& p, const BackwardTensors& t) {
-  check_tensor("q", t.q, p, p.q_heads, false);
-  check_tensor("k", t.k, p, p.kv_heads, false);
-  check_tensor("v", t.v, p, p.kv_heads, false);
-  check_tensor("out", t.out, p, p.q_heads, false);
-  check_tensor("dout", t.dout, p, p.q_heads, false);
-  check_tensor("dq", t.dq, p, p.q_heads, true);
-  check_tensor("dk", t.dk, p, p.kv_heads, true);
-  check_tensor("dv", t.dv, p, p.kv_heads, true);
+  detail::check_backward_tensors(p, t);
   check_packable("k", t.k);
   check_packable("v", t.v);
   check_packable("dk", t.dk);
   check_packable("dv", t.dv);
-  THDCP_CHECK(t.dq.dtype == p.dtype || t.dq.dtype == DType::kFloat32,
-              "dq has dtype " << dtype_name(t.dq.dtype) << ": use q's dtype (" << dtype_name(p.dtype) << ") or fp32");
-  THDCP_CHECK((t.dk.dtype == p.dtype || t.dk.dtype == DType::kFloat32) && t.dv.dtype == t.dk.dtype,
-              "dk/dv have dtypes " << dtype_name(t.dk.dtype) << "/" << dtype_name(t.dv.dtype)
-                                   << ": use k's dtype (" << dtype_name(p.dtype) << ") or fp32 for both");
-  THDCP_CHECK(t.lse != nullptr || p.local_rows() * p.q_heads == 0, "lse must point to the forward's Hq * T/cp floats");
+  THDCP_CHECK(t.dv.dtype == t.dk.dtype, "dk has dtype " << dtype_name(t.dk.dtype) << " but dv has "
+                                                        << dtype_name(t.dv.dtype) << ": pass both in one dtype");
 }
 
 }  // namespace
 
-size_t cuda_workspace_size(const Problem& problem, const cuda::Options& options) {
-  return workspace_layout(problem, options).total;
+size_t cuda_workspace_size(const Problem& problem, const AttentionOptions& options) {
+  WorkspaceCarver sizing;
+  carve_parts(sizing, problem, options);
+  return sizing.bytes();
 }
 
 namespace {
@@ -406,7 +379,7 @@ void check_on_device(const char* name, const void* pointer, int device) {
 
 }  // namespace
 
-CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const cuda::Options& options, void* workspace,
+CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const AttentionOptions& options, void* workspace,
                    size_t workspace_bytes)
     : comm_(comm), problem_(problem), options_(options), workspace_(std::make_unique<Workspace>()) {
   detail::AgreementInput in;
@@ -417,17 +390,17 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const cuda:
   agree_on_device(comm, in, [&] {
     THDCP_CHECK(problem.cp == comm.size(),
                 "problem.cp=" << problem.cp << " but the communicator has " << comm.size() << " ranks");
-    workspace_->layout = workspace_layout(problem, options);
-    THDCP_CHECK(workspace_bytes >= workspace_->layout.total,
-                "workspace has " << workspace_bytes << " bytes; cuda_workspace_size gives " << workspace_->layout.total);
-    workspace_->base = static_cast<unsigned char*>(workspace);
+    const size_t needed = cuda_workspace_size(problem, options);
+    THDCP_CHECK(workspace_bytes >= needed,
+                "workspace has " << workspace_bytes << " bytes; cuda_workspace_size gives " << needed);
+    WorkspaceCarver carver(workspace);
+    workspace_->parts = carve_parts(carver, problem, options);
+    const Parts& parts = workspace_->parts;
     // The attention plans check dtype, head dim, kernel family and their workspaces.
-    workspace_->forward = std::make_unique<cuda::ForwardPlan>(
-        attention_shape(problem), options, workspace_->at<void>(workspace_->layout.forward),
-        workspace_->layout.forward_bytes);
-    workspace_->backward = std::make_unique<cuda::BackwardPlan>(
-        attention_shape(problem), options, workspace_->at<void>(workspace_->layout.backward),
-        workspace_->layout.backward_bytes);
+    workspace_->forward =
+        std::make_unique<cuda::ForwardPlan>(attention_shape(problem), options, parts.forward, parts.forward_bytes);
+    workspace_->backward =
+        std::make_unique<cuda::BackwardPlan>(attention_shape(problem), options, parts.backward, parts.backward_bytes);
   });
   lanes_ = std::make_unique<Lanes>();
 }

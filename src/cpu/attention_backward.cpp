@@ -155,17 +155,12 @@ void attention_backward(const SegmentTable& table, ConstThdTensor q, ConstThdTen
                         ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
                         ThdTensor dv, const AttentionOptions& options) {
   detail::check_qkv(table, q, k, v);
-  detail::check_tensor("out", out, table.q_rows, q.heads, q.head_dim);
-  detail::check_tensor("dout", dout, table.q_rows, q.heads, q.head_dim);
-  detail::check_tensor("dq", dq, table.q_rows, q.heads, q.head_dim);
-  detail::check_tensor("dk", dk, table.k_rows, k.heads, q.head_dim);
-  detail::check_tensor("dv", dv, table.k_rows, k.heads, q.head_dim);
-  THDCP_CHECK(out.dtype == q.dtype && dout.dtype == q.dtype,
-              "out and dout must have q's dtype " << dtype_name(q.dtype) << "; got " << dtype_name(out.dtype) << " and "
-                                                  << dtype_name(dout.dtype));
-  detail::check_output_dtype("dq", dq.dtype, q.dtype);
-  detail::check_output_dtype("dk", dk.dtype, k.dtype);
-  detail::check_output_dtype("dv", dv.dtype, v.dtype);
+  const ThdShape q_side = detail::q_shape(table, q), kv_side = detail::kv_shape(table, q, k);
+  detail::check_tensor("out", out, q_side, q.dtype);
+  detail::check_tensor("dout", dout, q_side, q.dtype);
+  detail::check_tensor("dq", dq, q_side, q.dtype, /*or_fp32=*/true);
+  detail::check_tensor("dk", dk, kv_side, q.dtype, /*or_fp32=*/true);
+  detail::check_tensor("dv", dv, kv_side, q.dtype, /*or_fp32=*/true);
   THDCP_CHECK(lse != nullptr, "lse must point to the forward's Hq * q_rows = " << q.heads * table.q_rows << " floats");
   resolve_softmax_scale(options.softmax_scale, q.head_dim);
   if (options.accumulate == Accumulate::kFloat64) {

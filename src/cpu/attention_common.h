@@ -11,16 +11,21 @@
 
 namespace thdcp::cpu::detail {
 
-// Checks one THD tensor argument's shape and that it is contiguous (the loops below index
-// [rows, heads, head_dim] densely). `rows` < 0 skips the rows check.
-void check_tensor(const char* name, const ConstThdTensor& t, int64_t rows, int64_t heads, int64_t head_dim);
+// The shapes of a call's query-side ([q_rows, Hq, D]: q, out, dout, dq) and key-side
+// ([k_rows, Hkv, D]: k, v, dk, dv) tensors, from the table and q, k.
+ThdShape q_shape(const SegmentTable& table, const ConstThdTensor& q);
+ThdShape kv_shape(const SegmentTable& table, const ConstThdTensor& q, const ConstThdTensor& k);
 
-// Checks q/k/v against the table and each other (shared by forward and backward).
+// One THD tensor argument: its shape and dtype (thdcp::check_thd_shape, check_thd_dtype;
+// outputs may be fp32 too, `or_fp32`), and that it is contiguous (the loops below index
+// [rows, heads, head_dim] densely).
+void check_tensor(const char* name, const ConstThdTensor& t, const ThdShape& shape, DType dtype,
+                  bool or_fp32 = false);
+
+// Checks q/k/v against the table and each other (shared by forward and backward): heads
+// (GQA/MQA), a head dim the CPU backend supports, shapes, one dtype, the table itself.
 void check_qkv(const SegmentTable& table, const ConstThdTensor& q, const ConstThdTensor& k,
                const ConstThdTensor& v);
-
-// An output may be stored in the inputs' dtype or, for accumulation across calls, in fp32.
-void check_output_dtype(const char* name, DType dtype, DType input_dtype);
 
 // Element (row, head, d) of a THD tensor as arithmetic type Acc.
 template <typename Acc>

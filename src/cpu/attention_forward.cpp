@@ -93,9 +93,7 @@ void forward_impl(const SegmentTable& table, const ConstThdTensor& q, const Cons
 void attention_forward(const SegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
                        ThdTensor out, float* lse, float* max_logit, const AttentionOptions& options) {
   detail::check_qkv(table, q, k, v);
-  detail::check_tensor("out", out, table.q_rows, q.heads, q.head_dim);
-  THDCP_CHECK(out.dtype == q.dtype,
-              "out has dtype " << dtype_name(out.dtype) << " but q has " << dtype_name(q.dtype) << ": they must match");
+  detail::check_tensor("out", out, detail::q_shape(table, q), q.dtype);
   THDCP_CHECK(lse != nullptr, "lse must point to Hq * q_rows = " << q.heads * table.q_rows << " floats");
   resolve_softmax_scale(options.softmax_scale, q.head_dim);
   if (options.accumulate == Accumulate::kFloat64) {

@@ -131,7 +131,7 @@ size_t forward_workspace_size(const DeviceSegmentTable& table) {
 }
 
 size_t backward_workspace_size(const DeviceSegmentTable& table, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                               DType dkv_dtype, const Options& options) {
+                               DType dkv_dtype, const AttentionOptions& options) {
   AttentionShape shape;
   shape.table = table;
   shape.q_heads = q_heads;
@@ -143,7 +143,7 @@ size_t backward_workspace_size(const DeviceSegmentTable& table, int64_t q_heads,
 
 void attention_forward(const DeviceSegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
                        ThdTensor out, float* lse, float* max_logit, void* workspace, size_t workspace_bytes,
-                       cudaStream_t stream, const Options& options) {
+                       cudaStream_t stream, const AttentionOptions& options) {
   AttentionShape shape;
   shape.table = table;
   shape.q_heads = q.heads;
@@ -163,7 +163,7 @@ void attention_forward(const DeviceSegmentTable& table, ConstThdTensor q, ConstT
 void attention_backward(const DeviceSegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
                         ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
                         ThdTensor dv, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                        const Options& options) {
+                        const AttentionOptions& options) {
   AttentionShape shape;
   shape.table = table;
   shape.q_heads = q.heads;

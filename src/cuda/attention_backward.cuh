@@ -6,7 +6,7 @@
 //               of the group and the query tiles that see the key tile:
 //               dV += P^T dO, dK += dS^T Q, accumulated in registers, then added once into
 //               fp32 dK/dV (one addition per segment that reaches the key row).
-// Options::deterministic == false fuses dQ into dkv_kernel instead (dQ += dS K, fp32
+// AttentionOptions::deterministic == false fuses dQ into dkv_kernel instead (dQ += dS K, fp32
 // atomics into a workspace), which skips dq_kernel's recomputation of S and dP.
 // dkv_kernel is bound by shared-memory reads (ldmatrix) more than by the tensor cores, so it
 // splits each product over its warps in two dimensions (FlashAttention-2's layout) to feed

@@ -2,7 +2,7 @@
 // dQ pass (dq_kernel, or dq_kernel_sm90), or a fused dK/dV/dQ pass: on Hopper at head dim
 // 128 without a left window, or on single-device tables with one of at least 4096 keys
 // (dkvq_kernel_sm90, then dq_store_kernel; the plan decides), with the portable kernels
-// when Options::deterministic is off (dkv_kernel with kFuseDq).
+// when AttentionOptions::deterministic is off (dkv_kernel with kFuseDq).
 #pragma once
 
 #include "attention_backward.cuh"

@@ -50,21 +50,13 @@ void check_shape(const AttentionShape& shape, bool backward) {
   THDCP_CHECK(shape.dtype == DType::kBFloat16 || shape.dtype == DType::kFloat16,
               "dtype " << dtype_name(shape.dtype)
                        << " (of q, k, v, out, dout) is not supported by the CUDA backend: use bf16 or fp16");
+  check_head_shape(shape);
   THDCP_CHECK(cuda_supports_head_dim(shape.head_dim),
               "head_dim=" << shape.head_dim << " is not supported by the CUDA backend: use 64 or 128");
-  THDCP_CHECK(shape.q_heads >= 1 && shape.kv_heads >= 1 && shape.q_heads <= 65535,
-              "q has " << shape.q_heads << " heads and k has " << shape.kv_heads
-                       << ": need 1 <= Hkv and Hq <= 65535");
-  THDCP_CHECK(shape.q_heads % shape.kv_heads == 0,
-              "q has " << shape.q_heads << " heads, not a multiple of the " << shape.kv_heads
-                       << " heads of k/v (GQA/MQA need Hq % Hkv == 0)");
+  THDCP_CHECK(shape.q_heads <= 65535, "q_heads=" << shape.q_heads << " is more than the CUDA grid's 65535");
   if (!backward) return;
-  THDCP_CHECK(shape.dq_dtype == shape.dtype || shape.dq_dtype == DType::kFloat32,
-              "dq has dtype " << dtype_name(shape.dq_dtype) << ": use q's dtype (" << dtype_name(shape.dtype)
-                              << ") or fp32");
-  THDCP_CHECK(shape.dkv_dtype == shape.dtype || shape.dkv_dtype == DType::kFloat32,
-              "dk has dtype " << dtype_name(shape.dkv_dtype) << ": use k's dtype (" << dtype_name(shape.dtype)
-                              << ") or fp32");
+  check_thd_dtype("dq", shape.dq_dtype, shape.dtype, /*or_fp32=*/true);
+  check_thd_dtype("dk", shape.dkv_dtype, shape.dtype, /*or_fp32=*/true);
 }
 
 void check_table_matches(const AttentionShape& shape, const DeviceSegmentTable& table) {
@@ -89,13 +81,17 @@ void check_table_matches(const AttentionShape& shape, const DeviceSegmentTable& 
               "table.segments is a null pointer: build the table (build_segment_table) into a device array");
 }
 
-void check_view(const char* name, const ConstThdTensor& t, int64_t rows, int64_t heads, int64_t head_dim,
-                DType dtype) {
-  THDCP_CHECK(t.tokens == rows, name << " has " << t.tokens << " rows but the segment table addresses " << rows);
-  THDCP_CHECK(t.heads == heads, name << " has " << t.heads << " heads, expected " << heads);
-  THDCP_CHECK(t.head_dim == head_dim, name << " has head_dim=" << t.head_dim << ", expected " << head_dim);
-  THDCP_CHECK(t.dtype == dtype,
-              name << " has dtype " << dtype_name(t.dtype) << ", expected " << dtype_name(dtype) << " (the plan's)");
+ThdShape q_shape(const AttentionShape& shape) {
+  return ThdShape{shape.table.q_rows, "q_rows", shape.q_heads, "q_heads", shape.head_dim};
+}
+
+ThdShape kv_shape(const AttentionShape& shape) {
+  return ThdShape{shape.table.k_rows, "k_rows", shape.kv_heads, "kv_heads", shape.head_dim};
+}
+
+void check_view(const char* name, const ConstThdTensor& t, const ThdShape& shape, DType dtype, bool or_fp32) {
+  check_thd_shape(name, t, shape);
+  check_thd_dtype(name, t.dtype, dtype, or_fp32);
   THDCP_CHECK(t.row_stride >= 0 && t.head_stride >= 0,
               name << " has row_stride=" << t.row_stride << " and head_stride=" << t.head_stride
                    << ": strides are in elements, >= 0 (0 means contiguous)");
@@ -123,7 +119,6 @@ void check_view(const char* name, const ConstThdTensor& t, int64_t rows, int64_t
                    << row_extent << ": rows would overlap; use row_stride >= " << row_extent
                    << " (0 means heads * head_dim)");
   if (t.numel() > 0) {
-    THDCP_CHECK(t.data != nullptr, name << " is a null pointer");
     THDCP_CHECK(reinterpret_cast<uintptr_t>(t.data) % 16 == 0,
                 name << "=" << t.data
                      << " is not 16-byte aligned: the CUDA kernels load 16-byte rows (allocate with cudaMalloc, "

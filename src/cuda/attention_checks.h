@@ -30,11 +30,16 @@ void check_shape(const AttentionShape& shape, bool backward);
 // array when it has entries.
 void check_table_matches(const AttentionShape& shape, const DeviceSegmentTable& table);
 
-// run(): one THD tensor of the call has the expected shape and dtype, strides the kernels
-// can use (attention_params.h, Strides) and a non-null, 16-byte-aligned data pointer (when
-// it has elements).
-void check_view(const char* name, const ConstThdTensor& t, int64_t rows, int64_t heads, int64_t head_dim,
-                DType dtype);
+// The shapes of a call's query-side ([q_rows, Hq, D]: q, out, dout, dq) and key-side
+// ([k_rows, Hkv, D]: k, v, dk, dv) tensors.
+ThdShape q_shape(const AttentionShape& shape);
+ThdShape kv_shape(const AttentionShape& shape);
+
+// run(): one THD tensor of the call has the expected shape and dtype (thdcp::check_thd_shape,
+// check_thd_dtype; or fp32 with `or_fp32`), strides the kernels can use (attention_params.h,
+// Strides) and a non-null, 16-byte-aligned data pointer (when it has elements).
+void check_view(const char* name, const ConstThdTensor& t, const ThdShape& shape, DType dtype,
+                bool or_fp32 = false);
 
 // A view's strides as the kernels take them (0 resolved).
 inline Strides strides_of(const ConstThdTensor& t) { return Strides{t.row_step(), t.head_step()}; }

@@ -17,16 +17,15 @@ namespace {
 // Segments that can reach one key row: the dK/dV grid bound and the determinism argument.
 int segments_per_key_row(TableKind kind) { return kind == TableKind::kAllGatherCp ? 2 : 1; }
 
-// Regions of the backward workspace, in order (byte offsets).
+// Parts of the backward workspace.
 struct BackwardWorkspace {
-  size_t q_start = 0;
-  size_t k_start = 0;
-  size_t delta = 0;
-  size_t dk_accum = 0;
-  size_t dv_accum = 0;
-  size_t dq_accum = 0;
-  size_t dq_order = 0;
-  size_t total = 0;
+  int* q_start = nullptr;
+  int* k_start = nullptr;
+  float* delta = nullptr;
+  float* dk_accum = nullptr;
+  float* dv_accum = nullptr;
+  float* dq_accum = nullptr;
+  int* dq_order = nullptr;
 };
 
 int64_t dq_grid_tiles(const DeviceSegmentTable& table) {
@@ -35,35 +34,24 @@ int64_t dq_grid_tiles(const DeviceSegmentTable& table) {
 
 // Room for the fp32 dQ accumulator of a fused pass and the Hopper pass's order counts, in
 // every mode and kernel family, so that a workspace sized on one GPU fits every other.
-BackwardWorkspace backward_layout(const AttentionShape& shape) {
+// `carver` without memory sizes the workspace.
+BackwardWorkspace carve_backward(WorkspaceCarver& carver, const AttentionShape& shape) {
   const DeviceSegmentTable& table = shape.table;
   BackwardWorkspace w;
-  const size_t schedule = align_workspace(sizeof(int) * (static_cast<size_t>(table.capacity) + 1));
-  w.q_start = 0;
-  w.k_start = w.q_start + schedule;
-  w.delta = w.k_start + schedule;
-  size_t end = w.delta + align_workspace(sizeof(float) * static_cast<size_t>(shape.q_heads * table.q_rows));
+  w.q_start = carver.take_array<int>(static_cast<size_t>(table.capacity) + 1);
+  w.k_start = carver.take_array<int>(static_cast<size_t>(table.capacity) + 1);
+  w.delta = carver.take_array<float>(static_cast<size_t>(shape.q_heads * table.q_rows));
   if (shape.dkv_dtype != DType::kFloat32) {
-    const size_t accum =
-        align_workspace(sizeof(float) * static_cast<size_t>(table.k_rows * shape.kv_heads * shape.head_dim));
-    w.dk_accum = end;
-    w.dv_accum = end + accum;
-    end += 2 * accum;
+    const size_t accum = static_cast<size_t>(table.k_rows * shape.kv_heads * shape.head_dim);
+    w.dk_accum = carver.take_array<float>(accum);
+    w.dv_accum = carver.take_array<float>(accum);
   }
   // [q_rows, q_heads, D] for the portable fused pass; the Hopper one's tiles of 64 rows for
   // each query tile of the dQ grid and head (as many rows or more), and its order counts.
-  w.dq_accum = end;
-  end += align_workspace(sizeof(float) * static_cast<size_t>(dq_grid_tiles(table) * detail::kDqTileRows *
-                                                              shape.q_heads * shape.head_dim));
-  w.dq_order = end;
-  end += align_workspace(sizeof(int) * static_cast<size_t>(dq_grid_tiles(table) * shape.q_heads));
-  w.total = end;
+  const int64_t dq_tiles = dq_grid_tiles(table) * shape.q_heads;
+  w.dq_accum = carver.take_array<float>(static_cast<size_t>(dq_tiles * detail::kDqTileRows * shape.head_dim));
+  w.dq_order = carver.take_array<int>(static_cast<size_t>(dq_tiles));
   return w;
-}
-
-template <typename T>
-T* at(void* base, size_t offset) {
-  return reinterpret_cast<T*>(static_cast<unsigned char*>(base) + offset);
 }
 
 // The narrowest left window the Hopper backward runs in one pass (single-device tables).
@@ -86,15 +74,15 @@ int64_t dkv_grid_tiles(const DeviceSegmentTable& table, int tile_rows) {
 
 void check_backward_tensors(const AttentionShape& shape, const BackwardTensors& t) {
   const DeviceSegmentTable& table = shape.table;
-  const int64_t hq = shape.q_heads, hkv = shape.kv_heads, d = shape.head_dim;
-  detail::check_view("q", t.q, table.q_rows, hq, d, shape.dtype);
-  detail::check_view("k", t.k, table.k_rows, hkv, d, shape.dtype);
-  detail::check_view("v", t.v, table.k_rows, hkv, d, shape.dtype);
-  detail::check_view("out", t.out, table.q_rows, hq, d, shape.dtype);
-  detail::check_view("dout", t.dout, table.q_rows, hq, d, shape.dtype);
-  detail::check_view("dq", t.dq, table.q_rows, hq, d, shape.dq_dtype);
-  detail::check_view("dk", t.dk, table.k_rows, hkv, d, shape.dkv_dtype);
-  detail::check_view("dv", t.dv, table.k_rows, hkv, d, shape.dkv_dtype);
+  const ThdShape q = detail::q_shape(shape), kv = detail::kv_shape(shape);
+  detail::check_view("q", t.q, q, shape.dtype);
+  detail::check_view("k", t.k, kv, shape.dtype);
+  detail::check_view("v", t.v, kv, shape.dtype);
+  detail::check_view("out", t.out, q, shape.dtype);
+  detail::check_view("dout", t.dout, q, shape.dtype);
+  detail::check_view("dq", t.dq, q, shape.dq_dtype);
+  detail::check_view("dk", t.dk, kv, shape.dkv_dtype);
+  detail::check_view("dv", t.dv, kv, shape.dkv_dtype);
   // fp32 dK/dV are the kernels' accumulators themselves (zeroed with one memset, added to
   // by atomics at contiguous offsets); a strided fp32 output would need a workspace copy.
   if (shape.dkv_dtype == DType::kFloat32) {
@@ -106,18 +94,20 @@ void check_backward_tensors(const AttentionShape& shape, const BackwardTensors& 
                                            "contiguous fp32 tensors, or dk/dv in q's dtype");
     }
   }
-  detail::check_float_array("lse", t.lse, hq * table.q_rows);
+  detail::check_float_array("lse", t.lse, shape.q_heads * table.q_rows);
 }
 
 }  // namespace
 
-size_t BackwardPlan::workspace_size(const AttentionShape& shape, const Options& /*options*/) {
+size_t BackwardPlan::workspace_size(const AttentionShape& shape, const AttentionOptions& /*options*/) {
   THDCP_CHECK(shape.table.capacity >= 0, "segment table capacity " << shape.table.capacity << " must be >= 0");
   THDCP_CHECK(shape.q_heads >= 0 && shape.kv_heads >= 0 && shape.head_dim >= 0, "heads and head_dim must be >= 0");
-  return backward_layout(shape).total;
+  WorkspaceCarver sizing;
+  carve_backward(sizing, shape);
+  return sizing.bytes();
 }
 
-BackwardPlan::BackwardPlan(const AttentionShape& shape, const Options& options, void* workspace,
+BackwardPlan::BackwardPlan(const AttentionShape& shape, const AttentionOptions& options, void* workspace,
                            size_t workspace_bytes)
     : shape_(shape), options_(options) {
   detail::check_shape(shape_, /*backward=*/true);
@@ -133,7 +123,7 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const Options& options, 
   // and 0.698 in two). Narrower windows, and head dim 64 (branch wip/dkvq-d64), measured
   // slower in one pass than in the two, which Hopper runs there. The portable kernels fuse
   // dQ only when deterministic = false (with atomics in any order).
-  // Options::separate_dq_pass keeps the two passes on Hopper.
+  // AttentionOptions::separate_dq_pass keeps the two passes on Hopper.
   const int64_t window_left = shape_.table.mask.window_left;
   const bool one_pass_window = window_left < 0 || (shape_.table.kind == TableKind::kSingleDevice &&
                                                      window_left >= kOnePassMinWindowLeft);
@@ -192,7 +182,8 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   const bool keys = passes != Passes::kQueries;
   const bool queries = passes != Passes::kKeys;
 
-  const BackwardWorkspace layout = backward_layout(shape_);
+  WorkspaceCarver carver(workspace_);
+  const BackwardWorkspace parts = carve_backward(carver, shape_);
   const bool fp32_dkv = shape_.dkv_dtype == DType::kFloat32;
   detail::BackwardParams params{};
   params.q = t.q.data;
@@ -201,13 +192,13 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   params.out = t.out.data;
   params.dout = t.dout.data;
   params.lse = t.lse;
-  params.delta = at<float>(workspace_, layout.delta);
+  params.delta = parts.delta;
   params.dq = t.dq.data;
   params.dq_fp32 = shape_.dq_dtype == DType::kFloat32;
-  params.dq_accum = fused_dq_ ? at<float>(workspace_, layout.dq_accum) : nullptr;
-  params.dq_order = fused_dq_ && sm90_ ? at<int>(workspace_, layout.dq_order) : nullptr;
-  params.dk_accum = fp32_dkv ? static_cast<float*>(t.dk.data) : at<float>(workspace_, layout.dk_accum);
-  params.dv_accum = fp32_dkv ? static_cast<float*>(t.dv.data) : at<float>(workspace_, layout.dv_accum);
+  params.dq_accum = fused_dq_ ? parts.dq_accum : nullptr;
+  params.dq_order = fused_dq_ && sm90_ ? parts.dq_order : nullptr;
+  params.dk_accum = fp32_dkv ? static_cast<float*>(t.dk.data) : parts.dk_accum;
+  params.dv_accum = fp32_dkv ? static_cast<float*>(t.dv.data) : parts.dv_accum;
   params.dkv_rows = t.dkv_rows;
   // The Hopper kernels store dK/dV rows directly where one segment reaches each key row (a
   // single-device table) and dk/dv are contiguous in q's dtype: no fp32 accumulators, no casts.
@@ -217,8 +208,8 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   params.dv_out = direct_dkv ? t.dv.data : nullptr;
   params.segments = table.segments;
   params.num_segments = table.capacity;
-  params.q_tile_start = at<int>(workspace_, layout.q_start);
-  params.k_tile_start = at<int>(workspace_, layout.k_start);
+  params.q_tile_start = parts.q_start;
+  params.k_tile_start = parts.k_start;
   params.q_rows = table.q_rows;
   params.k_rows = table.k_rows;
   params.q_heads = static_cast<int>(shape_.q_heads);
@@ -251,8 +242,8 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
     }
     if (table.capacity > 0) {
       detail::launch_schedule(table.segments, table.capacity, detail::kDqTileRows,
-                              at<int>(workspace_, layout.q_start), dkv_tile_rows(sm90_, fused_dq_),
-                              at<int>(workspace_, layout.k_start), nullptr, params.q_heads, nullptr, stream);
+                              parts.q_start, dkv_tile_rows(sm90_, fused_dq_),
+                              parts.k_start, nullptr, params.q_heads, nullptr, stream);
       detail::launch_delta(t.out.data, strides.out.row, strides.out.head, t.dout.data, strides.dout.row,
                            strides.dout.head, shape_.dtype, table.q_rows, params.q_heads, head_dim, params.delta,
                            stream);

@@ -21,10 +21,10 @@ int64_t forward_grid_tiles(const DeviceSegmentTable& table, bool sm90, int head_
 
 void check_forward_tensors(const AttentionShape& shape, const ForwardTensors& t) {
   const DeviceSegmentTable& table = shape.table;
-  detail::check_view("q", t.q, table.q_rows, shape.q_heads, shape.head_dim, shape.dtype);
-  detail::check_view("k", t.k, table.k_rows, shape.kv_heads, shape.head_dim, shape.dtype);
-  detail::check_view("v", t.v, table.k_rows, shape.kv_heads, shape.head_dim, shape.dtype);
-  detail::check_view("out", t.out, table.q_rows, shape.q_heads, shape.head_dim, shape.dtype);
+  detail::check_view("q", t.q, detail::q_shape(shape), shape.dtype);
+  detail::check_view("k", t.k, detail::kv_shape(shape), shape.dtype);
+  detail::check_view("v", t.v, detail::kv_shape(shape), shape.dtype);
+  detail::check_view("out", t.out, detail::q_shape(shape), shape.dtype);
   detail::check_float_array("lse", t.lse, shape.q_heads * table.q_rows);
   if (t.max_logit) detail::check_float_array("max_logit", t.max_logit, shape.q_heads);
 }
@@ -37,7 +37,7 @@ size_t ForwardPlan::workspace_size(const AttentionShape& shape) {
   return align_workspace(sizeof(int) * (static_cast<size_t>(shape.table.capacity) + 2));
 }
 
-ForwardPlan::ForwardPlan(const AttentionShape& shape, const Options& options, void* workspace,
+ForwardPlan::ForwardPlan(const AttentionShape& shape, const AttentionOptions& options, void* workspace,
                          size_t workspace_bytes)
     : shape_(shape) {
   detail::check_shape(shape_, /*backward=*/false);

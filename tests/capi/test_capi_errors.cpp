@@ -226,16 +226,16 @@ TEST_F(CApiRunErrors, ForwardArgumentsAreCheckedBeforeAnythingIsWritten) {
   EXPECT_C_STATUS(thdcp_attention_forward(plan_, &layout_, &q_, &k_, &v_, &out_c_, nullptr, nullptr, nullptr),
                   THDCP_ERROR_INVALID_ARGUMENT, "lse is NULL: pass q_heads * max_tokens = 128 floats");
   q_.dtype = THDCP_DTYPE_FP16;
-  EXPECT_C_STATUS(forward(), THDCP_ERROR_INVALID_ARGUMENT, "q has dtype fp16 but the plan's dtype is bf16");
+  EXPECT_C_STATUS(forward(), THDCP_ERROR_INVALID_ARGUMENT, "q has dtype fp16 but must be bf16");
   set_raw(q_.dtype, 17);
   EXPECT_C_STATUS(forward(), THDCP_ERROR_INVALID_ARGUMENT, "q->dtype=17");
   q_ = good_q;
   k_.heads = 4;
   EXPECT_C_STATUS(forward(), THDCP_ERROR_INVALID_ARGUMENT,
-                  "k is [32, 4, 16] but the plan needs [max_tokens=32, kv_heads=2, head_dim=16]");
+                  "k is [32, 4, 16] but must be [max_tokens=32, kv_heads=2, head_dim=16]");
   k_ = good_k;
   q_.rows = 24;
-  EXPECT_C_STATUS(forward(), THDCP_ERROR_INVALID_ARGUMENT, "q is [24, 4, 16] but the plan needs [max_tokens=32");
+  EXPECT_C_STATUS(forward(), THDCP_ERROR_INVALID_ARGUMENT, "q is [24, 4, 16] but must be [max_tokens=32");
   q_ = good_q;
   q_.data = nullptr;
   EXPECT_C_STATUS(forward(), THDCP_ERROR_INVALID_ARGUMENT, "q->data is NULL");
@@ -272,7 +272,7 @@ TEST_F(CApiRunErrors, BackwardArgumentsAreCheckedBeforeAnythingIsWritten) {
   const thdcp_tensor_t good_dq = dq_c_, good_dv = dv_c_;
   dq_c_.dtype = THDCP_DTYPE_FP32;
   EXPECT_C_STATUS(backward(lse.data()), THDCP_ERROR_INVALID_ARGUMENT,
-                  "dq has dtype fp32 but the plan's dq_dtype is bf16");
+                  "dq has dtype fp32 but must be bf16");
   dq_c_ = good_dq;
   dv_c_.head_dim = 8;
   EXPECT_C_STATUS(backward(lse.data()), THDCP_ERROR_INVALID_ARGUMENT, "dv is [32, 2, 8]");

@@ -46,7 +46,7 @@ inline ::testing::AssertionResult identical(const RankOutputs& a, const RankOutp
 
 class CudaCpRank {
  public:
-  CudaCpRank(DeviceCommunicator& comm, const cp::Problem& problem, const cuda::Options& options = {})
+  CudaCpRank(DeviceCommunicator& comm, const cp::Problem& problem, const AttentionOptions& options = {})
       : comm_(comm),
         problem_(problem),
         rows_(problem.local_rows()),

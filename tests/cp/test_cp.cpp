@@ -85,12 +85,12 @@ TEST(CpErrors, EveryRankThrowsWhenOneRankIsWrong) {
     });
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("q has 5 rows but this rank holds T/cp=10 rows"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("q is [5, 2, 16] but must be [T/cp=10, q_heads=2, head_dim=16]"), std::string::npos)
         << e.what();
   }
   // Rank 0 was fine itself, and learnt of rank 1's error in the exchange.
-  EXPECT_NE(messages[0].find("rank 1: q has 5 rows"), std::string::npos) << messages[0];
-  EXPECT_NE(messages[1].find("q has 5 rows"), std::string::npos) << messages[1];
+  EXPECT_NE(messages[0].find("rank 1: q is [5, 2, 16]"), std::string::npos) << messages[0];
+  EXPECT_NE(messages[1].find("q is [5, 2, 16]"), std::string::npos) << messages[1];
 }
 
 TEST(CpErrors, RanksMustAgreeOnLayoutAndMask) {

@@ -50,7 +50,7 @@ TEST(CpOverMpiErrors, OneBadRankMakesEveryRankThrow) {
   std::vector<float> lse(static_cast<size_t>(rows));
   EXPECT_THDCP_ERROR(cp::forward(comm, layout.view(), Mask::causal(), t.view(), t.view(), t.view(), t.view(),
                                  lse.data(), nullptr),
-                     "q has 3 rows but this rank holds");
+                     "q is [3, 1, 16] but must be [T/cp=");
 }
 
 }  // namespace

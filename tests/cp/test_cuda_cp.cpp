@@ -322,7 +322,7 @@ TEST_F(CudaCpFaults, BadPlanArgumentsAreRefusedOnEveryRank) {
                                 std::vector<unsigned char> host(bytes);
                                 test::DeviceBuffer device(bytes);
                                 try {
-                                  cp::CudaPlan plan(comm, p, cuda::Options{},
+                                  cp::CudaPlan plan(comm, p, AttentionOptions{},
                                                     comm.rank() == 1 ? static_cast<void*>(host.data()) : device.data(),
                                                     bytes);
                                 } catch (const Error& e) {

@@ -217,18 +217,18 @@ TEST(ReferenceAttention, BadInputIsRejectedBeforeAnyOutputIsWritten) {
   };
   const HostTensor q3(DType::kBFloat16, 8, 3, 16);
   EXPECT_THDCP_ERROR(forward(q3.view(), b.k.view(), b.v.view(), out.view(), lse.data()),
-                     "q has 3 heads, not a multiple of the 2 heads of k/v");
+                     "q_heads=3, kv_heads=2: need kv_heads >= 1 and q_heads a multiple of kv_heads");
   const HostTensor q12(DType::kBFloat16, 8, 4, 12);
   EXPECT_THDCP_ERROR(forward(q12.view(), b.k.view(), b.v.view(), out.view(), lse.data()), "head_dim=12 is not supported");
   const HostTensor k_short(DType::kBFloat16, 6, 2, 16);
   EXPECT_THDCP_ERROR(forward(b.q.view(), k_short.view(), b.v.view(), out.view(), lse.data()),
-                     "k has 6 rows but the segment table addresses 8");
+                     "k is [6, 2, 16] but must be [k_rows=8, kv_heads=2, head_dim=16]");
   const HostTensor v_fp16(DType::kFloat16, 8, 2, 16);
-  EXPECT_THDCP_ERROR(forward(b.q.view(), b.k.view(), v_fp16.view(), out.view(), lse.data()), "must share a dtype");
+  EXPECT_THDCP_ERROR(forward(b.q.view(), b.k.view(), v_fp16.view(), out.view(), lse.data()), "v has dtype fp16 but must be bf16");
   EXPECT_THDCP_ERROR(forward(b.q.view(), b.k.view(), b.v.view(), out.view(), nullptr), "lse must point to");
   HostTensor out_fp32(DType::kFloat32, 8, 4, 16);
   EXPECT_THDCP_ERROR(forward(b.q.view(), b.k.view(), b.v.view(), out_fp32.view(), lse.data()),
-                     "out has dtype fp32 but q has bf16");
+                     "out has dtype fp32 but must be bf16");
   AttentionOptions bad_scale;
   bad_scale.softmax_scale = -1.0f;
   EXPECT_THDCP_ERROR(cpu::attention_forward(table, b.q.view(), b.k.view(), b.v.view(), out.view(), lse.data(),
@@ -237,7 +237,7 @@ TEST(ReferenceAttention, BadInputIsRejectedBeforeAnyOutputIsWritten) {
   HostTensor dq_fp16(DType::kFloat16, 8, 4, 16), dk(DType::kBFloat16, 8, 2, 16), dv(DType::kBFloat16, 8, 2, 16);
   EXPECT_THDCP_ERROR(cpu::attention_backward(table, b.q.view(), b.k.view(), b.v.view(), out.view(), b.dout.view(),
                                              lse.data(), dq_fp16.view(), dk.view(), dv.view()),
-                     "dq has dtype fp16: use the inputs' dtype (bf16) or fp32");
+                     "dq has dtype fp16 but must be bf16 or fp32");
   // Nothing was written by any failed call.
   for (int64_t i = 0; i < out.numel(); ++i) ASSERT_TRUE(std::isnan(out.get(i)));
   for (float x : lse) ASSERT_TRUE(std::isnan(x));

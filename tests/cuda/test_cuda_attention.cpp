@@ -257,7 +257,7 @@ TEST_P(CudaAttentionEdge, MatchesCpuReference) {
                            Mode{"deterministic = false backward", false, false},
                            Mode{"separate dQ pass", true, true}}) {
     SCOPED_TRACE(mode.name);
-    cuda::Options options;
+    AttentionOptions options;
     options.deterministic = mode.deterministic;
     options.separate_dq_pass = mode.separate_dq_pass;
     for (DeviceBuffer* b : {&dq.buffer, &dk.buffer, &dv.buffer}) b->poison();

@@ -267,12 +267,12 @@ TEST_F(CudaPlan, SmMarginGivesTheSameBits) {
   THDCP_CHECK_CUDA(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, all_sms.device()));
   const bool sm90 = std::string(all_sms.kernel_family()) == "sm90";
   for (int margin : {1, multiprocessors / 2, multiprocessors - 1}) {
-    cuda::Options options;
+    AttentionOptions options;
     options.sm_margin = margin;
     const cuda::ForwardPlan fewer(step.shape, options, step.fwd_ws.data(), step.fwd_ws.bytes());
     expect_same(run_plans(step, fewer, backward), expected, "sm_margin=" + std::to_string(margin));
   }
-  cuda::Options bad;
+  AttentionOptions bad;
   bad.sm_margin = -1;
   expect_error(error_of([&] { cuda::ForwardPlan(step.shape, bad, step.fwd_ws.data(), step.fwd_ws.bytes()); }),
                "sm_margin=-1 must be >= 0");

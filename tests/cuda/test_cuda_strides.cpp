@@ -231,7 +231,7 @@ TEST_P(CudaStrides, PackedViewsMatchContiguousBitForBit) {
   // contiguous workspace and casts it into the strided dq (on Hopper the sm90 passes run
   // again). dK/dV are still added once per segment: same bits. dQ's fp32 sums may differ in
   // order, so within a few units of the storage dtype.
-  cuda::Options fast;
+  AttentionOptions fast;
   fast.deterministic = false;
   DeviceBuffer fast_ws(cuda::backward_workspace_size(batch.table, kHq, kHkv, d, c.dtype, fast));
   DeviceTensor dq_f(c.dtype, rows, kHq, d), dk_f(c.dtype, rows, kHkv, d), dv_f(c.dtype, rows, kHkv, d);

@@ -114,7 +114,7 @@ class BankRank {
     problem.dtype = s_.dtype;
     const size_t bytes = cp::cuda_workspace_size(problem);
     void* workspace = bank_.buffer(c, "cp workspace", bytes);
-    auto plan = std::make_unique<cp::CudaPlan>(comm_, problem, cuda::Options{}, workspace, bytes);
+    auto plan = std::make_unique<cp::CudaPlan>(comm_, problem, AttentionOptions{}, workspace, bytes);
     return *plans_.emplace(c, std::move(plan)).first->second;
   }
 

@@ -58,6 +58,25 @@ struct ConstThdTensor {
   bool contiguous() const { return row_step() == heads * head_dim && head_step() == head_dim; }
 };
 
+// What one tensor of a call must be: its sizes, named as the caller's API names them (for
+// the message), e.g. {rows, "max_tokens", heads, "kv_heads", head_dim}.
+struct ThdShape {
+  int64_t rows = 0;
+  const char* rows_name = "rows";
+  int64_t heads = 0;
+  const char* heads_name = "heads";
+  int64_t head_dim = 0;
+};
+
+// The one shape check of the front doors and backends: throws thdcp::Error unless `t` is
+// `expected` and has a data pointer when it has elements, naming the tensor and both shapes:
+//   "k is [32, 4, 16] but must be [max_tokens=32, kv_heads=2, head_dim=16]"
+void check_thd_shape(const char* name, const ConstThdTensor& t, const ThdShape& expected);
+
+// Throws thdcp::Error unless `actual` is `expected` (or fp32, when `or_fp32`: gradients and
+// partial sums): "dq has dtype fp16 but must be bf16 or fp32".
+void check_thd_dtype(const char* name, DType actual, DType expected, bool or_fp32 = false);
+
 // tokens * heads * head_dim * dtype_size(dtype) in bytes, checked: every dimension >= 0 and
 // no overflow of int64 (a wrapped product would allocate the wrong size). Throws
 // thdcp::Error naming the shape.

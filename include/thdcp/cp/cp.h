@@ -19,19 +19,18 @@
 #include "thdcp/comm/communicator.h"
 #include "thdcp/core/tensor.h"
 #include "thdcp/cpu/attention.h"
+#include "thdcp/plan/attention_shape.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/mask.h"
 
 namespace thdcp::cp {
 
-// What every rank of a CP group must agree on, fixed for the life of a plan.
-struct Problem {
+// What every rank of a CP group must agree on, fixed for the life of a plan: the heads
+// (q_heads, kv_heads, head_dim of HeadShape) and the following.
+struct Problem : HeadShape {
   int cp = 1;          // ranks in the group (the communicator's size)
   Capacity capacity;   // max_seqs: sequences of the layouts (entries - 1); max_tokens: global rows T
   Mask mask;
-  int64_t q_heads = 0;
-  int64_t kv_heads = 0;
-  int64_t head_dim = 0;
   DType dtype = DType::kBFloat16;  // q, k, v, out, dout
 
   int64_t local_rows() const { return capacity.max_tokens / cp; }

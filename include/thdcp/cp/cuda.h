@@ -34,7 +34,7 @@ namespace thdcp::cp {
 
 // What a plan's workspace must hold; forward and backward of one plan share it (run them in
 // order on one stream).
-size_t cuda_workspace_size(const Problem& problem, const cuda::Options& options = {});
+size_t cuda_workspace_size(const Problem& problem, const AttentionOptions& options = {});
 
 // Where the backward takes K/V in sequence order from.
 enum class KvSource {
@@ -49,7 +49,7 @@ class CudaPlan {
   // Collective over `comm` (every rank, on its device comm.device(), which must be current).
   // Throws thdcp::Error on every rank when any rank's problem is invalid or differs.
   // `workspace`: cuda_workspace_size(problem, options) bytes of device memory of comm.device().
-  CudaPlan(DeviceCommunicator& comm, const Problem& problem, const cuda::Options& options, void* workspace,
+  CudaPlan(DeviceCommunicator& comm, const Problem& problem, const AttentionOptions& options, void* workspace,
            size_t workspace_bytes);
   ~CudaPlan();
   CudaPlan(const CudaPlan&) = delete;
@@ -85,7 +85,7 @@ class CudaPlan {
  private:
   DeviceCommunicator& comm_;
   Problem problem_;
-  cuda::Options options_;
+  AttentionOptions options_;
   std::unique_ptr<Workspace> workspace_;
   std::unique_ptr<Events> events_;
   std::unique_ptr<Lanes> lanes_;

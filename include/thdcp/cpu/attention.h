@@ -1,26 +1,17 @@
 // Attention over a segment table on the CPU: the reference backend.
 //
 // Storage is bf16, fp16 (raw 16-bit storage, exact conversions) or fp32; arithmetic is fp32
-// (or fp64 for tests). The CUDA backend has the same signature in namespace thdcp::cuda.
+// (or fp64 for tests, AttentionOptions::accumulate). The CUDA backend runs the same
+// semantics in namespace thdcp::cuda.
 #pragma once
 
 #include <cstdint>
 
+#include "thdcp/plan/attention_shape.h"
 #include "thdcp/plan/segment_table.h"
 #include "thdcp/core/tensor.h"
 
 namespace thdcp {
-
-enum class Accumulate {
-  kFloat32,  // as the GPU kernels do
-  kFloat64,  // for tests that need a tighter reference
-};
-
-struct AttentionOptions {
-  float softmax_scale = 0.0f;  // scale of q.k; 0 means 1/sqrt(head_dim)
-  Accumulate accumulate = Accumulate::kFloat32;
-  int num_threads = 0;  // CPU worker threads; 0 means all hardware threads
-};
 
 // Head dims the CPU backend supports: multiples of 8 in [8, 256].
 bool cpu_supports_head_dim(int64_t head_dim);

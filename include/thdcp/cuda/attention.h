@@ -29,9 +29,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include "thdcp/core/tensor.h"
+#include "thdcp/core/workspace.h"
+#include "thdcp/plan/attention_shape.h"
 #include "thdcp/plan/mask.h"
 #include "thdcp/plan/segment.h"
-#include "thdcp/core/tensor.h"
 
 namespace thdcp::cuda {
 
@@ -95,42 +97,12 @@ DeviceSegmentTable enqueue_cp_segment_table(const int32_t* cu_seqlens, const int
                                             int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
                                             Segment* segments, cudaStream_t stream);
 
-// Options of the CUDA backend.
-struct Options {
-  float softmax_scale = 0.0f;  // scale of q.k; 0 means 1/sqrt(head_dim)
-  // Backward only. true: same bits on every run. Each fp32 dK/dV element receives at most
-  // two atomic additions onto zero (one per segment that reaches the key row; every table
-  // this backend builds has at most two), and two additions onto zero give the same bits in
-  // either order. dQ: on Hopper (kernel_family() "sm90") at head dim 128 without a left
-  // window, the dK/dV pass adds each key tile's share into fp32 accumulator tiles, the key
-  // tiles of a query tile one after the other in a fixed order; otherwise dQ comes from a
-  // pass of its own with no atomics.
-  // false: the order of additions may vary where that is faster. With the portable kernels,
-  // dQ is accumulated inside the dK/dV pass with fp32 atomics (as FlashAttention-2 does), so
-  // its last bits depend on the order the blocks run in. On Hopper the deterministic kernels
-  // measured faster than any-order ones, so they run for both settings (bench/RESULTS.md).
-  bool deterministic = true;
-  // Forward only, Hopper kernels (kernel_family() "sm90"): SMs the persistent forward leaves
-  // free, for work that runs beside it on another stream (a collective of context
-  // parallelism: NCCL's kernels need SMs of their own). The forward then runs
-  // multiprocessors - sm_margin blocks. Same results for every margin. FlashAttention-3 calls
-  // the same knob sm_margin. 0 <= sm_margin < the device's SM count; the portable kernels
-  // (not persistent) ignore it.
-  int sm_margin = 0;
-  // Backward only, Hopper kernels: true runs dQ in a pass of its own after the dK/dV pass
-  // where the one pass would compute it beside dK and dV (head dim 128, no left window, or
-  // on a single-device table one of at least 4096 keys), so that work on another stream can
-  // run beside the dQ pass: AllGather CP reduce-scatters dK/dV there. Deterministic either
-  // way; dQ's last bits differ between the two.
-  bool separate_dq_pass = false;
-};
-
 // Head dims the CUDA kernels are compiled for: 64 and 128.
 bool cuda_supports_head_dim(int64_t head_dim);
 
 // The kernels the current device runs: "sm90" (Hopper, compute capability 9.x: warpgroup
 // MMA kernels for the forward and the deterministic backward) or "portable" (mma.sync
-// kernels: on every other GPU, for Options::deterministic = false, and everywhere when the
+// kernels: on every other GPU, for AttentionOptions::deterministic = false, and everywhere when the
 // environment variable THDCP_PORTABLE_KERNELS is 1). Host queries only; safe during stream
 // capture.
 const char* kernel_family();
@@ -154,25 +126,19 @@ struct BackwardTensors {
   const int32_t* dkv_rows = nullptr;
 };
 
-// Everything about a call except the data. `table` gives capacity, q_rows, k_rows, mask and
-// kind; its `segments` pointer may be null at plan time (run() takes the table again).
-struct AttentionShape {
+// Everything about a call except the data: the heads (Hq, Hkv, D: 64 or 128), the table and
+// the dtypes. `table` gives capacity, q_rows, k_rows, mask and kind; its `segments` pointer
+// may be null at plan time (run() takes the table again).
+struct AttentionShape : HeadShape {
   DeviceSegmentTable table;
-  int64_t q_heads = 0;   // Hq
-  int64_t kv_heads = 0;  // Hkv; Hq % Hkv == 0
-  int64_t head_dim = 0;  // D: 64 or 128
   DType dtype = DType::kBFloat16;  // q, k, v, out, dout: bf16 or fp16
   DType dq_dtype = DType::kBFloat16;   // backward only: dtype or fp32
   DType dkv_dtype = DType::kBFloat16;  // backward only: dtype or fp32 (dk and dv)
 };
 
-// Every workspace a plan takes is kWorkspaceAlignment-byte aligned device memory; a caller
-// that carves several workspaces (or tables) from one allocation rounds each part up with
-// align_workspace.
-constexpr size_t kWorkspaceAlignment = 256;
-constexpr size_t align_workspace(size_t bytes) {
-  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
-}
+// Every workspace a plan takes is kWorkspaceAlignment-byte aligned device memory
+// (thdcp/core/workspace.h: a caller carving several from one allocation uses a
+// WorkspaceCarver).
 
 class ForwardPlan {
  public:
@@ -185,7 +151,7 @@ class ForwardPlan {
   // be kept between runs, but one plan's runs must not overlap in time) and sets the
   // kernels' attributes on the current device, which becomes the plan's device. Throws
   // thdcp::Error.
-  ForwardPlan(const AttentionShape& shape, const Options& options, void* workspace, size_t workspace_bytes);
+  ForwardPlan(const AttentionShape& shape, const AttentionOptions& options, void* workspace, size_t workspace_bytes);
 
   // Pointer checks (cudaPointerGetAttributes: device memory of the plan's device) of the
   // tensors run() will take, and everything run() checks. Plan time only (e.g. once for a
@@ -217,11 +183,11 @@ class BackwardPlan {
   // ([Hq, q_rows] fp32), fp32 accumulators for dk/dv when they are stored in 16 bits
   // ([k_rows, Hkv, D] each), an fp32 accumulator for dq (64-row tiles of the query tiles,
   // about [q_rows, Hq, D]) and its order counts. Depends only on the capacity and the shape
-  // (the same for every Options and kernel family).
-  static size_t workspace_size(const AttentionShape& shape, const Options& options = {});
+  // (the same for every AttentionOptions and kernel family).
+  static size_t workspace_size(const AttentionShape& shape, const AttentionOptions& options = {});
 
   // As ForwardPlan's (also checks dq_dtype and dkv_dtype).
-  BackwardPlan(const AttentionShape& shape, const Options& options, void* workspace, size_t workspace_bytes);
+  BackwardPlan(const AttentionShape& shape, const AttentionOptions& options, void* workspace, size_t workspace_bytes);
 
   // As ForwardPlan::check_tensors.
   void check_tensors(const BackwardTensors& tensors) const;
@@ -250,7 +216,7 @@ class BackwardPlan {
                Passes passes) const;
 
   AttentionShape shape_;
-  Options options_;
+  AttentionOptions options_;
   float scale_ = 0.0f;
   void* workspace_ = nullptr;
   int device_ = 0;
@@ -266,7 +232,7 @@ size_t forward_workspace_size(const DeviceSegmentTable& table);
 // ([Hq, q_rows] fp32), fp32 accumulators for dk/dv when they are stored in 16 bits
 // ([k_rows, Hkv, D] each) and, with options.deterministic == false, for dq ([q_rows, Hq, D]).
 size_t backward_workspace_size(const DeviceSegmentTable& table, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                               DType dkv_dtype, const Options& options = {});
+                               DType dkv_dtype, const AttentionOptions& options = {});
 
 // Forward attention over `table`, enqueued on `stream`: ForwardPlan, check_tensors, run.
 //   q          [table.q_rows, Hq, D]   bf16 or fp16
@@ -283,7 +249,7 @@ size_t backward_workspace_size(const DeviceSegmentTable& table, int64_t q_heads,
 // workspace too small).
 void attention_forward(const DeviceSegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
                        ThdTensor out, float* lse, float* max_logit, void* workspace, size_t workspace_bytes,
-                       cudaStream_t stream, const Options& options = {});
+                       cudaStream_t stream, const AttentionOptions& options = {});
 
 // Backward attention over `table` from the forward's out and lse, enqueued on `stream`:
 // BackwardPlan, check_tensors, run.
@@ -297,6 +263,6 @@ void attention_forward(const DeviceSegmentTable& table, ConstThdTensor q, ConstT
 void attention_backward(const DeviceSegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
                         ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
                         ThdTensor dv, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                        const Options& options = {});
+                        const AttentionOptions& options = {});
 
 }  // namespace thdcp::cuda

@@ -37,6 +37,7 @@
 #include <cuda_runtime_api.h>
 
 #include "thdcp/core/tensor.h"
+#include "thdcp/plan/attention_shape.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/rope.h"
 
@@ -48,15 +49,14 @@ constexpr int kRopeStatusPositionOutsideTable = 1;  // a position fell outside [
 // Largest head dim (and so rotary dim) the kernel takes.
 constexpr int64_t kRopeMaxHeadDim = 256;
 
-struct RopeShape {
+// The heads (HeadShape): q_heads >= 1 of q, kv_heads >= 0 of k (0: rotate q only), head_dim
+// in [2, 256]; and the following.
+struct RopeShape : HeadShape {
   int cp = 1;     // CP size
   int rank = 0;   // this rank, in [0, cp)
   // Global capacity (DESIGN.md section 1): the metadata arrays have max_seqs + 1 entries; the
   // rank's tensors have max_tokens / cp rows (max_tokens a multiple of 2*cp when cp > 1).
   Capacity capacity;
-  int64_t q_heads = 0;   // heads of q, >= 1
-  int64_t kv_heads = 0;  // heads of k, >= 0 (0: rotate q only)
-  int64_t head_dim = 0;  // D, in [2, 256]
   DType dtype = DType::kBFloat16;  // q and k: bf16 or fp16
   RopeConfig config;
   // Optional device cos/sin table (thdcp/plan/rope.h: fp32 [rows][rotary_dim / 2] each),

@@ -1,0 +1,71 @@
+// What describes an attention call on every backend: its heads (HeadShape) and its options
+// (AttentionOptions). The CPU reference, the CUDA plans, AllGather CP, RoPE, the C ABI and
+// the PyTorch package all take these two types; a backend ignores the options it has no use
+// for (each field says whose it is).
+#pragma once
+
+#include <cstdint>
+
+namespace thdcp {
+
+// The heads of a call: Hq query heads, Hkv key/value heads (GQA/MQA: Hq a multiple of Hkv),
+// head dim D. Shapes of every backend derive from it (a params base, as FlashAttention's
+// Qkv_params), so `shape.q_heads` reads the same everywhere.
+struct HeadShape {
+  int64_t q_heads = 0;   // Hq
+  int64_t kv_heads = 0;  // Hkv; Hq % Hkv == 0
+  int64_t head_dim = 0;  // D
+
+  const HeadShape& heads() const { return *this; }
+};
+
+// Throws thdcp::Error unless 1 <= Hkv, Hq is a multiple of Hkv, Hq < 2^31 and D >= 1, naming
+// the fields as `prefix` + "q_heads" (e.g. "params->" at the C boundary). Backends check
+// their own limits on D (cpu_supports_head_dim, cuda_supports_head_dim).
+void check_head_shape(const HeadShape& heads, const char* prefix = "");
+
+// The reference backend's arithmetic.
+enum class Accumulate {
+  kFloat32,  // as the GPU kernels do
+  kFloat64,  // for tests that need a tighter reference
+};
+
+struct AttentionOptions {
+  // Every backend: scale of q.k; 0 means 1/sqrt(head_dim).
+  float softmax_scale = 0.0f;
+
+  // CUDA backward. true: same bits on every run. Each fp32 dK/dV element receives at most
+  // two atomic additions onto zero (one per segment that reaches the key row; every table
+  // the CUDA backend builds has at most two), and two additions onto zero give the same bits
+  // in either order. dQ: on Hopper (kernel_family() "sm90") at head dim 128 without a left
+  // window, the dK/dV pass adds each key tile's share into fp32 accumulator tiles, the key
+  // tiles of a query tile one after the other in a fixed order; otherwise dQ comes from a
+  // pass of its own with no atomics.
+  // false: the order of additions may vary where that is faster. With the portable kernels,
+  // dQ is accumulated inside the dK/dV pass with fp32 atomics (as FlashAttention-2 does), so
+  // its last bits depend on the order the blocks run in. On Hopper the deterministic kernels
+  // measured faster than any-order ones, so they run for both settings (bench/RESULTS.md).
+  // The CPU reference is always deterministic.
+  bool deterministic = true;
+
+  // CUDA forward, Hopper kernels: SMs the persistent forward leaves free, for work that runs
+  // beside it on another stream (a collective of context parallelism: NCCL's kernels need SMs
+  // of their own). The forward then runs multiprocessors - sm_margin blocks. Same results for
+  // every margin. FlashAttention-3 calls the same knob sm_margin. 0 <= sm_margin < the
+  // device's SM count; the portable kernels (not persistent) ignore it.
+  int sm_margin = 0;
+
+  // CUDA backward, Hopper kernels: true runs dQ in a pass of its own after the dK/dV pass
+  // where the one pass would compute it beside dK and dV (head dim 128, no left window, or on
+  // a single-device table one of at least 4096 keys), so that work on another stream can run
+  // beside the dQ pass: AllGather CP reduce-scatters dK/dV there. Deterministic either way;
+  // dQ's last bits differ between the two.
+  bool separate_dq_pass = false;
+
+  // CPU reference: fp32 (as the kernels) or fp64 arithmetic, and its worker threads (0: every
+  // hardware thread).
+  Accumulate accumulate = Accumulate::kFloat32;
+  int num_threads = 0;
+};
+
+}  // namespace thdcp
