@@ -82,15 +82,17 @@ struct Problem {
   DType dtype;
 };
 
-// Device state of one batch and one mask: metadata, table, tensors, workspaces.
+// Device state of one batch and one mask: metadata, tensors, and a cuda::Attention for each
+// backward mode (deterministic and not) with its workspace.
 struct DeviceBatch {
   BatchLayout layout;
-  SegmentTable host_table;
-  Buffer cu_seqlens, cu_seqlens_padded, segments;
-  cuda::DeviceSegmentTable table;
+  SegmentTable host_table;  // the reference's, and the exact pairs the FLOPs count
+  AttentionProblem attention_problem;
+  Buffer cu_seqlens, cu_seqlens_padded;
   int64_t rows;
   Buffer q, k, v, out, dout, dq, dk, dv, lse, max_logit;
-  std::unique_ptr<Buffer> fwd_ws, bwd_ws;  // bwd_ws is sized for either backward mode
+  Buffer workspace[2];  // [deterministic]
+  std::unique_ptr<cuda::Attention> attention[2];
 
   DeviceBatch(const std::vector<int64_t>& lengths, const Mask& mask, const Problem& p, uint64_t seed)
       : layout(make_layout(lengths, 1, Capacity{static_cast<int>(lengths.size()) + 1,
@@ -98,7 +100,6 @@ struct DeviceBatch {
         host_table(build_segment_table(layout.view(), mask)),
         cu_seqlens(sizeof(int32_t) * layout.cu_seqlens.size()),
         cu_seqlens_padded(sizeof(int32_t) * layout.cu_seqlens.size()),
-        segments(sizeof(Segment) * static_cast<size_t>(layout.num_seqs())),
         rows(layout.total_rows()),
         q(bytes(rows, p.q_heads, p.head_dim, p.dtype)),
         k(bytes(rows, p.kv_heads, p.head_dim, p.dtype)),
@@ -111,18 +112,21 @@ struct DeviceBatch {
         lse(sizeof(float) * static_cast<size_t>(rows * p.q_heads)),
         max_logit(sizeof(float) * static_cast<size_t>(p.q_heads)),
         problem(p) {
-    THDCP_CHECK_CUDA(cudaMemcpy(cu_seqlens.data(), layout.cu_seqlens.data(), cu_seqlens.bytes(), cudaMemcpyHostToDevice));
-    THDCP_CHECK_CUDA(cudaMemcpy(cu_seqlens_padded.data(), layout.cu_seqlens_padded.data(), cu_seqlens_padded.bytes(),
-                                cudaMemcpyHostToDevice));
-    table = cuda::build_segment_table(static_cast<int32_t*>(cu_seqlens.data()),
-                                      static_cast<int32_t*>(cu_seqlens_padded.data()), layout.num_seqs(), rows, mask,
-                                      static_cast<Segment*>(segments.data()), nullptr);
-    fwd_ws = std::make_unique<Buffer>(cuda::forward_workspace_size(table));
-    AttentionOptions fused;
-    fused.deterministic = false;
-    bwd_ws = std::make_unique<Buffer>(
-        std::max(cuda::backward_workspace_size(table, p.q_heads, p.kv_heads, p.head_dim, p.dtype),
-                 cuda::backward_workspace_size(table, p.q_heads, p.kv_heads, p.head_dim, p.dtype, fused)));
+    cu_seqlens.upload(layout.cu_seqlens.data(), cu_seqlens.bytes());
+    cu_seqlens_padded.upload(layout.cu_seqlens_padded.data(), cu_seqlens_padded.bytes());
+    attention_problem.capacity = Capacity{layout.num_seqs(), rows};
+    attention_problem.mask = mask;
+    attention_problem.q_heads = p.q_heads;
+    attention_problem.kv_heads = p.kv_heads;
+    attention_problem.head_dim = p.head_dim;
+    attention_problem.dtype = attention_problem.dq_dtype = attention_problem.dkv_dtype = p.dtype;
+    for (bool deterministic : {false, true}) {
+      AttentionOptions options;
+      options.deterministic = deterministic;
+      Buffer& w = workspace[deterministic];
+      w = Buffer(cuda::Attention::workspace_size(attention_problem, options));
+      attention[deterministic] = std::make_unique<cuda::Attention>(attention_problem, options, w.data(), w.bytes());
+    }
     fill_device(q.data(), p.dtype, rows * p.q_heads * p.head_dim, seed + 1);
     fill_device(k.data(), p.dtype, rows * p.kv_heads * p.head_dim, seed + 2);
     fill_device(v.data(), p.dtype, rows * p.kv_heads * p.head_dim, seed + 3);
@@ -135,18 +139,20 @@ struct DeviceBatch {
   ThdTensor view(const Buffer& b, int heads) const {
     return ThdTensor{b.data(), problem.dtype, rows, heads, problem.head_dim};
   }
+  DeviceLayout device_layout() const {
+    return DeviceLayout{cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), attention_problem.capacity};
+  }
   void forward(cudaStream_t stream) {
-    cuda::attention_forward(table, view(q, problem.q_heads), view(k, problem.kv_heads), view(v, problem.kv_heads),
-                            view(out, problem.q_heads), static_cast<float*>(lse.data()),
-                            static_cast<float*>(max_logit.data()), fwd_ws->data(), fwd_ws->bytes(), stream);
+    attention[1]->forward(device_layout(),
+                          ForwardTensors{view(q, problem.q_heads), view(k, problem.kv_heads), view(v, problem.kv_heads),
+                                         view(out, problem.q_heads), lse.as<float>(), max_logit.as<float>()},
+                          stream);
   }
   void backward(cudaStream_t stream, bool deterministic) {
-    AttentionOptions options;
-    options.deterministic = deterministic;
-    cuda::attention_backward(table, view(q, problem.q_heads), view(k, problem.kv_heads), view(v, problem.kv_heads),
-                             view(out, problem.q_heads), view(dout, problem.q_heads), static_cast<float*>(lse.data()),
-                             view(dq, problem.q_heads), view(dk, problem.kv_heads), view(dv, problem.kv_heads),
-                             bwd_ws->data(), bwd_ws->bytes(), stream, options);
+    BackwardTensors t{view(q, problem.q_heads),   view(k, problem.kv_heads),   view(v, problem.kv_heads),
+                      view(out, problem.q_heads), view(dout, problem.q_heads), lse.as<float>(),
+                      view(dq, problem.q_heads),  view(dk, problem.kv_heads),  view(dv, problem.kv_heads)};
+    attention[deterministic]->backward(device_layout(), t, stream);
   }
 
   Problem problem;
@@ -329,7 +335,7 @@ int bench_command(const std::vector<std::string>& argv) {
   struct Single {
     double fwd_ms = 0, fwd_bwd_ms = 0;
   } single[2];
-  size_t workspace[3] = {0, 0, 0};  // device workspace of the timed batch: fwd, bwd, bwd(nondet)
+  size_t workspace[2] = {0, 0};  // cuda::Attention's device workspace: deterministic, not
   int mask_index = 0;
   for (const auto& m : masks) {
     DeviceBatch batch(lengths, m.mask, p, seed);
@@ -355,14 +361,13 @@ int bench_command(const std::vector<std::string>& argv) {
     if (mask_index == 0) {  // the same for every mask: capacity and shape only
       AttentionOptions nondet;
       nondet.deterministic = false;
-      workspace[0] = cuda::forward_workspace_size(batch.table);
-      workspace[1] = cuda::backward_workspace_size(batch.table, p.q_heads, p.kv_heads, p.head_dim, p.dtype);
-      workspace[2] = cuda::backward_workspace_size(batch.table, p.q_heads, p.kv_heads, p.head_dim, p.dtype, nondet);
+      workspace[0] = cuda::Attention::workspace_size(batch.attention_problem);
+      workspace[1] = cuda::Attention::workspace_size(batch.attention_problem, nondet);
     }
     ++mask_index;
   }
-  std::printf("workspace: fwd %zu bytes, bwd %zu bytes, bwd(nondet) %zu bytes\n", workspace[0], workspace[1],
-              workspace[2]);
+  std::printf("workspace: cuda::Attention %zu bytes (table, forward, backward), with deterministic = false %zu "
+              "bytes\n", workspace[0], workspace[1]);
   if (cp_sizes.empty()) return 0;
   std::printf("\nAllGather CP, ranks sharing this GPU (shared-GPU communicator). step: the whole step of every rank,\n"
               "one CUDA graph, median ms (the backward's reduce-scatter overlapped with its dQ pass); overhead =\n"

@@ -61,14 +61,14 @@ ThdTensor view(const DeviceBuffer& b, const cp::Problem& p, int64_t heads) {
 enum class Pass { kForward = 0, kForwardBackward = 1, kForwardBackwardKeptKv = 2 };
 
 void step(cp::CudaPlan& plan, RankBuffers& b, const cp::Problem& p, cudaStream_t stream, Pass pass) {
-  const DeviceLayout layout{b.cu.as<int32_t>(), b.cup.as<int32_t>()};
+  const DeviceLayout layout{b.cu.as<int32_t>(), b.cup.as<int32_t>(), p.capacity};
   plan.forward(layout,
-               cp::ForwardTensors{view(b.q, p, p.q_heads), view(b.k, p, p.kv_heads), view(b.v, p, p.kv_heads),
+               ForwardTensors{view(b.q, p, p.q_heads), view(b.k, p, p.kv_heads), view(b.v, p, p.kv_heads),
                                   view(b.out, p, p.q_heads), b.lse.as<float>(), b.max_logit.as<float>()},
                stream);
   if (pass == Pass::kForward) return;
   plan.backward(layout,
-                cp::BackwardTensors{view(b.q, p, p.q_heads), view(b.k, p, p.kv_heads), view(b.v, p, p.kv_heads),
+                BackwardTensors{view(b.q, p, p.q_heads), view(b.k, p, p.kv_heads), view(b.v, p, p.kv_heads),
                                     view(b.out, p, p.q_heads), view(b.dout, p, p.q_heads), b.lse.as<float>(),
                                     view(b.dq, p, p.q_heads), view(b.dk, p, p.kv_heads), view(b.dv, p, p.kv_heads)},
                 stream, pass == Pass::kForwardBackwardKeptKv ? cp::KvSource::kFromForward : cp::KvSource::kGather);
@@ -200,8 +200,8 @@ CpTiming time_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, 
         comm.synchronize(stream, 120);
         plan.add_phase_timings(one);
         if (backward) {
-          plan.backward(DeviceLayout{b.cu.as<int32_t>(), b.cup.as<int32_t>()},
-                        cp::BackwardTensors{view(b.q, p, q_heads), view(b.k, p, kv_heads), view(b.v, p, kv_heads),
+          plan.backward(DeviceLayout{b.cu.as<int32_t>(), b.cup.as<int32_t>(), p.capacity},
+                        BackwardTensors{view(b.q, p, q_heads), view(b.k, p, kv_heads), view(b.v, p, kv_heads),
                                             view(b.out, p, q_heads), view(b.dout, p, q_heads), b.lse.as<float>(),
                                             view(b.dq, p, q_heads), view(b.dk, p, kv_heads), view(b.dv, p, kv_heads)},
                         stream,

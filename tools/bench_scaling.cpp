@@ -218,17 +218,16 @@ struct Baseline {
   Reference ref;
 };
 
-// The single-device table's description before it is built (for the workspace sizes).
-cuda::AttentionShape single_device_shape(const BatchLayout& layout, const Mask& mask, const Shape& s) {
-  cuda::AttentionShape shape;
-  shape.table = cuda::single_device_table(layout.num_seqs(), layout.total_rows(), mask);
-  shape.q_heads = s.q_heads;
-  shape.kv_heads = s.kv_heads;
-  shape.head_dim = s.head_dim;
-  shape.dtype = s.dtype;
-  shape.dq_dtype = s.dtype;
-  shape.dkv_dtype = s.dtype;
-  return shape;
+// The single-device problem of the whole batch.
+AttentionProblem single_device_problem(const BatchLayout& layout, const Mask& mask, const Shape& s) {
+  AttentionProblem problem;
+  problem.capacity = Capacity{layout.num_seqs(), layout.total_rows()};
+  problem.mask = mask;
+  problem.q_heads = s.q_heads;
+  problem.kv_heads = s.kv_heads;
+  problem.head_dim = s.head_dim;
+  problem.dtype = problem.dq_dtype = problem.dkv_dtype = s.dtype;
+  return problem;
 }
 
 // The whole batch on GPU 0: one checked step whose outputs become the reference, then the
@@ -237,16 +236,13 @@ Baseline run_baseline(const BatchLayout& layout, const Inputs& in, const Mask& m
                       int iters) {
   Baseline b;
   const int64_t rows = layout.total_rows();
-  const int max_seqs = layout.num_seqs();
-  cuda::AttentionShape shape = single_device_shape(layout, mask, s);
-  const size_t fwd_ws_bytes = cuda::ForwardPlan::workspace_size(shape);
-  const size_t bwd_ws_bytes = cuda::BackwardPlan::workspace_size(shape);
+  const AttentionProblem problem = single_device_problem(layout, mask, s);
+  const size_t workspace_bytes = cuda::Attention::workspace_size(problem);
   const size_t offsets = sizeof(int32_t) * layout.cu_seqlens.size();
   const double need = 4.0 * static_cast<double>(s.bytes(rows, s.q_heads)) +
                       4.0 * static_cast<double>(s.bytes(rows, s.kv_heads)) +
                       4.0 * static_cast<double>(rows * s.q_heads + s.q_heads) +
-                      static_cast<double>(fwd_ws_bytes + bwd_ws_bytes + 2 * offsets) +
-                      static_cast<double>(sizeof(Segment)) * shape.table.capacity + kDeviceMargin;
+                      static_cast<double>(workspace_bytes + 2 * offsets) + kDeviceMargin;
   const double free_bytes = device_free_bytes(0);
   if (need > free_bytes) {
     b.skip = "the single-GPU baseline needs about " + gib(need) + " on GPU 0, " + gib(free_bytes) + " free";
@@ -257,8 +253,7 @@ Baseline run_baseline(const BatchLayout& layout, const Inputs& in, const Mask& m
       dk(s.bytes(rows, s.kv_heads)), dv(s.bytes(rows, s.kv_heads));
   DeviceBuffer lse(sizeof(float) * static_cast<size_t>(rows * s.q_heads)),
       max_logit(sizeof(float) * static_cast<size_t>(s.q_heads));
-  DeviceBuffer cu(offsets), cup(offsets), segments(sizeof(Segment) * static_cast<size_t>(shape.table.capacity));
-  DeviceBuffer fwd_ws(fwd_ws_bytes), bwd_ws(bwd_ws_bytes);
+  DeviceBuffer cu(offsets), cup(offsets), workspace(workspace_bytes);
   Stream stream;
   q.upload(in.q.data(), q.bytes(), stream.get());
   k.upload(in.k.data(), k.bytes(), stream.get());
@@ -268,25 +263,20 @@ Baseline run_baseline(const BatchLayout& layout, const Inputs& in, const Mask& m
   cup.upload(layout.cu_seqlens_padded.data(), offsets, stream.get());
   for (DeviceBuffer* o : {&out, &dq, &dk, &dv, &lse, &max_logit}) o->poison(stream.get());
 
-  shape.table = cuda::build_segment_table(cu.as<int32_t>(), cup.as<int32_t>(), max_seqs, rows, mask,
-                                          segments.as<Segment>(), stream.get());
-  const cuda::ForwardPlan forward(shape, AttentionOptions{}, fwd_ws.data(), fwd_ws.bytes());
-  const cuda::BackwardPlan backward(shape, AttentionOptions{}, bwd_ws.data(), bwd_ws.bytes());
+  const cuda::Attention attention(problem, AttentionOptions{}, workspace.data(), workspace.bytes());
+  const DeviceLayout device_layout{cu.as<int32_t>(), cup.as<int32_t>(), problem.capacity};
   auto view = [&](const DeviceBuffer& buffer, int64_t heads) {
     return ThdTensor{buffer.data(), s.dtype, rows, heads, s.head_dim};
   };
-  const cuda::ForwardTensors ft{view(q, s.q_heads), view(k, s.kv_heads), view(v, s.kv_heads),
+  const ForwardTensors ft{view(q, s.q_heads), view(k, s.kv_heads), view(v, s.kv_heads),
                                 view(out, s.q_heads), lse.as<float>(), max_logit.as<float>()};
-  const cuda::BackwardTensors bt{view(q, s.q_heads),   view(k, s.kv_heads),   view(v, s.kv_heads),
+  const BackwardTensors bt{view(q, s.q_heads),   view(k, s.kv_heads),   view(v, s.kv_heads),
                                  view(out, s.q_heads), view(dout, s.q_heads), lse.as<float>(),
                                  view(dq, s.q_heads),  view(dk, s.kv_heads),  view(dv, s.kv_heads)};
-  forward.check_tensors(ft);
-  backward.check_tensors(bt);
+  attention.check(device_layout, &ft, &bt);
   auto step = [&] {
-    const cuda::DeviceSegmentTable table = cuda::enqueue_segment_table(
-        cu.as<int32_t>(), cup.as<int32_t>(), max_seqs, rows, mask, segments.as<Segment>(), stream.get());
-    forward.run(table, ft, stream.get());
-    backward.run(table, bt, stream.get());
+    attention.forward(device_layout, ft, stream.get());
+    attention.backward(device_layout, bt, stream.get());
   };
 
   step();
@@ -426,10 +416,10 @@ void cp_rank(Communicator& host, const BatchLayout& layout, const Inputs& in, co
   auto tensor = [&](const DeviceBuffer& buffer, int64_t heads) {
     return ThdTensor{buffer.data(), s.dtype, local, heads, s.head_dim};
   };
-  const DeviceLayout device_layout{cu.as<int32_t>(), cup.as<int32_t>()};
-  const cp::ForwardTensors ft{tensor(q, s.q_heads),   tensor(k, s.kv_heads), tensor(v, s.kv_heads),
+  const DeviceLayout device_layout{cu.as<int32_t>(), cup.as<int32_t>(), problem.capacity};
+  const ForwardTensors ft{tensor(q, s.q_heads),   tensor(k, s.kv_heads), tensor(v, s.kv_heads),
                               tensor(out, s.q_heads), lse.as<float>(),       max_logit.as<float>()};
-  const cp::BackwardTensors bt{tensor(q, s.q_heads),   tensor(k, s.kv_heads),   tensor(v, s.kv_heads),
+  const BackwardTensors bt{tensor(q, s.q_heads),   tensor(k, s.kv_heads),   tensor(v, s.kv_heads),
                                tensor(out, s.q_heads), tensor(dout, s.q_heads), lse.as<float>(),
                                tensor(dq, s.q_heads),  tensor(dk, s.kv_heads),  tensor(dv, s.kv_heads)};
   plan.check_tensors(device_layout, &ft, &bt);

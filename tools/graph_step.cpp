@@ -113,24 +113,22 @@ graph::Work GraphStep::work() {
     const int64_t hq = shape_.q_heads, hkv = shape_.kv_heads;
     for (const Layer& l : layers_) {
       if (rope) {
-        rope->forward(layout.cu_seqlens, layout.cu_seqlens_padded, nullptr, view(l.q, hq, rows_), view(l.k, hkv, rows_),
-                      stream);
+        rope->forward(layout, nullptr, view(l.q, hq, rows_), view(l.k, hkv, rows_), stream);
       }
       attention.forward(layout,
-                        cp::ForwardTensors{view(l.q, hq, rows_), view(l.k, hkv, rows_), view(l.v, hkv, rows_),
-                                           view(l.out, hq, rows_), l.lse, max_logit_},
+                        ForwardTensors{view(l.q, hq, rows_), view(l.k, hkv, rows_), view(l.v, hkv, rows_),
+                                       view(l.out, hq, rows_), l.lse, max_logit_},
                         stream);
     }
     for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
       const Layer& l = *it;
       attention.backward(layout,
-                         cp::BackwardTensors{view(l.q, hq, rows_), view(l.k, hkv, rows_), view(l.v, hkv, rows_),
-                                             view(l.out, hq, rows_), view(l.dout, hq, rows_), l.lse,
-                                             view(l.dq, hq, rows_), view(l.dk, hkv, rows_), view(l.dv, hkv, rows_)},
+                         BackwardTensors{view(l.q, hq, rows_), view(l.k, hkv, rows_), view(l.v, hkv, rows_),
+                                         view(l.out, hq, rows_), view(l.dout, hq, rows_), l.lse,
+                                         view(l.dq, hq, rows_), view(l.dk, hkv, rows_), view(l.dv, hkv, rows_)},
                          stream);
       if (rope) {
-        rope->backward(layout.cu_seqlens, layout.cu_seqlens_padded, nullptr, view(l.dq, hq, rows_),
-                       view(l.dk, hkv, rows_), stream);
+        rope->backward(layout, nullptr, view(l.dq, hq, rows_), view(l.dk, hkv, rows_), stream);
       }
     }
   };

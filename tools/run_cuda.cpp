@@ -244,10 +244,10 @@ RankResult run_rank_cuda(CudaRun& run, Communicator& host_comm, const RunConfig&
     cp::CudaPlan plan(comm, problem, AttentionOptions{}, workspace.data(), workspace.bytes());
     plan.enable_phase_timing();
     comm.warm_up(stream);
-    const DeviceLayout device_layout{static_cast<const int32_t*>(cu.data()), static_cast<const int32_t*>(cup.data())};
+    const DeviceLayout device_layout{cu.as<int32_t>(), cup.as<int32_t>(), problem.capacity};
 
     auto start = std::chrono::steady_clock::now();
-    plan.forward(device_layout, cp::ForwardTensors{q.view(), k.view(), v.view(), out.view(),
+    plan.forward(device_layout, ForwardTensors{q.view(), k.view(), v.view(), out.view(),
                                                    static_cast<float*>(lse.data()), static_cast<float*>(max_logit.data())},
                  stream);
     comm.synchronize(stream, 600);
@@ -256,7 +256,7 @@ RankResult run_rank_cuda(CudaRun& run, Communicator& host_comm, const RunConfig&
     progress.step();
     start = std::chrono::steady_clock::now();
     plan.backward(device_layout,
-                  cp::BackwardTensors{q.view(), k.view(), v.view(), out.view(), dout.view(),
+                  BackwardTensors{q.view(), k.view(), v.view(), out.view(), dout.view(),
                                       static_cast<const float*>(lse.data()), dq.view(), dk.view(), dv.view()},
                   stream);
     comm.synchronize(stream, 600);

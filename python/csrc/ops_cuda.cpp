@@ -50,18 +50,16 @@ void check_cuda_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 }
 
 // The outputs of a forward ([rows, Hq, D] out, [Hq, rows] fp32 lse, [Hq] or [0] max_logit)
-// and the tensor set of a forward call (cuda::ForwardTensors or cp::ForwardTensors: the same
-// fields) over them.
+// and the tensor set of a forward call over them.
 Outputs3 forward_outputs(const at::Tensor& q, bool return_max_logit) {
   return Outputs3{at::empty({q.size(0), q.size(1), q.size(2)}, q.options()),
                   at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat)),
                   at::empty({return_max_logit ? q.size(1) : 0}, q.options().dtype(at::kFloat))};
 }
 
-template <typename Tensors>
-Tensors forward_tensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Outputs3& outputs,
-                        bool return_max_logit) {
-  Tensors tensors;
+ForwardTensors forward_tensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Outputs3& outputs,
+                               bool return_max_logit) {
+  ForwardTensors tensors;
   tensors.q = const_view(q, "q");
   tensors.k = const_view(k, "k");
   tensors.v = const_view(v, "v");
@@ -79,10 +77,9 @@ Outputs3 backward_outputs(const at::Tensor& q, const at::Tensor& k, const at::Te
                   at::empty({v.size(0), v.size(1), v.size(2)}, v.options())};
 }
 
-template <typename Tensors>
-Tensors backward_tensors(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const at::Tensor& out, const at::Tensor& lse, Outputs3& grads) {
-  Tensors tensors;
+BackwardTensors backward_tensors(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, Outputs3& grads) {
+  BackwardTensors tensors;
   tensors.q = const_view(q, "q");
   tensors.k = const_view(k, "k");
   tensors.v = const_view(v, "v");
@@ -106,44 +103,31 @@ void check_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at
                     q.size(0), "; got ", lse.scalar_type(), " ", lse.sizes());
 }
 
-cuda::AttentionShape single_device_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_seqlens,
-                                         const Mask& mask) {
-  TORCH_CHECK_VALUE(k.size(0) == q.size(0), "thdcp: k has ", k.size(0), " rows but q has ", q.size(0),
-                    "; q, k and v share one layout (cu_seqlens_padded)");
-  cuda::AttentionShape shape;
-  shape.table = cuda::single_device_table(static_cast<int>(cu_seqlens.numel() - 1), q.size(0), mask);
-  shape.q_heads = q.size(1);
-  shape.kv_heads = k.size(1);
-  shape.head_dim = q.size(2);
-  shape.dtype = to_dtype(q, "q");
-  shape.dq_dtype = shape.dkv_dtype = shape.dtype;
-  return shape;
+// The single-device problem of a call: its layout's capacity (cu_seqlens has max_seqs + 1
+// entries; q has max_tokens rows), heads, mask and dtype (gradients in the inputs' dtype).
+AttentionProblem single_device_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_seqlens,
+                                       const Mask& mask) {
+  AttentionProblem problem;
+  problem.capacity = Capacity{static_cast<int>(cu_seqlens.numel() - 1), q.size(0)};
+  problem.q_heads = q.size(1);
+  problem.kv_heads = k.size(1);
+  problem.head_dim = q.size(2);
+  problem.mask = mask;
+  problem.dtype = problem.dq_dtype = problem.dkv_dtype = to_dtype(q, "q");
+  return problem;
 }
 
-// One allocation (PyTorch's caching allocator, so capture-safe) for a single-device call: its
-// segment table, then its plan's workspace.
-struct CallScratch {
-  at::Tensor bytes;
-  Segment* segments = nullptr;
-  void* workspace = nullptr;
-};
-
-CallScratch call_scratch(const at::Tensor& q, const cuda::AttentionShape& shape, size_t workspace_bytes) {
-  const size_t table_bytes = align_workspace(sizeof(Segment) * static_cast<size_t>(shape.table.capacity));
-  CallScratch scratch;
-  scratch.bytes = at::empty({static_cast<int64_t>(table_bytes + workspace_bytes)}, q.options().dtype(at::kByte));
-  auto* base = static_cast<unsigned char*>(scratch.bytes.data_ptr());
-  scratch.segments = reinterpret_cast<Segment*>(base);
-  scratch.workspace = base + table_bytes;
-  return scratch;
+DeviceLayout device_layout(const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, const Capacity& capacity) {
+  return DeviceLayout{cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>(), capacity};
 }
 
-// Enqueues the build of the call's single-device table into its scratch.
-cuda::DeviceSegmentTable enqueue_table(const CallScratch& scratch, const at::Tensor& q, const at::Tensor& cu_seqlens,
-                                       const at::Tensor& cu_seqlens_padded, const Mask& mask, cudaStream_t stream) {
-  return cuda::enqueue_segment_table(cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>(),
-                                     static_cast<int>(cu_seqlens.numel() - 1), q.size(0), mask, scratch.segments,
-                                     stream);
+// The call's cuda::Attention over a workspace from PyTorch's caching allocator (capture-safe:
+// host arithmetic, a kernel attribute and one pointer query). `workspace` keeps it alive.
+cuda::Attention single_device_attention(const at::Tensor& q, const AttentionProblem& problem,
+                                        const AttentionOptions& options, at::Tensor& workspace) {
+  const size_t bytes = cuda::Attention::workspace_size(problem, options);
+  workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+  return cuda::Attention(problem, options, workspace.data_ptr(), bytes);
 }
 
 Outputs3 attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -154,17 +138,14 @@ Outputs3 attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const 
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
     const c10::cuda::CUDAGuard guard(q.device());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
-    const Mask mask = window_mask(window_left, window_right);
-    const cuda::AttentionShape shape = single_device_shape(q, k, cu_seqlens, mask);
+    const AttentionProblem problem = single_device_problem(q, k, cu_seqlens, window_mask(window_left, window_right));
     AttentionOptions options;
     options.softmax_scale = static_cast<float>(softmax_scale);
-    const size_t workspace_bytes = cuda::ForwardPlan::workspace_size(shape);
-    const CallScratch scratch = call_scratch(q, shape, workspace_bytes);
-    const cuda::ForwardPlan plan(shape, options, scratch.workspace, workspace_bytes);
-
+    at::Tensor workspace;
+    const cuda::Attention attention = single_device_attention(q, problem, options, workspace);
     Outputs3 outputs = forward_outputs(q, return_max_logit);
-    const auto tensors = forward_tensors<cuda::ForwardTensors>(q, k, v, outputs, return_max_logit);
-    plan.run(enqueue_table(scratch, q, cu_seqlens, cu_seqlens_padded, mask, stream), tensors, stream);
+    attention.forward(device_layout(cu_seqlens, cu_seqlens_padded, problem.capacity),
+                      forward_tensors(q, k, v, outputs, return_max_logit), stream);
     return outputs;
   });
 }
@@ -179,18 +160,15 @@ Outputs3 attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q, co
     check_backward_inputs(dout, q, out, lse);
     const c10::cuda::CUDAGuard guard(q.device());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
-    const Mask mask = window_mask(window_left, window_right);
-    const cuda::AttentionShape shape = single_device_shape(q, k, cu_seqlens, mask);
+    const AttentionProblem problem = single_device_problem(q, k, cu_seqlens, window_mask(window_left, window_right));
     AttentionOptions options;
     options.softmax_scale = static_cast<float>(softmax_scale);
     options.deterministic = deterministic;
-    const size_t workspace_bytes = cuda::BackwardPlan::workspace_size(shape, options);
-    const CallScratch scratch = call_scratch(q, shape, workspace_bytes);
-    const cuda::BackwardPlan plan(shape, options, scratch.workspace, workspace_bytes);
-
+    at::Tensor workspace;
+    const cuda::Attention attention = single_device_attention(q, problem, options, workspace);
     Outputs3 grads = backward_outputs(q, k, v);
-    const auto tensors = backward_tensors<cuda::BackwardTensors>(dout, q, k, v, out, lse, grads);
-    plan.run(enqueue_table(scratch, q, cu_seqlens, cu_seqlens_padded, mask, stream), tensors, stream);
+    attention.backward(device_layout(cu_seqlens, cu_seqlens_padded, problem.capacity),
+                       backward_tensors(dout, q, k, v, out, lse, grads), stream);
     return grads;
   });
 }
@@ -226,12 +204,11 @@ at::Tensor rope_cuda(const at::Tensor& x, const at::Tensor& cu_seqlens, const at
     const cuda::RopePlan plan(shape);
     const int32_t* offsets = start_offsets ? start_offsets->data_ptr<int32_t>() : nullptr;
     ThdTensor yv = view(y, "x");
+    const DeviceLayout layout = device_layout(cu_seqlens, cu_seqlens_padded, shape.capacity);
     if (backward) {
-      plan.backward(cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>(), offsets, yv, ThdTensor{},
-                    stream);
+      plan.backward(layout, offsets, yv, ThdTensor{}, stream);
     } else {
-      plan.forward(cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>(), offsets, yv, ThdTensor{},
-                   stream);
+      plan.forward(layout, offsets, yv, ThdTensor{}, stream);
     }
     return y;
   });
@@ -364,8 +341,8 @@ Outputs3 cp_attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, con
     CommEntry& entry = comm_entry(handle);
     CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, stream);
     Outputs3 outputs = forward_outputs(q, return_max_logit);
-    made.plan->forward(DeviceLayout{cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>()},
-                       forward_tensors<cp::ForwardTensors>(q, k, v, outputs, return_max_logit), stream);
+    made.plan->forward(device_layout(cu_seqlens, cu_seqlens_padded, made.plan->problem().capacity),
+                       forward_tensors(q, k, v, outputs, return_max_logit), stream);
     return outputs;
   });
 }
@@ -382,8 +359,8 @@ Outputs3 cp_attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q,
     CommEntry& entry = comm_entry(handle);
     CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, stream);
     Outputs3 grads = backward_outputs(q, k, v);
-    made.plan->backward(DeviceLayout{cu_seqlens.data_ptr<int32_t>(), cu_seqlens_padded.data_ptr<int32_t>()},
-                        backward_tensors<cp::BackwardTensors>(dout, q, k, v, out, lse, grads), stream);
+    made.plan->backward(device_layout(cu_seqlens, cu_seqlens_padded, made.plan->problem().capacity),
+                        backward_tensors(dout, q, k, v, out, lse, grads), stream);
     return grads;
   });
 }

@@ -1,6 +1,7 @@
-// Single-device attention plans of the C ABI: the CPU backend runs thdcp::cpu over a host
-// segment table built per call; the CUDA backend holds a ForwardPlan and a BackwardPlan
-// over one caller workspace and builds the device table on the stream.
+// Single-device attention plans of the C ABI: arguments translated to the library's types
+// and checked as the C ABI names them, then one call. The CPU backend runs thdcp::cpu over a
+// host segment table built per call; the CUDA backend holds one cuda::Attention over the
+// caller's workspace.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -19,21 +20,12 @@
 
 namespace thdcp::capi {
 
-// The checked contents of a thdcp_attention_params.
+// The checked contents of a thdcp_attention_params: the backend, the problem (what the CUDA
+// backend's cuda::Attention takes; the CPU backend reads the same fields) and the options.
 struct AttentionConfig {
   thdcp_backend_t backend = THDCP_BACKEND_CPU;
-  DType dtype = DType::kBFloat16;
-  DType dq_dtype = DType::kBFloat16;
-  DType dkv_dtype = DType::kBFloat16;
-  int64_t max_tokens = 0;
-  int64_t q_heads = 0;
-  int64_t kv_heads = 0;
-  int64_t head_dim = 0;
-  int max_seqs = 0;
-  Mask mask;
-  float softmax_scale = 0.0f;
-  bool deterministic = true;
-  int num_threads = 0;
+  AttentionProblem problem;
+  AttentionOptions options;
 };
 
 namespace {
@@ -49,8 +41,9 @@ AttentionConfig config_of(const thdcp_attention_params* given) {
   const bool cuda = backend == THDCP_BACKEND_CUDA;
   AttentionConfig c;
   c.backend = backend;
-  c.dtype = storage_dtype(raw_enum(p.dtype), "params->dtype");
-  THDCP_CAPI_REQUIRE(!cuda || c.dtype != DType::kFloat32,
+  auto& problem = c.problem;
+  problem.dtype = storage_dtype(raw_enum(p.dtype), "params->dtype");
+  THDCP_CAPI_REQUIRE(!cuda || problem.dtype != DType::kFloat32,
                      "params->dtype=THDCP_DTYPE_FP32 is not supported by the CUDA backend: use THDCP_DTYPE_BF16 or "
                      "THDCP_DTYPE_FP16 (or THDCP_BACKEND_CPU for fp32)");
   THDCP_CAPI_REQUIRE(p.max_tokens >= 0 && p.max_tokens <= std::numeric_limits<int32_t>::max(),
@@ -58,72 +51,22 @@ AttentionConfig config_of(const thdcp_attention_params* given) {
   THDCP_CAPI_REQUIRE(p.max_seqs >= 1, "params->max_seqs=" << p.max_seqs
                                                           << " must be >= 1: the most sequences a layout may have");
   check_heads(p.q_heads, p.kv_heads, p.head_dim, cuda);
-  c.max_tokens = p.max_tokens;
-  c.max_seqs = p.max_seqs;
-  c.q_heads = p.q_heads;
-  c.kv_heads = p.kv_heads;
-  c.head_dim = p.head_dim;
-  c.mask = mask_of(p.window_left, p.window_right, "params");
+  problem.capacity = Capacity{p.max_seqs, p.max_tokens};
+  problem.q_heads = p.q_heads;
+  problem.kv_heads = p.kv_heads;
+  problem.head_dim = p.head_dim;
+  problem.mask = mask_of(p.window_left, p.window_right, "params");
+  problem.dq_dtype = gradient_dtype(raw_enum(p.dq_dtype), problem.dtype, "params->dq_dtype");
+  problem.dkv_dtype = gradient_dtype(raw_enum(p.dkv_dtype), problem.dtype, "params->dkv_dtype");
   THDCP_CAPI_REQUIRE(std::isfinite(p.softmax_scale),
                      "params->softmax_scale=" << p.softmax_scale << " must be finite (0: 1/sqrt(head_dim))");
-  c.softmax_scale = p.softmax_scale;
-  c.deterministic = p.deterministic != 0;
-  c.dq_dtype = gradient_dtype(raw_enum(p.dq_dtype), c.dtype, "params->dq_dtype");
-  c.dkv_dtype = gradient_dtype(raw_enum(p.dkv_dtype), c.dtype, "params->dkv_dtype");
   THDCP_CAPI_REQUIRE(p.num_threads >= 0,
                      "params->num_threads=" << p.num_threads << " must be >= 0 (0: every hardware thread)");
-  c.num_threads = p.num_threads;
+  c.options.softmax_scale = p.softmax_scale;
+  c.options.deterministic = p.deterministic != 0;
+  c.options.num_threads = p.num_threads;
   return c;
 }
-
-AttentionOptions cpu_options(const AttentionConfig& c) {
-  AttentionOptions o;
-  o.softmax_scale = c.softmax_scale;
-  o.accumulate = Accumulate::kFloat32;
-  o.num_threads = c.num_threads;
-  return o;
-}
-
-#if defined(THDCP_HAVE_CUDA)
-
-
-cuda::AttentionShape shape_of(const AttentionConfig& c) {
-  cuda::AttentionShape s;
-  s.table = cuda::single_device_table(c.max_seqs, c.max_tokens, c.mask);
-  s.q_heads = c.q_heads;
-  s.kv_heads = c.kv_heads;
-  s.head_dim = c.head_dim;
-  s.dtype = c.dtype;
-  s.dq_dtype = c.dq_dtype;
-  s.dkv_dtype = c.dkv_dtype;
-  return s;
-}
-
-AttentionOptions cuda_options(const AttentionConfig& c) {
-  AttentionOptions o;
-  o.softmax_scale = c.softmax_scale;
-  o.deterministic = c.deterministic;
-  return o;
-}
-
-// The workspace: the device segment table, then the forward's, then the backward's.
-struct CudaWorkspace {
-  size_t forward_offset = 0, forward_bytes = 0;
-  size_t backward_offset = 0, backward_bytes = 0;
-  size_t total = 0;
-};
-
-CudaWorkspace cuda_workspace(const AttentionConfig& c) {
-  const cuda::AttentionShape shape = shape_of(c);
-  CudaWorkspace w;
-  w.forward_offset = align_workspace(static_cast<size_t>(shape.table.capacity) * sizeof(Segment));
-  w.forward_bytes = align_workspace(cuda::ForwardPlan::workspace_size(shape));
-  w.backward_offset = w.forward_offset + w.forward_bytes;
-  w.backward_bytes = align_workspace(cuda::BackwardPlan::workspace_size(shape, cuda_options(c)));
-  w.total = w.backward_offset + w.backward_bytes;
-  return w;
-}
-#endif
 
 }  // namespace
 
@@ -132,9 +75,7 @@ CudaWorkspace cuda_workspace(const AttentionConfig& c) {
 struct thdcp_attention_plan_st {
   thdcp::capi::AttentionConfig config;
 #if defined(THDCP_HAVE_CUDA)
-  thdcp::Segment* segments = nullptr;  // in the caller's workspace
-  std::unique_ptr<thdcp::cuda::ForwardPlan> forward;
-  std::unique_ptr<thdcp::cuda::BackwardPlan> backward;
+  std::unique_ptr<thdcp::cuda::Attention> cuda;
 #endif
 };
 
@@ -144,38 +85,48 @@ namespace {
 
 const char* kPlanHint = "a plan made by thdcp_attention_plan_create";
 
+// The tensors of a call, named as the C ABI names them: [max_tokens, heads, head_dim] each,
+// in the plan's dtypes (the CUDA backend checks the rest: strides, alignment, devices).
+ThdShape q_side(const AttentionConfig& c) {
+  const auto& p = c.problem;
+  return ThdShape{p.capacity.max_tokens, "max_tokens", p.q_heads, "q_heads", p.head_dim};
+}
+ThdShape kv_side(const AttentionConfig& c) {
+  const auto& p = c.problem;
+  return ThdShape{p.capacity.max_tokens, "max_tokens", p.kv_heads, "kv_heads", p.head_dim};
+}
+
+template <typename View>
+View checked(View v, const char* name, const ThdShape& shape, DType dtype) {
+  check_thd_shape(name, v, shape);
+  check_thd_dtype(name, v.dtype, dtype);
+  return v;
+}
+
 // The layout of a run: CPU on the host, checked in full; CUDA on the device, in capacity form.
 LayoutView run_layout(const AttentionConfig& c, const thdcp_layout_t* layout) {
   const LayoutView batch = layout_view(layout, "layout");
+  const Capacity& capacity = c.problem.capacity;
   if (c.backend == THDCP_BACKEND_CUDA) {
-    THDCP_CAPI_REQUIRE(batch.num_seqs == c.max_seqs,
+    THDCP_CAPI_REQUIRE(batch.num_seqs == capacity.max_seqs,
                        "layout->num_seqs=" << batch.num_seqs << " but the CUDA backend reads layouts in capacity "
-                                           << "form: num_seqs must be the plan's max_seqs=" << c.max_seqs
+                                           << "form: num_seqs must be the plan's max_seqs=" << capacity.max_seqs
                                            << ", unused trailing entries repeating the last offset "
                                               "(thdcp_capacity_layout makes it)");
     return batch;
   }
-  THDCP_CAPI_REQUIRE(batch.num_seqs <= c.max_seqs, "layout->num_seqs=" << batch.num_seqs
-                                                                      << " is more than the plan's max_seqs="
-                                                                      << c.max_seqs);
-  validate_layout(batch, c.max_tokens, 0);
+  THDCP_CAPI_REQUIRE(batch.num_seqs <= capacity.max_seqs, "layout->num_seqs=" << batch.num_seqs
+                                                                             << " is more than the plan's max_seqs="
+                                                                             << capacity.max_seqs);
+  validate_layout(batch, capacity.max_tokens, 0);
   return batch;
 }
 
-struct Inputs {
-  ConstThdTensor q, k, v;
-};
-
-Inputs inputs_of(const AttentionConfig& c, const thdcp_tensor_t* q, const thdcp_tensor_t* k,
-                 const thdcp_tensor_t* v) {
-  Inputs in{const_view(q, "q"), const_view(k, "k"), const_view(v, "v")};
-  expect_shape(in.q, "q", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dtype);
-  expect_shape(in.k, "k", c.max_tokens, "max_tokens", c.kv_heads, "kv_heads", c.head_dim, c.dtype);
-  expect_shape(in.v, "v", c.max_tokens, "max_tokens", c.kv_heads, "kv_heads", c.head_dim, c.dtype);
-  return in;
+#if defined(THDCP_HAVE_CUDA)
+DeviceLayout device_layout(const AttentionConfig& c, const LayoutView& batch) {
+  return DeviceLayout{batch.cu_seqlens, batch.cu_seqlens_padded, c.problem.capacity};
 }
 
-#if defined(THDCP_HAVE_CUDA)
 // Eager runs also check that every pointer is device memory of the plan's device (pointer
 // queries), so a host pointer is refused before anything is enqueued; runs being captured
 // into a graph skip those queries (the graph's buffers are checked by its eager warm-up).
@@ -192,29 +143,26 @@ void forward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const 
   THDCP_CAPI_NOT_NULL(plan, kPlanHint);
   const AttentionConfig& c = plan->config;
   const LayoutView batch = run_layout(c, layout);
-  const Inputs in = inputs_of(c, q, k, v);
-  const ThdTensor o = view(out, "out");
-  expect_shape(o, "out", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dtype);
-  THDCP_CAPI_REQUIRE(lse != nullptr || c.q_heads * c.max_tokens == 0,
-                     "lse is NULL: pass q_heads * max_tokens = " << c.q_heads * c.max_tokens << " floats");
+  const DType dtype = c.problem.dtype;
+  ForwardTensors t;
+  t.q = checked(const_view(q, "q"), "q", q_side(c), dtype);
+  t.k = checked(const_view(k, "k"), "k", kv_side(c), dtype);
+  t.v = checked(const_view(v, "v"), "v", kv_side(c), dtype);
+  t.out = checked(view(out, "out"), "out", q_side(c), dtype);
+  t.lse = lse;
+  t.max_logit = max_logit;
+  THDCP_CAPI_REQUIRE(lse != nullptr || c.problem.q_heads * c.problem.capacity.max_tokens == 0,
+                     "lse is NULL: pass q_heads * max_tokens = " << c.problem.q_heads * c.problem.capacity.max_tokens
+                                                                 << " floats");
   if (c.backend == THDCP_BACKEND_CPU) {
-    const SegmentTable table = build_segment_table(batch, c.mask);
-    cpu::attention_forward(table, in.q, in.k, in.v, o, lse, max_logit, cpu_options(c));
+    cpu::attention_forward(build_segment_table(batch, c.problem.mask), t.q, t.k, t.v, t.out, lse, max_logit,
+                           c.options);
     return;
   }
 #if defined(THDCP_HAVE_CUDA)
-  const cuda::DeviceSegmentTable table =
-      cuda::enqueue_segment_table(batch.cu_seqlens, batch.cu_seqlens_padded, c.max_seqs, c.max_tokens, c.mask,
-                                  plan->segments, stream);
-  cuda::ForwardTensors t;
-  t.q = in.q;
-  t.k = in.k;
-  t.v = in.v;
-  t.out = o;
-  t.lse = lse;
-  t.max_logit = max_logit;
-  if (!capturing(stream)) plan->forward->check_tensors(t);
-  plan->forward->run(table, t, stream);
+  const DeviceLayout device = device_layout(c, batch);
+  if (!capturing(stream)) plan->cuda->check(device, &t, nullptr);
+  plan->cuda->forward(device, t, stream);
 #else
   (void)stream;
 #endif
@@ -227,38 +175,29 @@ void backward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const
   THDCP_CAPI_NOT_NULL(plan, kPlanHint);
   const AttentionConfig& c = plan->config;
   const LayoutView batch = run_layout(c, layout);
-  const Inputs in = inputs_of(c, q, k, v);
-  const ConstThdTensor o = const_view(out, "out"), d_o = const_view(dout, "dout");
-  expect_shape(o, "out", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dtype);
-  expect_shape(d_o, "dout", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dtype);
-  THDCP_CAPI_REQUIRE(lse != nullptr || c.q_heads * c.max_tokens == 0,
-                     "lse is NULL: pass the forward's q_heads * max_tokens = " << c.q_heads * c.max_tokens
+  const auto& p = c.problem;
+  BackwardTensors t;
+  t.q = checked(const_view(q, "q"), "q", q_side(c), p.dtype);
+  t.k = checked(const_view(k, "k"), "k", kv_side(c), p.dtype);
+  t.v = checked(const_view(v, "v"), "v", kv_side(c), p.dtype);
+  t.out = checked(const_view(out, "out"), "out", q_side(c), p.dtype);
+  t.dout = checked(const_view(dout, "dout"), "dout", q_side(c), p.dtype);
+  t.dq = checked(view(dq, "dq"), "dq", q_side(c), p.dq_dtype);
+  t.dk = checked(view(dk, "dk"), "dk", kv_side(c), p.dkv_dtype);
+  t.dv = checked(view(dv, "dv"), "dv", kv_side(c), p.dkv_dtype);
+  t.lse = lse;
+  THDCP_CAPI_REQUIRE(lse != nullptr || p.q_heads * p.capacity.max_tokens == 0,
+                     "lse is NULL: pass the forward's q_heads * max_tokens = " << p.q_heads * p.capacity.max_tokens
                                                                                << " floats");
-  const ThdTensor g_q = view(dq, "dq"), g_k = view(dk, "dk"), g_v = view(dv, "dv");
-  expect_shape(g_q, "dq", c.max_tokens, "max_tokens", c.q_heads, "q_heads", c.head_dim, c.dq_dtype);
-  expect_shape(g_k, "dk", c.max_tokens, "max_tokens", c.kv_heads, "kv_heads", c.head_dim, c.dkv_dtype);
-  expect_shape(g_v, "dv", c.max_tokens, "max_tokens", c.kv_heads, "kv_heads", c.head_dim, c.dkv_dtype);
   if (c.backend == THDCP_BACKEND_CPU) {
-    const SegmentTable table = build_segment_table(batch, c.mask);
-    cpu::attention_backward(table, in.q, in.k, in.v, o, d_o, lse, g_q, g_k, g_v, cpu_options(c));
+    cpu::attention_backward(build_segment_table(batch, p.mask), t.q, t.k, t.v, t.out, t.dout, lse, t.dq, t.dk, t.dv,
+                            c.options);
     return;
   }
 #if defined(THDCP_HAVE_CUDA)
-  const cuda::DeviceSegmentTable table =
-      cuda::enqueue_segment_table(batch.cu_seqlens, batch.cu_seqlens_padded, c.max_seqs, c.max_tokens, c.mask,
-                                  plan->segments, stream);
-  cuda::BackwardTensors t;
-  t.q = in.q;
-  t.k = in.k;
-  t.v = in.v;
-  t.out = o;
-  t.dout = d_o;
-  t.lse = lse;
-  t.dq = g_q;
-  t.dk = g_k;
-  t.dv = g_v;
-  if (!capturing(stream)) plan->backward->check_tensors(t);
-  plan->backward->run(table, t, stream);
+  const DeviceLayout device = device_layout(c, batch);
+  if (!capturing(stream)) plan->cuda->check(device, nullptr, &t);
+  plan->cuda->backward(device, t, stream);
 #else
   (void)stream;
 #endif
@@ -276,7 +215,7 @@ thdcp_status_t thdcp_attention_plan_workspace_size(const thdcp_attention_params*
     THDCP_CAPI_NOT_NULL(workspace_bytes, "a size_t to receive the bytes");
     size_t bytes = 0;
 #if defined(THDCP_HAVE_CUDA)
-    if (c.backend == THDCP_BACKEND_CUDA) bytes = thdcp::capi::cuda_workspace(c).total;
+    if (c.backend == THDCP_BACKEND_CUDA) bytes = thdcp::cuda::Attention::workspace_size(c.problem, c.options);
 #endif
     *workspace_bytes = bytes;
   });
@@ -291,21 +230,15 @@ thdcp_status_t thdcp_attention_plan_create(const thdcp_attention_params* params,
     if (made->config.backend == THDCP_BACKEND_CUDA) {
       thdcp::capi::require_cuda_device("params->backend=THDCP_BACKEND_CUDA");
 #if defined(THDCP_HAVE_CUDA)
-      const thdcp::capi::CudaWorkspace w = thdcp::capi::cuda_workspace(made->config);
-      THDCP_CAPI_REQUIRE(workspace != nullptr && workspace_bytes >= w.total,
+      const thdcp::capi::AttentionConfig& c = made->config;
+      const size_t needed = thdcp::cuda::Attention::workspace_size(c.problem, c.options);
+      THDCP_CAPI_REQUIRE(workspace != nullptr && workspace_bytes >= needed,
                          "workspace=" << workspace << " of workspace_bytes=" << workspace_bytes << ": the plan needs "
-                                      << w.total << " bytes of device memory (thdcp_attention_plan_workspace_size)");
+                                      << needed << " bytes of device memory (thdcp_attention_plan_workspace_size)");
       THDCP_CAPI_REQUIRE(reinterpret_cast<uintptr_t>(workspace) % thdcp::kWorkspaceAlignment == 0,
                          "workspace=" << workspace << " is not " << thdcp::kWorkspaceAlignment
                                       << "-byte aligned: pass memory from cudaMalloc");
-      auto* base = static_cast<unsigned char*>(workspace);
-      const thdcp::cuda::AttentionShape shape = thdcp::capi::shape_of(made->config);
-      const thdcp::AttentionOptions options = thdcp::capi::cuda_options(made->config);
-      made->segments = reinterpret_cast<thdcp::Segment*>(base);
-      made->forward = std::make_unique<thdcp::cuda::ForwardPlan>(shape, options, base + w.forward_offset,
-                                                                 w.forward_bytes);
-      made->backward = std::make_unique<thdcp::cuda::BackwardPlan>(shape, options, base + w.backward_offset,
-                                                                   w.backward_bytes);
+      made->cuda = std::make_unique<thdcp::cuda::Attention>(c.problem, c.options, workspace, workspace_bytes);
 #endif
     } else {
       (void)workspace;

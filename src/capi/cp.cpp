@@ -159,7 +159,7 @@ LayoutView step_layout(const CpConfig& c, const thdcp_layout_t* layout) {
 void forward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q, const thdcp_tensor_t* k,
              const thdcp_tensor_t* v, const thdcp_tensor_t* out, float* lse, float* max_logit, thdcp_stream_t stream) {
   const LayoutView batch = step_layout(plan.config, layout);
-  cp::ForwardTensors t;
+  ForwardTensors t;
   t.q = const_view(q, "q");
   t.k = const_view(k, "k");
   t.v = const_view(v, "v");
@@ -167,19 +167,15 @@ void forward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_t
   t.lse = lse;
   t.max_logit = max_logit;
   const cp::Problem& p = plan.config.problem;
+  // Shapes and dtypes: the plan's own checks (thdcp::check_thd_shape), the same on both backends.
   THDCP_CAPI_REQUIRE(lse != nullptr || p.q_heads * p.local_rows() == 0,
                      "lse is NULL: pass q_heads * max_tokens / cp = " << p.q_heads * p.local_rows() << " floats");
-  for (auto [name, tensor] : {std::make_pair("q", t.q), std::make_pair("k", t.k), std::make_pair("v", t.v),
-                              std::make_pair("out", ConstThdTensor(t.out))}) {
-    THDCP_CAPI_REQUIRE(tensor.dtype == p.dtype, name << " has dtype " << dtype_name(tensor.dtype)
-                                                     << " but the plan's dtype is " << dtype_name(p.dtype));
-  }
   if (plan.cpu) {
     plan.cpu->forward(batch, t);
     return;
   }
 #if defined(THDCP_HAVE_CUDA)
-  plan.cuda->forward(DeviceLayout{batch.cu_seqlens, batch.cu_seqlens_padded}, t, stream);
+  plan.cuda->forward(DeviceLayout{batch.cu_seqlens, batch.cu_seqlens_padded, p.capacity}, t, stream);
 #else
   (void)stream;
 #endif
@@ -189,7 +185,7 @@ void backward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_
               const thdcp_tensor_t* v, const thdcp_tensor_t* out, const thdcp_tensor_t* dout, const float* lse,
               const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv, thdcp_stream_t stream) {
   const LayoutView batch = step_layout(plan.config, layout);
-  cp::BackwardTensors t;
+  BackwardTensors t;
   t.q = const_view(q, "q");
   t.k = const_view(k, "k");
   t.v = const_view(v, "v");
@@ -203,22 +199,13 @@ void backward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_
   THDCP_CAPI_REQUIRE(lse != nullptr || p.q_heads * p.local_rows() == 0,
                      "lse is NULL: pass the forward's q_heads * max_tokens / cp = " << p.q_heads * p.local_rows()
                                                                                     << " floats");
-  for (auto [name, tensor] : {std::make_pair("q", t.q), std::make_pair("k", t.k), std::make_pair("v", t.v),
-                              std::make_pair("out", t.out), std::make_pair("dout", t.dout)}) {
-    THDCP_CAPI_REQUIRE(tensor.dtype == p.dtype, name << " has dtype " << dtype_name(tensor.dtype)
-                                                     << " but the plan's dtype is " << dtype_name(p.dtype));
-  }
-  for (auto [name, tensor] : {std::make_pair("dq", t.dq), std::make_pair("dk", t.dk), std::make_pair("dv", t.dv)}) {
-    THDCP_CAPI_REQUIRE(tensor.dtype == p.dtype || tensor.dtype == DType::kFloat32,
-                       name << " has dtype " << dtype_name(tensor.dtype) << ": gradients are stored in the plan's dtype ("
-                            << dtype_name(p.dtype) << ") or fp32");
-  }
+  // Shapes and dtypes: the plan's own checks (thdcp::check_thd_shape), the same on both backends.
   if (plan.cpu) {
     plan.cpu->backward(batch, t);
     return;
   }
 #if defined(THDCP_HAVE_CUDA)
-  plan.cuda->backward(DeviceLayout{batch.cu_seqlens, batch.cu_seqlens_padded}, t, stream,
+  plan.cuda->backward(DeviceLayout{batch.cu_seqlens, batch.cu_seqlens_padded, p.capacity}, t, stream,
                       plan.config.backward_kv_from_forward ? cp::KvSource::kFromForward : cp::KvSource::kGather);
 #else
   (void)stream;

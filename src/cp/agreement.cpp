@@ -74,6 +74,7 @@ void check_backward_tensors(const Problem& p, const BackwardTensors& t) {
   check_local("dv", t.dv, local_kv(p), p.dtype, /*or_fp32=*/true);
   THDCP_CHECK(t.lse != nullptr || p.local_rows() * p.q_heads == 0,
               "lse is a null pointer: pass the forward's Hq * T/cp floats");
+  THDCP_CHECK(t.dkv_rows == nullptr, "dkv_rows is set: a CP plan maps the gradients' rows itself; leave it null");
 }
 
 uint64_t layout_fingerprint(const LayoutView& layout) {

@@ -1,6 +1,7 @@
 // The CUDA step set of AllGather CP and the CudaPlan: host code that enqueues device work.
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -26,23 +27,16 @@ using detail::Slot;
 
 int index_of(Slot slot) { return slot == Slot::kK ? 0 : 1; }
 
-cuda::DeviceSegmentTable table_shape(const Problem& p) {
-  cuda::DeviceSegmentTable t;
-  t.capacity = cuda::segment_table_capacity(cuda::TableKind::kAllGatherCp, p.capacity.max_seqs);
-  t.q_rows = p.local_rows();
-  t.k_rows = p.capacity.max_tokens;
-  t.mask = p.mask;
-  t.kind = cuda::TableKind::kAllGatherCp;
-  return t;
+// The rank's table (its shape and size are the same for every rank).
+cuda::TablePlan table_plan(const Problem& p, int rank = 0) {
+  return cuda::TablePlan::all_gather_cp(p.capacity, p.cp, rank, p.mask);
 }
 
 // The attention of the rank's queries over the gathered keys.
 cuda::AttentionShape attention_shape(const Problem& p) {
   cuda::AttentionShape s;
-  s.table = table_shape(p);
-  s.q_heads = p.q_heads;
-  s.kv_heads = p.kv_heads;
-  s.head_dim = p.head_dim;
+  static_cast<HeadShape&>(s) = p.heads();
+  s.table = table_plan(p).table();
   s.dtype = p.dtype;
   s.dq_dtype = p.dtype;
   s.dkv_dtype = DType::kFloat32;  // partial sums of every gathered row, reduce-scattered in fp32
@@ -71,7 +65,7 @@ Parts carve_parts(WorkspaceCarver& carver, const Problem& p, const AttentionOpti
   Parts w;
   const size_t elements = static_cast<size_t>(p.capacity.max_tokens * p.kv_heads * p.head_dim);
   const size_t local_elements = elements / static_cast<size_t>(p.cp);
-  w.segments = carver.take_array<Segment>(static_cast<size_t>(table_shape(p).capacity));
+  w.segments = carver.take<Segment>(table_plan(p).workspace_size());
   w.rank_rows = carver.take_array<int32_t>(static_cast<size_t>(p.capacity.max_tokens));
   for (unsigned char*& part : w.packed) part = carver.take<unsigned char>(local_elements * dtype_size(p.dtype));
   for (unsigned char*& part : w.gathered) part = carver.take<unsigned char>(elements * dtype_size(p.dtype));
@@ -109,6 +103,7 @@ void check_packable(const char* name, const ConstThdTensor& t) {
 
 struct CudaPlan::Workspace {
   Parts parts;
+  std::optional<cuda::TablePlan> table;  // this rank's
   std::unique_ptr<cuda::ForwardPlan> forward;
   std::unique_ptr<cuda::BackwardPlan> backward;
 };
@@ -198,11 +193,7 @@ class CudaSteps {
     THDCP_CHECK_CUDA(cudaEventRecord(events_->marks[events_->recorded++], current_));
   }
 
-  void build_table() {
-    table_ = cuda::enqueue_cp_segment_table(layout_.cu_seqlens, layout_.cu_seqlens_padded, p_.capacity.max_seqs,
-                                            p_.capacity.max_tokens, p_.cp, comm_.rank(), p_.mask,
-                                            w_.parts.segments, current_);
-  }
+  void build_table() { table_ = w_.table->run(layout_, w_.parts.segments, current_); }
 
   // `local`: this rank's K or V (a view with the tensor's strides), packed into the
   // workspace first unless it is contiguous.
@@ -227,9 +218,8 @@ class CudaSteps {
 
   ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot) {
     const ConstThdTensor ordered = sequence_order(slot);
-    cuda::gathered_to_sequence_order(gathered.data, const_cast<void*>(ordered.data), gathered.row_bytes(),
-                                     layout_.cu_seqlens_padded, p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp,
-                                     current_, ordered.row_bytes());
+    cuda::gathered_to_sequence_order(gathered.data, const_cast<void*>(ordered.data), gathered.row_bytes(), layout_,
+                                     p_.cp, current_);
     return ordered;
   }
 
@@ -240,7 +230,7 @@ class CudaSteps {
 
   void attention_forward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, ThdTensor out,
                          float* lse, float* max_logit) {
-    w_.forward->run(table_, cuda::ForwardTensors{q, k, v, out, lse, max_logit}, current_);
+    w_.forward->run(table_, ForwardTensors{q, k, v, out, lse, max_logit}, current_);
   }
 
   void max_reduce(float* max_logit, size_t count) { comm_.all_reduce_max(max_logit, count, current_); }
@@ -249,11 +239,10 @@ class CudaSteps {
                                         const ConstThdTensor& out, const ConstThdTensor& dout, const float* lse,
                                         ThdTensor dq) {
     int32_t* rank_rows = w_.parts.rank_rows;
-    cuda::gathered_rows_of_sequence(layout_.cu_seqlens_padded, p_.capacity.max_seqs, p_.capacity.max_tokens, p_.cp,
-                                    rank_rows, current_);
+    cuda::gathered_rows_of_sequence(layout_, p_.cp, rank_rows, current_);
     const SequenceGrads grads{fp32(w_.parts.grad_ranked[0], p_.capacity.max_tokens),
                               fp32(w_.parts.grad_ranked[1], p_.capacity.max_tokens)};
-    backward_ = cuda::BackwardTensors{q, k, v, out, dout, lse, dq, grads.dk, grads.dv};
+    backward_ = BackwardTensors{q, k, v, out, dout, lse, dq, grads.dk, grads.dv};
     backward_.dkv_rows = rank_rows;
     w_.backward->run_keys(table_, backward_, current_);
     return grads;
@@ -300,15 +289,20 @@ class CudaSteps {
   bool overlap_;
   cudaStream_t current_;
   cuda::DeviceSegmentTable table_;
-  cuda::BackwardTensors backward_;  // the key pass's, for the query pass
+  BackwardTensors backward_;  // the key pass's, for the query pass
 };
 
-void check_layout(const DeviceLayout& layout) {
+void check_layout(const DeviceLayout& layout, const Problem& p) {
   THDCP_CHECK(layout.cu_seqlens != nullptr && layout.cu_seqlens_padded != nullptr,
               "layout.cu_seqlens and layout.cu_seqlens_padded must be device arrays of max_seqs + 1 int32 entries");
   THDCP_CHECK(reinterpret_cast<uintptr_t>(layout.cu_seqlens) % alignof(int32_t) == 0 &&
                   reinterpret_cast<uintptr_t>(layout.cu_seqlens_padded) % alignof(int32_t) == 0,
               "layout arrays must be 4-byte aligned int32 arrays");
+  THDCP_CHECK(layout.capacity.max_seqs == p.capacity.max_seqs && layout.capacity.max_tokens == p.capacity.max_tokens,
+              "layout.capacity (max_seqs=" << layout.capacity.max_seqs << ", max_tokens=" << layout.capacity.max_tokens
+                                           << ") differs from the plan's (max_seqs=" << p.capacity.max_seqs
+                                           << ", max_tokens=" << p.capacity.max_tokens
+                                           << "): pass the global layout in the plan's capacity form");
 }
 
 // Host arithmetic only: what every step checks against the plan, and what the CUDA step set
@@ -395,6 +389,7 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
                 "workspace has " << workspace_bytes << " bytes; cuda_workspace_size gives " << needed);
     WorkspaceCarver carver(workspace);
     workspace_->parts = carve_parts(carver, problem, options);
+    workspace_->table = table_plan(problem, comm.rank());
     const Parts& parts = workspace_->parts;
     // The attention plans check dtype, head dim, kernel family and their workspaces.
     workspace_->forward =
@@ -414,7 +409,7 @@ void CudaPlan::check_tensors(const DeviceLayout& layout, const ForwardTensors* f
   in.options_fingerprint = options_fingerprint(options_);
   agree_on_device(comm_, in, [&] {
     const int device = comm_.device();
-    check_layout(layout);
+    check_layout(layout, problem_);
     check_on_device("layout.cu_seqlens", layout.cu_seqlens, device);
     check_on_device("layout.cu_seqlens_padded", layout.cu_seqlens_padded, device);
     if (forward) {
@@ -445,14 +440,14 @@ void CudaPlan::check_tensors(const DeviceLayout& layout, const ForwardTensors* f
 CudaPlan::~CudaPlan() = default;
 
 void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream) {
-  check_layout(layout);
+  check_layout(layout, problem_);
   check_forward_tensors(problem_, t);
   CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
   detail::run_forward(steps, t);
 }
 
 void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, KvSource kv) {
-  check_layout(layout);
+  check_layout(layout, problem_);
   check_backward_tensors(problem_, t);
   CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
   detail::run_backward(steps, t, kv == KvSource::kGather);

@@ -1,6 +1,6 @@
-// Host side of the CUDA backend that is not a plan: the kernel family of a device, the
-// device table builders, and the one-shot wrappers over the plans (forward_plan.cpp,
-// backward_plan.cpp). Nothing here reads device memory or synchronises.
+// Host side of the CUDA backend above the plans: the kernel family of a device and the
+// single-device Attention over a table plan and the two attention plans (forward_plan.cpp,
+// backward_plan.cpp, table_plan.cpp). Nothing here reads device memory or synchronises.
 #include "thdcp/cuda/attention.h"
 
 #include <atomic>
@@ -8,12 +8,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 #include "attention_checks.h"
 #include "launch.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/check.h"
-#include "thdcp/plan/segment_table.h"
 
 namespace thdcp::cuda {
 
@@ -45,140 +45,119 @@ const char* kernel_family() { return detail::use_sm90_kernels() ? "sm90" : "port
 
 bool cuda_supports_head_dim(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
-int segment_table_capacity(TableKind kind, int max_seqs) {
-  THDCP_CHECK(max_seqs >= 0, "max_seqs=" << max_seqs << " must be >= 0");
-  return kind == TableKind::kAllGatherCp ? 2 * max_seqs : max_seqs;
-}
-
-DeviceSegmentTable build_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
-                                       int64_t total_rows, const Mask& mask, Segment* segments,
-                                       cudaStream_t stream) {
-  check_mask(mask);
-  THDCP_CHECK(max_seqs >= 1, "max_seqs=" << max_seqs << " must be >= 1");
-  THDCP_CHECK(total_rows >= 0 && total_rows <= std::numeric_limits<int32_t>::max(),
-              "total_rows=" << total_rows << " must be in [0, 2^31)");
-  const int device = detail::current_device();
-  detail::check_device_pointer("cu_seqlens", cu_seqlens, device, alignof(int32_t));
-  detail::check_device_pointer("cu_seqlens_padded", cu_seqlens_padded, device, alignof(int32_t));
-  detail::check_device_pointer("segments", segments, device, alignof(Segment));
-  return enqueue_segment_table(cu_seqlens, cu_seqlens_padded, max_seqs, total_rows, mask, segments, stream);
-}
-
-DeviceSegmentTable enqueue_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
-                                         int64_t total_rows, const Mask& mask, Segment* segments,
-                                         cudaStream_t stream) {
-  detail::launch_build_single_table(cu_seqlens, cu_seqlens_padded, max_seqs, segments, stream);
-  DeviceSegmentTable table = single_device_table(max_seqs, total_rows, mask);
-  table.segments = segments;
-  return table;
-}
-
-DeviceSegmentTable single_device_table(int max_seqs, int64_t total_rows, const Mask& mask) {
-  DeviceSegmentTable table;
-  table.capacity = segment_table_capacity(TableKind::kSingleDevice, max_seqs);
-  table.q_rows = table.k_rows = total_rows;
-  table.mask = mask;
-  table.kind = TableKind::kSingleDevice;
-  return table;
-}
-
-DeviceSegmentTable build_cp_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
-                                          int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
-                                          Segment* segments, cudaStream_t stream) {
-  check_mask(mask);
-  THDCP_CHECK(max_seqs >= 1, "max_seqs=" << max_seqs << " must be >= 1");
-  THDCP_CHECK(cp >= 1, "cp=" << cp << " must be >= 1");
-  THDCP_CHECK(rank >= 0 && rank < cp, "rank=" << rank << " must be in [0, cp=" << cp << ")");
-  THDCP_CHECK(total_rows >= 0 && total_rows <= std::numeric_limits<int32_t>::max(),
-              "total_rows=" << total_rows << " must be in [0, 2^31)");
-  THDCP_CHECK(total_rows % (2 * static_cast<int64_t>(cp)) == 0,
-              "total_rows=" << total_rows << " is not a multiple of 2*cp=" << 2 * cp);
-  const int device = detail::current_device();
-  detail::check_device_pointer("cu_seqlens", cu_seqlens, device, alignof(int32_t));
-  detail::check_device_pointer("cu_seqlens_padded", cu_seqlens_padded, device, alignof(int32_t));
-  detail::check_device_pointer("segments", segments, device, alignof(Segment));
-  return enqueue_cp_segment_table(cu_seqlens, cu_seqlens_padded, max_seqs, total_rows, cp, rank, mask, segments,
-                                  stream);
-}
-
 namespace {
 
-// The description of an AllGather-CP table over `segments`.
-DeviceSegmentTable cp_table(Segment* segments, int max_seqs, int64_t total_rows, int cp, const Mask& mask) {
-  DeviceSegmentTable table;
-  table.segments = segments;
-  table.capacity = segment_table_capacity(TableKind::kAllGatherCp, max_seqs);
-  table.q_rows = total_rows / cp;
-  table.k_rows = total_rows;
-  table.mask = mask;
-  table.kind = TableKind::kAllGatherCp;
-  return table;
+AttentionShape shape_of(const AttentionProblem& problem, const TablePlan& table) {
+  AttentionShape shape;
+  static_cast<HeadShape&>(shape) = problem.heads();
+  shape.table = table.table();
+  shape.dtype = problem.dtype;
+  shape.dq_dtype = problem.dq_dtype;
+  shape.dkv_dtype = problem.dkv_dtype;
+  return shape;
 }
 
 }  // namespace
 
-DeviceSegmentTable enqueue_cp_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
-                                            int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
-                                            Segment* segments, cudaStream_t stream) {
-  detail::launch_build_cp_table(cu_seqlens, cu_seqlens_padded, max_seqs, cp, rank, mask, segments, stream);
-  return cp_table(segments, max_seqs, total_rows, cp, mask);
-}
+// The workspace, in order: the segment table, the forward's, the backward's.
+struct Attention::Parts {
+  Segment* segments = nullptr;
+  void* forward = nullptr;
+  void* backward = nullptr;
+  size_t forward_bytes = 0, backward_bytes = 0;
 
-size_t forward_workspace_size(const DeviceSegmentTable& table) {
-  AttentionShape shape;
-  shape.table = table;
-  return ForwardPlan::workspace_size(shape);
-}
-
-size_t backward_workspace_size(const DeviceSegmentTable& table, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                               DType dkv_dtype, const AttentionOptions& options) {
-  AttentionShape shape;
-  shape.table = table;
-  shape.q_heads = q_heads;
-  shape.kv_heads = kv_heads;
-  shape.head_dim = head_dim;
-  shape.dkv_dtype = dkv_dtype;
-  return BackwardPlan::workspace_size(shape, options);
-}
-
-void attention_forward(const DeviceSegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
-                       ThdTensor out, float* lse, float* max_logit, void* workspace, size_t workspace_bytes,
-                       cudaStream_t stream, const AttentionOptions& options) {
-  AttentionShape shape;
-  shape.table = table;
-  shape.q_heads = q.heads;
-  shape.kv_heads = k.heads;
-  shape.head_dim = q.head_dim;
-  shape.dtype = q.dtype;
-  const ForwardPlan plan(shape, options, workspace, workspace_bytes);
-  // A plan takes the table's device array only at run(); a one-shot call checks it here.
-  if (table.capacity > 0) {
-    detail::check_device_pointer("table.segments", table.segments, plan.device(), alignof(Segment));
+  Parts(WorkspaceCarver& carver, const AttentionProblem& problem, const TablePlan& table,
+        const AttentionOptions& options) {
+    const AttentionShape shape = shape_of(problem, table);
+    forward_bytes = ForwardPlan::workspace_size(shape);
+    backward_bytes = BackwardPlan::workspace_size(shape, options);
+    segments = carver.take<Segment>(table.workspace_size());
+    forward = carver.take(forward_bytes);
+    backward = carver.take(backward_bytes);
   }
-  const ForwardTensors tensors{q, k, v, out, lse, max_logit};
-  plan.check_tensors(tensors);
-  plan.run(table, tensors, stream);
+};
+
+size_t Attention::workspace_size(const AttentionProblem& problem, const AttentionOptions& options) {
+  WorkspaceCarver sizing;
+  const Parts parts(sizing, problem, TablePlan::single_device(problem.capacity, problem.mask), options);
+  (void)parts;
+  return sizing.bytes();
 }
 
-void attention_backward(const DeviceSegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
-                        ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
-                        ThdTensor dv, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                        const AttentionOptions& options) {
-  AttentionShape shape;
-  shape.table = table;
-  shape.q_heads = q.heads;
-  shape.kv_heads = k.heads;
-  shape.head_dim = q.head_dim;
-  shape.dtype = q.dtype;
-  shape.dq_dtype = dq.dtype;
-  shape.dkv_dtype = dk.dtype;
-  const BackwardPlan plan(shape, options, workspace, workspace_bytes);
-  if (table.capacity > 0) {
-    detail::check_device_pointer("table.segments", table.segments, plan.device(), alignof(Segment));
+namespace {
+
+// The parts of a checked workspace (the plans check its pointer: device memory, aligned).
+WorkspaceCarver checked_carver(const AttentionProblem& problem, const AttentionOptions& options, void* workspace,
+                               size_t workspace_bytes) {
+  const size_t needed = Attention::workspace_size(problem, options);
+  THDCP_CHECK(workspace != nullptr && workspace_bytes >= needed,
+              "workspace=" << workspace << " of " << workspace_bytes << " bytes: the call needs " << needed
+                           << " bytes of device memory (Attention::workspace_size)");
+  return WorkspaceCarver(workspace);
+}
+
+}  // namespace
+
+Attention::Attention(const AttentionProblem& problem, const AttentionOptions& options, void* workspace,
+                     size_t workspace_bytes)
+    : Attention(problem, options, TablePlan::single_device(problem.capacity, problem.mask),
+                checked_carver(problem, options, workspace, workspace_bytes)) {}
+
+Attention::Attention(const AttentionProblem& problem, const AttentionOptions& options, const TablePlan& table,
+                     WorkspaceCarver carver)
+    : Attention(problem, options, table, Parts(carver, problem, table, options)) {}
+
+Attention::Attention(const AttentionProblem& problem, const AttentionOptions& options, const TablePlan& table,
+                     const Parts& parts)
+    : problem_(problem),
+      table_(table),
+      segments_(parts.segments),
+      forward_(shape_of(problem, table), options, parts.forward, parts.forward_bytes),
+      backward_(shape_of(problem, table), options, parts.backward, parts.backward_bytes) {}
+
+namespace {
+
+ThdShape q_rows_of(const AttentionProblem& p) {
+  return ThdShape{p.capacity.max_tokens, "max_tokens", p.q_heads, "q_heads", p.head_dim};
+}
+
+ThdShape kv_rows_of(const AttentionProblem& p) {
+  return ThdShape{p.capacity.max_tokens, "max_tokens", p.kv_heads, "kv_heads", p.head_dim};
+}
+
+}  // namespace
+
+void Attention::check(const DeviceLayout& layout, const ForwardTensors* forward,
+                      const BackwardTensors* backward) const {
+  table_.check(layout, segments_);
+  if (forward) forward_.check_tensors(*forward);
+  if (backward) backward_.check_tensors(*backward);
+}
+
+void Attention::forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream) const {
+  // The shapes in the problem's terms first (the plans check the rest: strides, alignment).
+  for (const auto& [name, tensor, shape] : {std::make_tuple("q", t.q, q_rows_of(problem_)),
+                                            std::make_tuple("k", t.k, kv_rows_of(problem_)),
+                                            std::make_tuple("v", t.v, kv_rows_of(problem_)),
+                                            std::make_tuple("out", ConstThdTensor(t.out), q_rows_of(problem_))}) {
+    check_thd_shape(name, tensor, shape);
   }
-  const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
-  plan.check_tensors(tensors);
-  plan.run(table, tensors, stream);
+  const DeviceSegmentTable table = table_.run(layout, segments_, stream);
+  forward_.run(table, t, stream);
+}
+
+void Attention::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream) const {
+  for (const auto& [name, tensor, shape] :
+       {std::make_tuple("q", t.q, q_rows_of(problem_)), std::make_tuple("k", t.k, kv_rows_of(problem_)),
+        std::make_tuple("v", t.v, kv_rows_of(problem_)), std::make_tuple("out", t.out, q_rows_of(problem_)),
+        std::make_tuple("dout", t.dout, q_rows_of(problem_)),
+        std::make_tuple("dq", ConstThdTensor(t.dq), q_rows_of(problem_)),
+        std::make_tuple("dk", ConstThdTensor(t.dk), kv_rows_of(problem_)),
+        std::make_tuple("dv", ConstThdTensor(t.dv), kv_rows_of(problem_))}) {
+    check_thd_shape(name, tensor, shape);
+  }
+  const DeviceSegmentTable table = table_.run(layout, segments_, stream);
+  backward_.run(table, t, stream);
 }
 
 }  // namespace thdcp::cuda

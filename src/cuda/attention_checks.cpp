@@ -40,8 +40,7 @@ void check_table_description(const DeviceSegmentTable& table) {
                                             << ") must be in [0, 2^31)");
   THDCP_CHECK(table.kind == TableKind::kSingleDevice || table.kind == TableKind::kAllGatherCp,
               "segment table kind " << static_cast<int>(table.kind)
-                                    << " is not a TableKind: take the table from build_segment_table or "
-                                       "build_cp_segment_table");
+                                    << " is not a TableKind: take the table from a TablePlan");
   check_mask(table.mask);
 }
 
@@ -78,7 +77,7 @@ void check_table_matches(const AttentionShape& shape, const DeviceSegmentTable& 
                   << (table.kind == TableKind::kAllGatherCp ? "AllGather CP" : "single device")
                   << ") differs from the plan's: make a plan for this kind of table");
   THDCP_CHECK(table.capacity == 0 || table.segments != nullptr,
-              "table.segments is a null pointer: build the table (build_segment_table) into a device array");
+              "table.segments is a null pointer: build the table (TablePlan::run) into a device array");
 }
 
 ThdShape q_shape(const AttentionShape& shape) {

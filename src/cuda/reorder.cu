@@ -13,40 +13,28 @@ constexpr int kRowsPerBlock = kThreads / 32;
 
 // One warp per row: the row's owner (a binary search over cu_seqlens_padded) is found once
 // per row, not once per 16-byte word, and the lanes move the row's words, coalesced.
-// kToSequence moves gathered -> ordered, else back. Ordered rows are ordered_pitch words
-// apart (a view of some heads of a wider tensor); gathered rows are packed.
-template <bool kToSequence>
-__global__ void __launch_bounds__(kThreads) reorder_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
-                                                           int64_t words_per_row, int64_t ordered_pitch,
-                                                           const int32_t* __restrict__ cu_seqlens_padded,
-                                                           int max_seqs, int64_t total_rows, int cp) {
+// Moves gathered rows to sequence order.
+__global__ void __launch_bounds__(kThreads) reorder_kernel(const uint4* __restrict__ gathered,
+                                                         uint4* __restrict__ ordered, int64_t words_per_row,
+                                                         const int32_t* __restrict__ cu_seqlens_padded,
+                                                         int max_seqs, int64_t total_rows, int cp) {
   const int64_t global_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (global_row >= total_rows) return;
   const DualChunkLocation where = dual_chunk_locate_row(cu_seqlens_padded, max_seqs, cp, global_row);
   const int64_t gathered_row = where.rank * (total_rows / cp) + where.local_row;
-  const int64_t from = kToSequence ? gathered_row * words_per_row : global_row * ordered_pitch;
-  const int64_t to = kToSequence ? global_row * ordered_pitch : gathered_row * words_per_row;
-  for (int64_t word = threadIdx.x % 32; word < words_per_row; word += 32) dst[to + word] = src[from + word];
+  const uint4* from = gathered + gathered_row * words_per_row;
+  uint4* to = ordered + global_row * words_per_row;
+  for (int64_t word = threadIdx.x % 32; word < words_per_row; word += 32) to[word] = from[word];
 }
 
-template <bool kToSequence>
-void launch_reorder(const void* src, void* dst, size_t row_bytes, size_t ordered_row_pitch,
-                    const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp, cudaStream_t stream) {
-  THDCP_CHECK(row_bytes % 16 == 0, "row_bytes=" << row_bytes << " must be a multiple of 16");
-  if (ordered_row_pitch == 0) ordered_row_pitch = row_bytes;
-  THDCP_CHECK(ordered_row_pitch % 16 == 0 && ordered_row_pitch >= row_bytes,
-              "ordered_row_pitch=" << ordered_row_pitch << " must be a multiple of 16 and at least row_bytes="
-                                   << row_bytes);
-  THDCP_CHECK(cp >= 1 && max_seqs >= 1 && total_rows >= 0 && total_rows % (2 * cp) == 0,
-              "reorder: cp=" << cp << ", max_seqs=" << max_seqs << ", total_rows=" << total_rows
-                             << ": need cp >= 1, max_seqs >= 1 and total_rows a multiple of 2*cp");
-  const int64_t words_per_row = static_cast<int64_t>(row_bytes / 16);
-  if (total_rows == 0 || words_per_row == 0) return;
-  const int64_t blocks = (total_rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  reorder_kernel<kToSequence><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      static_cast<const uint4*>(src), static_cast<uint4*>(dst), words_per_row,
-      static_cast<int64_t>(ordered_row_pitch / 16), cu_seqlens_padded, max_seqs, total_rows, cp);
-  THDCP_CHECK_CUDA(cudaGetLastError());
+// The layout's capacity as the kernels take it (max_seqs, total_rows), checked against cp.
+void check_reorder_layout(const DeviceLayout& layout, int cp, const char* what) {
+  const Capacity& c = layout.capacity;
+  THDCP_CHECK(cp >= 1 && c.max_seqs >= 1 && c.max_tokens >= 0 && c.max_tokens % (2 * cp) == 0 &&
+                  c.max_tokens <= INT32_MAX,
+              what << ": cp=" << cp << ", layout.capacity (max_seqs=" << c.max_seqs << ", max_tokens=" << c.max_tokens
+                   << "): need cp >= 1, max_seqs >= 1 and max_tokens a multiple of 2*cp below 2^31");
+  THDCP_CHECK(layout.cu_seqlens_padded != nullptr, what << ": layout.cu_seqlens_padded is a null pointer");
 }
 
 __global__ void gathered_rows_kernel(const int32_t* __restrict__ cu_seqlens_padded, int max_seqs, int64_t total_rows,
@@ -59,17 +47,18 @@ __global__ void gathered_rows_kernel(const int32_t* __restrict__ cu_seqlens_padd
 
 }  // namespace
 
-void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_bytes,
-                                const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
-                                cudaStream_t stream, size_t ordered_row_pitch) {
-  launch_reorder<true>(gathered, ordered, row_bytes, ordered_row_pitch, cu_seqlens_padded, max_seqs, total_rows, cp,
-                       stream);
-}
-
-void sequence_to_gathered_order(const void* ordered, void* gathered, size_t row_bytes,
-                                const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
-                                cudaStream_t stream) {
-  launch_reorder<false>(ordered, gathered, row_bytes, 0, cu_seqlens_padded, max_seqs, total_rows, cp, stream);
+void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_bytes, const DeviceLayout& layout,
+                                int cp, cudaStream_t stream) {
+  check_reorder_layout(layout, cp, "gathered_to_sequence_order");
+  THDCP_CHECK(row_bytes % 16 == 0, "row_bytes=" << row_bytes << " must be a multiple of 16");
+  const int64_t words_per_row = static_cast<int64_t>(row_bytes / 16);
+  const int64_t total_rows = layout.capacity.max_tokens;
+  if (total_rows == 0 || words_per_row == 0) return;
+  const int64_t blocks = (total_rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  reorder_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      static_cast<const uint4*>(gathered), static_cast<uint4*>(ordered), words_per_row, layout.cu_seqlens_padded,
+      layout.capacity.max_seqs, total_rows, cp);
+  THDCP_CHECK_CUDA(cudaGetLastError());
 }
 
 void convert_from_fp32(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream) {
@@ -88,12 +77,11 @@ void convert_from_fp32(const float* src, ThdTensor dst, cudaStream_t stream) {
                               static_cast<int>(dst.head_dim), dst.row_step(), dst.head_step(), 1.0f, stream);
 }
 
-void gathered_rows_of_sequence(const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
-                               int32_t* rows, cudaStream_t stream) {
-  THDCP_CHECK(cp >= 1 && max_seqs >= 1 && total_rows >= 0 && total_rows % (2 * cp) == 0 &&
-                  total_rows <= INT32_MAX,
-              "gathered_rows_of_sequence: cp=" << cp << ", max_seqs=" << max_seqs << ", total_rows=" << total_rows
-                                               << ": need cp >= 1, max_seqs >= 1, total_rows a multiple of 2*cp < 2^31");
+void gathered_rows_of_sequence(const DeviceLayout& layout, int cp, int32_t* rows, cudaStream_t stream) {
+  check_reorder_layout(layout, cp, "gathered_rows_of_sequence");
+  const int64_t total_rows = layout.capacity.max_tokens;
+  const int max_seqs = layout.capacity.max_seqs;
+  const int32_t* cu_seqlens_padded = layout.cu_seqlens_padded;
   if (total_rows == 0) return;
   const int64_t blocks = (total_rows + kThreads - 1) / kThreads;
   gathered_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(cu_seqlens_padded, max_seqs,

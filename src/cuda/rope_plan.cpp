@@ -15,14 +15,10 @@ namespace {
 constexpr int kVectorElements = 8;  // 16 bytes of bf16/fp16
 
 // run(): one of the call's tensors matches the plan (shape, dtype, strides, alignment).
-void check_view(const char* name, const ThdTensor& t, int64_t rows, int64_t heads, int64_t head_dim, DType dtype) {
-  THDCP_CHECK(t.dtype == dtype, name << " has dtype " << dtype_name(t.dtype) << " but the plan was made for "
-                                     << dtype_name(dtype));
-  THDCP_CHECK(t.tokens == rows, name << " has " << t.tokens << " rows but the plan's rank holds max_tokens/cp="
-                                     << rows << ": pass the rank's whole local buffer");
-  THDCP_CHECK(t.heads == heads, name << " has " << t.heads << " heads but the plan was made for " << heads);
-  THDCP_CHECK(t.head_dim == head_dim, name << " has head_dim=" << t.head_dim << " but the plan was made for "
-                                           << head_dim);
+void check_view(const char* name, const ThdTensor& t, const ThdShape& shape, DType dtype) {
+  check_thd_shape(name, t, shape);
+  check_thd_dtype(name, t.dtype, dtype);
+  const int64_t rows = shape.rows, heads = shape.heads, head_dim = shape.head_dim;
   THDCP_CHECK(t.row_stride >= 0 && t.head_stride >= 0,
               name << ": row_stride=" << t.row_stride << " and head_stride=" << t.head_stride
                    << " must be >= 0 (0: contiguous)");
@@ -34,9 +30,16 @@ void check_view(const char* name, const ThdTensor& t, int64_t rows, int64_t head
                    << (heads - 1) * t.head_step() + head_dim
                    << ": rows would overlap; use a larger row_stride (0: heads*head_dim)");
   if (t.numel() == 0) return;
-  THDCP_CHECK(t.data != nullptr, name << " has no data (null pointer)");
   THDCP_CHECK(reinterpret_cast<uintptr_t>(t.data) % dtype_size(dtype) == 0,
               name << " data " << t.data << " is not aligned to its " << dtype_size(dtype) << "-byte elements");
+}
+
+// The rank's whole local buffer of q and of k.
+ThdShape q_view(const RopeShape& shape, int64_t rows) {
+  return ThdShape{rows, "max_tokens/cp", shape.q_heads, "q_heads", shape.head_dim};
+}
+ThdShape k_view(const RopeShape& shape, int64_t rows) {
+  return ThdShape{rows, "max_tokens/cp", shape.kv_heads, "kv_heads", shape.head_dim};
 }
 
 // Whether the kernel can move 16-byte words of `t` (an empty tensor does not constrain it).
@@ -100,46 +103,52 @@ RopePlan::RopePlan(const RopeShape& shape) : shape_(shape) {
   if (shape.status != nullptr) check_device_pointer("RopeShape::status", shape.status, device_, alignof(int));
 }
 
-void RopePlan::check_run(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, const int32_t* start_offsets,
-                         const ThdTensor& q, const ThdTensor& k) const {
-  THDCP_CHECK(cu_seqlens != nullptr && cu_seqlens_padded != nullptr,
-              "cu_seqlens and cu_seqlens_padded must not be null (device arrays of max_seqs+1="
+void RopePlan::check_run(const DeviceLayout& layout, const int32_t* start_offsets, const ThdTensor& q,
+                         const ThdTensor& k) const {
+  THDCP_CHECK(layout.cu_seqlens != nullptr && layout.cu_seqlens_padded != nullptr,
+              "layout.cu_seqlens and layout.cu_seqlens_padded must not be null (device arrays of max_seqs+1="
                   << shape_.capacity.max_seqs + 1 << " entries)");
+  THDCP_CHECK(layout.capacity.max_seqs == shape_.capacity.max_seqs &&
+                  layout.capacity.max_tokens == shape_.capacity.max_tokens,
+              "layout.capacity (max_seqs=" << layout.capacity.max_seqs << ", max_tokens=" << layout.capacity.max_tokens
+                                           << ") differs from the plan's (max_seqs=" << shape_.capacity.max_seqs
+                                           << ", max_tokens=" << shape_.capacity.max_tokens
+                                           << "): pass the global layout in the plan's capacity form");
   THDCP_CHECK(start_offsets == nullptr || shape_.with_start_offsets,
               "start_offsets is not null but the plan was made with RopeShape::with_start_offsets=false: make "
               "the plan with with_start_offsets=true (a table then need not cover max_tokens rows)");
-  check_view("q", q, local_rows_, shape_.q_heads, shape_.head_dim, shape_.dtype);
+  check_view("q", q, q_view(shape_, local_rows_), shape_.dtype);
   if (shape_.kv_heads == 0) {
     THDCP_CHECK(k.numel() == 0 && k.data == nullptr,
                 "k has " << k.heads << " heads but the plan was made with kv_heads=0 (q only): pass ThdTensor{}");
   } else {
-    check_view("k", k, local_rows_, shape_.kv_heads, shape_.head_dim, shape_.dtype);
+    check_view("k", k, k_view(shape_, local_rows_), shape_.dtype);
     THDCP_CHECK(local_rows_ == 0 || q.data != k.data, "q and k point to the same memory: pass disjoint views");
   }
 }
 
 void RopePlan::check_tensors(const ThdTensor& q, const ThdTensor& k) const {
-  check_view("q", q, local_rows_, shape_.q_heads, shape_.head_dim, shape_.dtype);
+  check_view("q", q, q_view(shape_, local_rows_), shape_.dtype);
   if (q.numel() > 0) check_device_pointer("q", q.data, device_, dtype_size(shape_.dtype));
   if (shape_.kv_heads > 0) {
-    check_view("k", k, local_rows_, shape_.kv_heads, shape_.head_dim, shape_.dtype);
+    check_view("k", k, k_view(shape_, local_rows_), shape_.dtype);
     if (k.numel() > 0) check_device_pointer("k", k.data, device_, dtype_size(shape_.dtype));
   }
 }
 
-void RopePlan::forward(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, const int32_t* start_offsets,
-                       ThdTensor q, ThdTensor k, cudaStream_t stream) const {
-  run(cu_seqlens, cu_seqlens_padded, start_offsets, q, k, 1.0f, stream);
+void RopePlan::forward(const DeviceLayout& layout, const int32_t* start_offsets, ThdTensor q, ThdTensor k,
+                       cudaStream_t stream) const {
+  run(layout, start_offsets, q, k, 1.0f, stream);
 }
 
-void RopePlan::backward(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, const int32_t* start_offsets,
-                        ThdTensor dq, ThdTensor dk, cudaStream_t stream) const {
-  run(cu_seqlens, cu_seqlens_padded, start_offsets, dq, dk, -1.0f, stream);
+void RopePlan::backward(const DeviceLayout& layout, const int32_t* start_offsets, ThdTensor dq, ThdTensor dk,
+                        cudaStream_t stream) const {
+  run(layout, start_offsets, dq, dk, -1.0f, stream);
 }
 
-void RopePlan::run(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, const int32_t* start_offsets,
-                   ThdTensor q, ThdTensor k, float sin_sign, cudaStream_t stream) const {
-  check_run(cu_seqlens, cu_seqlens_padded, start_offsets, q, k);
+void RopePlan::run(const DeviceLayout& layout, const int32_t* start_offsets, ThdTensor q, ThdTensor k,
+                   float sin_sign, cudaStream_t stream) const {
+  check_run(layout, start_offsets, q, k);
   const bool interleaved = shape_.config.layout == RopeLayout::kInterleaved;
   const int64_t pairs = rotary_dim_ / 2;
   // Interleaved: a 16-byte word holds 4 whole pairs; half-split: 8 first elements whose 8
@@ -152,8 +161,8 @@ void RopePlan::run(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, 
   params.k = shape_.kv_heads == 0
                  ? detail::RopeTensorParams{nullptr, 0, 0, 0}
                  : detail::RopeTensorParams{k.data, k.row_step(), k.head_step(), static_cast<int>(shape_.kv_heads)};
-  params.cu_seqlens = cu_seqlens;
-  params.cu_seqlens_padded = cu_seqlens_padded;
+  params.cu_seqlens = layout.cu_seqlens;
+  params.cu_seqlens_padded = layout.cu_seqlens_padded;
   params.start_offsets = start_offsets;
   params.cos_table = shape_.table.cos;
   params.sin_table = shape_.table.sin;

@@ -72,7 +72,7 @@ Fit StaticBatch::fill(const std::vector<int64_t>& lengths, cudaStream_t stream,
 DeviceLayout StaticBatch::layout() const {
   const int32_t* base = static_cast<const int32_t*>(device_block_);
   const size_t n = static_cast<size_t>(capacity_.max_seqs + 1);
-  return DeviceLayout{base, base + n};
+  return DeviceLayout{base, base + n, capacity_};
 }
 
 const int32_t* StaticBatch::start_offsets() const {

@@ -1,7 +1,7 @@
 // The CUDA code paths of the C ABI (libthdcp.so) on a GPU (label gpu). Every case reports
 // SKIPPED with the reason where no CUDA device is visible (test::CudaTest), and the NCCL
 // cases where libthdcp was built without NCCL.
-//  - Attention on THDCP_BACKEND_CUDA equals the C++ thdcp::cuda::attention_forward /
+//  - Attention on THDCP_BACKEND_CUDA equals the C++ thdcp::test::attention_forward /
 //    attention_backward on the same device inputs bit for bit: bf16 and fp16, head_dim 64
 //    and 128, causal, full, windows, GQA/MQA, fp32 gradients; a varlen batch in capacity
 //    form with padding rows and an empty sequence; every output poisoned with NaN first.
@@ -36,6 +36,7 @@
 #include <nccl.h>
 #endif
 
+#include "support/cuda_one_shot.h"
 #include "capi/capi_support.h"
 #include "cp/cuda_cp_rank.h"
 #include "cuda/cuda_test_support.h"
@@ -292,20 +293,20 @@ void c_attention(const thdcp_attention_params& params, const thdcp_layout_t& lay
   THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
 }
 
-// The same through the C++ API: thdcp::cuda::attention_forward / attention_backward over the
+// The same through the C++ API: thdcp::test::attention_forward / attention_backward over the
 // single-device table of the device layout (what the C ABI builds on its stream).
 void cpp_attention(const Shape& s, const thdcp_layout_t& layout, const StepTensors& t, cudaStream_t stream) {
-  const int entries = cuda::segment_table_capacity(cuda::TableKind::kSingleDevice, layout.num_seqs);
+  const int entries = test::table_entries(cuda::TableKind::kSingleDevice, layout.num_seqs);
   const DeviceBuffer segments(sizeof(Segment) * static_cast<size_t>(entries));
   const cuda::DeviceSegmentTable table =
-      cuda::build_segment_table(layout.cu_seqlens, layout.cu_seqlens_padded, layout.num_seqs, t.q.rows, s.mask,
+      test::build_segment_table(layout.cu_seqlens, layout.cu_seqlens_padded, layout.num_seqs, t.q.rows, s.mask,
                                 segments.as<Segment>(), stream);
-  const DeviceBuffer forward(cuda::forward_workspace_size(table));
+  const DeviceBuffer forward(test::forward_workspace_size(table));
   const DeviceBuffer backward(
-      cuda::backward_workspace_size(table, s.q_heads, s.kv_heads, s.head_dim, dtype_of(t.dk.dtype)));
-  cuda::attention_forward(table, cpp_view(t.q), cpp_view(t.k), cpp_view(t.v), cpp_view(t.out), t.lse, t.max_logit,
+      test::backward_workspace_size(table, s.q_heads, s.kv_heads, s.head_dim, dtype_of(t.dk.dtype)));
+  test::attention_forward(table, cpp_view(t.q), cpp_view(t.k), cpp_view(t.v), cpp_view(t.out), t.lse, t.max_logit,
                           forward.data(), forward.bytes(), stream);
-  cuda::attention_backward(table, cpp_view(t.q), cpp_view(t.k), cpp_view(t.v), cpp_view(t.out), cpp_view(t.dout),
+  test::attention_backward(table, cpp_view(t.q), cpp_view(t.k), cpp_view(t.v), cpp_view(t.out), cpp_view(t.dout),
                            t.lse, cpp_view(t.dq), cpp_view(t.dk), cpp_view(t.dv), backward.data(), backward.bytes(),
                            stream);
   THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));

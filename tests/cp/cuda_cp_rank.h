@@ -65,8 +65,8 @@ class CudaCpRank {
         workspace_(cp::cuda_workspace_size(problem, options)) {
     THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     plan_ = std::make_unique<cp::CudaPlan>(comm, problem, options, workspace_.data(), workspace_.bytes());
-    const cp::ForwardTensors forward = forward_tensors();
-    const cp::BackwardTensors backward = backward_tensors();
+    const ForwardTensors forward = forward_tensors();
+    const BackwardTensors backward = backward_tensors();
     plan_->check_tensors(layout(), &forward, &backward);  // the static buffers, once
   }
   ~CudaCpRank() { cudaStreamDestroy(stream_); }
@@ -91,15 +91,15 @@ class CudaCpRank {
     for (DeviceBuffer* p : {&out_.buffer, &dq_.buffer, &dk_.buffer, &dv_.buffer, &lse_, &max_logit_}) p->poison(stream_);
   }
 
-  DeviceLayout layout() const { return DeviceLayout{cu_.as<int32_t>(), cup_.as<int32_t>()}; }
+  DeviceLayout layout() const { return DeviceLayout{cu_.as<int32_t>(), cup_.as<int32_t>(), problem_.capacity}; }
   // The static q and k buffers, writable (e.g. to apply RoPE in place before a step).
   ThdTensor q() { return q_.view(); }
   ThdTensor k() { return k_.view(); }
-  cp::ForwardTensors forward_tensors() {
-    return cp::ForwardTensors{q_.cview(), k_.cview(), v_.cview(), out_.view(), lse_.as<float>(), max_logit_.as<float>()};
+  ForwardTensors forward_tensors() {
+    return ForwardTensors{q_.cview(), k_.cview(), v_.cview(), out_.view(), lse_.as<float>(), max_logit_.as<float>()};
   }
-  cp::BackwardTensors backward_tensors() {
-    return cp::BackwardTensors{q_.cview(), k_.cview(), v_.cview(), out_.cview(), dout_.cview(),
+  BackwardTensors backward_tensors() {
+    return BackwardTensors{q_.cview(), k_.cview(), v_.cview(), out_.cview(), dout_.cview(),
                                lse_.as<float>(), dq_.view(), dk_.view(), dv_.view()};
   }
 

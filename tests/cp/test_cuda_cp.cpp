@@ -341,7 +341,7 @@ TEST_F(CudaCpFaults, HostTensorsAreRefusedAtPlanTimeOnEveryRank) {
   EXPECT_THROW(run_shared_gpu(2,
                               [&](DeviceCommunicator& comm) {
                                 test::CudaCpRank state(comm, small_problem(2));
-                                cp::ForwardTensors forward = state.forward_tensors();
+                                ForwardTensors forward = state.forward_tensors();
                                 std::vector<unsigned char> host(static_cast<size_t>(forward.q.numel()) * 2);
                                 if (comm.rank() == 1) forward.q.data = host.data();
                                 try {

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "support/cuda_one_shot.h"
 #include "cp/cuda_cp_cases.h"
 #include "thdcp/comm_device/nccl.h"
 #include "thdcp/comm_device/shared_gpu.h"
@@ -31,13 +32,13 @@ test::RankOutputs plain_call(const test::Batch& b, const Mask& mask) {
   cup.upload(b.layout.cu_seqlens_padded.data(), cup.bytes());
   test::DeviceBuffer segments(sizeof(Segment) * 2 * static_cast<size_t>(layout.num_seqs));
   const cuda::DeviceSegmentTable table =
-      cuda::build_cp_segment_table(cu.as<int32_t>(), cup.as<int32_t>(), layout.num_seqs, rows, 1, 0, mask,
+      test::build_cp_segment_table(cu.as<int32_t>(), cup.as<int32_t>(), layout.num_seqs, rows, 1, 0, mask,
                                    segments.as<Segment>(), nullptr);
-  test::DeviceBuffer fwd_ws(cuda::forward_workspace_size(table));
-  test::DeviceBuffer bwd_ws(cuda::backward_workspace_size(table, hq, hkv, dim, k.dtype));
-  cuda::attention_forward(table, q.cview(), k.cview(), v.cview(), out.view(), lse.as<float>(), max_logit.as<float>(),
+  test::DeviceBuffer fwd_ws(test::forward_workspace_size(table));
+  test::DeviceBuffer bwd_ws(test::backward_workspace_size(table, hq, hkv, dim, k.dtype));
+  test::attention_forward(table, q.cview(), k.cview(), v.cview(), out.view(), lse.as<float>(), max_logit.as<float>(),
                           fwd_ws.data(), fwd_ws.bytes(), nullptr);
-  cuda::attention_backward(table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(), lse.as<float>(),
+  test::attention_backward(table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(), lse.as<float>(),
                            dq.view(), dk.view(), dv.view(), bwd_ws.data(), bwd_ws.bytes(), nullptr);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
   test::RankOutputs r;

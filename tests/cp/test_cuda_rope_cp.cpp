@@ -108,14 +108,14 @@ TEST_P(CudaRopeCp, RopeThenCpAttentionEqualsRopeThenSingleDeviceAttention) {
     state.load(batch);  // the rank's rows of the un-rotated batch
     THDCP_CHECK_CUDA(cudaDeviceSynchronize());  // the uploads ran on the legacy stream
     const DeviceLayout layout = state.layout();
-    rope.forward(layout.cu_seqlens, layout.cu_seqlens_padded, device_offsets, state.q(), state.k(), state.stream());
+    rope.forward(layout, device_offsets, state.q(), state.k(), state.stream());
     state.step(state.stream());
     outputs[rank] = state.download();
 
     // dq, dk are gradients with respect to the rotated q, k: the RoPE backward turns them into
     // gradients with respect to the inputs.
-    const cp::BackwardTensors grads = state.backward_tensors();
-    rope.backward(layout.cu_seqlens, layout.cu_seqlens_padded, device_offsets, grads.dq, grads.dk, state.stream());
+    const BackwardTensors grads = state.backward_tensors();
+    rope.backward(layout, device_offsets, grads.dq, grads.dk, state.stream());
     after_rope_backward[rank] = state.download();
   });
 

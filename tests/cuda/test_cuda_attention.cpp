@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "support/cuda_one_shot.h"
 #include "cuda_test_support.h"
 #include "thdcp/testing/compare.h"
 #include "thdcp/cuda/attention.h"
@@ -172,12 +173,12 @@ TEST_P(CudaAttentionEdge, MatchesCpuReference) {
   cu_seqlens.upload(layout.cu_seqlens.data(), cu_seqlens.bytes());
   cu_seqlens_padded.upload(layout.cu_seqlens_padded.data(), cu_seqlens_padded.bytes());
   const cuda::TableKind kind = c.cp == 0 ? cuda::TableKind::kSingleDevice : cuda::TableKind::kAllGatherCp;
-  DeviceBuffer segments(sizeof(Segment) * cuda::segment_table_capacity(kind, max_seqs));
+  DeviceBuffer segments(sizeof(Segment) * test::table_entries(kind, max_seqs));
   segments.poison();
   const cuda::DeviceSegmentTable device_table =
-      c.cp == 0 ? cuda::build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), max_seqs,
+      c.cp == 0 ? test::build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), max_seqs,
                                             layout.total_rows(), c.mask, segments.as<Segment>(), nullptr)
-                : cuda::build_cp_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), max_seqs,
+                : test::build_cp_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), max_seqs,
                                                layout.total_rows(), c.cp, c.rank, c.mask, segments.as<Segment>(),
                                                nullptr);
   ASSERT_EQ(static_cast<size_t>(device_table.capacity), table.segments.size());
@@ -225,9 +226,9 @@ TEST_P(CudaAttentionEdge, MatchesCpuReference) {
   DeviceTensor dk(grad_dtype, table.k_rows, c.kv_heads, c.head_dim);
   DeviceTensor dv(grad_dtype, table.k_rows, c.kv_heads, c.head_dim);
   for (DeviceBuffer* b : {&dout_gpu.buffer, &lse, &max_logit, &dq.buffer, &dk.buffer, &dv.buffer}) b->poison();
-  DeviceBuffer fwd_ws(cuda::forward_workspace_size(device_table));
+  DeviceBuffer fwd_ws(test::forward_workspace_size(device_table));
   fwd_ws.poison();
-  cuda::attention_forward(device_table, dq_in.cview(), dk_in.cview(), dv_in.cview(), dout_gpu.view(),
+  test::attention_forward(device_table, dq_in.cview(), dk_in.cview(), dv_in.cview(), dout_gpu.view(),
                           lse.as<float>(), max_logit.as<float>(), fwd_ws.data(), fwd_ws.bytes(), nullptr);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
   // The forward's results before the backward runs (so a backward that wrote over them
@@ -262,9 +263,9 @@ TEST_P(CudaAttentionEdge, MatchesCpuReference) {
     options.separate_dq_pass = mode.separate_dq_pass;
     for (DeviceBuffer* b : {&dq.buffer, &dk.buffer, &dv.buffer}) b->poison();
     DeviceBuffer bwd_ws(
-        cuda::backward_workspace_size(device_table, c.q_heads, c.kv_heads, c.head_dim, grad_dtype, options));
+        test::backward_workspace_size(device_table, c.q_heads, c.kv_heads, c.head_dim, grad_dtype, options));
     bwd_ws.poison();
-    cuda::attention_backward(device_table, dq_in.cview(), dk_in.cview(), dv_in.cview(), dout_gpu.cview(),
+    test::attention_backward(device_table, dq_in.cview(), dk_in.cview(), dv_in.cview(), dout_gpu.cview(),
                              ddout.cview(), lse.as<float>(), dq.view(), dk.view(), dv.view(), bwd_ws.data(),
                              bwd_ws.bytes(), nullptr, options);
     THDCP_CHECK_CUDA(cudaDeviceSynchronize());

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "support/cuda_one_shot.h"
 #include "cuda_test_support.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/core/error.h"
@@ -36,20 +37,20 @@ struct Step {
         q_rows(capacity_.max_tokens / (cp_ == 0 ? 1 : cp_)), k_rows(capacity_.max_tokens),
         cu_seqlens(sizeof(int32_t) * (capacity_.max_seqs + 1)),
         cu_seqlens_padded(sizeof(int32_t) * (capacity_.max_seqs + 1)),
-        segments(sizeof(Segment) * cuda::segment_table_capacity(kind, capacity_.max_seqs)),
+        segments(sizeof(Segment) * test::table_entries(kind, capacity_.max_seqs)),
         q(kDtype, q_rows, kQHeads, kHeadDim), k(kDtype, k_rows, kKvHeads, kHeadDim),
         v(kDtype, k_rows, kKvHeads, kHeadDim), dout(kDtype, q_rows, kQHeads, kHeadDim),
         out(kDtype, q_rows, kQHeads, kHeadDim), dq(grad_dtype, q_rows, kQHeads, kHeadDim),
         dk(grad_dtype, k_rows, kKvHeads, kHeadDim), dv(grad_dtype, k_rows, kKvHeads, kHeadDim),
         lse(sizeof(float) * kQHeads * q_rows), max_logit(sizeof(float) * kQHeads) {
     table.segments = segments.as<Segment>();
-    table.capacity = cuda::segment_table_capacity(kind, capacity.max_seqs);
+    table.capacity = test::table_entries(kind, capacity.max_seqs);
     table.q_rows = q_rows;
     table.k_rows = k_rows;
     table.mask = mask;
     table.kind = kind;
-    fwd_ws = DeviceBuffer(cuda::forward_workspace_size(table));
-    bwd_ws = DeviceBuffer(cuda::backward_workspace_size(table, kQHeads, kKvHeads, kHeadDim, grad_dtype));
+    fwd_ws = DeviceBuffer(test::forward_workspace_size(table));
+    bwd_ws = DeviceBuffer(test::backward_workspace_size(table, kQHeads, kKvHeads, kHeadDim, grad_dtype));
   }
 
   // Copies a new batch into the static buffers (outside any graph).
@@ -73,15 +74,15 @@ struct Step {
   // The whole step: table build, forward, backward. Only enqueues.
   void enqueue(cudaStream_t stream) {
     if (cp == 0) {
-      cuda::build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), capacity.max_seqs,
+      test::build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), capacity.max_seqs,
                                 capacity.max_tokens, mask, segments.as<Segment>(), stream);
     } else {
-      cuda::build_cp_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), capacity.max_seqs,
+      test::build_cp_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), capacity.max_seqs,
                                    capacity.max_tokens, cp, rank, mask, segments.as<Segment>(), stream);
     }
-    cuda::attention_forward(table, q.cview(), k.cview(), v.cview(), out.view(), lse.as<float>(),
+    test::attention_forward(table, q.cview(), k.cview(), v.cview(), out.view(), lse.as<float>(),
                             max_logit.as<float>(), fwd_ws.data(), fwd_ws.bytes(), stream);
-    cuda::attention_backward(table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(), lse.as<float>(),
+    test::attention_backward(table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(), lse.as<float>(),
                              dq.view(), dk.view(), dv.view(), bwd_ws.data(), bwd_ws.bytes(), stream);
   }
 
@@ -181,10 +182,10 @@ class CudaBadInput : public CudaTest {};
 TEST_F(CudaBadInput, ThrowsBeforeLaunch) {
   Step step(Capacity{4, 256}, Mask::causal(), 0, 0, DType::kBFloat16);
   step.load({100, 50}, 3);
-  cuda::build_segment_table(step.cu_seqlens.as<int32_t>(), step.cu_seqlens_padded.as<int32_t>(), 4, 256,
+  test::build_segment_table(step.cu_seqlens.as<int32_t>(), step.cu_seqlens_padded.as<int32_t>(), 4, 256,
                             Mask::causal(), step.segments.as<Segment>(), nullptr);
   auto forward = [&](ConstThdTensor q, ConstThdTensor k, ConstThdTensor v, ThdTensor out, size_t ws_bytes) {
-    cuda::attention_forward(step.table, q, k, v, out, step.lse.as<float>(), nullptr, step.fwd_ws.data(), ws_bytes,
+    test::attention_forward(step.table, q, k, v, out, step.lse.as<float>(), nullptr, step.fwd_ws.data(), ws_bytes,
                             nullptr);
   };
   const size_t ws = step.fwd_ws.bytes();
@@ -222,22 +223,22 @@ TEST_F(CudaBadInput, ThrowsBeforeLaunch) {
   // Backward: dk and dv of different dtypes, and a workspace sized for fp32 dk/dv while the
   // call stores them in bf16 (which needs the accumulators).
   DeviceTensor dv32(DType::kFloat32, step.k_rows, 2, 64);
-  EXPECT_THROW(cuda::attention_backward(step.table, step.q.cview(), step.k.cview(), step.v.cview(),
+  EXPECT_THROW(test::attention_backward(step.table, step.q.cview(), step.k.cview(), step.v.cview(),
                                         step.out.cview(), step.dout.cview(), step.lse.as<float>(), step.dq.view(),
                                         step.dk.view(), dv32.view(), step.bwd_ws.data(), step.bwd_ws.bytes(),
                                         nullptr),
                Error);
-  const size_t fp32_ws = cuda::backward_workspace_size(step.table, 4, 2, 64, DType::kFloat32);
-  EXPECT_THROW(cuda::attention_backward(step.table, step.q.cview(), step.k.cview(), step.v.cview(),
+  const size_t fp32_ws = test::backward_workspace_size(step.table, 4, 2, 64, DType::kFloat32);
+  EXPECT_THROW(test::attention_backward(step.table, step.q.cview(), step.k.cview(), step.v.cview(),
                                         step.out.cview(), step.dout.cview(), step.lse.as<float>(), step.dq.view(),
                                         step.dk.view(), step.dv.view(), step.bwd_ws.data(), fp32_ws, nullptr),
                Error);
 
   // Table builders: rank out of range, total rows not aligned to 2*cp.
-  EXPECT_THROW(cuda::build_cp_segment_table(step.cu_seqlens.as<int32_t>(), step.cu_seqlens_padded.as<int32_t>(), 4,
+  EXPECT_THROW(test::build_cp_segment_table(step.cu_seqlens.as<int32_t>(), step.cu_seqlens_padded.as<int32_t>(), 4,
                                             256, 2, 2, Mask::causal(), step.segments.as<Segment>(), nullptr),
                Error);
-  EXPECT_THROW(cuda::build_cp_segment_table(step.cu_seqlens.as<int32_t>(), step.cu_seqlens_padded.as<int32_t>(), 4,
+  EXPECT_THROW(test::build_cp_segment_table(step.cu_seqlens.as<int32_t>(), step.cu_seqlens_padded.as<int32_t>(), 4,
                                             254, 2, 0, Mask::causal(), step.segments.as<Segment>(), nullptr),
                Error);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());

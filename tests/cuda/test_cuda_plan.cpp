@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "support/cuda_one_shot.h"
 #include "cuda_test_support.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/attention.h"
@@ -34,13 +35,13 @@ struct Step {
   Step()
       : cu_seqlens(sizeof(int32_t) * (capacity.max_seqs + 1)),
         cu_seqlens_padded(sizeof(int32_t) * (capacity.max_seqs + 1)),
-        segments(sizeof(Segment) * cuda::segment_table_capacity(cuda::TableKind::kSingleDevice, capacity.max_seqs)),
+        segments(sizeof(Segment) * test::table_entries(cuda::TableKind::kSingleDevice, capacity.max_seqs)),
         q(kDtype, capacity.max_tokens, kHq, kD), k(kDtype, capacity.max_tokens, kHkv, kD),
         v(kDtype, capacity.max_tokens, kHkv, kD), dout(kDtype, capacity.max_tokens, kHq, kD),
         out(kDtype, capacity.max_tokens, kHq, kD), dq(kDtype, capacity.max_tokens, kHq, kD),
         dk(kDtype, capacity.max_tokens, kHkv, kD), dv(kDtype, capacity.max_tokens, kHkv, kD),
         lse(sizeof(float) * kHq * capacity.max_tokens), max_logit(sizeof(float) * kHq) {
-    table.capacity = cuda::segment_table_capacity(cuda::TableKind::kSingleDevice, capacity.max_seqs);
+    table.capacity = test::table_entries(cuda::TableKind::kSingleDevice, capacity.max_seqs);
     table.q_rows = table.k_rows = capacity.max_tokens;
     table.mask = mask;
     table.kind = cuda::TableKind::kSingleDevice;
@@ -63,15 +64,15 @@ struct Step {
       fill_normal(host, seed++);
       t->buffer.upload(host.data(), t->bytes());
     }
-    table = cuda::build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), capacity.max_seqs,
+    table = test::build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), capacity.max_seqs,
                                       capacity.max_tokens, mask, segments.as<Segment>(), nullptr);
   }
 
-  cuda::ForwardTensors forward_tensors() {
-    return cuda::ForwardTensors{q.cview(), k.cview(), v.cview(), out.view(), lse.as<float>(), max_logit.as<float>()};
+  ForwardTensors forward_tensors() {
+    return ForwardTensors{q.cview(), k.cview(), v.cview(), out.view(), lse.as<float>(), max_logit.as<float>()};
   }
-  cuda::BackwardTensors backward_tensors() {
-    return cuda::BackwardTensors{q.cview(),       k.cview(), v.cview(), out.cview(), dout.cview(),
+  BackwardTensors backward_tensors() {
+    return BackwardTensors{q.cview(),       k.cview(), v.cview(), out.cview(), dout.cview(),
                                  lse.as<float>(), dq.view(), dk.view(), dv.view()};
   }
 
@@ -81,9 +82,9 @@ struct Step {
 
   // The one-shot functions on the current batch.
   void run_free_functions() {
-    cuda::attention_forward(table, q.cview(), k.cview(), v.cview(), out.view(), lse.as<float>(),
+    test::attention_forward(table, q.cview(), k.cview(), v.cview(), out.view(), lse.as<float>(),
                             max_logit.as<float>(), fwd_ws.data(), fwd_ws.bytes(), nullptr);
-    cuda::attention_backward(table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(), lse.as<float>(),
+    test::attention_backward(table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(), lse.as<float>(),
                              dq.view(), dk.view(), dv.view(), bwd_ws.data(), bwd_ws.bytes(), nullptr);
   }
 
@@ -174,14 +175,14 @@ TEST_F(CudaPlan, RunRejectsWhatDoesNotMatchThePlan) {
   const cuda::ForwardPlan forward(step.shape, {}, step.fwd_ws.data(), step.fwd_ws.bytes());
   const cuda::BackwardPlan backward(step.shape, {}, step.bwd_ws.data(), step.bwd_ws.bytes());
   step.poison_outputs();
-  auto run_forward = [&](const cuda::DeviceSegmentTable& table, const cuda::ForwardTensors& t) {
+  auto run_forward = [&](const cuda::DeviceSegmentTable& table, const ForwardTensors& t) {
     return error_of([&] { forward.run(table, t, nullptr); });
   };
   EXPECT_EQ(run_forward(step.table, step.forward_tensors()), "") << "the matching call must not throw";
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
   step.poison_outputs();
 
-  cuda::ForwardTensors t = step.forward_tensors();
+  ForwardTensors t = step.forward_tensors();
   t.q.tokens -= 8;
   expect_error(run_forward(step.table, t), "q has 1016 rows");
   t = step.forward_tensors();
@@ -210,7 +211,7 @@ TEST_F(CudaPlan, RunRejectsWhatDoesNotMatchThePlan) {
   other.segments = nullptr;
   expect_error(run_forward(other, step.forward_tensors()), "table.segments is a null pointer");
 
-  cuda::BackwardTensors b = step.backward_tensors();
+  BackwardTensors b = step.backward_tensors();
   b.dq.dtype = DType::kFloat32;  // the plan was made for bf16 dq
   expect_error(error_of([&] { backward.run(step.table, b, nullptr); }), "dq has dtype fp32");
   b = step.backward_tensors();
@@ -233,10 +234,10 @@ TEST_F(CudaPlan, CheckTensorsNamesHostPointers) {
 
   std::vector<uint16_t> host(static_cast<size_t>(step.q.tokens * kHq * kD) + 8);
   void* aligned_host = host.data() + (16 - reinterpret_cast<uintptr_t>(host.data()) % 16) % 16 / 2;
-  cuda::ForwardTensors t = step.forward_tensors();
+  ForwardTensors t = step.forward_tensors();
   t.q.data = aligned_host;
   expect_error(error_of([&] { forward.check_tensors(t); }), "q points to");
-  cuda::BackwardTensors b = step.backward_tensors();
+  BackwardTensors b = step.backward_tensors();
   b.dout.data = aligned_host;
   expect_error(error_of([&] { backward.check_tensors(b); }), "dout points to");
   std::vector<float> host_lse(static_cast<size_t>(kHq * step.q.tokens));

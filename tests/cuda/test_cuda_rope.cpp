@@ -172,6 +172,9 @@ struct RankSetup {
   RopeTable host_table() const { return c.table ? RopeTable{cos.data(), sin.data(), table_rows} : RopeTable{}; }
   const int32_t* host_offsets() const { return offsets.empty() ? nullptr : offsets.data(); }
   const int32_t* device_offsets() const { return offsets.empty() ? nullptr : offsets_device.as<int32_t>(); }
+  DeviceLayout device_layout() const {
+    return DeviceLayout{cu.as<int32_t>(), cup.as<int32_t>(), Capacity{layout.num_seqs(), layout.total_rows()}};
+  }
 
   cuda::RopeShape shape() const {
     cuda::RopeShape s;
@@ -238,7 +241,7 @@ TEST_P(CudaRope, ForwardAndBackwardMatchCpuOnEveryRank) {
     plan.check_tensors(buffers.q(true), buffers.k(true));
     THDCP_CHECK_CUDA(cudaDeviceSynchronize());  // the uploads ran on the legacy stream
 
-    plan.forward(setup.cu.as<int32_t>(), setup.cup.as<int32_t>(), setup.device_offsets(), buffers.q(true),
+    plan.forward(setup.device_layout(), setup.device_offsets(), buffers.q(true),
                  buffers.k(true), stream);
     THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
     const std::vector<HostTensor> forward = buffers.download();
@@ -258,7 +261,7 @@ TEST_P(CudaRope, ForwardAndBackwardMatchCpuOnEveryRank) {
     // The backward on the GPU's forward result, against the CPU backward on the same values.
     buffers.host = forward;
     THDCP_CHECK_CUDA(cudaDeviceSynchronize());
-    plan.backward(setup.cu.as<int32_t>(), setup.cup.as<int32_t>(), setup.device_offsets(), buffers.q(true),
+    plan.backward(setup.device_layout(), setup.device_offsets(), buffers.q(true),
                   buffers.k(true), stream);
     THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
     const std::vector<HostTensor> backward = buffers.download();
@@ -298,7 +301,7 @@ TEST_F(CudaRopeGraph, ReplayOnNewMetadataEqualsEager) {
     cudaStream_t stream = nullptr;
     THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     auto enqueue = [&] {
-      plan.forward(setup.cu.as<int32_t>(), setup.cup.as<int32_t>(), setup.device_offsets(), buffers.q(true),
+      plan.forward(setup.device_layout(), setup.device_offsets(), buffers.q(true),
                    buffers.k(true), stream);
     };
     cudaGraph_t graph = nullptr;
@@ -372,8 +375,8 @@ TEST_F(CudaRopeTableBound, PositionsOutsideTheTableAreClampedAndReported) {
 
   auto run = [&](const std::vector<int32_t>& offsets, QkBuffers& buffers) {
     offsets_device.upload(offsets.data(), offsets_device.bytes());
-    plan.forward(cu.as<int32_t>(), cup.as<int32_t>(), offsets_device.as<int32_t>(), buffers.q(true), buffers.k(true),
-                 nullptr);
+    plan.forward(DeviceLayout{cu.as<int32_t>(), cup.as<int32_t>(), shape.capacity}, offsets_device.as<int32_t>(),
+                 buffers.q(true), buffers.k(true), nullptr);
     THDCP_CHECK_CUDA(cudaDeviceSynchronize());
     return download_vector<int>(status, 1)[0];
   };
@@ -480,42 +483,46 @@ TEST_F(CudaRopeRunChecks, BadArgumentsThrowBeforeLaunch) {
   RankSetup setup(c, 0, case_layout(c.cp, false), 1);
   const cuda::RopePlan plan(setup.shape());
   QkBuffers buffers(c, setup.layout.total_rows() / c.cp, 1);
-  const int32_t* cu = setup.cu.as<int32_t>();
-  const int32_t* cup = setup.cup.as<int32_t>();
+  const DeviceLayout layout = setup.device_layout();
+  DeviceLayout no_cu = layout;
+  no_cu.cu_seqlens = nullptr;
+  DeviceLayout other_capacity = layout;
+  other_capacity.capacity.max_seqs += 1;
   const int32_t* offsets = setup.device_offsets();
   const std::vector<HostTensor> before = buffers.download();
   ThdTensor q = buffers.q(true), k = buffers.k(true);
 
   ThdTensor short_q = q;
   short_q.tokens -= 1;
-  EXPECT_THDCP_ERROR(plan.forward(cu, cup, offsets, short_q, k, nullptr),
-                     "q has " + std::to_string(short_q.tokens) + " rows but the plan's rank holds");
+  EXPECT_THDCP_ERROR(plan.forward(layout, offsets, short_q, k, nullptr),
+                     "q is [" + std::to_string(short_q.tokens) + ", 8, 128] but must be [max_tokens/cp=");
   ThdTensor fp16_k = k;
   fp16_k.dtype = DType::kFloat16;
-  EXPECT_THDCP_ERROR(plan.forward(cu, cup, offsets, q, fp16_k, nullptr), "k has dtype fp16");
+  EXPECT_THDCP_ERROR(plan.forward(layout, offsets, q, fp16_k, nullptr), "k has dtype fp16");
   ThdTensor overlapping = q;
   overlapping.head_stride = 64;
-  EXPECT_THDCP_ERROR(plan.forward(cu, cup, offsets, overlapping, k, nullptr), "q.head_stride=64 is less than head_dim");
-  EXPECT_THDCP_ERROR(plan.forward(nullptr, cup, offsets, q, k, nullptr), "cu_seqlens and cu_seqlens_padded must not");
-  EXPECT_THDCP_ERROR(plan.forward(cu, cup, offsets, q, q, nullptr), "k has 8 heads but the plan was made for 2");
+  EXPECT_THDCP_ERROR(plan.forward(layout, offsets, overlapping, k, nullptr), "q.head_stride=64 is less than head_dim");
+  EXPECT_THDCP_ERROR(plan.forward(no_cu, offsets, q, k, nullptr), "layout.cu_seqlens and layout.cu_seqlens_padded must not");
+  EXPECT_THDCP_ERROR(plan.forward(other_capacity, offsets, q, k, nullptr), "differs from the plan's");
+  EXPECT_THDCP_ERROR(plan.forward(layout, offsets, q, q, nullptr), "kv_heads=2, head_dim=128]");
   ThdTensor k_on_q = q;
   k_on_q.heads = 2;
-  EXPECT_THDCP_ERROR(plan.forward(cu, cup, offsets, q, k_on_q, nullptr), "q and k point to the same memory");
+  EXPECT_THDCP_ERROR(plan.forward(layout, offsets, q, k_on_q, nullptr), "q and k point to the same memory");
   ThdTensor odd = q;
   odd.data = static_cast<unsigned char*>(odd.data) + 1;
-  EXPECT_THDCP_ERROR(plan.forward(cu, cup, offsets, odd, k, nullptr), "is not aligned to its 2-byte elements");
+  EXPECT_THDCP_ERROR(plan.forward(layout, offsets, odd, k, nullptr), "is not aligned to its 2-byte elements");
 
   RopeCase no_offsets_case = c;
   no_offsets_case.offsets = false;
   RankSetup no_offsets(no_offsets_case, 0, case_layout(c.cp, false), 1);
   const cuda::RopePlan plain(no_offsets.shape());
-  EXPECT_THDCP_ERROR(plain.forward(cu, cup, offsets, q, k, nullptr), "RopeShape::with_start_offsets=false");
+  EXPECT_THDCP_ERROR(plain.forward(layout, offsets, q, k, nullptr), "RopeShape::with_start_offsets=false");
 
   RopeCase q_only_case = c;
   q_only_case.kv_heads = 0;
   RankSetup q_only(q_only_case, 0, case_layout(c.cp, false), 1);
   const cuda::RopePlan q_plan(q_only.shape());
-  EXPECT_THDCP_ERROR(q_plan.forward(cu, cup, offsets, q, k, nullptr), "plan was made with kv_heads=0");
+  EXPECT_THDCP_ERROR(q_plan.forward(layout, offsets, q, k, nullptr), "plan was made with kv_heads=0");
 
   // A host table is refused at plan time.
   cuda::RopeShape host_table = setup.shape();

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "support/cuda_one_shot.h"
 #include "cuda_test_support.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/attention.h"
@@ -31,10 +32,10 @@ struct Batch {
     const int max_seqs = layout.num_seqs();
     cu_seqlens = DeviceBuffer(sizeof(int32_t) * (max_seqs + 1));
     cu_seqlens_padded = DeviceBuffer(sizeof(int32_t) * (max_seqs + 1));
-    segments = DeviceBuffer(sizeof(Segment) * cuda::segment_table_capacity(cuda::TableKind::kSingleDevice, max_seqs));
+    segments = DeviceBuffer(sizeof(Segment) * test::table_entries(cuda::TableKind::kSingleDevice, max_seqs));
     cu_seqlens.upload(layout.cu_seqlens.data(), cu_seqlens.bytes());
     cu_seqlens_padded.upload(layout.cu_seqlens_padded.data(), cu_seqlens_padded.bytes());
-    table = cuda::build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), max_seqs,
+    table = test::build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), max_seqs,
                                       layout.total_rows(), mask, segments.as<Segment>(), nullptr);
   }
   int64_t rows() const { return table.q_rows; }
@@ -177,12 +178,12 @@ TEST_P(CudaStrides, PackedViewsMatchContiguousBitForBit) {
   DeviceTensor out_c(c.dtype, rows, kHq, d), dq_c(c.dtype, rows, kHq, d), dk_c(c.dtype, rows, kHkv, d),
       dv_c(c.dtype, rows, kHkv, d);
   DeviceBuffer lse_c(sizeof(float) * kHq * rows), max_c(sizeof(float) * kHq);
-  DeviceBuffer fwd_ws(cuda::forward_workspace_size(batch.table));
-  DeviceBuffer bwd_ws(cuda::backward_workspace_size(batch.table, kHq, kHkv, d, c.dtype));
+  DeviceBuffer fwd_ws(test::forward_workspace_size(batch.table));
+  DeviceBuffer bwd_ws(test::backward_workspace_size(batch.table, kHq, kHkv, d, c.dtype));
   for (DeviceBuffer* b : {&out_c.buffer, &dq_c.buffer, &dk_c.buffer, &dv_c.buffer, &lse_c, &max_c}) b->poison();
-  cuda::attention_forward(batch.table, q_c.cview(), k_c.cview(), v_c.cview(), out_c.view(), lse_c.as<float>(),
+  test::attention_forward(batch.table, q_c.cview(), k_c.cview(), v_c.cview(), out_c.view(), lse_c.as<float>(),
                           max_c.as<float>(), fwd_ws.data(), fwd_ws.bytes(), nullptr);
-  cuda::attention_backward(batch.table, q_c.cview(), k_c.cview(), v_c.cview(), out_c.cview(), dout_c.cview(),
+  test::attention_backward(batch.table, q_c.cview(), k_c.cview(), v_c.cview(), out_c.cview(), dout_c.cview(),
                            lse_c.as<float>(), dq_c.view(), dk_c.view(), dv_c.view(), bwd_ws.data(), bwd_ws.bytes(),
                            nullptr);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
@@ -207,9 +208,9 @@ TEST_P(CudaStrides, PackedViewsMatchContiguousBitForBit) {
   max_s.poison();
 
   const ConstThdTensor q_view = qkv.view(0, kHq), k_view = qkv.view(kHq, kHkv), v_view = qkv.view(kHq + kHkv, kHkv);
-  cuda::attention_forward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), lse_s.as<float>(),
+  test::attention_forward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), lse_s.as<float>(),
                           max_s.as<float>(), fwd_ws.data(), fwd_ws.bytes(), nullptr);
-  cuda::attention_backward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq),
+  test::attention_backward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq),
                            lse_s.as<float>(), dqkv.view(0, kHq), dqkv.view(kHq, kHkv), dqkv.view(kHq + kHkv, kHkv),
                            bwd_ws.data(), bwd_ws.bytes(), nullptr);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
@@ -233,13 +234,13 @@ TEST_P(CudaStrides, PackedViewsMatchContiguousBitForBit) {
   // order, so within a few units of the storage dtype.
   AttentionOptions fast;
   fast.deterministic = false;
-  DeviceBuffer fast_ws(cuda::backward_workspace_size(batch.table, kHq, kHkv, d, c.dtype, fast));
+  DeviceBuffer fast_ws(test::backward_workspace_size(batch.table, kHq, kHkv, d, c.dtype, fast));
   DeviceTensor dq_f(c.dtype, rows, kHq, d), dk_f(c.dtype, rows, kHkv, d), dv_f(c.dtype, rows, kHkv, d);
-  cuda::attention_backward(batch.table, q_c.cview(), k_c.cview(), v_c.cview(), out_c.cview(), dout_c.cview(),
+  test::attention_backward(batch.table, q_c.cview(), k_c.cview(), v_c.cview(), out_c.cview(), dout_c.cview(),
                            lse_c.as<float>(), dq_f.view(), dk_f.view(), dv_f.view(), fast_ws.data(), fast_ws.bytes(),
                            nullptr, fast);
   dqkv.buffer.poison();
-  cuda::attention_backward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq),
+  test::attention_backward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq),
                            lse_s.as<float>(), dqkv.view(0, kHq), dqkv.view(kHq, kHkv), dqkv.view(kHq + kHkv, kHkv),
                            fast_ws.data(), fast_ws.bytes(), nullptr, fast);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
@@ -266,11 +267,11 @@ TEST_P(CudaStrides, PackedViewsMatchContiguousBitForBit) {
     Packed dq32(DType::kFloat32, rows, kHq * head_stride, head_stride, d);
     DeviceTensor dq32_c(DType::kFloat32, rows, kHq, d), dk32(DType::kFloat32, rows, kHkv, d),
         dv32(DType::kFloat32, rows, kHkv, d);
-    DeviceBuffer ws32(cuda::backward_workspace_size(batch.table, kHq, kHkv, d, DType::kFloat32));
-    cuda::attention_backward(batch.table, q_c.cview(), k_c.cview(), v_c.cview(), out_c.cview(), dout_c.cview(),
+    DeviceBuffer ws32(test::backward_workspace_size(batch.table, kHq, kHkv, d, DType::kFloat32));
+    test::attention_backward(batch.table, q_c.cview(), k_c.cview(), v_c.cview(), out_c.cview(), dout_c.cview(),
                              lse_c.as<float>(), dq32_c.view(), dk32.view(), dv32.view(), ws32.data(), ws32.bytes(),
                              nullptr);
-    cuda::attention_backward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq),
+    test::attention_backward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq),
                              lse_s.as<float>(), dq32.view(0, kHq), dk32.view(), dv32.view(), ws32.data(),
                              ws32.bytes(), nullptr);
     THDCP_CHECK_CUDA(cudaDeviceSynchronize());
@@ -306,21 +307,21 @@ TEST_F(CudaBadStrides, ThrowNamingTheTensorBeforeWriting) {
   DeviceTensor out(DType::kBFloat16, rows, kHq, kD), dq(DType::kBFloat16, rows, kHq, kD),
       dk(DType::kBFloat16, rows, kHkv, kD), dv(DType::kBFloat16, rows, kHkv, kD);
   DeviceBuffer lse(sizeof(float) * kHq * rows), max_logit(sizeof(float) * kHq);
-  DeviceBuffer fwd_ws(cuda::forward_workspace_size(batch.table));
-  DeviceBuffer bwd_ws(cuda::backward_workspace_size(batch.table, kHq, kHkv, kD, DType::kBFloat16));
+  DeviceBuffer fwd_ws(test::forward_workspace_size(batch.table));
+  DeviceBuffer bwd_ws(test::backward_workspace_size(batch.table, kHq, kHkv, kD, DType::kBFloat16));
   // A buffer big enough for any view below.
   DeviceBuffer wide(static_cast<size_t>(rows * 4 * kHq * kD) * 2);
   for (DeviceBuffer* b : {&out.buffer, &lse, &max_logit, &dq.buffer, &dk.buffer, &dv.buffer}) b->poison();
 
   auto forward = [&](ConstThdTensor q_, ConstThdTensor k_, ConstThdTensor v_, ThdTensor out_) {
     return error_of([&] {
-      cuda::attention_forward(batch.table, q_, k_, v_, out_, lse.as<float>(), max_logit.as<float>(), fwd_ws.data(),
+      test::attention_forward(batch.table, q_, k_, v_, out_, lse.as<float>(), max_logit.as<float>(), fwd_ws.data(),
                               fwd_ws.bytes(), nullptr);
     });
   };
   auto backward = [&](ThdTensor dq_, ThdTensor dk_, ThdTensor dv_) {
     return error_of([&] {
-      cuda::attention_backward(batch.table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(),
+      test::attention_backward(batch.table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(),
                                lse.as<float>(), dq_, dk_, dv_, bwd_ws.data(), bwd_ws.bytes(), nullptr);
     });
   };
@@ -347,12 +348,12 @@ TEST_F(CudaBadStrides, ThrowNamingTheTensorBeforeWriting) {
   expect_error(backward(dq.view(), view_of(kHkv, 2 * kHkv * kD, 2 * kD), view_of(kHkv, kHkv * kD, kD - 16)),
                "dv.head_stride=48");
   // fp32 dk/dv are the accumulators: contiguous only.
-  DeviceBuffer ws32(cuda::backward_workspace_size(batch.table, kHq, kHkv, kD, DType::kFloat32));
+  DeviceBuffer ws32(test::backward_workspace_size(batch.table, kHq, kHkv, kD, DType::kFloat32));
   DeviceBuffer dk32(static_cast<size_t>(rows * 2 * kHkv * kD) * 4), dv32(static_cast<size_t>(rows * kHkv * kD) * 4);
   const ThdTensor dk32_strided{dk32.data(), DType::kFloat32, rows, kHkv, kD, 2 * kHkv * kD, 0};
   const ThdTensor dv32_view{dv32.data(), DType::kFloat32, rows, kHkv, kD};
   expect_error(error_of([&] {
-                 cuda::attention_backward(batch.table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(),
+                 test::attention_backward(batch.table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(),
                                           lse.as<float>(), dq.view(), dk32_strided, dv32_view, ws32.data(),
                                           ws32.bytes(), nullptr);
                }),

@@ -119,12 +119,12 @@ class BankRank {
   }
 
   ThdTensor view(DeviceTensor& t, int64_t rows) { return ThdTensor{t.buffer.data(), t.dtype, rows, t.heads, t.head_dim}; }
-  cp::ForwardTensors forward_tensors(int64_t rows) {
-    return cp::ForwardTensors{view(q_, rows), view(k_, rows), view(v_, rows), view(out_, rows), lse_.as<float>(),
+  ForwardTensors forward_tensors(int64_t rows) {
+    return ForwardTensors{view(q_, rows), view(k_, rows), view(v_, rows), view(out_, rows), lse_.as<float>(),
                               max_logit_.as<float>()};
   }
-  cp::BackwardTensors backward_tensors(int64_t rows) {
-    return cp::BackwardTensors{view(q_, rows),   view(k_, rows),  view(v_, rows),  view(out_, rows),
+  BackwardTensors backward_tensors(int64_t rows) {
+    return BackwardTensors{view(q_, rows),   view(k_, rows),  view(v_, rows),  view(out_, rows),
                                view(dout_, rows), lse_.as<float>(), view(dq_, rows), view(dk_, rows),
                                view(dv_, rows)};
   }

@@ -48,22 +48,12 @@ struct Timings {
   double total() const;
 };
 
-// The tensors of one step on this rank. q, out, dout, dq: [T/cp, Hq, D]; k, v, dk, dv:
+// The tensors of one step on this rank (ForwardTensors, BackwardTensors of
+// thdcp/plan/attention_shape.h): q, out, dout, dq: [T/cp, Hq, D]; k, v, dk, dv:
 // [T/cp, Hkv, D]; lse Hq * T/cp floats ([Hq, T/cp]); max_logit Hq floats (max-reduced over
-// the group) or nullptr. dq: q's dtype or fp32; dk, dv: k's dtype or fp32 (their fp32
-// partial sums are reduce-scattered in fp32 and rounded once).
-struct ForwardTensors {
-  ConstThdTensor q, k, v;
-  ThdTensor out;
-  float* lse = nullptr;
-  float* max_logit = nullptr;
-};
-
-struct BackwardTensors {
-  ConstThdTensor q, k, v, out, dout;
-  const float* lse = nullptr;
-  ThdTensor dq, dk, dv;
-};
+// the group) or nullptr. dq: q's dtype or fp32; dk, dv: k's dtype or fp32 (their fp32 partial
+// sums are reduce-scattered in fp32 and rounded once). BackwardTensors::dkv_rows is the
+// plan's own business: leave it null.
 
 // The CPU backend: host tensors, any host Communicator (in-process threads, MPI).
 class CpuPlan {

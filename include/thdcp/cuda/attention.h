@@ -9,7 +9,8 @@
 // allocation, no synchronisation, no device-to-host read. Nothing depends on the lengths in
 // the table, only on its capacity, so a whole step (table build, forward, backward) can be
 // captured once in a CUDA graph and replayed for any batch of the same capacity.
-// attention_forward / attention_backward are one-shot wrappers (plan, check_tensors, run).
+// Attention (below) puts a table plan and both plans over one workspace: the single-device
+// call of every front door.
 //
 // Supported: bf16 and fp16 storage, head_dim 64 and 128, Hq a multiple of Hkv (GQA/MQA),
 // fp32 arithmetic on tensor cores (Hopper: wgmma for the forward and the deterministic
@@ -31,71 +32,10 @@
 
 #include "thdcp/core/tensor.h"
 #include "thdcp/core/workspace.h"
+#include "thdcp/cuda/table.h"
 #include "thdcp/plan/attention_shape.h"
-#include "thdcp/plan/mask.h"
-#include "thdcp/plan/segment.h"
 
 namespace thdcp::cuda {
-
-// Which builder filled a device table. It bounds how many segments reach one key row
-// (1 for a single-device table, 2 for an AllGather-CP table), which sizes the backward grid
-// and keeps the fp32 dK/dV accumulation deterministic (see attention_backward).
-enum class TableKind {
-  kSingleDevice,
-  kAllGatherCp,
-};
-
-// A segment table in device memory with a fixed capacity. Entries past the batch's real
-// sequences are zero-length placeholders written by the builders, so the kernels see a
-// fixed-size array and the table needs no host read-back.
-struct DeviceSegmentTable {
-  Segment* segments = nullptr;  // device array of `capacity` entries
-  int capacity = 0;             // entries: max_seqs (single device) or 2 * max_seqs (CP)
-  int64_t q_rows = 0;           // rows of the Q/O tensors the table addresses
-  int64_t k_rows = 0;           // rows of the K/V tensors the table addresses
-  Mask mask;                    // the mask applied by the kernels (and used by the builders)
-  TableKind kind = TableKind::kSingleDevice;
-};
-
-// Entries a table needs for `max_seqs` sequences: max_seqs, or 2 * max_seqs for CP.
-int segment_table_capacity(TableKind kind, int max_seqs);
-
-// The description of a single-device table of `max_seqs` sequences over `total_rows` rows
-// (what build_segment_table returns), with `segments` null: the table part of a plan's
-// AttentionShape.
-DeviceSegmentTable single_device_table(int max_seqs, int64_t total_rows, const Mask& mask);
-
-// Enqueues the build of a single-device table (one segment per sequence, as
-// thdcp::build_segment_table) from device metadata.
-//   cu_seqlens, cu_seqlens_padded  device int32 arrays of max_seqs + 1 entries (DESIGN.md
-//                                  section 1: unused trailing entries repeat the last value)
-//   total_rows                     rows of the Q/K/V tensors (cu_seqlens_padded[max_seqs])
-//   segments                       device array of segment_table_capacity(kSingleDevice,
-//                                  max_seqs) entries, overwritten
-// Uses single_device_segment() of thdcp/segment.h, the function the host builder uses.
-// Checks the arguments on the host (not the device values: those are the caller's contract,
-// as for thdcp::validate_layout on the host) and returns the table's description.
-DeviceSegmentTable build_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
-                                       int64_t total_rows, const Mask& mask, Segment* segments,
-                                       cudaStream_t stream);
-
-// Enqueues the build of the AllGather-CP table of `rank` of `cp` (two segments per sequence,
-// as thdcp::build_cp_segment_table) with cp_segment() of thdcp/segment.h. The metadata is
-// the *global* layout (every P_b a multiple of 2 * cp); q_rows = total_rows / cp,
-// k_rows = total_rows. `segments` holds segment_table_capacity(kAllGatherCp, max_seqs).
-DeviceSegmentTable build_cp_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
-                                          int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
-                                          Segment* segments, cudaStream_t stream);
-
-// The same launches with no argument or pointer checks, for callers that checked everything
-// once (thdcp::cp::CudaPlan; the PyTorch ops, whose tensors are known to be on the device):
-// only the launch, so it can run inside a captured step.
-DeviceSegmentTable enqueue_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
-                                         int64_t total_rows, const Mask& mask, Segment* segments,
-                                         cudaStream_t stream);
-DeviceSegmentTable enqueue_cp_segment_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
-                                            int max_seqs, int64_t total_rows, int cp, int rank, const Mask& mask,
-                                            Segment* segments, cudaStream_t stream);
 
 // Head dims the CUDA kernels are compiled for: 64 and 128.
 bool cuda_supports_head_dim(int64_t head_dim);
@@ -106,25 +46,6 @@ bool cuda_supports_head_dim(int64_t head_dim);
 // environment variable THDCP_PORTABLE_KERNELS is 1). Host queries only; safe during stream
 // capture.
 const char* kernel_family();
-
-// The tensors of one forward call (shapes under attention_forward).
-struct ForwardTensors {
-  ConstThdTensor q, k, v;
-  ThdTensor out;
-  float* lse = nullptr;
-  float* max_logit = nullptr;  // optional
-};
-
-// The tensors of one backward call (shapes under attention_backward).
-struct BackwardTensors {
-  ConstThdTensor q, k, v, out, dout;
-  const float* lse = nullptr;
-  ThdTensor dq, dk, dv;
-  // Optional, device int32 [k_rows]: the row of dk/dv that key row i's gradient goes to (a
-  // permutation of [0, k_rows)); null: row i. AllGather CP passes the map from sequence order
-  // to the ranks' order, so the gradients need no reorder before the reduce-scatter.
-  const int32_t* dkv_rows = nullptr;
-};
 
 // Everything about a call except the data: the heads (Hq, Hkv, D: 64 or 128), the table and
 // the dtypes. `table` gives capacity, q_rows, k_rows, mask and kind; its `segments` pointer
@@ -224,45 +145,63 @@ class BackwardPlan {
   bool fused_dq_ = false;  // dQ accumulated by the dK/dV pass (Hopper; portable: deterministic = false)
 };
 
-// Bytes of device workspace attention_forward needs (tile schedule). Depends only on the
-// table's capacity.
-size_t forward_workspace_size(const DeviceSegmentTable& table);
+// Single-device attention over a batch's layout: the one object the C ABI, the PyTorch ops
+// and the tools call (TransformerEngine's nvte_fused_attn_* plays this part for its bindings).
+// It holds the table plan, the forward plan and the backward plan of one AttentionProblem
+// over one caller workspace, and builds the batch's table on the stream at every call.
+//
+//   q, out, dout, dq   [max_tokens, Hq, D]   dtype (dq: dq_dtype)
+//   k, v, dk, dv       [max_tokens, Hkv, D]  dtype (dk, dv: dkv_dtype)
+//   lse                Hq * max_tokens floats, [Hq, max_tokens]: natural log of the softmax
+//                      denominator of the scaled scores; -inf for padding rows and rows that
+//                      see no key
+//   max_logit          Hq floats or nullptr: max over allowed pairs of the scaled score; -inf
+//                      if none
+// Every row of out, lse, dq, dk and dv is written: padding rows and rows that see no key get
+// 0 (and lse -inf); key rows no query saw get exactly 0. dk and dv are accumulated in fp32
+// over every query head of the KV group and rounded once when stored in 16 bits. The problem
+// (thdcp/plan/attention_shape.h) takes dtype bf16 or fp16 and head_dim 64 or 128 here.
+class Attention {
+ public:
+  // Bytes of device workspace: the segment table, the forward's and the backward's. Depends
+  // only on the problem (and is the same for every AttentionOptions and kernel family).
+  static size_t workspace_size(const AttentionProblem& problem, const AttentionOptions& options = {});
 
-// Bytes of device workspace attention_backward needs: tile schedules, delta = rowsum(dO * O)
-// ([Hq, q_rows] fp32), fp32 accumulators for dk/dv when they are stored in 16 bits
-// ([k_rows, Hkv, D] each) and, with options.deterministic == false, for dq ([q_rows, Hq, D]).
-size_t backward_workspace_size(const DeviceSegmentTable& table, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                               DType dkv_dtype, const AttentionOptions& options = {});
+  // Validates the problem and options for the current device (which becomes the object's),
+  // checks the workspace (workspace_size bytes of its device memory, 256-byte aligned; its
+  // contents need not be kept between calls, but calls must not overlap in time) and sets
+  // the kernels' attributes. Throws thdcp::Error naming what to change.
+  Attention(const AttentionProblem& problem, const AttentionOptions& options, void* workspace,
+            size_t workspace_bytes);
 
-// Forward attention over `table`, enqueued on `stream`: ForwardPlan, check_tensors, run.
-//   q          [table.q_rows, Hq, D]   bf16 or fp16
-//   k, v       [table.k_rows, Hkv, D]  q's dtype; Hq % Hkv == 0
-//   out        [table.q_rows, Hq, D]   q's dtype. Every row of every segment's q_span is
-//                                      written (tables from the builders cover every row);
-//                                      padding rows and rows that see no key get 0
-//   lse        Hq * q_rows floats, [Hq, q_rows]: natural log of the softmax denominator of the
-//              scaled scores; -inf for padding rows and rows that see no key
-//   max_logit  Hq floats or nullptr: max over allowed pairs of the scaled score; -inf if none
-//   workspace  forward_workspace_size(table) bytes of device memory (contents need not be kept)
-// Throws thdcp::Error before enqueueing anything when an argument is wrong (shape, dtype,
-// head dim, Hq % Hkv, strides, pointer not on the current device or not 16-byte aligned,
-// workspace too small).
-void attention_forward(const DeviceSegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
-                       ThdTensor out, float* lse, float* max_logit, void* workspace, size_t workspace_bytes,
-                       cudaStream_t stream, const AttentionOptions& options = {});
+  // Plan-time check of the buffers the calls will take (e.g. once for a graph's static
+  // buffers): what forward()/backward() check, and pointer queries that every pointer is
+  // device memory of the object's device. Either tensor set may be null.
+  void check(const DeviceLayout& layout, const ForwardTensors* forward, const BackwardTensors* backward) const;
 
-// Backward attention over `table` from the forward's out and lse, enqueued on `stream`:
-// BackwardPlan, check_tensors, run.
-//   dout       [q_rows, Hq, D]   q's dtype
-//   dq         [q_rows, Hq, D]   q's dtype or fp32; every row of every q_span is written
-//   dk, dv     [k_rows, Hkv, D]  k's dtype or fp32 (then contiguous). Accumulated in fp32
-//                                over every query head of the KV group and every segment
-//                                that reaches the key row, rounded once when stored in 16
-//                                bits. Rows no query saw are exactly 0.
-//   workspace  backward_workspace_size(table, Hq, Hkv, D, dk.dtype, options) bytes
-void attention_backward(const DeviceSegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
-                        ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
-                        ThdTensor dv, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                        const AttentionOptions& options = {});
+  // Enqueue the table build and the attention on `stream` (a stream of the object's device,
+  // which must be current). `layout` is the batch's, in capacity form. Checks with host
+  // arithmetic only that the layout and tensors match the problem, and throws thdcp::Error
+  // before enqueueing anything if not: capture-safe.
+  void forward(const DeviceLayout& layout, const ForwardTensors& tensors, cudaStream_t stream) const;
+  void backward(const DeviceLayout& layout, const BackwardTensors& tensors, cudaStream_t stream) const;
+
+  const AttentionProblem& problem() const { return problem_; }
+  int device() const { return forward_.device(); }
+  const char* kernel_family() const { return forward_.kernel_family(); }
+
+ private:
+  struct Parts;
+  Attention(const AttentionProblem& problem, const AttentionOptions& options, const TablePlan& table,
+            WorkspaceCarver carver);
+  Attention(const AttentionProblem& problem, const AttentionOptions& options, const TablePlan& table,
+            const Parts& parts);
+
+  AttentionProblem problem_;
+  TablePlan table_;
+  Segment* segments_;
+  ForwardPlan forward_;
+  BackwardPlan backward_;
+};
 
 }  // namespace thdcp::cuda

@@ -1,6 +1,6 @@
 // Device-side row reorders of AllGather CP (DESIGN.md sections 3 and 5), from the global
 // layout's cu_seqlens_padded alone: nothing is read back to the host, grids are sized by
-// capacity (total_rows), so the calls can be captured in a CUDA graph.
+// the layout's capacity, so the calls can be captured in a CUDA graph.
 //
 // "Gathered order" is what an all-gather of the ranks' local tensors produces: cp blocks of
 // T/cp rows, rank after rank, each block in the rank's dual-chunk local order. "Sequence
@@ -14,29 +14,21 @@
 
 #include "thdcp/core/dtype.h"
 #include "thdcp/core/tensor.h"
+#include "thdcp/plan/layout.h"
 
 namespace thdcp::cuda {
 
-// ordered[g] = gathered[owner(g)] for every global row g.
-//   row_bytes          bytes per row, a multiple of 16 (rows are moved in 16-byte words)
-//   cu_seqlens_padded  device int32 array of max_seqs + 1 entries, every padded length a
-//                      multiple of 2*cp, last entry total_rows
-//   ordered_row_pitch  bytes from one ordered row to the next (0: row_bytes; else a multiple
-//                      of 16, >= row_bytes): the rows of some heads of a wider tensor
-void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_bytes,
-                                const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
-                                cudaStream_t stream, size_t ordered_row_pitch = 0);
-
-// gathered[owner(g)] = ordered[g]: the inverse, for gradients going back to their ranks.
-void sequence_to_gathered_order(const void* ordered, void* gathered, size_t row_bytes,
-                                const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
-                                cudaStream_t stream);
+// ordered[g] = gathered[owner(g)] for every global row g < layout.capacity.max_tokens.
+//   row_bytes  bytes per row, a multiple of 16 (rows are moved in 16-byte words)
+//   layout     the global layout in capacity form: every padded length a multiple of 2*cp
+//              (only cu_seqlens_padded is read)
+void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_bytes, const DeviceLayout& layout,
+                                int cp, cudaStream_t stream);
 
 // rows[g] = the gathered row of global row g (its owner's rank * T/cp + its local row), for
-// every g < total_rows: the map thdcp::cuda::BackwardTensors::dkv_rows takes to accumulate
-// dK/dV of sequence-order keys straight in the order the ranks hold them.
-void gathered_rows_of_sequence(const int32_t* cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
-                               int32_t* rows, cudaStream_t stream);
+// every g < layout.capacity.max_tokens: the map thdcp::BackwardTensors::dkv_rows takes
+// to accumulate dK/dV of sequence-order keys straight in the order the ranks hold them.
+void gathered_rows_of_sequence(const DeviceLayout& layout, int cp, int32_t* rows, cudaStream_t stream);
 
 // dst[i] = src[i] rounded to `dtype` (to nearest even; fp32 is a copy), n elements.
 void convert_from_fp32(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream);

@@ -85,24 +85,22 @@ class RopePlan {
   void check_tensors(const ThdTensor& q, const ThdTensor& k) const;
 
   // Rotates q and k in place by the angles of their rows' positions, enqueued on `stream`.
-  //   cu_seqlens, cu_seqlens_padded  device int32 arrays of max_seqs + 1 entries: the *global*
-  //                                  layout in capacity form (cu_seqlens_padded[max_seqs] ==
-  //                                  max_tokens, every P_b a multiple of 2*cp), as the CP
-  //                                  plans take it
-  //   start_offsets                  device int32 [max_seqs] added to each sequence's
-  //                                  positions, or null (must be null unless
-  //                                  shape.with_start_offsets)
-  //   q                              [max_tokens / cp, q_heads, head_dim], shape.dtype
-  //   k                              [max_tokens / cp, kv_heads, head_dim], shape.dtype; an
-  //                                  empty ThdTensor{} when kv_heads == 0
+  //   layout         the *global* layout in capacity form (layout.capacity == shape.capacity:
+  //                  cu_seqlens_padded[max_seqs] == max_tokens, every P_b a multiple of 2*cp),
+  //                  as the CP plans take it
+  //   start_offsets  device int32 [max_seqs] added to each sequence's positions, or null
+  //                  (must be null unless shape.with_start_offsets)
+  //   q              [max_tokens / cp, q_heads, head_dim], shape.dtype
+  //   k              [max_tokens / cp, kv_heads, head_dim], shape.dtype; an empty ThdTensor{}
+  //                  when kv_heads == 0
   // Throws thdcp::Error before enqueueing anything when an argument does not match the plan.
-  void forward(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, const int32_t* start_offsets,
-               ThdTensor q, ThdTensor k, cudaStream_t stream) const;
+  void forward(const DeviceLayout& layout, const int32_t* start_offsets, ThdTensor q, ThdTensor k,
+               cudaStream_t stream) const;
 
   // The backward: rotation by the negative angles (the transpose), in place on the gradients
   // dq, dk with respect to the forward's outputs. Same arguments as forward().
-  void backward(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, const int32_t* start_offsets,
-                ThdTensor dq, ThdTensor dk, cudaStream_t stream) const;
+  void backward(const DeviceLayout& layout, const int32_t* start_offsets, ThdTensor dq, ThdTensor dk,
+                cudaStream_t stream) const;
 
   const RopeShape& shape() const { return shape_; }
   int64_t local_rows() const { return local_rows_; }
@@ -110,10 +108,10 @@ class RopePlan {
   int device() const { return device_; }
 
  private:
-  void check_run(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, const int32_t* start_offsets,
-                 const ThdTensor& q, const ThdTensor& k) const;
-  void run(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, const int32_t* start_offsets, ThdTensor q,
-           ThdTensor k, float sin_sign, cudaStream_t stream) const;
+  void check_run(const DeviceLayout& layout, const int32_t* start_offsets, const ThdTensor& q,
+                 const ThdTensor& k) const;
+  void run(const DeviceLayout& layout, const int32_t* start_offsets, ThdTensor q, ThdTensor k, float sin_sign,
+           cudaStream_t stream) const;
 
   RopeShape shape_;
   int64_t local_rows_ = 0;

@@ -1,10 +1,16 @@
-// What describes an attention call on every backend: its heads (HeadShape) and its options
-// (AttentionOptions). The CPU reference, the CUDA plans, AllGather CP, RoPE, the C ABI and
+// What describes an attention call on every backend: its heads (HeadShape), a single-device
+// call's problem (AttentionProblem), its tensors (ForwardTensors, BackwardTensors) and its
+// options (AttentionOptions). The CPU reference, the CUDA plans, AllGather CP, RoPE, the C ABI and
 // the PyTorch package all take these two types; a backend ignores the options it has no use
 // for (each field says whose it is).
 #pragma once
 
 #include <cstdint>
+
+#include "thdcp/core/dtype.h"
+#include "thdcp/core/tensor.h"
+#include "thdcp/plan/layout.h"
+#include "thdcp/plan/mask.h"
 
 namespace thdcp {
 
@@ -23,6 +29,40 @@ struct HeadShape {
 // the fields as `prefix` + "q_heads" (e.g. "params->" at the C boundary). Backends check
 // their own limits on D (cpu_supports_head_dim, cuda_supports_head_dim).
 void check_head_shape(const HeadShape& heads, const char* prefix = "");
+
+// What a single-device attention call is planned for (cuda::Attention, the C ABI's attention
+// plan): its heads, its capacity, its mask and its dtypes.
+struct AttentionProblem : HeadShape {
+  Capacity capacity;  // layouts of max_seqs + 1 entries; tensors of max_tokens rows
+  Mask mask;
+  DType dtype = DType::kBFloat16;      // q, k, v, out, dout
+  DType dq_dtype = DType::kBFloat16;   // dtype or fp32
+  DType dkv_dtype = DType::kBFloat16;  // dtype or fp32 (dk and dv)
+};
+
+// The tensors of one forward call, on every backend (single-device or this rank's part of a
+// CP step): q [rows, Hq, D], k and v [k_rows, Hkv, D] (a CP step: the rank's own rows), out
+// like q, lse [Hq, rows] fp32, max_logit [Hq] fp32 or null. What each call writes is said
+// where it is declared (cuda::Attention, cpu::attention_forward, cp::CudaPlan).
+struct ForwardTensors {
+  ConstThdTensor q, k, v;
+  ThdTensor out;
+  float* lse = nullptr;
+  float* max_logit = nullptr;  // optional
+};
+
+// The tensors of one backward call: the forward's (out and its lse) with dout and dq like q,
+// dk and dv like k. dq: q's dtype or fp32; dk, dv: k's dtype or fp32.
+struct BackwardTensors {
+  ConstThdTensor q, k, v, out, dout;
+  const float* lse = nullptr;
+  ThdTensor dq, dk, dv;
+  // CUDA plans only, optional, device int32 [k_rows]: the row of dk/dv that key row i's
+  // gradient goes to (a permutation of [0, k_rows)); null: row i. AllGather CP passes the map
+  // from sequence order to the ranks' order, so the gradients need no reorder before the
+  // reduce-scatter.
+  const int32_t* dkv_rows = nullptr;
+};
 
 // The reference backend's arithmetic.
 enum class Accumulate {

@@ -19,16 +19,6 @@ struct LayoutView {
   int64_t padded_length(int b) const { return cu_seqlens_padded[b + 1] - cu_seqlens_padded[b]; }
 };
 
-// The layout of a batch in device memory, in its capacity form (section 1 of the design
-// notes): max_seqs + 1 int32 entries each, unused trailing entries repeating the last value,
-// the last padded entry the capacity's max_tokens. What the device-side calls read (table
-// builds, reorders, RoPE, AllGather CP), so that nothing needs the lengths on the host. The
-// pointers only: the entry count is the capacity the caller planned for.
-struct DeviceLayout {
-  const int32_t* cu_seqlens = nullptr;
-  const int32_t* cu_seqlens_padded = nullptr;
-};
-
 // An owned layout.
 struct BatchLayout {
   std::vector<int32_t> cu_seqlens;
@@ -46,6 +36,18 @@ struct BatchLayout {
 struct Capacity {
   int max_seqs = 0;
   int64_t max_tokens = 0;
+};
+
+// The layout of a batch in device memory, in its capacity form (section 1 of the design
+// notes): `capacity.max_seqs + 1` int32 entries each, unused trailing entries repeating the
+// last value, cu_seqlens_padded[max_seqs] == capacity.max_tokens. What every device-side call
+// reads (table builds, reorders, RoPE, attention, AllGather CP), so that nothing needs the
+// lengths on the host; the capacity says how many entries the arrays have and must be the
+// one the call was planned for.
+struct DeviceLayout {
+  const int32_t* cu_seqlens = nullptr;
+  const int32_t* cu_seqlens_padded = nullptr;
+  Capacity capacity;
 };
 
 // Smallest multiple of 2*cp that holds `length` tokens (0 stays 0).

@@ -1,0 +1,84 @@
+// Segment tables in device memory (DESIGN.md section 4): every attention call of the CUDA
+// backend, single-device or AllGather CP, takes one. A TablePlan builds it on the device from
+// a batch's DeviceLayout, with the __host__ __device__ functions the host builders use
+// (single_device_segment, cp_segment of thdcp/plan/segment.h), so nothing needs the lengths
+// on the host.
+//
+// Plan, then run: TablePlan's factories check the capacity, mask, cp and rank once (host
+// arithmetic); check() makes the pointer queries of a plan-time check; run() checks the
+// layout's capacity against the plan and enqueues one small kernel of a fixed grid
+// (capacity-sized: blocks past the real sequences write zero-length placeholders), so a whole
+// step can be captured in a CUDA graph and replayed for any batch of the same capacity.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "thdcp/plan/layout.h"
+#include "thdcp/plan/mask.h"
+#include "thdcp/plan/segment.h"
+
+namespace thdcp::cuda {
+
+// Which builder filled a device table. It bounds how many segments reach one key row
+// (1 for a single-device table, 2 for an AllGather-CP table), which sizes the backward grid
+// and keeps the fp32 dK/dV accumulation deterministic (AttentionOptions::deterministic).
+enum class TableKind {
+  kSingleDevice,
+  kAllGatherCp,
+};
+
+// A segment table in device memory with a fixed capacity. Entries past the batch's real
+// sequences are zero-length placeholders written by the builders, so the kernels see a
+// fixed-size array and the table needs no host read-back.
+struct DeviceSegmentTable {
+  Segment* segments = nullptr;  // device array of `capacity` entries
+  int capacity = 0;             // entries: max_seqs (single device) or 2 * max_seqs (CP)
+  int64_t q_rows = 0;           // rows of the Q/O tensors the table addresses
+  int64_t k_rows = 0;           // rows of the K/V tensors the table addresses
+  Mask mask;                    // the mask applied by the kernels (and used by the builders)
+  TableKind kind = TableKind::kSingleDevice;
+};
+
+class TablePlan {
+ public:
+  // One segment per sequence (as thdcp::build_segment_table): queries and keys both address
+  // the capacity's max_tokens rows.
+  static TablePlan single_device(const Capacity& capacity, const Mask& mask);
+
+  // The AllGather-CP table of `rank` of `cp` (as thdcp::build_cp_segment_table): two segments
+  // per sequence, queries addressing the rank's max_tokens / cp local rows, keys the
+  // gathered K/V in sequence order (max_tokens rows). The layouts it reads are global: every
+  // padded length a multiple of 2 * cp.
+  static TablePlan all_gather_cp(const Capacity& capacity, int cp, int rank, const Mask& mask);
+
+  // The table run() returns, with `segments` null: the table part of an AttentionShape.
+  const DeviceSegmentTable& table() const { return table_; }
+  const Capacity& capacity() const { return capacity_; }
+
+  // Bytes of the segment array run() writes (256-byte aligned size).
+  size_t workspace_size() const;
+
+  // Plan-time check (pointer queries: not for a path that may be captured): the layout's
+  // capacity is the plan's, and its arrays and `segments` are device memory of the current
+  // device. Throws thdcp::Error.
+  void check(const DeviceLayout& layout, const Segment* segments) const;
+
+  // Enqueues the build into `segments` (workspace_size() bytes of device memory) on `stream`
+  // and returns the table. Checks with host arithmetic only that the layout's capacity is
+  // the plan's and the pointers are given (its device contents are the caller's contract,
+  // as for thdcp::validate_layout on the host). Capture-safe.
+  DeviceSegmentTable run(const DeviceLayout& layout, Segment* segments, cudaStream_t stream) const;
+
+ private:
+  TablePlan() = default;
+
+  DeviceSegmentTable table_;
+  Capacity capacity_;
+  int cp_ = 1;
+  int rank_ = 0;
+};
+
+}  // namespace thdcp::cuda
