@@ -139,6 +139,24 @@ int64_t check_fit_op(const std::vector<int64_t>& lengths, int64_t cp, int64_t ma
   });
 }
 
+// The capacity a graph bank runs a batch at (thdcp/plan/capacity.h, choose_capacity): of the
+// buckets (max_tokens[i], max_seqs[i]) at CP size cp, [bucket max_tokens, bucket max_seqs,
+// run max_tokens, run max_seqs, fallback 0/1].
+std::vector<int64_t> choose_capacity_op(const std::vector<int64_t>& lengths, int64_t cp,
+                                        const std::vector<int64_t>& max_tokens, const std::vector<int64_t>& max_seqs) {
+  return translate_errors("choose_capacity", [&] {
+    TORCH_CHECK_VALUE(max_tokens.size() == max_seqs.size(), "thdcp.choose_capacity: ", max_tokens.size(),
+                      " max_tokens but ", max_seqs.size(), " max_seqs; pass one of each per bucket");
+    std::vector<Capacity> buckets;
+    for (size_t i = 0; i < max_tokens.size(); ++i) {
+      buckets.push_back(Capacity{static_cast<int>(max_seqs[i]), max_tokens[i]});
+    }
+    const CapacityChoice c = choose_capacity(buckets, lengths, static_cast<int>(cp));
+    return std::vector<int64_t>{c.bucket.max_tokens, c.bucket.max_seqs, c.run.max_tokens, c.run.max_seqs,
+                                c.fallback ? 1 : 0};
+  });
+}
+
 // The capacity-form layout of `lengths` (cu_seqlens then cu_seqlens_padded, max_seqs + 1
 // entries each) at CP size cp.
 std::vector<int64_t> capacity_layout_op(const std::vector<int64_t>& lengths, int64_t cp, int64_t max_tokens,
@@ -251,6 +269,7 @@ TORCH_LIBRARY(thdcp, m) {
   m.def("default_capacity(int max_tokens, int cp) -> int[]", &default_capacity_op);
   m.def("check_fit(int[] lengths, int cp, int max_tokens, int max_seqs) -> int", &check_fit_op);
   m.def("capacity_layout(int[] lengths, int cp, int max_tokens, int max_seqs) -> int[]", &capacity_layout_op);
+  m.def("choose_capacity(int[] lengths, int cp, int[] max_tokens, int[] max_seqs) -> int[]", &choose_capacity_op);
   m.def("cp_rank_rows(Tensor cu_seqlens_padded, int cp, int rank) -> Tensor", &cp_rank_rows_op);
   m.def("plan_capacity(int[] lengths, int[] batch_sizes, int tokens, int cp, float fallback_budget) "
         "-> (int, float, str)",

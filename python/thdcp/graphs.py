@@ -18,7 +18,9 @@ the named buffers it asks for, which `fill` writes before each run. Each capacit
 eagerly warmup_runs times (on a side stream, as torch.cuda.graph wants), then captured (the
 capturing run's work is replayed at once), then replayed. A batch with more documents than
 any capacity of its CP size holds runs eagerly on the zero-fallback capacity and is counted
-as a fallback; a batch with more tokens than every capacity is refused.
+as a fallback; a batch with more tokens than every capacity is refused. Which capacity runs a
+batch is the C++ library's rule (thdcp/plan/capacity.h, choose_capacity), the one its own
+graph::GraphBank follows.
 
 Gradients: a parameter's .grad must exist before the first capture (zeros), and be zeroed in
 place (optimizer.zero_grad(set_to_none=False)) between steps, so that every graph adds into
@@ -29,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .planning import capacity_layout, default_capacity, fits
+from .planning import capacity_layout, choose_capacity, default_capacity, fits
 
 
 @dataclass
@@ -88,6 +90,7 @@ class StaticBatch:
 @dataclass
 class _Entry:
     batch: StaticBatch
+    fallback_only: bool = False  # a zero-fallback capacity made for fallbacks, not a bucket
     counters: KeyCounters = field(default_factory=KeyCounters)
     graph: Optional[torch.cuda.CUDAGraph] = None
     output: Any = None
@@ -116,26 +119,17 @@ class GraphBank:
             self._entries[key] = _Entry(StaticBatch(key[0], key[1], key[2], self.device))
 
     def _choose(self, lengths: Sequence[int], cp: int) -> Tuple[Tuple[int, int, int], bool]:
-        keys = sorted(k for k in self._entries if k[0] == cp)
-        if not keys:
+        buckets = [(k[1], k[2]) for k in self._entries if k[0] == cp and not self._entries[k].fallback_only]
+        if not buckets:
             raise ValueError("thdcp.GraphBank: no capacity for cp=%d; add one with add_capacity(..., cp=%d)" % (cp, cp))
-        too_many_docs = None
-        for key in keys:
-            fit = fits(lengths, cp, key[1], key[2])
-            if fit == 0:
-                return key, False
-            if fit == 1 and too_many_docs is None:
-                too_many_docs = key
-        if too_many_docs is None:
-            raise ValueError(
-                "thdcp.GraphBank: a batch of %d documents, %d tokens, fits no capacity of cp=%d (largest %d tokens)"
-                % (len(lengths), sum(lengths), cp, keys[-1][1]))
-        # Fits the tokens but not the documents: the zero-fallback capacity of those tokens.
-        fallback = (cp, too_many_docs[1], default_capacity(too_many_docs[1], cp)[1])
-        if fallback not in self._entries:
-            self._entries[fallback] = _Entry(StaticBatch(cp, fallback[1], fallback[2], self.device))
-        self._entries[too_many_docs].counters.fallbacks += 1
-        return fallback, True
+        bucket, run, fallback = choose_capacity(lengths, cp, buckets)
+        if not fallback:
+            return (cp, run[0], run[1]), False
+        key = (cp, run[0], run[1])
+        if key not in self._entries:
+            self._entries[key] = _Entry(StaticBatch(cp, run[0], run[1], self.device), fallback_only=True)
+        self._entries[(cp, bucket[0], bucket[1])].counters.fallbacks += 1
+        return key, True
 
     def run(self, lengths: Sequence[int], fill: Optional[Callable[[StaticBatch], None]] = None, cp: int = 1) -> Any:
         """Runs the step for a batch of documents of `lengths` (in packing order) at CP size cp:

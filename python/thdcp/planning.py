@@ -40,6 +40,19 @@ def fits(lengths: Sequence[int], cp: int, max_tokens: int, max_seqs: int) -> int
     return int(_ops.check_fit([int(n) for n in lengths], int(cp), int(max_tokens), int(max_seqs)))
 
 
+def choose_capacity(lengths: Sequence[int], cp: int,
+                    buckets: Sequence[Tuple[int, int]]) -> Tuple[Tuple[int, int], Tuple[int, int], bool]:
+    """The graph bank's rule, from the C++ library (thdcp/plan/capacity.h): of the buckets
+    (max_tokens, max_seqs) at CP size cp, the one the batch is counted against, the capacity
+    it runs at, and whether that is the zero-fallback capacity (an eager run). Raises
+    ValueError when the batch's rows fit no bucket."""
+    tokens = [int(b[0]) for b in buckets]
+    seqs = [int(b[1]) for b in buckets]
+    b_tokens, b_seqs, r_tokens, r_seqs, fallback = _ops.choose_capacity([int(n) for n in lengths], int(cp), tokens,
+                                                                        seqs)
+    return (int(b_tokens), int(b_seqs)), (int(r_tokens), int(r_seqs)), bool(fallback)
+
+
 def capacity_layout(lengths: Sequence[int], cp: int, max_tokens: int, max_seqs: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(cu_seqlens, cu_seqlens_padded), CPU int32 [max_seqs + 1], of `lengths` in the capacity
     (max_tokens, max_seqs) at CP size cp. Raises ValueError when they do not fit."""

@@ -106,34 +106,20 @@ GraphBank::Outcome GraphBank::run(const std::vector<int64_t>& lengths, const Wor
   THDCP_CHECK(!capacities_.empty(), "GraphBank::run: no capacity was added (add_capacity)");
   THDCP_CHECK(static_cast<bool>(work), "GraphBank::run: work is empty");
   Outcome outcome;
-  const int index = smallest_fitting(capacities_, lengths, cp());
-  if (index < 0) {
-    // Fits no bucket: by tokens (an error) or only by documents (a fallback).
-    const Capacity* bucket = nullptr;
-    for (const Capacity& c : capacities_) {
-      if (check_fit(lengths, cp(), c) == Fit::kTooManyTokens) continue;
-      if (!bucket || c < *bucket) bucket = &c;
-    }
-    if (!bucket) {
-      const Capacity largest = *std::max_element(capacities_.begin(), capacities_.end());
-      THDCP_FAIL("the batch needs " << padded_rows(lengths, cp()) << " rows at cp=" << cp()
-                                    << " (documents padded to multiples of 2*cp), more than the largest capacity "
-                                    << capacity_key_name(cp(), largest)
-                                    << ": add a larger capacity (add_capacity) or split the batch");
-    }
-    outcome.bucket = *bucket;
-    outcome.capacity = default_capacity(bucket->max_tokens, cp());
+  const CapacityChoice choice = choose_capacity(capacities_, lengths, cp());
+  outcome.bucket = choice.bucket;
+  outcome.capacity = choice.run;
+  if (choice.fallback) {
     outcome.how = How::kFallback;
     Entry& fallback = entry(outcome.capacity);
     const Fit fit = fallback.batch->fill(lengths, stream, start_offsets);
     THDCP_CHECK(fit == Fit::kFits, "internal: a batch whose rows fit does not fit the zero-fallback capacity "
                                        << capacity_key_name(cp(), outcome.capacity) << " (" << fit_name(fit) << ")");
     work(*fallback.batch, stream);
-    entry(*bucket).counters.fallbacks += 1;
+    entry(outcome.bucket).counters.fallbacks += 1;
     return outcome;
   }
-  Entry& e = entry(capacities_[static_cast<size_t>(index)]);
-  outcome.bucket = outcome.capacity = e.capacity;
+  Entry& e = entry(choice.run);
   e.batch->fill(lengths, stream, start_offsets);
   if (!e.captured && e.counters.warmups < options_.warmup_runs) {
     work(*e.batch, stream);

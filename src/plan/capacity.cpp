@@ -77,6 +77,32 @@ int smallest_fitting(const std::vector<Capacity>& buckets, const std::vector<int
   return best;
 }
 
+CapacityChoice choose_capacity(const std::vector<Capacity>& buckets, const std::vector<int64_t>& lengths, int cp) {
+  THDCP_CHECK(!buckets.empty(), "no capacity to run the batch at: add one (add_capacity)");
+  CapacityChoice choice;
+  const int index = smallest_fitting(buckets, lengths, cp);
+  if (index >= 0) {
+    choice.bucket = choice.run = buckets[static_cast<size_t>(index)];
+    return choice;
+  }
+  const Capacity* bucket = nullptr;
+  for (const Capacity& c : buckets) {
+    if (check_fit(lengths, cp, c) == Fit::kTooManyTokens) continue;
+    if (!bucket || c < *bucket) bucket = &c;
+  }
+  if (!bucket) {
+    const Capacity largest = *std::max_element(buckets.begin(), buckets.end());
+    THDCP_FAIL("a batch of " << padded_rows(lengths, cp) << " rows at cp=" << cp
+                             << " (documents padded to multiples of 2*cp) fits no capacity: the largest is "
+                             << capacity_key_name(cp, largest)
+                             << "; add a larger capacity (add_capacity) or split the batch");
+  }
+  choice.bucket = *bucket;
+  choice.run = default_capacity(bucket->max_tokens, cp);
+  choice.fallback = true;
+  return choice;
+}
+
 int choose_cp_size(const std::vector<int64_t>& lengths, const std::vector<int>& sizes, int64_t rows_per_rank) {
   THDCP_CHECK(!sizes.empty(), "choose_cp_size: no CP sizes given");
   THDCP_CHECK(rows_per_rank > 0, "rows_per_rank=" << rows_per_rank << " must be > 0");

@@ -83,6 +83,31 @@ TEST(Capacity, SmallestFittingBucket) {
   EXPECT_EQ(smallest_fitting(buckets, {5000}, 2), -1);
 }
 
+// The bank's rule: the smallest bucket that fits runs the batch; a batch whose rows fit a
+// bucket but whose documents fit none falls back to the zero-fallback capacity of the
+// smallest bucket its rows fit, counted against that bucket; rows that fit no bucket throw.
+TEST(Capacity, ChooseCapacityRunsFallsBackOrRefuses) {
+  const std::vector<Capacity> buckets{{9, 1024}, {9, 512}};
+  const CapacityChoice fits = choose_capacity(buckets, {100, 50, 7}, 2);
+  EXPECT_FALSE(fits.fallback);
+  EXPECT_EQ(fits.bucket, (Capacity{9, 512}));
+  EXPECT_EQ(fits.run, (Capacity{9, 512}));
+  const CapacityChoice next = choose_capacity(buckets, {300, 250, 150}, 2);  // 704 rows
+  EXPECT_FALSE(next.fallback);
+  EXPECT_EQ(next.run, (Capacity{9, 1024}));
+  const CapacityChoice fallback = choose_capacity(buckets, std::vector<int64_t>(20, 10), 2);  // 20 docs, 240 rows
+  EXPECT_TRUE(fallback.fallback);
+  EXPECT_EQ(fallback.bucket, (Capacity{9, 512}));
+  EXPECT_EQ(fallback.run, default_capacity(512, 2));
+  const CapacityChoice larger = choose_capacity(buckets, std::vector<int64_t>(40, 20), 2);  // 40 docs, 800 rows
+  EXPECT_TRUE(larger.fallback);
+  EXPECT_EQ(larger.bucket, (Capacity{9, 1024}));
+  EXPECT_THDCP_ERROR(choose_capacity(buckets, {3000}, 2),
+                     "a batch of 3000 rows at cp=2 (documents padded to multiples of 2*cp) fits no capacity: the "
+                     "largest is cp=2 max_seqs=9 max_tokens=1024");
+  EXPECT_THDCP_ERROR(choose_capacity({}, {1}, 2), "no capacity to run the batch at");
+}
+
 TEST(Capacity, BankKeysOrderByTokensThenSequences) {
   EXPECT_TRUE((Capacity{9, 1024} < Capacity{3, 2048}));
   EXPECT_TRUE((Capacity{3, 1024} < Capacity{9, 1024}));

@@ -42,6 +42,21 @@ BatchLayout capacity_layout(const std::vector<int64_t>& lengths, int cp, const C
 // -1 when it fits none.
 int smallest_fitting(const std::vector<Capacity>& buckets, const std::vector<int64_t>& lengths, int cp);
 
+// Which capacity a graph bank runs a batch at (DESIGN.md section 7), the one rule of the C++
+// GraphBank and the PyTorch package's: the smallest bucket the batch fits runs it (a graph);
+// a batch whose padded rows fit a bucket but whose documents fit none runs eagerly on the
+// zero-fallback capacity of the smallest bucket its rows fit, and is counted against that
+// bucket (a fallback).
+struct CapacityChoice {
+  Capacity bucket;        // the bucket the batch is counted against
+  Capacity run;           // what the step runs at: `bucket`, or default_capacity(bucket.max_tokens)
+  bool fallback = false;  // the documents fit no bucket whose rows they fit
+};
+
+// Throws thdcp::Error, naming the batch's rows and the largest bucket, when its padded rows
+// fit no bucket (or there is none).
+CapacityChoice choose_capacity(const std::vector<Capacity>& buckets, const std::vector<int64_t>& lengths, int cp);
+
 // The CP-size policy of dynamic CP: the smallest size in `sizes` whose rows per rank
 // (padded_rows(lengths, c) / c) are at most `rows_per_rank`. Throws when none is, naming the
 // batch's rows and the largest size. `sizes` must be >= 1 each.
