@@ -184,10 +184,10 @@ TEST_F(CudaPlan, RunRejectsWhatDoesNotMatchThePlan) {
 
   ForwardTensors t = step.forward_tensors();
   t.q.tokens -= 8;
-  expect_error(run_forward(step.table, t), "q has 1016 rows");
+  expect_error(run_forward(step.table, t), "q is [1016, 8, 128] but must be [q_rows=1024");
   t = step.forward_tensors();
   t.k.heads = 1;
-  expect_error(run_forward(step.table, t), "k has 1 heads, expected 2");
+  expect_error(run_forward(step.table, t), "k is [1024, 1, 128] but must be [k_rows=1024, kv_heads=2");
   t = step.forward_tensors();
   t.v.dtype = DType::kFloat16;
   expect_error(run_forward(step.table, t), "v has dtype fp16");
