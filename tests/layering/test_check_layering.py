@@ -166,7 +166,7 @@ __global__ void kernel() {}
     "include/thdcp/thdcp.h": "#ifndef THDCP_H_\n#define THDCP_H_\n#include <stdint.h>\n#endif\n",
     "src/capi/status.h": '#pragma once\n#include "thdcp/thdcp.h"\n#include "thdcp/core/error.h"\n',
     "src/capi/thdcp_c.cpp": """\
-#include "status.h"
+#include "capi_status.h"
 #include "thdcp/thdcp.h"
 #include "thdcp/graph/bank.h"
 #include "thdcp/cp/cp.h"

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "handles.h"
-#include "status.h"
+#include "capi_handles.h"
+#include "capi_status.h"
 #include "thdcp/comm/mpi.h"
 
 #if defined(THDCP_HAVE_MPI)

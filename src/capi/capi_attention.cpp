@@ -7,9 +7,9 @@
 #include <limits>
 #include <memory>
 
-#include "convert.h"
-#include "handles.h"
-#include "status.h"
+#include "capi_convert.h"
+#include "capi_handles.h"
+#include "capi_status.h"
 #include "thdcp/cpu/attention.h"
 #include "thdcp/plan/segment_table.h"
 

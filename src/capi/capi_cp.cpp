@@ -6,9 +6,9 @@
 #include <limits>
 #include <memory>
 
-#include "convert.h"
-#include "handles.h"
-#include "status.h"
+#include "capi_convert.h"
+#include "capi_handles.h"
+#include "capi_status.h"
 #include "thdcp/cp/cp.h"
 
 #if defined(THDCP_HAVE_CUDA)

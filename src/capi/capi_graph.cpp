@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "convert.h"
-#include "handles.h"
-#include "status.h"
+#include "capi_convert.h"
+#include "capi_handles.h"
+#include "capi_status.h"
 
 #if defined(THDCP_HAVE_CUDA)
 #include "thdcp/graph/graph_bank.h"

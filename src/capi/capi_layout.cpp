@@ -5,8 +5,8 @@
 #include <limits>
 #include <vector>
 
-#include "convert.h"
-#include "status.h"
+#include "capi_convert.h"
+#include "capi_status.h"
 #include "thdcp/plan/capacity.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/planner.h"

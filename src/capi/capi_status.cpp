@@ -1,8 +1,8 @@
-#include "status.h"
+#include "capi_status.h"
 
 #include <cstring>
 
-#include "convert.h"
+#include "capi_convert.h"
 
 #include "thdcp/comm/mpi.h"
 #include "thdcp/thdcp.h"

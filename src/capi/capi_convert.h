@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "status.h"
+#include "capi_status.h"
 #include "thdcp/core/tensor.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/mask.h"

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "status.h"
+#include "capi_status.h"
 #include "thdcp/comm/communicator.h"
 #include "thdcp/thdcp.h"
 

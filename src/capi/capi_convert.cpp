@@ -1,4 +1,4 @@
-#include "convert.h"
+#include "capi_convert.h"
 
 #include <cstddef>
 #include <limits>
