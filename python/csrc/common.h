@@ -11,6 +11,7 @@
 #include "thdcp/core/error.h"
 #include "thdcp/core/tensor.h"
 #include "thdcp/plan/mask.h"
+#include "thdcp/plan/rope.h"
 
 namespace thdcp::torch_ops {
 
@@ -60,16 +61,8 @@ inline ConstThdTensor const_view(const at::Tensor& t, const char* name) {
 }
 
 inline ThdTensor view(at::Tensor& t, const char* name) {
-  const ConstThdTensor c = const_view(t, name);
-  ThdTensor v;
-  v.data = t.data_ptr();
-  v.dtype = c.dtype;
-  v.tokens = c.tokens;
-  v.heads = c.heads;
-  v.head_dim = c.head_dim;
-  v.row_stride = c.row_stride;
-  v.head_stride = c.head_stride;
-  return v;
+  check_thd(t, name);
+  return ThdTensor(t.data_ptr(), to_dtype(t, name), t.size(0), t.size(1), t.size(2), t.stride(0), t.stride(1));
 }
 
 // cu_seqlens-like metadata: int32, one dimension, at least two entries, contiguous, on `device`.
@@ -91,6 +84,28 @@ inline void check_start_offsets(const std::optional<at::Tensor>& start_offsets, 
                         start_offsets->numel() == cu_seqlens.numel() - 1 && start_offsets->device() == device,
                     "thdcp: start_offsets must be a contiguous int32 tensor of num_seqs = ", cu_seqlens.numel() - 1,
                     " entries on ", device);
+}
+
+// RoPE's arguments apart from x: cu_seqlens and cu_seqlens_padded (one entry per sequence +
+// 1, on x's device), the optional start offsets, and rank in [0, cp).
+inline void check_rope_arguments(const at::Tensor& x, const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
+                                 const std::optional<at::Tensor>& start_offsets, int64_t cp, int64_t rank) {
+  const at::Device device = x.device();
+  check_metadata(cu_seqlens, "cu_seqlens", device);
+  check_metadata(cu_seqlens_padded, "cu_seqlens_padded", device);
+  TORCH_CHECK_VALUE(cu_seqlens.numel() == cu_seqlens_padded.numel(), "thdcp: cu_seqlens has ", cu_seqlens.numel(),
+                    " entries but cu_seqlens_padded has ", cu_seqlens_padded.numel());
+  check_start_offsets(start_offsets, cu_seqlens, device);
+  TORCH_CHECK_VALUE(cp >= 1 && cp <= 1024 && rank >= 0 && rank < cp, "thdcp: rope with cp=", cp, ", rank=", rank,
+                    "; pass cp >= 1 and a rank in [0, cp)");
+}
+
+inline RopeConfig rope_config(double theta, int64_t rotary_dim, bool interleaved) {
+  RopeConfig config;
+  config.layout = interleaved ? RopeLayout::kInterleaved : RopeLayout::kHalfSplit;
+  config.rotary_dim = rotary_dim;
+  config.theta = static_cast<float>(theta);
+  return config;
 }
 
 inline void check_same_device(const at::Tensor& t, const char* name, const at::Device& device) {

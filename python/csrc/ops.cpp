@@ -98,19 +98,11 @@ at::Tensor rope_cpu(const at::Tensor& x, const at::Tensor& cu_seqlens, const at:
                     const std::optional<at::Tensor>& start_offsets, int64_t cp, int64_t rank, double theta,
                     int64_t rotary_dim, bool interleaved, bool backward) {
   return translate_errors("rope", [&] {
-    const at::Device device = x.device();
-    check_metadata(cu_seqlens, "cu_seqlens", device);
-    check_metadata(cu_seqlens_padded, "cu_seqlens_padded", device);
-    check_start_offsets(start_offsets, cu_seqlens, device);
-    TORCH_CHECK_VALUE(cp >= 1 && rank >= 0 && rank < cp, "thdcp: rope with cp=", cp, ", rank=", rank,
-                      "; pass cp >= 1 and a rank in [0, cp)");
+    check_rope_arguments(x, cu_seqlens, cu_seqlens_padded, start_offsets, cp, rank);
     // cp = 1 takes any padding (the position is the row minus its sequence start).
     const LayoutView layout =
         host_layout(cu_seqlens, cu_seqlens_padded, x.size(0) * cp, cp == 1 ? 0 : static_cast<int>(cp));
-    RopeConfig config;
-    config.layout = interleaved ? RopeLayout::kInterleaved : RopeLayout::kHalfSplit;
-    config.rotary_dim = rotary_dim;
-    config.theta = static_cast<float>(theta);
+    const RopeConfig config = rope_config(theta, rotary_dim, interleaved);
     at::Tensor y = x.clone(at::MemoryFormat::Contiguous);
     const int32_t* offsets = start_offsets ? start_offsets->data_ptr<int32_t>() : nullptr;
     (backward ? cpu::rope_backward : cpu::rope_forward)(layout, static_cast<int>(cp), static_cast<int>(rank), config,

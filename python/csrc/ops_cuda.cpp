@@ -33,6 +33,15 @@ namespace {
 
 using Outputs3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
+// The call's device made current, and PyTorch's current stream on it: every operator
+// enqueues there.
+struct OnDevice {
+  explicit OnDevice(const at::Tensor& t)
+      : guard(t.device()), stream(at::cuda::getCurrentCUDAStream(t.get_device()).stream()) {}
+  c10::cuda::CUDAGuard guard;
+  cudaStream_t stream;
+};
+
 void check_cuda_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens,
                        const at::Tensor& cu_seqlens_padded) {
   const at::Device device = q.device();
@@ -59,14 +68,9 @@ Outputs3 forward_outputs(const at::Tensor& q, bool return_max_logit) {
 
 ForwardTensors forward_tensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Outputs3& outputs,
                                bool return_max_logit) {
-  ForwardTensors tensors;
-  tensors.q = const_view(q, "q");
-  tensors.k = const_view(k, "k");
-  tensors.v = const_view(v, "v");
-  tensors.out = view(std::get<0>(outputs), "out");
-  tensors.lse = std::get<1>(outputs).data_ptr<float>();
-  tensors.max_logit = return_max_logit ? std::get<2>(outputs).data_ptr<float>() : nullptr;
-  return tensors;
+  return ForwardTensors{const_view(q, "q"), const_view(k, "k"), const_view(v, "v"), view(std::get<0>(outputs), "out"),
+                        std::get<1>(outputs).data_ptr<float>(),
+                        return_max_logit ? std::get<2>(outputs).data_ptr<float>() : nullptr};
 }
 
 // The gradients of a backward (contiguous, in the inputs' dtypes) and the tensor set of a
@@ -79,17 +83,15 @@ Outputs3 backward_outputs(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 BackwardTensors backward_tensors(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, Outputs3& grads) {
-  BackwardTensors tensors;
-  tensors.q = const_view(q, "q");
-  tensors.k = const_view(k, "k");
-  tensors.v = const_view(v, "v");
-  tensors.out = const_view(out, "out");
-  tensors.dout = const_view(dout, "dout");
-  tensors.lse = lse.data_ptr<float>();
-  tensors.dq = view(std::get<0>(grads), "dq");
-  tensors.dk = view(std::get<1>(grads), "dk");
-  tensors.dv = view(std::get<2>(grads), "dv");
-  return tensors;
+  return BackwardTensors{const_view(q, "q"),
+                         const_view(k, "k"),
+                         const_view(v, "v"),
+                         const_view(out, "out"),
+                         const_view(dout, "dout"),
+                         lse.data_ptr<float>(),
+                         view(std::get<0>(grads), "dq"),
+                         view(std::get<1>(grads), "dk"),
+                         view(std::get<2>(grads), "dv")};
 }
 
 // Checks of a backward's extra inputs (q, k, v, metadata: check_cuda_inputs).
@@ -136,8 +138,7 @@ Outputs3 attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const 
                                 bool return_max_logit) {
   return translate_errors("attention", [&] {
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
-    const c10::cuda::CUDAGuard guard(q.device());
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+    const OnDevice on(q);
     const AttentionProblem problem = single_device_problem(q, k, cu_seqlens, window_mask(window_left, window_right));
     AttentionOptions options;
     options.softmax_scale = static_cast<float>(softmax_scale);
@@ -145,7 +146,7 @@ Outputs3 attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const 
     const cuda::Attention attention = single_device_attention(q, problem, options, workspace);
     Outputs3 outputs = forward_outputs(q, return_max_logit);
     attention.forward(device_layout(cu_seqlens, cu_seqlens_padded, problem.capacity),
-                      forward_tensors(q, k, v, outputs, return_max_logit), stream);
+                      forward_tensors(q, k, v, outputs, return_max_logit), on.stream);
     return outputs;
   });
 }
@@ -158,8 +159,7 @@ Outputs3 attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q, co
   return translate_errors("attention backward", [&] {
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
     check_backward_inputs(dout, q, out, lse);
-    const c10::cuda::CUDAGuard guard(q.device());
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+    const OnDevice on(q);
     const AttentionProblem problem = single_device_problem(q, k, cu_seqlens, window_mask(window_left, window_right));
     AttentionOptions options;
     options.softmax_scale = static_cast<float>(softmax_scale);
@@ -168,7 +168,7 @@ Outputs3 attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q, co
     const cuda::Attention attention = single_device_attention(q, problem, options, workspace);
     Outputs3 grads = backward_outputs(q, k, v);
     attention.backward(device_layout(cu_seqlens, cu_seqlens_padded, problem.capacity),
-                       backward_tensors(dout, q, k, v, out, lse, grads), stream);
+                       backward_tensors(dout, q, k, v, out, lse, grads), on.stream);
     return grads;
   });
 }
@@ -177,16 +177,8 @@ at::Tensor rope_cuda(const at::Tensor& x, const at::Tensor& cu_seqlens, const at
                      const std::optional<at::Tensor>& start_offsets, int64_t cp, int64_t rank, double theta,
                      int64_t rotary_dim, bool interleaved, bool backward) {
   return translate_errors("rope", [&] {
-    const at::Device device = x.device();
-    check_metadata(cu_seqlens, "cu_seqlens", device);
-    check_metadata(cu_seqlens_padded, "cu_seqlens_padded", device);
-    TORCH_CHECK_VALUE(cu_seqlens.numel() == cu_seqlens_padded.numel(), "thdcp: cu_seqlens has ", cu_seqlens.numel(),
-                      " entries but cu_seqlens_padded has ", cu_seqlens_padded.numel());
-    check_start_offsets(start_offsets, cu_seqlens, device);
-    TORCH_CHECK_VALUE(cp >= 1 && cp <= 1024 && rank >= 0 && rank < cp, "thdcp: rope with cp=", cp, ", rank=", rank,
-                      "; pass cp >= 1 and a rank in [0, cp)");
-    const c10::cuda::CUDAGuard guard(x.device());
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
+    check_rope_arguments(x, cu_seqlens, cu_seqlens_padded, start_offsets, cp, rank);
+    const OnDevice on(x);
     at::Tensor y = x.clone(at::MemoryFormat::Contiguous);
     cuda::RopeShape shape;
     shape.cp = static_cast<int>(cp);
@@ -197,18 +189,16 @@ at::Tensor rope_cuda(const at::Tensor& x, const at::Tensor& cu_seqlens, const at
     shape.kv_heads = 0;
     shape.head_dim = x.size(2);
     shape.dtype = to_dtype(x, "x");
-    shape.config.layout = interleaved ? RopeLayout::kInterleaved : RopeLayout::kHalfSplit;
-    shape.config.rotary_dim = rotary_dim;
-    shape.config.theta = static_cast<float>(theta);
+    shape.config = rope_config(theta, rotary_dim, interleaved);
     shape.with_start_offsets = start_offsets.has_value();
     const cuda::RopePlan plan(shape);
     const int32_t* offsets = start_offsets ? start_offsets->data_ptr<int32_t>() : nullptr;
     ThdTensor yv = view(y, "x");
     const DeviceLayout layout = device_layout(cu_seqlens, cu_seqlens_padded, shape.capacity);
     if (backward) {
-      plan.backward(layout, offsets, yv, ThdTensor{}, stream);
+      plan.backward(layout, offsets, yv, ThdTensor{}, on.stream);
     } else {
-      plan.forward(layout, offsets, yv, ThdTensor{}, stream);
+      plan.forward(layout, offsets, yv, ThdTensor{}, on.stream);
     }
     return y;
   });
@@ -336,13 +326,12 @@ Outputs3 cp_attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, con
                                    bool return_max_logit) {
   return translate_errors("cp_attention", [&] {
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
-    const c10::cuda::CUDAGuard guard(q.device());
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+    const OnDevice on(q);
     CommEntry& entry = comm_entry(handle);
-    CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, stream);
+    CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, on.stream);
     Outputs3 outputs = forward_outputs(q, return_max_logit);
     made.plan->forward(device_layout(cu_seqlens, cu_seqlens_padded, made.plan->problem().capacity),
-                       forward_tensors(q, k, v, outputs, return_max_logit), stream);
+                       forward_tensors(q, k, v, outputs, return_max_logit), on.stream);
     return outputs;
   });
 }
@@ -354,13 +343,12 @@ Outputs3 cp_attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q,
   return translate_errors("cp_attention backward", [&] {
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
     check_backward_inputs(dout, q, out, lse);
-    const c10::cuda::CUDAGuard guard(q.device());
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream(q.get_device()).stream();
+    const OnDevice on(q);
     CommEntry& entry = comm_entry(handle);
-    CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, stream);
+    CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, on.stream);
     Outputs3 grads = backward_outputs(q, k, v);
     made.plan->backward(device_layout(cu_seqlens, cu_seqlens_padded, made.plan->problem().capacity),
-                        backward_tensors(dout, q, k, v, out, lse, grads), stream);
+                        backward_tensors(dout, q, k, v, out, lse, grads), on.stream);
     return grads;
   });
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <tuple>
 
 #include "capi_convert.h"
 #include "capi_handles.h"
@@ -96,11 +97,29 @@ ThdShape kv_side(const AttentionConfig& c) {
   return ThdShape{p.capacity.max_tokens, "max_tokens", p.kv_heads, "kv_heads", p.head_dim};
 }
 
-template <typename View>
-View checked(View v, const char* name, const ThdShape& shape, DType dtype) {
-  check_thd_shape(name, v, shape);
-  check_thd_dtype(name, v.dtype, dtype);
-  return v;
+// The shape and dtype of each tensor, named as the C ABI names them.
+void check_forward(const AttentionConfig& c, const ForwardTensors& t) {
+  const DType dtype = c.problem.dtype;
+  for (const auto& [name, tensor, shape] :
+       {std::make_tuple("q", t.q, q_side(c)), std::make_tuple("k", t.k, kv_side(c)),
+        std::make_tuple("v", t.v, kv_side(c)), std::make_tuple("out", ConstThdTensor(t.out), q_side(c))}) {
+    check_thd_shape(name, tensor, shape);
+    check_thd_dtype(name, tensor.dtype, dtype);
+  }
+}
+
+void check_backward(const AttentionConfig& c, const BackwardTensors& t) {
+  const auto& p = c.problem;
+  for (const auto& [name, tensor, shape, dtype] :
+       {std::make_tuple("q", t.q, q_side(c), p.dtype), std::make_tuple("k", t.k, kv_side(c), p.dtype),
+        std::make_tuple("v", t.v, kv_side(c), p.dtype), std::make_tuple("out", t.out, q_side(c), p.dtype),
+        std::make_tuple("dout", t.dout, q_side(c), p.dtype),
+        std::make_tuple("dq", ConstThdTensor(t.dq), q_side(c), p.dq_dtype),
+        std::make_tuple("dk", ConstThdTensor(t.dk), kv_side(c), p.dkv_dtype),
+        std::make_tuple("dv", ConstThdTensor(t.dv), kv_side(c), p.dkv_dtype)}) {
+    check_thd_shape(name, tensor, shape);
+    check_thd_dtype(name, tensor.dtype, dtype);
+  }
 }
 
 // The layout of a run: CPU on the host, checked in full; CUDA on the device, in capacity form.
@@ -143,14 +162,8 @@ void forward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const 
   THDCP_CAPI_NOT_NULL(plan, kPlanHint);
   const AttentionConfig& c = plan->config;
   const LayoutView batch = run_layout(c, layout);
-  const DType dtype = c.problem.dtype;
-  ForwardTensors t;
-  t.q = checked(const_view(q, "q"), "q", q_side(c), dtype);
-  t.k = checked(const_view(k, "k"), "k", kv_side(c), dtype);
-  t.v = checked(const_view(v, "v"), "v", kv_side(c), dtype);
-  t.out = checked(view(out, "out"), "out", q_side(c), dtype);
-  t.lse = lse;
-  t.max_logit = max_logit;
+  const ForwardTensors t = forward_tensors(q, k, v, out, lse, max_logit);
+  check_forward(c, t);
   THDCP_CAPI_REQUIRE(lse != nullptr || c.problem.q_heads * c.problem.capacity.max_tokens == 0,
                      "lse is NULL: pass q_heads * max_tokens = " << c.problem.q_heads * c.problem.capacity.max_tokens
                                                                  << " floats");
@@ -176,16 +189,8 @@ void backward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const
   const AttentionConfig& c = plan->config;
   const LayoutView batch = run_layout(c, layout);
   const auto& p = c.problem;
-  BackwardTensors t;
-  t.q = checked(const_view(q, "q"), "q", q_side(c), p.dtype);
-  t.k = checked(const_view(k, "k"), "k", kv_side(c), p.dtype);
-  t.v = checked(const_view(v, "v"), "v", kv_side(c), p.dtype);
-  t.out = checked(const_view(out, "out"), "out", q_side(c), p.dtype);
-  t.dout = checked(const_view(dout, "dout"), "dout", q_side(c), p.dtype);
-  t.dq = checked(view(dq, "dq"), "dq", q_side(c), p.dq_dtype);
-  t.dk = checked(view(dk, "dk"), "dk", kv_side(c), p.dkv_dtype);
-  t.dv = checked(view(dv, "dv"), "dv", kv_side(c), p.dkv_dtype);
-  t.lse = lse;
+  const BackwardTensors t = backward_tensors(q, k, v, out, dout, lse, dq, dk, dv);
+  check_backward(c, t);
   THDCP_CAPI_REQUIRE(lse != nullptr || p.q_heads * p.capacity.max_tokens == 0,
                      "lse is NULL: pass the forward's q_heads * max_tokens = " << p.q_heads * p.capacity.max_tokens
                                                                                << " floats");

@@ -96,6 +96,17 @@ void publish(std::vector<std::unique_ptr<thdcp_communicator_st>>& made, thdcp_co
   for (size_t r = 0; r < made.size(); ++r) comms[r] = made[r].release();
 }
 
+// The `size` ranks of a group made in this process, attach(comm, rank) filling each handle.
+template <typename Attach>
+void publish_group(int size, thdcp_communicator_t* comms, Attach attach) {
+  std::vector<std::unique_ptr<thdcp_communicator_st>> made;
+  for (int r = 0; r < size; ++r) {
+    made.push_back(std::make_unique<thdcp_communicator_st>());
+    attach(*made.back(), r);
+  }
+  publish(made, comms);
+}
+
 void require_nccl(const char* what) {
   require_cuda_build(what);
 #if !defined(THDCP_HAVE_NCCL)
@@ -109,6 +120,22 @@ void require_nccl(const char* what) {
 
 }  // namespace thdcp::capi
 
+namespace {
+
+// A communicator getter: the handle and the output pointer checked, then *out = value(comm).
+template <typename T, typename Value>
+thdcp_status_t query(const char* function, thdcp_communicator_t comm, T* out, const char* out_name,
+                     const char* out_hint, Value value) {
+  return thdcp::capi::guarded(function, [&] {
+    THDCP_CAPI_REQUIRE(comm != nullptr,
+                       "comm is NULL: pass a communicator made by a thdcp_communicator_create_* function");
+    THDCP_CAPI_REQUIRE(out != nullptr, out_name << " is NULL: pass " << out_hint);
+    *out = value(*comm);
+  });
+}
+
+}  // namespace
+
 extern "C" {
 
 thdcp_status_t thdcp_communicator_create_in_process_group(int size, thdcp_communicator_t* comms) {
@@ -116,14 +143,10 @@ thdcp_status_t thdcp_communicator_create_in_process_group(int size, thdcp_commun
     THDCP_CAPI_REQUIRE(size >= 1, "size=" << size << " must be >= 1 (the ranks of the group)");
     THDCP_CAPI_NOT_NULL(comms, "an array of size=" << size << " thdcp_communicator_t to receive the ranks");
     auto group = std::make_shared<thdcp::InProcessGroup>(size);
-    std::vector<std::unique_ptr<thdcp_communicator_st>> made;
-    for (int r = 0; r < size; ++r) {
-      auto comm = std::make_unique<thdcp_communicator_st>();
-      comm->host = group->communicator(r);
-      comm->in_process = group;
-      made.push_back(std::move(comm));
-    }
-    thdcp::capi::publish(made, comms);
+    thdcp::capi::publish_group(size, comms, [&](thdcp_communicator_st& comm, int r) {
+      comm.host = group->communicator(r);
+      comm.in_process = group;
+    });
   });
 }
 
@@ -209,14 +232,10 @@ thdcp_status_t thdcp_communicator_create_shared_gpu_group(int size, int device, 
     thdcp::SharedGpuOptions options;
     options.device = device;
     auto group = std::make_shared<thdcp::SharedGpuGroup>(size, options);
-    std::vector<std::unique_ptr<thdcp_communicator_st>> made;
-    for (int r = 0; r < size; ++r) {
-      auto comm = std::make_unique<thdcp_communicator_st>();
-      comm->device = group->communicator(r);
-      comm->shared_gpu = group;
-      made.push_back(std::move(comm));
-    }
-    thdcp::capi::publish(made, comms);
+    thdcp::capi::publish_group(size, comms, [&](thdcp_communicator_st& comm, int r) {
+      comm.device = group->communicator(r);
+      comm.shared_gpu = group;
+    });
 #endif
   });
 }
@@ -226,48 +245,35 @@ thdcp_status_t thdcp_communicator_destroy(thdcp_communicator_t comm) {
 }
 
 thdcp_status_t thdcp_communicator_rank(thdcp_communicator_t comm, int* rank) {
-  return guarded(__func__, [&] {
-    THDCP_CAPI_NOT_NULL(comm, "a communicator made by a thdcp_communicator_create_* function");
-    THDCP_CAPI_NOT_NULL(rank, "an int to receive the rank");
-    *rank = comm->rank();
+  return query(__func__, comm, rank, "rank", "an int to receive the rank", [](const thdcp_communicator_st& c) {
+    return c.rank();
   });
 }
 
 thdcp_status_t thdcp_communicator_size(thdcp_communicator_t comm, int* size) {
-  return guarded(__func__, [&] {
-    THDCP_CAPI_NOT_NULL(comm, "a communicator made by a thdcp_communicator_create_* function");
-    THDCP_CAPI_NOT_NULL(size, "an int to receive the size");
-    *size = comm->size();
+  return query(__func__, comm, size, "size", "an int to receive the size", [](const thdcp_communicator_st& c) {
+    return c.size();
   });
 }
 
 thdcp_status_t thdcp_communicator_is_device(thdcp_communicator_t comm, int* is_device) {
-  return guarded(__func__, [&] {
-    THDCP_CAPI_NOT_NULL(comm, "a communicator made by a thdcp_communicator_create_* function");
-    THDCP_CAPI_NOT_NULL(is_device, "an int to receive 0 or 1");
-    *is_device = comm->is_device() ? 1 : 0;
+  return query(__func__, comm, is_device, "is_device", "an int to receive 0 or 1", [](const thdcp_communicator_st& c) {
+    return c.is_device() ? 1 : 0;
   });
 }
 
 thdcp_status_t thdcp_communicator_device(thdcp_communicator_t comm, int* device) {
-  return guarded(__func__, [&] {
-    THDCP_CAPI_NOT_NULL(comm, "a communicator made by a thdcp_communicator_create_* function");
-    THDCP_CAPI_NOT_NULL(device, "an int to receive the device");
+  return query(__func__, comm, device, "device", "an int to receive the device", [](const thdcp_communicator_st& c) {
 #if defined(THDCP_HAVE_CUDA)
-    if (comm->device) {
-      *device = comm->device->device();
-      return;
-    }
+    if (c.device) return c.device->device();
 #endif
-    *device = -1;
+    return -1;
   });
 }
 
 thdcp_status_t thdcp_communicator_kind(thdcp_communicator_t comm, const char** kind) {
-  return guarded(__func__, [&] {
-    THDCP_CAPI_NOT_NULL(comm, "a communicator made by a thdcp_communicator_create_* function");
-    THDCP_CAPI_NOT_NULL(kind, "a const char* to receive the kind");
-    *kind = comm->kind();
+  return query(__func__, comm, kind, "kind", "a const char* to receive the kind", [](const thdcp_communicator_st& c) {
+    return c.kind();
   });
 }
 

@@ -65,8 +65,7 @@ template <typename View>
 View view_of(const thdcp_tensor_t* tensor, const char* argument) {
   THDCP_CAPI_REQUIRE(tensor != nullptr, argument << " is NULL: pass a thdcp_tensor_t that describes it");
   const thdcp_tensor_t& t = *tensor;
-  View v;
-  v.dtype = storage_dtype(raw_enum(t.dtype), (std::string(argument) + "->dtype").c_str());
+  const DType dtype = storage_dtype(raw_enum(t.dtype), (std::string(argument) + "->dtype").c_str());
   THDCP_CAPI_REQUIRE(t.rows >= 0 && t.heads >= 0 && t.head_dim >= 0,
                      argument << " is [" << t.rows << ", " << t.heads << ", " << t.head_dim
                               << "]: rows, heads and head_dim must be >= 0");
@@ -76,13 +75,7 @@ View view_of(const thdcp_tensor_t* tensor, const char* argument) {
   THDCP_CAPI_REQUIRE(t.data != nullptr || t.rows == 0 || t.heads == 0 || t.head_dim == 0,
                      argument << "->data is NULL for a tensor of [" << t.rows << ", " << t.heads << ", " << t.head_dim
                               << "] elements: pass its memory");
-  v.data = t.data;
-  v.tokens = t.rows;
-  v.heads = t.heads;
-  v.head_dim = t.head_dim;
-  v.row_stride = t.row_stride;
-  v.head_stride = t.head_stride;
-  return v;
+  return View(t.data, dtype, t.rows, t.heads, t.head_dim, t.row_stride, t.head_stride);
 }
 
 }  // namespace
@@ -93,10 +86,17 @@ ConstThdTensor const_view(const thdcp_tensor_t* tensor, const char* argument) {
 
 ThdTensor view(const thdcp_tensor_t* tensor, const char* argument) { return view_of<ThdTensor>(tensor, argument); }
 
-void expect_shape(const ConstThdTensor& t, const char* argument, int64_t rows, const char* rows_name, int64_t heads,
-                  const char* heads_name, int64_t head_dim, DType dtype) {
-  check_thd_shape(argument, t, ThdShape{rows, rows_name, heads, heads_name, head_dim});
-  check_thd_dtype(argument, t.dtype, dtype);
+ForwardTensors forward_tensors(const thdcp_tensor_t* q, const thdcp_tensor_t* k, const thdcp_tensor_t* v,
+                               const thdcp_tensor_t* out, float* lse, float* max_logit) {
+  return ForwardTensors{const_view(q, "q"), const_view(k, "k"), const_view(v, "v"), view(out, "out"), lse, max_logit};
+}
+
+BackwardTensors backward_tensors(const thdcp_tensor_t* q, const thdcp_tensor_t* k, const thdcp_tensor_t* v,
+                                 const thdcp_tensor_t* out, const thdcp_tensor_t* dout, const float* lse,
+                                 const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv) {
+  return BackwardTensors{const_view(q, "q"),       const_view(k, "k"),       const_view(v, "v"),
+                         const_view(out, "out"),   const_view(dout, "dout"), lse,
+                         view(dq, "dq"),           view(dk, "dk"),           view(dv, "dv")};
 }
 
 LayoutView layout_view(const thdcp_layout_t* layout, const char* argument) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "capi_status.h"
+#include "thdcp/plan/attention_shape.h"
 #include "thdcp/core/tensor.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/mask.h"
@@ -47,11 +48,13 @@ thdcp_backend_t backend_of(int backend, const char* argument);
 ConstThdTensor const_view(const thdcp_tensor_t* tensor, const char* argument);
 ThdTensor view(const thdcp_tensor_t* tensor, const char* argument);
 
-// Checks a tensor against what a plan expects: rows, heads, head_dim and dtype.
-//   rows_name   how the rows are called in the message ("max_tokens", "max_tokens / cp")
-//   heads_name  "q_heads" or "kv_heads"
-void expect_shape(const ConstThdTensor& tensor, const char* argument, int64_t rows, const char* rows_name,
-                  int64_t heads, const char* heads_name, int64_t head_dim, DType dtype);
+// The tensors of a call from the C ABI's descriptors (each as const_view / view make it).
+ForwardTensors forward_tensors(const thdcp_tensor_t* q, const thdcp_tensor_t* k, const thdcp_tensor_t* v,
+                               const thdcp_tensor_t* out, float* lse, float* max_logit);
+BackwardTensors backward_tensors(const thdcp_tensor_t* q, const thdcp_tensor_t* k, const thdcp_tensor_t* v,
+                                 const thdcp_tensor_t* out, const thdcp_tensor_t* dout, const float* lse,
+                                 const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv);
+
 
 // The layout as a view: not NULL, both arrays given, num_seqs >= 1. Its values are checked
 // by the callers (validate_layout on the host; the device's are the caller's contract).

@@ -159,13 +159,7 @@ LayoutView step_layout(const CpConfig& c, const thdcp_layout_t* layout) {
 void forward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q, const thdcp_tensor_t* k,
              const thdcp_tensor_t* v, const thdcp_tensor_t* out, float* lse, float* max_logit, thdcp_stream_t stream) {
   const LayoutView batch = step_layout(plan.config, layout);
-  ForwardTensors t;
-  t.q = const_view(q, "q");
-  t.k = const_view(k, "k");
-  t.v = const_view(v, "v");
-  t.out = view(out, "out");
-  t.lse = lse;
-  t.max_logit = max_logit;
+  const ForwardTensors t = forward_tensors(q, k, v, out, lse, max_logit);
   const cp::Problem& p = plan.config.problem;
   // Shapes and dtypes: the plan's own checks (thdcp::check_thd_shape), the same on both backends.
   THDCP_CAPI_REQUIRE(lse != nullptr || p.q_heads * p.local_rows() == 0,
@@ -185,16 +179,7 @@ void backward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_
               const thdcp_tensor_t* v, const thdcp_tensor_t* out, const thdcp_tensor_t* dout, const float* lse,
               const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv, thdcp_stream_t stream) {
   const LayoutView batch = step_layout(plan.config, layout);
-  BackwardTensors t;
-  t.q = const_view(q, "q");
-  t.k = const_view(k, "k");
-  t.v = const_view(v, "v");
-  t.out = const_view(out, "out");
-  t.dout = const_view(dout, "dout");
-  t.lse = lse;
-  t.dq = view(dq, "dq");
-  t.dk = view(dk, "dk");
-  t.dv = view(dv, "dv");
+  const BackwardTensors t = backward_tensors(q, k, v, out, dout, lse, dq, dk, dv);
   const cp::Problem& p = plan.config.problem;
   THDCP_CAPI_REQUIRE(lse != nullptr || p.q_heads * p.local_rows() == 0,
                      "lse is NULL: pass the forward's q_heads * max_tokens / cp = " << p.q_heads * p.local_rows()

@@ -10,20 +10,34 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "thdcp/core/dtype.h"
 
 namespace thdcp {
 
-struct ThdTensor {
-  void* data = nullptr;
+// A view of a THD tensor's memory: `Data` is void* (ThdTensor, writable) or const void*
+// (ConstThdTensor). A ThdTensor converts to a ConstThdTensor, not the other way.
+template <typename Data>
+struct BasicThdTensor {
+  Data data = nullptr;
   DType dtype = DType::kBFloat16;
   int64_t tokens = 0;
   int64_t heads = 0;
   int64_t head_dim = 0;
   int64_t row_stride = 0;   // elements from one token to the next; 0: heads * head_dim
   int64_t head_stride = 0;  // elements from one head to the next; 0: head_dim
+
+  BasicThdTensor() = default;
+  BasicThdTensor(Data data_, DType dtype_, int64_t tokens_, int64_t heads_, int64_t head_dim_,
+                 int64_t row_stride_ = 0, int64_t head_stride_ = 0)
+      : data(data_), dtype(dtype_), tokens(tokens_), heads(heads_), head_dim(head_dim_), row_stride(row_stride_),
+        head_stride(head_stride_) {}
+  template <typename Other, typename = std::enable_if_t<!std::is_same_v<Other, Data> &&
+                                                        std::is_convertible_v<Other, Data>>>
+  BasicThdTensor(const BasicThdTensor<Other>& t)  // NOLINT(google-explicit-constructor): views convert freely
+      : BasicThdTensor(t.data, t.dtype, t.tokens, t.heads, t.head_dim, t.row_stride, t.head_stride) {}
 
   int64_t numel() const { return tokens * heads * head_dim; }
   // Bytes of one row's heads * head_dim elements (the row of a contiguous tensor).
@@ -33,30 +47,8 @@ struct ThdTensor {
   bool contiguous() const { return row_step() == heads * head_dim && head_step() == head_dim; }
 };
 
-struct ConstThdTensor {
-  const void* data = nullptr;
-  DType dtype = DType::kBFloat16;
-  int64_t tokens = 0;
-  int64_t heads = 0;
-  int64_t head_dim = 0;
-  int64_t row_stride = 0;   // as ThdTensor
-  int64_t head_stride = 0;
-
-  ConstThdTensor() = default;
-  ConstThdTensor(const void* data_, DType dtype_, int64_t tokens_, int64_t heads_, int64_t head_dim_,
-                 int64_t row_stride_ = 0, int64_t head_stride_ = 0)
-      : data(data_), dtype(dtype_), tokens(tokens_), heads(heads_), head_dim(head_dim_), row_stride(row_stride_),
-        head_stride(head_stride_) {}
-  ConstThdTensor(const ThdTensor& t)  // NOLINT(google-explicit-constructor): views convert freely
-      : data(t.data), dtype(t.dtype), tokens(t.tokens), heads(t.heads), head_dim(t.head_dim),
-        row_stride(t.row_stride), head_stride(t.head_stride) {}
-
-  int64_t numel() const { return tokens * heads * head_dim; }
-  size_t row_bytes() const { return static_cast<size_t>(heads * head_dim) * dtype_size(dtype); }
-  int64_t row_step() const { return row_stride != 0 ? row_stride : heads * head_dim; }
-  int64_t head_step() const { return head_stride != 0 ? head_stride : head_dim; }
-  bool contiguous() const { return row_step() == heads * head_dim && head_step() == head_dim; }
-};
+using ThdTensor = BasicThdTensor<void*>;
+using ConstThdTensor = BasicThdTensor<const void*>;
 
 // What one tensor of a call must be: its sizes, named as the caller's API names them (for
 // the message), e.g. {rows, "max_tokens", heads, "kv_heads", head_dim}.
