@@ -72,7 +72,7 @@ endif()
 # parts, a build without thdcp_c the C ABI's header (nothing installed could link them).
 set(_thdcp_header_excludes PATTERN "testing" EXCLUDE)
 if(NOT TARGET thdcp_c)
-  list(APPEND _thdcp_header_excludes PATTERN "thdcp.h" EXCLUDE)
+  list(APPEND _thdcp_header_excludes PATTERN "thdcp.h" EXCLUDE PATTERN "capi" EXCLUDE)
 endif()
 if(NOT THDCP_HAVE_CUDA)
   list(APPEND _thdcp_header_excludes
