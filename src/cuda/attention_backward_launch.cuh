@@ -6,6 +6,8 @@
 #pragma once
 
 #include "attention_backward.cuh"
+#include "attention_dq.cuh"
+#include "attention_dkv.cuh"
 #include "attention_dkv_sm90.cuh"
 #include "attention_dkvq_sm90.cuh"
 #include "attention_dq_sm90.cuh"

@@ -1,0 +1,389 @@
+// dkv_kernel: the backward's dK/dV pass of the portable (mma.sync) kernels, with dQ fused
+// into it when AttentionOptions::deterministic is false; the passes and shapes are described
+// in attention_backward.cuh.
+#pragma once
+
+#include "attention_backward.cuh"
+
+namespace thdcp::cuda::detail {
+
+// kFuseDq: also accumulate dQ += dS K into p.dq_accum with fp32 atomics (the order of the
+// additions, hence the last bits, varies between runs). Without it dq_kernel computes dQ.
+template <typename Storage, int kHeadDim, bool kFuseDq>
+__global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShape<kHeadDim, kFuseDq>::kMinBlocks)
+    dkv_kernel(const BackwardParams p, const BackwardStrides strides) {
+  using Traits = StorageTraits<Storage>;
+  using Element = typename Traits::Element;
+  using Shape = DkvShape<kHeadDim, kFuseDq>;
+  constexpr int kN = Shape::kTileN;
+  constexpr int kM = Shape::kTileM;
+  constexpr int kD = kHeadDim;
+  constexpr int kHalfD = kD / 2;
+  constexpr int kThreads = Shape::kThreads;
+
+  const Mask mask{p.window_left, p.window_right};
+  KeyTileWork work;
+  if (!work.assign<kN, kM>(p.k_tile_start, p.num_segments, p.segments, p.kv_heads, mask)) return;
+  const Segment& seg = work.seg;
+  const int kv_head = work.kv_head, n0 = work.n0, valid_k = work.valid_k, m_begin = work.m_begin,
+            m_count = work.m_count;
+  const int group = p.q_heads / p.kv_heads;
+  const int steps = m_count * group;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  Element* k_tile = reinterpret_cast<Element*>(smem);
+  Element* v_tile = k_tile + kN * kD;
+  Element* q_tiles = v_tile + kN * kD;
+  Element* do_tiles = q_tiles + 2 * kM * kD;
+  float* lse_rows = reinterpret_cast<float*>(do_tiles + 2 * kM * kD);
+  float* delta_rows = lse_rows + 2 * kM;
+  Element* pt_tile = reinterpret_cast<Element*>(delta_rows + 2 * kM);  // P^T  [key][query]
+  Element* ds_tile = pt_tile + kN * kM;                                  // dS^T [key][query]
+
+  const Element* q = static_cast<const Element*>(p.q);
+  const Element* dout = static_cast<const Element*>(p.dout);
+  const Element* k = static_cast<const Element*>(p.k);
+  const Element* v = static_cast<const Element*>(p.v);
+  // The accumulators (dQ's in the workspace, dK/dV's in the workspace or fp32 dk/dv) are
+  // contiguous.
+  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
+  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
+
+  if (steps == 0) return;  // no query sees these keys: their gradients stay 0
+
+  load_tile_async<kN, kD, kThreads>(k_tile, k, seg.k_row + n0, valid_k, strides.k, kv_head);
+  load_tile_async<kN, kD, kThreads>(v_tile, v, seg.k_row + n0, valid_k, strides.v, kv_head);
+  // Q/dO tile loads (load_tile_async's layout and zero fill) from per-thread row pointers:
+  // this thread copies chunk `q_chunk` of rows q_row0 + kQRowStep * i of each tile, so one
+  // 32x32->64-bit multiply per tensor per step (row_offset) and one 64-bit step per row pass
+  // address them, and the shared-memory offsets past the first are constants.
+  constexpr int kQChunks = kD / 8;
+  constexpr int kQRowStep = kThreads / kQChunks;
+  constexpr int kQPasses = kM * kQChunks / kThreads;
+  static_assert(kM * kQChunks % kThreads == 0 && kQRowStep % 8 == 0, "Q/dO passes keep the swizzle phase");
+  const int q_chunk = static_cast<int>(threadIdx.x) % kQChunks;
+  const int q_row0 = static_cast<int>(threadIdx.x) / kQChunks;
+  const uint32_t q_smem = smem_address(q_tiles + swizzled_offset<kD>(q_row0, q_chunk));
+  constexpr uint32_t kDoBytes = 2 * kM * kD * 2;  // the dO buffers past the Q buffers
+  // Step s covers query tile m_begin + s % m_count of head kv_head * group + s / m_count,
+  // kept as two counters (m_index, head_index) instead of a division per step.
+  auto load_q = [&](int m_index, int head_index, int buffer) {
+    const int head = kv_head * group + head_index;
+    const int m0 = (m_begin + m_index) * kM;
+    const int rows = max(0, min(kM, seg.q_len - m0));
+    const int thread_rows = rows - q_row0;  // rows this thread may read
+    const uint32_t row = static_cast<uint32_t>(seg.q_row + m0) + q_row0;
+    const Element* q_src = q + row_offset(strides.q, row, head, q_chunk);
+    const Element* do_src = dout + row_offset(strides.dout, row, head, q_chunk);
+    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kM * kD * 2);
+#pragma unroll
+    for (int i = 0; i < kQPasses; ++i) {
+      const bool valid = kQRowStep * i < thread_rows;
+      const uint32_t dst = q_smem + buffer_bytes + static_cast<uint32_t>(kQRowStep * i * kD * 2);
+      cp_async_16(dst, valid ? q_src : q, valid);
+      cp_async_16(dst + kDoBytes, valid ? do_src : dout, valid);
+      q_src += pass_step<kQRowStep>(strides.q);
+      do_src += pass_step<kQRowStep>(strides.dout);
+    }
+    const int t = threadIdx.x;
+    if (t < 2 * kM) {
+      const int r = t % kM;
+      const bool valid = r < rows;
+      const int64_t index = static_cast<int64_t>(head) * p.q_rows + seg.q_row + m0 + (valid ? r : 0);
+      const float* src = t < kM ? p.lse + index : p.delta + index;
+      float* dst = (t < kM ? lse_rows : delta_rows) + buffer * kM + r;
+      cp_async_4(smem_address(dst), src, valid);
+    }
+  };
+  load_q(0, 0, 0);
+  cp_async_commit();
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group_row = lane >> 2;
+  const int pair_col = (lane & 3) * 2;
+  const int key_row0 = (warp >> 1) * 32;     // the warp's 32 keys (every product)
+  const int query_col0 = (warp & 1) * 32;    // its 32 queries of S^T and dP^T
+  const int dim_col0 = (warp & 1) * kHalfD;  // its head-dim half of dV and dK
+
+  // ldmatrix addresses (bwd_step_addresses): K A-fragments (V at + kN kD elements); Q
+  // B-fragments read [query][dim] (dO at + kDoBytes), Q B-fragments read transposed from
+  // the warp's head-dim half (likewise); P^T A-fragments of the stage (dS^T at + kN kM
+  // elements). Q and dO of buffer 0.
+  static_assert(kHalfD / 16 <= 4 && kM / 16 <= 4, "one address per 16-column step");
+  constexpr uint32_t kVBytes = kN * kD * 2;
+  constexpr uint32_t kDsBytes = kN * kM * 2;
+  uint32_t kv_address[4];
+  uint32_t qn_address[4];
+  uint32_t qt_address[4];
+  uint32_t stage_address[4];
+  bwd_step_addresses<kD>(kv_address, smem_address(k_tile), key_row0 + (lane & 15), 0, lane >> 4);
+  bwd_step_addresses<kD>(qn_address, smem_address(q_tiles), query_col0 + (lane & 7) + ((lane >> 4) << 3), 0,
+                         (lane >> 3) & 1);
+  bwd_step_addresses<kD>(qt_address, smem_address(q_tiles), (lane & 7) + (((lane >> 3) & 1) << 3), dim_col0 >> 3,
+                         lane >> 4);
+  bwd_step_addresses<kM>(stage_address, smem_address(pt_tile), key_row0 + (lane & 15), 0, lane >> 4);
+  // Byte offset in the stage of this thread's fragment rows (key_row0 + group_row, + 8, ...)
+  // at column pair_col; the swizzled chunk is added per 8-column block.
+  char* const pt_bytes = reinterpret_cast<char*>(pt_tile);
+  const int stage_row_bytes = (key_row0 + group_row) * kM * 2 + pair_col * 2;
+
+  float dk[2][kHalfD / 8][4];
+  float dv[2][kHalfD / 8][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int i = 0; i < kHalfD / 8; ++i) {
+      dk[mi][i][0] = dk[mi][i][1] = dk[mi][i][2] = dk[mi][i][3] = 0.0f;
+      dv[mi][i][0] = dv[mi][i][1] = dv[mi][i][2] = dv[mi][i][3] = 0.0f;
+    }
+  }
+
+  int m_index = 0;
+  int head_index = 0;
+  for (int step = 0; step < steps; ++step) {
+    const int buffer = step & 1;
+    int next_m = m_index + 1;
+    int next_head = head_index;
+    if (next_m == m_count) {
+      next_m = 0;
+      ++next_head;
+    }
+    prefetch_next_and_wait(step + 1 < steps, [&] { load_q(next_m, next_head, buffer ^ 1); });
+    __syncthreads();
+    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kM * kD * 2);
+    const float* lse_tile = lse_rows + buffer * kM;
+    const float* delta_tile = delta_rows + buffer * kM;
+    const int m0 = (m_begin + m_index) * kM;
+    const bool unmasked = dkv_step_unmasked(seg, mask, n0, valid_k, kN, m0, kM);
+
+    {
+      // S^T = K Q^T and dP^T = V dO^T for the warp's 32 keys x 32 queries.
+      float st[2][4][4];
+      float dpt[2][4][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          st[mi][i][0] = st[mi][i][1] = st[mi][i][2] = st[mi][i][3] = 0.0f;
+          dpt[mi][i][0] = dpt[mi][i][1] = dpt[mi][i][2] = dpt[mi][i][3] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        uint32_t a_k[2][4];
+        uint32_t a_v[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          const uint32_t address = kv_address[kk & 3] + (kk >> 2) * 128 + mi * 16 * kD * 2;
+          ldmatrix_x4(a_k[mi], address);
+          ldmatrix_x4(a_v[mi], address + kVBytes);
+        }
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t b[4];
+          const uint32_t address = qn_address[kk & 3] + buffer_bytes + (kk >> 2) * 128 + np * 16 * kD * 2;
+          ldmatrix_x4(b, address);
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            mma_16816<Storage>(st[mi][2 * np], a_k[mi], b[0], b[1]);
+            mma_16816<Storage>(st[mi][2 * np + 1], a_k[mi], b[2], b[3]);
+          }
+          ldmatrix_x4(b, address + kDoBytes);
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            mma_16816<Storage>(dpt[mi][2 * np], a_v[mi], b[0], b[1]);
+            mma_16816<Storage>(dpt[mi][2 * np + 1], a_v[mi], b[2], b[3]);
+          }
+        }
+      }
+
+      if (!unmasked) {
+        // Per key row, the queries that see it form one range; relative to this thread's
+        // first column of the step and clamped to [0, kM], each element needs two compares.
+        // A masked entry gets S^T = -inf (P = 0) and dP^T = 0, so nothing leaks into dS.
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            int lo = 0;
+            int hi = 0;
+            key_visible_queries<kM>(seg, mask, n0 + key_row0 + 16 * mi + group_row + half * 8,
+                                    m0 + query_col0 + pair_col, lo, hi);
+#pragma unroll
+            for (int nf = 0; nf < 4; ++nf) {
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const int column = nf * 8 + c;
+                if (column < lo || column >= hi) {
+                  st[mi][nf][2 * half + c] = -INFINITY;
+                  dpt[mi][nf][2 * half + c] = 0.0f;
+                }
+              }
+            }
+          }
+        }
+      }
+
+      // P^T and dS^T = P^T (dP^T - delta), staged in the storage type for the products
+      // below (which read them across warps). A query row with lse = -inf (it saw no key)
+      // gets the offset +inf, hence P = 0.
+#pragma unroll
+      for (int nf = 0; nf < 4; ++nf) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int column = query_col0 + nf * 8 + pair_col + c;
+          const float lse = lse_tile[column];
+          const float offset = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+          const float row_delta = delta_tile[column];
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int e = 2 * half + c;
+              const float prob = fast_exp2(fmaf(st[mi][nf][e], p.scale_log2, -offset));
+              st[mi][nf][e] = prob;
+              dpt[mi][nf][e] = prob * (dpt[mi][nf][e] - row_delta);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int nf = 0; nf < 4; ++nf) {
+        const int chunk_bytes = ((((query_col0 >> 3) + nf) ^ group_row) & 7) << 4;
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int offset = stage_row_bytes + chunk_bytes + (16 * mi + 8 * half) * kM * 2;
+            *reinterpret_cast<uint32_t*>(pt_bytes + offset) =
+                Traits::pack(st[mi][nf][2 * half], st[mi][nf][2 * half + 1]);
+            *reinterpret_cast<uint32_t*>(pt_bytes + kDsBytes + offset) =
+                Traits::pack(dpt[mi][nf][2 * half], dpt[mi][nf][2 * half + 1]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp's P^T and dS^T rows are staged
+
+    // dV += P^T dO and dK += dS^T Q for the warp's 32 keys x D/2 columns (reduction over
+    // the step's kM queries).
+#pragma unroll
+    for (int j = 0; j < kM / 16; ++j) {
+      uint32_t a_p[2][4];
+      uint32_t a_ds[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        const uint32_t address = stage_address[j] + mi * 16 * kM * 2;
+        ldmatrix_x4(a_p[mi], address);
+        ldmatrix_x4(a_ds[mi], address + kDsBytes);
+      }
+#pragma unroll
+      for (int dcol = 0; dcol < kHalfD / 16; ++dcol) {
+        uint32_t b[4];
+        const uint32_t address = qt_address[dcol] + buffer_bytes + j * 16 * kD * 2;
+        ldmatrix_x4_trans(b, address + kDoBytes);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          mma_16816<Storage>(dv[mi][2 * dcol], a_p[mi], b[0], b[1]);
+          mma_16816<Storage>(dv[mi][2 * dcol + 1], a_p[mi], b[2], b[3]);
+        }
+        ldmatrix_x4_trans(b, address);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          mma_16816<Storage>(dk[mi][2 * dcol], a_ds[mi], b[0], b[1]);
+          mma_16816<Storage>(dk[mi][2 * dcol + 1], a_ds[mi], b[2], b[3]);
+        }
+      }
+    }
+
+    if constexpr (kFuseDq) {
+      // dQ[q, d] += sum over the block's keys of dS[q, key] K[key, d]. With W warps, warp w
+      // takes queries [32 (w / (W / 2)), +32) and columns [(w % (W / 2)) 2D / W, +2D / W);
+      // A = dS read transposed from the key-major stage, B = K read transposed from its
+      // row-major tile.
+      constexpr int kColumnGroups = Shape::kWarps / 2;
+      constexpr int kCols = kD / kColumnGroups;
+      static_assert(kCols / 16 <= 4, "one address per 16-column step");
+      const int q_row0 = (warp / kColumnGroups) * 32;
+      const int col0 = (warp % kColumnGroups) * kCols;
+      // ldmatrix addresses: dS^T read transposed (key rows lane % 8 + 8 (lane / 16), query
+      // chunk q_row0 / 8 + 2 mi + (lane / 8) % 2), K read transposed (key rows lane % 8 +
+      // 8 ((lane / 8) % 2), chunk col0 / 8 + 2 np + lane / 16).
+      uint32_t dst_address[4];
+      uint32_t kt_address[4];
+      bwd_step_addresses<kM>(dst_address, smem_address(pt_tile) + kDsBytes, (lane & 7) + ((lane >> 4) << 3),
+                             q_row0 >> 3, (lane >> 3) & 1);
+      bwd_step_addresses<kD>(kt_address, smem_address(k_tile), (lane & 7) + (((lane >> 3) & 1) << 3), col0 >> 3,
+                             lane >> 4);
+      float dq_part[2][kCols / 8][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int nf = 0; nf < kCols / 8; ++nf) {
+          dq_part[mi][nf][0] = dq_part[mi][nf][1] = dq_part[mi][nf][2] = dq_part[mi][nf][3] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kN / 16; ++kk) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          ldmatrix_x4_trans(a[mi], dst_address[mi] + kk * 16 * kM * 2);
+        }
+#pragma unroll
+        for (int np = 0; np < kCols / 16; ++np) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, kt_address[np] + kk * 16 * kD * 2);
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            mma_16816<Storage>(dq_part[mi][2 * np], a[mi], b[0], b[1]);
+            mma_16816<Storage>(dq_part[mi][2 * np + 1], a[mi], b[2], b[3]);
+          }
+        }
+      }
+      const int head = kv_head * group + head_index;
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int q_index = m0 + q_row0 + mi * 16 + group_row + half * 8;
+          if (q_index >= seg.q_len) continue;
+          float* dst = p.dq_accum + (static_cast<int64_t>(seg.q_row) + q_index) * q_stride +
+                       static_cast<int64_t>(head) * kD + col0 + pair_col;
+#pragma unroll
+          for (int nf = 0; nf < kCols / 8; ++nf) {
+            atomicAdd(dst + nf * 8, dq_part[mi][nf][2 * half]);
+            atomicAdd(dst + nf * 8 + 1, dq_part[mi][nf][2 * half + 1]);
+          }
+        }
+      }
+    }
+    m_index = next_m;
+    head_index = next_head;
+    __syncthreads();  // the Q/dO buffer and the stages are refilled by the next step
+  }
+
+  // One fp32 addition per (segment, element): with at most two segments reaching a key row
+  // and the accumulator starting at zero, the result does not depend on their order.
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key_local = key_row0 + 16 * mi + group_row + half * 8;
+      if (key_local >= valid_k) continue;
+      const int64_t key = static_cast<int64_t>(seg.k_row) + n0 + key_local;
+      const int64_t offset = (p.dkv_rows ? p.dkv_rows[key] : key) * kv_stride + static_cast<int64_t>(kv_head) * kD +
+                             dim_col0 + pair_col;
+#pragma unroll
+      for (int df = 0; df < kHalfD / 8; ++df) {
+        atomicAdd(p.dk_accum + offset + df * 8, dk[mi][df][2 * half] * p.scale);
+        atomicAdd(p.dk_accum + offset + df * 8 + 1, dk[mi][df][2 * half + 1] * p.scale);
+        atomicAdd(p.dv_accum + offset + df * 8, dv[mi][df][2 * half]);
+        atomicAdd(p.dv_accum + offset + df * 8 + 1, dv[mi][df][2 * half + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace thdcp::cuda::detail

@@ -1,0 +1,161 @@
+// dq_kernel: the deterministic backward's dQ pass of the portable (mma.sync) kernels; the
+// passes and shapes are described in attention_backward.cuh.
+#pragma once
+
+#include "attention_backward.cuh"
+
+namespace thdcp::cuda::detail {
+
+template <typename Storage, int kHeadDim>
+__global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads)
+    dq_kernel(const BackwardParams p, const BackwardStrides strides) {
+  using Traits = StorageTraits<Storage>;
+  using Element = typename Traits::Element;
+  using Shape = DqShape<kHeadDim>;
+  constexpr int kM = Shape::kTileM;
+  constexpr int kN = Shape::kTileN;
+  constexpr int kD = kHeadDim;
+  constexpr int kThreads = Shape::kThreads;
+
+  QueryTileWork work;
+  if (!work.assign<kM>(p.q_tile_start, p.num_segments, p.segments, p.q_heads, p.kv_heads)) return;
+  const Segment& seg = work.seg;
+  const int head = work.head, kv_head = work.kv_head, m0 = work.m0, span_rows = work.span_rows, valid_q = work.valid_q;
+  const Mask mask{p.window_left, p.window_right};
+
+  const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
+  const int n_begin = key_tiles.begin;
+  const int n_end = key_tiles.end;
+  const int unmasked_begin = key_tiles.unmasked_begin;
+  const int unmasked_end = key_tiles.unmasked_end;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  Element* q_tile = reinterpret_cast<Element*>(smem);
+  Element* do_tile = q_tile + kM * kD;
+  Element* k_tiles = do_tile + kM * kD;
+  Element* v_tiles = k_tiles + 2 * kN * kD;
+
+  const Element* q = static_cast<const Element*>(p.q);
+  const Element* dout = static_cast<const Element*>(p.dout);
+  const Element* k = static_cast<const Element*>(p.k);
+  const Element* v = static_cast<const Element*>(p.v);
+
+  // Rows past q_len are zero-filled: padding rows of dout may hold anything.
+  load_tile_async<kM, kD, kThreads>(q_tile, q, seg.q_row + m0, valid_q, strides.q, head);
+  load_tile_async<kM, kD, kThreads>(do_tile, dout, seg.q_row + m0, valid_q, strides.dout, head);
+  // K/V tile loads (load_tile_async's layout and zero fill) from per-thread row pointers:
+  // this thread copies chunk `kv_chunk` of rows kv_row0 + kKvRowStep * i of each tile, so
+  // each tile costs one 32x32->64-bit multiply per tensor (row_offset) and each row pass one
+  // 64-bit step of each pointer, and the shared-memory offsets past the first are constants
+  // (the forward's scheme).
+  constexpr int kKvChunks = kD / 8;
+  constexpr int kKvRowStep = kThreads / kKvChunks;
+  constexpr int kKvPasses = kN * kKvChunks / kThreads;
+  static_assert(kN * kKvChunks % kThreads == 0 && kKvRowStep % 8 == 0, "K/V passes keep the swizzle phase");
+  const int kv_chunk = static_cast<int>(threadIdx.x) % kKvChunks;
+  const int kv_row0 = static_cast<int>(threadIdx.x) / kKvChunks;
+  const uint32_t kv_row = static_cast<uint32_t>(seg.k_row) + kv_row0;
+  const uint32_t k_smem = smem_address(k_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
+  const uint32_t v_smem = smem_address(v_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
+  auto load_kv = [&](int n, int buffer) {
+    const int rows = min(kN, seg.k_len - n * kN) - kv_row0;  // rows this thread may read
+    const uint32_t row = kv_row + static_cast<uint32_t>(n * kN);
+    const Element* k_src = k + row_offset(strides.k, row, kv_head, kv_chunk);
+    const Element* v_src = v + row_offset(strides.v, row, kv_head, kv_chunk);
+    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kN * kD * 2);
+#pragma unroll
+    for (int i = 0; i < kKvPasses; ++i) {
+      const bool valid = kKvRowStep * i < rows;
+      const uint32_t dst = buffer_bytes + static_cast<uint32_t>(kKvRowStep * i * kD * 2);
+      cp_async_16(k_smem + dst, valid ? k_src : k, valid);
+      cp_async_16(v_smem + dst, valid ? v_src : v, valid);
+      k_src += pass_step<kKvRowStep>(strides.k);
+      v_src += pass_step<kKvRowStep>(strides.v);
+    }
+  };
+  if (n_begin < n_end) load_kv(n_begin, 0);
+  cp_async_commit();
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group_row = lane >> 2;
+  const int pair_col = (lane & 3) * 2;
+  const int warp_row0 = warp * 16;
+
+  // ldmatrix addresses (bwd_step_addresses): Q A-fragments (dO at + kM kD elements), K
+  // B-fragments read [key][dim] (V at + 2 kN kD elements), K B-fragments read transposed;
+  // K and V of buffer 0.
+  uint32_t q_address[4];
+  uint32_t k_address[4];
+  uint32_t kt_address[4];
+  bwd_step_addresses<kD>(q_address, smem_address(q_tile), warp_row0 + (lane & 15), 0, lane >> 4);
+  bwd_step_addresses<kD>(k_address, smem_address(k_tiles), (lane & 7) + ((lane >> 4) << 3), 0, (lane >> 3) & 1);
+  bwd_step_addresses<kD>(kt_address, smem_address(k_tiles), (lane & 7) + (((lane >> 3) & 1) << 3), 0, lane >> 4);
+  constexpr uint32_t kDoBytes = kM * kD * 2;      // dO tile past the Q tile
+  constexpr uint32_t kVBytes = 2 * kN * kD * 2;   // V buffers past the K buffers
+
+  float lse_log2[2];
+  float delta[2];
+  load_row_statistics(p, seg, head, m0, warp_row0 + group_row, valid_q, lse_log2, delta);
+
+  float dq[kD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+
+  for (int n = n_begin; n < n_end; ++n) {
+    const int buffer = (n - n_begin) & 1;
+    prefetch_next_and_wait(n + 1 < n_end, [&] { load_kv(n + 1, buffer ^ 1); });
+    __syncthreads();
+    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kN * kD * 2);
+
+    float s[kN / 8][4];
+    float dp[kN / 8][4];
+#pragma unroll
+    for (int i = 0; i < kN / 8; ++i) {
+      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+      dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t a[4];
+      uint32_t a_do[4];
+      ldmatrix_x4(a, q_address[kk & 3] + (kk >> 2) * 128);
+      ldmatrix_x4(a_do, q_address[kk & 3] + (kk >> 2) * 128 + kDoBytes);
+#pragma unroll
+      for (int np = 0; np < kN / 16; ++np) {
+        uint32_t b[4];
+        const uint32_t address = k_address[kk & 3] + buffer_bytes + (kk >> 2) * 128 + np * 16 * kD * 2;
+        ldmatrix_x4(b, address);
+        mma_16816<Storage>(s[2 * np], a, b[0], b[1]);
+        mma_16816<Storage>(s[2 * np + 1], a, b[2], b[3]);
+        ldmatrix_x4(b, address + kVBytes);
+        mma_16816<Storage>(dp[2 * np], a_do, b[0], b[1]);
+        mma_16816<Storage>(dp[2 * np + 1], a_do, b[2], b[3]);
+      }
+    }
+
+    const bool needs_mask = n < unmasked_begin || n >= unmasked_end;
+    dq_softmax_gradient<kN>(s, dp, needs_mask, seg, mask, m0 + warp_row0 + group_row, n * kN, pair_col, lse_log2,
+                            delta, p.scale_log2);
+
+    // dQ += dS K (dS rounded to the storage type for the tensor cores).
+#pragma unroll
+    for (int j = 0; j < kN / 16; ++j) {
+      const uint32_t a[4] = {Traits::pack(s[2 * j][0], s[2 * j][1]), Traits::pack(s[2 * j][2], s[2 * j][3]),
+                             Traits::pack(s[2 * j + 1][0], s[2 * j + 1][1]),
+                             Traits::pack(s[2 * j + 1][2], s[2 * j + 1][3])};
+#pragma unroll
+      for (int dp_col = 0; dp_col < kD / 16; ++dp_col) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, kt_address[dp_col & 3] + buffer_bytes + (dp_col >> 2) * 128 + j * 16 * kD * 2);
+        mma_16816<Storage>(dq[2 * dp_col], a, b[0], b[1]);
+        mma_16816<Storage>(dq[2 * dp_col + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  store_dq_rows<Storage, kD>(p, strides.dq, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
+}
+
+}  // namespace thdcp::cuda::detail
