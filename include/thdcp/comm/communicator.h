@@ -1,9 +1,12 @@
-// The communicator interface of context parallelism, and its in-process implementation.
+// The host communicators of context parallelism (blocking collectives over host memory, for
+// the CPU backend and as the bootstrap channel of NCCL), and the in-process implementation;
+// MPI's is thdcp/comm/mpi.h. The GPU path takes a DeviceCommunicator instead
+// (thdcp/comm_device/device_communicator.h: stream-ordered, device memory).
 //
 // Semantics (shared by every implementation, like MPI and NCCL collectives):
 //  - every rank of the group calls the same collectives in the same order with the same
 //    sizes; a collective returns on a rank once that rank's output is complete and its
-//    input may be reused (host implementations block; the NCCL one will be stream-ordered);
+//    input may be reused (it blocks);
 //  - all_gather: recv holds the `bytes` of every rank, rank-major (rank r at r * bytes);
 //  - reduce_scatter_sum: send holds size() blocks of `count` floats; rank r receives the
 //    element-wise sum over ranks of block r. The in-process implementation sums in rank
