@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "tensor_core.cuh"
+#include "kv_loader.cuh"
 #include "tile_ranges.cuh"
 #include "tile_shapes.h"
 #include "thdcp/cuda/check.h"
@@ -195,36 +196,8 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads)
   const Element* v = static_cast<const Element*>(p.v);
 
   load_tile_async<kM, kD, kThreads>(q_tile, q, seg.q_row + m0, valid_q, strides.q, head);
-  // K/V tile loads (load_tile_async's layout and zero fill) from per-thread row pointers:
-  // this thread copies chunk `kv_chunk` of rows kv_row0 + kKvRowStep * i of each tile, so
-  // each tile costs one 32x32->64-bit multiply per tensor (row_offset) and each row pass one
-  // 64-bit step of each pointer, and the shared-memory offsets are constants past the first.
-  constexpr int kKvChunks = kD / 8;
-  constexpr int kKvRowStep = kThreads / kKvChunks;
-  constexpr int kKvPasses = kN * kKvChunks / kThreads;
-  static_assert(kN * kKvChunks % kThreads == 0 && kKvRowStep % 8 == 0, "K/V passes keep the swizzle phase");
-  const int kv_chunk = static_cast<int>(threadIdx.x) % kKvChunks;
-  const int kv_row0 = static_cast<int>(threadIdx.x) / kKvChunks;
-  const uint32_t kv_row = static_cast<uint32_t>(seg.k_row) + kv_row0;
-  const uint32_t k_smem = smem_address(k_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
-  const uint32_t v_smem = smem_address(v_tiles + swizzled_offset<kD>(kv_row0, kv_chunk));
-  auto load_kv = [&](int n, int buffer) {
-    const int rows = min(kN, seg.k_len - n * kN) - kv_row0;  // rows this thread may read
-    const uint32_t row = kv_row + static_cast<uint32_t>(n * kN);
-    const Element* k_src = k + row_offset(strides.k, row, kv_head, kv_chunk);
-    const Element* v_src = v + row_offset(strides.v, row, kv_head, kv_chunk);
-    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kN * kD * 2);
-#pragma unroll
-    for (int i = 0; i < kKvPasses; ++i) {
-      const bool valid = kKvRowStep * i < rows;
-      const uint32_t dst = buffer_bytes + static_cast<uint32_t>(kKvRowStep * i * kD * 2);
-      cp_async_16(k_smem + dst, valid ? k_src : k, valid);
-      cp_async_16(v_smem + dst, valid ? v_src : v, valid);
-      k_src += pass_step<kKvRowStep>(strides.k);
-      v_src += pass_step<kKvRowStep>(strides.v);
-    }
-  };
-  if (n_begin < n_end) load_kv(n_begin, 0);
+  const KvTileLoader<Element, kN, kD, kThreads> kv(k, v, strides.k, strides.v, seg, kv_head, k_tiles, v_tiles);
+  if (n_begin < n_end) kv.load(n_begin, 0);
   cp_async_commit();
 
   const int warp = threadIdx.x / 32;
@@ -259,7 +232,7 @@ __global__ void __launch_bounds__(ForwardShape<kHeadDim>::kThreads)
 
   for (int n = n_begin; n < n_end; ++n) {
     const int buffer = (n - n_begin) & 1;
-    prefetch_next_and_wait(n + 1 < n_end, [&] { load_kv(n + 1, buffer ^ 1); });
+    prefetch_next_and_wait(n + 1 < n_end, [&] { kv.load(n + 1, buffer ^ 1); });
     __syncthreads();
     const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kN * kD * 2);
 
