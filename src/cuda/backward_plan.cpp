@@ -142,14 +142,9 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const AttentionOptions& 
                                << " and deterministic=" << options_.deterministic << ": pass a workspace of that size");
   detail::check_device_pointer("workspace", workspace, device_, kWorkspaceAlignment);
   workspace_ = workspace;
-  const bool bf16 = shape_.dtype == DType::kBFloat16;
-  if (shape_.head_dim == 64) {
-    bf16 ? detail::configure_backward<detail::Bf16Tag, 64>(sm90_, fused_dq_)
-         : detail::configure_backward<detail::Fp16Tag, 64>(sm90_, fused_dq_);
-  } else {
-    bf16 ? detail::configure_backward<detail::Bf16Tag, 128>(sm90_, fused_dq_)
-         : detail::configure_backward<detail::Fp16Tag, 128>(sm90_, fused_dq_);
-  }
+  detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto head_dim) {
+    detail::configure_backward<decltype(storage), head_dim>(sm90_, fused_dq_);
+  });
 }
 
 void BackwardPlan::check_tensors(const BackwardTensors& t) const {
@@ -206,18 +201,10 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
                           t.dkv_rows == nullptr && t.dk.contiguous() && t.dv.contiguous();
   params.dk_out = direct_dkv ? t.dk.data : nullptr;
   params.dv_out = direct_dkv ? t.dv.data : nullptr;
-  params.segments = table.segments;
-  params.num_segments = table.capacity;
+  detail::set_call_fields(params, table, shape_.q_heads, shape_.kv_heads, scale_);
   params.q_tile_start = parts.q_start;
   params.k_tile_start = parts.k_start;
-  params.q_rows = table.q_rows;
   params.k_rows = table.k_rows;
-  params.q_heads = static_cast<int>(shape_.q_heads);
-  params.kv_heads = static_cast<int>(shape_.kv_heads);
-  params.scale = scale_;
-  params.scale_log2 = static_cast<float>(scale_ * 1.4426950408889634);
-  params.window_left = table.mask.window_left;
-  params.window_right = table.mask.window_right;
   const detail::BackwardStrides strides{detail::strides_of(t.q),    detail::strides_of(t.k),
                                         detail::strides_of(t.v),    detail::strides_of(t.out),
                                         detail::strides_of(t.dout), detail::strides_of(t.dq)};
@@ -253,14 +240,9 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   if (table.capacity > 0) {
     const int gq = queries ? static_cast<int>(dq_grid_tiles(table)) : 0;
     const int gk = keys ? static_cast<int>(dkv_grid_tiles(table, dkv_tile_rows(sm90_, fused_dq_))) : 0;
-    const bool bf16 = shape_.dtype == DType::kBFloat16;
-    if (shape_.head_dim == 64) {
-      bf16 ? detail::launch_backward<detail::Bf16Tag, 64>(params, strides, sm90_, gq, gk, stream)
-           : detail::launch_backward<detail::Fp16Tag, 64>(params, strides, sm90_, gq, gk, stream);
-    } else {
-      bf16 ? detail::launch_backward<detail::Bf16Tag, 128>(params, strides, sm90_, gq, gk, stream)
-           : detail::launch_backward<detail::Fp16Tag, 128>(params, strides, sm90_, gq, gk, stream);
-    }
+    detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto head_dim) {
+      detail::launch_backward<decltype(storage), head_dim>(params, strides, sm90_, gq, gk, stream);
+    });
   }
   if (keys && !fp32_dkv && !direct_dkv) {
     detail::launch_cast_strided(params.dk_accum, t.dk.data, t.dk.dtype, table.k_rows, params.kv_heads, head_dim,

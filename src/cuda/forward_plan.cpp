@@ -67,14 +67,9 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const AttentionOptions& op
                                << ": pass a workspace of that size");
   detail::check_device_pointer("workspace", workspace, device_, kWorkspaceAlignment);
   workspace_ = workspace;
-  const bool bf16 = shape_.dtype == DType::kBFloat16;
-  if (shape_.head_dim == 64) {
-    bf16 ? detail::configure_forward<detail::Bf16Tag, 64>(sm90_)
-         : detail::configure_forward<detail::Fp16Tag, 64>(sm90_);
-  } else {
-    bf16 ? detail::configure_forward<detail::Bf16Tag, 128>(sm90_)
-         : detail::configure_forward<detail::Fp16Tag, 128>(sm90_);
-  }
+  detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto head_dim) {
+    detail::configure_forward<decltype(storage), head_dim>(sm90_);
+  });
 }
 
 void ForwardPlan::check_tensors(const ForwardTensors& t) const {
@@ -99,17 +94,9 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
   params.out = t.out.data;
   params.lse = t.lse;
   params.max_logit = t.max_logit;
-  params.segments = table.segments;
-  params.num_segments = table.capacity;
+  detail::set_call_fields(params, table, shape_.q_heads, shape_.kv_heads, scale_);
   params.tile_start = static_cast<const int*>(workspace_);
   params.work_counter = static_cast<int*>(workspace_) + table.capacity + 1;
-  params.q_rows = table.q_rows;
-  params.q_heads = static_cast<int>(shape_.q_heads);
-  params.kv_heads = static_cast<int>(shape_.kv_heads);
-  params.scale = scale_;
-  params.scale_log2 = static_cast<float>(scale_ * 1.4426950408889634);
-  params.window_left = table.mask.window_left;
-  params.window_right = table.mask.window_right;
   const detail::ForwardStrides strides{detail::strides_of(t.q), detail::strides_of(t.k), detail::strides_of(t.v),
                                        detail::strides_of(t.out)};
 
@@ -130,14 +117,9 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
     maps.v = detail::encode_thd_tensor_map(encode, "v", t.v, detail::kForwardSm90KeyRows);
   }
   const detail::ForwardTensorMaps* sm90_maps = sm90_ ? &maps : nullptr;
-  const bool bf16 = shape_.dtype == DType::kBFloat16;
-  if (shape_.head_dim == 64) {
-    bf16 ? detail::launch_forward<detail::Bf16Tag, 64>(params, strides, sm90_maps, grid_tiles, sm_count_, stream)
-         : detail::launch_forward<detail::Fp16Tag, 64>(params, strides, sm90_maps, grid_tiles, sm_count_, stream);
-  } else {
-    bf16 ? detail::launch_forward<detail::Bf16Tag, 128>(params, strides, sm90_maps, grid_tiles, sm_count_, stream)
-         : detail::launch_forward<detail::Fp16Tag, 128>(params, strides, sm90_maps, grid_tiles, sm_count_, stream);
-  }
+  detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto head_dim) {
+    detail::launch_forward<decltype(storage), head_dim>(params, strides, sm90_maps, grid_tiles, sm_count_, stream);
+  });
 }
 
 }  // namespace thdcp::cuda

@@ -4,13 +4,46 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <type_traits>
+
 #include "attention_params.h"
 #include "storage_tags.h"
 #include "tile_shapes.h"
 #include "thdcp/core/dtype.h"
+#include "thdcp/cuda/table.h"
 #include "thdcp/plan/mask.h"
 
 namespace thdcp::cuda::detail {
+
+// The compile-time instantiation of a (dtype, head dim), FlashAttention's static switch:
+// calls body(Storage{}, std::integral_constant<int, kHeadDim>{}) for bf16/fp16 and 64/128
+// (the plans have checked both).
+template <typename Body>
+void dispatch_instantiation(DType dtype, int64_t head_dim, Body&& body) {
+  const bool bf16 = dtype == DType::kBFloat16;
+  if (head_dim == 64) {
+    bf16 ? body(Bf16Tag{}, std::integral_constant<int, 64>{}) : body(Fp16Tag{}, std::integral_constant<int, 64>{});
+  } else {
+    bf16 ? body(Bf16Tag{}, std::integral_constant<int, 128>{}) : body(Fp16Tag{}, std::integral_constant<int, 128>{});
+  }
+}
+
+// The fields every attention kernel's params take from the call: the table, the heads, the
+// scale and the mask (ForwardParams and BackwardParams name them alike).
+template <typename Params>
+void set_call_fields(Params& params, const DeviceSegmentTable& table, int64_t q_heads, int64_t kv_heads,
+                     float scale) {
+  params.segments = table.segments;
+  params.num_segments = table.capacity;
+  params.q_rows = table.q_rows;
+  params.q_heads = static_cast<int>(q_heads);
+  params.kv_heads = static_cast<int>(kv_heads);
+  params.scale = scale;
+  params.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  params.window_left = table.mask.window_left;
+  params.window_right = table.mask.window_right;
+}
 
 // Whether the current device runs the Hopper kernels (sm_90a wgmma; compute capability 9.x)
 // for the forward and the deterministic backward, unless the environment variable
