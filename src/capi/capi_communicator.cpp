@@ -116,6 +116,23 @@ void require_nccl(const char* what) {
 #endif
 }
 
+// An NCCL communicator handle for `device` into *comm, from make() (create or borrow), after
+// the checks both entry points share.
+template <typename Make>
+void make_nccl_communicator(int device, thdcp_communicator_t* comm, Make make) {
+  THDCP_CAPI_REQUIRE(device >= 0, "device=" << device << " must be a CUDA device index >= 0");
+  THDCP_CAPI_NOT_NULL(comm, "a thdcp_communicator_t to receive the communicator");
+  require_nccl("NCCL communicators");
+  require_cuda_device("NCCL communicators");
+#if defined(THDCP_HAVE_NCCL)
+  auto made = std::make_unique<thdcp_communicator_st>();
+  made->device = make();
+  *comm = made.release();
+#else
+  (void)make;
+#endif
+}
+
 }  // namespace
 
 }  // namespace thdcp::capi
@@ -195,30 +212,16 @@ thdcp_status_t thdcp_communicator_create_nccl(const void* id, size_t bytes, int 
                                 << THDCP_NCCL_UNIQUE_ID_BYTES << " bytes");
     THDCP_CAPI_REQUIRE(size >= 1, "size=" << size << " must be >= 1");
     THDCP_CAPI_REQUIRE(rank >= 0 && rank < size, "rank=" << rank << " must be in [0, size=" << size << ")");
-    THDCP_CAPI_REQUIRE(device >= 0, "device=" << device << " must be a CUDA device index >= 0");
-    THDCP_CAPI_NOT_NULL(comm, "a thdcp_communicator_t to receive the communicator");
-    thdcp::capi::require_nccl("NCCL communicators");
-    thdcp::capi::require_cuda_device("NCCL communicators");
-#if defined(THDCP_HAVE_NCCL)
-    auto made = std::make_unique<thdcp_communicator_st>();
-    made->device = thdcp::nccl::create_from_unique_id(id, bytes, rank, size, device);
-    *comm = made.release();
-#endif
+    thdcp::capi::make_nccl_communicator(device, comm, [&] {
+      return thdcp::nccl::create_from_unique_id(id, bytes, rank, size, device);
+    });
   });
 }
 
 thdcp_status_t thdcp_communicator_borrow_nccl(void* nccl_comm, int device, thdcp_communicator_t* comm) {
   return guarded(__func__, [&] {
     THDCP_CAPI_NOT_NULL(nccl_comm, "an initialised ncclComm_t");
-    THDCP_CAPI_REQUIRE(device >= 0, "device=" << device << " must be a CUDA device index >= 0");
-    THDCP_CAPI_NOT_NULL(comm, "a thdcp_communicator_t to receive the communicator");
-    thdcp::capi::require_nccl("NCCL communicators");
-    thdcp::capi::require_cuda_device("NCCL communicators");
-#if defined(THDCP_HAVE_NCCL)
-    auto made = std::make_unique<thdcp_communicator_st>();
-    made->device = thdcp::nccl::borrow(nccl_comm, device);
-    *comm = made.release();
-#endif
+    thdcp::capi::make_nccl_communicator(device, comm, [&] { return thdcp::nccl::borrow(nccl_comm, device); });
   });
 }
 

@@ -74,8 +74,7 @@ thdcp_status_t thdcp_cp_split(const void* global, void* local, size_t row_bytes,
   return guarded(__func__, [&] {
     thdcp::capi::check_rows("global", global, row_bytes);
     thdcp::capi::check_rows("local", local, row_bytes);
-    const thdcp::LayoutView batch = thdcp::capi::split_layout(layout, cp, rank);
-    thdcp::split_for_rank(global, local, row_bytes, batch, cp, rank);
+    thdcp::split_for_rank(global, local, row_bytes, thdcp::capi::split_layout(layout, cp, rank), cp, rank);
   });
 }
 
@@ -84,8 +83,7 @@ thdcp_status_t thdcp_cp_merge(const void* local, void* global, size_t row_bytes,
   return guarded(__func__, [&] {
     thdcp::capi::check_rows("local", local, row_bytes);
     thdcp::capi::check_rows("global", global, row_bytes);
-    const thdcp::LayoutView batch = thdcp::capi::split_layout(layout, cp, rank);
-    thdcp::merge_from_rank(local, global, row_bytes, batch, cp, rank);
+    thdcp::merge_from_rank(local, global, row_bytes, thdcp::capi::split_layout(layout, cp, rank), cp, rank);
   });
 }
 

@@ -138,20 +138,8 @@ void run_in_process(int size, const std::function<void(Communicator&)>& body) {
     }
   };
   detail::run_rank_threads(size, rank_main, [&](const std::string&) { group.abort(); }, "in-process group");
-  // Prefer the exception that caused the abort over the "another rank failed" ones.
-  std::exception_ptr first;
-  for (const auto& f : failures) {
-    if (!f) continue;
-    try {
-      std::rethrow_exception(f);
-    } catch (const Error& e) {
-      if (std::string(e.what()).find("another rank failed") == std::string::npos) std::rethrow_exception(f);
-      if (!first) first = f;
-    } catch (...) {
-      std::rethrow_exception(f);
-    }
-  }
-  if (first) std::rethrow_exception(first);
+  // The exception that caused the abort, not the "another rank failed" ones it set off.
+  detail::rethrow_root_failure(failures, "another rank failed");
 }
 
 InProcessGroup::InProcessGroup(int size) {

@@ -483,19 +483,7 @@ void run_shared_gpu(SharedGpuGroup& group, const std::function<void(DeviceCommun
   };
   detail::run_rank_threads(size, rank_main, [&](const std::string& why) { group.abort(why); }, "shared-GPU group");
   // The exception that caused the abort, not the "rank N failed" ones it set off.
-  std::exception_ptr first_abandoned;
-  for (const auto& f : failures) {
-    if (!f) continue;
-    try {
-      std::rethrow_exception(f);
-    } catch (const Error& e) {
-      if (std::string(e.what()).find("collective abandoned") == std::string::npos) std::rethrow_exception(f);
-      if (!first_abandoned) first_abandoned = f;
-    } catch (...) {
-      std::rethrow_exception(f);
-    }
-  }
-  if (first_abandoned) std::rethrow_exception(first_abandoned);
+  detail::rethrow_root_failure(failures, "collective abandoned");
 }
 
 void run_shared_gpu(int size, const std::function<void(DeviceCommunicator&)>& body, const SharedGpuOptions& options) {
