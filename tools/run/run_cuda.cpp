@@ -4,10 +4,10 @@
 #include <cstdlib>
 #include <string>
 
-#include "args.h"
-#include "progress.h"
-#include "run_inputs.h"
-#include "run_job.h"
+#include "io/args.h"
+#include "io/progress.h"
+#include "run/run_inputs.h"
+#include "run/run_job.h"
 
 #if defined(THDCP_CLI_WITH_CUDA)
 #include <cuda_runtime_api.h>

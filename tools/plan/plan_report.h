@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "json.h"
-#include "svg.h"
+#include "io/json.h"
+#include "io/svg.h"
 #include "thdcp/plan/planner.h"
 
 namespace thdcp::tools {

@@ -1,4 +1,4 @@
-#include "args.h"
+#include "io/args.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
-#include "args.h"
-#include "atomic_file.h"
+#include "io/args.h"
+#include "io/atomic_file.h"
 #include "commands.h"
-#include "json.h"
-#include "plan_report.h"
+#include "io/json.h"
+#include "plan/plan_report.h"
 #include "thdcp/plan/planner.h"
 
 namespace thdcp::tools {

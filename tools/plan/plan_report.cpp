@@ -1,4 +1,4 @@
-#include "plan_report.h"
+#include "plan/plan_report.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -3,9 +3,9 @@
 // batch: each phase with CUDA events (every rank's, summed over ranks; the ranks run
 // concurrently on the one GPU, so a phase's events can include other ranks' work), and the
 // whole step of all ranks as one captured CUDA graph, against the single-device attention.
-#include "bench_cp.h"
+#include "bench/bench_cp.h"
 
-#include "run_inputs.h"
+#include "run/run_inputs.h"
 
 #include <cuda_runtime_api.h>
 

@@ -1,6 +1,6 @@
 // thdcp bench: verify the CUDA attention kernels against the CPU reference on a small batch,
 // then time forward and forward+backward on a large packed batch (STYLE.md, Benchmarks).
-#include "bench_command.h"
+#include "bench/bench_command.h"
 
 #include <cuda_runtime_api.h>
 
@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "args.h"
-#include "atomic_file.h"
-#include "bench_cp.h"
-#include "bench_graph.h"
-#include "bench_scaling.h"
+#include "io/args.h"
+#include "io/atomic_file.h"
+#include "bench/bench_cp.h"
+#include "bench/bench_graph.h"
+#include "bench/bench_scaling.h"
 #include "thdcp/testing/compare.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/core/cuda_check.h"

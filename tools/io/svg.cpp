@@ -1,4 +1,4 @@
-#include "svg.h"
+#include "io/svg.h"
 
 #include <algorithm>
 #include <cmath>

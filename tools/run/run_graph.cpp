@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "args.h"
+#include "io/args.h"
 #include "commands.h"
 
 #if defined(THDCP_CLI_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
-#include "graph_step.h"
+#include "bench/graph_step.h"
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/graph/cp_groups.h"

@@ -1,4 +1,4 @@
-#include "graph_step.h"
+#include "bench/graph_step.h"
 
 #include <cstring>
 #include <string>

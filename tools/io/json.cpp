@@ -1,10 +1,10 @@
-#include "json.h"
+#include "io/json.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
-#include "atomic_file.h"
+#include "io/atomic_file.h"
 #include "thdcp/core/error.h"
 
 namespace thdcp::tools {

@@ -1,4 +1,4 @@
-#include "run_inputs.h"
+#include "run/run_inputs.h"
 
 #include <sys/stat.h>
 
@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "args.h"
-#include "npy.h"
+#include "io/args.h"
+#include "io/npy.h"
 #include "thdcp/plan/rank_split.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/planner.h"

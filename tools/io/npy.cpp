@@ -1,4 +1,4 @@
-#include "npy.h"
+#include "io/npy.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -8,7 +8,7 @@
 #include <limits>
 #include <utility>
 
-#include "atomic_file.h"
+#include "io/atomic_file.h"
 #include "thdcp/core/error.h"
 #include "thdcp/plan/planner.h"
 

@@ -1,9 +1,9 @@
-#include "run_job.h"
+#include "run/run_job.h"
 
 #include <unistd.h>
 
-#include "args.h"
-#include "progress.h"
+#include "io/args.h"
+#include "io/progress.h"
 
 #include <algorithm>
 #include <chrono>
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <thread>
 
-#include "run_inputs.h"
+#include "run/run_inputs.h"
 #include "thdcp/plan/rank_split.h"
 #include "thdcp/plan/segment_table.h"
 #include "thdcp/testing/workload.h"

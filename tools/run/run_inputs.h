@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "run_job.h"
+#include "run/run_job.h"
 
 namespace thdcp::tools {
 

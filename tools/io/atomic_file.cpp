@@ -1,4 +1,4 @@
-#include "atomic_file.h"
+#include "io/atomic_file.h"
 
 #include <unistd.h>
 
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "args.h"
+#include "io/args.h"
 #include "thdcp/core/error.h"
 
 namespace thdcp::tools {

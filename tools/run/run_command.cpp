@@ -8,13 +8,13 @@
 #include <thread>
 #include <vector>
 
-#include "args.h"
-#include "atomic_file.h"
+#include "io/args.h"
+#include "io/atomic_file.h"
 #include "commands.h"
-#include "json.h"
-#include "progress.h"
-#include "run_inputs.h"
-#include "run_job.h"
+#include "io/json.h"
+#include "io/progress.h"
+#include "run/run_inputs.h"
+#include "run/run_job.h"
 #include "thdcp/cpu/attention.h"
 #include "thdcp/comm/mpi.h"
 

@@ -1,4 +1,4 @@
-#include "progress.h"
+#include "io/progress.h"
 
 #include <unistd.h>
 

@@ -25,7 +25,7 @@
 // each one's own time (a collective's includes any wait for a slower peer); "beyond
 // attention" = step - attention phase is what the overlap left exposed.
 // efficiency = baseline / (N * step); targets 0.95 at cp 2, 0.90 at cp 4, 0.85 at cp 8.
-#include "bench_scaling.h"
+#include "bench/bench_scaling.h"
 
 #include <cuda_runtime_api.h>
 
@@ -40,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "args.h"
+#include "io/args.h"
 #include "thdcp/comm/communicator.h"
 #include "thdcp/comm_device/nccl.h"
 #include "thdcp/cp/cuda.h"
