@@ -5,7 +5,7 @@
 // whole step of all ranks as one captured CUDA graph, against the single-device attention.
 #include "bench/bench_cp.h"
 
-#include "run/run_inputs.h"
+#include "step/rank_rows.h"
 
 #include <cuda_runtime_api.h>
 
@@ -128,7 +128,7 @@ bool verify_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, co
                                        std::make_tuple(&dk, &b.dk, kv_heads), std::make_tuple(&dv, &b.dv, kv_heads)}) {
       HostTensor part(dtype, local, heads, head_dim);
       device->download(part.data(), device->bytes());
-      merge_from_rank(part.data(), host->data(), part.row_bytes(), view_, cp, rank);
+      thdcp::merge_from_rank(part.data(), host->data(), part.row_bytes(), view_, cp, rank);
     }
   });
   bool ok = true;

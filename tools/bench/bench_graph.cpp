@@ -1,5 +1,5 @@
 // `thdcp bench --graph`: what CUDA graphs save on a step of many small launches. A step is
-// L layers of RoPE + AllGather-CP attention forward, then backward (bench/graph_step.h), on
+// L layers of RoPE + AllGather-CP attention forward, then backward (step/graph_step.h), on
 // small packs of short documents, with ranks sharing the GPU. Per (tokens per rank, cp):
 //   eager ms    one step enqueued directly, host wall clock from enqueue to completion;
 //   replay ms   one step replayed from the GraphBank, the same way;
@@ -21,7 +21,7 @@
 
 #include "io/args.h"
 #include "bench/bench_graph.h"
-#include "bench/graph_step.h"
+#include "step/graph_step.h"
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/graph/graph_bank.h"

@@ -6,6 +6,7 @@
 
 #include "io/args.h"
 #include "io/progress.h"
+#include "step/rank_rows.h"
 #include "run/run_inputs.h"
 #include "run/run_job.h"
 

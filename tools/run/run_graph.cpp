@@ -18,7 +18,7 @@
 #if defined(THDCP_CLI_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
-#include "bench/graph_step.h"
+#include "step/graph_step.h"
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/graph/cp_groups.h"

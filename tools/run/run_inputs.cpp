@@ -276,12 +276,6 @@ GlobalBatch load_batch(RunConfig& c, bool dtype_given, bool heads_given, bool he
   return batch;
 }
 
-HostTensor split_for_rank(const HostTensor& global, const LayoutView& layout, int cp, int rank) {
-  HostTensor local(global.dtype(), global.tokens() / cp, global.heads(), global.head_dim());
-  thdcp::split_for_rank(global.data(), local.data(), global.row_bytes(), layout, cp, rank);
-  return local;
-}
-
 HostTensor to_user_layout(const GlobalBatch& batch, const HostTensor& tensor) {
   HostTensor user(tensor.dtype(), batch.user_layout.total_rows(), tensor.heads(), tensor.head_dim());
   const size_t row_bytes = tensor.row_bytes();

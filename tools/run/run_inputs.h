@@ -23,9 +23,6 @@ GlobalBatch make_batch_from_lengths(const RunConfig& config);
 // re-laid out with padded lengths, and GlobalBatch::user_rows maps it back.
 GlobalBatch load_batch(RunConfig& config, bool dtype_given, bool heads_given, bool head_dim_given);
 
-// The local tensor of `rank` (T/cp rows in dual-chunk order) of a global tensor.
-HostTensor split_for_rank(const HostTensor& global, const LayoutView& layout, int cp, int rank);
-
 // A [T, H, D] tensor of the job's layout in the user's layout (padding rows of the user's
 // layout are 0), and the same for lse ([H, T]).
 HostTensor to_user_layout(const GlobalBatch& batch, const HostTensor& tensor);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <thread>
 
+#include "step/rank_rows.h"
 #include "run/run_inputs.h"
 #include "thdcp/plan/rank_split.h"
 #include "thdcp/plan/segment_table.h"
@@ -75,22 +76,11 @@ void check_host_memory(const RunConfig& c, int64_t rows, bool process_per_rank, 
                    " ranks each holding the whole K/V): lower --tokens, --heads, --head-dim or --cp");
 }
 
-GlobalOutputs allocate_outputs(const RunConfig& c, int64_t rows) {
-  GlobalOutputs o;
-  o.out = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
-  o.dq = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
-  o.dk = HostTensor(c.dtype, rows, c.kv_heads, c.head_dim);
-  o.dv = HostTensor(c.dtype, rows, c.kv_heads, c.head_dim);
-  o.lse.assign(static_cast<size_t>(c.q_heads * rows), 0.0f);
-  o.max_logit.assign(static_cast<size_t>(c.q_heads), 0.0f);
-  return o;
-}
-
 namespace {
 
 GlobalOutputs run_reference(const RunConfig& c, const GlobalBatch& batch, RunReport& report, Progress& progress) {
   const SegmentTable table = build_segment_table(batch.layout.view(), c.mask);
-  GlobalOutputs ref = allocate_outputs(c, batch.layout.total_rows());
+  GlobalOutputs ref = host_outputs(c.step_shape(), batch.layout.total_rows());
   const AttentionOptions options = attention_options(c, c.threads);
   progress.phase("single-device reference, forward");
   auto start = Clock::now();
@@ -113,7 +103,7 @@ void assemble(Communicator& comm, const LayoutView& layout, const void* local, v
   const size_t local_bytes = static_cast<size_t>(layout.total_rows() / cp) * row_bytes;
   std::vector<unsigned char> gathered(local_bytes * cp);
   comm.all_gather(local, gathered.data(), local_bytes);
-  for (int r = 0; r < cp; ++r) merge_from_rank(gathered.data() + r * local_bytes, global, row_bytes, layout, cp, r);
+  for (int r = 0; r < cp; ++r) thdcp::merge_from_rank(gathered.data() + r * local_bytes, global, row_bytes, layout, cp, r);
 }
 
 // Folds one rank's times into the report: the slowest rank sets each number.
@@ -140,12 +130,7 @@ RankResult run_rank_cpu(Communicator& comm, const RunConfig& c, const GlobalBatc
   const HostTensor k = split_for_rank(batch.k, layout, cp, rank);
   const HostTensor v = split_for_rank(batch.v, layout, cp, rank);
   const HostTensor dout = split_for_rank(batch.dout, layout, cp, rank);
-  r.out = HostTensor(c.dtype, local_rows, c.q_heads, c.head_dim);
-  r.dq = HostTensor(c.dtype, local_rows, c.q_heads, c.head_dim);
-  r.dk = HostTensor(c.dtype, local_rows, c.kv_heads, c.head_dim);
-  r.dv = HostTensor(c.dtype, local_rows, c.kv_heads, c.head_dim);
-  r.lse.resize(static_cast<size_t>(c.q_heads * local_rows));
-  r.max_logit.resize(static_cast<size_t>(c.q_heads));
+  static_cast<HostOutputs&>(r) = host_outputs(c.step_shape(), local_rows);
   const AttentionOptions options = attention_options(c, threads);
 
   auto start = Clock::now();
@@ -177,14 +162,11 @@ RankResult run_rank(Communicator& comm, const RunConfig& c, const GlobalBatch& b
   const int64_t local_rows = layout.total_rows() / comm.size();
   if (how == Assemble::kShared) {
     const int cp = comm.size(), rank = comm.rank();
-    merge_from_rank(r.out.data(), outputs.out.data(), r.out.row_bytes(), layout, cp, rank);
-    merge_from_rank(r.dq.data(), outputs.dq.data(), r.dq.row_bytes(), layout, cp, rank);
-    merge_from_rank(r.dk.data(), outputs.dk.data(), r.dk.row_bytes(), layout, cp, rank);
-    merge_from_rank(r.dv.data(), outputs.dv.data(), r.dv.row_bytes(), layout, cp, rank);
-    for (int64_t h = 0; h < c.q_heads; ++h) {
-      merge_from_rank(r.lse.data() + h * local_rows, outputs.lse.data() + h * layout.total_rows(), sizeof(float),
-                      layout, cp, rank);
-    }
+    merge_from_rank(r.out, outputs.out, layout, cp, rank);
+    merge_from_rank(r.dq, outputs.dq, layout, cp, rank);
+    merge_from_rank(r.dk, outputs.dk, layout, cp, rank);
+    merge_from_rank(r.dv, outputs.dv, layout, cp, rank);
+    merge_lse_from_rank(r.lse, outputs.lse, c.q_heads, layout, cp, rank);
     if (rank == 0) outputs.max_logit = r.max_logit;  // the same on every rank (max-reduced)
     return r;
   }
@@ -277,7 +259,7 @@ RunReport run_in_process_job(const RunConfig& c, const GlobalBatch& batch, Globa
   const std::shared_ptr<CudaRun> cuda_run = c.backend == Backend::kCuda ? prepare_cuda_run(c, false) : nullptr;
   report.communicator = cuda_run ? cuda_run_communicator(*cuda_run) : "in-process";
   fill_layout_stats(c, batch, report);
-  outputs = allocate_outputs(c, batch.layout.total_rows());
+  outputs = host_outputs(c.step_shape(), batch.layout.total_rows());
   std::vector<RankResult> times(static_cast<size_t>(c.cp));
   // The ranks share this machine's cores.
   const int cores = c.threads > 0 ? c.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -300,7 +282,7 @@ RunReport run_rank_job(Communicator& comm, const RunConfig& c, const GlobalBatch
   const std::shared_ptr<CudaRun> cuda_run = c.backend == Backend::kCuda ? prepare_cuda_run(c, true) : nullptr;
   report.communicator = cuda_run ? cuda_run_communicator(*cuda_run) : comm.kind();
   fill_layout_stats(c, batch, report);
-  outputs = allocate_outputs(c, batch.layout.total_rows());
+  outputs = host_outputs(c.step_shape(), batch.layout.total_rows());
   progress.phase("AllGather CP forward + backward (this rank's passes)");
   progress.set_total(2);
   add_rank_times(report, run_rank(comm, c, batch, c.threads, outputs, progress, cuda_run.get(), Assemble::kEveryRank));

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "step/host_step.h"
 #include "thdcp/cpu/attention.h"
 #include "thdcp/comm/communicator.h"
 #include "thdcp/testing/compare.h"
@@ -45,6 +46,8 @@ struct RunConfig {
   double max_memory = 0;     // --max-memory in bytes; 0: the machine's physical memory
   bool allow_nonfinite = false;  // --allow-nonfinite: skip the finiteness check of --load
   double loaded_max_v = 0;       // (set by load_batch)
+
+  StepShape step_shape() const { return StepShape{{q_heads, kv_heads, head_dim}, dtype}; }
 };
 
 // kAuto runs the reference only below this many floating-point operations (fwd + bwd,
@@ -64,12 +67,8 @@ struct GlobalBatch {
   std::vector<int32_t> user_rows;
 };
 
-// Outputs in the global layout.
-struct GlobalOutputs {
-  HostTensor out, dq, dk, dv;
-  std::vector<float> lse;        // [Hq, T]
-  std::vector<float> max_logit;  // [Hq]
-};
+// Outputs in the global layout: lse [Hq, T].
+using GlobalOutputs = HostOutputs;
 
 struct TensorCheck {
   std::string name;
@@ -98,9 +97,7 @@ struct RunReport {
 class Progress;
 
 // One rank's local results (T/cp rows, the rank's dual-chunk order) and its times.
-struct RankResult {
-  HostTensor out, dq, dk, dv;
-  std::vector<float> lse, max_logit;
+struct RankResult : HostOutputs {
   cp::Timings forward, backward;  // phases (CPU backend; the CUDA backend reports totals only)
   double forward_wall = 0, backward_wall = 0;
 };
@@ -137,8 +134,6 @@ RunReport run_in_process_job(const RunConfig& config, const GlobalBatch& batch, 
 // batch. The report is complete on rank 0 (the others hold their own timings).
 RunReport run_rank_job(Communicator& comm, const RunConfig& config, const GlobalBatch& batch, GlobalOutputs& outputs,
                        Progress& progress);
-
-GlobalOutputs allocate_outputs(const RunConfig& config, int64_t rows);
 
 // Host memory a run of `rows` global rows will take at its peak, estimated from the shapes
 // before anything is allocated: the global inputs and outputs, the single-device reference's

@@ -1,4 +1,4 @@
-#include "bench/graph_step.h"
+#include "step/graph_step.h"
 
 #include <cstring>
 #include <string>
@@ -9,38 +9,28 @@
 
 namespace thdcp::tools {
 
-namespace {
-
-size_t bytes_of(int64_t rows, int64_t heads, int64_t dim, DType dtype) {
-  return static_cast<size_t>(rows * heads * dim) * dtype_size(dtype);
-}
-
-}  // namespace
-
 GraphStep::GraphStep(graph::GraphBank& bank, const GraphStepShape& shape, int64_t max_tokens)
     : bank_(bank), shape_(shape), max_tokens_(max_tokens), rows_(max_tokens / bank.cp()) {
   const Capacity key = default_capacity(max_tokens, bank.cp());  // buffers live under this key
-  const size_t qb = bytes_of(rows_, shape.q_heads, shape.head_dim, shape.dtype);
-  const size_t kb = bytes_of(rows_, shape.kv_heads, shape.head_dim, shape.dtype);
   for (int l = 0; l < shape.layers; ++l) {
     const std::string p = "layer " + std::to_string(l) + " ";
+    auto tensor = [&](const char* name, int64_t heads) {
+      return ThdTensor{bank.buffer(key, p + name, shape.bytes(rows_, heads)), shape.dtype, rows_, heads,
+                       shape.head_dim};
+    };
     Layer layer{};
-    layer.q = bank.buffer(key, p + "q", qb);
-    layer.k = bank.buffer(key, p + "k", kb);
-    layer.v = bank.buffer(key, p + "v", kb);
-    layer.out = bank.buffer(key, p + "out", qb);
-    layer.dout = bank.buffer(key, p + "dout", qb);
-    layer.dq = bank.buffer(key, p + "dq", qb);
-    layer.dk = bank.buffer(key, p + "dk", kb);
-    layer.dv = bank.buffer(key, p + "dv", kb);
+    layer.q = tensor("q", shape.q_heads);
+    layer.k = tensor("k", shape.kv_heads);
+    layer.v = tensor("v", shape.kv_heads);
+    layer.out = tensor("out", shape.q_heads);
+    layer.dout = tensor("dout", shape.q_heads);
+    layer.dq = tensor("dq", shape.q_heads);
+    layer.dk = tensor("dk", shape.kv_heads);
+    layer.dv = tensor("dv", shape.kv_heads);
     layer.lse = static_cast<float*>(bank.buffer(key, p + "lse", sizeof(float) * static_cast<size_t>(rows_ * shape.q_heads)));
     layers_.push_back(layer);
   }
   max_logit_ = static_cast<float*>(bank.buffer(key, "max_logit", sizeof(float) * static_cast<size_t>(shape.q_heads)));
-}
-
-ThdTensor GraphStep::view(void* data, int64_t heads, int64_t rows) const {
-  return ThdTensor{data, shape_.dtype, rows, heads, shape_.head_dim};
 }
 
 void GraphStep::load_inputs(uint64_t seed, cudaStream_t stream) {
@@ -59,10 +49,10 @@ void GraphStep::load_inputs(uint64_t seed, cudaStream_t stream) {
 
 void GraphStep::reload_inputs(cudaStream_t stream) {
   for (size_t l = 0; l < layers_.size(); ++l) {
-    void* targets[4] = {layers_[l].q, layers_[l].k, layers_[l].v, layers_[l].dout};
+    const ThdTensor* targets[4] = {&layers_[l].q, &layers_[l].k, &layers_[l].v, &layers_[l].dout};
     for (int t = 0; t < 4; ++t) {
       const auto& host = inputs_[l * 4 + static_cast<size_t>(t)];
-      THDCP_CHECK_CUDA(cudaMemcpyAsync(targets[t], host.data(), host.size(), cudaMemcpyHostToDevice, stream));
+      THDCP_CHECK_CUDA(cudaMemcpyAsync(targets[t]->data, host.data(), host.size(), cudaMemcpyHostToDevice, stream));
     }
   }
   THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
@@ -71,14 +61,7 @@ void GraphStep::reload_inputs(cudaStream_t stream) {
 cp::CudaPlan& GraphStep::cp_plan(const Capacity& capacity) {
   auto it = cp_plans_.find(capacity);
   if (it != cp_plans_.end()) return *it->second;
-  cp::Problem problem;
-  problem.cp = bank_.cp();
-  problem.capacity = capacity;
-  problem.mask = shape_.mask;
-  problem.q_heads = shape_.q_heads;
-  problem.kv_heads = shape_.kv_heads;
-  problem.head_dim = shape_.head_dim;
-  problem.dtype = shape_.dtype;
+  const cp::Problem problem = cp_problem(shape_, bank_.cp(), capacity, shape_.mask);
   const size_t bytes = cp::cuda_workspace_size(problem);
   // One workspace per capacity, shared by every layer (they run in order on one stream).
   void* workspace = bank_.buffer(capacity, "cp workspace", bytes);
@@ -90,12 +73,10 @@ const cuda::RopePlan& GraphStep::rope_plan(const Capacity& capacity) {
   auto it = rope_plans_.find(capacity);
   if (it != rope_plans_.end()) return *it->second;
   cuda::RopeShape s;
+  static_cast<HeadShape&>(s) = shape_.heads();
   s.cp = bank_.cp();
   s.rank = bank_.communicator().rank();
   s.capacity = capacity;
-  s.q_heads = shape_.q_heads;
-  s.kv_heads = shape_.kv_heads;
-  s.head_dim = shape_.head_dim;
   s.dtype = shape_.dtype;
   s.config = shape_.rope_config;
   return *rope_plans_.emplace(capacity, std::make_unique<cuda::RopePlan>(s)).first->second;
@@ -110,38 +91,27 @@ graph::Work GraphStep::work() {
     cp::CudaPlan& attention = cp_plan(c);
     const cuda::RopePlan* rope = shape_.rope ? &rope_plan(c) : nullptr;
     const DeviceLayout layout = batch.layout();
-    const int64_t hq = shape_.q_heads, hkv = shape_.kv_heads;
     for (const Layer& l : layers_) {
-      if (rope) {
-        rope->forward(layout, nullptr, view(l.q, hq, rows_), view(l.k, hkv, rows_), stream);
-      }
-      attention.forward(layout,
-                        ForwardTensors{view(l.q, hq, rows_), view(l.k, hkv, rows_), view(l.v, hkv, rows_),
-                                       view(l.out, hq, rows_), l.lse, max_logit_},
-                        stream);
+      if (rope) rope->forward(layout, nullptr, l.q, l.k, stream);
+      attention.forward(layout, ForwardTensors{l.q, l.k, l.v, l.out, l.lse, max_logit_}, stream);
     }
     for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
       const Layer& l = *it;
-      attention.backward(layout,
-                         BackwardTensors{view(l.q, hq, rows_), view(l.k, hkv, rows_), view(l.v, hkv, rows_),
-                                         view(l.out, hq, rows_), view(l.dout, hq, rows_), l.lse,
-                                         view(l.dq, hq, rows_), view(l.dk, hkv, rows_), view(l.dv, hkv, rows_)},
-                         stream);
-      if (rope) {
-        rope->backward(layout, nullptr, view(l.dq, hq, rows_), view(l.dk, hkv, rows_), stream);
-      }
+      attention.backward(layout, BackwardTensors{l.q, l.k, l.v, l.out, l.dout, l.lse, l.dq, l.dk, l.dv}, stream);
+      if (rope) rope->backward(layout, nullptr, l.dq, l.dk, stream);
     }
   };
 }
 
 std::vector<unsigned char> GraphStep::download_outputs(cudaStream_t stream) const {
-  const size_t qb = bytes_of(rows_, shape_.q_heads, shape_.head_dim, shape_.dtype);
-  const size_t kb = bytes_of(rows_, shape_.kv_heads, shape_.head_dim, shape_.dtype);
-  const size_t lb = sizeof(float) * static_cast<size_t>(rows_ * shape_.q_heads);
+  const size_t lse_bytes = sizeof(float) * static_cast<size_t>(rows_ * shape_.q_heads);
   std::vector<unsigned char> all;
   for (const Layer& l : layers_) {
-    for (auto [p, n] : {std::make_pair(l.out, qb), std::make_pair(l.dq, qb), std::make_pair(l.dk, kb),
-                        std::make_pair(l.dv, kb), std::make_pair(static_cast<void*>(l.lse), lb)}) {
+    for (auto [p, n] : {std::make_pair(l.out.data, shape_.bytes(rows_, shape_.q_heads)),
+                        std::make_pair(l.dq.data, shape_.bytes(rows_, shape_.q_heads)),
+                        std::make_pair(l.dk.data, shape_.bytes(rows_, shape_.kv_heads)),
+                        std::make_pair(l.dv.data, shape_.bytes(rows_, shape_.kv_heads)),
+                        std::make_pair(static_cast<void*>(l.lse), lse_bytes)}) {
       const size_t at = all.size();
       all.resize(at + n);
       THDCP_CHECK_CUDA(cudaMemcpyAsync(all.data() + at, p, n, cudaMemcpyDeviceToHost, stream));

@@ -12,16 +12,16 @@
 #include <memory>
 #include <vector>
 
+#include "step/host_step.h"
 #include "thdcp/cp/cuda.h"
 #include "thdcp/cuda/rope.h"
 #include "thdcp/graph/graph_bank.h"
 
 namespace thdcp::tools {
 
-struct GraphStepShape {
+// The heads and dtype of every layer (StepShape), and the step's layers, mask and RoPE.
+struct GraphStepShape : StepShape {
   int layers = 1;
-  int64_t q_heads = 8, kv_heads = 2, head_dim = 64;
-  DType dtype = DType::kBFloat16;
   Mask mask = Mask::causal();
   bool rope = true;
   RopeConfig rope_config;
@@ -47,12 +47,11 @@ class GraphStep {
 
  private:
   struct Layer {
-    void *q, *k, *v, *out, *dout, *dq, *dk, *dv;
-    float* lse;
+    ThdTensor q, k, v, out, dout, dq, dk, dv;  // [rows_, H, D]
+    float* lse;                                // [Hq, rows_]
   };
   cp::CudaPlan& cp_plan(const Capacity& capacity);
   const cuda::RopePlan& rope_plan(const Capacity& capacity);
-  ThdTensor view(void* data, int64_t heads, int64_t rows) const;
 
   graph::GraphBank& bank_;
   GraphStepShape shape_;
