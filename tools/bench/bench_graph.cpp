@@ -103,7 +103,7 @@ double wall_ms(RankStep& r, Shared& shared, const std::function<void()>& enqueue
   enqueue();
   r.synchronize();
   shared.barrier.wait();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return milliseconds_since(start);
 }
 
 // Kernel time: rank 0's stream is held by a host callback long enough for every rank to
@@ -127,7 +127,7 @@ void kernel_times(RankStep& r, Shared& shared, int iters, std::vector<double>& k
     THDCP_CHECK_CUDA(cudaStreamWaitEvent(r.stream, shared.held.get(), 0));
     r.step.work()(r.eager, r.stream);
     THDCP_CHECK_CUDA(cudaEventRecord(shared.stops[static_cast<size_t>(rank)]->get(), r.stream));
-    const double enqueued = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const double enqueued = milliseconds_since(start);
     r.synchronize();
     shared.barrier.wait();
     if (rank == 0) {
@@ -190,11 +190,7 @@ GraphTiming time_graph(int cp, int64_t rows_per_rank, const GraphStepShape& shap
 }  // namespace
 
 int bench_graph_command(const std::vector<std::string>& argv) {
-  std::vector<std::string> rest;
-  for (const std::string& a : argv) {
-    if (a != "--graph") rest.push_back(a);
-  }
-  const Args args(rest, {"layers", "tokens", "cp", "median", "seed", "iters"}, {});
+  const Args args(without(argv, "--graph"), {"layers", "tokens", "cp", "median", "seed", "iters"}, {});
   GraphStepShape shape;
   shape.layers = static_cast<int>(args.get_int("layers", 8, 1, 64));
   shape.q_heads = 32;

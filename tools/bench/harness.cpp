@@ -34,36 +34,10 @@ std::string device_text(int device, bool with_memory) {
   return text + ")";
 }
 
-namespace {
-
-cudaStream_t new_stream() {
-  cudaStream_t stream = nullptr;
-  THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  return stream;
-}
-
-cudaEvent_t new_event(bool timing) {
-  cudaEvent_t event = nullptr;
-  THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming));
-  return event;
-}
-
-}  // namespace
-
-Stream::Stream() : Owned(new_stream()) {}
-
-Event::Event(bool timing) : Owned(new_event(timing)) {}
-
 float elapsed_ms(const Event& start, const Event& stop) {
   float ms = 0;
   THDCP_CHECK_CUDA(cudaEventElapsedTime(&ms, start.get(), stop.get()));
   return ms;
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 std::vector<double> time_runs(const TimingLoop& loop, cudaStream_t stream, const std::function<void()>& body) {

@@ -1,7 +1,8 @@
 // The bench harness: what every mode of `thdcp bench` (plain, --cp, --scaling, --graph)
 // shares, as nccl-tests' common.cu serves the small file of each collective. The GPU check
-// and the device line, streams and events, one timing loop (CUDA events, warm-up, median),
-// one way to draw random inputs, the verification lines, one table printer.
+// and the device line, one timing loop (CUDA events, warm-up, median),
+// one way to draw random inputs, the verification lines, one table printer. Streams and events
+// are step/cuda_handles.h's.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "io/progress.h"
+#include "step/cuda_handles.h"
 #include "step/device_step.h"
 #include "thdcp/core/tensor.h"
 #include "thdcp/testing/compare.h"
@@ -27,41 +30,11 @@ cudaDeviceProp device_properties(int device);
 // "<name> (<n> SMs, sm_<major><minor>)" of `device`; with_memory adds ", <total> GiB".
 std::string device_text(int device, bool with_memory = false);
 
-// An owned CUDA handle, destroyed with the object.
-template <typename Handle, cudaError_t (*destroy)(Handle)>
-class Owned {
- public:
-  explicit Owned(Handle handle) : handle_(handle) {}
-  ~Owned() {
-    if (handle_) destroy(handle_);
-  }
-  Owned(const Owned&) = delete;
-  Owned& operator=(const Owned&) = delete;
-  Handle get() const { return handle_; }
-
- private:
-  Handle handle_;
-};
-
-// A non-blocking stream.
-class Stream : public Owned<cudaStream_t, cudaStreamDestroy> {
- public:
-  Stream();
-};
-
-// A CUDA event, with timing unless `timing` is false.
-class Event : public Owned<cudaEvent_t, cudaEventDestroy> {
- public:
-  explicit Event(bool timing = true);
-};
-
 // Milliseconds from `start` to `stop` (both recorded and complete).
 float elapsed_ms(const Event& start, const Event& stop);
 
 // ---- timing -----------------------------------------------------------------------------
-
-// The median of `values` (of an even count, the upper middle one); 0 when there are none.
-double median(std::vector<double> values);
+// (median() of io/progress.h gives the median of the runs.)
 
 // The timing loop of every mode. `warmup` untimed runs, then `iters` timed ones; every run
 // is `before()`, a start event on the stream, `body()`, a stop event, `wait()`.

@@ -51,6 +51,14 @@ Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>&
   }
 }
 
+std::vector<std::string> without(const std::vector<std::string>& argv, const std::string& flag) {
+  std::vector<std::string> rest;
+  for (const std::string& a : argv) {
+    if (a != flag) rest.push_back(a);
+  }
+  return rest;
+}
+
 bool Args::has(const std::string& flag) const { return values_.count(flag) != 0; }
 
 std::string Args::get(const std::string& flag, const std::string& fallback) const {

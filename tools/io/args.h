@@ -37,6 +37,9 @@ class Args {
   std::map<std::string, std::string> values_;
 };
 
+// `argv` without any `flag` (a mode's switch, "--graph", before its own Args).
+std::vector<std::string> without(const std::vector<std::string>& argv, const std::string& flag);
+
 // The mask of --mask causal|full and --window L,R, as FlashAttention users write them
 // (causal=True with window_size=(L, 0)): --window alone is that window; with --mask causal
 // the right side must be 0 (or left out as -1 would contradict it: refused, saying why); with

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <system_error>
@@ -15,6 +16,12 @@ double now_seconds() {
 }
 
 }  // namespace
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
 
 Progress::Progress(bool quiet) {
   enabled_ = !quiet && isatty(STDOUT_FILENO) && isatty(STDERR_FILENO);

@@ -1,4 +1,5 @@
-// A one-line progress display for long phases of the thdcp tool.
+// A one-line progress display for long phases of the thdcp tool, and the wall-clock helpers
+// the tool times with.
 //
 // Shown only when stdout is a terminal (so piped or redirected output holds nothing but the
 // summary) and not turned off with --quiet; drawn on stderr, and only for a phase that has
@@ -11,13 +12,20 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace thdcp::tools {
 
-// Wall seconds since `start` on the steady clock: how the tool times its phases.
+// Wall seconds (milliseconds) since `start` on the steady clock: how the tool times its phases.
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+inline double milliseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The median of timings (of an even count, the upper middle one); 0 when there are none.
+double median(std::vector<double> values);
 
 class Progress {
  public:

@@ -6,13 +6,15 @@
 
 #include "io/args.h"
 #include "io/progress.h"
-#include "step/rank_rows.h"
 #include "run/run_inputs.h"
 #include "run/run_job.h"
+#include "step/rank_rows.h"
 
 #if defined(THDCP_CLI_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "step/cuda_handles.h"
+#include "step/device_step.h"
 #include "thdcp/comm/mpi.h"
 #include "thdcp/comm_device/nccl.h"
 #include "thdcp/comm_device/shared_gpu.h"
@@ -24,35 +26,6 @@
 namespace thdcp::tools {
 
 #if defined(THDCP_CLI_WITH_CUDA)
-
-namespace {
-
-using cuda::DeviceBuffer;
-
-struct DeviceThd {
-  DeviceBuffer buffer;
-  DType dtype;
-  int64_t tokens, heads, head_dim;
-  DeviceThd(DType dtype_, int64_t tokens_, int64_t heads_, int64_t head_dim_)
-      : buffer(static_cast<size_t>(tokens_ * heads_ * head_dim_) * dtype_size(dtype_)), dtype(dtype_),
-        tokens(tokens_), heads(heads_), head_dim(head_dim_) {}
-  ThdTensor view() const { return ThdTensor{buffer.data(), dtype, tokens, heads, head_dim}; }
-};
-
-void upload(DeviceThd& device, const HostTensor& host, cudaStream_t stream) {
-  THDCP_CHECK_CUDA(cudaMemcpyAsync(device.buffer.data(), host.data(), device.buffer.bytes(), cudaMemcpyHostToDevice,
-                                   stream));
-}
-
-HostTensor download(const DeviceThd& device, cudaStream_t stream) {
-  HostTensor host(device.dtype, device.tokens, device.heads, device.head_dim);
-  THDCP_CHECK_CUDA(cudaMemcpyAsync(host.data(), device.buffer.data(), device.buffer.bytes(), cudaMemcpyDeviceToHost,
-                                   stream));
-  THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
-  return host;
-}
-
-}  // namespace
 
 Backend resolve_backend(const RunConfig& c, std::string* why) {
   const Backend requested = c.backend;
@@ -173,15 +146,40 @@ namespace {
 
 // The CP problem of a run: its batch's layout as the capacity, the run's shapes.
 cp::Problem problem_of(const RunConfig& c, const LayoutView& layout, int cp) {
-  cp::Problem problem;
-  problem.cp = cp;
-  problem.capacity = Capacity{layout.num_seqs, layout.total_rows()};
-  problem.mask = c.mask;
-  problem.q_heads = c.q_heads;
-  problem.kv_heads = c.kv_heads;
-  problem.head_dim = c.head_dim;
-  problem.dtype = c.dtype;
-  return problem;
+  return cp_problem(c.step_shape(), cp, Capacity{layout.num_seqs, layout.total_rows()}, c.mask);
+}
+
+// This rank's CP forward and backward over `comm` on `stream`: its rows up, one CudaPlan,
+// the results down, with the wall time and the phases of each pass.
+RankResult run_step(DeviceCommunicator& comm, const RunConfig& c, const GlobalBatch& batch, cudaStream_t stream,
+                    Progress& progress) {
+  const LayoutView layout = batch.layout.view();
+  const int cp = comm.size(), rank = comm.rank();
+  const cp::Problem problem = problem_of(c, layout, cp);
+  DeviceTensors t(c.step_shape(), problem.local_rows(), batch.layout, stream);
+  t.upload_inputs(split_for_rank(batch.q, layout, cp, rank), split_for_rank(batch.k, layout, cp, rank),
+                  split_for_rank(batch.v, layout, cp, rank), split_for_rank(batch.dout, layout, cp, rank), stream);
+  cuda::DeviceBuffer workspace(cp::cuda_workspace_size(problem));
+  cp::CudaPlan plan(comm, problem, AttentionOptions{}, workspace.data(), workspace.bytes());
+  plan.enable_phase_timing();
+  comm.warm_up(stream);
+  const DeviceLayout device_layout = t.layout(problem.capacity);
+
+  RankResult r;
+  auto start = std::chrono::steady_clock::now();
+  plan.forward(device_layout, t.forward(), stream);
+  comm.synchronize(stream, 600);
+  r.forward_wall = seconds_since(start);
+  plan.add_phase_timings(r.forward);
+  progress.step();
+  start = std::chrono::steady_clock::now();
+  plan.backward(device_layout, t.backward(), stream);
+  comm.synchronize(stream, 600);
+  r.backward_wall = seconds_since(start);
+  plan.add_phase_timings(r.backward);
+  progress.step();
+  static_cast<HostOutputs&>(r) = t.download_outputs(stream);
+  return r;
 }
 
 }  // namespace
@@ -189,12 +187,9 @@ cp::Problem problem_of(const RunConfig& c, const LayoutView& layout, int cp) {
 void check_device_memory(const RunConfig& c, const GlobalBatch& batch, bool process_per_rank) {
   const LayoutView layout = batch.layout.view();
   const cp::Problem problem = problem_of(c, layout, c.cp);
-  const double rows = static_cast<double>(layout.total_rows() / c.cp);
-  const double e = static_cast<double>(dtype_size(c.dtype));
-  const double tensors = rows * static_cast<double>(c.head_dim) * e *
-                             (4 * static_cast<double>(c.q_heads) + 4 * static_cast<double>(c.kv_heads)) +
-                         rows * static_cast<double>(c.q_heads) * 4;
-  const double per_rank = tensors + static_cast<double>(cp::cuda_workspace_size(problem));
+  const double per_rank =
+      static_cast<double>(DeviceTensors::bytes(c.step_shape(), problem.local_rows(), batch.layout.cu_seqlens.size()) +
+                          cp::cuda_workspace_size(problem));
   const int ranks_per_gpu = process_per_rank || c.gpus > 0 ? 1 : c.cp;
   const double need = per_rank * ranks_per_gpu;
   size_t free_bytes = 0, total = 0;
@@ -218,68 +213,13 @@ RankResult run_rank_cuda(CudaRun& run, Communicator& host_comm, const RunConfig&
     if (run.group) run.group->abort(std::string("a rank failed to start: ") + e.what());
     throw;
   }
-  DeviceCommunicator& comm = *rank_device.comm;
-  cudaStream_t stream;
-  THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  RankResult r;
   try {
-    const LayoutView layout = batch.layout.view();
-    const int cp = comm.size(), rank = comm.rank();
-    const int64_t rows = layout.total_rows() / cp;
-    DeviceThd q(c.dtype, rows, c.q_heads, c.head_dim), k(c.dtype, rows, c.kv_heads, c.head_dim),
-        v(c.dtype, rows, c.kv_heads, c.head_dim), dout(c.dtype, rows, c.q_heads, c.head_dim);
-    DeviceThd out(c.dtype, rows, c.q_heads, c.head_dim), dq(c.dtype, rows, c.q_heads, c.head_dim),
-        dk(c.dtype, rows, c.kv_heads, c.head_dim), dv(c.dtype, rows, c.kv_heads, c.head_dim);
-    upload(q, split_for_rank(batch.q, layout, cp, rank), stream);
-    upload(k, split_for_rank(batch.k, layout, cp, rank), stream);
-    upload(v, split_for_rank(batch.v, layout, cp, rank), stream);
-    upload(dout, split_for_rank(batch.dout, layout, cp, rank), stream);
-    DeviceBuffer lse(sizeof(float) * c.q_heads * rows), max_logit(sizeof(float) * c.q_heads);
-    const size_t offsets = sizeof(int32_t) * batch.layout.cu_seqlens.size();
-    DeviceBuffer cu(offsets), cup(offsets);
-    THDCP_CHECK_CUDA(cudaMemcpyAsync(cu.data(), batch.layout.cu_seqlens.data(), offsets, cudaMemcpyHostToDevice, stream));
-    THDCP_CHECK_CUDA(
-        cudaMemcpyAsync(cup.data(), batch.layout.cu_seqlens_padded.data(), offsets, cudaMemcpyHostToDevice, stream));
-    const cp::Problem problem = problem_of(c, layout, cp);
-    DeviceBuffer workspace(cp::cuda_workspace_size(problem));
-    cp::CudaPlan plan(comm, problem, AttentionOptions{}, workspace.data(), workspace.bytes());
-    plan.enable_phase_timing();
-    comm.warm_up(stream);
-    const DeviceLayout device_layout{cu.as<int32_t>(), cup.as<int32_t>(), problem.capacity};
-
-    auto start = std::chrono::steady_clock::now();
-    plan.forward(device_layout, ForwardTensors{q.view(), k.view(), v.view(), out.view(),
-                                                   static_cast<float*>(lse.data()), static_cast<float*>(max_logit.data())},
-                 stream);
-    comm.synchronize(stream, 600);
-    r.forward_wall = seconds_since(start);
-    plan.add_phase_timings(r.forward);
-    progress.step();
-    start = std::chrono::steady_clock::now();
-    plan.backward(device_layout,
-                  BackwardTensors{q.view(), k.view(), v.view(), out.view(), dout.view(),
-                                      static_cast<const float*>(lse.data()), dq.view(), dk.view(), dv.view()},
-                  stream);
-    comm.synchronize(stream, 600);
-    r.backward_wall = seconds_since(start);
-    plan.add_phase_timings(r.backward);
-    progress.step();
-
-    r.out = download(out, stream);
-    r.dq = download(dq, stream);
-    r.dk = download(dk, stream);
-    r.dv = download(dv, stream);
-    r.lse.resize(static_cast<size_t>(c.q_heads * rows));
-    r.max_logit.resize(static_cast<size_t>(c.q_heads));
-    THDCP_CHECK_CUDA(cudaMemcpy(r.lse.data(), lse.data(), lse.bytes(), cudaMemcpyDeviceToHost));
-    THDCP_CHECK_CUDA(cudaMemcpy(r.max_logit.data(), max_logit.data(), max_logit.bytes(), cudaMemcpyDeviceToHost));
+    const Stream stream;
+    return run_step(*rank_device.comm, c, batch, stream.get(), progress);
   } catch (const std::exception& e) {
     if (run.group) run.group->abort(std::string("rank failed: ") + e.what());
-    cudaStreamDestroy(stream);
     throw;
   }
-  THDCP_CHECK_CUDA(cudaStreamDestroy(stream));
-  return r;
 }
 
 #else  // built without CUDA
