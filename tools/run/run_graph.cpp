@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -18,6 +20,8 @@
 #if defined(THDCP_CLI_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "io/progress.h"
+#include "step/cuda_handles.h"
 #include "step/graph_step.h"
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/core/cuda_check.h"
@@ -178,14 +182,225 @@ std::string mib(size_t bytes) {
   return text;
 }
 
+// The batches of every step, drawn up front on the host: each step's CP size (by the policy
+// from a draw of documents for one group), then one micro-batch per group of that size.
+struct Batches {
+  std::vector<int> cp;                                   // per step
+  std::vector<std::vector<std::vector<int64_t>>> micro;  // per step, per group: lengths
+};
+
+Batches draw_batches(const GraphRunConfig& c) {
+  const int world = c.sizes.back();
+  const int64_t rows_per_rank = c.tokens / world;
+  Batches batches;
+  batches.cp.resize(static_cast<size_t>(c.steps));
+  batches.micro.resize(static_cast<size_t>(c.steps));
+  LengthDistribution dist;
+  dist.median = c.median;
+  dist.max_length = c.tokens;
+  for (int s = 0; s < c.steps; ++s) {
+    Rng pick(c.seed * 7919u + static_cast<uint64_t>(s));
+    const int drawn = c.sizes[static_cast<size_t>(pick.uniform_int(0, static_cast<int64_t>(c.sizes.size()) - 1))];
+    std::vector<int64_t> first = sample_lengths(rows_per_rank * drawn, drawn, dist, c.seed * 104729u + s * 64u);
+    const int cp = c.dynamic ? choose_cp_size(first, c.sizes, rows_per_rank) : c.sizes[0];
+    batches.cp[static_cast<size_t>(s)] = cp;
+    // One micro-batch per group of size cp; the capacity's rows at this size.
+    for (int g = 0; g < world / cp; ++g) {
+      std::vector<int64_t> l = g == 0 && cp == drawn
+                                   ? first
+                                   : sample_lengths(rows_per_rank * cp, cp, dist, c.seed * 104729u + s * 64u + g + 1);
+      batches.micro[static_cast<size_t>(s)].push_back(l);
+    }
+  }
+  return batches;
+}
+
+// What the ranks share: a barrier and what they record for the tables.
+struct Shared {
+  Shared(int world, int step_count) : barrier(world), steps(static_cast<size_t>(step_count)) {}
+  ThreadBarrier barrier;
+  std::mutex mutex;
+  std::vector<StepRecord> steps;
+  std::vector<SizeRecord> sizes;
+};
+
+// One rank of the world: its CP groups of every size, a graph step for each, and metadata of
+// its own for the eager runs that the graph's results are compared with.
+class GraphRank {
+ public:
+  GraphRank(DeviceCommunicator& comm, const GraphRunConfig& c, cudaStream_t stream)
+      : comm_(comm), c_(c), stream_(stream), groups_(comm, c.sizes, stream, bank_options(c)) {
+    for (int cp : c.sizes) {
+      const Capacity capacity = capacity_of(c, cp);
+      groups_.bank(cp).add_capacity(capacity);
+      step_of_[cp] = std::make_unique<GraphStep>(groups_.bank(cp), c.shape, capacity.max_tokens);
+    }
+  }
+
+  // Step `s` through its size's bank, checked against eager when it is due; recorded.
+  void run_step(int s, const Batches& batches, Shared& shared) {
+    const int cp = batches.cp[static_cast<size_t>(s)];
+    const std::vector<int64_t>& lengths =
+        batches.micro[static_cast<size_t>(s)][static_cast<size_t>(groups_.group_index(cp))];
+    GraphStep& step = *step_of_[cp];
+    step.load_inputs(c_.seed * 1000u + static_cast<uint64_t>(s) * 16u + static_cast<uint64_t>(comm_.rank()), stream_);
+    shared.barrier.wait();  // every rank's inputs are in place
+    const auto start = std::chrono::steady_clock::now();
+    const graph::GraphBank::Outcome o = groups_.bank(cp).run(lengths, step.work(), stream_);
+    THDCP_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    const double ms = milliseconds_since(start);
+    if (o.how == graph::GraphBank::How::kReplayed || o.how == graph::GraphBank::How::kCaptured) {
+      replayed_lengths_[cp] = lengths;
+    }
+    const bool first_replay = o.how == graph::GraphBank::How::kReplayed && !checked_replay_[cp];
+    const bool check = o.how != graph::GraphBank::How::kWarmUp && (first_replay || s % c_.check_every == 0);
+    bool equal = true;
+    if (check) {
+      checked_replay_[cp] = checked_replay_[cp] || o.how == graph::GraphBank::How::kReplayed;
+      const std::vector<unsigned char> banked = step.download_outputs(stream_);
+      step.reload_inputs(stream_);
+      run_eager(cp, eager_batch(cp, o.capacity), lengths, "internal: the eager check's batch does not fit");
+      equal = banked == step.download_outputs(stream_);
+    }
+    std::lock_guard<std::mutex> lock(shared.mutex);
+    StepRecord& r = shared.steps[static_cast<size_t>(s)];
+    if (comm_.rank() == 0) {
+      r.cp = cp;
+      r.groups = c_.sizes.back() / cp;
+      r.how = o.how;
+      r.checked = check;
+      r.ms = ms;
+    }
+    if (groups_.group(cp).rank() == 0) {
+      for (int64_t n : lengths) r.documents += n > 0 ? 1 : 0;
+      r.rows += padded_rows(lengths, cp);
+    }
+    r.equal = r.equal && equal;
+  }
+
+  // Time per step at size cp on its last batch that the graph took: eager (the work enqueued
+  // directly) and replay, 12 runs each, median; recorded with the bank's report of the size.
+  void time_size(int cp, Shared& shared) {
+    graph::GraphBank& bank = groups_.bank(cp);
+    const Capacity capacity = capacity_of(c_, cp);
+    const std::vector<graph::KeyReport> report = bank.report();  // before the timing runs
+    double eager_median = 0, replay_median = 0;                  // 0: never captured
+    if (bank.counters(capacity).captures > 0) {
+      const std::vector<int64_t> lengths = replayed_lengths_[cp];
+      graph::StaticBatch& batch = eager_batch(cp, capacity);
+      std::vector<double> eager_ms, replay_ms;
+      for (int i = 0; i < 12; ++i) {
+        shared.barrier.wait();
+        auto start = std::chrono::steady_clock::now();
+        run_eager(cp, batch, lengths, "internal: the timed batch does not fit");
+        eager_ms.push_back(milliseconds_since(start));
+        shared.barrier.wait();
+        start = std::chrono::steady_clock::now();
+        bank.run(lengths, step_of_[cp]->work(), stream_);
+        groups_.group(cp).synchronize(stream_, 300);
+        replay_ms.push_back(milliseconds_since(start));
+      }
+      eager_median = median(eager_ms);
+      replay_median = median(replay_ms);
+    }
+    if (comm_.rank() != 0) return;
+    std::lock_guard<std::mutex> lock(shared.mutex);
+    for (const graph::KeyReport& k : report) {
+      shared.sizes.push_back(
+          SizeRecord{cp, k.capacity, k.counters, k.static_bytes, k.graph_bytes, eager_median, replay_median});
+    }
+  }
+
+  // Once every rank is done: the steps and eager batches go before the groups.
+  void finish(Shared& shared) {
+    shared.barrier.wait();
+    step_of_.clear();
+    eager_batch_.clear();
+    THDCP_CHECK_CUDA(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  static graph::BankOptions bank_options(const GraphRunConfig& c) {
+    graph::BankOptions options;
+    // Groups of one process that capture side by side (world / cp > 1) must not forbid each
+    // other's eager calls: thread-local capture then. One group keeps the global mode.
+    if (c.sizes.back() > c.sizes.front()) options.capture_mode = cudaStreamCaptureModeThreadLocal;
+    return options;
+  }
+
+  // This rank's own metadata of size cp and `capacity`, for the eager runs.
+  graph::StaticBatch& eager_batch(int cp, const Capacity& capacity) {
+    auto& batch = eager_batch_[cp];
+    if (!batch || !(batch->capacity() == capacity)) batch = std::make_unique<graph::StaticBatch>(cp, capacity);
+    return *batch;
+  }
+
+  // The step of size cp on `lengths`, enqueued eagerly on `batch`, and waited for.
+  void run_eager(int cp, graph::StaticBatch& batch, const std::vector<int64_t>& lengths, const char* no_fit) {
+    THDCP_CHECK(batch.fill(lengths, stream_) == Fit::kFits, no_fit);
+    step_of_[cp]->work()(batch, stream_);
+    groups_.group(cp).synchronize(stream_, 300);
+  }
+
+  DeviceCommunicator& comm_;
+  const GraphRunConfig& c_;
+  cudaStream_t stream_;
+  graph::CpGroups groups_;
+  std::map<int, std::unique_ptr<GraphStep>> step_of_;
+  std::map<int, std::unique_ptr<graph::StaticBatch>> eager_batch_;
+  std::map<int, bool> checked_replay_;
+  std::map<int, std::vector<int64_t>> replayed_lengths_;
+};
+
+void print_header(const GraphRunConfig& c, const char* device) {
+  std::printf("thdcp run --graph: CUDA graphs of RoPE + AllGather CP attention fwd/bwd, %s\n", device);
+  std::printf("  world %d ranks sharing GPU 0 (shared-gpu communicator); CP sizes", c.sizes.back());
+  for (int s : c.sizes) std::printf(" %d", s);
+  std::printf("%s; %lld rows per rank\n", c.dynamic ? " (chosen per batch)" : "",
+              static_cast<long long>(c.tokens / c.sizes.back()));
+  std::printf("  %d layer(s) of RoPE(%s) + attention, heads %lld:%lld, head_dim %lld, %s, %d steps\n",
+              c.shape.layers, c.shape.rope ? (c.shape.rope_config.layout == RopeLayout::kHalfSplit ? "neox" : "gptj")
+                                           : "none",
+              static_cast<long long>(c.shape.q_heads), static_cast<long long>(c.shape.kv_heads),
+              static_cast<long long>(c.shape.head_dim), dtype_name(c.shape.dtype), c.steps);
+  std::fflush(stdout);
+}
+
+// The tables and the verdict; returns the exit code.
+int print_results(const Shared& shared) {
+  std::printf("\n  step  cp  groups  documents    rows  ran        ms  check\n");
+  int checked = 0, equal = 0;
+  for (size_t s = 0; s < shared.steps.size(); ++s) {
+    const StepRecord& r = shared.steps[s];
+    std::printf("  %4zu  %2d  %6d  %9lld  %6lld  %-9s %6.2f  %s\n", s, r.cp, r.groups,
+                static_cast<long long>(r.documents), static_cast<long long>(r.rows),
+                graph::GraphBank::how_name(r.how), r.ms,
+                r.checked ? (r.equal ? "= eager" : "DIFFERS from eager") : "-");
+    checked += r.checked ? 1 : 0;
+    equal += r.checked && r.equal ? 1 : 0;
+  }
+  std::printf("\n  cp  capacity (max_seqs, max_tokens)  warm-ups  captures  replays  fallbacks  static MiB  graph MiB"
+              "  eager ms  replay ms\n");
+  for (const SizeRecord& r : shared.sizes) {
+    std::printf("  %2d  %12d %12lld     %8lld  %8lld  %7lld  %9lld  %10s  %9s  %8.2f  %9.2f\n", r.cp,
+                r.capacity.max_seqs, static_cast<long long>(r.capacity.max_tokens),
+                static_cast<long long>(r.counters.warmups), static_cast<long long>(r.counters.captures),
+                static_cast<long long>(r.counters.replays), static_cast<long long>(r.counters.fallbacks),
+                mib(r.static_bytes).c_str(), mib(r.graph_bytes).c_str(), r.eager_ms, r.replay_ms);
+  }
+  std::printf("  (per CP size, on rank 0: static = its StaticBatch and named buffers; graph = what\n"
+              "   instantiating and uploading its graph took by cudaMemGetInfo, 0 below its 2 MiB\n"
+              "   resolution; eager and replay ms: one step, median of 12, 0 if never captured)\n");
+  const bool passed = equal == checked;
+  std::printf("\nresult: %s (%d of %d checked steps equal eager bit for bit)\n", passed ? "PASS" : "FAIL", equal,
+              checked);
+  return passed ? 0 : 1;
+}
+
 }  // namespace
 
 int run_graph_command(const std::vector<std::string>& argv) {
-  std::vector<std::string> rest;
-  for (const std::string& a : argv) {
-    if (a != "--graph") rest.push_back(a);
-  }
-  const Args args(rest,
+  const Args args(without(argv, "--graph"),
                   {"steps", "cp", "dynamic-cp", "tokens", "max-seqs", "check-every", "median", "seed", "layers",
                    "heads", "head-dim", "dtype", "mask", "window", "rope"},
                   {"quiet", "help"});
@@ -201,193 +416,18 @@ int run_graph_command(const std::vector<std::string>& argv) {
   }
   cudaDeviceProp prop{};
   THDCP_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  const int world = c.sizes.back();
-
-  // The batches, drawn up front on the host: each step's CP size (by the policy from a
-  // draw of documents for one group), then one micro-batch per group of that size.
-  std::vector<int> step_cp(static_cast<size_t>(c.steps));
-  std::vector<std::vector<std::vector<int64_t>>> micro(static_cast<size_t>(c.steps));
-  const int64_t rows_per_rank = c.tokens / world;
-  LengthDistribution dist;
-  dist.median = c.median;
-  dist.max_length = c.tokens;
-  for (int s = 0; s < c.steps; ++s) {
-    Rng pick(c.seed * 7919u + static_cast<uint64_t>(s));
-    const int drawn = c.sizes[static_cast<size_t>(pick.uniform_int(0, static_cast<int64_t>(c.sizes.size()) - 1))];
-    std::vector<int64_t> first = sample_lengths(rows_per_rank * drawn, drawn, dist, c.seed * 104729u + s * 64u);
-    const int cp = c.dynamic ? choose_cp_size(first, c.sizes, rows_per_rank) : c.sizes[0];
-    step_cp[static_cast<size_t>(s)] = cp;
-    // One micro-batch per group of size cp; the capacity's rows at this size.
-    for (int g = 0; g < world / cp; ++g) {
-      std::vector<int64_t> l = g == 0 && cp == drawn
-                                   ? first
-                                   : sample_lengths(rows_per_rank * cp, cp, dist, c.seed * 104729u + s * 64u + g + 1);
-      micro[static_cast<size_t>(s)].push_back(l);
-    }
-  }
-
-  std::vector<StepRecord> steps(static_cast<size_t>(c.steps));
-  std::vector<SizeRecord> sizes;
-  std::mutex mutex;
-  ThreadBarrier barrier(world);
-  std::printf("thdcp run --graph: CUDA graphs of RoPE + AllGather CP attention fwd/bwd, %s\n", prop.name);
-  std::printf("  world %d ranks sharing GPU 0 (shared-gpu communicator); CP sizes", world);
-  for (int s : c.sizes) std::printf(" %d", s);
-  std::printf("%s; %lld rows per rank\n", c.dynamic ? " (chosen per batch)" : "", static_cast<long long>(rows_per_rank));
-  std::printf("  %d layer(s) of RoPE(%s) + attention, heads %lld:%lld, head_dim %lld, %s, %d steps\n",
-              c.shape.layers, c.shape.rope ? (c.shape.rope_config.layout == RopeLayout::kHalfSplit ? "neox" : "gptj")
-                                           : "none",
-              static_cast<long long>(c.shape.q_heads), static_cast<long long>(c.shape.kv_heads),
-              static_cast<long long>(c.shape.head_dim), dtype_name(c.shape.dtype), c.steps);
-  std::fflush(stdout);
-
-  run_shared_gpu(world, [&](DeviceCommunicator& comm) {
-    cudaStream_t stream = nullptr;
-    THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    comm.warm_up(stream);
-    graph::BankOptions options;
-    // Groups of one process that capture side by side (world / cp > 1) must not forbid each
-    // other's eager calls: thread-local capture then. One group keeps the global mode.
-    if (world > c.sizes.front()) options.capture_mode = cudaStreamCaptureModeThreadLocal;
-    graph::CpGroups groups(comm, c.sizes, stream, options);
-    std::map<int, std::unique_ptr<GraphStep>> step_of;
-    std::map<int, std::unique_ptr<graph::StaticBatch>> eager_batch;
-    std::map<int, bool> checked_replay;
-    std::map<int, std::vector<int64_t>> replayed_lengths;
-    // Metadata of its own for the eager runs that the graph's results are compared with.
-    const auto eager_batch_for = [&](int cp, const Capacity& capacity) -> graph::StaticBatch& {
-      auto& batch = eager_batch[cp];
-      if (!batch || !(batch->capacity() == capacity)) batch = std::make_unique<graph::StaticBatch>(cp, capacity);
-      return *batch;
-    };
-    for (int cp : c.sizes) {
-      const Capacity capacity = capacity_of(c, cp);
-      groups.bank(cp).add_capacity(capacity);
-      step_of[cp] = std::make_unique<GraphStep>(groups.bank(cp), c.shape, capacity.max_tokens);
-    }
-    for (int s = 0; s < c.steps; ++s) {
-      const int cp = step_cp[static_cast<size_t>(s)];
-      const int g = groups.group_index(cp);
-      const std::vector<int64_t>& lengths = micro[static_cast<size_t>(s)][static_cast<size_t>(g)];
-      graph::GraphBank& bank = groups.bank(cp);
-      GraphStep& step = *step_of[cp];
-      step.load_inputs(c.seed * 1000u + static_cast<uint64_t>(s) * 16u + static_cast<uint64_t>(comm.rank()), stream);
-      barrier.wait();  // every rank's inputs are in place
-      const auto start = std::chrono::steady_clock::now();
-      const graph::GraphBank::Outcome o = bank.run(lengths, step.work(), stream);
-      THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-      if (o.how == graph::GraphBank::How::kReplayed || o.how == graph::GraphBank::How::kCaptured) {
-        replayed_lengths[cp] = lengths;
-      }
-      const bool first_replay = o.how == graph::GraphBank::How::kReplayed && !checked_replay[cp];
-      const bool check = o.how != graph::GraphBank::How::kWarmUp && (first_replay || s % c.check_every == 0);
-      bool equal = true;
-      if (check) {
-        checked_replay[cp] = checked_replay[cp] || o.how == graph::GraphBank::How::kReplayed;
-        const std::vector<unsigned char> banked = step.download_outputs(stream);
-        step.reload_inputs(stream);
-        graph::StaticBatch& batch = eager_batch_for(cp, o.capacity);
-        THDCP_CHECK(batch.fill(lengths, stream) == Fit::kFits, "internal: the eager check's batch does not fit");
-        step.work()(batch, stream);
-        groups.group(cp).synchronize(stream, 300);
-        equal = banked == step.download_outputs(stream);
-      }
-      std::lock_guard<std::mutex> lock(mutex);
-      StepRecord& r = steps[static_cast<size_t>(s)];
-      if (comm.rank() == 0) {
-        r.cp = cp;
-        r.groups = world / cp;
-        r.how = o.how;
-        r.checked = check;
-        r.ms = ms;
-      }
-      if (groups.group(cp).rank() == 0) {
-        for (int64_t n : lengths) r.documents += n > 0 ? 1 : 0;
-        r.rows += padded_rows(lengths, cp);
-      }
-      r.equal = r.equal && equal;
-    }
-    // Time per step at each size on its last batch: eager (the work enqueued directly) and
-    // replay, 10 runs each, median.
-    for (int cp : c.sizes) {
-      graph::GraphBank& bank = groups.bank(cp);
-      const Capacity capacity = capacity_of(c, cp);
-      const std::vector<graph::KeyReport> report = bank.report();  // before the timing runs
-      double eager_median = 0, replay_median = 0;                  // 0: never captured
-      if (bank.counters(capacity).captures > 0) {
-        GraphStep& step = *step_of[cp];
-        // The last batch of this size that the graph took (it fits the capacity).
-        const std::vector<int64_t> lengths = replayed_lengths[cp];
-        std::vector<double> eager_ms, replay_ms;
-        graph::StaticBatch& batch = eager_batch_for(cp, capacity);
-        for (int i = 0; i < 12; ++i) {
-          barrier.wait();
-          auto start = std::chrono::steady_clock::now();
-          THDCP_CHECK(batch.fill(lengths, stream) == Fit::kFits, "internal: the timed batch does not fit");
-          step.work()(batch, stream);
-          groups.group(cp).synchronize(stream, 300);
-          eager_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-          barrier.wait();
-          start = std::chrono::steady_clock::now();
-          bank.run(lengths, step.work(), stream);
-          groups.group(cp).synchronize(stream, 300);
-          replay_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-        }
-        std::sort(eager_ms.begin(), eager_ms.end());
-        std::sort(replay_ms.begin(), replay_ms.end());
-        eager_median = eager_ms[eager_ms.size() / 2];
-        replay_median = replay_ms[replay_ms.size() / 2];
-      }
-      if (comm.rank() == 0) {
-        std::lock_guard<std::mutex> lock(mutex);
-        for (const graph::KeyReport& k : report) {
-          SizeRecord r;
-          r.cp = cp;
-          r.capacity = k.capacity;
-          r.counters = k.counters;
-          r.static_bytes = k.static_bytes;
-          r.graph_bytes = k.graph_bytes;
-          r.eager_ms = eager_median;
-          r.replay_ms = replay_median;
-          sizes.push_back(r);
-        }
-      }
-    }
-    barrier.wait();
-    step_of.clear();
-    eager_batch.clear();
-    THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
-    THDCP_CHECK_CUDA(cudaStreamDestroy(stream));
+  const Batches batches = draw_batches(c);
+  Shared shared(c.sizes.back(), c.steps);
+  print_header(c, prop.name);
+  run_shared_gpu(c.sizes.back(), [&](DeviceCommunicator& comm) {
+    Stream stream;
+    comm.warm_up(stream.get());
+    GraphRank rank(comm, c, stream.get());
+    for (int s = 0; s < c.steps; ++s) rank.run_step(s, batches, shared);
+    for (int cp : c.sizes) rank.time_size(cp, shared);
+    rank.finish(shared);
   });
-
-  std::printf("\n  step  cp  groups  documents    rows  ran        ms  check\n");
-  int checked = 0, equal = 0;
-  for (size_t s = 0; s < steps.size(); ++s) {
-    const StepRecord& r = steps[s];
-    std::printf("  %4zu  %2d  %6d  %9lld  %6lld  %-9s %6.2f  %s\n", s, r.cp, r.groups,
-                static_cast<long long>(r.documents), static_cast<long long>(r.rows),
-                graph::GraphBank::how_name(r.how), r.ms,
-                r.checked ? (r.equal ? "= eager" : "DIFFERS from eager") : "-");
-    checked += r.checked ? 1 : 0;
-    equal += r.checked && r.equal ? 1 : 0;
-  }
-  std::printf("\n  cp  capacity (max_seqs, max_tokens)  warm-ups  captures  replays  fallbacks  static MiB  graph MiB"
-              "  eager ms  replay ms\n");
-  for (const SizeRecord& r : sizes) {
-    std::printf("  %2d  %12d %12lld     %8lld  %8lld  %7lld  %9lld  %10s  %9s  %8.2f  %9.2f\n", r.cp,
-                r.capacity.max_seqs, static_cast<long long>(r.capacity.max_tokens),
-                static_cast<long long>(r.counters.warmups), static_cast<long long>(r.counters.captures),
-                static_cast<long long>(r.counters.replays), static_cast<long long>(r.counters.fallbacks),
-                mib(r.static_bytes).c_str(), mib(r.graph_bytes).c_str(), r.eager_ms, r.replay_ms);
-  }
-  std::printf("  (per CP size, on rank 0: static = its StaticBatch and named buffers; graph = what\n"
-              "   instantiating and uploading its graph took by cudaMemGetInfo, 0 below its 2 MiB\n"
-              "   resolution; eager and replay ms: one step, median of 12, 0 if never captured)\n");
-  const bool passed = equal == checked;
-  std::printf("\nresult: %s (%d of %d checked steps equal eager bit for bit)\n", passed ? "PASS" : "FAIL", equal,
-              checked);
-  return passed ? 0 : 1;
+  return print_results(shared);
 }
 
 #endif

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "io/args.h"
 #include "io/npy.h"
@@ -19,6 +20,13 @@
 namespace thdcp::tools {
 
 namespace {
+
+// Row r of the job's layout is row r of the user's.
+std::vector<int32_t> identity_rows(int64_t rows) {
+  std::vector<int32_t> user_rows(static_cast<size_t>(rows));
+  std::iota(user_rows.begin(), user_rows.end(), 0);
+  return user_rows;
+}
 
 // Random tensors for a layout the job runs on, seeded from the config.
 GlobalBatch random_batch(const RunConfig& c, std::vector<int64_t> lengths, std::string source) {
@@ -36,8 +44,7 @@ GlobalBatch random_batch(const RunConfig& c, std::vector<int64_t> lengths, std::
   fill_normal(batch.v, c.seed + 3);
   fill_normal(batch.dout, c.seed + 4);
   batch.user_layout = batch.layout;
-  batch.user_rows.resize(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) batch.user_rows[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+  batch.user_rows = identity_rows(rows);
   return batch;
 }
 
@@ -152,120 +159,120 @@ GlobalBatch make_batch_from_lengths(const RunConfig& c) {
                       c.lengths_file + ", batch " + std::to_string(c.batch_index) + " of " + std::to_string(count));
 }
 
-GlobalBatch load_batch(RunConfig& c, bool dtype_given, bool heads_given, bool head_dim_given) {
-  const std::string& dir = c.load_dir;
-  const NpyArray q = read_npy(join(dir, "q.npy"));
-  const NpyArray k = read_npy(join(dir, "k.npy"));
-  const NpyArray v = read_npy(join(dir, "v.npy"));
-  const NpyArray cu = read_npy(join(dir, "cu_seqlens.npy"));
-  check_npy_shape(q, {-1, -1, -1}, "q ([T, Hq, D])");
-  const int64_t rows = q.shape[0], q_heads = q.shape[1], head_dim = q.shape[2];
+namespace {
+
+// q.npy, k.npy, v.npy and cu_seqlens.npy of --load, their shapes checked.
+struct LoadedArrays {
+  NpyArray q, k, v, cu;
+};
+
+LoadedArrays read_arrays(const std::string& dir) {
+  LoadedArrays a{read_npy(join(dir, "q.npy")), read_npy(join(dir, "k.npy")), read_npy(join(dir, "v.npy")),
+                 read_npy(join(dir, "cu_seqlens.npy"))};
+  check_npy_shape(a.q, {-1, -1, -1}, "q ([T, Hq, D])");
+  const int64_t rows = a.q.shape[0], q_heads = a.q.shape[1], head_dim = a.q.shape[2];
   // Zero-size tensors: nothing to attend to, and nothing a run could check.
-  if (rows == 0) throw UsageError(q.path + ": T = 0 rows: a batch needs at least one token");
-  if (q_heads == 0) throw UsageError(q.path + ": 0 heads: q needs at least one head");
-  if (head_dim == 0) throw UsageError(q.path + ": head dim 0: use a multiple of 8 in [8, 256]");
-  if (k.shape.size() == 3 && k.shape[1] == 0) throw UsageError(k.path + ": 0 heads: k and v need at least one head");
-  check_npy_shape(k, {rows, -1, head_dim}, "k ([T, Hkv, D], T and D of q)");
-  check_npy_shape(v, k.shape, "v (the shape of k)");
-  check_npy_shape(cu, {-1}, "cu_seqlens ([num_seqs + 1])");
-  const DType dtype = dtype_of(q, c, dtype_given);
-  for (const NpyArray* a : {&k, &v}) {
-    if (a->descr != q.descr) throw UsageError(a->path + " has dtype " + a->descr + " but q.npy has " + q.descr);
+  if (rows == 0) throw UsageError(a.q.path + ": T = 0 rows: a batch needs at least one token");
+  if (q_heads == 0) throw UsageError(a.q.path + ": 0 heads: q needs at least one head");
+  if (head_dim == 0) throw UsageError(a.q.path + ": head dim 0: use a multiple of 8 in [8, 256]");
+  if (a.k.shape.size() == 3 && a.k.shape[1] == 0) throw UsageError(a.k.path + ": 0 heads: k and v need at least one head");
+  check_npy_shape(a.k, {rows, -1, head_dim}, "k ([T, Hkv, D], T and D of q)");
+  check_npy_shape(a.v, a.k.shape, "v (the shape of k)");
+  check_npy_shape(a.cu, {-1}, "cu_seqlens ([num_seqs + 1])");
+  return a;
+}
+
+// The run's heads, head dim and dtype from the loaded arrays; a flag that disagrees with them
+// is refused.
+void take_shape(RunConfig& c, const LoadedArrays& a, bool dtype_given, bool heads_given, bool head_dim_given) {
+  const int64_t q_heads = a.q.shape[1], kv_heads = a.k.shape[1], head_dim = a.q.shape[2];
+  const DType dtype = dtype_of(a.q, c, dtype_given);
+  for (const NpyArray* x : {&a.k, &a.v}) {
+    if (x->descr != a.q.descr) throw UsageError(x->path + " has dtype " + x->descr + " but q.npy has " + a.q.descr);
   }
-  if (heads_given && (c.q_heads != q_heads || c.kv_heads != k.shape[1])) {
+  if (heads_given && (c.q_heads != q_heads || c.kv_heads != kv_heads)) {
     throw UsageError("--heads " + std::to_string(c.q_heads) + ":" + std::to_string(c.kv_heads) +
-                     " disagrees with the loaded q/k (" + std::to_string(q_heads) + ":" + std::to_string(k.shape[1]) +
+                     " disagrees with the loaded q/k (" + std::to_string(q_heads) + ":" + std::to_string(kv_heads) +
                      " heads): drop --heads");
   }
   if (head_dim_given && c.head_dim != head_dim) {
     throw UsageError("--head-dim " + std::to_string(c.head_dim) + " disagrees with the loaded head dim " +
                      std::to_string(head_dim) + ": drop --head-dim");
   }
-  if (k.shape[1] < 1 || q_heads % k.shape[1] != 0) {
-    throw UsageError(q.path + " has " + std::to_string(q_heads) + " heads, not a multiple of the " +
-                     std::to_string(k.shape[1]) + " heads of " + k.path + " (GQA/MQA need Hq % Hkv == 0)");
+  if (kv_heads < 1 || q_heads % kv_heads != 0) {
+    throw UsageError(a.q.path + " has " + std::to_string(q_heads) + " heads, not a multiple of the " +
+                     std::to_string(kv_heads) + " heads of " + a.k.path + " (GQA/MQA need Hq % Hkv == 0)");
   }
   if (!cpu_supports_head_dim(head_dim)) {
-    throw UsageError(q.path + ": head dim " + std::to_string(head_dim) + " is not supported: use a multiple of 8 in [8, 256]");
+    throw UsageError(a.q.path + ": head dim " + std::to_string(head_dim) +
+                     " is not supported: use a multiple of 8 in [8, 256]");
   }
   c.q_heads = q_heads;
-  c.kv_heads = k.shape[1];
+  c.kv_heads = kv_heads;
   c.head_dim = head_dim;
   c.dtype = dtype;
+}
 
-  std::vector<int64_t> cu_padded_values;
-  const std::string padded_path = join(dir, "cu_seqlens_padded.npy");
+// The user's layout: cu_seqlens with cu_seqlens_padded.npy when there is one, else with no
+// padding (then the sequences must fill q's rows exactly).
+BatchLayout user_layout_of(const std::string& dir, const NpyArray& cu, int64_t rows) {
   const std::vector<int64_t> cu_values = npy_to_int64(cu, "cu_seqlens");
+  const std::string padded_path = join(dir, "cu_seqlens_padded.npy");
   if (file_exists(padded_path)) {
     const NpyArray cup = read_npy(padded_path);
     check_npy_shape(cup, cu.shape, "cu_seqlens_padded (the shape of cu_seqlens)");
-    cu_padded_values = npy_to_int64(cup, "cu_seqlens_padded");
-  } else {
-    // No padding: sequences back to back, so cu_seqlens alone must cover q's rows.
-    if (!cu_values.empty() && cu_values.back() != rows) {
-      throw UsageError(cu.path + ": its last entry is " + std::to_string(cu_values.back()) + " but q.npy has T=" +
-                       std::to_string(rows) + " rows: without cu_seqlens_padded.npy the sequences must fill q exactly"
-                       " (or add cu_seqlens_padded.npy)");
-    }
-    cu_padded_values = cu_values;
+    return layout_from_int64(cu_values, npy_to_int64(cup, "cu_seqlens_padded"));
   }
-
-  GlobalBatch batch;
-  batch.source = "loaded from " + dir;
-  batch.user_layout = layout_from_int64(cu_values, cu_padded_values);
-  const LayoutView user = batch.user_layout.view();
-  validate_layout(user, rows, 0);
-  for (int b = 0; b < user.num_seqs; ++b) batch.lengths.push_back(user.length(b));
-
-  HostTensor q_user = tensor_from(q, dtype), k_user = tensor_from(k, dtype), v_user = tensor_from(v, dtype);
-  // The valid rows must hold finite values whose products stay finite (padding rows are never
-  // read, so anything goes there).
-  if (!c.allow_nonfinite) {
-    const double max_q = check_finite(q.path, q_user, user), max_k = check_finite(k.path, k_user, user);
-    const double max_v = check_finite(v.path, v_user, user);
-    check_products(q.path, max_q, k.path, max_k, head_dim);
-    c.loaded_max_v = max_v;
+  if (!cu_values.empty() && cu_values.back() != rows) {
+    throw UsageError(cu.path + ": its last entry is " + std::to_string(cu_values.back()) + " but q.npy has T=" +
+                     std::to_string(rows) + " rows: without cu_seqlens_padded.npy the sequences must fill q exactly"
+                     " (or add cu_seqlens_padded.npy)");
   }
-  HostTensor dout_user;
+  return layout_from_int64(cu_values, cu_values);
+}
+
+// dout.npy when there is one (its shape and dtype those of q), else N(0,1) values.
+HostTensor load_dout(const std::string& dir, const LoadedArrays& a, const LayoutView& user, RunConfig& c) {
   const std::string dout_path = join(dir, "dout.npy");
-  if (file_exists(dout_path)) {
-    const NpyArray dout = read_npy(dout_path);
-    check_npy_shape(dout, q.shape, "dout (the shape of q)");
-    if (dout.descr != q.descr) throw UsageError(dout.path + " has dtype " + dout.descr + " but q.npy has " + q.descr);
-    dout_user = tensor_from(dout, dtype);
-    if (!c.allow_nonfinite) {
-      check_products(dout.path, check_finite(dout.path, dout_user, user), v.path, c.loaded_max_v, head_dim);
-    }
-  } else {
-    dout_user = HostTensor(dtype, rows, q_heads, head_dim);
-    fill_normal(dout_user, c.seed + 4);
+  if (!file_exists(dout_path)) {
+    HostTensor dout(c.dtype, a.q.shape[0], a.q.shape[1], a.q.shape[2]);
+    fill_normal(dout, c.seed + 4);
+    return dout;
   }
+  const NpyArray dout = read_npy(dout_path);
+  check_npy_shape(dout, a.q.shape, "dout (the shape of q)");
+  if (dout.descr != a.q.descr) throw UsageError(dout.path + " has dtype " + dout.descr + " but q.npy has " + a.q.descr);
+  HostTensor tensor = tensor_from(dout, c.dtype);
+  if (!c.allow_nonfinite) {
+    check_products(dout.path, check_finite(dout.path, tensor, user), a.v.path, c.loaded_max_v, c.head_dim);
+  }
+  return tensor;
+}
 
-  // Keep the user's layout when it already suits the CP size; otherwise pad each sequence
-  // to a multiple of 2*cp and remember where every row came from.
+// The batch in a layout the CP size can run: the user's when every padded length is already
+// a multiple of 2*cp, else each sequence re-padded, remembering where every row came from.
+void lay_out_for_cp(GlobalBatch& batch, const RunConfig& c, HostTensor q, HostTensor k, HostTensor v,
+                    HostTensor dout) {
+  const LayoutView user = batch.user_layout.view();
   bool aligned = true;
   for (int b = 0; b < user.num_seqs; ++b) aligned = aligned && user.padded_length(b) % (2 * c.cp) == 0;
   if (aligned) {
     batch.layout = batch.user_layout;
-    batch.q = std::move(q_user);
-    batch.k = std::move(k_user);
-    batch.v = std::move(v_user);
-    batch.dout = std::move(dout_user);
-    batch.user_rows.resize(static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) batch.user_rows[static_cast<size_t>(r)] = static_cast<int32_t>(r);
-    return batch;
+    batch.q = std::move(q);
+    batch.k = std::move(k);
+    batch.v = std::move(v);
+    batch.dout = std::move(dout);
+    batch.user_rows = identity_rows(user.total_rows());
+    return;
   }
   batch.layout = make_layout(batch.lengths, c.cp);
   const LayoutView job = batch.layout.view();
   const int64_t job_rows = job.total_rows();
-  batch.q = HostTensor(dtype, job_rows, q_heads, head_dim);
-  batch.k = HostTensor(dtype, job_rows, k.shape[1], head_dim);
-  batch.v = HostTensor(dtype, job_rows, k.shape[1], head_dim);
-  batch.dout = HostTensor(dtype, job_rows, q_heads, head_dim);
-  copy_valid_rows(q_user, user, batch.q, job);
-  copy_valid_rows(k_user, user, batch.k, job);
-  copy_valid_rows(v_user, user, batch.v, job);
-  copy_valid_rows(dout_user, user, batch.dout, job);
+  for (auto [to, from] : {std::make_pair(&batch.q, &q), std::make_pair(&batch.k, &k), std::make_pair(&batch.v, &v),
+                          std::make_pair(&batch.dout, &dout)}) {
+    *to = HostTensor(from->dtype(), job_rows, from->heads(), from->head_dim());
+    copy_valid_rows(*from, user, *to, job);
+  }
   batch.user_rows.assign(static_cast<size_t>(job_rows), -1);
   for (int b = 0; b < job.num_seqs; ++b) {
     for (int64_t i = 0; i < job.length(b); ++i) {
@@ -273,6 +280,34 @@ GlobalBatch load_batch(RunConfig& c, bool dtype_given, bool heads_given, bool he
     }
   }
   batch.source += " (re-padded to multiples of 2*cp=" + std::to_string(2 * c.cp) + ")";
+}
+
+}  // namespace
+
+GlobalBatch load_batch(RunConfig& c, bool dtype_given, bool heads_given, bool head_dim_given) {
+  const std::string& dir = c.load_dir;
+  const LoadedArrays a = read_arrays(dir);
+  take_shape(c, a, dtype_given, heads_given, head_dim_given);
+  const int64_t rows = a.q.shape[0];
+
+  GlobalBatch batch;
+  batch.source = "loaded from " + dir;
+  batch.user_layout = user_layout_of(dir, a.cu, rows);
+  const LayoutView user = batch.user_layout.view();
+  validate_layout(user, rows, 0);
+  for (int b = 0; b < user.num_seqs; ++b) batch.lengths.push_back(user.length(b));
+
+  HostTensor q = tensor_from(a.q, c.dtype), k = tensor_from(a.k, c.dtype), v = tensor_from(a.v, c.dtype);
+  // The valid rows must hold finite values whose products stay finite (padding rows are never
+  // read, so anything goes there).
+  if (!c.allow_nonfinite) {
+    const double max_q = check_finite(a.q.path, q, user), max_k = check_finite(a.k.path, k, user);
+    const double max_v = check_finite(a.v.path, v, user);
+    check_products(a.q.path, max_q, a.k.path, max_k, c.head_dim);
+    c.loaded_max_v = max_v;
+  }
+  HostTensor dout = load_dout(dir, a, user, c);
+  lay_out_for_cp(batch, c, std::move(q), std::move(k), std::move(v), std::move(dout));
   return batch;
 }
 
