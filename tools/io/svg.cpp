@@ -82,22 +82,18 @@ void extend_to(std::vector<double>& ticks, double value) {
 }  // namespace
 
 std::string xml_escape(const std::string& text) {
+  // The five predefined entities. Control characters other than tab and newline are not
+  // allowed in XML 1.0 at all: they become spaces.
+  static const std::string kSpecial = "&<>\"'";
+  static const char* const kEntity[] = {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"};
   std::string out;
   out.reserve(text.size());
   for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default:
-        // Control characters other than tab/newline are not allowed in XML 1.0 at all.
-        if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n') {
-          out.push_back(' ');
-        } else {
-          out.push_back(c);
-        }
+    const size_t special = kSpecial.find(c);
+    if (special != std::string::npos) {
+      out += kEntity[special];
+    } else {
+      out.push_back(static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' ? ' ' : c);
     }
   }
   return out;
