@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "step/device_step.h"
 #include "bench/bench_cp.h"
 #include "bench/bench_graph.h"
 #include "bench/bench_scaling.h"
 #include "bench/harness.h"
 #include "io/args.h"
 #include "io/atomic_file.h"
+#include "step/device_step.h"
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/testing/compare.h"

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "bench/harness.h"
+#include "step/cuda_handles.h"
+#include "step/device_step.h"
 #include "step/rank_rows.h"
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/core/cuda_check.h"

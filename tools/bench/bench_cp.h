@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "step/device_step.h"
+#include "step/host_step.h"
 #include "thdcp/cp/cp.h"
 
 namespace thdcp::tools {
@@ -14,7 +14,7 @@ namespace thdcp::tools {
 bool verify_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, const char* mask_name,
                const StepShape& shape, uint64_t seed);
 
-// Per pass (attention_step.h): 0 forward, 1 forward + backward, 2 forward + backward on the
+// Per pass (step/device_step.h's Pass): 0 forward, 1 forward + backward, 2 forward + backward on the
 // forward's K/V (cp::KvSource::kFromForward).
 struct CpTiming {
   int64_t rows = 0;          // global rows after padding every document to 2*cp

@@ -22,9 +22,10 @@
 #include <thread>
 #include <vector>
 
-#include "step/graph_step.h"
 #include "bench/harness.h"
 #include "io/args.h"
+#include "step/cuda_handles.h"
+#include "step/graph_step.h"
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/graph/graph_bank.h"

@@ -1,8 +1,8 @@
 // The bench harness: what every mode of `thdcp bench` (plain, --cp, --scaling, --graph)
 // shares, as nccl-tests' common.cu serves the small file of each collective. The GPU check
-// and the device line, one timing loop (CUDA events, warm-up, median),
-// one way to draw random inputs, the verification lines, one table printer. Streams and events
-// are step/cuda_handles.h's.
+// and the device line, one timing loop (CUDA events, warm-up, median), one way to draw random
+// inputs, the verification lines, one table printer. Streams and events are
+// step/cuda_handles.h's, the step's tensors step/device_step.h's.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,8 +26,9 @@ namespace thdcp::tools {
 // "<what> times CUDA kernels and needs a GPU: no CUDA device (...)".
 void require_gpu(const char* what);
 
+// The properties of `device`, and "<name> (<n> SMs, sm_<major><minor>)" of it (with_memory adds
+// ", <total> GiB").
 cudaDeviceProp device_properties(int device);
-// "<name> (<n> SMs, sm_<major><minor>)" of `device`; with_memory adds ", <total> GiB".
 std::string device_text(int device, bool with_memory = false);
 
 // Milliseconds from `start` to `stop` (both recorded and complete).
@@ -51,7 +52,7 @@ struct TimingLoop {
 // The milliseconds of each timed run of `body` (CUDA events on `stream`).
 std::vector<double> time_runs(const TimingLoop& loop, cudaStream_t stream, const std::function<void()>& body);
 
-// The median of time_runs with no barrier: what one run of `body` takes on the device.
+// The median of time_runs with no hooks: what one run of `body` takes on the device.
 double time_median_ms(int warmup, int iters, cudaStream_t stream, const std::function<void()>& body);
 
 // ---- inputs -----------------------------------------------------------------------------

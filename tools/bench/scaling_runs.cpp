@@ -7,6 +7,8 @@
 #include <memory>
 
 #include "bench/harness.h"
+#include "step/cuda_handles.h"
+#include "step/device_step.h"
 #include "step/rank_rows.h"
 #include "thdcp/comm_device/nccl.h"
 #include "thdcp/core/cuda_check.h"
