@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "args.h"
+#include "io/args.h"
 #if defined(THDCP_CLI_WITH_CUDA)
-#include "bench_command.h"
+#include "bench/bench_command.h"
 #endif
 #include "commands.h"
 #include "thdcp/core/error.h"

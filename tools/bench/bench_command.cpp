@@ -1,0 +1,313 @@
+// thdcp bench: verify the CUDA attention kernels against the CPU reference on a small batch,
+// then time forward and forward+backward on a large packed batch (STYLE.md, Benchmarks). The
+// other modes (--cp, --scaling, --graph) are files of their own on the same harness.
+#include "bench/bench_command.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_cp.h"
+#include "bench/bench_graph.h"
+#include "bench/bench_scaling.h"
+#include "bench/harness.h"
+#include "io/args.h"
+#include "io/atomic_file.h"
+#include "step/device_step.h"
+#include "thdcp/core/cuda_check.h"
+#include "thdcp/cuda/attention.h"
+#include "thdcp/testing/compare.h"
+#include "thdcp/testing/workload.h"
+
+namespace thdcp::tools {
+
+namespace {
+
+const char* kHelp =
+    "usage: thdcp bench [options]\n"
+    "\n"
+    "Verifies the CUDA attention kernels against the CPU reference on a small batch, then\n"
+    "times them (CUDA events, warm-up, median) on a packed batch of lognormal documents,\n"
+    "causal and windowed, forward and forward+backward. TFLOP/s count the exact allowed\n"
+    "(query, key) pairs: forward 4*pairs*D*Hq, backward 10*pairs*D*Hq. The device workspace\n"
+    "each pass needs for the timed batch is printed after the table.\n"
+    "\n"
+    "  --tokens N          tokens of the timed batch (65536)\n"
+    "  --verify-tokens N   tokens of the verified batch (4096)\n"
+    "  --q-heads N         query heads (32)\n"
+    "  --kv-heads N        key/value heads (8)\n"
+    "  --head-dim N        64 or 128 (128)\n"
+    "  --dtype T           bf16 or fp16 (bf16)\n"
+    "  --window L          left window of the windowed mask (1024; right is 0)\n"
+    "  --median N          median document length (1500)\n"
+    "  --max-length N      longest document (16384)\n"
+    "  --seed N            seed of lengths and data (1)\n"
+    "  --warmup N          untimed runs (3)\n"
+    "  --iters N           timed runs; the median is reported (20)\n"
+    "  --lengths-out FILE  writes the timed batch's document lengths, one per line\n"
+    "  --graph             instead: eager vs CUDA-graph replay of a step of RoPE + CP attention\n"
+    "                      layers (--layers 8, --tokens 4096,16384 rows per rank, --cp 1,2)\n"
+    "  --cp N[,N...]       also AllGather CP with N ranks sharing this GPU: verify, then time\n"
+    "                      each phase and the whole step of every rank (one CUDA graph);\n"
+    "                      overhead = CP step of all ranks / single-device attention\n"
+    "  --scaling --gpus N  instead: AllGather CP over NCCL across N GPUs (a thread per GPU)\n"
+    "                      against the same batch on GPU 0: verify, time, efficiency table\n"
+    "                      (--tokens 131072,524288; thdcp bench --scaling --help)\n";
+
+// This mode's random inputs: blocks of 2^24 values, so that the tensors of the verified batch
+// (4096 tokens of 32 heads of 128) hold independent values.
+constexpr int64_t kInputBlock = int64_t{1} << 24;
+
+struct NamedMask {
+  const char* name;
+  Mask mask;
+};
+
+struct Options {
+  int64_t tokens = 0, verify_tokens = 0;
+  StepShape shape;
+  LengthDistribution dist;
+  uint64_t seed = 0;
+  int warmup = 0, iters = 0;
+  std::vector<int> cp_sizes;
+  std::string lengths_out;
+  std::vector<NamedMask> masks;  // causal, and window(--window, 0)
+};
+
+Options parse_options(const std::vector<std::string>& argv) {
+  const Args args(argv,
+                  {"tokens", "verify-tokens", "q-heads", "kv-heads", "head-dim", "dtype", "window", "median",
+                   "max-length", "seed", "warmup", "iters", "lengths-out", "cp"},
+                  {});
+  Options o;
+  o.tokens = args.get_int("tokens", 65536, 2, int64_t{1} << 30);
+  o.verify_tokens = args.get_int("verify-tokens", 4096, 0, int64_t{1} << 24);
+  o.shape.q_heads = args.get_int("q-heads", 32, 1, 1024);
+  o.shape.kv_heads = args.get_int("kv-heads", 8, 1, 1024);
+  o.shape.head_dim = args.get_int("head-dim", 128, 1, 1024);
+  o.shape.dtype = parse_dtype(args.get("dtype", "bf16"));
+  const int32_t window = static_cast<int32_t>(args.get_int("window", 1024, 0, int64_t{1} << 30));
+  o.dist.median = static_cast<double>(args.get_int("median", 1500, 1, int64_t{1} << 30));
+  o.dist.max_length = args.get_int("max-length", 16384, 1, int64_t{1} << 30);
+  o.seed = args.get_seed("seed", 1);
+  o.warmup = static_cast<int>(args.get_int("warmup", 3, 0, 1000));
+  o.iters = static_cast<int>(args.get_int("iters", 20, 1, 10000));
+  if (args.has("cp")) {
+    for (int64_t c : parse_int_list("cp", args.get("cp", ""), 1, 64)) o.cp_sizes.push_back(static_cast<int>(c));
+  }
+  o.lengths_out = args.get("lengths-out", "");
+  if (args.has("lengths-out")) check_output_file("lengths-out", o.lengths_out);
+  o.masks = {{"causal", Mask::causal()}, {"window", Mask::window(window, 0)}};
+  return o;
+}
+
+// Device state of one batch and one mask: its tensors, and a cuda::Attention for each
+// backward mode (deterministic and not) with its workspace.
+struct DeviceBatch {
+  BatchLayout layout;
+  SegmentTable host_table;  // the reference's, and the exact pairs the FLOPs count
+  AttentionProblem problem;
+  DeviceTensors tensors;
+  cuda::DeviceBuffer workspace[2];  // [deterministic]
+  std::unique_ptr<cuda::Attention> attention[2];
+
+  DeviceBatch(const std::vector<int64_t>& lengths, const Mask& mask, const StepShape& shape)
+      : layout(exact_layout(lengths, 1)),
+        host_table(build_segment_table(layout.view(), mask)),
+        problem(attention_problem(shape, Capacity{layout.num_seqs(), layout.total_rows()}, mask)),
+        tensors(shape, layout.total_rows(), layout, nullptr) {
+    for (bool deterministic : {false, true}) {
+      AttentionOptions options;
+      options.deterministic = deterministic;
+      cuda::DeviceBuffer& w = workspace[deterministic];
+      w = cuda::DeviceBuffer(cuda::Attention::workspace_size(problem, options));
+      attention[deterministic] = std::make_unique<cuda::Attention>(problem, options, w.data(), w.bytes());
+    }
+  }
+  void forward(cudaStream_t stream) { attention[1]->forward(tensors.layout(problem.capacity), tensors.forward(), stream); }
+  void backward(cudaStream_t stream, bool deterministic) {
+    attention[deterministic]->backward(tensors.layout(problem.capacity), tensors.backward(), stream);
+  }
+};
+
+// Runs the small batch on both backends; prints each output's error. Same tolerances as the
+// GPU tests (tests/cuda/test_cuda_attention.cpp explains them).
+bool verify(const std::vector<int64_t>& lengths, const NamedMask& m, const StepShape& s, uint64_t seed) {
+  DeviceBatch batch(lengths, m.mask, s);
+  const int64_t rows = batch.layout.total_rows();
+  HostTensor q(s.dtype, rows, s.q_heads, s.head_dim), k(s.dtype, rows, s.kv_heads, s.head_dim),
+      v(s.dtype, rows, s.kv_heads, s.head_dim), dout(s.dtype, rows, s.q_heads, s.head_dim);
+  uint64_t next_seed = seed;
+  for (HostTensor* t : {&q, &k, &v, &dout}) fill_random(*t, ++next_seed, kInputBlock);
+  batch.tensors.upload_inputs(q, k, v, dout, nullptr);
+  batch.tensors.poison_outputs(nullptr);
+  batch.forward(nullptr);
+  const HostOutputs forward = batch.tensors.download_outputs(nullptr);
+  const HostOutputs ref = cpu_reference(batch.host_table, q, k, v, dout);
+
+  const double u = dtype_unit_roundoff(s.dtype);
+  Tolerance out_tol = derive_tolerance(s.dtype, Accumulate::kFloat32, 2);
+  Tolerance grad_tol = out_tol;
+  out_tol.atol_scale += 4 * u;
+  grad_tol.atol_scale += 8 * u;
+  const Tolerance fp32_tol{0x1.0p-16, 0x1.0p-16};
+  Verification check(format("%-7s", m.name), 10);
+  check.check("out", compare(forward.out, ref.out, out_tol));
+  check.check("lse", compare(forward.lse, ref.lse, fp32_tol));
+  check.check("max_logit", compare(forward.max_logit, ref.max_logit, fp32_tol));
+  for (bool deterministic : {true, false}) {
+    batch.tensors.poison_gradients(nullptr);
+    batch.backward(nullptr, deterministic);
+    const HostOutputs got = batch.tensors.download_outputs(nullptr);
+    const std::string suffix = deterministic ? "" : "(nondet)";
+    check.check("dq" + suffix, compare(got.dq, ref.dq, grad_tol));
+    check.check("dk" + suffix, compare(got.dk, ref.dk, grad_tol));
+    check.check("dv" + suffix, compare(got.dv, ref.dv, grad_tol));
+  }
+  return check.passed();
+}
+
+// Every verification: the kernels on a small batch, then CP with each --cp size.
+bool verify_all(const Options& o) {
+  const std::vector<int64_t> small = sample_lengths(o.verify_tokens, 1, o.dist, o.seed + 100);
+  bool ok = true;
+  for (const NamedMask& m : o.masks) ok = verify(small, m, o.shape, o.seed + 200) && ok;
+  for (int cp : o.cp_sizes) {
+    for (const NamedMask& m : o.masks) ok = verify_cp(cp, small, m.mask, m.name, o.shape, o.seed + 300) && ok;
+  }
+  return ok;
+}
+
+// The single-device times the CP table compares with, per mask.
+struct SingleTimes {
+  double fwd_ms = 0, fwd_bwd_ms = 0;
+};
+
+// The table of the single-device kernels on the timed batch; returns their times per mask.
+std::vector<SingleTimes> time_kernels(const Options& o, const std::vector<int64_t>& lengths) {
+  std::printf("kernels: %s; bwd: Options::deterministic = true (the default); bwd(nondet): false (portable "
+              "kernels: dQ by fp32 atomics; sm90: the same kernels as true)\n",
+              cuda::kernel_family());
+  const Table table(Table::Style::kAligned,
+                    {{"mask", 7, true}, {"pass", 19, true}, {"pairs", 12}, {"ms", 10}, {"TFLOP/s", 9}});
+  table.print_header();
+  std::vector<SingleTimes> single;
+  size_t workspace[2] = {0, 0};  // cuda::Attention's device workspace: deterministic, not
+  for (const NamedMask& m : o.masks) {
+    DeviceBatch batch(lengths, m.mask, o.shape);
+    fill_inputs(batch.tensors, o.seed, kInputBlock, nullptr);
+    const double pairs = static_cast<double>(table_pairs(batch.host_table));
+    const double unit = pairs * static_cast<double>(o.shape.head_dim * o.shape.q_heads);
+    auto row = [&](const std::string& pass, double ms, double flops_per_unit) {
+      table.print_row({m.name, pass, format("%.0f", pairs), format("%.3f", ms),
+                       format("%.1f", flops_per_unit * unit / (ms * 1e9))});
+    };
+    SingleTimes times;
+    times.fwd_ms = time_median_ms(o.warmup, o.iters, nullptr, [&] { batch.forward(nullptr); });
+    row("fwd", times.fwd_ms, 4);
+    for (bool deterministic : {true, false}) {
+      const std::string suffix = deterministic ? "" : "(nondet)";
+      const double bwd_ms =
+          time_median_ms(o.warmup, o.iters, nullptr, [&] { batch.backward(nullptr, deterministic); });
+      const double fwd_bwd_ms = time_median_ms(o.warmup, o.iters, nullptr, [&] {
+        batch.forward(nullptr);
+        batch.backward(nullptr, deterministic);
+      });
+      row("bwd" + suffix, bwd_ms, 10);
+      row("fwd+bwd" + suffix, fwd_bwd_ms, 14);
+      if (deterministic) times.fwd_bwd_ms = fwd_bwd_ms;
+    }
+    if (single.empty()) {  // the same for every mask: capacity and shape only
+      AttentionOptions nondet;
+      nondet.deterministic = false;
+      workspace[0] = cuda::Attention::workspace_size(batch.problem);
+      workspace[1] = cuda::Attention::workspace_size(batch.problem, nondet);
+    }
+    single.push_back(times);
+  }
+  std::printf("workspace: cuda::Attention %zu bytes (table, forward, backward), with deterministic = false %zu "
+              "bytes\n", workspace[0], workspace[1]);
+  return single;
+}
+
+// The table of AllGather CP with each --cp size against the single-device times.
+void time_cp_sizes(const Options& o, const std::vector<int64_t>& lengths, const std::vector<SingleTimes>& single) {
+  std::printf("\nAllGather CP, ranks sharing this GPU (shared-GPU communicator). step: the whole step of every rank,\n"
+              "one CUDA graph, median ms (the backward's reduce-scatter overlapped with its dQ pass); overhead =\n"
+              "step / single-device attention (same lengths). Phases: ms per step summed over ranks, from CUDA\n"
+              "events of eager steps run in program order (ranks run concurrently, so a phase can include other\n"
+              "ranks' work). fwd+bwd*: the backward on the forward's K/V (cp::KvSource::kFromForward).\n");
+  std::vector<Table::Column> columns = {{"cp", 3, true},  {"mask", 7, true}, {"pass", 8, true},
+                                        {"single", 9},    {"step", 9},       {"overhead", 9}};
+  for (int ph = 0; ph < static_cast<int>(cp::Phase::kCount); ++ph) {
+    columns.push_back({cp::phase_name(static_cast<cp::Phase>(ph)), 9});
+  }
+  const Table table(Table::Style::kAligned, columns);
+  table.print_header();
+  const char* pass_names[3] = {"fwd", "fwd+bwd", "fwd+bwd*"};
+  for (int cp : o.cp_sizes) {
+    for (size_t mask = 0; mask < o.masks.size(); ++mask) {
+      const CpTiming t = time_cp(cp, lengths, o.masks[mask].mask, o.shape, o.seed, o.warmup, o.iters);
+      for (int pass = 0; pass < 3; ++pass) {
+        const double base = pass == 0 ? single[mask].fwd_ms : single[mask].fwd_bwd_ms;
+        const double ms = t.graph_ms[pass];
+        std::vector<std::string> cells = {format("%d", cp), o.masks[mask].name, pass_names[pass],
+                                          format("%.3f", base), format("%.3f", ms), format("%.3f", ms / base)};
+        for (int ph = 0; ph < static_cast<int>(cp::Phase::kCount); ++ph) {
+          cells.push_back(format("%.3f", t.phases[pass].seconds[ph] * 1e3));
+        }
+        table.print_row(cells);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int bench_command(const std::vector<std::string>& argv) {
+  if (std::find(argv.begin(), argv.end(), "--graph") != argv.end()) return bench_graph_command(argv);
+  if (std::find(argv.begin(), argv.end(), "--scaling") != argv.end()) return bench_scaling_command(argv);
+  for (const std::string& a : argv) {
+    if (a == "--help" || a == "-h") {
+      std::fputs(kHelp, stdout);
+      return 0;
+    }
+  }
+  const Options o = parse_options(argv);
+  require_gpu("thdcp bench");
+
+  int device = 0;
+  THDCP_CHECK_CUDA(cudaGetDevice(&device));
+  std::printf("device: %s\n", device_text(device).c_str());
+  std::printf("problem: Hq=%lld Hkv=%lld D=%lld %s, lengths lognormal median %.0f max %lld, seed %llu\n",
+              static_cast<long long>(o.shape.q_heads), static_cast<long long>(o.shape.kv_heads),
+              static_cast<long long>(o.shape.head_dim), dtype_name(o.shape.dtype), o.dist.median,
+              static_cast<long long>(o.dist.max_length), static_cast<unsigned long long>(o.seed));
+  if (o.verify_tokens > 0) {
+    if (!verify_all(o)) {
+      std::printf("verification FAILED: no timing\n");
+      return 1;
+    }
+    std::printf("All results match. Starting benchmarks.\n");
+  }
+
+  const std::vector<int64_t> lengths = sample_lengths(o.tokens, 1, o.dist, o.seed);
+  if (!o.lengths_out.empty()) {
+    std::string text;
+    for (int64_t length : lengths) text += std::to_string(length) + "\n";
+    write_text_file(o.lengths_out, text);
+  }
+  int64_t longest = 0;
+  for (int64_t length : lengths) longest = std::max(longest, length);
+  std::printf("batch: %zu documents, %lld rows, longest %lld\n", lengths.size(),
+              static_cast<long long>(make_layout(lengths, 1).total_rows()), static_cast<long long>(longest));
+  const std::vector<SingleTimes> single = time_kernels(o, lengths);
+  if (!o.cp_sizes.empty()) time_cp_sizes(o, lengths, single);
+  return 0;
+}
+
+}  // namespace thdcp::tools

@@ -1,0 +1,585 @@
+// thdcp bench --scaling --gpus N[,N...]: AllGather CP across GPUs over NCCL against the same
+// batch on one GPU (issue 13).
+//
+// For every batch size T and mask the same documents (one seeded lognormal draw, every
+// document padded to a multiple of 2*lcm(cp sizes), so one layout serves every cp) run
+//   - on GPU 0 alone: cuda::Attention over the single-device table, the baseline, and
+//   - with AllGather CP over NCCL, cp = N, one process with a thread per GPU (run_in_process
+//     and nccl::create, as `thdcp run --gpus N` does): rank r on GPU r.
+// Before anything of a (T, mask, cp) is timed, one CP forward + backward is compared with the
+// rows of the single-GPU result that each rank owns (out, lse, max_logit, dq, dk, dv; the
+// tolerances of the CUDA CP tests, tests/cp/cuda_cp_cases.h). A mismatch prints FAIL, that
+// configuration is not timed, and the command exits 1 at the end.
+//
+// Timing: CUDA events, warm-up steps, then the median of --iters steps of forward + backward.
+//   baseline  the whole batch on GPU 0 (table build, forward, backward);
+//   step      every rank waits at a host barrier (its stream idle), records a start event,
+//             enqueues forward and backward, records a stop event. A step takes as long as its
+//             slowest rank: the max over ranks per step, then the median over steps;
+//   phases    CudaPlan::enable_phase_timing, in separate eager steps (the forward's events are
+//             read before the backward reuses them, so a host sync sits between the two): per
+//             rank the median over steps of forward + backward, then the max over ranks.
+// The timed steps overlap: the plan runs its collectives on a second stream, the backward's
+// reduce-scatter beside its dQ pass. Phase timing runs a step in program order on one stream instead, so the phases are
+// each one's own time (a collective's includes any wait for a slower peer); "beyond
+// attention" = step - attention phase is what the overlap left exposed.
+// efficiency = baseline / (N * step); targets 0.95 at cp 2, 0.90 at cp 4, 0.85 at cp 8.
+#include "bench/bench_scaling.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/harness.h"
+#include "bench/scaling_runs.h"
+#include "io/args.h"
+#include "thdcp/comm/communicator.h"
+#include "thdcp/comm_device/nccl.h"
+#include "thdcp/core/cuda_check.h"
+#include "thdcp/cuda/attention.h"
+#include "thdcp/plan/segment_table.h"
+#include "thdcp/testing/workload.h"
+
+namespace thdcp::tools {
+
+namespace {
+
+using scaling::kPhases;
+
+const char* kHelp =
+    "usage: thdcp bench --scaling --gpus N[,N...] [options]\n"
+    "\n"
+    "AllGather CP over NCCL with cp = N, one process with a thread per GPU (rank r on GPU r),\n"
+    "against the same batch on GPU 0 alone (the baseline). For every --tokens T and --mask:\n"
+    "one seeded draw of lognormal documents packed into T rows (each document padded to a\n"
+    "multiple of 2*lcm(N...), the same documents for the baseline and every N); one CP\n"
+    "forward+backward checked against the single-GPU result's rows of every rank (PASS/FAIL;\n"
+    "no timing after a FAIL, exit 1); then CUDA events, warm-up and the median of --iters\n"
+    "forward+backward steps: the baseline, the CP step (a host barrier, then every rank's\n"
+    "events; the slowest rank's time), and each CP phase (max over ranks). Prints a markdown\n"
+    "table: efficiency = baseline / (N x CP step), targets 0.95 (cp 2), 0.90 (4), 0.85 (8).\n"
+    "NCCL_NVLS_ENABLE must be unset (it is then set to 0) or 0: NVLink multicast stays off.\n"
+    "\n"
+    "  --gpus N[,N...]     CP sizes, each <= the visible GPUs (required)\n"
+    "  --tokens T[,T...]   rows per batch, multiples of 2*lcm(N...) (131072,524288)\n"
+    "  --mask M[,M...]     causal and/or window (causal,window)\n"
+    "  --window L          left window of the windowed mask (4096; right is 0)\n"
+    "  --q-heads N         query heads (32)\n"
+    "  --kv-heads N        key/value heads (8)\n"
+    "  --head-dim N        64 or 128 (128)\n"
+    "  --dtype T           bf16 or fp16 (bf16)\n"
+    "  --median N          median document length (1500)\n"
+    "  --max-length N      longest document (32768)\n"
+    "  --seed N            seed of lengths and data (1)\n"
+    "  --warmup N          untimed steps (3)\n"
+    "  --iters N           timed steps; the median is reported (20)\n"
+    "  --kv S[,S...]       where the backward takes K/V from, each a row: gather (all-gather them\n"
+    "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward)\n"
+    "  --sm-margin M[,M...]  AttentionOptions::sm_margin of the CP plans, each a row (0): SMs the\n"
+    "                      persistent Hopper forward leaves to the collectives beside it\n"
+    "  --dq-pass B[,B...]  AttentionOptions::separate_dq_pass of the CP plans, each a row (0): 1 = on\n"
+    "                      Hopper at head dim 128 without a left window, dQ in a pass of its own,\n"
+    "                      beside the reduce-scatter of dK/dV, instead of in the dK/dV pass\n"
+    "\n"
+    "A configuration whose buffers do not fit the free memory of a GPU (or of the host) is\n"
+    "skipped with the reason. Exit codes: 0 every configuration that ran matched, 1 a\n"
+    "mismatch, 2 bad input (fewer visible GPUs than N, NCCL missing, NCCL_NVLS_ENABLE != 0).\n";
+
+struct NamedMask {
+  std::string name;
+  Mask mask;
+};
+
+// A row of the CP runs: its size and what its plans are made with.
+struct Variant {
+  int cp;
+  bool kept_kv;
+  int sm_margin;
+  bool dq_pass;
+};
+
+struct Options {
+  std::vector<int> cps;
+  int64_t align = 1;  // 2*lcm(cps): every document and T are multiples of it
+  std::vector<int64_t> tokens_list;
+  std::vector<NamedMask> masks;
+  StepShape shape;
+  LengthDistribution dist;
+  uint64_t seed = 0;
+  int warmup = 0, iters = 0;
+  std::vector<Variant> variants;  // each a row
+};
+
+// One row of the final table.
+struct Row {
+  int64_t tokens = 0;
+  std::string mask;
+  int cp = 0;
+  bool kept_kv = false;  // the backward on the forward's K/V (cp::KvSource::kFromForward)
+  int sm_margin = 0;     // AttentionOptions::sm_margin
+  size_t documents = 0;
+  std::string status;  // "PASS", "FAIL", "skipped"
+  double baseline_ms = 0, step_ms = 0, comm_ms = 0, efficiency = 0;
+  std::array<double, kPhases> phase_ms{};
+  // The collectives alone (the slowest rank, median): all-gathers of K and V, reduce-scatters
+  // of fp32 dK and dV, and their bus bandwidths (nccl-tests' busbw: bytes of the whole
+  // gathered / reduced tensors x (cp - 1) / cp per second). 0: not measured.
+  double gather_ms = 0, reduce_ms = 0, gather_busbw = 0, reduce_busbw = 0;
+  bool dq_pass = false;  // AttentionOptions::separate_dq_pass
+};
+
+// Where the backward takes K/V from, and (with --dq-pass 1) that dQ had a pass of its own.
+std::string backward_form(const Row& r) {
+  return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "");
+}
+
+double target_of(int cp) {
+  switch (cp) {
+    case 2: return 0.95;
+    case 4: return 0.90;
+    case 8: return 0.85;
+    default: return 0;
+  }
+}
+
+std::string target_text(const Row& r) {
+  const double target = target_of(r.cp);
+  if (target == 0) return "no target";
+  if (r.status != "PASS") return format(">= %.2f: not measured", target);
+  return format(">= %.2f: %s", target, r.efficiency >= target ? "met" : "not met");
+}
+
+std::vector<NamedMask> parse_masks(const std::string& text, int64_t window) {
+  std::vector<NamedMask> masks;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    NamedMask m;
+    if (item == "causal") {
+      m = NamedMask{"causal", Mask::causal()};
+    } else if (item == "window") {
+      m = NamedMask{"window(" + std::to_string(window) + ",0)", Mask::window(static_cast<int32_t>(window), 0)};
+    } else {
+      throw UsageError("--mask '" + item + "': use causal and/or window, separated by ','");
+    }
+    for (const NamedMask& seen : masks) {
+      if (seen.name == m.name) throw UsageError("--mask '" + text + "': " + item + " is given twice");
+    }
+    masks.push_back(m);
+  }
+  if (masks.empty() || text.empty() || text.back() == ',') {
+    throw UsageError("--mask '" + text + "': use causal and/or window, separated by ','");
+  }
+  return masks;
+}
+
+// --gpus: distinct CP sizes.
+std::vector<int> parse_cps(const std::string& text) {
+  std::vector<int> cps;
+  for (int64_t n : parse_int_list("gpus", text, 1, 64)) {
+    if (std::find(cps.begin(), cps.end(), static_cast<int>(n)) != cps.end()) {
+      throw UsageError("--gpus '" + text + "': " + std::to_string(n) + " is given twice");
+    }
+    cps.push_back(static_cast<int>(n));
+  }
+  return cps;
+}
+
+// --kv: per row, whether the backward takes the forward's K/V.
+std::vector<bool> parse_kv(const std::string& text) {
+  std::vector<bool> kept;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item != "gather" && item != "kept") {
+      throw UsageError("--kv '" + text + "': use gather and/or kept, separated by ','");
+    }
+    kept.push_back(item == "kept");
+  }
+  if (kept.empty()) throw UsageError("--kv '': use gather and/or kept");
+  return kept;
+}
+
+StepShape parse_shape(const Args& args) {
+  StepShape s;
+  s.q_heads = args.get_int("q-heads", 32, 1, 1024);
+  s.kv_heads = args.get_int("kv-heads", 8, 1, 1024);
+  s.head_dim = args.get_int("head-dim", 128, 1, 1024);
+  s.dtype = parse_dtype(args.get("dtype", "bf16"));
+  if (s.dtype != DType::kBFloat16 && s.dtype != DType::kFloat16) {
+    throw UsageError(std::string("--dtype ") + dtype_name(s.dtype) + ": the CUDA kernels take bf16 or fp16");
+  }
+  if (!cuda::cuda_supports_head_dim(s.head_dim)) {
+    throw UsageError("--head-dim " + std::to_string(s.head_dim) + ": the CUDA kernels take 64 or 128");
+  }
+  if (s.q_heads % s.kv_heads != 0) {
+    throw UsageError("--q-heads " + std::to_string(s.q_heads) + " must be a multiple of --kv-heads " +
+                     std::to_string(s.kv_heads));
+  }
+  return s;
+}
+
+Options parse_options(const Args& args) {
+  if (!args.has("gpus")) throw UsageError("--scaling needs --gpus N (the CP sizes, e.g. --gpus 2 or --gpus 2,4)");
+  Options o;
+  o.cps = parse_cps(args.get("gpus", ""));
+  for (int c : o.cps) o.align = std::lcm(o.align, static_cast<int64_t>(c));
+  o.align *= 2;
+  o.tokens_list = {131072, 524288};
+  if (args.has("tokens")) o.tokens_list = parse_int_list("tokens", args.get("tokens", ""), 2, int64_t{1} << 30);
+  for (int64_t t : o.tokens_list) {
+    if (t % o.align != 0) {
+      throw UsageError("--tokens " + std::to_string(t) + ": use a multiple of 2*lcm(cp sizes) = " +
+                       std::to_string(o.align) + " (every rank holds T/cp rows, two chunks of every document)");
+    }
+  }
+  const int64_t window = args.get_int("window", 4096, 0, int64_t{1} << 30);
+  o.masks = parse_masks(args.get("mask", "causal,window"), window);
+  o.shape = parse_shape(args);
+  o.dist.median = static_cast<double>(args.get_int("median", 1500, 1, int64_t{1} << 30));
+  o.dist.max_length = args.get_int("max-length", 32768, 1, int64_t{1} << 30);
+  o.seed = args.get_seed("seed", 1);
+  o.warmup = static_cast<int>(args.get_int("warmup", 3, 0, 1000));
+  o.iters = static_cast<int>(args.get_int("iters", 20, 1, 10000));
+  const std::vector<int64_t> margins = parse_int_list("sm-margin", args.get("sm-margin", "0"), 0, 1024);
+  const std::vector<int64_t> dq_passes = parse_int_list("dq-pass", args.get("dq-pass", "0"), 0, 1);
+  const std::vector<bool> kv_list = parse_kv(args.get("kv", "gather"));
+  for (int c : o.cps) {
+    for (bool kept : kv_list) {
+      for (int64_t margin : margins) {
+        for (int64_t dq_pass : dq_passes) o.variants.push_back(Variant{c, kept, static_cast<int>(margin), dq_pass != 0});
+      }
+    }
+  }
+  return o;
+}
+
+// The GPUs (every cp needs its own: NCCL refuses two ranks on one device), NCCL, and NVLink
+// multicast (NVLS), which must stay off on these hosts; NCCL reads the variable at init.
+// Returns what the run says about NCCL_NVLS_ENABLE.
+std::string check_environment(const Options& o) {
+  int visible = 0;
+  const cudaError_t status = cudaGetDeviceCount(&visible);
+  std::string why_none;
+  if (status != cudaSuccess) {
+    visible = 0;
+    why_none = std::string(" (") + cudaGetErrorString(status) + ")";
+    (void)cudaGetLastError();
+  }
+  const int most = *std::max_element(o.cps.begin(), o.cps.end());
+  if (most > visible) {
+    throw UsageError("--gpus " + std::to_string(most) + ": only " + std::to_string(visible) + " GPU(s) are visible" +
+                     why_none + "; AllGather CP over NCCL needs a GPU per rank (check CUDA_VISIBLE_DEVICES)");
+  }
+  if (!nccl::built_with_nccl()) throw UsageError("--scaling needs NCCL: this thdcp was built without it");
+  if (const char* nvls = std::getenv("NCCL_NVLS_ENABLE")) {
+    if (std::string(nvls) != "0") {
+      throw UsageError(std::string("NCCL_NVLS_ENABLE=") + nvls +
+                       ": NVLink multicast must stay off on these hosts: unset it or set it to 0");
+    }
+    return "NCCL_NVLS_ENABLE=0 (from the environment)";
+  }
+  if (setenv("NCCL_NVLS_ENABLE", "0", 1) != 0) throw Error("could not set NCCL_NVLS_ENABLE=0");
+  return "NCCL_NVLS_ENABLE=0 (was unset; set by thdcp before NCCL init: NVLink multicast stays off)";
+}
+
+// The GPUs, their peer access, CUDA's versions and the problem. Returns the GPUs' names,
+// which are repeated above the table.
+std::string print_setup(const Options& o, const std::string& nvls_note) {
+  std::printf("thdcp bench --scaling: AllGather CP over NCCL, one process, a thread per GPU (rank r on GPU r)\n");
+  const int most = *std::max_element(o.cps.begin(), o.cps.end());
+  std::string gpu_names;
+  for (int d = 0; d < most; ++d) {
+    std::printf("GPU %d: %s\n", d, device_text(d, true).c_str());
+    gpu_names += (d ? ", " : "") + std::to_string(d) + ": " + device_properties(d).name;
+  }
+  if (most > 1) {
+    std::string peers;
+    for (int a = 0; a < most; ++a) {
+      for (int b = a + 1; b < most; ++b) {
+        int can = 0;
+        THDCP_CHECK_CUDA(cudaDeviceCanAccessPeer(&can, a, b));
+        peers += " " + std::to_string(a) + "-" + std::to_string(b) + ":" + (can ? "yes" : "no");
+      }
+    }
+    std::printf("peer access:%s\n", peers.c_str());
+  }
+  int driver = 0, runtime = 0;
+  THDCP_CHECK_CUDA(cudaDriverGetVersion(&driver));
+  THDCP_CHECK_CUDA(cudaRuntimeGetVersion(&runtime));
+  THDCP_CHECK_CUDA(cudaSetDevice(0));
+  std::printf("CUDA driver %d, runtime %d; kernels: %s; %s\n", driver, runtime, cuda::kernel_family(),
+              nvls_note.c_str());
+  const StepShape& s = o.shape;
+  std::printf("problem: Hq=%lld Hkv=%lld D=%lld %s; lengths lognormal median %.0f sigma %.1f max %lld, seed %llu; "
+              "documents padded to multiples of %lld; warm-up %d, median of %d steps\n",
+              static_cast<long long>(s.q_heads), static_cast<long long>(s.kv_heads),
+              static_cast<long long>(s.head_dim), dtype_name(s.dtype), o.dist.median, o.dist.sigma,
+              static_cast<long long>(o.dist.max_length), static_cast<unsigned long long>(o.seed),
+              static_cast<long long>(o.align), o.warmup, o.iters);
+  std::fflush(stdout);
+  return gpu_names;
+}
+
+// MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read (no check then).
+double host_available_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024.0;
+  }
+  return 0;
+}
+
+// The median over steps of the slowest rank of each step.
+double slowest_median(const std::vector<scaling::RankReport>& reports, std::vector<double> scaling::RankReport::*times,
+                      size_t steps) {
+  std::vector<double> slowest(steps, 0.0);
+  for (const scaling::RankReport& r : reports) {
+    for (size_t i = 0; i < steps; ++i) slowest[i] = std::max(slowest[i], (r.*times)[i]);
+  }
+  return median(slowest);
+}
+
+// The verification lines of a CP run: per tensor the worst over ranks. Returns whether all passed.
+bool verify_ranks(const std::vector<scaling::RankReport>& reports, const std::string& what) {
+  Verification check(what, 9, ErrorFormat::kScientific);
+  for (int t = 0; t < scaling::kChecks; ++t) {
+    Comparison worst;
+    for (const scaling::RankReport& r : reports) {
+      const Comparison& x = r.checks[static_cast<size_t>(t)];
+      worst.count += x.count;
+      worst.mismatches += x.mismatches;
+      worst.max_abs_error = std::max(worst.max_abs_error, x.max_abs_error);
+      worst.max_rel_error = std::max(worst.max_rel_error, x.max_rel_error);
+    }
+    check.check(scaling::kCheckNames[t], worst);
+  }
+  std::printf("verify %s: %s (every rank's rows against the single-GPU result)\n", what.c_str(),
+              check.passed() ? "PASS" : "FAIL: not timed");
+  return check.passed();
+}
+
+// The timings of a CP run that passed into its row; prints the collectives and the result.
+void summarize(const std::vector<scaling::RankReport>& reports, const Options& o, Row& row) {
+  const size_t steps = static_cast<size_t>(o.iters);
+  row.step_ms = slowest_median(reports, &scaling::RankReport::step_ms, steps);
+  std::string per_rank;
+  for (const scaling::RankReport& r : reports) per_rank += format(" %.3f", median(r.step_ms));
+  // The phases: per rank the median over steps, then the max over ranks. What the step
+  // spends beyond its attention kernels (communication and the work around it that the
+  // overlap did not hide): step - attention.
+  for (const scaling::RankReport& r : reports) {
+    for (int p = 0; p < kPhases; ++p) {
+      std::vector<double> one;
+      for (const auto& step : r.phases) one.push_back(step[static_cast<size_t>(p)]);
+      row.phase_ms[static_cast<size_t>(p)] = std::max(row.phase_ms[static_cast<size_t>(p)], median(one));
+    }
+  }
+  row.comm_ms = row.step_ms - row.phase_ms[static_cast<size_t>(cp::Phase::kAttention)];
+  const long long tokens = static_cast<long long>(row.tokens);
+  if (reports[0].collectives_skip.empty()) {
+    row.gather_ms = slowest_median(reports, &scaling::RankReport::gather_ms, steps);
+    row.reduce_ms = slowest_median(reports, &scaling::RankReport::reduce_ms, steps);
+    const double share = static_cast<double>(row.cp - 1) / row.cp;
+    const double kv_bytes = static_cast<double>(o.shape.bytes(row.tokens, o.shape.kv_heads));
+    const double grad_bytes = sizeof(float) * static_cast<double>(row.tokens * o.shape.kv_heads * o.shape.head_dim);
+    row.gather_busbw = 2 * kv_bytes * share / (row.gather_ms * 1e6);
+    row.reduce_busbw = 2 * grad_bytes * share / (row.reduce_ms * 1e6);
+    std::printf("collectives alone T=%lld cp=%d: all-gather of K and V %.3f ms (busbw %.0f GB/s), "
+                "reduce-scatter of fp32 dK and dV %.3f ms (busbw %.0f GB/s)\n",
+                tokens, row.cp, row.gather_ms, row.gather_busbw, row.reduce_ms, row.reduce_busbw);
+  } else {
+    std::printf("collectives alone T=%lld cp=%d: not measured: %s\n", tokens, row.cp,
+                reports[0].collectives_skip.c_str());
+  }
+  row.efficiency = row.baseline_ms / (row.cp * row.step_ms);
+  std::printf("result T=%lld %s cp=%d, backward K/V %s, SM margin %d: baseline "
+              "%.3f ms, CP step %.3f ms (per rank:%s), beyond attention %.3f ms, efficiency %.3f (%s)\n",
+              tokens, row.mask.c_str(), row.cp, backward_form(row).c_str(), row.sm_margin, row.baseline_ms,
+              row.step_ms, per_rank.c_str(), row.comm_ms, row.efficiency, target_text(row).c_str());
+}
+
+// One variant of a (T, mask): the CP run over NCCL, its check, its timings.
+Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& run, const Row& base, bool& failed) {
+  Row row = base;
+  row.cp = variant.cp;
+  row.kept_kv = variant.kept_kv;
+  row.sm_margin = variant.sm_margin;
+  row.dq_pass = variant.dq_pass;
+  row.status = "PASS";
+  std::vector<scaling::RankReport> reports(static_cast<size_t>(variant.cp));
+  run_in_process(variant.cp, [&](Communicator& host) { scaling::cp_rank(host, run, reports[static_cast<size_t>(host.rank())]); });
+  const std::string what = format("T=%lld %s cp=%d", static_cast<long long>(row.tokens), row.mask.c_str(), row.cp);
+  std::string skip;
+  for (const scaling::RankReport& r : reports) {
+    if (!r.skip.empty()) skip += (skip.empty() ? "" : "; ") + r.skip;
+  }
+  if (!skip.empty()) {
+    std::printf("skip %s: %s\n", what.c_str(), skip.c_str());
+    row.status = "skipped";
+    return row;
+  }
+  if (!verify_ranks(reports, what)) {
+    failed = true;
+    row.status = "FAIL";
+    std::fflush(stdout);
+    return row;
+  }
+  summarize(reports, o, row);
+  std::fflush(stdout);
+  return row;
+}
+
+// A row for each cp of a (T, mask) that did not run.
+void skip_rows(int64_t tokens, const std::string& mask, size_t documents, const Options& o, std::vector<Row>& rows) {
+  for (int c : o.cps) {
+    Row row;
+    row.tokens = tokens;
+    row.mask = mask;
+    row.cp = c;
+    row.documents = documents;
+    row.status = "skipped";
+    rows.push_back(row);
+  }
+}
+
+// Every mask and variant of one batch size T.
+void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& failed) {
+  // One draw for this T: sampled with the coarsest padding, so every cp's layout is this one.
+  const std::vector<int64_t> lengths = sample_lengths(tokens, static_cast<int>(o.align / 2), o.dist, o.seed);
+  const BatchLayout layout =
+      make_layout(lengths, static_cast<int>(o.align / 2), Capacity{static_cast<int>(lengths.size()) + 1, tokens});
+  int64_t longest = 0;
+  for (int64_t n : lengths) longest = std::max(longest, n);
+  std::printf("\nT=%lld: %zu documents, %lld valid tokens, longest %lld\n", static_cast<long long>(tokens),
+              lengths.size(), static_cast<long long>(layout.valid_tokens()), static_cast<long long>(longest));
+
+  // Host: the inputs, the reference, and each rank's part of one tensor and its download at a time.
+  const StepShape& s = o.shape;
+  const double inputs_bytes = 2.0 * static_cast<double>(s.bytes(tokens, s.q_heads) + s.bytes(tokens, s.kv_heads));
+  const double host_need = 2.0 * inputs_bytes + 4.0 * static_cast<double>(tokens * s.q_heads) +
+                           2.0 * static_cast<double>(s.bytes(tokens, s.q_heads));
+  const double host_free = host_available_bytes();
+  if (host_free > 0 && host_need > host_free) {
+    std::printf("skip T=%lld: needs about %s of host memory, %s available\n", static_cast<long long>(tokens),
+                scaling::gib(host_need).c_str(), scaling::gib(host_free).c_str());
+    for (const NamedMask& m : o.masks) skip_rows(tokens, m.name, lengths.size(), o, rows);
+    return;
+  }
+  scaling::Inputs in{HostTensor(s.dtype, tokens, s.q_heads, s.head_dim),
+                     HostTensor(s.dtype, tokens, s.kv_heads, s.head_dim),
+                     HostTensor(s.dtype, tokens, s.kv_heads, s.head_dim),
+                     HostTensor(s.dtype, tokens, s.q_heads, s.head_dim)};
+  fill_random(in.q, o.seed + 1);
+  fill_random(in.k, o.seed + 2);
+  fill_random(in.v, o.seed + 3);
+  fill_random(in.dout, o.seed + 4);
+
+  for (const NamedMask& m : o.masks) {
+    const double pairs = static_cast<double>(table_pairs(build_segment_table(layout.view(), m.mask)));
+    const scaling::Baseline base = scaling::run_baseline(layout, in, m.mask, s, o.warmup, o.iters);
+    if (!base.skip.empty()) {
+      std::printf("skip T=%lld %s: %s\n", static_cast<long long>(tokens), m.name.c_str(), base.skip.c_str());
+      skip_rows(tokens, m.name, lengths.size(), o, rows);
+      continue;
+    }
+    std::printf("baseline T=%lld %s: 1 GPU, fwd+bwd %.3f ms (%.1f TFLOP/s over %.0f allowed pairs)\n",
+                static_cast<long long>(tokens), m.name.c_str(), base.ms,
+                14.0 * pairs * static_cast<double>(s.head_dim * s.q_heads) / (base.ms * 1e9), pairs);
+    std::fflush(stdout);
+    Row row;
+    row.tokens = tokens;
+    row.mask = m.name;
+    row.documents = lengths.size();
+    row.baseline_ms = base.ms;
+    for (const Variant& variant : o.variants) {
+      AttentionOptions attention;
+      attention.sm_margin = variant.sm_margin;
+      attention.separate_dq_pass = variant.dq_pass;
+      const scaling::CpRun run{layout, in, base.ref, m.mask, s,
+                               variant.kept_kv ? Pass::kForwardBackwardKeptKv : Pass::kForwardBackward,
+                               attention, o.warmup, o.iters};
+      rows.push_back(run_variant(o, variant, run, row, failed));
+    }
+  }
+}
+
+void print_tables(const std::vector<Row>& rows, const Options& o, const std::string& gpu_names,
+                  const std::string& nvls_note) {
+  std::printf("\nGPUs %s; %s\n", gpu_names.c_str(), nvls_note.c_str());
+  std::printf("AllGather CP over NCCL vs 1 GPU, forward+backward, ms (CUDA events, median of %d after %d warm-up):\n"
+              "step = the slowest rank's step (ranks start together after a host barrier; collectives on the\n"
+              "plan's second stream, the reduce-scatter overlapped with the dQ pass); phases = per rank the\n"
+              "median over separate eager steps run in program order on one stream (phase timing), max over\n"
+              "ranks (reduce = max_logit all-reduce + fp32 dK/dV reduce-scatter, including waits for a slower\n"
+              "peer); beyond attention = step - attention phase: what the overlap left exposed;\n"
+              "efficiency = baseline / (cp x step).\n\n",
+              o.iters, o.warmup);
+  std::vector<Table::Column> columns = {{"T"},         {"mask", 0, true},  {"cp"},          {"bwd K/V", 0, true},
+                                        {"SM margin"}, {"documents"},      {"check", 0, true}, {"baseline ms"},
+                                        {"step ms"}};
+  for (int p = 0; p < kPhases; ++p) columns.push_back({cp::phase_name(static_cast<cp::Phase>(p))});
+  columns.insert(columns.end(), {{"beyond attention ms"}, {"efficiency"}, {"target", 0, true}});
+  const Table steps(Table::Style::kMarkdown, columns);
+  steps.print_header();
+  for (const Row& r : rows) {
+    const bool passed = r.status == "PASS";
+    std::vector<std::string> cells = {format("%lld", static_cast<long long>(r.tokens)), r.mask, format("%d", r.cp),
+                                      backward_form(r), format("%d", r.sm_margin), format("%zu", r.documents),
+                                      r.status, passed || r.baseline_ms > 0 ? format("%.3f", r.baseline_ms) : "-",
+                                      passed ? format("%.3f", r.step_ms) : "-"};
+    for (int p = 0; p < kPhases; ++p) cells.push_back(passed ? format("%.3f", r.phase_ms[static_cast<size_t>(p)]) : "-");
+    cells.push_back(passed ? format("%.3f", r.comm_ms) : "-");
+    cells.push_back(passed ? format("%.3f", r.efficiency) : "-");
+    cells.push_back(target_text(r));
+    steps.print_row(cells);
+  }
+  std::printf("\nThe step's collectives alone (the slowest rank, median; nothing else on the GPUs): all-gathers\n"
+              "of K and V as in the forward, reduce-scatters of fp32 dK and dV as in the backward. busbw as in\n"
+              "nccl-tests: bytes of the whole tensors x (cp - 1) / cp per second.\n\n");
+  const Table collectives(Table::Style::kMarkdown,
+                          {{"T"}, {"mask", 0, true}, {"cp"}, {"bwd K/V", 0, true}, {"SM margin"},
+                           {"all-gather K, V ms"}, {"busbw GB/s"}, {"reduce-scatter dK, dV ms"}, {"busbw GB/s"}});
+  collectives.print_header();
+  for (const Row& r : rows) {
+    if (r.gather_ms <= 0) continue;
+    collectives.print_row({format("%lld", static_cast<long long>(r.tokens)), r.mask, format("%d", r.cp),
+                           backward_form(r), format("%d", r.sm_margin), format("%.3f", r.gather_ms),
+                           format("%.0f", r.gather_busbw), format("%.3f", r.reduce_ms), format("%.0f", r.reduce_busbw)});
+  }
+}
+
+}  // namespace
+
+int bench_scaling_command(const std::vector<std::string>& argv) {
+  const Args args(argv,
+                  {"gpus", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
+                   "max-length", "seed", "warmup", "iters", "kv", "sm-margin", "dq-pass"},
+                  {"scaling", "help"});
+  if (args.has("help")) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  const Options o = parse_options(args);
+  const std::string nvls_note = check_environment(o);
+  const std::string gpu_names = print_setup(o, nvls_note);
+  std::vector<Row> rows;
+  bool failed = false;
+  for (int64_t tokens : o.tokens_list) run_tokens(tokens, o, rows, failed);
+  print_tables(rows, o, gpu_names, nvls_note);
+  if (failed) std::printf("\nverification FAILED for at least one configuration (not timed)\n");
+  return failed ? 1 : 0;
+}
+
+}  // namespace thdcp::tools

@@ -1,0 +1,208 @@
+#include "bench/scaling_runs.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+
+#include "bench/harness.h"
+#include "step/cuda_handles.h"
+#include "step/device_step.h"
+#include "step/rank_rows.h"
+#include "thdcp/comm_device/nccl.h"
+#include "thdcp/core/cuda_check.h"
+#include "thdcp/cp/cuda.h"
+#include "thdcp/cuda/attention.h"
+
+namespace thdcp::tools::scaling {
+
+const char* const kCheckNames[kChecks] = {"out", "lse", "max_logit", "dq", "dk", "dv"};
+
+std::string gib(double bytes) { return format("%.1f GiB", bytes / kGiB); }
+
+namespace {
+
+double device_free_bytes(int device) {
+  THDCP_CHECK_CUDA(cudaSetDevice(device));
+  size_t free_bytes = 0, total = 0;
+  THDCP_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total));
+  return static_cast<double>(free_bytes);
+}
+
+}  // namespace
+
+Baseline run_baseline(const BatchLayout& layout, const Inputs& in, const Mask& mask, const StepShape& s, int warmup,
+                      int iters) {
+  Baseline b;
+  const int64_t rows = layout.total_rows();
+  const AttentionProblem problem = attention_problem(s, Capacity{layout.num_seqs(), rows}, mask);
+  const size_t workspace_bytes = cuda::Attention::workspace_size(problem);
+  const double need =
+      static_cast<double>(DeviceTensors::bytes(s, rows, layout.cu_seqlens.size()) + workspace_bytes) + kDeviceMargin;
+  const double free_bytes = device_free_bytes(0);
+  if (need > free_bytes) {
+    b.skip = "the single-GPU baseline needs about " + gib(need) + " on GPU 0, " + gib(free_bytes) + " free";
+    return b;
+  }
+  Stream stream;
+  DeviceTensors t(s, rows, layout, stream.get());
+  t.upload_inputs(in.q, in.k, in.v, in.dout, stream.get());
+  t.poison_outputs(stream.get());
+  cuda::DeviceBuffer workspace(workspace_bytes);
+  const cuda::Attention attention(problem, AttentionOptions{}, workspace.data(), workspace.bytes());
+  const DeviceLayout device_layout = t.layout(problem.capacity);
+  const ForwardTensors ft = t.forward();
+  const BackwardTensors bt = t.backward();
+  attention.check(device_layout, &ft, &bt);
+  auto step = [&] {
+    attention.forward(device_layout, ft, stream.get());
+    attention.backward(device_layout, bt, stream.get());
+  };
+  step();
+  b.ref = t.download_outputs(stream.get());
+  b.ms = time_median_ms(warmup, iters, stream.get(), step);
+  return b;
+}
+
+namespace {
+
+// A host barrier of the group: every rank's thread returns once all have arrived (and throws
+// if a rank failed, instead of waiting for it).
+void host_barrier(Communicator& host) {
+  float token = 0;
+  host.all_reduce_max(&token, 1);
+}
+
+// True on every rank when `flag` is true on any rank.
+bool any_rank(Communicator& host, bool flag) {
+  float value = flag ? 1.0f : 0.0f;
+  host.all_reduce_max(&value, 1);
+  return value > 0.5f;
+}
+
+// What a rank times with: every run starts after a host barrier and is waited for through its
+// communicator.
+TimingLoop rank_loop(const CpRun& run, Communicator& host, DeviceCommunicator& comm, cudaStream_t stream) {
+  TimingLoop loop;
+  loop.warmup = run.warmup;
+  loop.iters = run.iters;
+  loop.before = [&host] { host_barrier(host); };
+  loop.wait = [&comm, stream] { comm.synchronize(stream, kSyncTimeout); };
+  return loop;
+}
+
+// The check: one step on NaN-poisoned outputs against this rank's rows of the reference,
+// with the tolerances of the CUDA CP tests (tests/cp/cuda_cp_cases.h: a tensor-core result
+// with P, resp. P and dS, rounded to the storage dtype; fp32 results to 2^-16).
+void check_rank(const CpRun& run, cp::CudaPlan& plan, const DeviceTensors& t, DeviceCommunicator& comm,
+                cudaStream_t stream, RankReport& report) {
+  run_pass(plan, t, stream, run.pass);
+  comm.synchronize(stream, kSyncTimeout);
+  const HostOutputs got = t.download_outputs(stream);
+  const LayoutView view = run.layout.view();
+  const int cp = comm.size(), rank = comm.rank();
+  const Tolerance out_tolerance = derive_tensor_core_tolerance(run.shape.dtype, 1);
+  const Tolerance grad_tolerance = derive_tensor_core_tolerance(run.shape.dtype, 2);
+  const Tolerance fp32_tolerance = tensor_core_fp32_tolerance();
+  report.checks[0] = compare(got.out, split_for_rank(run.ref.out, view, cp, rank), out_tolerance);
+  report.checks[1] =
+      compare(got.lse, split_lse_for_rank(run.ref.lse, run.shape.q_heads, view, cp, rank), fp32_tolerance);
+  report.checks[2] = compare(got.max_logit, run.ref.max_logit, fp32_tolerance);
+  report.checks[3] = compare(got.dq, split_for_rank(run.ref.dq, view, cp, rank), grad_tolerance);
+  report.checks[4] = compare(got.dk, split_for_rank(run.ref.dk, view, cp, rank), grad_tolerance);
+  report.checks[5] = compare(got.dv, split_for_rank(run.ref.dv, view, cp, rank), grad_tolerance);
+  report.passed = std::all_of(report.checks.begin(), report.checks.end(), [](const Comparison& c) { return c.passed(); });
+}
+
+// The whole step, every rank starting together (host barrier, streams idle), each timing its
+// own; then the phases, in steps of their own.
+void time_steps(const CpRun& run, cp::CudaPlan& plan, const DeviceTensors& t, Communicator& host,
+                DeviceCommunicator& comm, cudaStream_t stream, RankReport& report) {
+  const TimingLoop loop = rank_loop(run, host, comm, stream);
+  report.step_ms = time_runs(loop, stream, [&] { run_pass(plan, t, stream, run.pass); });
+  plan.enable_phase_timing();
+  for (int i = 0; i < run.warmup + run.iters; ++i) {
+    host_barrier(host);
+    const cp::Timings timings = time_phases(plan, t, stream, run.pass, loop.wait);
+    if (i < run.warmup) continue;
+    std::array<double, kPhases> ms{};
+    for (int p = 0; p < kPhases; ++p) ms[static_cast<size_t>(p)] = timings.seconds[p] * 1e3;
+    report.phases.push_back(ms);
+  }
+}
+
+// The collectives alone, with nothing beside them: what NCCL takes on this host for the
+// step's volumes (its bus bandwidth), against which the exposed communication reads.
+void time_collectives(const CpRun& run, const DeviceTensors& t, Communicator& host, DeviceCommunicator& comm,
+                      cudaStream_t stream, RankReport& report) {
+  const int cp = comm.size();
+  const int64_t local = t.k.tokens;
+  const size_t kv_bytes = run.shape.bytes(local, run.shape.kv_heads);
+  const size_t grad_count = static_cast<size_t>(local * run.shape.kv_heads * run.shape.head_dim);
+  const double extra = static_cast<double>(kv_bytes) * cp + sizeof(float) * static_cast<double>(grad_count) * (cp + 1);
+  if (extra + kDeviceMargin > device_free_bytes(comm.device())) {
+    report.collectives_skip = "no room for " + gib(extra) + " of collective buffers";
+  }
+  if (any_rank(host, !report.collectives_skip.empty())) return;
+  cuda::DeviceBuffer gathered(kv_bytes * static_cast<size_t>(cp)), ranked(sizeof(float) * grad_count * cp),
+      reduced(sizeof(float) * grad_count);
+  ranked.poison(stream);
+  const TimingLoop loop = rank_loop(run, host, comm, stream);
+  report.gather_ms = time_runs(loop, stream, [&] {
+    comm.all_gather(t.k.data, gathered.data(), kv_bytes, stream);
+    comm.all_gather(t.v.data, gathered.data(), kv_bytes, stream);
+  });
+  report.reduce_ms = time_runs(loop, stream, [&] {
+    for (int twice = 0; twice < 2; ++twice) {
+      comm.reduce_scatter_sum(ranked.as<float>(), reduced.as<float>(), grad_count, stream);
+    }
+  });
+}
+
+}  // namespace
+
+void cp_rank(Communicator& host, const CpRun& run, RankReport& report) {
+  const int rank = host.rank(), cp = host.size();
+  nccl::Options options;
+  options.timeout_seconds = kSyncTimeout;
+  const std::unique_ptr<DeviceCommunicator> comm = nccl::create(host, rank, options);
+  THDCP_CHECK_CUDA(cudaSetDevice(comm->device()));
+
+  const cp::Problem problem =
+      cp_problem(run.shape, cp, Capacity{run.layout.num_seqs(), run.layout.total_rows()}, run.mask);
+  const int64_t local = problem.local_rows();
+  const size_t workspace_bytes = cp::cuda_workspace_size(problem, run.attention);
+  const double need =
+      static_cast<double>(DeviceTensors::bytes(run.shape, local, run.layout.cu_seqlens.size()) + workspace_bytes) +
+      kDeviceMargin;
+  const double free_bytes = device_free_bytes(comm->device());
+  if (need > free_bytes) {
+    report.skip = "rank " + std::to_string(rank) + " needs about " + gib(need) + " on GPU " +
+                  std::to_string(comm->device()) + " (local tensors and a CP workspace holding the whole K/V), " +
+                  gib(free_bytes) + " free";
+  }
+  if (any_rank(host, !report.skip.empty())) return;
+
+  const LayoutView view = run.layout.view();
+  Stream stream;
+  DeviceTensors t(run.shape, local, run.layout, stream.get());
+  t.upload_inputs(split_for_rank(run.in.q, view, cp, rank), split_for_rank(run.in.k, view, cp, rank),
+                  split_for_rank(run.in.v, view, cp, rank), split_for_rank(run.in.dout, view, cp, rank),
+                  stream.get());
+  t.poison_outputs(stream.get());
+  cuda::DeviceBuffer workspace(workspace_bytes);
+  cp::CudaPlan plan(*comm, problem, run.attention, workspace.data(), workspace.bytes());
+  comm->warm_up(stream.get());
+  const ForwardTensors ft = t.forward();
+  const BackwardTensors bt = t.backward();
+  plan.check_tensors(t.layout(problem.capacity), &ft, &bt);
+
+  check_rank(run, plan, t, *comm, stream.get(), report);
+  if (any_rank(host, !report.passed)) return;  // no timing after a mismatch on any rank
+  time_steps(run, plan, t, host, *comm, stream.get(), report);
+  time_collectives(run, t, host, *comm, stream.get(), report);
+  host_barrier(host);
+}
+
+}  // namespace thdcp::tools::scaling

@@ -1,0 +1,435 @@
+// `thdcp run --graph`: N steps of different random packings through RoPE + AllGather-CP
+// attention forward and backward, each run through a GraphBank (warm-up, one capture per CP
+// size and capacity, replays; eager fallback beyond max_seqs), a sample of steps checked
+// against the same step run eagerly, bit for bit. With --dynamic-cp the CP size changes per
+// batch: the world (ranks sharing GPU 0) is split once into groups of every size, and the
+// world/c groups of the chosen size c run world/c micro-batches side by side.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "io/args.h"
+#include "commands.h"
+
+#if defined(THDCP_CLI_WITH_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "io/progress.h"
+#include "step/cuda_handles.h"
+#include "step/graph_step.h"
+#include "thdcp/comm_device/shared_gpu.h"
+#include "thdcp/core/cuda_check.h"
+#include "thdcp/graph/cp_groups.h"
+#include "thdcp/testing/thread_barrier.h"
+#include "thdcp/testing/workload.h"
+#endif
+
+namespace thdcp::tools {
+
+namespace {
+
+const char* kRunGraphHelp =
+    "usage: thdcp run --graph [options]\n"
+    "\n"
+    "Runs --steps batches of random packings (lognormal documents) through RoPE + AllGather CP\n"
+    "attention forward and backward, captured as CUDA graphs: one graph per CP size and\n"
+    "capacity, captured after a warm-up run and replayed for every later batch that fits;\n"
+    "a batch with more documents than --max-seqs allows runs eagerly (a fallback). Every\n"
+    "--check-every-th step (and the first replay of each CP size) is run again eagerly and\n"
+    "must equal the graph's result bit for bit. Ranks are threads sharing GPU 0.\n"
+    "\n"
+    "  --steps N          batches (default 12)\n"
+    "  --cp N             CP size (default 2)\n"
+    "  --dynamic-cp LIST  CP sizes to choose from per batch, e.g. 1,2,4: the world is the largest;\n"
+    "                     each batch gets the smallest size whose rows per rank fit --tokens / world\n"
+    "  --tokens T         rows of the largest CP size's capacity (default 16384)\n"
+    "  --max-seqs M       documents + 1 of the capacity (default tokens/(2*cp)+1: never falls back)\n"
+    "  --layers L         attention layers per step (default 2)\n"
+    "  --median N         median document length (default 600)\n"
+    "  --heads HQ:HKV     query and key/value heads (default 8:2)\n"
+    "  --head-dim D       64 or 128 (default 64)\n"
+    "  --dtype T          bf16 (default) or fp16\n"
+    "  --mask M           causal (default) or full; --window L,R for a sliding window\n"
+    "  --rope R           neox (default), gptj or none\n"
+    "  --check-every K    check every K-th step against eager (default 3; 1 checks all)\n"
+    "  --seed S           seed of lengths and values (default 1)\n";
+
+// Used by the CUDA build only (parse() below); a CPU-only build just refuses --graph.
+[[maybe_unused]] std::vector<int> parse_sizes(const std::string& text) {
+  std::vector<int> sizes;
+  for (int64_t c : parse_int_list("dynamic-cp", text, 1, 64)) sizes.push_back(static_cast<int>(c));
+  std::sort(sizes.begin(), sizes.end());
+  if (std::adjacent_find(sizes.begin(), sizes.end()) != sizes.end()) {
+    throw UsageError("--dynamic-cp " + text + ": a size is given twice");
+  }
+  for (int s : sizes) {
+    if (sizes.back() % s != 0) {
+      throw UsageError("--dynamic-cp " + text + ": every size must divide the largest (" +
+                       std::to_string(sizes.back()) + "), which is the number of ranks");
+    }
+  }
+  return sizes;
+}
+
+}  // namespace
+
+#if !defined(THDCP_CLI_WITH_CUDA)
+
+int run_graph_command(const std::vector<std::string>& argv) {
+  for (const std::string& a : argv) {
+    if (a == "--help") {
+      std::fputs(kRunGraphHelp, stdout);
+      return 0;
+    }
+  }
+  throw UsageError("--graph captures CUDA graphs: this thdcp was built without CUDA (build it with the CUDA toolkit)");
+}
+
+#else
+
+namespace {
+
+struct GraphRunConfig {
+  int steps = 12;
+  std::vector<int> sizes{2};
+  bool dynamic = false;
+  int64_t tokens = 16384;
+  int max_seqs = 0;  // 0: the zero-fallback default per CP size
+  int check_every = 3;
+  double median = 600;
+  uint64_t seed = 1;
+  GraphStepShape shape;
+};
+
+struct StepRecord {
+  int cp = 0, groups = 0;
+  int64_t documents = 0, rows = 0;
+  graph::GraphBank::How how = graph::GraphBank::How::kWarmUp;
+  bool checked = false, equal = true;
+  double ms = 0;
+};
+
+struct SizeRecord {
+  int cp = 0;
+  Capacity capacity;
+  graph::KeyCounters counters;
+  size_t static_bytes = 0, graph_bytes = 0;
+  double eager_ms = 0, replay_ms = 0;
+};
+
+GraphRunConfig parse(const Args& args) {
+  GraphRunConfig c;
+  c.steps = static_cast<int>(args.get_int("steps", c.steps, 1, 100000));
+  if (args.has("dynamic-cp")) {
+    if (args.has("cp")) throw UsageError("--cp and --dynamic-cp both set the CP size: give one of them");
+    c.sizes = parse_sizes(args.get("dynamic-cp", ""));
+    c.dynamic = true;
+  } else {
+    c.sizes = {static_cast<int>(args.get_int("cp", 2, 1, 64))};
+  }
+  c.tokens = args.get_int("tokens", c.tokens, 1, INT32_MAX);
+  const int world = c.sizes.back();
+  if (c.tokens % (2 * world) != 0) {
+    throw UsageError("--tokens " + std::to_string(c.tokens) + ": must be a multiple of 2*" + std::to_string(world) +
+                     " (twice the largest CP size)");
+  }
+  c.max_seqs = static_cast<int>(args.get_int("max-seqs", 0, 2, INT32_MAX));
+  c.check_every = static_cast<int>(args.get_int("check-every", c.check_every, 1, 100000));
+  c.median = static_cast<double>(args.get_int("median", 600, 1, 1 << 24));
+  c.seed = args.get_seed("seed", c.seed);
+  c.shape.layers = static_cast<int>(args.get_int("layers", 2, 1, 64));
+  const auto [hq, hkv] = args.get_pair("heads", {8, 2}, ':');
+  if (hq < 1 || hkv < 1 || hq % hkv != 0) {
+    throw UsageError("--heads " + args.get("heads", "") + ": both >= 1 and HQ a multiple of HKV");
+  }
+  c.shape.q_heads = hq;
+  c.shape.kv_heads = hkv;
+  c.shape.head_dim = args.get_int("head-dim", 64, 1, 1 << 16);
+  if (c.shape.head_dim != 64 && c.shape.head_dim != 128) {
+    throw UsageError("--head-dim " + std::to_string(c.shape.head_dim) + ": the CUDA kernels take 64 or 128");
+  }
+  c.shape.dtype = parse_dtype(args.get("dtype", "bf16"));
+  if (c.shape.dtype == DType::kFloat32) throw UsageError("--dtype fp32: the CUDA kernels take bf16 or fp16");
+  c.shape.mask = parse_mask_flags(args, Mask::causal());
+  const std::string rope = args.get("rope", "neox");
+  if (rope == "none") {
+    c.shape.rope = false;
+  } else if (rope == "neox" || rope == "gptj") {
+    c.shape.rope_config.layout = rope == "neox" ? RopeLayout::kHalfSplit : RopeLayout::kInterleaved;
+  } else {
+    throw UsageError("--rope " + rope + ": use neox, gptj or none");
+  }
+  return c;
+}
+
+// The capacity of CP size c: rows per rank tokens / world, so c * tokens / world rows.
+Capacity capacity_of(const GraphRunConfig& c, int cp) {
+  const int64_t max_tokens = c.tokens / c.sizes.back() * cp;
+  Capacity capacity = default_capacity(max_tokens, cp);
+  if (c.max_seqs > 0) capacity.max_seqs = std::min(capacity.max_seqs, c.max_seqs);
+  return capacity;
+}
+
+std::string mib(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
+// The batches of every step, drawn up front on the host: each step's CP size (by the policy
+// from a draw of documents for one group), then one micro-batch per group of that size.
+struct Batches {
+  std::vector<int> cp;                                   // per step
+  std::vector<std::vector<std::vector<int64_t>>> micro;  // per step, per group: lengths
+};
+
+Batches draw_batches(const GraphRunConfig& c) {
+  const int world = c.sizes.back();
+  const int64_t rows_per_rank = c.tokens / world;
+  Batches batches;
+  batches.cp.resize(static_cast<size_t>(c.steps));
+  batches.micro.resize(static_cast<size_t>(c.steps));
+  LengthDistribution dist;
+  dist.median = c.median;
+  dist.max_length = c.tokens;
+  for (int s = 0; s < c.steps; ++s) {
+    Rng pick(c.seed * 7919u + static_cast<uint64_t>(s));
+    const int drawn = c.sizes[static_cast<size_t>(pick.uniform_int(0, static_cast<int64_t>(c.sizes.size()) - 1))];
+    std::vector<int64_t> first = sample_lengths(rows_per_rank * drawn, drawn, dist, c.seed * 104729u + s * 64u);
+    const int cp = c.dynamic ? choose_cp_size(first, c.sizes, rows_per_rank) : c.sizes[0];
+    batches.cp[static_cast<size_t>(s)] = cp;
+    // One micro-batch per group of size cp; the capacity's rows at this size.
+    for (int g = 0; g < world / cp; ++g) {
+      std::vector<int64_t> l = g == 0 && cp == drawn
+                                   ? first
+                                   : sample_lengths(rows_per_rank * cp, cp, dist, c.seed * 104729u + s * 64u + g + 1);
+      batches.micro[static_cast<size_t>(s)].push_back(l);
+    }
+  }
+  return batches;
+}
+
+// What the ranks share: a barrier and what they record for the tables.
+struct Shared {
+  Shared(int world, int step_count) : barrier(world), steps(static_cast<size_t>(step_count)) {}
+  ThreadBarrier barrier;
+  std::mutex mutex;
+  std::vector<StepRecord> steps;
+  std::vector<SizeRecord> sizes;
+};
+
+// One rank of the world: its CP groups of every size, a graph step for each, and metadata of
+// its own for the eager runs that the graph's results are compared with.
+class GraphRank {
+ public:
+  GraphRank(DeviceCommunicator& comm, const GraphRunConfig& c, cudaStream_t stream)
+      : comm_(comm), c_(c), stream_(stream), groups_(comm, c.sizes, stream, bank_options(c)) {
+    for (int cp : c.sizes) {
+      const Capacity capacity = capacity_of(c, cp);
+      groups_.bank(cp).add_capacity(capacity);
+      step_of_[cp] = std::make_unique<GraphStep>(groups_.bank(cp), c.shape, capacity.max_tokens);
+    }
+  }
+
+  // Step `s` through its size's bank, checked against eager when it is due; recorded.
+  void run_step(int s, const Batches& batches, Shared& shared) {
+    const int cp = batches.cp[static_cast<size_t>(s)];
+    const std::vector<int64_t>& lengths =
+        batches.micro[static_cast<size_t>(s)][static_cast<size_t>(groups_.group_index(cp))];
+    GraphStep& step = *step_of_[cp];
+    step.load_inputs(c_.seed * 1000u + static_cast<uint64_t>(s) * 16u + static_cast<uint64_t>(comm_.rank()), stream_);
+    shared.barrier.wait();  // every rank's inputs are in place
+    const auto start = std::chrono::steady_clock::now();
+    const graph::GraphBank::Outcome o = groups_.bank(cp).run(lengths, step.work(), stream_);
+    THDCP_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    const double ms = milliseconds_since(start);
+    if (o.how == graph::GraphBank::How::kReplayed || o.how == graph::GraphBank::How::kCaptured) {
+      replayed_lengths_[cp] = lengths;
+    }
+    const bool first_replay = o.how == graph::GraphBank::How::kReplayed && !checked_replay_[cp];
+    const bool check = o.how != graph::GraphBank::How::kWarmUp && (first_replay || s % c_.check_every == 0);
+    bool equal = true;
+    if (check) {
+      checked_replay_[cp] = checked_replay_[cp] || o.how == graph::GraphBank::How::kReplayed;
+      const std::vector<unsigned char> banked = step.download_outputs(stream_);
+      step.reload_inputs(stream_);
+      run_eager(cp, eager_batch(cp, o.capacity), lengths, "internal: the eager check's batch does not fit");
+      equal = banked == step.download_outputs(stream_);
+    }
+    std::lock_guard<std::mutex> lock(shared.mutex);
+    StepRecord& r = shared.steps[static_cast<size_t>(s)];
+    if (comm_.rank() == 0) {
+      r.cp = cp;
+      r.groups = c_.sizes.back() / cp;
+      r.how = o.how;
+      r.checked = check;
+      r.ms = ms;
+    }
+    if (groups_.group(cp).rank() == 0) {
+      for (int64_t n : lengths) r.documents += n > 0 ? 1 : 0;
+      r.rows += padded_rows(lengths, cp);
+    }
+    r.equal = r.equal && equal;
+  }
+
+  // Time per step at size cp on its last batch that the graph took: eager (the work enqueued
+  // directly) and replay, 12 runs each, median; recorded with the bank's report of the size.
+  void time_size(int cp, Shared& shared) {
+    graph::GraphBank& bank = groups_.bank(cp);
+    const Capacity capacity = capacity_of(c_, cp);
+    const std::vector<graph::KeyReport> report = bank.report();  // before the timing runs
+    double eager_median = 0, replay_median = 0;                  // 0: never captured
+    if (bank.counters(capacity).captures > 0) {
+      const std::vector<int64_t> lengths = replayed_lengths_[cp];
+      graph::StaticBatch& batch = eager_batch(cp, capacity);
+      std::vector<double> eager_ms, replay_ms;
+      for (int i = 0; i < 12; ++i) {
+        shared.barrier.wait();
+        auto start = std::chrono::steady_clock::now();
+        run_eager(cp, batch, lengths, "internal: the timed batch does not fit");
+        eager_ms.push_back(milliseconds_since(start));
+        shared.barrier.wait();
+        start = std::chrono::steady_clock::now();
+        bank.run(lengths, step_of_[cp]->work(), stream_);
+        groups_.group(cp).synchronize(stream_, 300);
+        replay_ms.push_back(milliseconds_since(start));
+      }
+      eager_median = median(eager_ms);
+      replay_median = median(replay_ms);
+    }
+    if (comm_.rank() != 0) return;
+    std::lock_guard<std::mutex> lock(shared.mutex);
+    for (const graph::KeyReport& k : report) {
+      shared.sizes.push_back(
+          SizeRecord{cp, k.capacity, k.counters, k.static_bytes, k.graph_bytes, eager_median, replay_median});
+    }
+  }
+
+  // Once every rank is done: the steps and eager batches go before the groups.
+  void finish(Shared& shared) {
+    shared.barrier.wait();
+    step_of_.clear();
+    eager_batch_.clear();
+    THDCP_CHECK_CUDA(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  static graph::BankOptions bank_options(const GraphRunConfig& c) {
+    graph::BankOptions options;
+    // Groups of one process that capture side by side (world / cp > 1) must not forbid each
+    // other's eager calls: thread-local capture then. One group keeps the global mode.
+    if (c.sizes.back() > c.sizes.front()) options.capture_mode = cudaStreamCaptureModeThreadLocal;
+    return options;
+  }
+
+  // This rank's own metadata of size cp and `capacity`, for the eager runs.
+  graph::StaticBatch& eager_batch(int cp, const Capacity& capacity) {
+    auto& batch = eager_batch_[cp];
+    if (!batch || !(batch->capacity() == capacity)) batch = std::make_unique<graph::StaticBatch>(cp, capacity);
+    return *batch;
+  }
+
+  // The step of size cp on `lengths`, enqueued eagerly on `batch`, and waited for.
+  void run_eager(int cp, graph::StaticBatch& batch, const std::vector<int64_t>& lengths, const char* no_fit) {
+    THDCP_CHECK(batch.fill(lengths, stream_) == Fit::kFits, no_fit);
+    step_of_[cp]->work()(batch, stream_);
+    groups_.group(cp).synchronize(stream_, 300);
+  }
+
+  DeviceCommunicator& comm_;
+  const GraphRunConfig& c_;
+  cudaStream_t stream_;
+  graph::CpGroups groups_;
+  std::map<int, std::unique_ptr<GraphStep>> step_of_;
+  std::map<int, std::unique_ptr<graph::StaticBatch>> eager_batch_;
+  std::map<int, bool> checked_replay_;
+  std::map<int, std::vector<int64_t>> replayed_lengths_;
+};
+
+void print_header(const GraphRunConfig& c, const char* device) {
+  std::printf("thdcp run --graph: CUDA graphs of RoPE + AllGather CP attention fwd/bwd, %s\n", device);
+  std::printf("  world %d ranks sharing GPU 0 (shared-gpu communicator); CP sizes", c.sizes.back());
+  for (int s : c.sizes) std::printf(" %d", s);
+  std::printf("%s; %lld rows per rank\n", c.dynamic ? " (chosen per batch)" : "",
+              static_cast<long long>(c.tokens / c.sizes.back()));
+  std::printf("  %d layer(s) of RoPE(%s) + attention, heads %lld:%lld, head_dim %lld, %s, %d steps\n",
+              c.shape.layers, c.shape.rope ? (c.shape.rope_config.layout == RopeLayout::kHalfSplit ? "neox" : "gptj")
+                                           : "none",
+              static_cast<long long>(c.shape.q_heads), static_cast<long long>(c.shape.kv_heads),
+              static_cast<long long>(c.shape.head_dim), dtype_name(c.shape.dtype), c.steps);
+  std::fflush(stdout);
+}
+
+// The tables and the verdict; returns the exit code.
+int print_results(const Shared& shared) {
+  std::printf("\n  step  cp  groups  documents    rows  ran        ms  check\n");
+  int checked = 0, equal = 0;
+  for (size_t s = 0; s < shared.steps.size(); ++s) {
+    const StepRecord& r = shared.steps[s];
+    std::printf("  %4zu  %2d  %6d  %9lld  %6lld  %-9s %6.2f  %s\n", s, r.cp, r.groups,
+                static_cast<long long>(r.documents), static_cast<long long>(r.rows),
+                graph::GraphBank::how_name(r.how), r.ms,
+                r.checked ? (r.equal ? "= eager" : "DIFFERS from eager") : "-");
+    checked += r.checked ? 1 : 0;
+    equal += r.checked && r.equal ? 1 : 0;
+  }
+  std::printf("\n  cp  capacity (max_seqs, max_tokens)  warm-ups  captures  replays  fallbacks  static MiB  graph MiB"
+              "  eager ms  replay ms\n");
+  for (const SizeRecord& r : shared.sizes) {
+    std::printf("  %2d  %12d %12lld     %8lld  %8lld  %7lld  %9lld  %10s  %9s  %8.2f  %9.2f\n", r.cp,
+                r.capacity.max_seqs, static_cast<long long>(r.capacity.max_tokens),
+                static_cast<long long>(r.counters.warmups), static_cast<long long>(r.counters.captures),
+                static_cast<long long>(r.counters.replays), static_cast<long long>(r.counters.fallbacks),
+                mib(r.static_bytes).c_str(), mib(r.graph_bytes).c_str(), r.eager_ms, r.replay_ms);
+  }
+  std::printf("  (per CP size, on rank 0: static = its StaticBatch and named buffers; graph = what\n"
+              "   instantiating and uploading its graph took by cudaMemGetInfo, 0 below its 2 MiB\n"
+              "   resolution; eager and replay ms: one step, median of 12, 0 if never captured)\n");
+  const bool passed = equal == checked;
+  std::printf("\nresult: %s (%d of %d checked steps equal eager bit for bit)\n", passed ? "PASS" : "FAIL", equal,
+              checked);
+  return passed ? 0 : 1;
+}
+
+}  // namespace
+
+int run_graph_command(const std::vector<std::string>& argv) {
+  const Args args(without(argv, "--graph"),
+                  {"steps", "cp", "dynamic-cp", "tokens", "max-seqs", "check-every", "median", "seed", "layers",
+                   "heads", "head-dim", "dtype", "mask", "window", "rope"},
+                  {"quiet", "help"});
+  if (args.has("help")) {
+    std::fputs(kRunGraphHelp, stdout);
+    return 0;
+  }
+  const GraphRunConfig c = parse(args);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    throw UsageError("--graph captures CUDA graphs and needs a GPU: none is visible");
+  }
+  cudaDeviceProp prop{};
+  THDCP_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const Batches batches = draw_batches(c);
+  Shared shared(c.sizes.back(), c.steps);
+  print_header(c, prop.name);
+  run_shared_gpu(c.sizes.back(), [&](DeviceCommunicator& comm) {
+    Stream stream;
+    comm.warm_up(stream.get());
+    GraphRank rank(comm, c, stream.get());
+    for (int s = 0; s < c.steps; ++s) rank.run_step(s, batches, shared);
+    for (int cp : c.sizes) rank.time_size(cp, shared);
+    rank.finish(shared);
+  });
+  return print_results(shared);
+}
+
+#endif
+
+}  // namespace thdcp::tools

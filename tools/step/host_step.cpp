@@ -1,0 +1,41 @@
+#include "step/host_step.h"
+
+#include "thdcp/cpu/attention.h"
+
+namespace thdcp::tools {
+
+size_t StepShape::bytes(int64_t rows, int64_t heads) const { return checked_tensor_bytes(rows, heads, head_dim, dtype); }
+
+AttentionProblem attention_problem(const StepShape& shape, const Capacity& capacity, const Mask& mask) {
+  return AttentionProblem{shape.heads(), capacity, mask, shape.dtype, shape.dtype, shape.dtype};
+}
+
+cp::Problem cp_problem(const StepShape& shape, int cp, const Capacity& capacity, const Mask& mask) {
+  return cp::Problem{shape.heads(), cp, capacity, mask, shape.dtype};
+}
+
+BatchLayout exact_layout(const std::vector<int64_t>& lengths, int cp) {
+  return make_layout(lengths, cp, Capacity{static_cast<int>(lengths.size()) + 1, make_layout(lengths, cp).total_rows()});
+}
+
+HostOutputs host_outputs(const StepShape& shape, int64_t rows) {
+  HostOutputs outputs;
+  outputs.out = HostTensor(shape.dtype, rows, shape.q_heads, shape.head_dim);
+  outputs.dq = HostTensor(shape.dtype, rows, shape.q_heads, shape.head_dim);
+  outputs.dk = HostTensor(shape.dtype, rows, shape.kv_heads, shape.head_dim);
+  outputs.dv = HostTensor(shape.dtype, rows, shape.kv_heads, shape.head_dim);
+  outputs.lse.assign(static_cast<size_t>(rows * shape.q_heads), 0.0f);
+  outputs.max_logit.assign(static_cast<size_t>(shape.q_heads), 0.0f);
+  return outputs;
+}
+
+HostOutputs cpu_reference(const SegmentTable& table, const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                          const HostTensor& dout) {
+  HostOutputs ref = host_outputs(StepShape{{q.heads(), k.heads(), q.head_dim()}, q.dtype()}, q.tokens());
+  cpu::attention_forward(table, q.view(), k.view(), v.view(), ref.out.view(), ref.lse.data(), ref.max_logit.data());
+  cpu::attention_backward(table, q.view(), k.view(), v.view(), ref.out.view(), dout.view(), ref.lse.data(),
+                          ref.dq.view(), ref.dk.view(), ref.dv.view());
+  return ref;
+}
+
+}  // namespace thdcp::tools
