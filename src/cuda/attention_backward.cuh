@@ -96,6 +96,25 @@ __device__ __forceinline__ void load_row_statistics(const BackwardParams& p, con
   }
 }
 
+// Enqueues (cp.async) the lse and delta of query rows [m0, m0 + kM) of `head` into buffer
+// `buffer` of lse_rows / delta_rows ([2][kM] floats each): thread t < kM copies lse row t,
+// kM <= t < 2 kM delta row t - kM; with kGuarded, threads t >= 2 kM do nothing (blocks of
+// more threads), without it the block has exactly 2 kM. Rows at and past `rows` are
+// zero-filled. The dK/dV passes load them beside each query tile.
+template <int kM, bool kGuarded>
+__device__ __forceinline__ void load_row_statistics_async(const BackwardParams& p, const Segment& seg, int head,
+                                                          int m0, int rows, float* lse_rows, float* delta_rows,
+                                                          int buffer) {
+  const int t = threadIdx.x;
+  if (kGuarded && t >= 2 * kM) return;
+  const int r = t % kM;
+  const bool valid = r < rows;
+  const int64_t index = static_cast<int64_t>(head) * p.q_rows + seg.q_row + m0 + (valid ? r : 0);
+  const float* src = t < kM ? p.lse + index : p.delta + index;
+  float* dst = (t < kM ? lse_rows : delta_rows) + buffer * kM + r;
+  cp_async_4(smem_address(dst), src, valid);
+}
+
 // S -> dS = P (dP - delta) in place for a warp's 16 query rows x kN keys in the m16n8
 // accumulator layout (this thread: rows q_index and q_index + 8 of the segment, columns
 // 8 nf + pair_col + {0, 1} from key index key0). With needs_mask, a masked entry

@@ -85,15 +85,7 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
       q_src += pass_step<kQRowStep>(strides.q);
       do_src += pass_step<kQRowStep>(strides.dout);
     }
-    const int t = threadIdx.x;
-    if (t < 2 * kM) {
-      const int r = t % kM;
-      const bool valid = r < rows;
-      const int64_t index = static_cast<int64_t>(head) * p.q_rows + seg.q_row + m0 + (valid ? r : 0);
-      const float* src = t < kM ? p.lse + index : p.delta + index;
-      float* dst = (t < kM ? lse_rows : delta_rows) + buffer * kM + r;
-      cp_async_4(smem_address(dst), src, valid);
-    }
+    load_row_statistics_async<kM, true>(p, seg, head, m0, rows, lse_rows, delta_rows, buffer);
   };
   load_q(0, 0, 0);
   cp_async_commit();

@@ -201,13 +201,7 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
     const uint32_t buffer_bytes = static_cast<uint32_t>(buffer) * Shape::kTileBytes;
     load_wgmma_tile_async<kM, kD, kThreads>(q_tiles + buffer_bytes, q, seg.q_row + m0, rows, strides.q, head);
     load_wgmma_tile_async<kM, kD, kThreads>(do_tiles + buffer_bytes, dout, seg.q_row + m0, rows, strides.dout, head);
-    const int t = threadIdx.x;
-    const int r = t % kM;
-    const bool valid = r < rows;
-    const int64_t index = static_cast<int64_t>(head) * p.q_rows + seg.q_row + m0 + (valid ? r : 0);
-    const float* src = t < kM ? p.lse + index : p.delta + index;
-    float* dst = (t < kM ? lse_rows : delta_rows) + buffer * kM + r;
-    cp_async_4(smem_address(dst), src, valid);
+    load_row_statistics_async<kM, false>(p, seg, head, m0, rows, lse_rows, delta_rows, buffer);
   };
   load_q(0, 0, 0);
   cp_async_commit();
