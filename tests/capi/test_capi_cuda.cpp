@@ -36,10 +36,10 @@
 #include <nccl.h>
 #endif
 
-#include "support/cuda_one_shot.h"
+#include "support/cuda/one_shot.h"
 #include "capi/capi_support.h"
-#include "cp/cuda_cp_rank.h"
-#include "cuda/cuda_test_support.h"
+#include "support/cp/cuda_cp_rank.h"
+#include "support/cuda/cuda_test.h"
 #include "support/gpu_tolerance.h"
 #include "support/random_batch.h"
 #include "thdcp/cuda/attention.h"

@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "comm/nccl_test_support.h"
+#include "support/comm/collective_step.h"
 #include "thdcp/comm/mpi.h"
 #include "thdcp/comm_device/nccl.h"
 

@@ -12,8 +12,8 @@
 #include <tuple>
 #include <vector>
 
-#include "cp/cuda_cp_cases.h"
-#include "cp/cuda_cp_rank.h"
+#include "support/cp/cuda_cp_cases.h"
+#include "support/cp/cuda_cp_rank.h"
 #include "support/expect_error.h"
 #include "support/gpu_tolerance.h"
 #include "thdcp/comm_device/shared_gpu.h"

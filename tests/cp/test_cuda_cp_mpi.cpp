@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "cp/cuda_cp_cases.h"
+#include "support/cp/cuda_cp_cases.h"
 #include "thdcp/comm/mpi.h"
 #include "thdcp/comm_device/nccl.h"
 

@@ -7,8 +7,8 @@
 
 #include <vector>
 
-#include "support/cuda_one_shot.h"
-#include "cp/cuda_cp_cases.h"
+#include "support/cuda/one_shot.h"
+#include "support/cp/cuda_cp_cases.h"
 #include "thdcp/comm_device/nccl.h"
 #include "thdcp/comm_device/shared_gpu.h"
 

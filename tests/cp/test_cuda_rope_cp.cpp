@@ -11,8 +11,8 @@
 #include <tuple>
 #include <vector>
 
-#include "cp/cuda_cp_cases.h"
-#include "cp/cuda_cp_rank.h"
+#include "support/cp/cuda_cp_cases.h"
+#include "support/cp/cuda_cp_rank.h"
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/cpu/rope.h"
 #include "thdcp/cuda/rope.h"

@@ -3,8 +3,8 @@
 #include <cstring>
 #include <vector>
 
-#include "support/cuda_one_shot.h"
-#include "cuda_test_support.h"
+#include "support/cuda/one_shot.h"
+#include "support/cuda/cuda_test.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/core/error.h"
 #include "thdcp/plan/layout.h"

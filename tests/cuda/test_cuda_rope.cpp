@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_test_support.h"
+#include "support/cuda/cuda_test.h"
 #include "support/expect_error.h"
 #include "thdcp/cpu/rope.h"
 #include "thdcp/cuda/rope.h"

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "support/cuda_one_shot.h"
-#include "cuda_test_support.h"
+#include "support/cuda/one_shot.h"
+#include "support/cuda/cuda_test.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/plan/layout.h"

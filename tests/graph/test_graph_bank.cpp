@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/graph_test_support.h"
+#include "support/graph/bank_rank.h"
 #include "support/expect_error.h"
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/graph/cp_groups.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/graph_test_support.h"
+#include "support/graph/bank_rank.h"
 #include "thdcp/comm/communicator.h"
 #include "thdcp/comm_device/nccl.h"
 #include "thdcp/graph/cp_groups.h"

@@ -1,35 +1,12 @@
-// The edge-case table of the CUDA CP tests (STYLE.md: lengths 0 and 1, not multiples of
-// 2*cp, one sequence filling the capacity, exactly max_seqs - 1 sequences, a window wider
-// than a chunk, full, causal, GQA 1/4/8, bf16 and fp16), shared by the shared-GPU, NCCL and
-// MPI tests, and the check of one rank's outputs against the CPU reference.
-#pragma once
-
-#include <gtest/gtest.h>
-
-#include <algorithm>
-#include <string>
-#include <vector>
-
-#include "cp/cuda_cp_rank.h"
-#include "support/gpu_tolerance.h"
+#include "support/cp/cuda_cp_cases.h"
 
 namespace thdcp::test {
 
-struct EdgeCase {
-  const char* name;
-  std::vector<int64_t> lengths;  // documents; -1: one sequence filling the capacity
-  int extra_seqs;                // placeholders beyond the reserved one (0: exactly max_seqs - 1 documents)
-  Mask mask;
-  int q_heads, kv_heads, head_dim;
-  DType dtype;
-};
-
-inline const std::vector<EdgeCase>& edge_cases() {
+const std::vector<EdgeCase>& edge_cases() {
   static const std::vector<EdgeCase> cases = {
       {"short_and_empty_causal_gqa4_bf16", {0, 1, 17, 37, 300, 2}, 2, Mask::causal(), 8, 2, 64, DType::kBFloat16},
       {"one_sequence_fills_capacity_fp16", {-1}, 0, Mask::causal(), 4, 4, 128, DType::kFloat16},
-      {"max_seqs_minus_one_full_gqa8_bf16", {130, 7, 64, 1, 95, 33, 12}, 0, Mask::full(), 8, 1, 128,
-       DType::kBFloat16},
+      {"max_seqs_minus_one_full_gqa8_bf16", {130, 7, 64, 1, 95, 33, 12}, 0, Mask::full(), 8, 1, 128, DType::kBFloat16},
       {"window_wider_than_chunk_fp16", {1500, 700, 3}, 1, Mask::window(1000, 0), 8, 2, 64, DType::kFloat16},
       {"window_both_sides_gqa1_bf16", {400, 250, 9}, 1, Mask::window(64, 200), 4, 4, 128, DType::kBFloat16},
       {"small_window_gqa8_fp16", {333, 21, 160}, 1, Mask::window(16, 16), 8, 1, 64, DType::kFloat16},
@@ -37,9 +14,7 @@ inline const std::vector<EdgeCase>& edge_cases() {
   return cases;
 }
 
-// A batch of `c` for `cp` in capacity form; `seed` varies the data and (for the replay
-// batch) the lengths, keeping the capacity.
-inline Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint64_t seed, bool shuffle) {
+Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint64_t seed, bool shuffle) {
   std::vector<int64_t> lengths = c.lengths;
   if (lengths.size() == 1 && lengths[0] < 0) {
     lengths[0] = capacity.max_tokens - (shuffle ? 2 * cp + 3 : 0);  // fills the capacity (or nearly)
@@ -51,7 +26,7 @@ inline Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity
   return make_batch(layout, c.dtype, c.q_heads, c.kv_heads, c.head_dim, seed);
 }
 
-inline Capacity capacity_of(const EdgeCase& c, int cp) {
+Capacity capacity_of(const EdgeCase& c, int cp) {
   int64_t rows = 0;
   int docs = 0;
   for (int64_t n : c.lengths) {
@@ -63,9 +38,7 @@ inline Capacity capacity_of(const EdgeCase& c, int cp) {
   return Capacity{docs + 1 + c.extra_seqs, rows + slack};
 }
 
-// One rank's outputs against its rows of `ref`, the single-device CPU result on the batch `b`.
-inline void expect_matches_reference(const RankOutputs& o, const GlobalResult& ref, const Batch& b, int cp,
-                                     int rank) {
+void expect_matches_reference(const RankOutputs& o, const GlobalResult& ref, const Batch& b, int cp, int rank) {
   const LayoutView view = b.layout.view();
   const DType dtype = b.q.dtype();
   SCOPED_TRACE("cp " + std::to_string(cp) + " rank " + std::to_string(rank));
@@ -73,16 +46,15 @@ inline void expect_matches_reference(const RankOutputs& o, const GlobalResult& r
   EXPECT_TRUE(matches("dq", o.dq, local_part(ref.dq, view, cp, rank), gpu_grad_tolerance(dtype)));
   EXPECT_TRUE(matches("dk", o.dk, local_part(ref.dk, view, cp, rank), gpu_grad_tolerance(dtype)));
   EXPECT_TRUE(matches("dv", o.dv, local_part(ref.dv, view, cp, rank), gpu_grad_tolerance(dtype)));
-  EXPECT_TRUE(matches("lse", o.lse, local_lse(ref.lse, b.q.heads(), view, cp, rank),
-                            kGpuFp32ResultTolerance));
+  EXPECT_TRUE(matches("lse", o.lse, local_lse(ref.lse, b.q.heads(), view, cp, rank), kGpuFp32ResultTolerance));
   EXPECT_TRUE(matches("max_logit", o.max_logit, ref.max_logit, kGpuFp32ResultTolerance));
 }
 
-inline void expect_matches_reference(const RankOutputs& o, const Batch& b, const Mask& mask, int cp, int rank) {
+void expect_matches_reference(const RankOutputs& o, const Batch& b, const Mask& mask, int cp, int rank) {
   expect_matches_reference(o, single_device(b, mask, AttentionOptions{}), b, cp, rank);
 }
 
-inline cp::Problem problem_of(const EdgeCase& c, int cp) {
+cp::Problem problem_of(const EdgeCase& c, int cp) {
   cp::Problem problem;
   problem.cp = cp;
   problem.capacity = capacity_of(c, cp);
@@ -94,11 +66,7 @@ inline cp::Problem problem_of(const EdgeCase& c, int cp) {
   return problem;
 }
 
-// One rank of an edge case over a communicator whose ranks capture their own streams (NCCL:
-// a thread or a process per GPU): the eager step on a first batch against the CPU
-// reference, then this rank's step captured (`mode`), replayed on a second batch of the same
-// capacity, and compared bit for bit with the eager step on that batch.
-inline void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode) {
+void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode) {
   const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
   const int cp = comm.size(), rank = comm.rank();
   const cp::Problem problem = problem_of(c, cp);

@@ -1,0 +1,173 @@
+#include "support/graph/bank_rank.h"
+
+namespace thdcp::test {
+
+BankRank::BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shapes& s)
+    : comm_(comm),
+      bank_(bank),
+      s_(s),
+      rows_(max_tokens / comm.size()),
+      q_(s.dtype, rows_, s.q_heads, s.head_dim),
+      k_(s.dtype, rows_, s.kv_heads, s.head_dim),
+      v_(s.dtype, rows_, s.kv_heads, s.head_dim),
+      dout_(s.dtype, rows_, s.q_heads, s.head_dim),
+      out_(s.dtype, rows_, s.q_heads, s.head_dim),
+      dq_(s.dtype, rows_, s.q_heads, s.head_dim),
+      dk_(s.dtype, rows_, s.kv_heads, s.head_dim),
+      dv_(s.dtype, rows_, s.kv_heads, s.head_dim),
+      lse_(sizeof(float) * static_cast<size_t>(s.q_heads * rows_)),
+      max_logit_(sizeof(float) * static_cast<size_t>(s.q_heads)) {
+  THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+BankRank::~BankRank() {
+  plans_.clear();
+  eager_.clear();
+  cudaStreamDestroy(stream_);
+}
+
+graph::Work BankRank::work() {
+  return [this](const StaticBatch& b, cudaStream_t stream) {
+    cp::CudaPlan& p = plan(b.capacity());
+    const int64_t rows = b.capacity().max_tokens / comm_.size();
+    p.forward(b.layout(), forward_tensors(rows), stream);
+    p.backward(b.layout(), backward_tensors(rows), stream);
+  };
+}
+
+void BankRank::load(const Batch& b) {
+  const LayoutView layout = b.layout.view();
+  const int cp = comm_.size(), rank = comm_.rank();
+  const int64_t rows = b.layout.total_rows() / cp;
+  const auto upload = [&](DeviceTensor& t, const HostTensor& global) {
+    const HostTensor part = local_part(global, layout, cp, rank);
+    t.buffer.upload(part.data(), static_cast<size_t>(rows) * part.row_bytes(), stream_);
+  };
+  upload(q_, b.q);
+  upload(k_, b.k);
+  upload(v_, b.v);
+  upload(dout_, b.dout);
+  for (DeviceBuffer* p : {&out_.buffer, &dq_.buffer, &dk_.buffer, &dv_.buffer, &lse_, &max_logit_}) p->poison(stream_);
+}
+
+void BankRank::run_eager(const std::vector<int64_t>& lengths, const Capacity& capacity) {
+  auto it = eager_.find(capacity);
+  if (it == eager_.end()) it = eager_.emplace(capacity, std::make_unique<StaticBatch>(comm_.size(), capacity)).first;
+  ASSERT_EQ(it->second->fill(lengths, stream_), Fit::kFits);
+  work()(*it->second, stream_);
+}
+
+RankOutputs BankRank::download(int64_t rows) {
+  // The rank's stream follows its group's replay. No device-wide sync: another group may be
+  // capturing meanwhile.
+  comm_.synchronize(stream_, 120);
+  RankOutputs r;
+  const auto take = [&](const DeviceTensor& t) {
+    HostTensor h(t.dtype, rows, t.heads, t.head_dim);
+    t.buffer.download(h.data(), static_cast<size_t>(rows) * h.row_bytes());
+    return h;
+  };
+  r.out = take(out_);
+  r.dq = take(dq_);
+  r.dk = take(dk_);
+  r.dv = take(dv_);
+  r.lse = download_vector<float>(lse_, static_cast<size_t>(s_.q_heads * rows_));
+  r.lse.resize(static_cast<size_t>(s_.q_heads * rows));
+  r.max_logit = download_vector<float>(max_logit_, static_cast<size_t>(s_.q_heads));
+  return r;
+}
+
+cp::CudaPlan& BankRank::plan(const Capacity& c) {
+  auto it = plans_.find(c);
+  if (it != plans_.end()) return *it->second;
+  cp::Problem problem;
+  problem.cp = comm_.size();
+  problem.capacity = c;
+  problem.mask = s_.mask;
+  problem.q_heads = s_.q_heads;
+  problem.kv_heads = s_.kv_heads;
+  problem.head_dim = s_.head_dim;
+  problem.dtype = s_.dtype;
+  const size_t bytes = cp::cuda_workspace_size(problem);
+  void* workspace = bank_.buffer(c, "cp workspace", bytes);
+  auto plan = std::make_unique<cp::CudaPlan>(comm_, problem, AttentionOptions{}, workspace, bytes);
+  return *plans_.emplace(c, std::move(plan)).first->second;
+}
+
+ThdTensor BankRank::view(DeviceTensor& t, int64_t rows) {
+  return ThdTensor{t.buffer.data(), t.dtype, rows, t.heads, t.head_dim};
+}
+ForwardTensors BankRank::forward_tensors(int64_t rows) {
+  return ForwardTensors{view(q_, rows),   view(k_, rows),   view(v_, rows),
+                        view(out_, rows), lse_.as<float>(), max_logit_.as<float>()};
+}
+BackwardTensors BankRank::backward_tensors(int64_t rows) {
+  return BackwardTensors{view(q_, rows),   view(k_, rows),  view(v_, rows),  view(out_, rows), view(dout_, rows),
+                         lse_.as<float>(), view(dq_, rows), view(dk_, rows), view(dv_, rows)};
+}
+
+void GraphNcclTest::SetUp() {
+  CudaTest::SetUp();
+  if (IsSkipped()) return;
+  if (!nccl::built_with_nccl()) GTEST_SKIP() << "thdcp was built without NCCL";
+  THDCP_CHECK_CUDA(cudaGetDeviceCount(&gpus_));
+}
+
+Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity, const Shapes& s, uint64_t seed) {
+  return make_batch(capacity_layout(lengths, cp, capacity), s.dtype, s.q_heads, s.kv_heads, s.head_dim, seed);
+}
+
+std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t seed) {
+  std::vector<std::vector<int64_t>> out;
+  out.push_back({c.max_tokens});
+  out.push_back(std::vector<int64_t>(static_cast<size_t>(c.max_seqs - 1), 2 * cp));
+  out.push_back({0, 3, 0, 0, 17, 0, 2 * cp + 1});
+  out.push_back({1, 9});
+  Rng rng(seed);
+  while (out.size() < 20) {
+    std::vector<int64_t> lengths;
+    const int docs = static_cast<int>(rng.uniform_int(1, 60));
+    for (int d = 0; d < docs; ++d) lengths.push_back(rng.uniform_int(0, c.max_tokens / 4));
+    while (padded_rows(lengths, cp) > c.max_tokens) lengths.pop_back();
+    if (lengths.empty()) continue;
+    if (out.size() % 2 == 0) {  // use exactly max_tokens rows
+      const int64_t slack = c.max_tokens - padded_rows(lengths, cp);
+      lengths.back() = cp_padded_length(lengths.back(), cp) + slack;
+    }
+    out.push_back(lengths);
+  }
+  return out;
+}
+
+std::vector<graph::GraphBank::How> run_packings(DeviceCommunicator& comm, graph::GraphBank& bank,
+                                                const Capacity& capacity,
+                                                const std::vector<std::vector<int64_t>>& lengths,
+                                                const std::vector<Batch>& batches, const Shapes& s) {
+  BankRank rank(comm, bank, capacity.max_tokens, s);
+  comm.warm_up(rank.stream());
+  std::vector<graph::GraphBank::How> how;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    SCOPED_TRACE("rank " + std::to_string(comm.rank()) + " packing " + std::to_string(i));
+    rank.load(batches[i]);
+    how.push_back(bank.run(lengths[i], rank.work(), rank.stream()).how);
+    const RankOutputs banked = rank.download(capacity.max_tokens / comm.size());
+    rank.load(batches[i]);
+    rank.run_eager(lengths[i], capacity);
+    const RankOutputs eager = rank.download(capacity.max_tokens / comm.size());
+    EXPECT_TRUE(identical(banked, eager)) << graph::GraphBank::how_name(how.back()) << " vs eager";
+    expect_matches_reference(banked, batches[i], s.mask, comm.size(), comm.rank());
+  }
+  return how;
+}
+
+Packings make_packings(int cp, const Capacity& capacity, const Shapes& s, size_t count) {
+  Packings p;
+  p.lengths = packings(cp, capacity, 21 + static_cast<uint64_t>(cp));
+  p.lengths.resize(count);
+  for (size_t i = 0; i < p.lengths.size(); ++i) {
+    p.batches.push_back(batch_of(p.lengths[i], cp, capacity, s, 500 + i));
+  }
+  return p;
+}
+
+}  // namespace thdcp::test

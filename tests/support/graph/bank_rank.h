@@ -1,0 +1,95 @@
+// Test support of the graph tests: a rank's static tensors, CP plans per capacity and the
+// step a GraphBank captures (BankRank), batches of a capacity, and 20 packings of one.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "support/cp/cuda_cp_cases.h"
+#include "support/cp/cuda_cp_rank.h"
+#include "thdcp/comm_device/nccl.h"
+#include "thdcp/graph/graph_bank.h"
+
+namespace thdcp::test {
+
+using graph::GraphBank;
+using graph::StaticBatch;
+
+struct Shapes {
+  int64_t q_heads = 4, kv_heads = 2, head_dim = 64;
+  DType dtype = DType::kBFloat16;
+  Mask mask = Mask::causal();
+};
+
+// One rank's static tensors (sized for the largest capacity, viewed per capacity), its CP
+// plans per capacity (workspaces from the bank), and the step the bank captures.
+class BankRank {
+ public:
+  BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shapes& s);
+  ~BankRank();
+
+  cudaStream_t stream() const { return stream_; }
+
+  graph::Work work();
+
+  // This rank's part of a batch into the static tensors; outputs poisoned.
+  void load(const Batch& b);
+
+  // The same step eagerly, on metadata of its own (not the bank's), for comparison.
+  void run_eager(const std::vector<int64_t>& lengths, const Capacity& capacity);
+
+  RankOutputs download(int64_t rows);
+
+ private:
+  cp::CudaPlan& plan(const Capacity& c);
+  ThdTensor view(DeviceTensor& t, int64_t rows);
+  ForwardTensors forward_tensors(int64_t rows);
+  BackwardTensors backward_tensors(int64_t rows);
+
+  DeviceCommunicator& comm_;
+  GraphBank& bank_;
+  Shapes s_;
+  int64_t rows_;
+  DeviceTensor q_, k_, v_, dout_, out_, dq_, dk_, dv_;
+  DeviceBuffer lse_, max_logit_;
+  cudaStream_t stream_ = nullptr;
+  std::map<Capacity, std::unique_ptr<cp::CudaPlan>> plans_;
+  std::map<Capacity, std::unique_ptr<StaticBatch>> eager_;
+};
+
+Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity, const Shapes& s, uint64_t seed);
+
+// 20 packings of one capacity: one document filling it, max_seqs - 1 documents filling it
+// exactly, zero-length documents, a single token, and random ones (half of them using
+// exactly max_tokens rows). (A rank whose every query sees one key has dQ exactly 0 in the
+// reference and ~1e-6 on the GPU, the fp32 rounding of dP - D, which no tolerance relative
+// to max|ref| = 0 admits; so the max_seqs - 1 documents have 2*cp tokens, not 1, and the
+// one-token document comes with another.)
+std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t seed);
+
+// Every packing of `capacity` through `bank`, each compared with the eager step and the
+// reference; returns how each ran.
+std::vector<graph::GraphBank::How> run_packings(DeviceCommunicator& comm, graph::GraphBank& bank,
+                                                const Capacity& capacity,
+                                                const std::vector<std::vector<int64_t>>& lengths,
+                                                const std::vector<Batch>& batches, const Shapes& s);
+
+// GPU tests of the bank over NCCL: skipped with the reason without NCCL; gpus_ GPUs visible.
+class GraphNcclTest : public CudaTest {
+ protected:
+  void SetUp() override;
+  int gpus_ = 0;
+};
+
+struct Packings {
+  std::vector<std::vector<int64_t>> lengths;
+  std::vector<Batch> batches;
+};
+
+Packings make_packings(int cp, const Capacity& capacity, const Shapes& s, size_t count);
+
+}  // namespace thdcp::test
