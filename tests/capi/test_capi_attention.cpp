@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "capi/capi_support.h"
+#include "support/outputs.h"
 #include "support/random_batch.h"
 #include "thdcp/cpu/attention.h"
 #include "thdcp/plan/segment_table.h"
@@ -20,30 +21,19 @@ namespace {
 using test::c_layout;
 using test::c_tensor;
 
-struct Result {
-  HostTensor out, dq, dk, dv;
-  std::vector<float> lse, max_logit;
-};
+using test::Outputs;
 
-Result empty_result(const test::Batch& b, DType dq_dtype, DType dkv_dtype) {
-  const int64_t rows = b.q.tokens();
-  Result r;
-  r.out = HostTensor(b.q.dtype(), rows, b.q.heads(), b.q.head_dim());
-  r.dq = HostTensor(dq_dtype, rows, b.q.heads(), b.q.head_dim());
-  r.dk = HostTensor(dkv_dtype, rows, b.k.heads(), b.k.head_dim());
-  r.dv = HostTensor(dkv_dtype, rows, b.k.heads(), b.k.head_dim());
-  r.lse.resize(static_cast<size_t>(b.q.heads() * rows));
-  r.max_logit.resize(static_cast<size_t>(b.q.heads()));
-  for (HostTensor* t : {&r.out, &r.dq, &r.dk, &r.dv}) test::poison(*t);
-  test::poison(r.lse);
-  test::poison(r.max_logit);
+// Outputs of `b`'s rows and heads, every element NaN.
+Outputs poisoned_outputs(const test::Batch& b, DType dq_dtype, DType dkv_dtype) {
+  Outputs r = test::outputs_for(b, b.q.tokens(), dq_dtype, dkv_dtype);
+  test::poison(r);
   return r;
 }
 
 // The C++ API: one segment per sequence, the CPU reference.
-Result cpp_result(const test::Batch& b, const Mask& mask, const AttentionOptions& options, DType dq_dtype,
+Outputs cpp_result(const test::Batch& b, const Mask& mask, const AttentionOptions& options, DType dq_dtype,
                   DType dkv_dtype) {
-  Result r = empty_result(b, dq_dtype, dkv_dtype);
+  Outputs r = poisoned_outputs(b, dq_dtype, dkv_dtype);
   const SegmentTable table = build_segment_table(b.layout.view(), mask);
   cpu::attention_forward(table, b.q.view(), b.k.view(), b.v.view(), r.out.view(), r.lse.data(), r.max_logit.data(),
                          options);
@@ -53,8 +43,8 @@ Result cpp_result(const test::Batch& b, const Mask& mask, const AttentionOptions
 }
 
 // The same through the C ABI, with a plan of `params`.
-Result c_result(const test::Batch& b, const thdcp_attention_params* params, DType dq_dtype, DType dkv_dtype) {
-  Result r = empty_result(b, dq_dtype, dkv_dtype);
+Outputs c_result(const test::Batch& b, const thdcp_attention_params* params, DType dq_dtype, DType dkv_dtype) {
+  Outputs r = poisoned_outputs(b, dq_dtype, dkv_dtype);
   size_t workspace_bytes = 1;
   EXPECT_C_OK(thdcp_attention_plan_workspace_size(params, &workspace_bytes));
   EXPECT_EQ(workspace_bytes, 0u) << "the CPU backend needs no workspace";
@@ -78,7 +68,7 @@ Result c_result(const test::Batch& b, const thdcp_attention_params* params, DTyp
   return ::testing::AssertionFailure() << name << " differs from the C++ API at byte " << i;
 }
 
-void expect_same(const Result& c, const Result& cpp) {
+void expect_same(const Outputs& c, const Outputs& cpp) {
   for (auto [name, x, y] : {std::make_tuple("out", &c.out, &cpp.out), std::make_tuple("dq", &c.dq, &cpp.dq),
                             std::make_tuple("dk", &c.dk, &cpp.dk), std::make_tuple("dv", &c.dv, &cpp.dv)}) {
     EXPECT_TRUE(same_bits(name, x->data(), y->data(), static_cast<size_t>(x->numel()) * dtype_size(x->dtype())));
@@ -122,8 +112,8 @@ TEST_P(CApiEqualsCpp, ForwardAndBackwardBitForBit) {
   AttentionOptions options;
   options.softmax_scale = p.softmax_scale;
   options.num_threads = 2;
-  const Result cpp = cpp_result(b, mask, options, grad, grad);
-  const Result c = c_result(b, &p, grad, grad);
+  const Outputs cpp = cpp_result(b, mask, options, grad, grad);
+  const Outputs c = c_result(b, &p, grad, grad);
   expect_same(c, cpp);
 }
 
@@ -171,14 +161,14 @@ TEST(CApiVersioning, OlderShorterParamsTakeTheDefaults) {
   old.window_right = 0;
   const auto* as_current = reinterpret_cast<const thdcp_attention_params*>(&old);
   // Defaults of the missing fields: gradients in the plan's dtype, every hardware thread.
-  const Result c = c_result(b, as_current, DType::kBFloat16, DType::kBFloat16);
-  const Result cpp = cpp_result(b, Mask::causal(), AttentionOptions{}, DType::kBFloat16, DType::kBFloat16);
+  const Outputs c = c_result(b, as_current, DType::kBFloat16, DType::kBFloat16);
+  const Outputs cpp = cpp_result(b, Mask::causal(), AttentionOptions{}, DType::kBFloat16, DType::kBFloat16);
   expect_same(c, cpp);
 
   // The defaulted dq_dtype is the plan's dtype: an fp32 dq is refused, naming it.
   thdcp_attention_plan_t plan = nullptr;
   ASSERT_C_OK(thdcp_attention_plan_create(as_current, nullptr, 0, &plan));
-  Result r = empty_result(b, DType::kFloat32, DType::kBFloat16);
+  Outputs r = poisoned_outputs(b, DType::kFloat32, DType::kBFloat16);
   const thdcp_layout_t layout = c_layout(b.layout);
   const thdcp_tensor_t q = c_tensor(b.q), k = c_tensor(b.k), v = c_tensor(b.v), dout = c_tensor(b.dout);
   const thdcp_tensor_t out = c_tensor(cpp.out), dq = c_tensor(r.dq), dk = c_tensor(r.dk), dv = c_tensor(r.dv);

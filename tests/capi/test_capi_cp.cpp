@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "capi/capi_support.h"
+#include "support/outputs.h"
 #include "support/random_batch.h"
 #include "thdcp/plan/rank_split.h"
 #include "thdcp/thdcp.h"
@@ -20,27 +21,17 @@ namespace {
 using test::c_layout;
 using test::c_tensor;
 
-struct Result {
-  HostTensor out, dq, dk, dv;
-  std::vector<float> lse, max_logit;
-};
+using test::Outputs;
 
-Result poisoned_result(const test::Batch& b, int64_t rows) {
-  Result r;
-  r.out = HostTensor(b.q.dtype(), rows, b.q.heads(), b.q.head_dim());
-  r.dq = HostTensor(b.q.dtype(), rows, b.q.heads(), b.q.head_dim());
-  r.dk = HostTensor(b.k.dtype(), rows, b.k.heads(), b.k.head_dim());
-  r.dv = HostTensor(b.k.dtype(), rows, b.k.heads(), b.k.head_dim());
-  r.lse.resize(static_cast<size_t>(b.q.heads() * rows));
-  r.max_logit.resize(static_cast<size_t>(b.q.heads()));
-  for (HostTensor* t : {&r.out, &r.dq, &r.dk, &r.dv}) test::poison(*t);
-  test::poison(r.lse);
-  test::poison(r.max_logit);
+// Outputs of `rows` rows with the heads and dtypes of `b`, every element NaN.
+Outputs poisoned_outputs(const test::Batch& b, int64_t rows) {
+  Outputs r = test::outputs_for(b, rows, b.q.dtype(), b.k.dtype());
+  test::poison(r);
   return r;
 }
 
-Result single_device(const test::Batch& b, const Mask& mask) {
-  Result r = poisoned_result(b, b.q.tokens());
+Outputs single_device(const test::Batch& b, const Mask& mask) {
+  Outputs r = poisoned_outputs(b, b.q.tokens());
   thdcp_attention_params p;
   thdcp_attention_params_init(&p);
   p.dtype = test::c_dtype(b.q.dtype());
@@ -71,14 +62,14 @@ HostTensor local_of(const HostTensor& global, const thdcp_layout_t& layout, int 
 
 // One rank: split, plan, forward, backward, merge its rows into `merged` (disjoint rows per
 // rank, so the ranks write it at the same time without a race).
-void run_rank(thdcp_communicator_t comm, const test::Batch& b, const Mask& mask, int cp, Result& merged) {
+void run_rank(thdcp_communicator_t comm, const test::Batch& b, const Mask& mask, int cp, Outputs& merged) {
   int rank = -1;
   EXPECT_C_OK(thdcp_communicator_rank(comm, &rank));
   const thdcp_layout_t layout = c_layout(b.layout);
   const int64_t rows = b.q.tokens(), local_rows = rows / cp;
   const HostTensor q = local_of(b.q, layout, cp, rank), k = local_of(b.k, layout, cp, rank),
                    v = local_of(b.v, layout, cp, rank), dout = local_of(b.dout, layout, cp, rank);
-  Result local = poisoned_result(b, local_rows);
+  Outputs local = poisoned_outputs(b, local_rows);
 
   thdcp_cp_params p;
   thdcp_cp_params_init(&p);
@@ -130,11 +121,11 @@ TEST_P(CApiCpEqualsSingleDevice, InProcessGroupOfThreads) {
   // An empty document, one of length 1 and lengths that are not multiples of 2*cp.
   const test::Batch b =
       test::make_batch(make_layout({37, 0, 64, 1, 90, 13}, cp), dtype, q_heads, kv_heads, 16, 100 + cp + q_heads);
-  const Result reference = single_device(b, mask);
+  const Outputs reference = single_device(b, mask);
 
   std::vector<thdcp_communicator_t> comms(static_cast<size_t>(cp), nullptr);
   ASSERT_C_OK(thdcp_communicator_create_in_process_group(cp, comms.data()));
-  Result merged = poisoned_result(b, b.q.tokens());
+  Outputs merged = poisoned_outputs(b, b.q.tokens());
   std::vector<std::thread> ranks;
   for (int r = 0; r < cp; ++r) {
     ranks.emplace_back([&, r] { run_rank(comms[static_cast<size_t>(r)], b, mask, cp, merged); });

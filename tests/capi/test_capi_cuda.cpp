@@ -52,7 +52,7 @@ namespace {
 using test::c_dtype;
 using test::c_layout;
 using test::DeviceBuffer;
-using test::RankOutputs;
+using test::Outputs;
 
 // ---- shapes and batches -----------------------------------------------------------------
 
@@ -201,14 +201,14 @@ void fill_outputs(const StepTensors& t, cudaStream_t stream, int byte = 0xff) {
 }
 
 // The outputs, once the work enqueued on `stream` is done.
-RankOutputs download(const StepTensors& t, cudaStream_t stream) {
+Outputs download(const StepTensors& t, cudaStream_t stream) {
   THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
   const auto take = [](const thdcp_tensor_t& d) {
     HostTensor h(dtype_of(d.dtype), d.rows, d.heads, d.head_dim);
     THDCP_CHECK_CUDA(cudaMemcpy(h.data(), d.data, bytes_of(d), cudaMemcpyDeviceToHost));
     return h;
   };
-  RankOutputs r;
+  Outputs r;
   r.out = take(t.out);
   r.dq = take(t.dq);
   r.dk = take(t.dk);
@@ -314,7 +314,7 @@ void cpp_attention(const Shape& s, const thdcp_layout_t& layout, const StepTenso
 
 // The single-device C ABI attention (CUDA backend) on the whole batch: the reference of the
 // CP cases.
-RankOutputs single_device(const test::Batch& b, const Shape& s) {
+Outputs single_device(const test::Batch& b, const Shape& s) {
   const TestStream stream;
   LayoutOnDevice layout(kCapacity.max_seqs);
   layout.upload(b.layout, stream.get());
@@ -348,11 +348,11 @@ HostTensor local_rows(const HostTensor& global, const thdcp_layout_t& layout, in
 
 // One rank of a CP group on device 0: its rows of `b` through a C ABI CP plan; its outputs
 // (local rows).
-RankOutputs c_cp_rank(thdcp_communicator_t comm, const test::Batch& b, const Shape& s) {
+Outputs c_cp_rank(thdcp_communicator_t comm, const test::Batch& b, const Shape& s) {
   int rank = -1, cp = 0;
   EXPECT_C_OK(thdcp_communicator_rank(comm, &rank));
   EXPECT_C_OK(thdcp_communicator_size(comm, &cp));
-  if (rank < 0 || cp < 1) return RankOutputs{};
+  if (rank < 0 || cp < 1) return Outputs{};
   const thdcp_layout_t host_layout = c_layout(b.layout);
   const TestStream stream;
   LayoutOnDevice layout(kCapacity.max_seqs);
@@ -387,7 +387,7 @@ void run_ranks(const std::vector<thdcp_communicator_t>& comms,
 
 // The global outputs from every rank's rows (thdcp_cp_merge; lse plane by plane), after
 // checking with thdcp_cp_local_rows that the ranks' rows together are every global row once.
-RankOutputs merge(const std::vector<RankOutputs>& local, const test::Batch& b) {
+Outputs merge(const std::vector<Outputs>& local, const test::Batch& b) {
   const int cp = static_cast<int>(local.size());
   const thdcp_layout_t layout = c_layout(b.layout);
   const int64_t rows = b.q.tokens(), per_rank = rows / cp, heads = b.q.heads();
@@ -401,7 +401,7 @@ RankOutputs merge(const std::vector<RankOutputs>& local, const test::Batch& b) {
   }
   EXPECT_EQ(std::count(held.begin(), held.end(), 1), rows) << "the ranks' rows are not every global row once";
 
-  RankOutputs global;
+  Outputs global;
   global.out = HostTensor(b.q.dtype(), rows, heads, b.q.head_dim());
   global.dq = HostTensor(b.q.dtype(), rows, heads, b.q.head_dim());
   global.dk = HostTensor(b.k.dtype(), rows, b.k.heads(), b.k.head_dim());
@@ -412,7 +412,7 @@ RankOutputs merge(const std::vector<RankOutputs>& local, const test::Batch& b) {
   test::poison(global.lse);
   test::poison(global.max_logit);
   for (int r = 0; r < cp; ++r) {
-    const RankOutputs& l = local[static_cast<size_t>(r)];
+    const Outputs& l = local[static_cast<size_t>(r)];
     if (l.out.tokens() != per_rank || l.lse.size() != static_cast<size_t>(heads * per_rank)) {
       ADD_FAILURE() << "rank " << r << " returned no outputs";
       continue;
@@ -430,37 +430,6 @@ RankOutputs merge(const std::vector<RankOutputs>& local, const test::Batch& b) {
   }
   if (!local.empty() && local[0].max_logit.size() == global.max_logit.size()) global.max_logit = local[0].max_logit;
   return global;
-}
-
-// A CP result against the single-device one, within the tolerances tests/cp uses for a CP
-// step on the GPU against the single-device result (support/gpu_tolerance.h). NaN never
-// passes, so an output the CP step did not write fails.
-void expect_close(const RankOutputs& got, const RankOutputs& want, DType dtype) {
-  EXPECT_TRUE(test::matches("out", got.out, want.out, test::gpu_out_tolerance(dtype)));
-  EXPECT_TRUE(test::matches("dq", got.dq, want.dq, test::gpu_grad_tolerance(dtype)));
-  EXPECT_TRUE(test::matches("dk", got.dk, want.dk, test::gpu_grad_tolerance(dtype)));
-  EXPECT_TRUE(test::matches("dv", got.dv, want.dv, test::gpu_grad_tolerance(dtype)));
-  EXPECT_TRUE(test::matches("lse", got.lse, want.lse, test::kGpuFp32ResultTolerance));
-  EXPECT_TRUE(test::matches("max_logit", got.max_logit, want.max_logit, test::kGpuFp32ResultTolerance));
-}
-
-// No element is NaN (the poison): every output was written. Two NaN-poisoned buffers that no
-// call wrote would otherwise be equal bit for bit.
-::testing::AssertionResult all_written(const RankOutputs& o) {
-  for (auto [name, t] : {std::make_pair("out", &o.out), std::make_pair("dq", &o.dq), std::make_pair("dk", &o.dk),
-                         std::make_pair("dv", &o.dv)}) {
-    if (t->numel() == 0) return ::testing::AssertionFailure() << name << " is empty";
-    for (int64_t i = 0; i < t->numel(); ++i) {
-      if (std::isnan(t->get(i))) return ::testing::AssertionFailure() << name << "[" << i << "] is NaN: never written";
-    }
-  }
-  for (auto [name, v] : {std::make_pair("lse", &o.lse), std::make_pair("max_logit", &o.max_logit)}) {
-    if (v->empty()) return ::testing::AssertionFailure() << name << " is empty";
-    for (size_t i = 0; i < v->size(); ++i) {
-      if (std::isnan((*v)[i])) return ::testing::AssertionFailure() << name << "[" << i << "] is NaN: never written";
-    }
-  }
-  return ::testing::AssertionSuccess();
 }
 
 // The GPU cases: skipped with the reason without a device; device 0 current.
@@ -506,8 +475,8 @@ TEST_P(CApiCudaAttention, ForwardAndBackwardEqualTheCppApiBitForBit) {
   c_attention(attention_params(s, kCapacity, c.grad_dtype), layout.c(), via_c, stream.get());
   cpp_attention(s, layout.c(), via_cpp, stream.get());
 
-  const RankOutputs got = download(via_c, stream.get()), want = download(via_cpp, stream.get());
-  EXPECT_TRUE(all_written(got));
+  const Outputs got = download(via_c, stream.get()), want = download(via_cpp, stream.get());
+  EXPECT_TRUE(test::all_written(got));
   EXPECT_TRUE(test::identical(got, want)) << "the C ABI differs from thdcp::cuda";
 }
 
@@ -589,7 +558,7 @@ TEST_F(CApiCudaErrors, HostPointerAsQIsRefusedNamingItAndNothingIsWritten) {
   const StepTensors& t = buffers.tensors();
   upload_inputs(t, b.q, b.k, b.v, b.dout, stream.get());
   fill_outputs(t, stream.get(), 0x5a);
-  const RankOutputs before = download(t, stream.get());
+  const Outputs before = download(t, stream.get());
 
   void* host_q = nullptr;
   ASSERT_EQ(cudaMallocHost(&host_q, bytes_of(t.q)), cudaSuccess);
@@ -639,15 +608,15 @@ void expect_one_nccl_rank(thdcp_communicator_t comm) {
 
 TEST_F(CApiCudaNccl, CpOneOverACommunicatorFromAUniqueIdEqualsSingleDeviceAttention) {
   const test::Batch b = varlen_batch(kNcclShape, 21);
-  const RankOutputs reference = single_device(b, kNcclShape);
+  const Outputs reference = single_device(b, kNcclShape);
   unsigned char id[THDCP_NCCL_UNIQUE_ID_BYTES] = {};
   ASSERT_C_OK(thdcp_nccl_unique_id(id, sizeof(id)));
   thdcp_communicator_t comm = nullptr;
   ASSERT_C_OK(thdcp_communicator_create_nccl(id, sizeof(id), /*rank=*/0, /*size=*/1, /*device=*/0, &comm));
   expect_one_nccl_rank(comm);
-  const RankOutputs local = c_cp_rank(comm, b, kNcclShape);
+  const Outputs local = c_cp_rank(comm, b, kNcclShape);
   EXPECT_C_OK(thdcp_communicator_destroy(comm));
-  expect_close(merge({local}, b), reference, kNcclShape.dtype);
+  test::expect_gpu_close(merge({local}, b), reference, kNcclShape.dtype);
 }
 
 TEST_F(CApiCudaNccl, CpOneOverABorrowedNcclCommEqualsSingleDeviceAttentionAndTheCommStaysTheCallers) {
@@ -656,13 +625,13 @@ TEST_F(CApiCudaNccl, CpOneOverABorrowedNcclCommEqualsSingleDeviceAttentionAndThe
                   "caller's ncclComm_t";
 #else
   const test::Batch b = varlen_batch(kNcclShape, 22);
-  const RankOutputs reference = single_device(b, kNcclShape);
+  const Outputs reference = single_device(b, kNcclShape);
   ncclComm_t raw = nullptr;
   const int devices[1] = {0};
   ASSERT_EQ(ncclCommInitAll(&raw, 1, devices), ncclSuccess);
   thdcp_communicator_t comm = nullptr;
   EXPECT_C_OK(thdcp_communicator_borrow_nccl(raw, 0, &comm));
-  RankOutputs local;
+  Outputs local;
   if (comm != nullptr) {
     expect_one_nccl_rank(comm);
     local = c_cp_rank(comm, b, kNcclShape);
@@ -681,7 +650,7 @@ TEST_F(CApiCudaNccl, CpOneOverABorrowedNcclCommEqualsSingleDeviceAttentionAndThe
   EXPECT_EQ(reduced, 3.0f);
   EXPECT_EQ(ncclCommDestroy(raw), ncclSuccess);
 
-  expect_close(merge({local}, b), reference, kNcclShape.dtype);
+  test::expect_gpu_close(merge({local}, b), reference, kNcclShape.dtype);
 #endif
 }
 
@@ -699,7 +668,7 @@ TEST_P(CApiCudaSharedGpu, TwoRanksOnThreadsEqualSingleDeviceAttention) {
   const Shape& s = GetParam().shape;
   const int cp = 2;
   const test::Batch b = varlen_batch(s, 31 + static_cast<uint64_t>(s.q_heads + s.head_dim));
-  const RankOutputs reference = single_device(b, s);
+  const Outputs reference = single_device(b, s);
 
   std::vector<thdcp_communicator_t> comms(cp, nullptr);
   ASSERT_C_OK(thdcp_communicator_create_shared_gpu_group(cp, 0, comms.data()));
@@ -713,13 +682,13 @@ TEST_P(CApiCudaSharedGpu, TwoRanksOnThreadsEqualSingleDeviceAttention) {
     EXPECT_EQ(device, 0);
     EXPECT_STREQ(kind, "shared-gpu");
   }
-  std::vector<RankOutputs> local(static_cast<size_t>(cp));
+  std::vector<Outputs> local(static_cast<size_t>(cp));
   run_ranks(comms, [&](thdcp_communicator_t comm, int rank) {
     local[static_cast<size_t>(rank)] = c_cp_rank(comm, b, s);
   });
   for (thdcp_communicator_t comm : comms) EXPECT_C_OK(thdcp_communicator_destroy(comm));
 
-  expect_close(merge(local, b), reference, s.dtype);
+  test::expect_gpu_close(merge(local, b), reference, s.dtype);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -790,7 +759,7 @@ StepTensors bank_tensors(thdcp_graph_bank_t bank, const thdcp_capacity_t& capaci
 
 // What one rank saw.
 struct BankResult {
-  std::vector<RankOutputs> banked, eager;  // per packing
+  std::vector<Outputs> banked, eager;  // per packing
   std::vector<thdcp_graph_how_t> how;
   std::vector<thdcp_capacity_t> ran_at;
   thdcp_graph_counters_t counters{};
@@ -908,7 +877,7 @@ TEST_P(CApiCudaGraphBank, ReplaysOfFourPackingsEqualEagerRunsBitForBit) {
       EXPECT_EQ(got.how[i], expected[i]) << "expected " << how_name(expected[i]);
       EXPECT_EQ(got.ran_at[i].max_tokens, capacity.max_tokens);
       EXPECT_EQ(got.ran_at[i].max_seqs, capacity.max_seqs);
-      EXPECT_TRUE(all_written(got.banked[i]));
+      EXPECT_TRUE(test::all_written(got.banked[i]));
       EXPECT_TRUE(test::identical(got.banked[i], got.eager[i])) << "the bank's run differs from the eager run";
     }
   }

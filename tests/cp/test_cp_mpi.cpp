@@ -29,7 +29,7 @@ TEST_P(CpOverMpi, EqualsSingleDevice) {
   const test::Batch b = test::make_batch(make_layout(lengths, cp), dtype, 2 * ratio, 2, 16, rng.next());
   AttentionOptions options;
   options.num_threads = 1;
-  const test::GlobalResult reference = test::single_device(b, mask, options);
+  const test::Outputs reference = test::single_device(b, mask, options);
   EXPECT_TRUE(test::check_cp_rank(comm, b, mask, reference, options));
 }
 

@@ -40,7 +40,7 @@ TEST_P(CudaCpSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
   const test::Batch second = make_case_batch(c, cp, capacity, 2000 + index * 10 + cp, true);
   const cp::Problem problem = problem_of(c, cp);
 
-  std::vector<test::RankOutputs> eager_first(cp), eager_second(cp), replayed(cp);
+  std::vector<test::Outputs> eager_first(cp), eager_second(cp), replayed(cp);
   test::ThreadBarrier barrier(cp);
   cudaStream_t origin = nullptr;
   cudaEvent_t fork = nullptr;
@@ -122,7 +122,7 @@ TEST_F(CudaCpKeptKv, BackwardOnForwardKvEqualsRegather) {
       const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
       const cp::Problem problem = problem_of(c, cp);
       const test::Batch b = make_case_batch(c, cp, problem.capacity, 300 + index + cp, false);
-      std::vector<test::RankOutputs> regathered(cp), kept(cp);
+      std::vector<test::Outputs> regathered(cp), kept(cp);
       run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
         test::CudaCpRank state(comm, problem);
         state.load(b);
@@ -163,7 +163,7 @@ void expect_disagreement_refused(const cp::Problem& base, const std::function<vo
 // loaded again (outputs to `replayed`), then runs one in program order, which a plan with
 // phase timing does on one stream (outputs to `timed`).
 void replay_and_run_in_order(DeviceCommunicator& comm, test::CudaCpRank& state, const test::Batch& b,
-                             test::RankOutputs& replayed, test::RankOutputs& timed) {
+                             test::Outputs& replayed, test::Outputs& timed) {
   comm.begin_capture(state.stream());
   state.step(state.stream());
   cudaGraph_t graph = comm.end_capture(state.stream());
@@ -193,7 +193,7 @@ TEST_F(CudaCpOrder, ReplayAndProgramOrderGiveTheOverlappedBits) {
       SCOPED_TRACE(std::string(c.name) + " cp " + std::to_string(cp));
       const cp::Problem problem = problem_of(c, cp);
       const test::Batch b = make_case_batch(c, cp, problem.capacity, 500 + index + cp, false);
-      std::vector<test::RankOutputs> overlapped(cp), timed(cp), replayed(cp);
+      std::vector<test::Outputs> overlapped(cp), timed(cp), replayed(cp);
       run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
         const int rank = comm.rank();
         test::CudaCpRank state(comm, problem);

@@ -18,7 +18,7 @@ namespace {
 class CudaCpNccl : public test::CudaTest {};
 
 // The plain single-GPU calls on the cp = 1 table of `b` (rank 0 holds the whole batch).
-test::RankOutputs plain_call(const test::Batch& b, const Mask& mask) {
+test::Outputs plain_call(const test::Batch& b, const Mask& mask) {
   THDCP_CHECK_CUDA(cudaSetDevice(0));
   const LayoutView layout = b.layout.view();
   const int64_t rows = layout.total_rows();
@@ -41,7 +41,7 @@ test::RankOutputs plain_call(const test::Batch& b, const Mask& mask) {
   test::attention_backward(table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(), lse.as<float>(),
                            dq.view(), dk.view(), dv.view(), bwd_ws.data(), bwd_ws.bytes(), nullptr);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
-  test::RankOutputs r;
+  test::Outputs r;
   r.out = out.download();
   r.dq = dq.download();
   r.dk = dk.download();
@@ -58,8 +58,8 @@ TEST_F(CudaCpNccl, CpOneEqualsThePlainSingleGpuCallBitForBit) {
     SCOPED_TRACE(c.name);
     const cp::Problem problem = test::problem_of(c, 1);
     const test::Batch b = test::make_case_batch(c, 1, problem.capacity, 77 + index, false);
-    const test::RankOutputs plain = plain_call(b, c.mask);
-    test::RankOutputs over_nccl, over_shared_gpu;
+    const test::Outputs plain = plain_call(b, c.mask);
+    test::Outputs over_nccl, over_shared_gpu;
     run_in_process(1, [&](Communicator& host) {
       std::unique_ptr<DeviceCommunicator> comm = nccl::create(host, 0);
       test::CudaCpRank state(*comm, problem);

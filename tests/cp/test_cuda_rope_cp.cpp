@@ -77,7 +77,7 @@ TEST_P(CudaRopeCp, RopeThenCpAttentionEqualsRopeThenSingleDeviceAttention) {
   test::Batch roped = batch;
   cpu::rope_forward(roped.layout.view(), 1, 0, config, roped.q.view(), host_offsets, host_table);
   cpu::rope_forward(roped.layout.view(), 1, 0, config, roped.k.view(), host_offsets, host_table);
-  const test::GlobalResult reference = test::single_device(roped, c.mask, AttentionOptions{});
+  const test::Outputs reference = test::single_device(roped, c.mask, AttentionOptions{});
 
   THDCP_CHECK_CUDA(cudaSetDevice(0));
   test::DeviceBuffer offsets_device(sizeof(int32_t) * offsets.size());
@@ -86,7 +86,7 @@ TEST_P(CudaRopeCp, RopeThenCpAttentionEqualsRopeThenSingleDeviceAttention) {
   cos_device.upload(cos.data(), cos_device.bytes());
   sin_device.upload(sin.data(), sin_device.bytes());
 
-  std::vector<test::RankOutputs> outputs(cp), after_rope_backward(cp);
+  std::vector<test::Outputs> outputs(cp), after_rope_backward(cp);
   run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
     const int rank = comm.rank();
     test::CudaCpRank state(comm, problem);

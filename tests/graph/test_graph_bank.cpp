@@ -38,7 +38,7 @@ TEST_P(GraphBankTest, RandomPackingsReplayedFromOneGraphEqualEagerAndTheReferenc
   std::vector<test::Batch> batches;
   for (size_t i = 0; i < lengths.size(); ++i) batches.push_back(batch_of(lengths[i], cp, capacity, s, 100 + i));
   const int n = static_cast<int>(batches.size());
-  std::vector<std::vector<test::RankOutputs>> banked(n, std::vector<test::RankOutputs>(cp)), eager = banked;
+  std::vector<std::vector<test::Outputs>> banked(n, std::vector<test::Outputs>(cp)), eager = banked;
   std::vector<How> how(n);
   graph::KeyCounters counters;
 
@@ -103,7 +103,7 @@ TEST_F(GraphBankFallback, OverMaxSeqsFallsBackCountedAndCorrectOverTokensTakesTh
   std::vector<test::Batch> batches;
   for (size_t i = 0; i < lengths.size(); ++i) batches.push_back(batch_of(lengths[i], cp, ran_at[i], s, 300 + i));
   const int n = static_cast<int>(batches.size());
-  std::vector<std::vector<test::RankOutputs>> out(n, std::vector<test::RankOutputs>(cp));
+  std::vector<std::vector<test::Outputs>> out(n, std::vector<test::Outputs>(cp));
   std::vector<GraphBank::Outcome> outcome(n);
   graph::KeyCounters small_counters, large_counters;
   std::string too_large;
@@ -179,7 +179,7 @@ TEST_F(GraphDynamicCp, AlternatingOneTwoFourWithReplayEqualsEager) {
       lengths[step].push_back(l);
     }
   }
-  std::vector<std::vector<test::RankOutputs>> banked(order.size(), std::vector<test::RankOutputs>(world)),
+  std::vector<std::vector<test::Outputs>> banked(order.size(), std::vector<test::Outputs>(world)),
       eager = banked;
   std::vector<std::vector<How>> how(order.size(), std::vector<How>(world));
 

@@ -87,7 +87,7 @@ TEST_F(GraphNcclMultiGpu, DynamicCpAlternatingOneAndAllEqualsEager) {
       rank.load(batches[step][static_cast<size_t>(g)]);
       const How how = groups.bank(c).run(lengths[step][static_cast<size_t>(g)], rank.work(), rank.stream()).how;
       EXPECT_EQ(how, step < 2 ? How::kWarmUp : step < 4 ? How::kCaptured : How::kReplayed);
-      const test::RankOutputs banked = rank.download(max_tokens / c);
+      const test::Outputs banked = rank.download(max_tokens / c);
       rank.load(batches[step][static_cast<size_t>(g)]);
       rank.run_eager(lengths[step][static_cast<size_t>(g)], default_capacity(max_tokens, c));
       EXPECT_TRUE(test::identical(banked, rank.download(max_tokens / c)));

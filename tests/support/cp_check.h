@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "support/outputs.h"
 #include "support/random_batch.h"
 #include "thdcp/comm/communicator.h"
 #include "thdcp/cp/cp.h"
@@ -14,13 +15,8 @@
 
 namespace thdcp::test {
 
-struct GlobalResult {
-  HostTensor out, dq, dk, dv;
-  std::vector<float> lse, max_logit;
-};
-
 // The CPU reference forward and backward of the whole batch (one segment per sequence).
-GlobalResult single_device(const Batch& b, const Mask& mask, const AttentionOptions& options);
+Outputs single_device(const Batch& b, const Mask& mask, const AttentionOptions& options);
 
 // The rows of `global` that rank `rank` of `cp` holds (split_for_rank).
 HostTensor local_part(const HostTensor& global, const LayoutView& layout, int cp, int rank);
@@ -29,9 +25,13 @@ HostTensor local_part(const HostTensor& global, const LayoutView& layout, int cp
 std::vector<float> local_lse(const std::vector<float>& global, int64_t heads, const LayoutView& layout, int cp,
                              int rank);
 
+// The rows of every output of `global` that `rank` holds (lse plane by plane; max_logit,
+// max-reduced over the group, whole).
+Outputs local_outputs(const Outputs& global, const LayoutView& layout, int cp, int rank);
+
 // Runs CP forward and backward on this rank and compares every output with the rows of
 // `reference` the rank owns. Outputs are poisoned with NaN first.
 ::testing::AssertionResult check_cp_rank(Communicator& comm, const Batch& b, const Mask& mask,
-                                         const GlobalResult& reference, const AttentionOptions& options);
+                                         const Outputs& reference, const AttentionOptions& options);
 
 }  // namespace thdcp::test

@@ -33,9 +33,9 @@ Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint6
 Capacity capacity_of(const EdgeCase& c, int cp);
 
 // One rank's outputs against its rows of `ref`, the single-device CPU result on the batch `b`.
-void expect_matches_reference(const RankOutputs& o, const GlobalResult& ref, const Batch& b, int cp, int rank);
+void expect_matches_reference(const Outputs& o, const Outputs& ref, const Batch& b, int cp, int rank);
 
-void expect_matches_reference(const RankOutputs& o, const Batch& b, const Mask& mask, int cp, int rank);
+void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask, int cp, int rank);
 
 cp::Problem problem_of(const EdgeCase& c, int cp);
 

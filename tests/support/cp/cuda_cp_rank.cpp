@@ -1,27 +1,6 @@
 #include "support/cp/cuda_cp_rank.h"
 
-#include <cstring>
-
 namespace thdcp::test {
-
-bool same_bits(const HostTensor& a, const HostTensor& b) {
-  const size_t bytes = static_cast<size_t>(a.numel()) * dtype_size(a.dtype());
-  return a.numel() == b.numel() && a.dtype() == b.dtype() && std::memcmp(a.data(), b.data(), bytes) == 0;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-::testing::AssertionResult identical(const RankOutputs& a, const RankOutputs& b) {
-  if (!same_bits(a.out, b.out)) return ::testing::AssertionFailure() << "out differs";
-  if (!same_bits(a.lse, b.lse)) return ::testing::AssertionFailure() << "lse differs";
-  if (!same_bits(a.max_logit, b.max_logit)) return ::testing::AssertionFailure() << "max_logit differs";
-  if (!same_bits(a.dq, b.dq)) return ::testing::AssertionFailure() << "dq differs";
-  if (!same_bits(a.dk, b.dk)) return ::testing::AssertionFailure() << "dk differs";
-  if (!same_bits(a.dv, b.dv)) return ::testing::AssertionFailure() << "dv differs";
-  return ::testing::AssertionSuccess();
-}
 
 CudaCpRank::CudaCpRank(DeviceCommunicator& comm, const cp::Problem& problem, const AttentionOptions& options)
     : comm_(comm),
@@ -75,10 +54,10 @@ void CudaCpRank::step(cudaStream_t stream, cp::KvSource kv) {
   plan_->backward(layout(), backward_tensors(), stream, kv);
 }
 
-RankOutputs CudaCpRank::download() {
+Outputs CudaCpRank::download() {
   comm_.synchronize(stream_, 120);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
-  RankOutputs r;
+  Outputs r;
   r.out = out_.download();
   r.dq = dq_.download();
   r.dk = dk_.download();

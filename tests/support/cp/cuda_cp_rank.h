@@ -16,17 +16,6 @@
 
 namespace thdcp::test {
 
-struct RankOutputs {
-  HostTensor out, dq, dk, dv;
-  std::vector<float> lse, max_logit;
-};
-
-bool same_bits(const HostTensor& a, const HostTensor& b);
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b);
-
-// Every output of `a` equals `b` bit for bit; names the first that does not.
-::testing::AssertionResult identical(const RankOutputs& a, const RankOutputs& b);
-
 class CudaCpRank {
  public:
   CudaCpRank(DeviceCommunicator& comm, const cp::Problem& problem, const AttentionOptions& options = {});
@@ -49,7 +38,7 @@ class CudaCpRank {
   // Enqueues forward then backward on `stream` (capture-safe).
   void step(cudaStream_t stream, cp::KvSource kv = cp::KvSource::kGather);
 
-  RankOutputs download();
+  Outputs download();
 
  private:
   DeviceCommunicator& comm_;

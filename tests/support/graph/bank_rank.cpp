@@ -57,11 +57,11 @@ void BankRank::run_eager(const std::vector<int64_t>& lengths, const Capacity& ca
   work()(*it->second, stream_);
 }
 
-RankOutputs BankRank::download(int64_t rows) {
+Outputs BankRank::download(int64_t rows) {
   // The rank's stream follows its group's replay. No device-wide sync: another group may be
   // capturing meanwhile.
   comm_.synchronize(stream_, 120);
-  RankOutputs r;
+  Outputs r;
   const auto take = [&](const DeviceTensor& t) {
     HostTensor h(t.dtype, rows, t.heads, t.head_dim);
     t.buffer.download(h.data(), static_cast<size_t>(rows) * h.row_bytes());
@@ -150,10 +150,10 @@ std::vector<graph::GraphBank::How> run_packings(DeviceCommunicator& comm, graph:
     SCOPED_TRACE("rank " + std::to_string(comm.rank()) + " packing " + std::to_string(i));
     rank.load(batches[i]);
     how.push_back(bank.run(lengths[i], rank.work(), rank.stream()).how);
-    const RankOutputs banked = rank.download(capacity.max_tokens / comm.size());
+    const Outputs banked = rank.download(capacity.max_tokens / comm.size());
     rank.load(batches[i]);
     rank.run_eager(lengths[i], capacity);
-    const RankOutputs eager = rank.download(capacity.max_tokens / comm.size());
+    const Outputs eager = rank.download(capacity.max_tokens / comm.size());
     EXPECT_TRUE(identical(banked, eager)) << graph::GraphBank::how_name(how.back()) << " vs eager";
     expect_matches_reference(banked, batches[i], s.mask, comm.size(), comm.rank());
   }

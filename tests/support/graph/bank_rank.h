@@ -42,7 +42,7 @@ class BankRank {
   // The same step eagerly, on metadata of its own (not the bank's), for comparison.
   void run_eager(const std::vector<int64_t>& lengths, const Capacity& capacity);
 
-  RankOutputs download(int64_t rows);
+  Outputs download(int64_t rows);
 
  private:
   cp::CudaPlan& plan(const Capacity& c);
