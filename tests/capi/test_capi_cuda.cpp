@@ -37,7 +37,7 @@
 #endif
 
 #include "support/cuda/one_shot.h"
-#include "capi/capi_support.h"
+#include "support/capi/capi_support.h"
 #include "support/cp/cuda_cp_rank.h"
 #include "support/cuda/cuda_test.h"
 #include "support/gpu_tolerance.h"

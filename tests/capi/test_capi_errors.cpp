@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "capi/capi_support.h"
+#include "support/capi/capi_support.h"
 #include "support/random_batch.h"
 #include "thdcp/thdcp.h"
 
@@ -26,14 +26,11 @@ bool built_with(thdcp_feature_t feature) {
   return on == 1;
 }
 
+// Causal, bf16 (thdcp.h's default dtype and window_left), heads 4:2, head_dim 16; capacity
+// 4 sequences, 32 rows.
 thdcp_attention_params small_params() {
   thdcp_attention_params p = THDCP_ATTENTION_PARAMS_INIT;
-  p.max_tokens = 32;
-  p.max_seqs = 4;
-  p.q_heads = 4;
-  p.kv_heads = 2;
-  p.head_dim = 16;
-  p.window_right = 0;
+  test::set_shape(p, test::Shape{DType::kBFloat16, 4, 2, 16, Mask::causal()}, Capacity{4, 32});
   return p;
 }
 
@@ -353,16 +350,12 @@ TEST(CApiCommunicators, PartsMissingFromTheBuildAreUnsupported) {
                   THDCP_ERROR_INVALID_ARGUMENT, "thdcp_graph_bank_run: bank is NULL");
 }
 
+// Causal, bf16, heads 2:1, head_dim 16; capacity 4 sequences, 64 rows.
 thdcp_cp_params cp_params(int cp_size) {
   thdcp_cp_params p;
   thdcp_cp_params_init(&p);
   p.cp_size = cp_size;
-  p.max_tokens = 64;
-  p.max_seqs = 4;
-  p.q_heads = 2;
-  p.kv_heads = 1;
-  p.head_dim = 16;
-  p.window_right = 0;
+  test::set_shape(p, test::Shape{DType::kBFloat16, 2, 1, 16, Mask::causal()}, Capacity{4, 64});
   return p;
 }
 

@@ -47,12 +47,8 @@ template <typename Get>
 using test::Outputs;
 
 Outputs run_reference(const SegmentTable& table, const test::Batch& b, const AttentionOptions& options) {
-  Outputs o = test::outputs_for(b, b.q.tokens(), b.q.dtype(), b.k.dtype());
-  test::poison(o);
-  cpu::attention_forward(table, b.q.view(), b.k.view(), b.v.view(), o.out.view(), o.lse.data(), o.max_logit.data(),
-                         options);
-  cpu::attention_backward(table, b.q.view(), b.k.view(), b.v.view(), o.out.view(), b.dout.view(), o.lse.data(),
-                          o.dq.view(), o.dk.view(), o.dv.view(), options);
+  Outputs o = test::poisoned_outputs(b, b.q.tokens(), b.q.dtype(), b.k.dtype());
+  test::cpu_reference(table, b, options, o);
   return o;
 }
 

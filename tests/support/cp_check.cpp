@@ -7,11 +7,7 @@ namespace thdcp::test {
 
 Outputs single_device(const Batch& b, const Mask& mask, const AttentionOptions& options) {
   Outputs r = outputs_for(b, b.q.tokens(), b.q.dtype(), b.k.dtype());
-  const SegmentTable table = build_segment_table(b.layout.view(), mask);
-  cpu::attention_forward(table, b.q.view(), b.k.view(), b.v.view(), r.out.view(), r.lse.data(), r.max_logit.data(),
-                         options);
-  cpu::attention_backward(table, b.q.view(), b.k.view(), b.v.view(), r.out.view(), b.dout.view(), r.lse.data(),
-                          r.dq.view(), r.dk.view(), r.dv.view(), options);
+  cpu_reference(build_segment_table(b.layout.view(), mask), b, options, r);
   return r;
 }
 
@@ -48,8 +44,7 @@ Outputs local_outputs(const Outputs& global, const LayoutView& layout, int cp, i
   const int cp = comm.size(), rank = comm.rank();
   const HostTensor q = local_part(b.q, layout, cp, rank), k = local_part(b.k, layout, cp, rank),
                    v = local_part(b.v, layout, cp, rank), dout = local_part(b.dout, layout, cp, rank);
-  Outputs got = outputs_for(b, q.tokens(), q.dtype(), k.dtype());
-  poison(got);
+  Outputs got = poisoned_outputs(b, q.tokens(), q.dtype(), k.dtype());
   cp::forward(comm, layout, mask, q.view(), k.view(), v.view(), got.out.view(), got.lse.data(), got.max_logit.data(),
               options);
   cp::backward(comm, layout, mask, q.view(), k.view(), v.view(), got.out.view(), dout.view(), got.lse.data(),

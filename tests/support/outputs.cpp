@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <tuple>
 #include <utility>
 
 namespace thdcp::test {
@@ -23,6 +25,12 @@ void poison(Outputs& o) {
   poison(o.max_logit);
 }
 
+Outputs poisoned_outputs(const Batch& b, int64_t rows, DType dq_dtype, DType dkv_dtype) {
+  Outputs o = outputs_for(b, rows, dq_dtype, dkv_dtype);
+  poison(o);
+  return o;
+}
+
 bool same_bits(const HostTensor& a, const HostTensor& b) {
   const size_t bytes = static_cast<size_t>(a.numel()) * dtype_size(a.dtype());
   return a.numel() == b.numel() && a.dtype() == b.dtype() && std::memcmp(a.data(), b.data(), bytes) == 0;
@@ -32,14 +40,46 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+namespace {
+
+// Where two buffers of the same size first differ, for a failure message.
+std::string first_difference(const void* a, const void* b, size_t bytes) {
+  const auto* x = static_cast<const unsigned char*>(a);
+  const auto* y = static_cast<const unsigned char*>(b);
+  size_t i = 0;
+  while (i < bytes && x[i] == y[i]) ++i;
+  return i < bytes ? " at byte " + std::to_string(i) : " in size or dtype";
+}
+
+std::string first_difference(const HostTensor& a, const HostTensor& b) {
+  if (a.numel() != b.numel() || a.dtype() != b.dtype()) return " in size or dtype";
+  return first_difference(a.data(), b.data(), static_cast<size_t>(a.numel()) * dtype_size(a.dtype()));
+}
+
+std::string first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return " in size";
+  return first_difference(a.data(), b.data(), a.size() * sizeof(float));
+}
+
+}  // namespace
+
 ::testing::AssertionResult identical(const Outputs& a, const Outputs& b) {
-  if (!same_bits(a.out, b.out)) return ::testing::AssertionFailure() << "out differs";
-  if (!same_bits(a.lse, b.lse)) return ::testing::AssertionFailure() << "lse differs";
-  if (!same_bits(a.max_logit, b.max_logit)) return ::testing::AssertionFailure() << "max_logit differs";
-  if (!same_bits(a.dq, b.dq)) return ::testing::AssertionFailure() << "dq differs";
-  if (!same_bits(a.dk, b.dk)) return ::testing::AssertionFailure() << "dk differs";
-  if (!same_bits(a.dv, b.dv)) return ::testing::AssertionFailure() << "dv differs";
+  for (auto [name, x, y] : {std::make_tuple("out", &a.out, &b.out), std::make_tuple("dq", &a.dq, &b.dq),
+                            std::make_tuple("dk", &a.dk, &b.dk), std::make_tuple("dv", &a.dv, &b.dv)}) {
+    if (!same_bits(*x, *y)) return ::testing::AssertionFailure() << name << " differs" << first_difference(*x, *y);
+  }
+  for (auto [name, x, y] :
+       {std::make_tuple("lse", &a.lse, &b.lse), std::make_tuple("max_logit", &a.max_logit, &b.max_logit)}) {
+    if (!same_bits(*x, *y)) return ::testing::AssertionFailure() << name << " differs" << first_difference(*x, *y);
+  }
   return ::testing::AssertionSuccess();
+}
+
+void cpu_reference(const SegmentTable& table, const Batch& b, const AttentionOptions& options, Outputs& r) {
+  cpu::attention_forward(table, b.q.view(), b.k.view(), b.v.view(), r.out.view(), r.lse.data(), r.max_logit.data(),
+                         options);
+  cpu::attention_backward(table, b.q.view(), b.k.view(), b.v.view(), r.out.view(), b.dout.view(), r.lse.data(),
+                          r.dq.view(), r.dk.view(), r.dv.view(), options);
 }
 
 ::testing::AssertionResult all_written(const Outputs& o) {
