@@ -1,5 +1,7 @@
 #include "support/cuda/cuda_test.h"
 
+#include <algorithm>
+
 namespace thdcp::test {
 
 void CudaTest::SetUp() {
@@ -11,6 +13,18 @@ void CudaTest::SetUp() {
                  << cudaGetErrorString(status) << ")";
   }
   if (count == 0) GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount reports 0 devices";
+}
+
+VisibleGpus visible_gpus(Communicator& world) {
+  VisibleGpus gpus;
+  if (cudaGetDeviceCount(&gpus.here) != cudaSuccess) {
+    (void)cudaGetLastError();
+    gpus.here = 0;
+  }
+  std::vector<int> counts(static_cast<size_t>(world.size()));
+  world.all_gather(&gpus.here, counts.data(), sizeof(int));
+  gpus.fewest = *std::min_element(counts.begin(), counts.end());
+  return gpus;
 }
 
 }  // namespace thdcp::test

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "thdcp/comm/communicator.h"
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/core/tensor.h"
 #include "thdcp/testing/device_buffer.h"
@@ -66,5 +67,14 @@ class Stream {
  private:
   cudaStream_t stream_ = nullptr;
 };
+
+// The GPUs this process sees and the fewest that any process of `world` sees (0 where CUDA
+// cannot start): a collective, so every rank takes the same decision from `fewest` and none
+// waits in a collective for one that left.
+struct VisibleGpus {
+  int here = 0;
+  int fewest = 0;
+};
+VisibleGpus visible_gpus(Communicator& world);
 
 }  // namespace thdcp::test
