@@ -5,6 +5,16 @@
 
 namespace thdcp::test {
 
+cp::Problem cp_problem(int cp, const Capacity& capacity, const Shape& s) {
+  cp::Problem problem;
+  problem.cp = cp;
+  problem.capacity = capacity;
+  problem.mask = s.mask;
+  static_cast<HeadShape&>(problem) = s.heads();
+  problem.dtype = s.dtype;
+  return problem;
+}
+
 Outputs single_device(const Batch& b, const Mask& mask, const AttentionOptions& options) {
   Outputs r = outputs_for(b, b.q.tokens(), b.q.dtype(), b.k.dtype());
   cpu_reference(build_segment_table(b.layout.view(), mask), b, options, r);

@@ -8,12 +8,16 @@
 
 #include "support/outputs.h"
 #include "support/random_batch.h"
+#include "support/shape.h"
 #include "thdcp/comm/communicator.h"
 #include "thdcp/cp/cp.h"
 #include "thdcp/plan/rank_split.h"
 #include "thdcp/plan/segment_table.h"
 
 namespace thdcp::test {
+
+// The problem of a CP plan of `cp` ranks at `capacity` for shape `s`.
+cp::Problem cp_problem(int cp, const Capacity& capacity, const Shape& s);
 
 // The CPU reference forward and backward of the whole batch (one segment per sequence).
 Outputs single_device(const Batch& b, const Mask& mask, const AttentionOptions& options);

@@ -2,7 +2,7 @@
 
 namespace thdcp::test {
 
-BankRank::BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shapes& s)
+BankRank::BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shape& s)
     : comm_(comm),
       bank_(bank),
       s_(s),
@@ -50,6 +50,20 @@ void BankRank::load(const Batch& b) {
   for (DeviceBuffer* p : {&out_.buffer, &dq_.buffer, &dk_.buffer, &dv_.buffer, &lse_, &max_logit_}) p->poison(stream_);
 }
 
+Outputs BankRank::banked(GraphBank& bank, const Batch& b, const std::vector<int64_t>& lengths,
+                         GraphBank::Outcome* outcome) {
+  load(b);
+  const GraphBank::Outcome o = bank.run(lengths, work(), stream_);
+  if (outcome != nullptr) *outcome = o;
+  return download(o.capacity.max_tokens / comm_.size());
+}
+
+Outputs BankRank::eager(const Batch& b, const std::vector<int64_t>& lengths, const Capacity& capacity) {
+  load(b);
+  run_eager(lengths, capacity);
+  return download(capacity.max_tokens / comm_.size());
+}
+
 void BankRank::run_eager(const std::vector<int64_t>& lengths, const Capacity& capacity) {
   auto it = eager_.find(capacity);
   if (it == eager_.end()) it = eager_.emplace(capacity, std::make_unique<StaticBatch>(comm_.size(), capacity)).first;
@@ -80,14 +94,7 @@ Outputs BankRank::download(int64_t rows) {
 cp::CudaPlan& BankRank::plan(const Capacity& c) {
   auto it = plans_.find(c);
   if (it != plans_.end()) return *it->second;
-  cp::Problem problem;
-  problem.cp = comm_.size();
-  problem.capacity = c;
-  problem.mask = s_.mask;
-  problem.q_heads = s_.q_heads;
-  problem.kv_heads = s_.kv_heads;
-  problem.head_dim = s_.head_dim;
-  problem.dtype = s_.dtype;
+  const cp::Problem problem = cp_problem(comm_.size(), c, s_);
   const size_t bytes = cp::cuda_workspace_size(problem);
   void* workspace = bank_.buffer(c, "cp workspace", bytes);
   auto plan = std::make_unique<cp::CudaPlan>(comm_, problem, AttentionOptions{}, workspace, bytes);
@@ -113,8 +120,8 @@ void GraphNcclTest::SetUp() {
   THDCP_CHECK_CUDA(cudaGetDeviceCount(&gpus_));
 }
 
-Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity, const Shapes& s, uint64_t seed) {
-  return make_batch(capacity_layout(lengths, cp, capacity), s.dtype, s.q_heads, s.kv_heads, s.head_dim, seed);
+Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity, const Shape& s, uint64_t seed) {
+  return make_batch(capacity_layout(lengths, cp, capacity), s, seed);
 }
 
 std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t seed) {
@@ -142,25 +149,23 @@ std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t s
 std::vector<graph::GraphBank::How> run_packings(DeviceCommunicator& comm, graph::GraphBank& bank,
                                                 const Capacity& capacity,
                                                 const std::vector<std::vector<int64_t>>& lengths,
-                                                const std::vector<Batch>& batches, const Shapes& s) {
+                                                const std::vector<Batch>& batches, const Shape& s) {
   BankRank rank(comm, bank, capacity.max_tokens, s);
   comm.warm_up(rank.stream());
   std::vector<graph::GraphBank::How> how;
   for (size_t i = 0; i < lengths.size(); ++i) {
     SCOPED_TRACE("rank " + std::to_string(comm.rank()) + " packing " + std::to_string(i));
-    rank.load(batches[i]);
-    how.push_back(bank.run(lengths[i], rank.work(), rank.stream()).how);
-    const Outputs banked = rank.download(capacity.max_tokens / comm.size());
-    rank.load(batches[i]);
-    rank.run_eager(lengths[i], capacity);
-    const Outputs eager = rank.download(capacity.max_tokens / comm.size());
+    GraphBank::Outcome outcome;
+    const Outputs banked = rank.banked(bank, batches[i], lengths[i], &outcome);
+    how.push_back(outcome.how);
+    const Outputs eager = rank.eager(batches[i], lengths[i], capacity);
     EXPECT_TRUE(identical(banked, eager)) << graph::GraphBank::how_name(how.back()) << " vs eager";
     expect_matches_reference(banked, batches[i], s.mask, comm.size(), comm.rank());
   }
   return how;
 }
 
-Packings make_packings(int cp, const Capacity& capacity, const Shapes& s, size_t count) {
+Packings make_packings(int cp, const Capacity& capacity, const Shape& s, size_t count) {
   Packings p;
   p.lengths = packings(cp, capacity, 21 + static_cast<uint64_t>(cp));
   p.lengths.resize(count);

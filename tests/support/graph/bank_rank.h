@@ -11,6 +11,7 @@
 
 #include "support/cp/cuda_cp_cases.h"
 #include "support/cp/cuda_cp_rank.h"
+#include "support/shape.h"
 #include "thdcp/comm_device/nccl.h"
 #include "thdcp/graph/graph_bank.h"
 
@@ -18,33 +19,35 @@ namespace thdcp::test {
 
 using graph::GraphBank;
 using graph::StaticBatch;
-
-struct Shapes {
-  int64_t q_heads = 4, kv_heads = 2, head_dim = 64;
-  DType dtype = DType::kBFloat16;
-  Mask mask = Mask::causal();
-};
+using How = GraphBank::How;
 
 // One rank's static tensors (sized for the largest capacity, viewed per capacity), its CP
 // plans per capacity (workspaces from the bank), and the step the bank captures.
 class BankRank {
  public:
-  BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shapes& s);
+  BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shape& s);
   ~BankRank();
 
   cudaStream_t stream() const { return stream_; }
 
+  // The step the bank runs, captures and replays: this rank's CP forward and backward on the
+  // static tensors, at the capacity of the batch the bank gives.
   graph::Work work();
 
-  // This rank's part of a batch into the static tensors; outputs poisoned.
-  void load(const Batch& b);
+  // This rank's part of `b` (documents `lengths`) through `bank`: its outputs, of the rows of
+  // the capacity the step ran at; `outcome` (if given) says how it ran.
+  Outputs banked(GraphBank& bank, const Batch& b, const std::vector<int64_t>& lengths,
+                 GraphBank::Outcome* outcome = nullptr);
 
-  // The same step eagerly, on metadata of its own (not the bank's), for comparison.
-  void run_eager(const std::vector<int64_t>& lengths, const Capacity& capacity);
-
-  Outputs download(int64_t rows);
+  // The same step eagerly at `capacity`, on metadata of its own (not the bank's), for
+  // comparison.
+  Outputs eager(const Batch& b, const std::vector<int64_t>& lengths, const Capacity& capacity);
 
  private:
+  // This rank's part of a batch into the static tensors; outputs poisoned.
+  void load(const Batch& b);
+  void run_eager(const std::vector<int64_t>& lengths, const Capacity& capacity);
+  Outputs download(int64_t rows);
   cp::CudaPlan& plan(const Capacity& c);
   ThdTensor view(DeviceTensor& t, int64_t rows);
   ForwardTensors forward_tensors(int64_t rows);
@@ -52,7 +55,7 @@ class BankRank {
 
   DeviceCommunicator& comm_;
   GraphBank& bank_;
-  Shapes s_;
+  Shape s_;
   int64_t rows_;
   DeviceTensor q_, k_, v_, dout_, out_, dq_, dk_, dv_;
   DeviceBuffer lse_, max_logit_;
@@ -61,7 +64,7 @@ class BankRank {
   std::map<Capacity, std::unique_ptr<StaticBatch>> eager_;
 };
 
-Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity, const Shapes& s, uint64_t seed);
+Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity, const Shape& s, uint64_t seed);
 
 // 20 packings of one capacity: one document filling it, max_seqs - 1 documents filling it
 // exactly, zero-length documents, a single token, and random ones (half of them using
@@ -76,7 +79,7 @@ std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t s
 std::vector<graph::GraphBank::How> run_packings(DeviceCommunicator& comm, graph::GraphBank& bank,
                                                 const Capacity& capacity,
                                                 const std::vector<std::vector<int64_t>>& lengths,
-                                                const std::vector<Batch>& batches, const Shapes& s);
+                                                const std::vector<Batch>& batches, const Shape& s);
 
 // GPU tests of the bank over NCCL: skipped with the reason without NCCL; gpus_ GPUs visible.
 class GraphNcclTest : public CudaTest {
@@ -90,6 +93,6 @@ struct Packings {
   std::vector<Batch> batches;
 };
 
-Packings make_packings(int cp, const Capacity& capacity, const Shapes& s, size_t count);
+Packings make_packings(int cp, const Capacity& capacity, const Shape& s, size_t count);
 
 }  // namespace thdcp::test
