@@ -172,27 +172,15 @@ TEST_F(GraphDynamicCp, AlternatingOneTwoFourWithReplayEqualsEager) {
   std::vector<std::vector<How>> how(order.size(), std::vector<How>(world));
 
   run_shared_gpu(world, [&](DeviceCommunicator& comm) {
-    cudaStream_t setup = nullptr;
-    THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&setup, cudaStreamNonBlocking));
-    graph::BankOptions options;
-    options.capture_mode = cudaStreamCaptureModeThreadLocal;  // the groups capture side by side
-    graph::CpGroups groups(comm, {1, 2, 4}, setup, options);
-    std::map<int, std::unique_ptr<BankRank>> ranks;
-    for (int c : groups.sizes()) {
-      groups.bank(c).add_capacity(default_capacity(max_tokens, c));
-      ranks[c] = std::make_unique<BankRank>(groups.group(c), groups.bank(c), max_tokens, s);
-    }
+    DynamicCpRank rank(comm, {1, 2, 4}, max_tokens, s);
     for (size_t step = 0; step < order.size(); ++step) {
       const int c = order[step];
-      const int g = groups.group_index(c);
-      BankRank& rank = *ranks[c];
+      const int g = rank.group_index(c);
       GraphBank::Outcome o;
-      banked[step][comm.rank()] = rank.banked(groups.bank(c), batches[step][g], lengths[step][g], &o);
+      banked[step][comm.rank()] = rank.banked(c, batches[step][g], lengths[step][g], &o);
       how[step][comm.rank()] = o.how;
-      eager[step][comm.rank()] = rank.eager(batches[step][g], lengths[step][g], default_capacity(max_tokens, c));
+      eager[step][comm.rank()] = rank.eager(c, batches[step][g], lengths[step][g]);
     }
-    ranks.clear();
-    THDCP_CHECK_CUDA(cudaStreamDestroy(setup));
   });
 
   for (size_t step = 0; step < order.size(); ++step) {

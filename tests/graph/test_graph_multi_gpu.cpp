@@ -63,31 +63,19 @@ TEST_F(GraphNcclMultiGpu, DynamicCpAlternatingOneAndAllEqualsEager) {
   }
   run_in_process(world, [&](Communicator& host) {
     std::unique_ptr<DeviceCommunicator> comm = nccl::create(host, host.rank());
-    cudaStream_t setup = nullptr;
-    THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&setup, cudaStreamNonBlocking));
-    graph::BankOptions options;
-    options.capture_mode = cudaStreamCaptureModeThreadLocal;
-    graph::CpGroups groups(*comm, {1, world}, setup, options);
-    std::map<int, std::unique_ptr<BankRank>> ranks;
-    for (int c : groups.sizes()) {
-      groups.bank(c).add_capacity(default_capacity(max_tokens, c));
-      ranks[c] = std::make_unique<BankRank>(groups.group(c), groups.bank(c), max_tokens, s);
-    }
+    DynamicCpRank rank(*comm, {1, world}, max_tokens, s);
     for (size_t step = 0; step < order.size(); ++step) {
       const int c = order[step];
-      const int g = groups.group_index(c);
-      BankRank& rank = *ranks[c];
+      const int g = rank.group_index(c);
       SCOPED_TRACE("step " + std::to_string(step) + " cp " + std::to_string(c) + " rank " + std::to_string(comm->rank()));
       const Batch& batch = batches[step][static_cast<size_t>(g)];
       const std::vector<int64_t>& documents = lengths[step][static_cast<size_t>(g)];
       GraphBank::Outcome o;
-      const Outputs banked = rank.banked(groups.bank(c), batch, documents, &o);
+      const Outputs banked = rank.banked(c, batch, documents, &o);
       EXPECT_EQ(o.how, step < 2 ? How::kWarmUp : step < 4 ? How::kCaptured : How::kReplayed);
-      EXPECT_TRUE(identical(banked, rank.eager(batch, documents, default_capacity(max_tokens, c))));
-      expect_matches_reference(banked, batch, s.mask, c, groups.group(c).rank());
+      EXPECT_TRUE(identical(banked, rank.eager(c, batch, documents)));
+      expect_matches_reference(banked, batch, s.mask, c, rank.group_rank(c));
     }
-    ranks.clear();
-    THDCP_CHECK_CUDA(cudaStreamDestroy(setup));
   });
 }
 

@@ -113,6 +113,33 @@ BackwardTensors BankRank::backward_tensors(int64_t rows) {
                          lse_.as<float>(), view(dq_, rows), view(dk_, rows), view(dv_, rows)};
 }
 
+DynamicCpRank::DynamicCpRank(DeviceCommunicator& world, const std::vector<int>& sizes, int64_t max_tokens,
+                             const Shape& s)
+    : max_tokens_(max_tokens) {
+  THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&setup_, cudaStreamNonBlocking));
+  graph::BankOptions options;
+  options.capture_mode = cudaStreamCaptureModeThreadLocal;  // the groups capture side by side
+  groups_ = std::make_unique<graph::CpGroups>(world, sizes, setup_, options);
+  for (int c : groups_->sizes()) {
+    groups_->bank(c).add_capacity(default_capacity(max_tokens, c));
+    ranks_[c] = std::make_unique<BankRank>(groups_->group(c), groups_->bank(c), max_tokens, s);
+  }
+}
+
+DynamicCpRank::~DynamicCpRank() {
+  ranks_.clear();
+  EXPECT_EQ(cudaStreamDestroy(setup_), cudaSuccess);
+}
+
+Outputs DynamicCpRank::banked(int c, const Batch& b, const std::vector<int64_t>& lengths,
+                              GraphBank::Outcome* outcome) {
+  return ranks_.at(c)->banked(groups_->bank(c), b, lengths, outcome);
+}
+
+Outputs DynamicCpRank::eager(int c, const Batch& b, const std::vector<int64_t>& lengths) {
+  return ranks_.at(c)->eager(b, lengths, default_capacity(max_tokens_, c));
+}
+
 void GraphNcclTest::SetUp() {
   CudaTest::SetUp();
   if (IsSkipped()) return;

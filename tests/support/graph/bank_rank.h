@@ -13,6 +13,7 @@
 #include "support/cp/cuda_cp_rank.h"
 #include "support/shape.h"
 #include "thdcp/comm_device/nccl.h"
+#include "thdcp/graph/cp_groups.h"
 #include "thdcp/graph/graph_bank.h"
 
 namespace thdcp::test {
@@ -62,6 +63,29 @@ class BankRank {
   cudaStream_t stream_ = nullptr;
   std::map<Capacity, std::unique_ptr<cp::CudaPlan>> plans_;
   std::map<Capacity, std::unique_ptr<StaticBatch>> eager_;
+};
+
+// One rank of dynamic CP over `world`: its group of every size in `sizes` (graph::CpGroups,
+// whose banks capture side by side, thread-locally), each group's bank with the default
+// capacity of `max_tokens` rows, and this rank's BankRank in each group.
+class DynamicCpRank {
+ public:
+  DynamicCpRank(DeviceCommunicator& world, const std::vector<int>& sizes, int64_t max_tokens, const Shape& s);
+  ~DynamicCpRank();
+
+  // Which group of size `c` this rank is in, and its rank there.
+  int group_index(int c) { return groups_->group_index(c); }
+  int group_rank(int c) { return groups_->group(c).rank(); }
+
+  // BankRank::banked and BankRank::eager in this rank's group of size `c`.
+  Outputs banked(int c, const Batch& b, const std::vector<int64_t>& lengths, GraphBank::Outcome* outcome);
+  Outputs eager(int c, const Batch& b, const std::vector<int64_t>& lengths);
+
+ private:
+  int64_t max_tokens_;
+  cudaStream_t setup_ = nullptr;
+  std::unique_ptr<graph::CpGroups> groups_;
+  std::map<int, std::unique_ptr<BankRank>> ranks_;
 };
 
 Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity, const Shape& s, uint64_t seed);
