@@ -10,6 +10,7 @@
 
 #include "support/cp_check.h"
 #include "support/cuda/cuda_test.h"
+#include "support/cuda/device_step.h"
 #include "thdcp/cp/cuda.h"
 #include "thdcp/plan/rank_split.h"
 #include "thdcp/testing/thread_barrier.h"
@@ -30,10 +31,10 @@ class CudaCpRank {
 
   DeviceLayout layout() const { return DeviceLayout{cu_.as<int32_t>(), cup_.as<int32_t>(), problem_.capacity}; }
   // The static q and k buffers, writable (e.g. to apply RoPE in place before a step).
-  ThdTensor q() { return q_.view(); }
-  ThdTensor k() { return k_.view(); }
-  ForwardTensors forward_tensors();
-  BackwardTensors backward_tensors();
+  ThdTensor q() { return tensors_.q.view(); }
+  ThdTensor k() { return tensors_.k.view(); }
+  ForwardTensors forward_tensors() { return tensors_.forward_tensors(); }
+  BackwardTensors backward_tensors() { return tensors_.backward_tensors(); }
 
   // Enqueues forward then backward on `stream` (capture-safe).
   void step(cudaStream_t stream, cp::KvSource kv = cp::KvSource::kGather);
@@ -43,9 +44,8 @@ class CudaCpRank {
  private:
   DeviceCommunicator& comm_;
   cp::Problem problem_;
-  int64_t rows_;
-  DeviceTensor q_, k_, v_, dout_, out_, dq_, dk_, dv_;
-  DeviceBuffer lse_, max_logit_, cu_, cup_, workspace_;
+  DeviceStep tensors_;
+  DeviceBuffer cu_, cup_, workspace_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cp::CudaPlan> plan_;
 };

@@ -74,4 +74,14 @@ void attention_backward(const cuda::DeviceSegmentTable& table, ConstThdTensor q,
   plan.run(table, tensors, stream);
 }
 
+void attention_step(const cuda::DeviceSegmentTable& table, DeviceStep& step, const DeviceBuffer& forward_ws,
+                    const DeviceBuffer& backward_ws, cudaStream_t stream, const AttentionOptions& options) {
+  const ForwardTensors f = step.forward_tensors();
+  attention_forward(table, f.q, f.k, f.v, f.out, f.lse, f.max_logit, forward_ws.data(), forward_ws.bytes(), stream,
+                    options);
+  const BackwardTensors b = step.backward_tensors();
+  attention_backward(table, b.q, b.k, b.v, b.out, b.dout, b.lse, b.dq, b.dk, b.dv, backward_ws.data(),
+                     backward_ws.bytes(), stream, options);
+}
+
 }  // namespace thdcp::test

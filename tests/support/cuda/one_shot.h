@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "thdcp/cuda/attention.h"
+#include "support/cuda/device_step.h"
 #include "thdcp/cuda/check.h"
 
 namespace thdcp::test {
@@ -50,5 +51,10 @@ void attention_backward(const cuda::DeviceSegmentTable& table, ConstThdTensor q,
                         ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
                         ThdTensor dv, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                         const AttentionOptions& options = {});
+
+// attention_forward, then attention_backward, on the tensors of `step` with the workspaces
+// `forward_ws` and `backward_ws`.
+void attention_step(const cuda::DeviceSegmentTable& table, DeviceStep& step, const DeviceBuffer& forward_ws,
+                    const DeviceBuffer& backward_ws, cudaStream_t stream, const AttentionOptions& options = {});
 
 }  // namespace thdcp::test

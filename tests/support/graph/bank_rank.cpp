@@ -6,17 +6,7 @@ BankRank::BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens
     : comm_(comm),
       bank_(bank),
       s_(s),
-      rows_(max_tokens / comm.size()),
-      q_(s.dtype, rows_, s.q_heads, s.head_dim),
-      k_(s.dtype, rows_, s.kv_heads, s.head_dim),
-      v_(s.dtype, rows_, s.kv_heads, s.head_dim),
-      dout_(s.dtype, rows_, s.q_heads, s.head_dim),
-      out_(s.dtype, rows_, s.q_heads, s.head_dim),
-      dq_(s.dtype, rows_, s.q_heads, s.head_dim),
-      dk_(s.dtype, rows_, s.kv_heads, s.head_dim),
-      dv_(s.dtype, rows_, s.kv_heads, s.head_dim),
-      lse_(sizeof(float) * static_cast<size_t>(s.q_heads * rows_)),
-      max_logit_(sizeof(float) * static_cast<size_t>(s.q_heads)) {
+      tensors_(s.dtype, max_tokens / comm.size(), max_tokens / comm.size(), s.heads(), s.dtype) {
   THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 }
 
@@ -30,8 +20,8 @@ graph::Work BankRank::work() {
   return [this](const StaticBatch& b, cudaStream_t stream) {
     cp::CudaPlan& p = plan(b.capacity());
     const int64_t rows = b.capacity().max_tokens / comm_.size();
-    p.forward(b.layout(), forward_tensors(rows), stream);
-    p.backward(b.layout(), backward_tensors(rows), stream);
+    p.forward(b.layout(), tensors_.forward_tensors(rows), stream);
+    p.backward(b.layout(), tensors_.backward_tensors(rows), stream);
   };
 }
 
@@ -43,11 +33,11 @@ void BankRank::load(const Batch& b) {
     const HostTensor part = local_part(global, layout, cp, rank);
     t.buffer.upload(part.data(), static_cast<size_t>(rows) * part.row_bytes(), stream_);
   };
-  upload(q_, b.q);
-  upload(k_, b.k);
-  upload(v_, b.v);
-  upload(dout_, b.dout);
-  for (DeviceBuffer* p : {&out_.buffer, &dq_.buffer, &dk_.buffer, &dv_.buffer, &lse_, &max_logit_}) p->poison(stream_);
+  upload(tensors_.q, b.q);
+  upload(tensors_.k, b.k);
+  upload(tensors_.v, b.v);
+  upload(tensors_.dout, b.dout);
+  tensors_.poison_outputs(stream_);
 }
 
 Outputs BankRank::banked(GraphBank& bank, const Batch& b, const std::vector<int64_t>& lengths,
@@ -75,20 +65,7 @@ Outputs BankRank::download(int64_t rows) {
   // The rank's stream follows its group's replay. No device-wide sync: another group may be
   // capturing meanwhile.
   comm_.synchronize(stream_, 120);
-  Outputs r;
-  const auto take = [&](const DeviceTensor& t) {
-    HostTensor h(t.dtype, rows, t.heads, t.head_dim);
-    t.buffer.download(h.data(), static_cast<size_t>(rows) * h.row_bytes());
-    return h;
-  };
-  r.out = take(out_);
-  r.dq = take(dq_);
-  r.dk = take(dk_);
-  r.dv = take(dv_);
-  r.lse = download_vector<float>(lse_, static_cast<size_t>(s_.q_heads * rows_));
-  r.lse.resize(static_cast<size_t>(s_.q_heads * rows));
-  r.max_logit = download_vector<float>(max_logit_, static_cast<size_t>(s_.q_heads));
-  return r;
+  return tensors_.download_outputs(rows);
 }
 
 cp::CudaPlan& BankRank::plan(const Capacity& c) {
@@ -99,18 +76,6 @@ cp::CudaPlan& BankRank::plan(const Capacity& c) {
   void* workspace = bank_.buffer(c, "cp workspace", bytes);
   auto plan = std::make_unique<cp::CudaPlan>(comm_, problem, AttentionOptions{}, workspace, bytes);
   return *plans_.emplace(c, std::move(plan)).first->second;
-}
-
-ThdTensor BankRank::view(DeviceTensor& t, int64_t rows) {
-  return ThdTensor{t.buffer.data(), t.dtype, rows, t.heads, t.head_dim};
-}
-ForwardTensors BankRank::forward_tensors(int64_t rows) {
-  return ForwardTensors{view(q_, rows),   view(k_, rows),   view(v_, rows),
-                        view(out_, rows), lse_.as<float>(), max_logit_.as<float>()};
-}
-BackwardTensors BankRank::backward_tensors(int64_t rows) {
-  return BackwardTensors{view(q_, rows),   view(k_, rows),  view(v_, rows),  view(out_, rows), view(dout_, rows),
-                         lse_.as<float>(), view(dq_, rows), view(dk_, rows), view(dv_, rows)};
 }
 
 DynamicCpRank::DynamicCpRank(DeviceCommunicator& world, const std::vector<int>& sizes, int64_t max_tokens,

@@ -11,6 +11,7 @@
 
 #include "support/cp/cuda_cp_cases.h"
 #include "support/cp/cuda_cp_rank.h"
+#include "support/cuda/device_step.h"
 #include "support/shape.h"
 #include "thdcp/comm_device/nccl.h"
 #include "thdcp/graph/cp_groups.h"
@@ -50,16 +51,11 @@ class BankRank {
   void run_eager(const std::vector<int64_t>& lengths, const Capacity& capacity);
   Outputs download(int64_t rows);
   cp::CudaPlan& plan(const Capacity& c);
-  ThdTensor view(DeviceTensor& t, int64_t rows);
-  ForwardTensors forward_tensors(int64_t rows);
-  BackwardTensors backward_tensors(int64_t rows);
 
   DeviceCommunicator& comm_;
   GraphBank& bank_;
   Shape s_;
-  int64_t rows_;
-  DeviceTensor q_, k_, v_, dout_, out_, dq_, dk_, dv_;
-  DeviceBuffer lse_, max_logit_;
+  DeviceStep tensors_;
   cudaStream_t stream_ = nullptr;
   std::map<Capacity, std::unique_ptr<cp::CudaPlan>> plans_;
   std::map<Capacity, std::unique_ptr<StaticBatch>> eager_;
