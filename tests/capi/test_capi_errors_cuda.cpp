@@ -23,13 +23,21 @@ Handle untouched_handle() {
   return reinterpret_cast<Handle>(uintptr_t{0x5a5a});  // never dereferenced
 }
 
+// A device workspace of the size `workspace_size` (thdcp_attention_plan_workspace_size or
+// thdcp_cp_plan_workspace_size) gives for `params`; empty if it fails.
+template <typename Params>
+DeviceBuffer workspace_for(thdcp_status_t (*workspace_size)(const Params*, size_t*), const Params& params) {
+  size_t bytes = 0;
+  EXPECT_C_OK(workspace_size(&params, &bytes));
+  return DeviceBuffer(bytes);
+}
+
 TEST_F(CApiCudaErrors, AttentionWorkspaceTooSmallOrInHostMemoryIsRefusedNamingIt) {
   const Shape s{};
   const thdcp_attention_params p = cuda_attention_params(s, kVarlenCapacity, s.dtype);
-  size_t bytes = 0;
-  ASSERT_C_OK(thdcp_attention_plan_workspace_size(&p, &bytes));
+  const DeviceBuffer workspace = workspace_for(thdcp_attention_plan_workspace_size, p);
+  const size_t bytes = workspace.bytes();
   ASSERT_GT(bytes, 0u);
-  const DeviceBuffer workspace(bytes);
   const auto untouched = untouched_handle<thdcp_attention_plan_t>();
   thdcp_attention_plan_t plan = untouched;
   EXPECT_C_STATUS(thdcp_attention_plan_create(&p, workspace.data(), bytes - 1, &plan), THDCP_ERROR_INVALID_ARGUMENT,
@@ -51,16 +59,14 @@ TEST_F(CApiCudaErrors, CpWorkspaceTooSmallIsRefusedNamingIt) {
   thdcp_communicator_t comm = nullptr;
   ASSERT_C_OK(thdcp_communicator_create_shared_gpu_group(1, 0, &comm));
   const thdcp_cp_params p = cuda_cp_params(Shape{}, kVarlenCapacity, 1);
-  size_t bytes = 0;
-  ASSERT_C_OK(thdcp_cp_plan_workspace_size(&p, &bytes));
+  const DeviceBuffer workspace = workspace_for(thdcp_cp_plan_workspace_size, p);
+  const size_t bytes = workspace.bytes();
   ASSERT_GT(bytes, 0u);
-  const DeviceBuffer workspace(bytes);
-  const auto untouched = untouched_handle<thdcp_cp_plan_t>();
-  thdcp_cp_plan_t plan = untouched;
+  thdcp_cp_plan_t plan = untouched_handle<thdcp_cp_plan_t>();
   EXPECT_C_STATUS(thdcp_cp_plan_create(comm, &p, workspace.data(), bytes - 1, &plan), THDCP_ERROR_INVALID_ARGUMENT,
                   "thdcp_cp_plan_create: ", "workspace has " + std::to_string(bytes - 1) + " bytes",
                   "cuda_workspace_size gives " + std::to_string(bytes));
-  EXPECT_EQ(plan, untouched);
+  EXPECT_EQ(plan, untouched_handle<thdcp_cp_plan_t>());
   EXPECT_C_OK(thdcp_communicator_destroy(comm));
 }
 

@@ -54,8 +54,7 @@ int run(int argc, char** argv) {
     }
     return kSkipped;
   }
-  const int local_rank = nccl::local_rank_from_environment();
-  const int device = nccl::device_for_local_rank(local_rank < 0 ? 0 : local_rank, gpus);
+  const int device = test::launched_device(0, gpus);
   nccl::Options options;
   options.timeout_seconds = test::kTestTimeoutSeconds;
   g_comm = nccl::create(*g_world, device, options);

@@ -39,8 +39,7 @@ int run(int argc, char** argv) {
     }
     return kSkipped;
   }
-  const int local_rank = nccl::local_rank_from_environment();
-  const int device = nccl::device_for_local_rank(local_rank < 0 ? g_world->rank() : local_rank, gpus.here);
+  const int device = test::launched_device(g_world->rank(), gpus.here);
   THDCP_CHECK_CUDA(cudaSetDevice(device));
   g_comm = nccl::create(*g_world, device);
   return test::run_tests_on_every_rank(*g_world, argc, argv);

@@ -54,15 +54,11 @@ TEST_F(CudaCpNccl, CpOneEqualsThePlainSingleGpuCallBitForBit) {
       std::unique_ptr<DeviceCommunicator> comm = nccl::create(host, 0);
       test::CudaCpRank state(*comm, problem);
       comm->warm_up(state.stream());
-      state.load(b);
-      state.step(state.stream());
-      over_nccl = state.download();
+      over_nccl = state.run(b);
     });
     run_shared_gpu(1, [&](DeviceCommunicator& comm) {
       test::CudaCpRank state(comm, problem);
-      state.load(b);
-      state.step(state.stream());
-      over_shared_gpu = state.download();
+      over_shared_gpu = state.run(b);
     });
     EXPECT_TRUE(test::identical(over_nccl, plain)) << "NCCL cp=1 vs the plain call";
     EXPECT_TRUE(test::identical(over_shared_gpu, plain)) << "shared-GPU cp=1 vs the plain call";

@@ -13,6 +13,7 @@
 
 #include "support/cp/cuda_cp_cases.h"
 #include "support/cp/cuda_cp_rank.h"
+#include "support/cuda/rope_shape.h"
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/cpu/rope.h"
 #include "thdcp/cuda/rope.h"
@@ -90,15 +91,7 @@ TEST_P(CudaRopeCp, RopeThenCpAttentionEqualsRopeThenSingleDeviceAttention) {
   run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
     const int rank = comm.rank();
     test::CudaCpRank state(comm, problem);
-    cuda::RopeShape shape;
-    shape.cp = cp;
-    shape.rank = rank;
-    shape.capacity = problem.capacity;
-    shape.q_heads = problem.q_heads;
-    shape.kv_heads = problem.kv_heads;
-    shape.head_dim = problem.head_dim;
-    shape.dtype = problem.dtype;
-    shape.config = config;
+    cuda::RopeShape shape = test::rope_shape(cp, rank, problem.capacity, problem.heads(), problem.dtype, config);
     if (variant.table) shape.table = RopeTable{cos_device.as<float>(), sin_device.as<float>(), host_table.rows};
     shape.with_start_offsets = variant.offsets;
     const cuda::RopePlan rope(shape);

@@ -55,11 +55,7 @@ struct Step {
     const BatchLayout layout = make_layout(lengths, cp == 0 ? 1 : cp, capacity);
     cu_seqlens.upload(layout.cu_seqlens.data(), cu_seqlens.bytes());
     cu_seqlens_padded.upload(layout.cu_seqlens_padded.data(), cu_seqlens_padded.bytes());
-    for (DeviceTensor* t : {&tensors.q, &tensors.k, &tensors.v, &tensors.dout}) {
-      HostTensor host(t->dtype, t->tokens, t->heads, t->head_dim);
-      fill_normal(host, seed++);
-      t->buffer.upload(host.data(), t->bytes());
-    }
+    tensors.fill_inputs(seed);
   }
 
   void poison_outputs() {

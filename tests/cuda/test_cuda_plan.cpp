@@ -58,11 +58,7 @@ struct Step {
     const BatchLayout layout = make_layout(lengths, 1, capacity);
     cu_seqlens.upload(layout.cu_seqlens.data(), cu_seqlens.bytes());
     cu_seqlens_padded.upload(layout.cu_seqlens_padded.data(), cu_seqlens_padded.bytes());
-    for (DeviceTensor* t : {&tensors.q, &tensors.k, &tensors.v, &tensors.dout}) {
-      HostTensor host(t->dtype, t->tokens, t->heads, t->head_dim);
-      fill_normal(host, seed++);
-      t->buffer.upload(host.data(), t->bytes());
-    }
+    tensors.fill_inputs(seed);
     table = build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), capacity.max_seqs,
                                 capacity.max_tokens, mask, segments.as<Segment>(), nullptr);
   }

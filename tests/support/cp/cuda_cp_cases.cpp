@@ -23,7 +23,7 @@ Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint6
     for (int64_t& n : lengths) n = n > 3 ? n - 3 : n;
   }
   const BatchLayout layout = make_layout(lengths, cp, capacity);
-  return make_batch(layout, c.dtype, c.q_heads, c.kv_heads, c.head_dim, seed);
+  return make_batch(layout, c.shape(), seed);
 }
 
 Capacity capacity_of(const EdgeCase& c, int cp) {
@@ -47,17 +47,7 @@ void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask
   expect_matches_reference(o, single_device(b, mask, AttentionOptions{}), b, cp, rank);
 }
 
-cp::Problem problem_of(const EdgeCase& c, int cp) {
-  cp::Problem problem;
-  problem.cp = cp;
-  problem.capacity = capacity_of(c, cp);
-  problem.mask = c.mask;
-  problem.q_heads = c.q_heads;
-  problem.kv_heads = c.kv_heads;
-  problem.head_dim = c.head_dim;
-  problem.dtype = c.dtype;
-  return problem;
-}
+cp::Problem problem_of(const EdgeCase& c, int cp) { return cp_problem(cp, capacity_of(c, cp), c.shape()); }
 
 void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode) {
   const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
@@ -67,9 +57,7 @@ void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaS
   const Batch second = make_case_batch(c, cp, problem.capacity, 2000 + index * 10 + cp, true);
   CudaCpRank state(comm, problem);
   comm.warm_up(state.stream());
-  state.load(first);
-  state.step(state.stream());
-  expect_matches_reference(state.download(), first, c.mask, cp, rank);
+  expect_matches_reference(state.run(first), first, c.mask, cp, rank);
 
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -80,9 +68,7 @@ void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaS
   state.load(second);
   THDCP_CHECK_CUDA(cudaGraphLaunch(exec, state.stream()));
   const Outputs replayed = state.download();
-  state.load(second);
-  state.step(state.stream());
-  const Outputs eager = state.download();
+  const Outputs eager = state.run(second);
   expect_matches_reference(eager, second, c.mask, cp, rank);
   EXPECT_TRUE(identical(replayed, eager)) << c.name << ": graph replay vs eager, rank " << rank;
   THDCP_CHECK_CUDA(cudaGraphExecDestroy(exec));

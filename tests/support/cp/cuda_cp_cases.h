@@ -12,6 +12,7 @@
 
 #include "support/cp/cuda_cp_rank.h"
 #include "support/gpu_tolerance.h"
+#include "support/shape.h"
 
 namespace thdcp::test {
 
@@ -22,6 +23,8 @@ struct EdgeCase {
   Mask mask;
   int q_heads, kv_heads, head_dim;
   DType dtype;
+
+  Shape shape() const { return Shape{dtype, q_heads, kv_heads, head_dim, mask}; }
 };
 
 const std::vector<EdgeCase>& edge_cases();

@@ -44,4 +44,10 @@ Outputs CudaCpRank::download() {
   return tensors_.download_outputs();
 }
 
+Outputs CudaCpRank::run(const Batch& b, cp::KvSource kv) {
+  load(b);
+  step(stream_, kv);
+  return download();
+}
+
 }  // namespace thdcp::test

@@ -41,6 +41,9 @@ class CudaCpRank {
 
   Outputs download();
 
+  // load(b), step on this rank's stream, download(): one eager step of `b`.
+  Outputs run(const Batch& b, cp::KvSource kv = cp::KvSource::kGather);
+
  private:
   DeviceCommunicator& comm_;
   cp::Problem problem_;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "thdcp/comm_device/nccl.h"
+
 namespace thdcp::test {
 
 void CudaTest::SetUp() {
@@ -25,6 +27,11 @@ VisibleGpus visible_gpus(Communicator& world) {
   world.all_gather(&gpus.here, counts.data(), sizeof(int));
   gpus.fewest = *std::min_element(counts.begin(), counts.end());
   return gpus;
+}
+
+int launched_device(int fallback_rank, int gpus) {
+  const int local_rank = nccl::local_rank_from_environment();
+  return nccl::device_for_local_rank(local_rank < 0 ? fallback_rank : local_rank, gpus);
 }
 
 }  // namespace thdcp::test

@@ -77,4 +77,8 @@ struct VisibleGpus {
 };
 VisibleGpus visible_gpus(Communicator& world);
 
+// The GPU of this process among `gpus`: nccl::device_for_local_rank of the local rank its
+// launcher gives (mpirun, srun), or of `fallback_rank` where it gives none.
+int launched_device(int fallback_rank, int gpus);
+
 }  // namespace thdcp::test

@@ -1,5 +1,7 @@
 #include "support/cuda/device_step.h"
 
+#include "thdcp/testing/workload.h"
+
 namespace thdcp::test {
 
 DeviceStep::DeviceStep(DType dtype, int64_t q_rows, int64_t k_rows, const HeadShape& heads, DType grad_dtype)
@@ -13,6 +15,14 @@ DeviceStep::DeviceStep(DType dtype, int64_t q_rows, int64_t k_rows, const HeadSh
       dv(grad_dtype, k_rows, heads.kv_heads, heads.head_dim),
       lse(sizeof(float) * static_cast<size_t>(heads.q_heads * q_rows)),
       max_logit(sizeof(float) * static_cast<size_t>(heads.q_heads)) {}
+
+void DeviceStep::fill_inputs(uint64_t seed) {
+  for (DeviceTensor* t : {&q, &k, &v, &dout}) {
+    HostTensor host(t->dtype, t->tokens, t->heads, t->head_dim);
+    fill_normal(host, seed++);
+    t->buffer.upload(host.data(), t->bytes());
+  }
+}
 
 void DeviceStep::upload_inputs(const HostTensor& q_in, const HostTensor& k_in, const HostTensor& v_in,
                                const HostTensor& dout_in) {

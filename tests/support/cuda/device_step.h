@@ -25,6 +25,9 @@ struct DeviceStep {
   // dk, dv in `grad_dtype`, the others in `dtype`.
   DeviceStep(DType dtype, int64_t q_rows, int64_t k_rows, const HeadShape& heads, DType grad_dtype);
 
+  // Fills q, k, v and dout with N(0, 1) values (fill_normal with seeds seed, seed + 1, ...).
+  void fill_inputs(uint64_t seed);
+
   // Copies host inputs of the same shapes in (synchronous).
   void upload_inputs(const HostTensor& q_in, const HostTensor& k_in, const HostTensor& v_in, const HostTensor& dout_in);
 
