@@ -143,7 +143,7 @@ std::vector<graph::GraphBank::How> run_packings(DeviceCommunicator& comm, graph:
                                                 const std::vector<std::vector<int64_t>>& lengths,
                                                 const std::vector<Batch>& batches, const Shape& s) {
   BankRank rank(comm, bank, capacity.max_tokens, s);
-  comm.warm_up(rank.stream());
+  rank.warm_up();
   std::vector<graph::GraphBank::How> how;
   for (size_t i = 0; i < lengths.size(); ++i) {
     SCOPED_TRACE("rank " + std::to_string(comm.rank()) + " packing " + std::to_string(i));

@@ -32,6 +32,9 @@ class BankRank {
 
   cudaStream_t stream() const { return stream_; }
 
+  // The communicator's warm-up on this rank's stream (before the first capture).
+  void warm_up() { comm_.warm_up(stream_); }
+
   // The step the bank runs, captures and replays: this rank's CP forward and backward on the
   // static tensors, at the capacity of the batch the bank gives.
   graph::Work work();
