@@ -49,8 +49,5 @@ int run(int argc, char** argv) {
 }  // namespace thdcp
 
 int main(int argc, char** argv) {
-  return thdcp::test::mpi_test_main(argc, argv, "test_cuda_cp_mpi", thdcp::run, [] {
-    thdcp::g_comm.reset();
-    thdcp::g_world.reset();
-  });
+  return thdcp::test::mpi_test_main(argc, argv, "test_cuda_cp_mpi", thdcp::run, thdcp::g_comm, thdcp::g_world);
 }

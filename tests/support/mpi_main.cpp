@@ -21,7 +21,8 @@ int run_tests_on_every_rank(Communicator& world, int argc, char** argv) {
   return any > 0 ? 1 : 0;
 }
 
-int mpi_test_main(int argc, char** argv, const char* program, int (*run)(int, char**), void (*release)()) {
+int mpi_test_main(int argc, char** argv, const char* program, int (*run)(int, char**),
+                  const std::function<void()>& release) {
   mpi::Session session(&argc, &argv);
   int code = 1;
   try {
