@@ -8,7 +8,8 @@
 #include <tuple>
 #include <vector>
 
-#include "capi/capi_support.h"
+#include "support/capi/capi_support.h"
+#include "support/outputs.h"
 #include "support/random_batch.h"
 #include "thdcp/cpu/attention.h"
 #include "thdcp/plan/segment_table.h"
@@ -20,71 +21,24 @@ namespace {
 using test::c_layout;
 using test::c_tensor;
 
-struct Result {
-  HostTensor out, dq, dk, dv;
-  std::vector<float> lse, max_logit;
-};
-
-Result empty_result(const test::Batch& b, DType dq_dtype, DType dkv_dtype) {
-  const int64_t rows = b.q.tokens();
-  Result r;
-  r.out = HostTensor(b.q.dtype(), rows, b.q.heads(), b.q.head_dim());
-  r.dq = HostTensor(dq_dtype, rows, b.q.heads(), b.q.head_dim());
-  r.dk = HostTensor(dkv_dtype, rows, b.k.heads(), b.k.head_dim());
-  r.dv = HostTensor(dkv_dtype, rows, b.k.heads(), b.k.head_dim());
-  r.lse.resize(static_cast<size_t>(b.q.heads() * rows));
-  r.max_logit.resize(static_cast<size_t>(b.q.heads()));
-  for (HostTensor* t : {&r.out, &r.dq, &r.dk, &r.dv}) test::poison(*t);
-  test::poison(r.lse);
-  test::poison(r.max_logit);
-  return r;
-}
+using test::Outputs;
 
 // The C++ API: one segment per sequence, the CPU reference.
-Result cpp_result(const test::Batch& b, const Mask& mask, const AttentionOptions& options, DType dq_dtype,
-                  DType dkv_dtype) {
-  Result r = empty_result(b, dq_dtype, dkv_dtype);
-  const SegmentTable table = build_segment_table(b.layout.view(), mask);
-  cpu::attention_forward(table, b.q.view(), b.k.view(), b.v.view(), r.out.view(), r.lse.data(), r.max_logit.data(),
-                         options);
-  cpu::attention_backward(table, b.q.view(), b.k.view(), b.v.view(), r.out.view(), b.dout.view(), r.lse.data(),
-                          r.dq.view(), r.dk.view(), r.dv.view(), options);
+Outputs cpp_result(const test::Batch& b, const Mask& mask, const AttentionOptions& options, DType dq_dtype,
+                   DType dkv_dtype) {
+  Outputs r = test::poisoned_outputs(b, b.q.tokens(), dq_dtype, dkv_dtype);
+  test::cpu_reference(build_segment_table(b.layout.view(), mask), b, options, r);
   return r;
 }
 
 // The same through the C ABI, with a plan of `params`.
-Result c_result(const test::Batch& b, const thdcp_attention_params* params, DType dq_dtype, DType dkv_dtype) {
-  Result r = empty_result(b, dq_dtype, dkv_dtype);
+Outputs c_result(const test::Batch& b, const thdcp_attention_params* params, DType dq_dtype, DType dkv_dtype) {
+  Outputs r = test::poisoned_outputs(b, b.q.tokens(), dq_dtype, dkv_dtype);
   size_t workspace_bytes = 1;
   EXPECT_C_OK(thdcp_attention_plan_workspace_size(params, &workspace_bytes));
   EXPECT_EQ(workspace_bytes, 0u) << "the CPU backend needs no workspace";
-  thdcp_attention_plan_t plan = nullptr;
-  EXPECT_C_OK(thdcp_attention_plan_create(params, nullptr, 0, &plan));
-  const thdcp_layout_t layout = c_layout(b.layout);
-  const thdcp_tensor_t q = c_tensor(b.q), k = c_tensor(b.k), v = c_tensor(b.v), dout = c_tensor(b.dout);
-  const thdcp_tensor_t out = c_tensor(r.out), dq = c_tensor(r.dq), dk = c_tensor(r.dk), dv = c_tensor(r.dv);
-  EXPECT_C_OK(thdcp_attention_forward(plan, &layout, &q, &k, &v, &out, r.lse.data(), r.max_logit.data(), nullptr));
-  EXPECT_C_OK(thdcp_attention_backward(plan, &layout, &q, &k, &v, &out, &dout, r.lse.data(), &dq, &dk, &dv, nullptr));
-  EXPECT_C_OK(thdcp_attention_plan_destroy(plan));
+  test::c_attention_on_host(params, b, r);
   return r;
-}
-
-::testing::AssertionResult same_bits(const char* name, const void* a, const void* b, size_t bytes) {
-  if (std::memcmp(a, b, bytes) == 0) return ::testing::AssertionSuccess();
-  const auto* x = static_cast<const unsigned char*>(a);
-  const auto* y = static_cast<const unsigned char*>(b);
-  size_t i = 0;
-  while (x[i] == y[i]) ++i;
-  return ::testing::AssertionFailure() << name << " differs from the C++ API at byte " << i;
-}
-
-void expect_same(const Result& c, const Result& cpp) {
-  for (auto [name, x, y] : {std::make_tuple("out", &c.out, &cpp.out), std::make_tuple("dq", &c.dq, &cpp.dq),
-                            std::make_tuple("dk", &c.dk, &cpp.dk), std::make_tuple("dv", &c.dv, &cpp.dv)}) {
-    EXPECT_TRUE(same_bits(name, x->data(), y->data(), static_cast<size_t>(x->numel()) * dtype_size(x->dtype())));
-  }
-  EXPECT_TRUE(same_bits("lse", c.lse.data(), cpp.lse.data(), c.lse.size() * sizeof(float)));
-  EXPECT_TRUE(same_bits("max_logit", c.max_logit.data(), cpp.max_logit.data(), c.max_logit.size() * sizeof(float)));
 }
 
 // Lengths with an empty sequence, a length-1 one and lengths that are not multiples of 4,
@@ -96,14 +50,7 @@ test::Batch varlen_batch(DType dtype, int64_t q_heads, int64_t kv_heads, int64_t
 thdcp_attention_params params_for(const test::Batch& b, const Mask& mask, int extra_seqs) {
   thdcp_attention_params p;
   thdcp_attention_params_init(&p);
-  p.dtype = test::c_dtype(b.q.dtype());
-  p.max_tokens = b.q.tokens();
-  p.max_seqs = b.layout.num_seqs() + extra_seqs;
-  p.q_heads = b.q.heads();
-  p.kv_heads = b.k.heads();
-  p.head_dim = b.q.head_dim();
-  p.window_left = mask.window_left;
-  p.window_right = mask.window_right;
+  test::set_shape(p, test::batch_shape(b, mask), Capacity{b.layout.num_seqs() + extra_seqs, b.q.tokens()});
   p.num_threads = 2;
   return p;
 }
@@ -122,9 +69,9 @@ TEST_P(CApiEqualsCpp, ForwardAndBackwardBitForBit) {
   AttentionOptions options;
   options.softmax_scale = p.softmax_scale;
   options.num_threads = 2;
-  const Result cpp = cpp_result(b, mask, options, grad, grad);
-  const Result c = c_result(b, &p, grad, grad);
-  expect_same(c, cpp);
+  const Outputs cpp = cpp_result(b, mask, options, grad, grad);
+  const Outputs c = c_result(b, &p, grad, grad);
+  EXPECT_TRUE(test::identical(c, cpp)) << "the C ABI differs from the C++ API";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -171,14 +118,14 @@ TEST(CApiVersioning, OlderShorterParamsTakeTheDefaults) {
   old.window_right = 0;
   const auto* as_current = reinterpret_cast<const thdcp_attention_params*>(&old);
   // Defaults of the missing fields: gradients in the plan's dtype, every hardware thread.
-  const Result c = c_result(b, as_current, DType::kBFloat16, DType::kBFloat16);
-  const Result cpp = cpp_result(b, Mask::causal(), AttentionOptions{}, DType::kBFloat16, DType::kBFloat16);
-  expect_same(c, cpp);
+  const Outputs c = c_result(b, as_current, DType::kBFloat16, DType::kBFloat16);
+  const Outputs cpp = cpp_result(b, Mask::causal(), AttentionOptions{}, DType::kBFloat16, DType::kBFloat16);
+  EXPECT_TRUE(test::identical(c, cpp)) << "the C ABI differs from the C++ API";
 
   // The defaulted dq_dtype is the plan's dtype: an fp32 dq is refused, naming it.
   thdcp_attention_plan_t plan = nullptr;
   ASSERT_C_OK(thdcp_attention_plan_create(as_current, nullptr, 0, &plan));
-  Result r = empty_result(b, DType::kFloat32, DType::kBFloat16);
+  Outputs r = test::poisoned_outputs(b, b.q.tokens(), DType::kFloat32, DType::kBFloat16);
   const thdcp_layout_t layout = c_layout(b.layout);
   const thdcp_tensor_t q = c_tensor(b.q), k = c_tensor(b.k), v = c_tensor(b.v), dout = c_tensor(b.dout);
   const thdcp_tensor_t out = c_tensor(cpp.out), dq = c_tensor(r.dq), dk = c_tensor(r.dk), dv = c_tensor(r.dv);

@@ -9,7 +9,8 @@
 #include <tuple>
 #include <vector>
 
-#include "capi/capi_support.h"
+#include "support/capi/capi_support.h"
+#include "support/outputs.h"
 #include "support/random_batch.h"
 #include "thdcp/plan/rank_split.h"
 #include "thdcp/thdcp.h"
@@ -18,79 +19,36 @@ namespace thdcp {
 namespace {
 
 using test::c_layout;
+using test::c_local_rows;
 using test::c_tensor;
+using test::Outputs;
 
-struct Result {
-  HostTensor out, dq, dk, dv;
-  std::vector<float> lse, max_logit;
-};
-
-Result poisoned_result(const test::Batch& b, int64_t rows) {
-  Result r;
-  r.out = HostTensor(b.q.dtype(), rows, b.q.heads(), b.q.head_dim());
-  r.dq = HostTensor(b.q.dtype(), rows, b.q.heads(), b.q.head_dim());
-  r.dk = HostTensor(b.k.dtype(), rows, b.k.heads(), b.k.head_dim());
-  r.dv = HostTensor(b.k.dtype(), rows, b.k.heads(), b.k.head_dim());
-  r.lse.resize(static_cast<size_t>(b.q.heads() * rows));
-  r.max_logit.resize(static_cast<size_t>(b.q.heads()));
-  for (HostTensor* t : {&r.out, &r.dq, &r.dk, &r.dv}) test::poison(*t);
-  test::poison(r.lse);
-  test::poison(r.max_logit);
-  return r;
-}
-
-Result single_device(const test::Batch& b, const Mask& mask) {
-  Result r = poisoned_result(b, b.q.tokens());
+Outputs single_device(const test::Batch& b, const Mask& mask) {
+  Outputs r = test::poisoned_outputs(b, b.q.tokens(), b.q.dtype(), b.k.dtype());
   thdcp_attention_params p;
   thdcp_attention_params_init(&p);
-  p.dtype = test::c_dtype(b.q.dtype());
-  p.max_tokens = b.q.tokens();
-  p.max_seqs = b.layout.num_seqs();
-  p.q_heads = b.q.heads();
-  p.kv_heads = b.k.heads();
-  p.head_dim = b.q.head_dim();
-  p.window_left = mask.window_left;
-  p.window_right = mask.window_right;
+  test::set_shape(p, test::batch_shape(b, mask), Capacity{b.layout.num_seqs(), b.q.tokens()});
   p.num_threads = 1;
-  thdcp_attention_plan_t plan = nullptr;
-  EXPECT_C_OK(thdcp_attention_plan_create(&p, nullptr, 0, &plan));
-  const thdcp_layout_t layout = c_layout(b.layout);
-  const thdcp_tensor_t q = c_tensor(b.q), k = c_tensor(b.k), v = c_tensor(b.v), dout = c_tensor(b.dout);
-  const thdcp_tensor_t out = c_tensor(r.out), dq = c_tensor(r.dq), dk = c_tensor(r.dk), dv = c_tensor(r.dv);
-  EXPECT_C_OK(thdcp_attention_forward(plan, &layout, &q, &k, &v, &out, r.lse.data(), r.max_logit.data(), nullptr));
-  EXPECT_C_OK(thdcp_attention_backward(plan, &layout, &q, &k, &v, &out, &dout, r.lse.data(), &dq, &dk, &dv, nullptr));
-  EXPECT_C_OK(thdcp_attention_plan_destroy(plan));
+  test::c_attention_on_host(&p, b, r);
   return r;
-}
-
-HostTensor local_of(const HostTensor& global, const thdcp_layout_t& layout, int cp, int rank) {
-  HostTensor local(global.dtype(), global.tokens() / cp, global.heads(), global.head_dim());
-  EXPECT_C_OK(thdcp_cp_split(global.data(), local.data(), global.row_bytes(), &layout, cp, rank));
-  return local;
 }
 
 // One rank: split, plan, forward, backward, merge its rows into `merged` (disjoint rows per
 // rank, so the ranks write it at the same time without a race).
-void run_rank(thdcp_communicator_t comm, const test::Batch& b, const Mask& mask, int cp, Result& merged) {
+void run_rank(thdcp_communicator_t comm, const test::Batch& b, const Mask& mask, int cp, Outputs& merged) {
   int rank = -1;
   EXPECT_C_OK(thdcp_communicator_rank(comm, &rank));
   const thdcp_layout_t layout = c_layout(b.layout);
   const int64_t rows = b.q.tokens(), local_rows = rows / cp;
-  const HostTensor q = local_of(b.q, layout, cp, rank), k = local_of(b.k, layout, cp, rank),
-                   v = local_of(b.v, layout, cp, rank), dout = local_of(b.dout, layout, cp, rank);
-  Result local = poisoned_result(b, local_rows);
+  const HostTensor q = c_local_rows(b.q, layout, cp, rank), k = c_local_rows(b.k, layout, cp, rank),
+                   v = c_local_rows(b.v, layout, cp, rank), dout = c_local_rows(b.dout, layout, cp, rank);
+  Outputs local = test::poisoned_outputs(b, local_rows, b.q.dtype(), b.k.dtype());
 
   thdcp_cp_params p;
   thdcp_cp_params_init(&p);
-  p.dtype = test::c_dtype(b.q.dtype());
   p.cp_size = cp;
-  p.max_tokens = rows;
-  p.max_seqs = b.layout.num_seqs() + 2;  // fewer sequences than the capacity
-  p.q_heads = b.q.heads();
-  p.kv_heads = b.k.heads();
-  p.head_dim = b.q.head_dim();
-  p.window_left = mask.window_left;
-  p.window_right = mask.window_right;
+  // Fewer sequences than the capacity.
+  test::set_shape(p, test::batch_shape(b, mask), Capacity{b.layout.num_seqs() + 2, rows});
   p.num_threads = 1;
   size_t workspace = 1;
   EXPECT_C_OK(thdcp_cp_plan_workspace_size(&p, &workspace));
@@ -105,14 +63,7 @@ void run_rank(thdcp_communicator_t comm, const test::Batch& b, const Mask& mask,
                                 nullptr));
   EXPECT_C_OK(thdcp_cp_plan_destroy(plan));
 
-  for (auto [from, to] : {std::make_pair(&local.out, &merged.out), std::make_pair(&local.dq, &merged.dq),
-                          std::make_pair(&local.dk, &merged.dk), std::make_pair(&local.dv, &merged.dv)}) {
-    EXPECT_C_OK(thdcp_cp_merge(from->data(), to->data(), from->row_bytes(), &layout, cp, rank));
-  }
-  for (int64_t h = 0; h < b.q.heads(); ++h) {
-    EXPECT_C_OK(thdcp_cp_merge(local.lse.data() + h * local_rows, merged.lse.data() + h * rows, sizeof(float),
-                               &layout, cp, rank));
-  }
+  test::c_merge_rows(local, merged, layout, cp, rank);
   if (rank == 0) merged.max_logit = local.max_logit;  // the same on every rank (max-reduced)
 
   // thdcp_cp_local_rows is the map the C++ split uses.
@@ -130,11 +81,11 @@ TEST_P(CApiCpEqualsSingleDevice, InProcessGroupOfThreads) {
   // An empty document, one of length 1 and lengths that are not multiples of 2*cp.
   const test::Batch b =
       test::make_batch(make_layout({37, 0, 64, 1, 90, 13}, cp), dtype, q_heads, kv_heads, 16, 100 + cp + q_heads);
-  const Result reference = single_device(b, mask);
+  const Outputs reference = single_device(b, mask);
 
   std::vector<thdcp_communicator_t> comms(static_cast<size_t>(cp), nullptr);
   ASSERT_C_OK(thdcp_communicator_create_in_process_group(cp, comms.data()));
-  Result merged = poisoned_result(b, b.q.tokens());
+  Outputs merged = test::poisoned_outputs(b, b.q.tokens(), b.q.dtype(), b.k.dtype());
   std::vector<std::thread> ranks;
   for (int r = 0; r < cp; ++r) {
     ranks.emplace_back([&, r] { run_rank(comms[static_cast<size_t>(r)], b, mask, cp, merged); });

@@ -4,11 +4,12 @@
 
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "capi/capi_support.h"
+#include "support/capi/capi_support.h"
 #include "support/random_batch.h"
 #include "thdcp/thdcp.h"
 
@@ -26,14 +27,11 @@ bool built_with(thdcp_feature_t feature) {
   return on == 1;
 }
 
+// Causal, bf16 (thdcp.h's default dtype and window_left), heads 4:2, head_dim 16; capacity
+// 4 sequences, 32 rows.
 thdcp_attention_params small_params() {
   thdcp_attention_params p = THDCP_ATTENTION_PARAMS_INIT;
-  p.max_tokens = 32;
-  p.max_seqs = 4;
-  p.q_heads = 4;
-  p.kv_heads = 2;
-  p.head_dim = 16;
-  p.window_right = 0;
+  test::set_shape(p, test::Shape{DType::kBFloat16, 4, 2, 16, Mask::causal()}, Capacity{4, 32});
   return p;
 }
 
@@ -353,18 +351,19 @@ TEST(CApiCommunicators, PartsMissingFromTheBuildAreUnsupported) {
                   THDCP_ERROR_INVALID_ARGUMENT, "thdcp_graph_bank_run: bank is NULL");
 }
 
+// Causal, bf16, heads 2:1, head_dim 16; capacity 4 sequences, 64 rows.
 thdcp_cp_params cp_params(int cp_size) {
   thdcp_cp_params p;
   thdcp_cp_params_init(&p);
   p.cp_size = cp_size;
-  p.max_tokens = 64;
-  p.max_seqs = 4;
-  p.q_heads = 2;
-  p.kv_heads = 1;
-  p.head_dim = 16;
-  p.window_right = 0;
+  test::set_shape(p, test::Shape{DType::kBFloat16, 2, 1, 16, Mask::causal()}, Capacity{4, 64});
   return p;
 }
+
+struct BadCpParams {
+  void (*spoil)(thdcp_cp_params&);
+  std::vector<std::string> message;
+};
 
 TEST(CApiCpPlan, BadParamsAndCommunicators) {
   thdcp_communicator_t comm = nullptr;
@@ -375,28 +374,31 @@ TEST(CApiCpPlan, BadParamsAndCommunicators) {
                   "thdcp_cp_plan_create: params->cp_size=2 but the communicator has 1 ranks");
   EXPECT_C_STATUS(thdcp_cp_plan_create(nullptr, &p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
                   "comm is NULL");
-  p = cp_params(1);
-  p.max_tokens = 63;
-  EXPECT_C_STATUS(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
-                  "params->max_tokens=63 must be a multiple of 2*cp_size=2");
-  p = cp_params(1);
-  p.struct_size = 64;
-  EXPECT_C_STATUS(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
-                  "params->struct_size=64", "first version has 72 bytes");
-  p = cp_params(1);
-  p.head_dim = 20;
-  EXPECT_C_STATUS(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
-                  "params->head_dim=20");
-  p = cp_params(1);
-  p.q_heads = 4;
-  p.kv_heads = 2;
-  p.reserved_head_groups = 2;
-  EXPECT_C_STATUS(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
-                  "params->reserved_head_groups=2 must be 0 or 1");
-  p.reserved_head_groups = 1;
-  p.reserved = 7;
-  EXPECT_C_STATUS(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
-                  "params->reserved=7 must be 0");
+  // A field at a time set to a bad value (of cp_params(1)): the words of the message.
+  const BadCpParams bad[] = {
+      {[](thdcp_cp_params& q) { q.max_tokens = 63; }, {"params->max_tokens=63 must be a multiple of 2*cp_size=2"}},
+      {[](thdcp_cp_params& q) { q.struct_size = 64; }, {"params->struct_size=64", "first version has 72 bytes"}},
+      {[](thdcp_cp_params& q) { q.head_dim = 20; }, {"params->head_dim=20"}},
+      {[](thdcp_cp_params& q) {
+         q.q_heads = 4;
+         q.kv_heads = 2;
+         q.reserved_head_groups = 2;
+       },
+       {"params->reserved_head_groups=2 must be 0 or 1"}},
+      {[](thdcp_cp_params& q) {
+         q.q_heads = 4;
+         q.kv_heads = 2;
+         q.reserved_head_groups = 1;
+         q.reserved = 7;
+       },
+       {"params->reserved=7 must be 0"}},
+  };
+  for (const BadCpParams& c : bad) {
+    p = cp_params(1);
+    c.spoil(p);
+    EXPECT_TRUE(test::status_is(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
+                                c.message));
+  }
   // A caller compiled against the struct before reserved_head_groups (80 bytes): the bytes
   // past struct_size are not read.
   p = cp_params(1);
@@ -427,31 +429,46 @@ TEST(CApiCpPlan, BadParamsAndCommunicators) {
   EXPECT_C_OK(thdcp_communicator_destroy(comm));
 }
 
+// What thdcp_cp_plan_create gave one rank: its status and thdcp_last_error() on its thread.
+struct PlanAttempt {
+  thdcp_status_t status = THDCP_SUCCESS;
+  std::string message;
+};
+
+// Each rank of the two-rank group `comms` creates a CP plan on a thread of its own, with its
+// params (none: NULL params), and destroys it.
+std::vector<PlanAttempt> create_plans_on_two_threads(const thdcp_communicator_t (&comms)[2],
+                                                     const std::optional<thdcp_cp_params>& rank0_params,
+                                                     const std::optional<thdcp_cp_params>& rank1_params) {
+  const std::optional<thdcp_cp_params>* params[2] = {&rank0_params, &rank1_params};
+  std::vector<PlanAttempt> attempts(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      thdcp_cp_plan_t plan = nullptr;
+      attempts[r].status = thdcp_cp_plan_create(comms[r], *params[r] ? &**params[r] : nullptr, nullptr, 0, &plan);
+      attempts[r].message = thdcp_last_error();
+      thdcp_cp_plan_destroy(plan);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  return attempts;
+}
+
 // A collective call that fails on one rank releases the others: the in-process group is
 // aborted, the other rank's call fails with THDCP_ERROR_COMMUNICATION (instead of waiting
 // forever), and so does every later collective.
 TEST(CApiCpPlan, AFailingRankReleasesTheOthers) {
   thdcp_communicator_t comms[2] = {nullptr, nullptr};
   ASSERT_C_OK(thdcp_communicator_create_in_process_group(2, comms));
-  thdcp_status_t status[2] = {THDCP_SUCCESS, THDCP_SUCCESS};
-  std::string message[2];
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      const thdcp_cp_params p = cp_params(2);
-      thdcp_cp_plan_t plan = nullptr;
-      // Rank 0's own check fails before it enters the plan's collective; rank 1 enters it.
-      status[r] = thdcp_cp_plan_create(comms[r], r == 0 ? nullptr : &p, nullptr, 0, &plan);
-      message[r] = thdcp_last_error();
-      thdcp_cp_plan_destroy(plan);
-    });
-  }
-  for (auto& t : ranks) t.join();
-  EXPECT_EQ(status[0], THDCP_ERROR_INVALID_ARGUMENT) << message[0];
-  EXPECT_NE(message[0].find("params is NULL"), std::string::npos) << message[0];
-  EXPECT_EQ(status[1], THDCP_ERROR_COMMUNICATION) << message[1];
-  EXPECT_NE(message[1].find("another rank failed"), std::string::npos) << message[1];
-  EXPECT_NE(message[1].find("rank 0 failed: thdcp_cp_plan_create: params is NULL"), std::string::npos) << message[1];
+  // Rank 0's own check fails before it enters the plan's collective; rank 1 enters it.
+  const std::vector<PlanAttempt> got = create_plans_on_two_threads(comms, std::nullopt, cp_params(2));
+  EXPECT_EQ(got[0].status, THDCP_ERROR_INVALID_ARGUMENT) << got[0].message;
+  EXPECT_NE(got[0].message.find("params is NULL"), std::string::npos) << got[0].message;
+  EXPECT_EQ(got[1].status, THDCP_ERROR_COMMUNICATION) << got[1].message;
+  EXPECT_NE(got[1].message.find("another rank failed"), std::string::npos) << got[1].message;
+  EXPECT_NE(got[1].message.find("rank 0 failed: thdcp_cp_plan_create: params is NULL"), std::string::npos)
+      << got[1].message;
   // The group stays aborted.
   thdcp_cp_params p = cp_params(2);
   thdcp_cp_plan_t plan = nullptr;
@@ -464,24 +481,13 @@ TEST(CApiCpPlan, AFailingRankReleasesTheOthers) {
 TEST(CApiCpPlan, RanksThatDisagreeAreRefusedOnEveryRank) {
   thdcp_communicator_t comms[2] = {nullptr, nullptr};
   ASSERT_C_OK(thdcp_communicator_create_in_process_group(2, comms));
-  thdcp_status_t status[2] = {THDCP_SUCCESS, THDCP_SUCCESS};
-  std::string message[2];
-  std::vector<std::thread> ranks;
+  thdcp_cp_params more_heads = cp_params(2);
+  more_heads.q_heads = 4;
+  const std::vector<PlanAttempt> got = create_plans_on_two_threads(comms, cp_params(2), more_heads);
   for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      thdcp_cp_params p = cp_params(2);
-      if (r == 1) p.q_heads = 4;
-      thdcp_cp_plan_t plan = nullptr;
-      status[r] = thdcp_cp_plan_create(comms[r], &p, nullptr, 0, &plan);
-      message[r] = thdcp_last_error();
-      thdcp_cp_plan_destroy(plan);
-    });
-  }
-  for (auto& t : ranks) t.join();
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(status[r], THDCP_ERROR_INVALID_ARGUMENT) << message[r];
-    EXPECT_NE(message[r].find("rank 1 passed heads 4:1 head_dim 16 but rank 0 passed 2:1"), std::string::npos)
-        << message[r];
+    EXPECT_EQ(got[r].status, THDCP_ERROR_INVALID_ARGUMENT) << got[r].message;
+    EXPECT_NE(got[r].message.find("rank 1 passed heads 4:1 head_dim 16 but rank 0 passed 2:1"), std::string::npos)
+        << got[r].message;
   }
   for (thdcp_communicator_t c : comms) EXPECT_C_OK(thdcp_communicator_destroy(c));
 }

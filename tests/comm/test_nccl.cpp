@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/nccl_test_support.h"
-#include "cuda/cuda_test_support.h"
+#include "support/comm/collective_step.h"
+#include "support/cuda/cuda_test.h"
 #include "support/expect_error.h"
 #include "thdcp/comm/communicator.h"
 #include "thdcp/comm_device/nccl.h"

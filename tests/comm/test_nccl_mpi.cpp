@@ -5,12 +5,12 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <memory>
-#include <vector>
 
-#include "comm/nccl_test_support.h"
+#include "support/comm/collective_step.h"
+#include "support/cuda/cuda_test.h"
+#include "support/mpi_main.h"
 #include "thdcp/comm/mpi.h"
 #include "thdcp/comm_device/nccl.h"
 
@@ -44,63 +44,28 @@ TEST(NcclOverMpi, SplitByParityRunsACollectiveInEachHalf) {
   test::expect_exact_collectives(*half, stream.get());
 }
 
-// The fewest GPUs that any process of the job sees (0 where CUDA cannot start).
-int fewest_visible_gpus(Communicator& world) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    count = 0;
-  }
-  std::vector<int> counts(static_cast<size_t>(world.size()));
-  world.all_gather(&count, counts.data(), sizeof(int));
-  return *std::min_element(counts.begin(), counts.end());
-}
-
 int run(int argc, char** argv) {
   g_world = mpi::world();
   // Every rank takes the same decision, so none waits in a collective for one that left.
-  const int gpus = fewest_visible_gpus(*g_world);
+  const int gpus = test::visible_gpus(*g_world).fewest;
   if (gpus < 2) {
     if (g_world->rank() == 0) {
       std::printf("test_nccl_mpi: SKIPPED: needs 2 GPUs, %d visible to a process of this job\n", gpus);
     }
     return kSkipped;
   }
-  const int local_rank = nccl::local_rank_from_environment();
-  const int device = nccl::device_for_local_rank(local_rank < 0 ? 0 : local_rank, gpus);
+  const int device = test::launched_device(0, gpus);
   nccl::Options options;
   options.timeout_seconds = test::kTestTimeoutSeconds;
   g_comm = nccl::create(*g_world, device, options);
   test::Stream stream;
   g_comm->warm_up(stream.get());
-
-  ::testing::InitGoogleTest(&argc, argv);
-  // Only rank 0 prints the per-test lines; every rank's failures still print.
-  if (g_world->rank() != 0) {
-    delete ::testing::UnitTest::GetInstance()->listeners().Release(
-        ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
-  }
-  const int failed = RUN_ALL_TESTS();
-  // The job fails if any rank failed.
-  float any = failed ? 1.0f : 0.0f;
-  g_world->all_reduce_max(&any, 1);
-  return any > 0 ? 1 : 0;
+  return test::run_tests_on_every_rank(*g_world, argc, argv);
 }
 
 }  // namespace
 }  // namespace thdcp
 
 int main(int argc, char** argv) {
-  thdcp::mpi::Session session(&argc, &argv);
-  int code = 1;
-  try {
-    code = thdcp::run(argc, argv);
-  } catch (const thdcp::Error& e) {
-    std::fprintf(stderr, "test_nccl_mpi: %s\n", e.what());
-    // Other ranks may be waiting in a collective for this one: end them all.
-    session.abort(1);
-  }
-  thdcp::g_comm.reset();
-  thdcp::g_world.reset();
-  return code;
+  return thdcp::test::mpi_test_main(argc, argv, "test_nccl_mpi", thdcp::run, thdcp::g_comm, thdcp::g_world);
 }

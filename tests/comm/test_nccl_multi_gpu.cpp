@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "comm/nccl_test_support.h"
-#include "cuda/cuda_test_support.h"
+#include "support/comm/collective_step.h"
+#include "support/cuda/cuda_test.h"
 #include "support/expect_error.h"
 #include "thdcp/comm/communicator.h"
 #include "thdcp/comm_device/nccl.h"

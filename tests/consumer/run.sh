@@ -34,6 +34,19 @@ fail() {
   exit 1
 }
 step() { echo "== $*"; }
+# build_consumer DIR WHAT: builds the consumer configured in DIR against WHAT.
+build_consumer() {
+  "$cmake" --build "$1" -j "$jobs" || fail "building the consumer against $2 failed"
+}
+# run_programs DIR WHAT: runs every program the consumer in DIR lists (programs.txt); WHAT
+# says which package it was built against.
+run_programs() {
+  while IFS= read -r program; do
+    [ -n "$program" ] || continue
+    echo "-- $program"
+    "$program" || fail "$(basename "$program") failed ($2)"
+  done <"$1/programs.txt"
+}
 
 [ -f "$build/CMakeCache.txt" ] || fail "$build is not a configured thdcp build directory"
 rm -rf "$prefix" "$work/build" "$work/build-reject" "$work/build-tree"
@@ -56,7 +69,7 @@ step "2. configure, build and run tests/consumer against $prefix"
 "$cmake" -S "$here" -B "$work/build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF \
   -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DTHDCP_CONSUMER_EXPECT_DIR="$prefix" ||
   fail "configuring the consumer against $prefix failed"
-"$cmake" --build "$work/build" -j "$jobs" || fail "building the consumer against $prefix failed"
+build_consumer "$work/build" "$prefix"
 commands=$work/build/compile_commands.json
 [ -f "$commands" ] || fail "no $commands"
 if grep -F -e "$source_root/include" -e "$source_root/src" "$commands"; then
@@ -64,11 +77,7 @@ if grep -F -e "$source_root/include" -e "$source_root/src" "$commands"; then
 fi
 grep -q -F "$prefix/include" "$commands" || fail "no compile command uses $prefix/include"
 echo "compile commands use $prefix/include and nothing from $source_root/include or src"
-while IFS= read -r program; do
-  [ -n "$program" ] || continue
-  echo "-- $program"
-  "$program" || fail "$(basename "$program") failed (installed package)"
-done <"$work/build/programs.txt"
+run_programs "$work/build" "installed package"
 
 step "3. versions and components the package must refuse"
 "$cmake" -S "$here" -B "$work/build-reject" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF \
@@ -80,11 +89,7 @@ step "4. the build tree's export (-Dthdcp_DIR=$build)"
 "$cmake" -S "$here" -B "$work/build-tree" -Dthdcp_DIR="$build" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF \
   -DTHDCP_CONSUMER_EXPECT_DIR="$build" -DTHDCP_CONSUMER_ALL_HEADERS=OFF ||
   fail "configuring the consumer against the build tree failed"
-"$cmake" --build "$work/build-tree" -j "$jobs" || fail "building the consumer against the build tree failed"
-while IFS= read -r program; do
-  [ -n "$program" ] || continue
-  echo "-- $program"
-  "$program" || fail "$(basename "$program") failed (build tree)"
-done <"$work/build-tree/programs.txt"
+build_consumer "$work/build-tree" "the build tree"
+run_programs "$work/build-tree" "build tree"
 
 echo "consumer_package: PASS"

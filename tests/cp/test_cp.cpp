@@ -14,7 +14,7 @@ namespace {
 void expect_cp_matches_single_device(const test::Batch& b, int cp, const Mask& mask) {
   AttentionOptions options;
   options.num_threads = 1;
-  const test::GlobalResult reference = test::single_device(b, mask, options);
+  const test::Outputs reference = test::single_device(b, mask, options);
   std::vector<::testing::AssertionResult> results(static_cast<size_t>(cp), ::testing::AssertionSuccess());
   run_in_process(cp, [&](Communicator& comm) {
     results[static_cast<size_t>(comm.rank())] = test::check_cp_rank(comm, b, mask, reference, options);

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "support/cp_check.h"
+#include "support/mpi_main.h"
 #include "thdcp/comm/mpi.h"
 
 namespace thdcp {
@@ -29,7 +30,7 @@ TEST_P(CpOverMpi, EqualsSingleDevice) {
   const test::Batch b = test::make_batch(make_layout(lengths, cp), dtype, 2 * ratio, 2, 16, rng.next());
   AttentionOptions options;
   options.num_threads = 1;
-  const test::GlobalResult reference = test::single_device(b, mask, options);
+  const test::Outputs reference = test::single_device(b, mask, options);
   EXPECT_TRUE(test::check_cp_rank(comm, b, mask, reference, options));
 }
 
@@ -58,15 +59,5 @@ TEST(CpOverMpiErrors, OneBadRankMakesEveryRankThrow) {
 
 int main(int argc, char** argv) {
   thdcp::mpi::Session session(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  // Only rank 0 prints the per-test lines; every rank's failures still print.
-  if (thdcp::world().rank() != 0) {
-    delete ::testing::UnitTest::GetInstance()->listeners().Release(
-        ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
-  }
-  const int failed = RUN_ALL_TESTS();
-  // The job fails if any rank failed.
-  float any = failed ? 1.0f : 0.0f;
-  thdcp::world().all_reduce_max(&any, 1);
-  return any > 0 ? 1 : 0;
+  return thdcp::test::run_tests_on_every_rank(thdcp::world(), argc, argv);
 }

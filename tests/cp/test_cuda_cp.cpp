@@ -12,8 +12,8 @@
 #include <tuple>
 #include <vector>
 
-#include "cp/cuda_cp_cases.h"
-#include "cp/cuda_cp_rank.h"
+#include "support/cp/cuda_cp_cases.h"
+#include "support/cp/cuda_cp_rank.h"
 #include "support/expect_error.h"
 #include "support/gpu_tolerance.h"
 #include "thdcp/comm_device/shared_gpu.h"
@@ -40,7 +40,7 @@ TEST_P(CudaCpSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
   const test::Batch second = make_case_batch(c, cp, capacity, 2000 + index * 10 + cp, true);
   const cp::Problem problem = problem_of(c, cp);
 
-  std::vector<test::RankOutputs> eager_first(cp), eager_second(cp), replayed(cp);
+  std::vector<test::Outputs> eager_first(cp), eager_second(cp), replayed(cp);
   test::ThreadBarrier barrier(cp);
   cudaStream_t origin = nullptr;
   cudaEvent_t fork = nullptr;
@@ -55,9 +55,7 @@ TEST_P(CudaCpSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
   run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
     const int rank = comm.rank();
     test::CudaCpRank state(comm, problem);
-    state.load(first);
-    state.step(state.stream());
-    eager_first[rank] = state.download();
+    eager_first[rank] = state.run(first);
 
     // One graph holds the step of every rank: rank 0's thread starts a global-mode capture
     // on `origin`, every rank's stream joins it through `fork`, and `origin` joins them back.
@@ -87,9 +85,7 @@ TEST_P(CudaCpSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
     barrier.wait();
     replayed[rank] = state.download();
 
-    state.load(second);
-    state.step(state.stream());
-    eager_second[rank] = state.download();
+    eager_second[rank] = state.run(second);
   });
 
   for (int rank = 0; rank < cp; ++rank) {
@@ -122,15 +118,11 @@ TEST_F(CudaCpKeptKv, BackwardOnForwardKvEqualsRegather) {
       const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
       const cp::Problem problem = problem_of(c, cp);
       const test::Batch b = make_case_batch(c, cp, problem.capacity, 300 + index + cp, false);
-      std::vector<test::RankOutputs> regathered(cp), kept(cp);
+      std::vector<test::Outputs> regathered(cp), kept(cp);
       run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
         test::CudaCpRank state(comm, problem);
-        state.load(b);
-        state.step(state.stream());
-        regathered[comm.rank()] = state.download();
-        state.load(b);
-        state.step(state.stream(), cp::KvSource::kFromForward);
-        kept[comm.rank()] = state.download();
+        regathered[comm.rank()] = state.run(b);
+        kept[comm.rank()] = state.run(b, cp::KvSource::kFromForward);
       });
       for (int rank = 0; rank < cp; ++rank) {
         EXPECT_TRUE(test::identical(kept[rank], regathered[rank])) << c.name << " cp " << cp << " rank " << rank;
@@ -139,23 +131,32 @@ TEST_F(CudaCpKeptKv, BackwardOnForwardKvEqualsRegather) {
   }
 }
 
-// Two ranks plan `base` (cp = 2) with problems that `change` makes differ: both throw, and
-// each message has `expected`.
-void expect_disagreement_refused(const cp::Problem& base, const std::function<void(cp::Problem&, int)>& change,
-                                 const std::string& expected) {
+// Runs `body` on 2 ranks sharing the GPU and expects a thdcp::Error (run_shared_gpu rethrows
+// a rank's); returns what each rank threw ("" where a rank threw nothing).
+std::vector<std::string> errors_of_two_ranks(const std::function<void(DeviceCommunicator&)>& body) {
   std::vector<std::string> messages(2);
   EXPECT_THROW(run_shared_gpu(2,
                               [&](DeviceCommunicator& comm) {
-                                cp::Problem mine = base;
-                                change(mine, comm.rank());
                                 try {
-                                  test::CudaCpRank state(comm, mine);
+                                  body(comm);
                                 } catch (const Error& e) {
                                   messages[comm.rank()] = e.what();
                                   throw;
                                 }
                               }),
                Error);
+  return messages;
+}
+
+// Two ranks plan `base` (cp = 2) with problems that `change` makes differ: both throw, and
+// each message has `expected`.
+void expect_disagreement_refused(const cp::Problem& base, const std::function<void(cp::Problem&, int)>& change,
+                                 const std::string& expected) {
+  const std::vector<std::string> messages = errors_of_two_ranks([&](DeviceCommunicator& comm) {
+    cp::Problem mine = base;
+    change(mine, comm.rank());
+    test::CudaCpRank state(comm, mine);
+  });
   for (int r = 0; r < 2; ++r) EXPECT_NE(messages[r].find(expected), std::string::npos) << messages[r];
 }
 
@@ -163,7 +164,7 @@ void expect_disagreement_refused(const cp::Problem& base, const std::function<vo
 // loaded again (outputs to `replayed`), then runs one in program order, which a plan with
 // phase timing does on one stream (outputs to `timed`).
 void replay_and_run_in_order(DeviceCommunicator& comm, test::CudaCpRank& state, const test::Batch& b,
-                             test::RankOutputs& replayed, test::RankOutputs& timed) {
+                             test::Outputs& replayed, test::Outputs& timed) {
   comm.begin_capture(state.stream());
   state.step(state.stream());
   cudaGraph_t graph = comm.end_capture(state.stream());
@@ -176,9 +177,7 @@ void replay_and_run_in_order(DeviceCommunicator& comm, test::CudaCpRank& state, 
   if (exec) cudaGraphExecDestroy(exec);
   if (graph) cudaGraphDestroy(graph);
   state.plan().enable_phase_timing();
-  state.load(b);
-  state.step(state.stream());
-  timed = state.download();
+  timed = state.run(b);
 }
 
 class CudaCpOrder : public test::CudaTest {};
@@ -193,13 +192,11 @@ TEST_F(CudaCpOrder, ReplayAndProgramOrderGiveTheOverlappedBits) {
       SCOPED_TRACE(std::string(c.name) + " cp " + std::to_string(cp));
       const cp::Problem problem = problem_of(c, cp);
       const test::Batch b = make_case_batch(c, cp, problem.capacity, 500 + index + cp, false);
-      std::vector<test::RankOutputs> overlapped(cp), timed(cp), replayed(cp);
+      std::vector<test::Outputs> overlapped(cp), timed(cp), replayed(cp);
       run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
         const int rank = comm.rank();
         test::CudaCpRank state(comm, problem);
-        state.load(b);
-        state.step(state.stream());
-        overlapped[rank] = state.download();
+        overlapped[rank] = state.run(b);
         replay_and_run_in_order(comm, state, b, replayed[rank], timed[rank]);
       });
       for (int rank = 0; rank < cp; ++rank) {
@@ -214,15 +211,7 @@ TEST_F(CudaCpOrder, ReplayAndProgramOrderGiveTheOverlappedBits) {
 class CudaCpFaults : public test::CudaTest {};
 
 cp::Problem small_problem(int cp) {
-  cp::Problem p;
-  p.cp = cp;
-  p.capacity = Capacity{4, 64 * cp};
-  p.mask = Mask::causal();
-  p.q_heads = 4;
-  p.kv_heads = 2;
-  p.head_dim = 64;
-  p.dtype = DType::kBFloat16;
-  return p;
+  return test::cp_problem(cp, Capacity{4, 64 * cp}, test::Shape{DType::kBFloat16, 4, 2, 64, Mask::causal()});
 }
 
 // A rank that fails before a collective: the others are released with thdcp::Error well
@@ -314,44 +303,27 @@ TEST_F(CudaCpFaults, BadPlanArgumentsAreRefusedOnEveryRank) {
                                     }),
                      "problem.cp=4 but the communicator has 2 ranks");
   // A workspace in host memory, on one rank only: both ranks throw.
-  std::vector<std::string> messages(2);
-  EXPECT_THROW(run_shared_gpu(2,
-                              [&](DeviceCommunicator& comm) {
-                                const cp::Problem p = small_problem(2);
-                                const size_t bytes = cp::cuda_workspace_size(p);
-                                std::vector<unsigned char> host(bytes);
-                                test::DeviceBuffer device(bytes);
-                                try {
-                                  cp::CudaPlan plan(comm, p, AttentionOptions{},
-                                                    comm.rank() == 1 ? static_cast<void*>(host.data()) : device.data(),
-                                                    bytes);
-                                } catch (const Error& e) {
-                                  messages[comm.rank()] = e.what();
-                                  throw;
-                                }
-                              }),
-               Error);
+  const std::vector<std::string> messages = errors_of_two_ranks([&](DeviceCommunicator& comm) {
+    const cp::Problem p = small_problem(2);
+    const size_t bytes = cp::cuda_workspace_size(p);
+    std::vector<unsigned char> host(bytes);
+    test::DeviceBuffer device(bytes);
+    cp::CudaPlan plan(comm, p, AttentionOptions{}, comm.rank() == 1 ? static_cast<void*>(host.data()) : device.data(),
+                      bytes);
+  });
   EXPECT_NE(messages[1].find("workspace"), std::string::npos) << messages[1];
   EXPECT_NE(messages[0].find("rank 1: "), std::string::npos) << messages[0];
 }
 
 // Tensors in host memory (or on another device) are refused at plan time, on every rank.
 TEST_F(CudaCpFaults, HostTensorsAreRefusedAtPlanTimeOnEveryRank) {
-  std::vector<std::string> messages(2);
-  EXPECT_THROW(run_shared_gpu(2,
-                              [&](DeviceCommunicator& comm) {
-                                test::CudaCpRank state(comm, small_problem(2));
-                                ForwardTensors forward = state.forward_tensors();
-                                std::vector<unsigned char> host(static_cast<size_t>(forward.q.numel()) * 2);
-                                if (comm.rank() == 1) forward.q.data = host.data();
-                                try {
-                                  state.plan().check_tensors(state.layout(), &forward, nullptr);
-                                } catch (const Error& e) {
-                                  messages[comm.rank()] = e.what();
-                                  throw;
-                                }
-                              }),
-               Error);
+  const std::vector<std::string> messages = errors_of_two_ranks([&](DeviceCommunicator& comm) {
+    test::CudaCpRank state(comm, small_problem(2));
+    ForwardTensors forward = state.forward_tensors();
+    std::vector<unsigned char> host(static_cast<size_t>(forward.q.numel()) * 2);
+    if (comm.rank() == 1) forward.q.data = host.data();
+    state.plan().check_tensors(state.layout(), &forward, nullptr);
+  });
   EXPECT_NE(messages[1].find("q points to unregistered host memory"), std::string::npos) << messages[1];
   EXPECT_NE(messages[0].find("rank 1: "), std::string::npos) << messages[0];
 }

@@ -6,12 +6,11 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <memory>
-#include <vector>
 
-#include "cp/cuda_cp_cases.h"
+#include "support/cp/cuda_cp_cases.h"
+#include "support/mpi_main.h"
 #include "thdcp/comm/mpi.h"
 #include "thdcp/comm_device/nccl.h"
 
@@ -32,49 +31,23 @@ INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpProcessPerGpu, ::testing::Range(0, 6))
 
 int run(int argc, char** argv) {
   g_world = mpi::world();
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    count = 0;
-  }
-  std::vector<int> counts(static_cast<size_t>(g_world->size()));
-  g_world->all_gather(&count, counts.data(), sizeof(int));
-  const int fewest = *std::min_element(counts.begin(), counts.end());
-  if (fewest < g_world->size() || !nccl::built_with_nccl()) {
+  const test::VisibleGpus gpus = test::visible_gpus(*g_world);
+  if (gpus.fewest < g_world->size() || !nccl::built_with_nccl()) {
     if (g_world->rank() == 0) {
       std::printf("test_cuda_cp_mpi: SKIPPED: needs %d GPUs (one per process) and NCCL; %d visible%s\n",
-                  g_world->size(), fewest, nccl::built_with_nccl() ? "" : ", built without NCCL");
+                  g_world->size(), gpus.fewest, nccl::built_with_nccl() ? "" : ", built without NCCL");
     }
     return kSkipped;
   }
-  const int local_rank = nccl::local_rank_from_environment();
-  const int device = nccl::device_for_local_rank(local_rank < 0 ? g_world->rank() : local_rank, count);
+  const int device = test::launched_device(g_world->rank(), gpus.here);
   THDCP_CHECK_CUDA(cudaSetDevice(device));
   g_comm = nccl::create(*g_world, device);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (g_world->rank() != 0) {
-    delete ::testing::UnitTest::GetInstance()->listeners().Release(
-        ::testing::UnitTest::GetInstance()->listeners().default_result_printer());
-  }
-  const int failed = RUN_ALL_TESTS();
-  float any = failed ? 1.0f : 0.0f;
-  g_world->all_reduce_max(&any, 1);
-  return any > 0 ? 1 : 0;
+  return test::run_tests_on_every_rank(*g_world, argc, argv);
 }
 
 }  // namespace
 }  // namespace thdcp
 
 int main(int argc, char** argv) {
-  thdcp::mpi::Session session(&argc, &argv);
-  int code = 1;
-  try {
-    code = thdcp::run(argc, argv);
-  } catch (const thdcp::Error& e) {
-    std::fprintf(stderr, "test_cuda_cp_mpi: %s\n", e.what());
-    session.abort(1);
-  }
-  thdcp::g_comm.reset();
-  thdcp::g_world.reset();
-  return code;
+  return thdcp::test::mpi_test_main(argc, argv, "test_cuda_cp_mpi", thdcp::run, thdcp::g_comm, thdcp::g_world);
 }

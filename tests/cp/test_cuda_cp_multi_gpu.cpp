@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "cp/cuda_cp_cases.h"
+#include "support/cp/cuda_cp_cases.h"
 #include "thdcp/comm_device/nccl.h"
 
 namespace thdcp {

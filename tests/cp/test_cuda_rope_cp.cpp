@@ -11,8 +11,9 @@
 #include <tuple>
 #include <vector>
 
-#include "cp/cuda_cp_cases.h"
-#include "cp/cuda_cp_rank.h"
+#include "support/cp/cuda_cp_cases.h"
+#include "support/cp/cuda_cp_rank.h"
+#include "support/cuda/rope_shape.h"
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/cpu/rope.h"
 #include "thdcp/cuda/rope.h"
@@ -77,7 +78,7 @@ TEST_P(CudaRopeCp, RopeThenCpAttentionEqualsRopeThenSingleDeviceAttention) {
   test::Batch roped = batch;
   cpu::rope_forward(roped.layout.view(), 1, 0, config, roped.q.view(), host_offsets, host_table);
   cpu::rope_forward(roped.layout.view(), 1, 0, config, roped.k.view(), host_offsets, host_table);
-  const test::GlobalResult reference = test::single_device(roped, c.mask, AttentionOptions{});
+  const test::Outputs reference = test::single_device(roped, c.mask, AttentionOptions{});
 
   THDCP_CHECK_CUDA(cudaSetDevice(0));
   test::DeviceBuffer offsets_device(sizeof(int32_t) * offsets.size());
@@ -86,19 +87,11 @@ TEST_P(CudaRopeCp, RopeThenCpAttentionEqualsRopeThenSingleDeviceAttention) {
   cos_device.upload(cos.data(), cos_device.bytes());
   sin_device.upload(sin.data(), sin_device.bytes());
 
-  std::vector<test::RankOutputs> outputs(cp), after_rope_backward(cp);
+  std::vector<test::Outputs> outputs(cp), after_rope_backward(cp);
   run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
     const int rank = comm.rank();
     test::CudaCpRank state(comm, problem);
-    cuda::RopeShape shape;
-    shape.cp = cp;
-    shape.rank = rank;
-    shape.capacity = problem.capacity;
-    shape.q_heads = problem.q_heads;
-    shape.kv_heads = problem.kv_heads;
-    shape.head_dim = problem.head_dim;
-    shape.dtype = problem.dtype;
-    shape.config = config;
+    cuda::RopeShape shape = test::rope_shape(cp, rank, problem.capacity, problem.heads(), problem.dtype, config);
     if (variant.table) shape.table = RopeTable{cos_device.as<float>(), sin_device.as<float>(), host_table.rows};
     shape.with_start_offsets = variant.offsets;
     const cuda::RopePlan rope(shape);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "support/naive_attention.h"
+#include "support/outputs.h"
 #include "support/random_batch.h"
 #include "thdcp/cpu/attention.h"
 #include "thdcp/plan/segment_table.h"
@@ -43,26 +44,11 @@ template <typename Get>
   return ::testing::AssertionSuccess();
 }
 
-struct Outputs {
-  HostTensor out, dq, dk, dv;
-  std::vector<float> lse, max_logit;
-};
+using test::Outputs;
 
 Outputs run_reference(const SegmentTable& table, const test::Batch& b, const AttentionOptions& options) {
-  Outputs o;
-  o.out = HostTensor(b.q.dtype(), b.q.tokens(), b.q.heads(), b.q.head_dim());
-  o.dq = HostTensor(b.q.dtype(), b.q.tokens(), b.q.heads(), b.q.head_dim());
-  o.dk = HostTensor(b.k.dtype(), b.k.tokens(), b.k.heads(), b.k.head_dim());
-  o.dv = HostTensor(b.k.dtype(), b.k.tokens(), b.k.heads(), b.k.head_dim());
-  o.lse.resize(static_cast<size_t>(b.q.heads() * b.q.tokens()));
-  o.max_logit.resize(static_cast<size_t>(b.q.heads()));
-  for (HostTensor* t : {&o.out, &o.dq, &o.dk, &o.dv}) test::poison(*t);
-  test::poison(o.lse);
-  test::poison(o.max_logit);
-  cpu::attention_forward(table, b.q.view(), b.k.view(), b.v.view(), o.out.view(), o.lse.data(), o.max_logit.data(),
-                         options);
-  cpu::attention_backward(table, b.q.view(), b.k.view(), b.v.view(), o.out.view(), b.dout.view(), o.lse.data(),
-                          o.dq.view(), o.dk.view(), o.dv.view(), options);
+  Outputs o = test::poisoned_outputs(b, b.q.tokens(), b.q.dtype(), b.k.dtype());
+  test::cpu_reference(table, b, options, o);
   return o;
 }
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "support/cuda_one_shot.h"
-#include "cuda_test_support.h"
+#include "support/cuda/one_shot.h"
+#include "support/cuda/cuda_test.h"
 #include "thdcp/testing/compare.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/plan/layout.h"

@@ -3,8 +3,9 @@
 #include <cstring>
 #include <vector>
 
-#include "support/cuda_one_shot.h"
-#include "cuda_test_support.h"
+#include "support/cuda/cuda_test.h"
+#include "support/cuda/device_step.h"
+#include "support/cuda/one_shot.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/core/error.h"
 #include "thdcp/plan/layout.h"
@@ -27,8 +28,8 @@ struct Step {
   cuda::TableKind kind;
   int64_t q_rows, k_rows;
   DeviceBuffer cu_seqlens, cu_seqlens_padded, segments;
-  DeviceTensor q, k, v, dout, out, dq, dk, dv;
-  DeviceBuffer lse, max_logit, fwd_ws, bwd_ws;
+  DeviceStep tensors;
+  DeviceBuffer fwd_ws, bwd_ws;
   cuda::DeviceSegmentTable table;
 
   Step(Capacity capacity_, Mask mask_, int cp_, int rank_, DType grad_dtype)
@@ -37,20 +38,16 @@ struct Step {
         q_rows(capacity_.max_tokens / (cp_ == 0 ? 1 : cp_)), k_rows(capacity_.max_tokens),
         cu_seqlens(sizeof(int32_t) * (capacity_.max_seqs + 1)),
         cu_seqlens_padded(sizeof(int32_t) * (capacity_.max_seqs + 1)),
-        segments(sizeof(Segment) * test::table_entries(kind, capacity_.max_seqs)),
-        q(kDtype, q_rows, kQHeads, kHeadDim), k(kDtype, k_rows, kKvHeads, kHeadDim),
-        v(kDtype, k_rows, kKvHeads, kHeadDim), dout(kDtype, q_rows, kQHeads, kHeadDim),
-        out(kDtype, q_rows, kQHeads, kHeadDim), dq(grad_dtype, q_rows, kQHeads, kHeadDim),
-        dk(grad_dtype, k_rows, kKvHeads, kHeadDim), dv(grad_dtype, k_rows, kKvHeads, kHeadDim),
-        lse(sizeof(float) * kQHeads * q_rows), max_logit(sizeof(float) * kQHeads) {
+        segments(sizeof(Segment) * table_entries(kind, capacity_.max_seqs)),
+        tensors(kDtype, q_rows, k_rows, HeadShape{kQHeads, kKvHeads, kHeadDim}, grad_dtype) {
     table.segments = segments.as<Segment>();
-    table.capacity = test::table_entries(kind, capacity.max_seqs);
+    table.capacity = table_entries(kind, capacity.max_seqs);
     table.q_rows = q_rows;
     table.k_rows = k_rows;
     table.mask = mask;
     table.kind = kind;
-    fwd_ws = DeviceBuffer(test::forward_workspace_size(table));
-    bwd_ws = DeviceBuffer(test::backward_workspace_size(table, kQHeads, kKvHeads, kHeadDim, grad_dtype));
+    fwd_ws = DeviceBuffer(forward_workspace_size(table));
+    bwd_ws = DeviceBuffer(backward_workspace_size(table, kQHeads, kKvHeads, kHeadDim, grad_dtype));
   }
 
   // Copies a new batch into the static buffers (outside any graph).
@@ -58,15 +55,11 @@ struct Step {
     const BatchLayout layout = make_layout(lengths, cp == 0 ? 1 : cp, capacity);
     cu_seqlens.upload(layout.cu_seqlens.data(), cu_seqlens.bytes());
     cu_seqlens_padded.upload(layout.cu_seqlens_padded.data(), cu_seqlens_padded.bytes());
-    for (DeviceTensor* t : {&q, &k, &v, &dout}) {
-      HostTensor host(t->dtype, t->tokens, t->heads, t->head_dim);
-      fill_normal(host, seed++);
-      t->buffer.upload(host.data(), t->bytes());
-    }
+    tensors.fill_inputs(seed);
   }
 
   void poison_outputs() {
-    for (DeviceBuffer* b : {&out.buffer, &dq.buffer, &dk.buffer, &dv.buffer, &lse, &max_logit}) b->poison();
+    tensors.poison_outputs();
     // cudaMemset may return before it completes, and the graph runs on a non-blocking stream.
     THDCP_CHECK_CUDA(cudaDeviceSynchronize());
   }
@@ -74,24 +67,13 @@ struct Step {
   // The whole step: table build, forward, backward. Only enqueues.
   void enqueue(cudaStream_t stream) {
     if (cp == 0) {
-      test::build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), capacity.max_seqs,
-                                capacity.max_tokens, mask, segments.as<Segment>(), stream);
+      build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), capacity.max_seqs,
+                          capacity.max_tokens, mask, segments.as<Segment>(), stream);
     } else {
-      test::build_cp_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), capacity.max_seqs,
-                                   capacity.max_tokens, cp, rank, mask, segments.as<Segment>(), stream);
+      build_cp_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), capacity.max_seqs,
+                             capacity.max_tokens, cp, rank, mask, segments.as<Segment>(), stream);
     }
-    test::attention_forward(table, q.cview(), k.cview(), v.cview(), out.view(), lse.as<float>(),
-                            max_logit.as<float>(), fwd_ws.data(), fwd_ws.bytes(), stream);
-    test::attention_backward(table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(), lse.as<float>(),
-                             dq.view(), dk.view(), dv.view(), bwd_ws.data(), bwd_ws.bytes(), stream);
-  }
-
-  std::vector<std::vector<unsigned char>> results() const {
-    std::vector<std::vector<unsigned char>> r;
-    for (const DeviceBuffer* b : {&out.buffer, &lse, &max_logit, &dq.buffer, &dk.buffer, &dv.buffer}) {
-      r.push_back(download_vector<unsigned char>(*b, b->bytes()));
-    }
-    return r;
+    attention_step(table, tensors, fwd_ws, bwd_ws, stream);
   }
 };
 
@@ -105,11 +87,8 @@ bool has_nan(const std::vector<unsigned char>& bytes, DType dtype) {
 
 void expect_no_nan(const std::vector<std::vector<unsigned char>>& r, DType grad_dtype) {
   const DType dtypes[] = {Step::kDtype, DType::kFloat32, DType::kFloat32, grad_dtype, grad_dtype, grad_dtype};
-  const char* names[] = {"out", "lse", "max_logit", "dq", "dk", "dv"};
-  for (size_t i = 0; i < r.size(); ++i) EXPECT_FALSE(has_nan(r[i], dtypes[i])) << names[i] << " holds NaN";
+  for (size_t i = 0; i < r.size(); ++i) EXPECT_FALSE(has_nan(r[i], dtypes[i])) << kOutputNames[i] << " holds NaN";
 }
-
-const char* kResultNames[] = {"out", "lse", "max_logit", "dq", "dk", "dv"};
 
 class CudaGraph : public CudaTest {};
 
@@ -137,16 +116,16 @@ TEST_F(CudaGraph, ReplayOnNewBatchEqualsEager) {
     step.poison_outputs();
     THDCP_CHECK_CUDA(cudaGraphLaunch(exec, stream));
     THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
-    const auto replayed = step.results();
+    const auto replayed = step.tensors.output_bytes();
 
     step.poison_outputs();
     step.enqueue(stream);
     THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
-    const auto eager = step.results();
+    const auto eager = step.tensors.output_bytes();
 
     expect_no_nan(replayed, grad_dtype);
     for (size_t i = 0; i < eager.size(); ++i) {
-      EXPECT_TRUE(replayed[i] == eager[i]) << kResultNames[i] << " of the replay differs from the eager run";
+      EXPECT_TRUE(replayed[i] == eager[i]) << kOutputNames[i] << " of the replay differs from the eager run";
     }
     THDCP_CHECK_CUDA(cudaGraphExecDestroy(exec));
     THDCP_CHECK_CUDA(cudaGraphDestroy(graph));
@@ -163,15 +142,15 @@ TEST_F(CudaDeterminism, BackwardGivesSameBitsEveryRun) {
     step.load({700, 3, 511, 90}, 5);
     step.enqueue(nullptr);
     THDCP_CHECK_CUDA(cudaDeviceSynchronize());
-    const auto first = step.results();
+    const auto first = step.tensors.output_bytes();
     expect_no_nan(first, grad_dtype);
     for (int run = 0; run < 3; ++run) {
       step.poison_outputs();
       step.enqueue(nullptr);
       THDCP_CHECK_CUDA(cudaDeviceSynchronize());
-      const auto again = step.results();
+      const auto again = step.tensors.output_bytes();
       for (size_t i = 0; i < first.size(); ++i) {
-        EXPECT_TRUE(again[i] == first[i]) << kResultNames[i] << " differs on run " << run + 2;
+        EXPECT_TRUE(again[i] == first[i]) << kOutputNames[i] << " differs on run " << run + 2;
       }
     }
   }
@@ -182,64 +161,64 @@ class CudaBadInput : public CudaTest {};
 TEST_F(CudaBadInput, ThrowsBeforeLaunch) {
   Step step(Capacity{4, 256}, Mask::causal(), 0, 0, DType::kBFloat16);
   step.load({100, 50}, 3);
-  test::build_segment_table(step.cu_seqlens.as<int32_t>(), step.cu_seqlens_padded.as<int32_t>(), 4, 256,
-                            Mask::causal(), step.segments.as<Segment>(), nullptr);
+  DeviceStep& tensors = step.tensors;
+  build_segment_table(step.cu_seqlens.as<int32_t>(), step.cu_seqlens_padded.as<int32_t>(), 4, 256, Mask::causal(),
+                      step.segments.as<Segment>(), nullptr);
   auto forward = [&](ConstThdTensor q, ConstThdTensor k, ConstThdTensor v, ThdTensor out, size_t ws_bytes) {
-    test::attention_forward(step.table, q, k, v, out, step.lse.as<float>(), nullptr, step.fwd_ws.data(), ws_bytes,
-                            nullptr);
+    attention_forward(step.table, q, k, v, out, tensors.lse.as<float>(), nullptr, step.fwd_ws.data(), ws_bytes,
+                      nullptr);
   };
   const size_t ws = step.fwd_ws.bytes();
-  ThdTensor out = step.out.view();
+  ThdTensor out = tensors.out.view();
   // Sanity: the good call does not throw (so the throws below are about the one change).
-  EXPECT_NO_THROW(forward(step.q.cview(), step.k.cview(), step.v.cview(), out, ws));
+  EXPECT_NO_THROW(forward(tensors.q.cview(), tensors.k.cview(), tensors.v.cview(), out, ws));
 
-  ConstThdTensor wrong_rows = step.q.cview();
+  ConstThdTensor wrong_rows = tensors.q.cview();
   wrong_rows.tokens -= 2;
-  EXPECT_THROW(forward(wrong_rows, step.k.cview(), step.v.cview(), out, ws), Error);
+  EXPECT_THROW(forward(wrong_rows, tensors.k.cview(), tensors.v.cview(), out, ws), Error);
 
-  ConstThdTensor fp32_q = step.q.cview();
+  ConstThdTensor fp32_q = tensors.q.cview();
   fp32_q.dtype = DType::kFloat32;
-  EXPECT_THROW(forward(fp32_q, step.k.cview(), step.v.cview(), out, ws), Error);
+  EXPECT_THROW(forward(fp32_q, tensors.k.cview(), tensors.v.cview(), out, ws), Error);
 
   DeviceTensor q96(DType::kBFloat16, step.q_rows, 4, 96), k96(DType::kBFloat16, step.k_rows, 2, 96);
   DeviceTensor out96(DType::kBFloat16, step.q_rows, 4, 96);
   EXPECT_THROW(forward(q96.cview(), k96.cview(), k96.cview(), out96.view(), ws), Error);
 
   DeviceTensor k3(DType::kBFloat16, step.k_rows, 3, 64);
-  EXPECT_THROW(forward(step.q.cview(), k3.cview(), k3.cview(), out, ws), Error);  // 4 % 3 != 0
+  EXPECT_THROW(forward(tensors.q.cview(), k3.cview(), k3.cview(), out, ws), Error);  // 4 % 3 != 0
 
-  std::vector<uint16_t> host_q(static_cast<size_t>(step.q.tokens * step.q.heads * step.q.head_dim));
-  ConstThdTensor on_host = step.q.cview();
+  std::vector<uint16_t> host_q(static_cast<size_t>(tensors.q.tokens * tensors.q.heads * tensors.q.head_dim));
+  ConstThdTensor on_host = tensors.q.cview();
   on_host.data = host_q.data();
-  EXPECT_THROW(forward(on_host, step.k.cview(), step.v.cview(), out, ws), Error);
+  EXPECT_THROW(forward(on_host, tensors.k.cview(), tensors.v.cview(), out, ws), Error);
 
-  DeviceBuffer shifted(step.q.bytes() + 16);
-  ConstThdTensor misaligned = step.q.cview();
+  DeviceBuffer shifted(tensors.q.bytes() + 16);
+  ConstThdTensor misaligned = tensors.q.cview();
   misaligned.data = static_cast<const char*>(shifted.data()) + 2;
-  EXPECT_THROW(forward(misaligned, step.k.cview(), step.v.cview(), out, ws), Error);
+  EXPECT_THROW(forward(misaligned, tensors.k.cview(), tensors.v.cview(), out, ws), Error);
 
-  EXPECT_THROW(forward(step.q.cview(), step.k.cview(), step.v.cview(), out, ws - 1), Error);
+  EXPECT_THROW(forward(tensors.q.cview(), tensors.k.cview(), tensors.v.cview(), out, ws - 1), Error);
 
   // Backward: dk and dv of different dtypes, and a workspace sized for fp32 dk/dv while the
   // call stores them in bf16 (which needs the accumulators).
   DeviceTensor dv32(DType::kFloat32, step.k_rows, 2, 64);
-  EXPECT_THROW(test::attention_backward(step.table, step.q.cview(), step.k.cview(), step.v.cview(),
-                                        step.out.cview(), step.dout.cview(), step.lse.as<float>(), step.dq.view(),
-                                        step.dk.view(), dv32.view(), step.bwd_ws.data(), step.bwd_ws.bytes(),
-                                        nullptr),
+  EXPECT_THROW(attention_backward(step.table, tensors.q.cview(), tensors.k.cview(), tensors.v.cview(),
+                                  tensors.out.cview(), tensors.dout.cview(), tensors.lse.as<float>(), tensors.dq.view(),
+                                  tensors.dk.view(), dv32.view(), step.bwd_ws.data(), step.bwd_ws.bytes(), nullptr),
                Error);
-  const size_t fp32_ws = test::backward_workspace_size(step.table, 4, 2, 64, DType::kFloat32);
-  EXPECT_THROW(test::attention_backward(step.table, step.q.cview(), step.k.cview(), step.v.cview(),
-                                        step.out.cview(), step.dout.cview(), step.lse.as<float>(), step.dq.view(),
-                                        step.dk.view(), step.dv.view(), step.bwd_ws.data(), fp32_ws, nullptr),
+  const size_t fp32_ws = backward_workspace_size(step.table, 4, 2, 64, DType::kFloat32);
+  EXPECT_THROW(attention_backward(step.table, tensors.q.cview(), tensors.k.cview(), tensors.v.cview(),
+                                  tensors.out.cview(), tensors.dout.cview(), tensors.lse.as<float>(), tensors.dq.view(),
+                                  tensors.dk.view(), tensors.dv.view(), step.bwd_ws.data(), fp32_ws, nullptr),
                Error);
 
   // Table builders: rank out of range, total rows not aligned to 2*cp.
-  EXPECT_THROW(test::build_cp_segment_table(step.cu_seqlens.as<int32_t>(), step.cu_seqlens_padded.as<int32_t>(), 4,
-                                            256, 2, 2, Mask::causal(), step.segments.as<Segment>(), nullptr),
+  EXPECT_THROW(build_cp_segment_table(step.cu_seqlens.as<int32_t>(), step.cu_seqlens_padded.as<int32_t>(), 4, 256, 2, 2,
+                                      Mask::causal(), step.segments.as<Segment>(), nullptr),
                Error);
-  EXPECT_THROW(test::build_cp_segment_table(step.cu_seqlens.as<int32_t>(), step.cu_seqlens_padded.as<int32_t>(), 4,
-                                            254, 2, 0, Mask::causal(), step.segments.as<Segment>(), nullptr),
+  EXPECT_THROW(build_cp_segment_table(step.cu_seqlens.as<int32_t>(), step.cu_seqlens_padded.as<int32_t>(), 4, 254, 2, 0,
+                                      Mask::causal(), step.segments.as<Segment>(), nullptr),
                Error);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
 }

@@ -3,11 +3,14 @@
 // the plan; check_tensors names host pointers; plans are per device.
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "support/cuda_one_shot.h"
-#include "cuda_test_support.h"
+#include "support/cuda/cuda_test.h"
+#include "support/cuda/device_step.h"
+#include "support/cuda/one_shot.h"
+#include "support/expect_error.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/plan/layout.h"
@@ -27,21 +30,17 @@ struct Step {
   Capacity capacity{6, 1024};
   Mask mask = Mask::window(200, 0);
   DeviceBuffer cu_seqlens, cu_seqlens_padded, segments;
-  DeviceTensor q, k, v, dout, out, dq, dk, dv;
-  DeviceBuffer lse, max_logit, fwd_ws, bwd_ws;
-  cuda::DeviceSegmentTable table;  // the description; build() fills the device array
+  DeviceStep tensors;
+  DeviceBuffer fwd_ws, bwd_ws;
+  cuda::DeviceSegmentTable table;  // the description; load() fills the device array
   cuda::AttentionShape shape;
 
   Step()
       : cu_seqlens(sizeof(int32_t) * (capacity.max_seqs + 1)),
         cu_seqlens_padded(sizeof(int32_t) * (capacity.max_seqs + 1)),
-        segments(sizeof(Segment) * test::table_entries(cuda::TableKind::kSingleDevice, capacity.max_seqs)),
-        q(kDtype, capacity.max_tokens, kHq, kD), k(kDtype, capacity.max_tokens, kHkv, kD),
-        v(kDtype, capacity.max_tokens, kHkv, kD), dout(kDtype, capacity.max_tokens, kHq, kD),
-        out(kDtype, capacity.max_tokens, kHq, kD), dq(kDtype, capacity.max_tokens, kHq, kD),
-        dk(kDtype, capacity.max_tokens, kHkv, kD), dv(kDtype, capacity.max_tokens, kHkv, kD),
-        lse(sizeof(float) * kHq * capacity.max_tokens), max_logit(sizeof(float) * kHq) {
-    table.capacity = test::table_entries(cuda::TableKind::kSingleDevice, capacity.max_seqs);
+        segments(sizeof(Segment) * table_entries(cuda::TableKind::kSingleDevice, capacity.max_seqs)),
+        tensors(kDtype, capacity.max_tokens, capacity.max_tokens, HeadShape{kHq, kHkv, kD}, kDtype) {
+    table.capacity = table_entries(cuda::TableKind::kSingleDevice, capacity.max_seqs);
     table.q_rows = table.k_rows = capacity.max_tokens;
     table.mask = mask;
     table.kind = cuda::TableKind::kSingleDevice;
@@ -59,81 +58,54 @@ struct Step {
     const BatchLayout layout = make_layout(lengths, 1, capacity);
     cu_seqlens.upload(layout.cu_seqlens.data(), cu_seqlens.bytes());
     cu_seqlens_padded.upload(layout.cu_seqlens_padded.data(), cu_seqlens_padded.bytes());
-    for (DeviceTensor* t : {&q, &k, &v, &dout}) {
-      HostTensor host(t->dtype, t->tokens, t->heads, t->head_dim);
-      fill_normal(host, seed++);
-      t->buffer.upload(host.data(), t->bytes());
-    }
-    table = test::build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), capacity.max_seqs,
-                                      capacity.max_tokens, mask, segments.as<Segment>(), nullptr);
+    tensors.fill_inputs(seed);
+    table = build_segment_table(cu_seqlens.as<int32_t>(), cu_seqlens_padded.as<int32_t>(), capacity.max_seqs,
+                                capacity.max_tokens, mask, segments.as<Segment>(), nullptr);
   }
 
-  ForwardTensors forward_tensors() {
-    return ForwardTensors{q.cview(), k.cview(), v.cview(), out.view(), lse.as<float>(), max_logit.as<float>()};
-  }
-  BackwardTensors backward_tensors() {
-    return BackwardTensors{q.cview(),       k.cview(), v.cview(), out.cview(), dout.cview(),
-                                 lse.as<float>(), dq.view(), dk.view(), dv.view()};
-  }
-
-  void poison_outputs() {
-    for (DeviceBuffer* b : {&out.buffer, &dq.buffer, &dk.buffer, &dv.buffer, &lse, &max_logit}) b->poison();
-  }
-
-  // The one-shot functions on the current batch.
-  void run_free_functions() {
-    test::attention_forward(table, q.cview(), k.cview(), v.cview(), out.view(), lse.as<float>(),
-                            max_logit.as<float>(), fwd_ws.data(), fwd_ws.bytes(), nullptr);
-    test::attention_backward(table, q.cview(), k.cview(), v.cview(), out.cview(), dout.cview(), lse.as<float>(),
-                             dq.view(), dk.view(), dv.view(), bwd_ws.data(), bwd_ws.bytes(), nullptr);
-  }
-
-  std::vector<std::vector<unsigned char>> results() const {
-    std::vector<std::vector<unsigned char>> r;
-    for (const DeviceBuffer* b : {&out.buffer, &lse, &max_logit, &dq.buffer, &dk.buffer, &dv.buffer}) {
-      r.push_back(download_vector<unsigned char>(*b, b->bytes()));
-    }
-    return r;
+  // A forward and a backward plan of this step's shape, on the current device.
+  struct Plans {
+    cuda::ForwardPlan forward;
+    cuda::BackwardPlan backward;
+  };
+  Plans plans() const {
+    return Plans{cuda::ForwardPlan(shape, {}, fwd_ws.data(), fwd_ws.bytes()),
+                 cuda::BackwardPlan(shape, {}, bwd_ws.data(), bwd_ws.bytes())};
   }
 };
 
-const char* kResultNames[] = {"out", "lse", "max_logit", "dq", "dk", "dv"};
+using OutputBytes = std::vector<std::vector<unsigned char>>;
 
 // Runs the plans on `step`'s current batch and returns the results.
-std::vector<std::vector<unsigned char>> run_plans(Step& step, const cuda::ForwardPlan& forward,
-                                                  const cuda::BackwardPlan& backward) {
-  step.poison_outputs();
-  forward.run(step.table, step.forward_tensors(), nullptr);
-  backward.run(step.table, step.backward_tensors(), nullptr);
+OutputBytes run_plans(Step& step, const cuda::ForwardPlan& forward, const cuda::BackwardPlan& backward) {
+  step.tensors.poison_outputs();
+  forward.run(step.table, step.tensors.forward_tensors(), nullptr);
+  backward.run(step.table, step.tensors.backward_tensors(), nullptr);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
-  return step.results();
+  return step.tensors.output_bytes();
 }
 
-std::vector<std::vector<unsigned char>> run_free_functions(Step& step) {
-  step.poison_outputs();
-  step.run_free_functions();
+OutputBytes run_plans(Step& step, const Step::Plans& plans) { return run_plans(step, plans.forward, plans.backward); }
+
+// The one-shot functions on `step`'s current batch.
+OutputBytes run_free_functions(Step& step) {
+  step.tensors.poison_outputs();
+  attention_step(step.table, step.tensors, step.fwd_ws, step.bwd_ws, nullptr);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
-  return step.results();
+  return step.tensors.output_bytes();
 }
 
-void expect_same(const std::vector<std::vector<unsigned char>>& a, const std::vector<std::vector<unsigned char>>& b,
-                 const std::string& what) {
+void expect_same(const OutputBytes& a, const OutputBytes& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i] == b[i]) << kResultNames[i] << " differs: " << what;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i] == b[i]) << kOutputNames[i] << " differs: " << what;
 }
 
-// The message of the thdcp::Error `call` throws ("" if none).
-std::string error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-void expect_error(const std::string& message, const std::string& expected) {
-  EXPECT_NE(message.find(expected), std::string::npos) << "expected \"" << expected << "\" in: \"" << message << "\"";
+// Makes `device` current and a Step there, with the batch of PlansArePerDevice loaded.
+std::unique_ptr<Step> step_on(int device) {
+  THDCP_CHECK_CUDA(cudaSetDevice(device));
+  auto step = std::make_unique<Step>();
+  step->load({400, 33, 250}, 7);
+  return step;
 }
 
 // Restores the current device when it goes out of scope.
@@ -150,19 +122,18 @@ TEST_F(CudaPlan, RunsSeveralBatchesLikeTheFreeFunctions) {
   DeviceGuard guard;
   THDCP_CHECK_CUDA(cudaSetDevice(0));
   Step step;
-  const cuda::ForwardPlan forward(step.shape, {}, step.fwd_ws.data(), step.fwd_ws.bytes());
-  const cuda::BackwardPlan backward(step.shape, {}, step.bwd_ws.data(), step.bwd_ws.bytes());
-  EXPECT_EQ(forward.device(), 0);
-  EXPECT_STREQ(forward.kernel_family(), cuda::kernel_family());
+  const Step::Plans plans = step.plans();
+  EXPECT_EQ(plans.forward.device(), 0);
+  EXPECT_STREQ(plans.forward.kernel_family(), cuda::kernel_family());
 
   step.load({300, 1, 0, 517, 64}, 1);
-  forward.check_tensors(step.forward_tensors());
-  backward.check_tensors(step.backward_tensors());
-  const auto planned_first = run_plans(step, forward, backward);
+  plans.forward.check_tensors(step.tensors.forward_tensors());
+  plans.backward.check_tensors(step.tensors.backward_tensors());
+  const auto planned_first = run_plans(step, plans);
   expect_same(planned_first, run_free_functions(step), "first batch");
 
   step.load({1000, 7}, 2);  // other lengths and count, same capacity
-  const auto planned_second = run_plans(step, forward, backward);
+  const auto planned_second = run_plans(step, plans);
   expect_same(planned_second, run_free_functions(step), "second batch");
   EXPECT_FALSE(planned_first[0] == planned_second[0]) << "the two batches gave the same out";
 }
@@ -172,86 +143,80 @@ TEST_F(CudaPlan, RunsSeveralBatchesLikeTheFreeFunctions) {
 TEST_F(CudaPlan, RunRejectsWhatDoesNotMatchThePlan) {
   Step step;
   step.load({100, 200}, 3);
-  const cuda::ForwardPlan forward(step.shape, {}, step.fwd_ws.data(), step.fwd_ws.bytes());
-  const cuda::BackwardPlan backward(step.shape, {}, step.bwd_ws.data(), step.bwd_ws.bytes());
-  step.poison_outputs();
+  const Step::Plans plans = step.plans();
+  step.tensors.poison_outputs();
   auto run_forward = [&](const cuda::DeviceSegmentTable& table, const ForwardTensors& t) {
-    return error_of([&] { forward.run(table, t, nullptr); });
+    return error_of([&] { plans.forward.run(table, t, nullptr); });
   };
-  EXPECT_EQ(run_forward(step.table, step.forward_tensors()), "") << "the matching call must not throw";
+  EXPECT_EQ(run_forward(step.table, step.tensors.forward_tensors()), "") << "the matching call must not throw";
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
-  step.poison_outputs();
+  step.tensors.poison_outputs();
 
-  ForwardTensors t = step.forward_tensors();
+  ForwardTensors t = step.tensors.forward_tensors();
   t.q.tokens -= 8;
-  expect_error(run_forward(step.table, t), "q is [1016, 8, 128] but must be [q_rows=1024");
-  t = step.forward_tensors();
+  expect_contains(run_forward(step.table, t), "q is [1016, 8, 128] but must be [q_rows=1024");
+  t = step.tensors.forward_tensors();
   t.k.heads = 1;
-  expect_error(run_forward(step.table, t), "k is [1024, 1, 128] but must be [k_rows=1024, kv_heads=2");
-  t = step.forward_tensors();
+  expect_contains(run_forward(step.table, t), "k is [1024, 1, 128] but must be [k_rows=1024, kv_heads=2");
+  t = step.tensors.forward_tensors();
   t.v.dtype = DType::kFloat16;
-  expect_error(run_forward(step.table, t), "v has dtype fp16");
-  t = step.forward_tensors();
+  expect_contains(run_forward(step.table, t), "v has dtype fp16");
+  t = step.tensors.forward_tensors();
   t.out.row_stride = kHq * kD + 4;
-  expect_error(run_forward(step.table, t), "out.row_stride=1028 is not a multiple of 8");
-  t = step.forward_tensors();
+  expect_contains(run_forward(step.table, t), "out.row_stride=1028 is not a multiple of 8");
+  t = step.tensors.forward_tensors();
   t.lse = nullptr;
-  expect_error(run_forward(step.table, t), "lse is a null pointer");
+  expect_contains(run_forward(step.table, t), "lse is a null pointer");
 
   cuda::DeviceSegmentTable other = step.table;
   other.capacity -= 1;
-  expect_error(run_forward(other, step.forward_tensors()), "capacity");
+  expect_contains(run_forward(other, step.tensors.forward_tensors()), "capacity");
   other = step.table;
   other.mask = Mask::causal();
-  expect_error(run_forward(other, step.forward_tensors()), "mask");
+  expect_contains(run_forward(other, step.tensors.forward_tensors()), "mask");
   other = step.table;
   other.kind = cuda::TableKind::kAllGatherCp;
-  expect_error(run_forward(other, step.forward_tensors()), "kind");
+  expect_contains(run_forward(other, step.tensors.forward_tensors()), "kind");
   other = step.table;
   other.segments = nullptr;
-  expect_error(run_forward(other, step.forward_tensors()), "table.segments is a null pointer");
+  expect_contains(run_forward(other, step.tensors.forward_tensors()), "table.segments is a null pointer");
 
-  BackwardTensors b = step.backward_tensors();
+  BackwardTensors b = step.tensors.backward_tensors();
   b.dq.dtype = DType::kFloat32;  // the plan was made for bf16 dq
-  expect_error(error_of([&] { backward.run(step.table, b, nullptr); }), "dq has dtype fp32");
-  b = step.backward_tensors();
+  expect_contains(error_of([&] { plans.backward.run(step.table, b, nullptr); }), "dq has dtype fp32");
+  b = step.tensors.backward_tensors();
   b.dk.head_stride = kD - 8;
-  expect_error(error_of([&] { backward.run(step.table, b, nullptr); }), "dk.head_stride=120 is less than");
+  expect_contains(error_of([&] { plans.backward.run(step.table, b, nullptr); }), "dk.head_stride=120 is less than");
 
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
-  for (const auto& bytes : step.results()) {
-    bool poisoned = true;
-    for (unsigned char x : bytes) poisoned = poisoned && x == 0xff;
-    EXPECT_TRUE(poisoned) << "a run that threw wrote an output";
-  }
+  EXPECT_TRUE(still_poisoned(step.tensors)) << "a run that threw wrote an output";
 }
 
 TEST_F(CudaPlan, CheckTensorsNamesHostPointers) {
   Step step;
-  const cuda::ForwardPlan forward(step.shape, {}, step.fwd_ws.data(), step.fwd_ws.bytes());
-  const cuda::BackwardPlan backward(step.shape, {}, step.bwd_ws.data(), step.bwd_ws.bytes());
-  EXPECT_EQ(error_of([&] { forward.check_tensors(step.forward_tensors()); }), "");
+  const Step::Plans plans = step.plans();
+  EXPECT_EQ(error_of([&] { plans.forward.check_tensors(step.tensors.forward_tensors()); }), "");
 
-  std::vector<uint16_t> host(static_cast<size_t>(step.q.tokens * kHq * kD) + 8);
+  std::vector<uint16_t> host(static_cast<size_t>(step.tensors.q.tokens * kHq * kD) + 8);
   void* aligned_host = host.data() + (16 - reinterpret_cast<uintptr_t>(host.data()) % 16) % 16 / 2;
-  ForwardTensors t = step.forward_tensors();
+  ForwardTensors t = step.tensors.forward_tensors();
   t.q.data = aligned_host;
-  expect_error(error_of([&] { forward.check_tensors(t); }), "q points to");
-  BackwardTensors b = step.backward_tensors();
+  expect_contains(error_of([&] { plans.forward.check_tensors(t); }), "q points to");
+  BackwardTensors b = step.tensors.backward_tensors();
   b.dout.data = aligned_host;
-  expect_error(error_of([&] { backward.check_tensors(b); }), "dout points to");
-  std::vector<float> host_lse(static_cast<size_t>(kHq * step.q.tokens));
-  t = step.forward_tensors();
+  expect_contains(error_of([&] { plans.backward.check_tensors(b); }), "dout points to");
+  std::vector<float> host_lse(static_cast<size_t>(kHq * step.tensors.q.tokens));
+  t = step.tensors.forward_tensors();
   t.lse = host_lse.data();
-  expect_error(error_of([&] { forward.check_tensors(t); }), "lse points to");
+  expect_contains(error_of([&] { plans.forward.check_tensors(t); }), "lse points to");
 
   // The workspace, at plan time.
   std::vector<unsigned char> host_ws(step.fwd_ws.bytes() + 256);
   void* aligned_ws = host_ws.data() + (256 - reinterpret_cast<uintptr_t>(host_ws.data()) % 256) % 256;
-  expect_error(error_of([&] { cuda::ForwardPlan(step.shape, {}, aligned_ws, step.fwd_ws.bytes()); }),
-               "workspace points to");
-  expect_error(error_of([&] { cuda::ForwardPlan(step.shape, {}, step.fwd_ws.data(), step.fwd_ws.bytes() - 1); }),
-               "workspace has");
+  expect_contains(error_of([&] { cuda::ForwardPlan(step.shape, {}, aligned_ws, step.fwd_ws.bytes()); }),
+                  "workspace points to");
+  expect_contains(error_of([&] { cuda::ForwardPlan(step.shape, {}, step.fwd_ws.data(), step.fwd_ws.bytes() - 1); }),
+                  "workspace has");
 }
 
 // Options::sm_margin leaves SMs free beside the forward: the persistent forward on fewer
@@ -275,13 +240,13 @@ TEST_F(CudaPlan, SmMarginGivesTheSameBits) {
   }
   AttentionOptions bad;
   bad.sm_margin = -1;
-  expect_error(error_of([&] { cuda::ForwardPlan(step.shape, bad, step.fwd_ws.data(), step.fwd_ws.bytes()); }),
-               "sm_margin=-1 must be >= 0");
+  expect_contains(error_of([&] { cuda::ForwardPlan(step.shape, bad, step.fwd_ws.data(), step.fwd_ws.bytes()); }),
+                  "sm_margin=-1 must be >= 0");
   bad.sm_margin = multiprocessors;
   const std::string message =
       error_of([&] { cuda::ForwardPlan(step.shape, bad, step.fwd_ws.data(), step.fwd_ws.bytes()); });
   if (sm90) {
-    expect_error(message, "sm_margin=" + std::to_string(multiprocessors) + " leaves no SM for the forward");
+    expect_contains(message, "sm_margin=" + std::to_string(multiprocessors) + " leaves no SM for the forward");
   } else {
     EXPECT_EQ(message, "") << "the portable kernels are not persistent and ignore sm_margin";
   }
@@ -293,14 +258,11 @@ TEST_F(CudaPlan, PlansArePerDevice) {
   int count = 0;
   THDCP_CHECK_CUDA(cudaGetDeviceCount(&count));
   DeviceGuard guard;
-  THDCP_CHECK_CUDA(cudaSetDevice(0));
-  Step step0;
-  step0.load({400, 33, 250}, 7);
-  const cuda::ForwardPlan forward0(step0.shape, {}, step0.fwd_ws.data(), step0.fwd_ws.bytes());
-  const cuda::BackwardPlan backward0(step0.shape, {}, step0.bwd_ws.data(), step0.bwd_ws.bytes());
-  EXPECT_EQ(forward0.device(), 0);
-  EXPECT_EQ(backward0.device(), 0);
-  const auto on_device0 = run_plans(step0, forward0, backward0);
+  const std::unique_ptr<Step> step0 = step_on(0);
+  const Step::Plans plans0 = step0->plans();
+  EXPECT_EQ(plans0.forward.device(), 0);
+  EXPECT_EQ(plans0.backward.device(), 0);
+  const auto on_device0 = run_plans(*step0, plans0);
   if (count < 2) {
     GTEST_SKIP() << "one CUDA device visible: the plan on device 1 needs two (device 0 ran and was checked)";
   }
@@ -310,18 +272,16 @@ TEST_F(CudaPlan, PlansArePerDevice) {
   THDCP_CHECK_CUDA(cudaDeviceGetAttribute(&minor0, cudaDevAttrComputeCapabilityMinor, 0));
   THDCP_CHECK_CUDA(cudaDeviceGetAttribute(&major1, cudaDevAttrComputeCapabilityMajor, 1));
   THDCP_CHECK_CUDA(cudaDeviceGetAttribute(&minor1, cudaDevAttrComputeCapabilityMinor, 1));
-  THDCP_CHECK_CUDA(cudaSetDevice(1));
-  Step step1;
-  step1.load({400, 33, 250}, 7);
-  const cuda::ForwardPlan forward1(step1.shape, {}, step1.fwd_ws.data(), step1.fwd_ws.bytes());
-  const cuda::BackwardPlan backward1(step1.shape, {}, step1.bwd_ws.data(), step1.bwd_ws.bytes());
-  EXPECT_EQ(forward1.device(), 1);
-  EXPECT_EQ(backward1.device(), 1);
-  forward1.check_tensors(step1.forward_tensors());
-  backward1.check_tensors(step1.backward_tensors());
+  const std::unique_ptr<Step> step1 = step_on(1);
+  const Step::Plans plans1 = step1->plans();
+  EXPECT_EQ(plans1.forward.device(), 1);
+  EXPECT_EQ(plans1.backward.device(), 1);
+  plans1.forward.check_tensors(step1->tensors.forward_tensors());
+  plans1.backward.check_tensors(step1->tensors.backward_tensors());
   // Device 0's tensors are not device 1's.
-  expect_error(error_of([&] { forward1.check_tensors(step0.forward_tensors()); }), "lives on device 0");
-  const auto on_device1 = run_plans(step1, forward1, backward1);
+  expect_contains(error_of([&] { plans1.forward.check_tensors(step0->tensors.forward_tensors()); }),
+                  "lives on device 0");
+  const auto on_device1 = run_plans(*step1, plans1);
   if (major0 != major1 || minor0 != minor1) {
     GTEST_SKIP() << "devices 0 and 1 differ (compute capability " << major0 << "." << minor0 << " and " << major1
                  << "." << minor1 << "): the plan on device 1 ran; its bits are not comparable";
@@ -329,7 +289,7 @@ TEST_F(CudaPlan, PlansArePerDevice) {
   expect_same(on_device1, on_device0, "device 1 against device 0");
   // Device 0's plan still runs after device 1's was made (attributes are per device).
   THDCP_CHECK_CUDA(cudaSetDevice(0));
-  expect_same(run_plans(step0, forward0, backward0), on_device0, "device 0 after device 1's plan");
+  expect_same(run_plans(*step0, plans0), on_device0, "device 0 after device 1's plan");
 }
 
 }  // namespace

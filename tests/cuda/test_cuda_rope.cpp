@@ -8,7 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda_test_support.h"
+#include "support/cuda/cuda_test.h"
+#include "support/cuda/rope_shape.h"
 #include "support/expect_error.h"
 #include "thdcp/cpu/rope.h"
 #include "thdcp/cuda/rope.h"
@@ -177,15 +178,8 @@ struct RankSetup {
   }
 
   cuda::RopeShape shape() const {
-    cuda::RopeShape s;
-    s.cp = c.cp;
-    s.rank = rank;
-    s.capacity = Capacity{layout.num_seqs(), layout.total_rows()};
-    s.q_heads = c.q_heads;
-    s.kv_heads = c.kv_heads;
-    s.head_dim = c.head_dim;
-    s.dtype = c.dtype;
-    s.config = rope_config();
+    cuda::RopeShape s = rope_shape(c.cp, rank, Capacity{layout.num_seqs(), layout.total_rows()},
+                                   HeadShape{c.q_heads, c.kv_heads, c.head_dim}, c.dtype, rope_config());
     if (c.table) s.table = RopeTable{cos_device.as<float>(), sin_device.as<float>(), table_rows};
     s.with_start_offsets = c.offsets;
     return s;
@@ -215,6 +209,22 @@ struct RankSetup {
   return ::testing::AssertionSuccess();
 }
 
+// The plan's forward (or backward) in place on `buffers` (on the device), against the CPU
+// reference on their host copies; returns what the GPU gave.
+std::vector<HostTensor> rotate_and_check(const cuda::RopePlan& plan, const RankSetup& setup, QkBuffers& buffers,
+                                         bool backward, cudaStream_t stream) {
+  if (backward) {
+    plan.backward(setup.device_layout(), setup.device_offsets(), buffers.q(true), buffers.k(true), stream);
+  } else {
+    plan.forward(setup.device_layout(), setup.device_offsets(), buffers.q(true), buffers.k(true), stream);
+  }
+  THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
+  const std::vector<HostTensor> gpu = buffers.download();
+  setup.reference(buffers, backward);
+  EXPECT_TRUE(matches_reference(setup.c, gpu, buffers.host)) << (backward ? "backward" : "forward");
+  return gpu;
+}
+
 // Rows (local) of sequences with no valid token.
 std::vector<int64_t> empty_sequence_rows(const BatchLayout& layout, int cp, int rank) {
   std::vector<int64_t> rows;
@@ -241,12 +251,7 @@ TEST_P(CudaRope, ForwardAndBackwardMatchCpuOnEveryRank) {
     plan.check_tensors(buffers.q(true), buffers.k(true));
     THDCP_CHECK_CUDA(cudaDeviceSynchronize());  // the uploads ran on the legacy stream
 
-    plan.forward(setup.device_layout(), setup.device_offsets(), buffers.q(true),
-                 buffers.k(true), stream);
-    THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
-    const std::vector<HostTensor> forward = buffers.download();
-    setup.reference(buffers, false);
-    EXPECT_TRUE(matches_reference(c, forward, buffers.host)) << "forward";
+    const std::vector<HostTensor> forward = rotate_and_check(plan, setup, buffers, false, stream);
 
     // Rows of empty sequences (placeholders, slack) turn by angle 0: unchanged.
     for (int64_t row : empty_sequence_rows(layout, c.cp, rank)) {
@@ -261,12 +266,7 @@ TEST_P(CudaRope, ForwardAndBackwardMatchCpuOnEveryRank) {
     // The backward on the GPU's forward result, against the CPU backward on the same values.
     buffers.host = forward;
     THDCP_CHECK_CUDA(cudaDeviceSynchronize());
-    plan.backward(setup.device_layout(), setup.device_offsets(), buffers.q(true),
-                  buffers.k(true), stream);
-    THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
-    const std::vector<HostTensor> backward = buffers.download();
-    setup.reference(buffers, true);
-    EXPECT_TRUE(matches_reference(c, backward, buffers.host)) << "backward";
+    const std::vector<HostTensor> backward = rotate_and_check(plan, setup, buffers, true, stream);
     // And it undoes the forward up to two roundings to storage.
     const double u = dtype_unit_roundoff(c.dtype);
     const Tolerance round_trip{2 * u, 4 * u};
@@ -358,15 +358,8 @@ TEST_F(CudaRopeTableBound, PositionsOutsideTheTableAreClampedAndReported) {
   DeviceBuffer status(sizeof(int)), offsets_device(sizeof(int32_t) * static_cast<size_t>(layout.num_seqs()));
   THDCP_CHECK_CUDA(cudaMemset(status.data(), 0, sizeof(int)));
 
-  cuda::RopeShape shape;
-  shape.cp = c.cp;
-  shape.rank = rank;
-  shape.capacity = Capacity{layout.num_seqs(), layout.total_rows()};
-  shape.q_heads = c.q_heads;
-  shape.kv_heads = c.kv_heads;
-  shape.head_dim = c.head_dim;
-  shape.dtype = c.dtype;
-  shape.config = config;
+  cuda::RopeShape shape = rope_shape(c.cp, rank, Capacity{layout.num_seqs(), layout.total_rows()},
+                                     HeadShape{c.q_heads, c.kv_heads, c.head_dim}, c.dtype, config);
   shape.table = RopeTable{cos_device.as<float>(), sin_device.as<float>(), table_rows};
   shape.with_start_offsets = true;
   shape.status = status.as<int>();

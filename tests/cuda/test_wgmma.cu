@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cuda/wgmma.cuh"
-#include "cuda_test_support.h"
+#include "support/cuda/cuda_test.h"
 
 namespace thdcp::test {
 namespace {

@@ -11,54 +11,40 @@
 #include <string>
 #include <vector>
 
-#include "graph/graph_test_support.h"
+#include "support/graph/bank_rank.h"
 #include "support/expect_error.h"
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/graph/cp_groups.h"
 #include "thdcp/graph/graph_bank.h"
 
-namespace thdcp {
+namespace thdcp::test {
 namespace {
 
-using graph::GraphBank;
-using graph::StaticBatch;
-using test::BankRank;
-using test::Shapes;
-using test::batch_of;
-using test::packings;
-using How = GraphBank::How;
-
-class GraphBankTest : public test::CudaTest, public ::testing::WithParamInterface<int> {};
+class GraphBankTest : public CudaTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(GraphBankTest, RandomPackingsReplayedFromOneGraphEqualEagerAndTheReference) {
   const int cp = GetParam();
-  const Shapes s;
+  const Shape s;
   const Capacity capacity = default_capacity(1024, cp);
   const std::vector<std::vector<int64_t>> lengths = packings(cp, capacity, 11 + static_cast<uint64_t>(cp));
-  std::vector<test::Batch> batches;
+  std::vector<Batch> batches;
   for (size_t i = 0; i < lengths.size(); ++i) batches.push_back(batch_of(lengths[i], cp, capacity, s, 100 + i));
   const int n = static_cast<int>(batches.size());
-  std::vector<std::vector<test::RankOutputs>> banked(n, std::vector<test::RankOutputs>(cp)), eager = banked;
-  std::vector<How> how(n);
+  std::vector<How> how;
   graph::KeyCounters counters;
 
+  // Every packing through the bank, each against the eager step and the reference.
   run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
     GraphBank bank(comm);
     bank.add_capacity(capacity);
-    BankRank rank(comm, bank, capacity.max_tokens, s);
-    comm.warm_up(rank.stream());
-    for (int i = 0; i < n; ++i) {
-      rank.load(batches[i]);
-      const GraphBank::Outcome o = bank.run(lengths[i], rank.work(), rank.stream());
-      banked[i][comm.rank()] = rank.download(capacity.max_tokens / cp);
-      if (comm.rank() == 0) how[i] = o.how;
-      rank.load(batches[i]);
-      rank.run_eager(lengths[i], capacity);
-      eager[i][comm.rank()] = rank.download(capacity.max_tokens / cp);
+    const std::vector<How> ran = run_packings(comm, bank, capacity, lengths, batches, s);
+    if (comm.rank() == 0) {
+      how = ran;
+      counters = bank.counters(capacity);
     }
-    if (comm.rank() == 0) counters = bank.counters(capacity);
   });
 
+  ASSERT_EQ(how.size(), lengths.size());
   EXPECT_EQ(how[0], How::kWarmUp);
   EXPECT_EQ(how[1], How::kCaptured);
   for (int i = 2; i < n; ++i) EXPECT_EQ(how[i], How::kReplayed) << "packing " << i;
@@ -66,13 +52,6 @@ TEST_P(GraphBankTest, RandomPackingsReplayedFromOneGraphEqualEagerAndTheReferenc
   EXPECT_EQ(counters.captures, 1);
   EXPECT_EQ(counters.replays, n - 2);
   EXPECT_EQ(counters.fallbacks, 0);
-  for (int i = 0; i < n; ++i) {
-    SCOPED_TRACE("packing " + std::to_string(i) + " (" + std::to_string(lengths[i].size()) + " documents)");
-    for (int r = 0; r < cp; ++r) {
-      EXPECT_TRUE(test::identical(banked[i][r], eager[i][r])) << GraphBank::how_name(how[i]) << " vs eager, rank " << r;
-      test::expect_matches_reference(banked[i][r], batches[i], s.mask, cp, r);
-    }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cp, GraphBankTest, ::testing::Values(1, 2),
@@ -82,11 +61,11 @@ INSTANTIATE_TEST_SUITE_P(Cp, GraphBankTest, ::testing::Values(1, 2),
 // the 512-row bucket by rows but not by documents, so it runs eagerly on the zero-fallback
 // capacity and is counted; a 700-row batch takes the next bucket; a 2000-row batch is an
 // error that names the largest capacity, and the bank works on afterwards.
-class GraphBankFallback : public test::CudaTest {};
+class GraphBankFallback : public CudaTest {};
 
 TEST_F(GraphBankFallback, OverMaxSeqsFallsBackCountedAndCorrectOverTokensTakesTheNextBucketOrErrs) {
   const int cp = 2;
-  const Shapes s;
+  const Shape s;
   const Capacity small{9, 512}, large{9, 1024};
   const std::vector<std::vector<int64_t>> lengths = {
       {100, 50, 7, 1, 90},             // small: warm-up
@@ -100,10 +79,10 @@ TEST_F(GraphBankFallback, OverMaxSeqsFallsBackCountedAndCorrectOverTokensTakesTh
                                      How::kReplayed};
   const std::vector<Capacity> ran_at = {small, default_capacity(512, cp), large, small, default_capacity(512, cp),
                                         small};
-  std::vector<test::Batch> batches;
+  std::vector<Batch> batches;
   for (size_t i = 0; i < lengths.size(); ++i) batches.push_back(batch_of(lengths[i], cp, ran_at[i], s, 300 + i));
   const int n = static_cast<int>(batches.size());
-  std::vector<std::vector<test::RankOutputs>> out(n, std::vector<test::RankOutputs>(cp));
+  std::vector<std::vector<Outputs>> out(n, std::vector<Outputs>(cp));
   std::vector<GraphBank::Outcome> outcome(n);
   graph::KeyCounters small_counters, large_counters;
   std::string too_large;
@@ -113,11 +92,10 @@ TEST_F(GraphBankFallback, OverMaxSeqsFallsBackCountedAndCorrectOverTokensTakesTh
     bank.add_capacity(large);
     bank.add_capacity(small);
     BankRank rank(comm, bank, large.max_tokens, s);
-    comm.warm_up(rank.stream());
+    rank.warm_up();
     for (int i = 0; i < n; ++i) {
-      rank.load(batches[i]);
-      const GraphBank::Outcome o = bank.run(lengths[i], rank.work(), rank.stream());
-      out[i][comm.rank()] = rank.download(o.capacity.max_tokens / cp);
+      GraphBank::Outcome o;
+      out[i][comm.rank()] = rank.banked(bank, batches[i], lengths[i], &o);
       if (comm.rank() == 0) outcome[i] = o;
       if (i == 2) {
         try {
@@ -137,7 +115,7 @@ TEST_F(GraphBankFallback, OverMaxSeqsFallsBackCountedAndCorrectOverTokensTakesTh
     SCOPED_TRACE("batch " + std::to_string(i));
     EXPECT_EQ(outcome[i].how, expected[i]) << GraphBank::how_name(outcome[i].how);
     EXPECT_TRUE(outcome[i].capacity == ran_at[i]) << capacity_key_name(cp, outcome[i].capacity);
-    for (int r = 0; r < cp; ++r) test::expect_matches_reference(out[i][r], batches[i], s.mask, cp, r);
+    for (int r = 0; r < cp; ++r) expect_matches_reference(out[i][r], batches[i], s.mask, cp, r);
   }
   EXPECT_TRUE(outcome[1].bucket == small);
   EXPECT_EQ(small_counters.fallbacks, 2);
@@ -154,16 +132,16 @@ TEST_F(GraphBankFallback, OverMaxSeqsFallsBackCountedAndCorrectOverTokensTakesTh
 // Dynamic CP on a world of 4 ranks sharing the GPU: steps alternate CP sizes 1, 2, 4 (three
 // rounds: warm-up, capture, replay of each size); each group of c ranks takes its own
 // micro-batch; every step of every rank equals the eager step and the reference.
-class GraphDynamicCp : public test::CudaTest {};
+class GraphDynamicCp : public CudaTest {};
 
 TEST_F(GraphDynamicCp, AlternatingOneTwoFourWithReplayEqualsEager) {
   const int world = 4;
-  const Shapes s;
+  const Shape s;
   const std::vector<int> order = {1, 2, 4, 1, 2, 4, 1, 2, 4};
   const int64_t max_tokens = 512;
   // batches[step][group]
   std::vector<std::vector<std::vector<int64_t>>> lengths(order.size());
-  std::vector<std::vector<test::Batch>> batches(order.size());
+  std::vector<std::vector<Batch>> batches(order.size());
   Rng rng(5);
   for (size_t step = 0; step < order.size(); ++step) {
     const int c = order[step];
@@ -179,34 +157,20 @@ TEST_F(GraphDynamicCp, AlternatingOneTwoFourWithReplayEqualsEager) {
       lengths[step].push_back(l);
     }
   }
-  std::vector<std::vector<test::RankOutputs>> banked(order.size(), std::vector<test::RankOutputs>(world)),
+  std::vector<std::vector<Outputs>> banked(order.size(), std::vector<Outputs>(world)),
       eager = banked;
   std::vector<std::vector<How>> how(order.size(), std::vector<How>(world));
 
   run_shared_gpu(world, [&](DeviceCommunicator& comm) {
-    cudaStream_t setup = nullptr;
-    THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&setup, cudaStreamNonBlocking));
-    graph::BankOptions options;
-    options.capture_mode = cudaStreamCaptureModeThreadLocal;  // the groups capture side by side
-    graph::CpGroups groups(comm, {1, 2, 4}, setup, options);
-    std::map<int, std::unique_ptr<BankRank>> ranks;
-    for (int c : groups.sizes()) {
-      groups.bank(c).add_capacity(default_capacity(max_tokens, c));
-      ranks[c] = std::make_unique<BankRank>(groups.group(c), groups.bank(c), max_tokens, s);
-    }
+    DynamicCpRank rank(comm, {1, 2, 4}, max_tokens, s);
     for (size_t step = 0; step < order.size(); ++step) {
       const int c = order[step];
-      const int g = groups.group_index(c);
-      BankRank& rank = *ranks[c];
-      rank.load(batches[step][g]);
-      how[step][comm.rank()] = groups.bank(c).run(lengths[step][g], rank.work(), rank.stream()).how;
-      banked[step][comm.rank()] = rank.download(max_tokens / c);
-      rank.load(batches[step][g]);
-      rank.run_eager(lengths[step][g], default_capacity(max_tokens, c));
-      eager[step][comm.rank()] = rank.download(max_tokens / c);
+      const int g = rank.group_index(c);
+      GraphBank::Outcome o;
+      banked[step][comm.rank()] = rank.banked(c, batches[step][g], lengths[step][g], &o);
+      how[step][comm.rank()] = o.how;
+      eager[step][comm.rank()] = rank.eager(c, batches[step][g], lengths[step][g]);
     }
-    ranks.clear();
-    THDCP_CHECK_CUDA(cudaStreamDestroy(setup));
   });
 
   for (size_t step = 0; step < order.size(); ++step) {
@@ -215,8 +179,8 @@ TEST_F(GraphDynamicCp, AlternatingOneTwoFourWithReplayEqualsEager) {
     for (int w = 0; w < world; ++w) {
       SCOPED_TRACE("step " + std::to_string(step) + " cp " + std::to_string(c) + " world rank " + std::to_string(w));
       EXPECT_EQ(how[step][w], expected);
-      EXPECT_TRUE(test::identical(banked[step][w], eager[step][w]));
-      test::expect_matches_reference(banked[step][w], batches[step][w / c], s.mask, c, w % c);
+      EXPECT_TRUE(identical(banked[step][w], eager[step][w]));
+      expect_matches_reference(banked[step][w], batches[step][w / c], s.mask, c, w % c);
     }
   }
 }
@@ -224,7 +188,7 @@ TEST_F(GraphDynamicCp, AlternatingOneTwoFourWithReplayEqualsEager) {
 // A host synchronisation inside the captured work makes the capture fail with a message
 // that says so, whether the work ignores CUDA's error (the capture is invalidated) or
 // raises it; the stream stays usable.
-class GraphCaptureFailure : public test::CudaTest {};
+class GraphCaptureFailure : public CudaTest {};
 
 TEST_F(GraphCaptureFailure, AHostSyncInTheCapturedWorkFailsTheCaptureWithAClearMessage) {
   for (bool checked : {false, true}) {
@@ -266,4 +230,4 @@ TEST_F(GraphCaptureFailure, AHostSyncInTheCapturedWorkFailsTheCaptureWithAClearM
 }
 
 }  // namespace
-}  // namespace thdcp
+}  // namespace thdcp::test

@@ -8,21 +8,15 @@
 #include <string>
 #include <vector>
 
-#include "graph/graph_test_support.h"
+#include "support/graph/bank_rank.h"
 #include "thdcp/comm/communicator.h"
 #include "thdcp/comm_device/nccl.h"
 #include "thdcp/graph/cp_groups.h"
 
-namespace thdcp {
+namespace thdcp::test {
 namespace {
 
-using graph::GraphBank;
-using How = GraphBank::How;
-using test::Packings;
-using test::make_packings;
-using test::run_packings;
-
-using GraphNccl = test::GraphNcclTest;
+using GraphNccl = GraphNcclTest;
 
 class GraphNcclMultiGpu : public GraphNccl {
  protected:
@@ -34,7 +28,7 @@ class GraphNcclMultiGpu : public GraphNccl {
 };
 
 TEST_F(GraphNcclMultiGpu, ThreadPerGpuCapturesReplayEqualEagerAndReference) {
-  const test::Shapes s;
+  const Shape s;
   const Capacity capacity = default_capacity(2048, gpus_);
   const Packings p = make_packings(gpus_, capacity, s, 10);
   run_in_process(gpus_, [&](Communicator& host) {
@@ -52,52 +46,38 @@ TEST_F(GraphNcclMultiGpu, ThreadPerGpuCapturesReplayEqualEagerAndReference) {
 // Dynamic CP over NCCL: the world of every GPU split into groups of 1 and of all; the sizes
 // alternate, each group runs its own micro-batch, every step equals eager.
 TEST_F(GraphNcclMultiGpu, DynamicCpAlternatingOneAndAllEqualsEager) {
-  const test::Shapes s;
+  const Shape s;
   const int world = gpus_;
   const int64_t max_tokens = 512;
   const std::vector<int> order = {1, world, 1, world, 1, world};
   std::vector<std::vector<std::vector<int64_t>>> lengths(order.size());
-  std::vector<std::vector<test::Batch>> batches(order.size());
+  std::vector<std::vector<Batch>> batches(order.size());
   for (size_t step = 0; step < order.size(); ++step) {
     const int c = order[step];
     const Capacity capacity = default_capacity(max_tokens, c);
-    const std::vector<std::vector<int64_t>> all = test::packings(c, capacity, 77 + step);
+    const std::vector<std::vector<int64_t>> all = packings(c, capacity, 77 + step);
     for (int g = 0; g < world / c; ++g) {
       lengths[step].push_back(all[static_cast<size_t>(4 + g) % all.size()]);
-      batches[step].push_back(test::batch_of(lengths[step].back(), c, capacity, s, 900 + 10 * step + g));
+      batches[step].push_back(batch_of(lengths[step].back(), c, capacity, s, 900 + 10 * step + g));
     }
   }
   run_in_process(world, [&](Communicator& host) {
     std::unique_ptr<DeviceCommunicator> comm = nccl::create(host, host.rank());
-    cudaStream_t setup = nullptr;
-    THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&setup, cudaStreamNonBlocking));
-    graph::BankOptions options;
-    options.capture_mode = cudaStreamCaptureModeThreadLocal;
-    graph::CpGroups groups(*comm, {1, world}, setup, options);
-    std::map<int, std::unique_ptr<test::BankRank>> ranks;
-    for (int c : groups.sizes()) {
-      groups.bank(c).add_capacity(default_capacity(max_tokens, c));
-      ranks[c] = std::make_unique<test::BankRank>(groups.group(c), groups.bank(c), max_tokens, s);
-    }
+    DynamicCpRank rank(*comm, {1, world}, max_tokens, s);
     for (size_t step = 0; step < order.size(); ++step) {
       const int c = order[step];
-      const int g = groups.group_index(c);
-      test::BankRank& rank = *ranks[c];
+      const int g = rank.group_index(c);
       SCOPED_TRACE("step " + std::to_string(step) + " cp " + std::to_string(c) + " rank " + std::to_string(comm->rank()));
-      rank.load(batches[step][static_cast<size_t>(g)]);
-      const How how = groups.bank(c).run(lengths[step][static_cast<size_t>(g)], rank.work(), rank.stream()).how;
-      EXPECT_EQ(how, step < 2 ? How::kWarmUp : step < 4 ? How::kCaptured : How::kReplayed);
-      const test::RankOutputs banked = rank.download(max_tokens / c);
-      rank.load(batches[step][static_cast<size_t>(g)]);
-      rank.run_eager(lengths[step][static_cast<size_t>(g)], default_capacity(max_tokens, c));
-      EXPECT_TRUE(test::identical(banked, rank.download(max_tokens / c)));
-      test::expect_matches_reference(banked, batches[step][static_cast<size_t>(g)], s.mask, c,
-                                     groups.group(c).rank());
+      const Batch& batch = batches[step][static_cast<size_t>(g)];
+      const std::vector<int64_t>& documents = lengths[step][static_cast<size_t>(g)];
+      GraphBank::Outcome o;
+      const Outputs banked = rank.banked(c, batch, documents, &o);
+      EXPECT_EQ(o.how, step < 2 ? How::kWarmUp : step < 4 ? How::kCaptured : How::kReplayed);
+      EXPECT_TRUE(identical(banked, rank.eager(c, batch, documents)));
+      expect_matches_reference(banked, batch, s.mask, c, rank.group_rank(c));
     }
-    ranks.clear();
-    THDCP_CHECK_CUDA(cudaStreamDestroy(setup));
   });
 }
 
 }  // namespace
-}  // namespace thdcp
+}  // namespace thdcp::test

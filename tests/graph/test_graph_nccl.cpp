@@ -8,24 +8,18 @@
 #include <string>
 #include <vector>
 
-#include "graph/graph_test_support.h"
+#include "support/graph/bank_rank.h"
 #include "thdcp/comm/communicator.h"
 #include "thdcp/comm_device/nccl.h"
 #include "thdcp/graph/cp_groups.h"
 
-namespace thdcp {
+namespace thdcp::test {
 namespace {
 
-using graph::GraphBank;
-using How = GraphBank::How;
-using test::Packings;
-using test::make_packings;
-using test::run_packings;
-
-using GraphNccl = test::GraphNcclTest;
+using GraphNccl = GraphNcclTest;
 
 TEST_F(GraphNccl, OneRankCapturesItsOwnStreamAndReplaysEqualEager) {
-  const test::Shapes s;
+  const Shape s;
   const Capacity capacity = default_capacity(1024, 1);
   const Packings p = make_packings(1, capacity, s, 8);
   run_in_process(1, [&](Communicator& host) {
@@ -40,4 +34,4 @@ TEST_F(GraphNccl, OneRankCapturesItsOwnStreamAndReplaysEqualEager) {
 }
 
 }  // namespace
-}  // namespace thdcp
+}  // namespace thdcp::test

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,12 @@ void expect_error(Fn fn, const std::vector<std::string>& parts) {
     }
   }
 }
+
+// The message of the thdcp::Error `call` throws ("" if none).
+std::string error_of(const std::function<void()>& call);
+
+// Expects `message` to contain `expected`.
+void expect_contains(const std::string& message, const std::string& expected);
 
 }  // namespace thdcp::test
 

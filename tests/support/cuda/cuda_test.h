@@ -1,4 +1,5 @@
-// Helpers of the GPU tests: skipping without a device, owned device buffers, NaN poisoning.
+// Helpers of the GPU tests: skipping without a device, owned device buffers and tensors,
+// a stream of the test's own.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -7,9 +8,10 @@
 #include <cstring>
 #include <vector>
 
+#include "thdcp/comm/communicator.h"
 #include "thdcp/core/cuda_check.h"
-#include "thdcp/testing/device_buffer.h"
 #include "thdcp/core/tensor.h"
+#include "thdcp/testing/device_buffer.h"
 
 namespace thdcp::test {
 
@@ -17,16 +19,7 @@ namespace thdcp::test {
 // as skipped, with the reason, never as passed.
 class CudaTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    int count = 0;
-    const cudaError_t status = cudaGetDeviceCount(&count);
-    if (status != cudaSuccess) {
-      (void)cudaGetLastError();
-      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount failed with " << cudaGetErrorName(status) << " ("
-                   << cudaGetErrorString(status) << ")";
-    }
-    if (count == 0) GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount reports 0 devices";
-  }
+  void SetUp() override;
 };
 
 using cuda::DeviceBuffer;
@@ -61,5 +54,31 @@ std::vector<T> download_vector(const DeviceBuffer& buffer, size_t count) {
   buffer.download(host.data(), count * sizeof(T));
   return host;
 }
+
+// A stream of the test's own (non-blocking: the legacy stream does not order it).
+class Stream {
+ public:
+  Stream() { THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ~Stream() { (void)cudaStreamDestroy(stream_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// The GPUs this process sees and the fewest that any process of `world` sees (0 where CUDA
+// cannot start): a collective, so every rank takes the same decision from `fewest` and none
+// waits in a collective for one that left.
+struct VisibleGpus {
+  int here = 0;
+  int fewest = 0;
+};
+VisibleGpus visible_gpus(Communicator& world);
+
+// The GPU of this process among `gpus`: nccl::device_for_local_rank of the local rank its
+// launcher gives (mpirun, srun), or of `fallback_rank` where it gives none.
+int launched_device(int fallback_rank, int gpus);
 
 }  // namespace thdcp::test

@@ -1,0 +1,62 @@
+// AllGather CP through the C ABI (libthdcp.so) on a GPU (label gpu; SKIPPED with the reason
+// where no CUDA device is visible): a shared-GPU group of cp = 2 ranks on threads runs the CP
+// step; its rows, merged with thdcp_cp_merge, equal the single-device C ABI attention within
+// the GPU tolerances of tests/cp.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "support/capi/capi_cuda.h"
+#include "support/gpu_tolerance.h"
+#include "thdcp/thdcp.h"
+
+namespace thdcp::test {
+namespace {
+
+struct CpCase {
+  const char* name;
+  Shape shape;
+};
+void PrintTo(const CpCase& c, std::ostream* os) { *os << c.name; }
+
+class CApiCudaSharedGpu : public CApiCudaTest, public ::testing::WithParamInterface<CpCase> {};
+
+TEST_P(CApiCudaSharedGpu, TwoRanksOnThreadsEqualSingleDeviceAttention) {
+  const Shape& s = GetParam().shape;
+  const int cp = 2;
+  const Batch b = varlen_batch(s, 31 + static_cast<uint64_t>(s.q_heads + s.head_dim));
+  const Outputs reference = c_single_device(b, s);
+
+  std::vector<thdcp_communicator_t> comms(cp, nullptr);
+  ASSERT_C_OK(thdcp_communicator_create_shared_gpu_group(cp, 0, comms.data()));
+  for (int r = 0; r < cp; ++r) {
+    int rank = -1, device = -1;
+    const char* kind = nullptr;
+    EXPECT_C_OK(thdcp_communicator_rank(comms[static_cast<size_t>(r)], &rank));
+    EXPECT_C_OK(thdcp_communicator_device(comms[static_cast<size_t>(r)], &device));
+    EXPECT_C_OK(thdcp_communicator_kind(comms[static_cast<size_t>(r)], &kind));
+    EXPECT_EQ(rank, r);
+    EXPECT_EQ(device, 0);
+    EXPECT_STREQ(kind, "shared-gpu");
+  }
+  std::vector<Outputs> local(static_cast<size_t>(cp));
+  run_ranks(comms, [&](thdcp_communicator_t comm, int rank) {
+    local[static_cast<size_t>(rank)] = c_cp_rank(comm, b, s);
+  });
+  for (thdcp_communicator_t comm : comms) EXPECT_C_OK(thdcp_communicator_destroy(comm));
+
+  expect_gpu_close(c_merge_ranks(local, b), reference, s.dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CApiCudaSharedGpu,
+    ::testing::Values(CpCase{"causal_gqa2_bf16_d64", Shape{DType::kBFloat16, 4, 2, 64, Mask::causal()}},
+                      CpCase{"window_mqa_fp16_d128", Shape{DType::kFloat16, 8, 1, 128, Mask::window(64, 32)}},
+                      CpCase{"full_bf16_d128", Shape{DType::kBFloat16, 4, 4, 128, Mask::full()}}),
+    [](const ::testing::TestParamInfo<CpCase>& param_info) { return std::string(param_info.param.name); });
+
+}  // namespace
+}  // namespace thdcp::test

@@ -1,0 +1,78 @@
+#include "support/cp/cuda_cp_cases.h"
+
+namespace thdcp::test {
+
+const std::vector<EdgeCase>& edge_cases() {
+  static const std::vector<EdgeCase> cases = {
+      {"short_and_empty_causal_gqa4_bf16", {0, 1, 17, 37, 300, 2}, 2, Mask::causal(), 8, 2, 64, DType::kBFloat16},
+      {"one_sequence_fills_capacity_fp16", {-1}, 0, Mask::causal(), 4, 4, 128, DType::kFloat16},
+      {"max_seqs_minus_one_full_gqa8_bf16", {130, 7, 64, 1, 95, 33, 12}, 0, Mask::full(), 8, 1, 128, DType::kBFloat16},
+      {"window_wider_than_chunk_fp16", {1500, 700, 3}, 1, Mask::window(1000, 0), 8, 2, 64, DType::kFloat16},
+      {"window_both_sides_gqa1_bf16", {400, 250, 9}, 1, Mask::window(64, 200), 4, 4, 128, DType::kBFloat16},
+      {"small_window_gqa8_fp16", {333, 21, 160}, 1, Mask::window(16, 16), 8, 1, 64, DType::kFloat16},
+  };
+  return cases;
+}
+
+Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint64_t seed, bool shuffle) {
+  std::vector<int64_t> lengths = c.lengths;
+  if (lengths.size() == 1 && lengths[0] < 0) {
+    lengths[0] = capacity.max_tokens - (shuffle ? 2 * cp + 3 : 0);  // fills the capacity (or nearly)
+  } else if (shuffle) {
+    std::reverse(lengths.begin(), lengths.end());
+    for (int64_t& n : lengths) n = n > 3 ? n - 3 : n;
+  }
+  const BatchLayout layout = make_layout(lengths, cp, capacity);
+  return make_batch(layout, c.shape(), seed);
+}
+
+Capacity capacity_of(const EdgeCase& c, int cp) {
+  int64_t rows = 0;
+  int docs = 0;
+  for (int64_t n : c.lengths) {
+    rows += n < 0 ? 3000 : cp_padded_length(n, cp);
+    ++docs;
+  }
+  if (c.lengths.size() == 1 && c.lengths[0] < 0) rows = cp_padded_length(3000, cp);
+  const int64_t slack = c.extra_seqs > 0 ? 8 * cp : 0;
+  return Capacity{docs + 1 + c.extra_seqs, rows + slack};
+}
+
+void expect_matches_reference(const Outputs& o, const Outputs& ref, const Batch& b, int cp, int rank) {
+  SCOPED_TRACE("cp " + std::to_string(cp) + " rank " + std::to_string(rank));
+  expect_gpu_close(o, local_outputs(ref, b.layout.view(), cp, rank), b.q.dtype());
+}
+
+void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask, int cp, int rank) {
+  expect_matches_reference(o, single_device(b, mask, AttentionOptions{}), b, cp, rank);
+}
+
+cp::Problem problem_of(const EdgeCase& c, int cp) { return cp_problem(cp, capacity_of(c, cp), c.shape()); }
+
+void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode) {
+  const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
+  const int cp = comm.size(), rank = comm.rank();
+  const cp::Problem problem = problem_of(c, cp);
+  const Batch first = make_case_batch(c, cp, problem.capacity, 1000 + index * 10 + cp, false);
+  const Batch second = make_case_batch(c, cp, problem.capacity, 2000 + index * 10 + cp, true);
+  CudaCpRank state(comm, problem);
+  comm.warm_up(state.stream());
+  expect_matches_reference(state.run(first), first, c.mask, cp, rank);
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  THDCP_CHECK_CUDA(cudaStreamBeginCapture(state.stream(), mode));
+  state.step(state.stream());
+  THDCP_CHECK_CUDA(cudaStreamEndCapture(state.stream(), &graph));
+  THDCP_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  state.load(second);
+  THDCP_CHECK_CUDA(cudaGraphLaunch(exec, state.stream()));
+  const Outputs replayed = state.download();
+  const Outputs eager = state.run(second);
+  expect_matches_reference(eager, second, c.mask, cp, rank);
+  EXPECT_TRUE(identical(replayed, eager)) << c.name << ": graph replay vs eager, rank " << rank;
+  THDCP_CHECK_CUDA(cudaGraphExecDestroy(exec));
+  THDCP_CHECK_CUDA(cudaGraphDestroy(graph));
+}
+
+}  // namespace thdcp::test

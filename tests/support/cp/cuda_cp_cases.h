@@ -1,0 +1,51 @@
+// The edge-case table of the CUDA CP tests (STYLE.md: lengths 0 and 1, not multiples of
+// 2*cp, one sequence filling the capacity, exactly max_seqs - 1 sequences, a window wider
+// than a chunk, full, causal, GQA 1/4/8, bf16 and fp16), shared by the shared-GPU, NCCL and
+// MPI tests, and the check of one rank's outputs against the CPU reference.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "support/cp/cuda_cp_rank.h"
+#include "support/gpu_tolerance.h"
+#include "support/shape.h"
+
+namespace thdcp::test {
+
+struct EdgeCase {
+  const char* name;
+  std::vector<int64_t> lengths;  // documents; -1: one sequence filling the capacity
+  int extra_seqs;                // placeholders beyond the reserved one (0: exactly max_seqs - 1 documents)
+  Mask mask;
+  int q_heads, kv_heads, head_dim;
+  DType dtype;
+
+  Shape shape() const { return Shape{dtype, q_heads, kv_heads, head_dim, mask}; }
+};
+
+const std::vector<EdgeCase>& edge_cases();
+
+// A batch of `c` for `cp` in capacity form; `seed` varies the data and (for the replay
+// batch) the lengths, keeping the capacity.
+Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint64_t seed, bool shuffle);
+
+Capacity capacity_of(const EdgeCase& c, int cp);
+
+// One rank's outputs against its rows of `ref`, the single-device CPU result on the batch `b`.
+void expect_matches_reference(const Outputs& o, const Outputs& ref, const Batch& b, int cp, int rank);
+
+void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask, int cp, int rank);
+
+cp::Problem problem_of(const EdgeCase& c, int cp);
+
+// One rank of an edge case over a communicator whose ranks capture their own streams (NCCL:
+// a thread or a process per GPU): the eager step on a first batch against the CPU
+// reference, then this rank's step captured (`mode`), replayed on a second batch of the same
+// capacity, and compared bit for bit with the eager step on that batch.
+void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode);
+
+}  // namespace thdcp::test

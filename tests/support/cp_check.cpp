@@ -1,0 +1,82 @@
+#include "support/cp_check.h"
+
+#include <string>
+#include <tuple>
+
+namespace thdcp::test {
+
+cp::Problem cp_problem(int cp, const Capacity& capacity, const Shape& s) {
+  cp::Problem problem;
+  problem.cp = cp;
+  problem.capacity = capacity;
+  problem.mask = s.mask;
+  static_cast<HeadShape&>(problem) = s.heads();
+  problem.dtype = s.dtype;
+  return problem;
+}
+
+Outputs single_device(const Batch& b, const Mask& mask, const AttentionOptions& options) {
+  Outputs r = outputs_for(b, b.q.tokens(), b.q.dtype(), b.k.dtype());
+  cpu_reference(build_segment_table(b.layout.view(), mask), b, options, r);
+  return r;
+}
+
+HostTensor local_part(const HostTensor& global, const LayoutView& layout, int cp, int rank) {
+  HostTensor local(global.dtype(), global.tokens() / cp, global.heads(), global.head_dim());
+  split_for_rank(global.data(), local.data(), global.row_bytes(), layout, cp, rank);
+  return local;
+}
+
+std::vector<float> local_lse(const std::vector<float>& global, int64_t heads, const LayoutView& layout, int cp,
+                             int rank) {
+  const int64_t rows = layout.total_rows(), local_rows = rows / cp;
+  std::vector<float> local(static_cast<size_t>(heads * local_rows));
+  for (int64_t h = 0; h < heads; ++h) {
+    split_for_rank(global.data() + h * rows, local.data() + h * local_rows, sizeof(float), layout, cp, rank);
+  }
+  return local;
+}
+
+Outputs local_outputs(const Outputs& global, const LayoutView& layout, int cp, int rank) {
+  Outputs local;
+  local.out = local_part(global.out, layout, cp, rank);
+  local.dq = local_part(global.dq, layout, cp, rank);
+  local.dk = local_part(global.dk, layout, cp, rank);
+  local.dv = local_part(global.dv, layout, cp, rank);
+  local.lse = local_lse(global.lse, global.out.heads(), layout, cp, rank);
+  local.max_logit = global.max_logit;
+  return local;
+}
+
+::testing::AssertionResult check_cp_rank(Communicator& comm, const Batch& b, const Mask& mask,
+                                         const Outputs& reference, const AttentionOptions& options) {
+  const LayoutView layout = b.layout.view();
+  const int cp = comm.size(), rank = comm.rank();
+  const HostTensor q = local_part(b.q, layout, cp, rank), k = local_part(b.k, layout, cp, rank),
+                   v = local_part(b.v, layout, cp, rank), dout = local_part(b.dout, layout, cp, rank);
+  Outputs got = poisoned_outputs(b, q.tokens(), q.dtype(), k.dtype());
+  cp::forward(comm, layout, mask, q.view(), k.view(), v.view(), got.out.view(), got.lse.data(), got.max_logit.data(),
+              options);
+  cp::backward(comm, layout, mask, q.view(), k.view(), v.view(), got.out.view(), dout.view(), got.lse.data(),
+               got.dq.view(), got.dk.view(), got.dv.view(), options);
+
+  // Both sides use fp32 arithmetic and round to storage once; dK/dV are summed in another
+  // order (per rank, then across ranks).
+  const Tolerance storage = derive_tolerance(b.q.dtype(), options.accumulate, 2);
+  const Tolerance fp32 = derive_tolerance(DType::kFloat32, options.accumulate, 2);
+  const std::string where = "cp " + std::to_string(cp) + " rank " + std::to_string(rank) + ": ";
+  const Outputs expected = local_outputs(reference, layout, cp, rank);
+  for (auto [name, actual, wanted] :
+       {std::make_tuple("out", &got.out, &expected.out), std::make_tuple("dq", &got.dq, &expected.dq),
+        std::make_tuple("dk", &got.dk, &expected.dk), std::make_tuple("dv", &got.dv, &expected.dv)}) {
+    auto r = matches(name, *actual, *wanted, storage);
+    if (!r) return ::testing::AssertionFailure() << where << r.message();
+  }
+  auto r = matches("lse", got.lse, expected.lse, fp32);
+  if (!r) return ::testing::AssertionFailure() << where << r.message();
+  r = matches("max_logit", got.max_logit, expected.max_logit, fp32);
+  if (!r) return ::testing::AssertionFailure() << where << r.message();
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace thdcp::test
