@@ -8,7 +8,7 @@
 //     and nccl::create, as `thdcp run --gpus N` does): rank r on GPU r.
 // Before anything of a (T, mask, cp) is timed, one CP forward + backward is compared with the
 // rows of the single-GPU result that each rank owns (out, lse, max_logit, dq, dk, dv; the
-// tolerances of the CUDA CP tests, tests/cp/cuda_cp_cases.h). A mismatch prints FAIL, that
+// tolerances of the CUDA CP tests, tests/support/gpu_tolerance.h). A mismatch prints FAIL, that
 // configuration is not timed, and the command exits 1 at the end.
 //
 // Timing: CUDA events, warm-up steps, then the median of --iters steps of forward + backward.

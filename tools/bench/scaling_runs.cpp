@@ -93,7 +93,7 @@ TimingLoop rank_loop(const CpRun& run, Communicator& host, DeviceCommunicator& c
 }
 
 // The check: one step on NaN-poisoned outputs against this rank's rows of the reference,
-// with the tolerances of the CUDA CP tests (tests/cp/cuda_cp_cases.h: a tensor-core result
+// with the tolerances of the CUDA CP tests (tests/support/gpu_tolerance.h: a tensor-core result
 // with P, resp. P and dS, rounded to the storage dtype; fp32 results to 2^-16).
 void check_rank(const CpRun& run, cp::CudaPlan& plan, const DeviceTensors& t, DeviceCommunicator& comm,
                 cudaStream_t stream, RankReport& report) {
