@@ -479,19 +479,21 @@ def bench_cudnn(args, lengths, masks):
                               f"fit: {free / 2**30:.1f} GiB free")
         return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev)
 
+    def runner(window_left, backward, deterministic=False):
+        """Builds one graph over buf; returns a function that executes it (holding its
+        workspace) and the line naming its plan."""
+        graph, tensors = cudnn_graph(cudnn, handle, geo, window_left, backward, deterministic)
+        line, nbytes = cudnn_build(cudnn, graph)
+        ws = workspace(nbytes)
+        pack = {tensor: buf[name] for name, tensor in tensors.items()}
+        return (lambda: graph.execute(pack, ws, handle=handle)), line
+
     for mask_name, window_left in masks:
         pairs = allowed_pairs(lengths, window_left)
-        fwd_ws = refs = None
+        run_fwd = refs = None
         try:
-            fwd, fwd_t = cudnn_graph(cudnn, handle, geo, window_left, backward=False)
-            line, ws = cudnn_build(cudnn, fwd)
+            run_fwd, line = runner(window_left, backward=False)
             print(f"cudnn {mask_name} fwd: {line}")
-            fwd_ws = workspace(ws)
-            fwd_pack = {tensor: buf[name] for name, tensor in fwd_t.items()}
-
-            def run_fwd():
-                fwd.execute(fwd_pack, fwd_ws, handle=handle)
-
             run_fwd()
             torch.cuda.synchronize()
             refs = fp32_references(buf, doc_view, check, window_left, geo["scale"])
@@ -511,14 +513,14 @@ def bench_cudnn(args, lengths, masks):
             ok = False
         if ok:  # the backward reads the verified forward's O and stats
             for deterministic in (False, True) if args.cudnn_det else (False,):
-                bench_cudnn_bwd(args, cudnn, handle, geo, buf, mask_name, window_left, pairs, refs,
-                                outputs, doc_view, run_fwd, workspace, deterministic)
-        fwd_ws = refs = None
+                bench_cudnn_bwd(args, runner, buf, mask_name, window_left, pairs, refs, outputs,
+                                doc_view, run_fwd, deterministic)
+        run_fwd = refs = None
         torch.cuda.empty_cache()
 
 
-def bench_cudnn_bwd(args, cudnn, handle, geo, buf, mask_name, window_left, pairs, refs, outputs,
-                    doc_view, run_fwd, workspace, deterministic):
+def bench_cudnn_bwd(args, runner, buf, mask_name, window_left, pairs, refs, outputs, doc_view,
+                    run_fwd, deterministic):
     """sdpa_backward after the verified forward, use_deterministic_algorithm=deterministic (a
     "cudnn-det" row): dQ, dK, dV checked against the fp32 reference, two runs compared bitwise,
     then forward + backward timed. A plan that does not build or a workspace that does not fit
@@ -530,18 +532,10 @@ def bench_cudnn_bwd(args, cudnn, handle, geo, buf, mask_name, window_left, pairs
     if deterministic and args.cudnn_det_dp_limit is not None:
         os.environ[env] = str(args.cudnn_det_dp_limit)
         limit = f" ({env}={args.cudnn_det_dp_limit})"
-    bwd_ws = None
+    run_bwd = None
     try:
-        bwd, bwd_t = cudnn_graph(cudnn, handle, geo, window_left, backward=True,
-                                 deterministic=deterministic)
-        line, ws = cudnn_build(cudnn, bwd)
+        run_bwd, line = runner(window_left, backward=True, deterministic=deterministic)
         print(f"{peer} {mask_name} bwd: {line}{limit}")
-        bwd_ws = workspace(ws)
-        bwd_pack = {tensor: buf[name] for name, tensor in bwd_t.items()}
-
-        def run_bwd():
-            bwd.execute(bwd_pack, bwd_ws, handle=handle)
-
         run_fwd()
         run_bwd()
         torch.cuda.synchronize()
@@ -573,7 +567,7 @@ def bench_cudnn_bwd(args, cudnn, handle, geo, buf, mask_name, window_left, pairs
                 os.environ.pop(env, None)
             else:
                 os.environ[env] = saved
-        bwd_ws = None
+        run_bwd = None
         torch.cuda.empty_cache()
 
 

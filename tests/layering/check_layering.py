@@ -305,10 +305,7 @@ def check_file(root, path):
 
 
 def check_includes(root):
-    violations = []
-    for path in source_files(root):
-        violations.extend(check_file(root, path))
-    return violations
+    return [v for path in source_files(root) for v in check_file(root, path)]
 
 
 # ---- CMake rules ------------------------------------------------------------------------
@@ -441,10 +438,7 @@ def _sources(command):
 
 
 def collect_cmake(root):
-    commands = []
-    for path in cmake_files(root):
-        commands.extend(parse_cmake(root, path))
-    return commands
+    return [command for path in cmake_files(root) for command in parse_cmake(root, path)]
 
 
 _WORD = r"(?<![\w]){}(?![\w])"
