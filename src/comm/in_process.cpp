@@ -1,4 +1,3 @@
-#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -10,6 +9,7 @@
 #include "thdcp/comm/communicator.h"
 
 #include "thdcp/comm/rank_threads.h"
+#include "thdcp/comm/thread_barrier.h"
 #include "thdcp/core/error.h"
 
 namespace thdcp {
@@ -29,30 +29,20 @@ struct InProcessGroup::State {
   const void* send_of(int rank) const { return sends_[rank]; }
 
   void barrier() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (aborted_) throw abandoned();
-    const long generation = generation_;
-    if (++arrived_ == size_) {
-      arrived_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return generation_ != generation || aborted_; });
-    if (generation_ == generation) throw abandoned();
+    if (!barrier_.wait()) throw abandoned();
   }
 
   void abort(const std::string& reason = {}) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!aborted_) reason_ = reason;
-    aborted_ = true;
-    cv_.notify_all();
+    std::lock_guard<std::mutex> lock(reason_mutex_);
+    if (!barrier_.aborted()) reason_ = reason;
+    barrier_.abort();
   }
 
  private:
-  // Called with mutex_ held. run_in_process looks for "another rank failed" to tell these
-  // from the exception that caused the abort.
+  // run_in_process looks for "another rank failed" to tell these from the exception that
+  // caused the abort.
   Error abandoned() const {
+    std::lock_guard<std::mutex> lock(reason_mutex_);
     std::string message = "in-process communicator: another rank failed, collective abandoned";
     if (!reason_.empty()) message += " (" + reason_ + ")";
     return Error(message, ErrorKind::kCommunication);
@@ -61,12 +51,9 @@ struct InProcessGroup::State {
   int size_;
   std::vector<const void*> sends_;
   std::vector<void*> recvs_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  long generation_ = 0;
-  bool aborted_ = false;
-  std::string reason_;
+  ThreadBarrier barrier_{size_};
+  mutable std::mutex reason_mutex_;
+  std::string reason_;  // the first abort's reason
 };
 
 namespace {

@@ -20,7 +20,7 @@
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/cp/cuda.h"
 #include "thdcp/testing/compare.h"
-#include "thdcp/testing/thread_barrier.h"
+#include "thdcp/comm/thread_barrier.h"
 #include "thdcp/testing/workload.h"
 
 namespace thdcp::tools {

@@ -29,7 +29,7 @@
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/graph/graph_bank.h"
-#include "thdcp/testing/thread_barrier.h"
+#include "thdcp/comm/thread_barrier.h"
 #include "thdcp/testing/workload.h"
 
 namespace thdcp::tools {

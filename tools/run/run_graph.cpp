@@ -26,7 +26,7 @@
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/graph/cp_groups.h"
-#include "thdcp/testing/thread_barrier.h"
+#include "thdcp/comm/thread_barrier.h"
 #include "thdcp/testing/workload.h"
 #endif
 

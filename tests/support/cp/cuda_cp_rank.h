@@ -13,7 +13,7 @@
 #include "support/cuda/device_step.h"
 #include "thdcp/cp/cuda.h"
 #include "thdcp/plan/rank_split.h"
-#include "thdcp/testing/thread_barrier.h"
+#include "thdcp/comm/thread_barrier.h"
 
 namespace thdcp::test {
 
