@@ -335,8 +335,13 @@ namespace {
 
 // The cross-rank check over a device communicator: a small buffer and a stream of its own,
 // waited for on the host. Plan time only.
-void agree_on_device(DeviceCommunicator& comm, const detail::AgreementInput& in,
+void agree_on_device(DeviceCommunicator& comm, const Problem& problem, const AttentionOptions& options,
                      const std::function<void()>& local_checks) {
+  detail::AgreementInput in;
+  in.problem = problem;
+  in.rank = comm.rank();
+  in.size = comm.size();
+  in.options_fingerprint = options_fingerprint(options);
   int device = -1;
   THDCP_CHECK_CUDA(cudaGetDevice(&device));
   THDCP_CHECK(device == comm.device(), "the current device is " << device << " but the communicator's rank "
@@ -376,12 +381,7 @@ void check_on_device(const char* name, const void* pointer, int device) {
 CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const AttentionOptions& options, void* workspace,
                    size_t workspace_bytes)
     : comm_(comm), problem_(problem), options_(options), workspace_(std::make_unique<Workspace>()) {
-  detail::AgreementInput in;
-  in.problem = problem;
-  in.rank = comm.rank();
-  in.size = comm.size();
-  in.options_fingerprint = options_fingerprint(options);
-  agree_on_device(comm, in, [&] {
+  agree_on_device(comm, problem, options, [&] {
     THDCP_CHECK(problem.cp == comm.size(),
                 "problem.cp=" << problem.cp << " but the communicator has " << comm.size() << " ranks");
     const size_t needed = cuda_workspace_size(problem, options);
@@ -402,12 +402,7 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
 
 void CudaPlan::check_tensors(const DeviceLayout& layout, const ForwardTensors* forward,
                              const BackwardTensors* backward) const {
-  detail::AgreementInput in;
-  in.problem = problem_;
-  in.rank = comm_.rank();
-  in.size = comm_.size();
-  in.options_fingerprint = options_fingerprint(options_);
-  agree_on_device(comm_, in, [&] {
+  agree_on_device(comm_, problem_, options_, [&] {
     const int device = comm_.device();
     check_layout(layout, problem_);
     check_on_device("layout.cu_seqlens", layout.cu_seqlens, device);

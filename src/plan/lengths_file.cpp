@@ -3,6 +3,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 
 #include "thdcp/core/error.h"
@@ -88,6 +89,16 @@ std::vector<std::string> split_fields(const std::string& text) {
   return fields;
 }
 
+// Calls take(text, number) for each line of the file at `path` (its number from 1), without
+// its '#' comment; the file is checked and bounded first, each line is bounded.
+void read_lines(const std::string& path, const char* what,
+                const std::function<void(const std::string& text, int64_t number)>& take) {
+  std::ifstream in = open_text(path, what);
+  std::string line;
+  for (int64_t number = 1; next_line(in, line, path, number); ++number) take(strip_comment(line), number);
+  THDCP_CHECK(!in.bad(), path << ": read error (" << std::strerror(errno) << ")");
+}
+
 }  // namespace
 
 void check_input_file(const std::string& path, const char* what, uintmax_t max_bytes) {
@@ -112,43 +123,36 @@ void check_input_file(const std::string& path, const char* what, uintmax_t max_b
 }
 
 DocumentLengths read_lengths_file(const std::string& path) {
-  std::ifstream in = open_text(path, "lengths");
   DocumentLengths out;
   out.source = path;
-  std::string line;
-  for (int64_t number = 1; next_line(in, line, path, number); ++number) {
-    std::string text = strip_comment(line);
-    size_t begin = 0, end = text.size();
-    while (begin < end && is_space(text[begin])) ++begin;
-    while (end > begin && is_space(text[end - 1])) --end;
-    if (begin == end) continue;
-    text = text.substr(begin, end - begin);
+  read_lines(path, "lengths", [&](const std::string& line, int64_t number) {
+    size_t begin = 0, end = line.size();
+    while (begin < end && is_space(line[begin])) ++begin;
+    while (end > begin && is_space(line[end - 1])) --end;
+    if (begin == end) return;
+    const std::string text = line.substr(begin, end - begin);
     THDCP_CHECK(text.find_first_of(", \t") == std::string::npos,
                 path << ":" << number << ": " << quote_excerpt(text) << " holds more than one value: a lengths file has one "
                      << "document length per line (use a batches file for several documents per line)");
     out.lengths.push_back(parse_length(text, path, number));
     out.lines.push_back(number);
-  }
-  THDCP_CHECK(!in.bad(), path << ": read error (" << std::strerror(errno) << ")");
+  });
   THDCP_CHECK(!out.lengths.empty(), path << ": no document lengths found: write one length (>= 1) per line");
   return out;
 }
 
 DocumentBatches read_batches_file(const std::string& path) {
-  std::ifstream in = open_text(path, "batches");
   DocumentBatches out;
   out.source = path;
-  std::string line;
-  for (int64_t number = 1; next_line(in, line, path, number); ++number) {
-    const std::vector<std::string> fields = split_fields(strip_comment(line));
-    if (fields.empty()) continue;
+  read_lines(path, "batches", [&](const std::string& line, int64_t number) {
+    const std::vector<std::string> fields = split_fields(line);
+    if (fields.empty()) return;
     std::vector<int64_t> batch;
     batch.reserve(fields.size());
     for (const std::string& field : fields) batch.push_back(parse_length(field, path, number));
     out.batches.push_back(std::move(batch));
     out.lines.push_back(number);
-  }
-  THDCP_CHECK(!in.bad(), path << ": read error (" << std::strerror(errno) << ")");
+  });
   THDCP_CHECK(!out.batches.empty(),
               path << ": no batches found: write one batch per line, its document lengths separated by spaces or commas");
   return out;

@@ -18,6 +18,24 @@ std::string write_temp(const std::string& name, const std::string& text) {
 
 using test::expect_error;
 
+// A file's text and the parts its error must hold (besides the file's path).
+struct BadFile {
+  const char* text;
+  std::vector<std::string> parts;
+};
+
+// Writes each case to a file of its own and expects `read` to reject it with its parts.
+template <typename Read>
+void expect_rejected(const std::string& prefix, const std::vector<BadFile>& cases, Read read) {
+  int index = 0;
+  for (const BadFile& c : cases) {
+    const std::string path = write_temp(prefix + std::to_string(index++) + ".txt", c.text);
+    std::vector<std::string> parts = c.parts;
+    parts.push_back(path);
+    expect_error([&] { read(path); }, parts);
+  }
+}
+
 TEST(LengthsFile, ReadsLengthsCommentsAndBlankLines) {
   const std::string path = write_temp("lengths_ok.txt", "# header\n12\n\n  7  # trailing comment\r\n+3\n\t\n1024\n");
   const DocumentLengths d = read_lengths_file(path);
@@ -28,10 +46,7 @@ TEST(LengthsFile, ReadsLengthsCommentsAndBlankLines) {
 
 TEST(LengthsFile, RejectsBadLinesNamingFileLineAndText) {
   expect_error([] { read_lengths_file("/nonexistent/lengths.txt"); }, {"/nonexistent/lengths.txt", "cannot open"});
-  const struct {
-    const char* text;
-    std::vector<std::string> parts;
-  } cases[] = {
+  expect_rejected("lengths_bad", {
       {"5\n-3\n", {":2:", "'-3' is negative"}},
       {"5\n\n12x\n", {":3:", "'12x' is not a document length"}},
       {"0\n", {":1:", "'0' is a zero-length document"}},
@@ -39,14 +54,7 @@ TEST(LengthsFile, RejectsBadLinesNamingFileLineAndText) {
       {"99999999999\n", {":1:", "'99999999999'", "2^31-1"}},
       {"# only comments\n\n", {"no document lengths"}},
       {"1.5\n", {":1:", "'1.5' is not a document length"}},
-  };
-  int index = 0;
-  for (const auto& c : cases) {
-    const std::string path = write_temp("lengths_bad" + std::to_string(index++) + ".txt", c.text);
-    std::vector<std::string> parts = c.parts;
-    parts.push_back(path);
-    expect_error([&] { read_lengths_file(path); }, parts);
-  }
+  }, read_lengths_file);
 }
 
 TEST(BatchesFile, ReadsSpacesCommasAndComments) {
@@ -57,10 +65,7 @@ TEST(BatchesFile, ReadsSpacesCommasAndComments) {
 }
 
 TEST(BatchesFile, RejectsBadFields) {
-  const struct {
-    const char* text;
-    std::vector<std::string> parts;
-  } cases[] = {
+  expect_rejected("batches_bad", {
       {"1 2\n3,,4\n", {":2:", "empty field"}},
       {"1,\n", {":1:", "empty field"}},
       {", 1\n", {":1:", "empty field"}},
@@ -68,12 +73,7 @@ TEST(BatchesFile, RejectsBadFields) {
       {"1 -2\n", {":1:", "'-2' is negative"}},
       {"3 0\n", {":1:", "zero-length"}},
       {"\n# nothing\n", {"no batches found"}},
-  };
-  int index = 0;
-  for (const auto& c : cases) {
-    const std::string path = write_temp("batches_bad" + std::to_string(index++) + ".txt", c.text);
-    expect_error([&] { read_batches_file(path); }, c.parts);
-  }
+  }, read_batches_file);
 }
 
 }  // namespace
