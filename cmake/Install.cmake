@@ -119,7 +119,7 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/thdcpConfig.cmake.in
   INSTALL_PREFIX ${PROJECT_BINARY_DIR})
 
 # SameMinorVersion: while the major version is 0 the API may change from one minor release
-# to the next (0.1 -> 0.2), so a consumer asking for 0.1 accepts 0.1.x only; patch releases
+# to the next (0.2 -> 0.3), so a consumer asking for 0.2 accepts 0.2.x only; patch releases
 # keep the API. Once 1.0 is out this should become SameMajorVersion.
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/thdcpConfigVersion.cmake
   VERSION ${PROJECT_VERSION}

@@ -36,7 +36,7 @@ from .cp import Communicator, cp_attention, cp_layout, cp_merge, cp_rank_rows, c
 from .graphs import GraphBank, StaticBatch  # noqa: E402
 from .planning import CapacityPlan, capacity_layout, choose_cp_size, default_capacity, plan_capacity  # noqa: E402
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def built_with_cuda() -> bool:

@@ -2,7 +2,7 @@
 # itself, which a thdcp build never adds as a subdirectory).
 #
 # The installed CMake package (issue 11): tests/consumer/run.sh installs this build into
-# consumer_work/prefix, builds tests/consumer (a separate project: find_package(thdcp 0.1
+# consumer_work/prefix, builds tests/consumer (a separate project: find_package(thdcp 0.2
 # CONFIG REQUIRED)) against it and runs it, checks refused versions, then does the same
 # against the build tree's export. It needs the whole build done (cmake --build first).
 # The consumer is compiled and linked with this build's compiler and flags (a sanitized

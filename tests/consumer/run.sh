@@ -8,7 +8,7 @@
 #  2. configures tests/consumer against that prefix alone (CMAKE_PREFIX_PATH, no package
 #     registry), builds it and runs its programs (consumer; c_consumer with the C ABI);
 #     no compile command may name the source tree's include/;
-#  3. configures it again asking for versions the package must refuse (9.0, 0.2) and a
+#  3. configures it again asking for versions the package must refuse (9.0, 0.1, 0.3) and a
 #     component it does not have;
 #  4. builds and runs the consumer against the build tree's own export (-Dthdcp_DIR=BUILD_DIR).
 # Environment: CMAKE (default: cmake); CMAKE_GENERATOR, CXX, CXXFLAGS, LDFLAGS and

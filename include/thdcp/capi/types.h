@@ -62,7 +62,7 @@ typedef struct thdcp_graph_bank_st* thdcp_graph_bank_t;         /* CUDA graphs p
 
 /* ---- library ------------------------------------------------------------------------ */
 
-/* The project version, e.g. "0.1.0". Never NULL; static storage. */
+/* The project version, e.g. "0.2.0". Never NULL; static storage. */
 THDCP_API const char* thdcp_version_string(void);
 
 /* The version of this ABI: 1. A caller compiled against thdcp.h compares it with
