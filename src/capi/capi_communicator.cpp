@@ -213,7 +213,9 @@ thdcp_status_t thdcp_communicator_create_nccl(const void* id, size_t bytes, int 
     THDCP_CAPI_REQUIRE(size >= 1, "size=" << size << " must be >= 1");
     THDCP_CAPI_REQUIRE(rank >= 0 && rank < size, "rank=" << rank << " must be in [0, size=" << size << ")");
     thdcp::capi::make_nccl_communicator(device, comm, [&] {
+#if defined(THDCP_HAVE_NCCL)  // without NCCL, make_nccl_communicator refuses before calling this
       return thdcp::nccl::create_from_unique_id(id, bytes, rank, size, device);
+#endif
     });
   });
 }
@@ -221,7 +223,11 @@ thdcp_status_t thdcp_communicator_create_nccl(const void* id, size_t bytes, int 
 thdcp_status_t thdcp_communicator_borrow_nccl(void* nccl_comm, int device, thdcp_communicator_t* comm) {
   return guarded(__func__, [&] {
     THDCP_CAPI_NOT_NULL(nccl_comm, "an initialised ncclComm_t");
-    thdcp::capi::make_nccl_communicator(device, comm, [&] { return thdcp::nccl::borrow(nccl_comm, device); });
+    thdcp::capi::make_nccl_communicator(device, comm, [&] {
+#if defined(THDCP_HAVE_NCCL)
+      return thdcp::nccl::borrow(nccl_comm, device);
+#endif
+    });
   });
 }
 
