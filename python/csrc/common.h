@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cstdint>
 #include <exception>
 #include <optional>
 #include <string>
@@ -65,15 +66,17 @@ inline ThdTensor view(at::Tensor& t, const char* name) {
   return ThdTensor(t.data_ptr(), to_dtype(t, name), t.size(0), t.size(1), t.size(2), t.stride(0), t.stride(1));
 }
 
-// cu_seqlens-like metadata: int32, one dimension, at least two entries, contiguous, on `device`.
-inline void check_metadata(const at::Tensor& t, const char* name, const at::Device& device) {
+// cu_seqlens-like metadata: int32, one dimension, at least two entries, contiguous, on `device`
+// (the device of the tensor named `reference`).
+inline void check_metadata(const at::Tensor& t, const char* name, const at::Device& device,
+                           const char* reference = "q") {
   TORCH_CHECK_VALUE(t.scalar_type() == at::kInt, "thdcp: ", name, " has dtype ", t.scalar_type(),
                     "; pass torch.int32 prefix sums");
   TORCH_CHECK_VALUE(t.dim() == 1 && t.numel() >= 2, "thdcp: ", name, " has shape ", t.sizes(),
                     "; pass a 1-D tensor of num_seqs + 1 >= 2 prefix sums");
   TORCH_CHECK_VALUE(t.is_contiguous(), "thdcp: ", name, " is not contiguous; pass ", name, ".contiguous()");
-  TORCH_CHECK_VALUE(t.device() == device, "thdcp: ", name, " is on ", t.device(), " but q is on ", device,
-                    "; move it to ", device);
+  TORCH_CHECK_VALUE(t.device() == device, "thdcp: ", name, " is on ", t.device(), " but ", reference, " is on ",
+                    device, "; move it to ", device);
 }
 
 // RoPE's optional per-sequence start offsets: int32, num_seqs entries, contiguous, on `device`.
@@ -91,8 +94,8 @@ inline void check_start_offsets(const std::optional<at::Tensor>& start_offsets, 
 inline void check_rope_arguments(const at::Tensor& x, const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
                                  const std::optional<at::Tensor>& start_offsets, int64_t cp, int64_t rank) {
   const at::Device device = x.device();
-  check_metadata(cu_seqlens, "cu_seqlens", device);
-  check_metadata(cu_seqlens_padded, "cu_seqlens_padded", device);
+  check_metadata(cu_seqlens, "cu_seqlens", device, "x");
+  check_metadata(cu_seqlens_padded, "cu_seqlens_padded", device, "x");
   TORCH_CHECK_VALUE(cu_seqlens.numel() == cu_seqlens_padded.numel(), "thdcp: cu_seqlens has ", cu_seqlens.numel(),
                     " entries but cu_seqlens_padded has ", cu_seqlens_padded.numel());
   check_start_offsets(start_offsets, cu_seqlens, device);
@@ -106,6 +109,15 @@ inline RopeConfig rope_config(double theta, int64_t rotary_dim, bool interleaved
   config.rotary_dim = rotary_dim;
   config.theta = static_cast<float>(theta);
   return config;
+}
+
+// A schema int (int64) as the C++ int the library takes: refused, never truncated, outside
+// int32 (the Python doors check first, naming the Python argument; this guards direct
+// torch.ops.thdcp calls).
+inline int to_int(int64_t value, const char* name) {
+  TORCH_CHECK_VALUE(value >= INT32_MIN && value <= INT32_MAX, "thdcp: ", name, "=", value,
+                    " is out of range: pass an int in [", INT32_MIN, ", ", INT32_MAX, "]");
+  return static_cast<int>(value);
 }
 
 inline void check_same_device(const at::Tensor& t, const char* name, const at::Device& device) {

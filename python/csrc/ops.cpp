@@ -115,7 +115,7 @@ at::Tensor rope_cpu(const at::Tensor& x, const at::Tensor& cu_seqlens, const at:
 // rows at CP size cp (thdcp/plan/capacity.h).
 std::vector<int64_t> default_capacity_op(int64_t max_tokens, int64_t cp) {
   return translate_errors("default_capacity", [&] {
-    const Capacity c = default_capacity(max_tokens, static_cast<int>(cp));
+    const Capacity c = default_capacity(max_tokens, to_int(cp, "cp"));
     return std::vector<int64_t>{c.max_tokens, c.max_seqs};
   });
 }
@@ -126,8 +126,8 @@ int64_t check_fit_op(const std::vector<int64_t>& lengths, int64_t cp, int64_t ma
   return translate_errors("check_fit", [&] {
     Capacity c;
     c.max_tokens = max_tokens;
-    c.max_seqs = static_cast<int>(max_seqs);
-    return static_cast<int64_t>(check_fit(lengths, static_cast<int>(cp), c));
+    c.max_seqs = to_int(max_seqs, "max_seqs");
+    return static_cast<int64_t>(check_fit(lengths, to_int(cp, "cp"), c));
   });
 }
 
@@ -141,9 +141,10 @@ std::vector<int64_t> choose_capacity_op(const std::vector<int64_t>& lengths, int
                       " max_tokens but ", max_seqs.size(), " max_seqs; pass one of each per bucket");
     std::vector<Capacity> buckets;
     for (size_t i = 0; i < max_tokens.size(); ++i) {
-      buckets.push_back(Capacity{static_cast<int>(max_seqs[i]), max_tokens[i]});
+      const std::string name = "max_seqs[" + std::to_string(i) + "]";
+      buckets.push_back(Capacity{to_int(max_seqs[i], name.c_str()), max_tokens[i]});
     }
-    const CapacityChoice c = choose_capacity(buckets, lengths, static_cast<int>(cp));
+    const CapacityChoice c = choose_capacity(buckets, lengths, to_int(cp, "cp"));
     return std::vector<int64_t>{c.bucket.max_tokens, c.bucket.max_seqs, c.run.max_tokens, c.run.max_seqs,
                                 c.fallback ? 1 : 0};
   });
@@ -156,8 +157,8 @@ std::vector<int64_t> capacity_layout_op(const std::vector<int64_t>& lengths, int
   return translate_errors("capacity_layout", [&] {
     Capacity c;
     c.max_tokens = max_tokens;
-    c.max_seqs = static_cast<int>(max_seqs);
-    const BatchLayout layout = capacity_layout(lengths, static_cast<int>(cp), c);
+    c.max_seqs = to_int(max_seqs, "max_seqs");
+    const BatchLayout layout = capacity_layout(lengths, to_int(cp, "cp"), c);
     std::vector<int64_t> both(layout.cu_seqlens.begin(), layout.cu_seqlens.end());
     both.insert(both.end(), layout.cu_seqlens_padded.begin(), layout.cu_seqlens_padded.end());
     return both;
@@ -168,9 +169,11 @@ std::vector<int64_t> capacity_layout_op(const std::vector<int64_t>& lengths, int
 // the global layout's cu_seqlens_padded (CPU int32, every P_b a multiple of 2*cp).
 at::Tensor cp_rank_rows_op(const at::Tensor& cu_seqlens_padded, int64_t cp, int64_t rank) {
   return translate_errors("cp_rank_rows", [&] {
+    TORCH_CHECK_VALUE(cu_seqlens_padded.device().is_cpu(), "thdcp: cu_seqlens_padded is on ",
+                      cu_seqlens_padded.device(), "; cp_rank_rows reads it on the host: pass a CPU tensor");
     check_metadata(cu_seqlens_padded, "cu_seqlens_padded", at::Device(at::kCPU));
-    TORCH_CHECK_VALUE(cp >= 1 && rank >= 0 && rank < cp, "thdcp: cp=", cp, ", rank=", rank,
-                      "; pass cp >= 1 and a rank in [0, cp)");
+    TORCH_CHECK_VALUE(cp >= 1 && cp <= INT32_MAX && rank >= 0 && rank < cp, "thdcp: cp=", cp, ", rank=", rank,
+                      "; pass cp in [1, ", INT32_MAX, "] and a rank in [0, cp)");
     LayoutView layout;
     layout.cu_seqlens = cu_seqlens_padded.data_ptr<int32_t>();  // only the padded offsets matter here
     layout.cu_seqlens_padded = cu_seqlens_padded.data_ptr<int32_t>();
@@ -206,7 +209,7 @@ std::tuple<int64_t, double, std::string> plan_capacity_op(const std::vector<int6
                       " lengths belong to no batch; batch sizes must add up to the lengths given");
     PlanOptions options;
     options.tokens = tokens;
-    options.cp_sizes = {static_cast<int>(cp)};
+    options.cp_sizes = {to_int(cp, "cp")};
     options.fallback_budget = fallback_budget;
     const CapacityPlan plan = plan_capacity(batches, options);
     const CpPlan& per_cp = plan.per_cp.at(0);
@@ -220,7 +223,7 @@ std::tuple<int64_t, double, std::string> plan_capacity_op(const std::vector<int6
 // (cu_seqlens then cu_seqlens_padded, B + 1 entries each).
 std::vector<int64_t> make_layout_op(const std::vector<int64_t>& lengths, int64_t cp) {
   return translate_errors("make_layout", [&] {
-    const BatchLayout layout = make_layout(lengths, static_cast<int>(cp));
+    const BatchLayout layout = make_layout(lengths, to_int(cp, "cp"));
     std::vector<int64_t> both(layout.cu_seqlens.begin(), layout.cu_seqlens.end());
     both.insert(both.end(), layout.cu_seqlens_padded.begin(), layout.cu_seqlens_padded.end());
     return both;
@@ -230,7 +233,10 @@ std::vector<int64_t> make_layout_op(const std::vector<int64_t>& lengths, int64_t
 int64_t choose_cp_size_op(const std::vector<int64_t>& lengths, const std::vector<int64_t>& sizes,
                           int64_t rows_per_rank) {
   return translate_errors("choose_cp_size", [&] {
-    std::vector<int> s(sizes.begin(), sizes.end());
+    std::vector<int> s;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      s.push_back(to_int(sizes[i], ("sizes[" + std::to_string(i) + "]").c_str()));
+    }
     return static_cast<int64_t>(choose_cp_size(lengths, s, rows_per_rank));
   });
 }

@@ -261,12 +261,13 @@ int64_t communicator_create_op(const at::Tensor& unique_id, int64_t rank, int64_
   return translate_errors("communicator_create", [&] {
     TORCH_CHECK_VALUE(unique_id.device().is_cpu() && unique_id.scalar_type() == at::kByte && unique_id.is_contiguous(),
                       "thdcp: unique_id must be the CPU uint8 tensor of thdcp.ops.nccl_unique_id()");
-    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const int rank32 = to_int(rank, "rank"), size32 = to_int(size, "size"), device32 = to_int(device, "device");
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device32));
     auto entry = std::make_unique<CommEntry>();
     entry->comm = nccl::create_from_unique_id(unique_id.data_ptr(), static_cast<size_t>(unique_id.numel()),
-                                              static_cast<int>(rank), static_cast<int>(size), static_cast<int>(device));
+                                              rank32, size32, device32);
     // NCCL connects lazily: connect now, outside any capture.
-    entry->comm->warm_up(at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream());
+    entry->comm->warm_up(at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device32)).stream());
     std::lock_guard<std::mutex> lock(registry_mutex);
     const int64_t handle = next_handle++;
     registry()[handle] = std::move(entry);

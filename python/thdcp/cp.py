@@ -15,8 +15,9 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .ops import _kernel_ready, _results, _scale, _window
-from .planning import capacity_layout
+from . import arguments
+from .ops import _attention_backward_tensors, _attention_tensors, _kernel_ready, _results
+from .planning import _capacity_layout
 
 _ops = torch.ops.thdcp
 
@@ -40,10 +41,13 @@ class Communicator:
 
         if device is None:
             self.device = torch.cuda.current_device()
-        elif isinstance(device, int):
-            self.device = device
+        elif isinstance(device, (str, torch.device)):
+            device = torch.device(device)
+            if device.type != "cuda":
+                raise ValueError("thdcp.Communicator: device=%s; pass a CUDA device (an index or 'cuda:N')" % device)
+            self.device = device.index if device.index is not None else torch.cuda.current_device()
         else:
-            self.device = torch.device(device).index
+            self.device = arguments.integer("Communicator", "device", device, 0, arguments.INT32_MAX)
         if group is None and not (dist.is_available() and dist.is_initialized()):
             self.rank, self.size = 0, 1
             unique_id = _ops.nccl_unique_id()
@@ -102,11 +106,13 @@ def cp_attention(
     over the group). The first call for a shape makes the CP plan (collective, on the host):
     run it eagerly before capturing a graph. Calls on one communicator run on one stream.
     """
+    arguments.check_devices("cp_attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded))
+    left, right = arguments.window("cp_attention", window)
+    scale = arguments.softmax_scale("cp_attention", softmax_scale)
     if comm is None:
         comm = Communicator.for_group(group)
-    left, right = _window(window)
     out, lse, max_logit = _ops.cp_attention_forward(
-        q, k, v, cu_seqlens, cu_seqlens_padded, comm.handle, left, right, _scale(softmax_scale), return_max_logit
+        q, k, v, cu_seqlens, cu_seqlens_padded, comm.handle, left, right, scale, bool(return_max_logit)
     )
     return _results(out, lse, max_logit, return_lse, return_max_logit)
 
@@ -114,6 +120,7 @@ def cp_attention(
 @torch.library.register_fake("thdcp::cp_attention_forward")
 def _cp_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right, softmax_scale,
                      return_max_logit):
+    arguments.check_devices("cp_attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded))
     rows, heads, head_dim = q.shape
     return (q.new_empty((rows, heads, head_dim)), q.new_empty((heads, rows), dtype=torch.float32),
             q.new_empty((heads if return_max_logit else 0,), dtype=torch.float32))
@@ -122,6 +129,8 @@ def _cp_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, comm, window_left, 
 @torch.library.register_fake("thdcp::cp_attention_backward")
 def _cp_backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right,
                       softmax_scale):
+    arguments.check_devices("cp_attention backward",
+                            _attention_backward_tensors(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -150,23 +159,31 @@ def cp_layout(lengths: Sequence[int], cp: int, max_seqs: Optional[int] = None,
     padded to a multiple of 2 * cp. With max_seqs / max_tokens, the capacity form: max_seqs + 1
     entries, trailing zero-length placeholders, the last absorbing rows up to max_tokens (what
     a CUDA graph of that capacity takes)."""
-    lengths = [int(n) for n in lengths]
+    lengths = arguments.lengths("cp_layout", lengths)
+    cp = arguments.cp_size("cp_layout", cp)
     if max_seqs is None and max_tokens is None:
-        both = torch.tensor(_ops.make_layout(lengths, int(cp)), dtype=torch.int32)
+        both = torch.tensor(_ops.make_layout(lengths, cp), dtype=torch.int32)
         return both[: len(lengths) + 1].clone(), both[len(lengths) + 1:].clone()
     if max_seqs is None or max_tokens is None:
         raise ValueError("thdcp.cp_layout: pass both max_seqs and max_tokens (the capacity form), or neither")
-    return capacity_layout(lengths, cp, max_tokens, max_seqs)
+    return _capacity_layout("cp_layout", lengths, cp, max_tokens, max_seqs)
 
 
 def cp_rank_rows(cu_seqlens_padded: torch.Tensor, cp: int, rank: int) -> torch.Tensor:
     """Global row of each of `rank`'s rows (int64 [T / cp], in its local order)."""
-    return _ops.cp_rank_rows(cu_seqlens_padded.to(device="cpu", dtype=torch.int32).contiguous(), int(cp), int(rank))
+    return _rank_rows("cp_rank_rows", cu_seqlens_padded, cp, rank)
+
+
+def _rank_rows(op: str, cu_seqlens_padded: torch.Tensor, cp: int, rank: int) -> torch.Tensor:
+    arguments.check_host_tensor(op, "cu_seqlens_padded", cu_seqlens_padded)
+    cp = arguments.cp_size(op, cp)
+    rank = arguments.integer(op, "rank", rank, 0, arguments.INT32_MAX)
+    return _ops.cp_rank_rows(cu_seqlens_padded.to(device="cpu", dtype=torch.int32).contiguous(), cp, rank)
 
 
 def cp_split(x: torch.Tensor, cu_seqlens_padded: torch.Tensor, cp: int, rank: int) -> torch.Tensor:
     """The rows of the global tensor x ([T, ...]: tokens, labels, activations) that `rank` holds."""
-    rows = cp_rank_rows(cu_seqlens_padded, cp, rank).to(x.device)
+    rows = _rank_rows("cp_split", cu_seqlens_padded, cp, rank).to(x.device)
     return x.index_select(0, rows)
 
 
@@ -176,5 +193,6 @@ def cp_merge(parts: List[torch.Tensor], cu_seqlens_padded: torch.Tensor) -> torc
     first = parts[0]
     merged = first.new_empty((first.shape[0] * cp,) + tuple(first.shape[1:]))
     for rank, part in enumerate(parts):
-        merged.index_copy_(0, cp_rank_rows(cu_seqlens_padded, cp, rank).to(part.device), part)
+        arguments.check_devices("cp_merge", (("parts[0]", first), ("parts[%d]" % rank, part)))
+        merged.index_copy_(0, _rank_rows("cp_merge", cu_seqlens_padded, cp, rank).to(part.device), part)
     return merged

@@ -31,6 +31,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from . import arguments
+from .arguments import INT32_MAX, INT64_MAX
 from .planning import capacity_layout, choose_capacity, default_capacity, fits
 
 
@@ -46,9 +48,10 @@ class StaticBatch:
     """The fixed-address inputs of one (cp, capacity): the layout and named buffers."""
 
     def __init__(self, cp: int, max_tokens: int, max_seqs: int, device: torch.device):
-        self.cp = cp
-        self.max_tokens = max_tokens
-        self.max_seqs = max_seqs
+        self.cp = arguments.cp_size("StaticBatch", cp)
+        self.max_tokens = arguments.integer("StaticBatch", "max_tokens", max_tokens, 1, INT64_MAX)
+        self.max_seqs = arguments.integer("StaticBatch", "max_seqs", max_seqs, 1, INT32_MAX)
+        cp, max_tokens, max_seqs = self.cp, self.max_tokens, self.max_seqs
         self.local_rows = max_tokens // cp
         self.device = device
         self.cu_seqlens = torch.zeros(max_seqs + 1, dtype=torch.int32, device=device)
@@ -101,19 +104,22 @@ class GraphBank:
 
     def __init__(self, step: Callable[[StaticBatch], Any], *, warmup_runs: int = 1,
                  device: Optional[torch.device] = None):
-        if warmup_runs < 1:
-            raise ValueError("thdcp.GraphBank: warmup_runs=%d; pass >= 1 (plans are made eagerly)" % warmup_runs)
+        # >= 1: plans are made eagerly
+        self.warmup_runs = arguments.integer("GraphBank", "warmup_runs", warmup_runs, 1, INT64_MAX)
         self.step = step
-        self.warmup_runs = warmup_runs
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
         self._entries: Dict[Tuple[int, int, int], _Entry] = {}
         self._side = torch.cuda.Stream(self.device)
 
     def add_capacity(self, max_tokens: int, max_seqs: Optional[int] = None, cp: int = 1) -> None:
         """A capacity of CP size cp (max_seqs None: the zero-fallback max_tokens / (2 cp) + 1)."""
+        op = "GraphBank.add_capacity"
+        cp = arguments.cp_size(op, cp)
+        max_tokens = arguments.integer(op, "max_tokens", max_tokens, 1, INT64_MAX)
         if max_seqs is None:
             max_seqs = default_capacity(max_tokens, cp)[1]
-        key = (int(cp), int(max_tokens), int(max_seqs))
+        max_seqs = arguments.integer(op, "max_seqs", max_seqs, 1, INT32_MAX)
+        key = (cp, max_tokens, max_seqs)
         if key not in self._entries:
             fits([], cp, max_tokens, max_seqs)  # validates the capacity (raises ValueError)
             self._entries[key] = _Entry(StaticBatch(key[0], key[1], key[2], self.device))
@@ -136,7 +142,8 @@ class GraphBank:
         sets the layout, calls fill(batch) to write the named buffers, then warms up,
         captures or replays. Returns the step's output (graph-owned tensors after capture:
         read or copy them before the next run of the same capacity)."""
-        key, fallback = self._choose([int(n) for n in lengths], int(cp))
+        lengths = arguments.lengths("GraphBank.run", lengths)
+        key, fallback = self._choose(lengths, arguments.cp_size("GraphBank.run", cp))
         entry = self._entries[key]
         batch = entry.batch
         batch.set_layout(lengths)

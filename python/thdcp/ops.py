@@ -4,28 +4,9 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+from . import arguments
+
 _ops = torch.ops.thdcp
-
-
-def _window(window: Sequence[int]) -> Tuple[int, int]:
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise ValueError(
-            "thdcp: window=%r; pass (left, right): (-1, 0) causal, (-1, -1) full, (L, 0) causal sliding window"
-            % (window,)
-        )
-    left, right = int(window[0]), int(window[1])
-    if left < -1 or right < -1:
-        raise ValueError("thdcp: window=(%d, %d); each side is -1 (unbounded) or >= 0" % (left, right))
-    return left, right
-
-
-def _scale(softmax_scale: Optional[float]) -> float:
-    if softmax_scale is None:
-        return 0.0  # the kernels use 1/sqrt(head_dim)
-    scale = float(softmax_scale)
-    if not scale > 0.0:
-        raise ValueError("thdcp: softmax_scale=%r; pass a positive scale or None for 1/sqrt(head_dim)" % softmax_scale)
-    return scale
 
 
 def _kernel_ready(grad: torch.Tensor) -> torch.Tensor:
@@ -71,18 +52,33 @@ def attention(
     return_max_logit the float32 max score per head [Hq]. LSE and max_logit are not
     differentiable.
     """
+    arguments.check_devices("attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded))
     if cu_seqlens_padded is None:
         cu_seqlens_padded = cu_seqlens
-    left, right = _window(window)
+    left, right = arguments.window("attention", window)
     out, lse, max_logit = _ops.attention_forward(
-        q, k, v, cu_seqlens, cu_seqlens_padded, left, right, _scale(softmax_scale), return_max_logit
+        q, k, v, cu_seqlens, cu_seqlens_padded, left, right, arguments.softmax_scale("attention", softmax_scale),
+        bool(return_max_logit)
     )
     return _results(out, lse, max_logit, return_lse, return_max_logit)
 
 
+def _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded):
+    return (("q", q), ("k", k), ("v", v), ("cu_seqlens", cu_seqlens), ("cu_seqlens_padded", cu_seqlens_padded))
+
+
+def _attention_backward_tensors(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded):
+    return (("q", q), ("dout", dout), ("k", k), ("v", v), ("out", out), ("lse", lse), ("cu_seqlens", cu_seqlens),
+            ("cu_seqlens_padded", cu_seqlens_padded))
+
+
+# The fake implementations serve FakeTensorMode (torch.compile) and all-meta calls. The
+# dispatcher also runs them when any input is on meta (Meta outranks CPU and CUDA), where
+# their empty outputs would pass for results: they refuse every mix of devices first.
 @torch.library.register_fake("thdcp::attention_forward")
 def _attention_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, window_left, window_right, softmax_scale,
                             return_max_logit):
+    arguments.check_devices("attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded))
     tokens, heads, head_dim = q.shape
     out = q.new_empty((tokens, heads, head_dim))
     lse = q.new_empty((heads, tokens), dtype=torch.float32)
@@ -93,6 +89,8 @@ def _attention_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, window_left,
 @torch.library.register_fake("thdcp::attention_backward")
 def _attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, window_left, window_right,
                              softmax_scale, deterministic):
+    arguments.check_devices("attention backward",
+                            _attention_backward_tensors(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -138,14 +136,24 @@ def rope(
     each sequence's positions (e.g. a document continued from an earlier batch).
     Returns a new tensor (x is not changed); differentiable.
     """
+    arguments.check_devices("rope", _rope_tensors(x, cu_seqlens, cu_seqlens_padded, start_offsets))
     if cu_seqlens_padded is None:
         cu_seqlens_padded = cu_seqlens
-    return _ops.rope(x, cu_seqlens, cu_seqlens_padded, start_offsets, int(cp_size), int(cp_rank), float(theta),
-                     int(rotary_dim), bool(interleaved), False)
+    cp_size = arguments.cp_size("rope", cp_size, "cp_size")
+    cp_rank = arguments.integer("rope", "cp_rank", cp_rank, 0, arguments.INT32_MAX)
+    rotary_dim = arguments.integer("rope", "rotary_dim", rotary_dim, 0, arguments.INT64_MAX)
+    return _ops.rope(x, cu_seqlens, cu_seqlens_padded, start_offsets, cp_size, cp_rank, float(theta), rotary_dim,
+                     bool(interleaved), False)
+
+
+def _rope_tensors(x, cu_seqlens, cu_seqlens_padded, start_offsets):
+    return (("x", x), ("cu_seqlens", cu_seqlens), ("cu_seqlens_padded", cu_seqlens_padded),
+            ("start_offsets", start_offsets))
 
 
 @torch.library.register_fake("thdcp::rope")
 def _rope_fake(x, cu_seqlens, cu_seqlens_padded, start_offsets, cp, rank, theta, rotary_dim, interleaved, backward):
+    arguments.check_devices("rope", _rope_tensors(x, cu_seqlens, cu_seqlens_padded, start_offsets))
     return x.new_empty(x.shape)
 
 

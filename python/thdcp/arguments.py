@@ -1,0 +1,110 @@
+"""The argument checks every door of the package goes through: the operators' entry points
+(attention, rope, cp_attention), their fake implementations, and the host helpers.
+
+- Tensors on one device. A meta tensor among real ones is refused: the dispatcher picks the
+  highest-priority backend of all the inputs and Meta outranks CPU and CUDA, so such a call
+  would run the fake implementation and return uninitialised memory. The fake
+  implementations compute only when every tensor is on one device (all meta, or all fake
+  tensors of one device under FakeTensorMode / torch.compile). Only host metadata
+  (tensor.device) is read: nothing syncs or allocates, so the checks trace and capture.
+- Integers that are integers (Python ints, numpy and one-element CPU torch integers; never a
+  bool or a float such as 1.7) inside the range the C++ side takes, so nothing is truncated
+  on the way (a CP size of 2**32 + 1 is not 1).
+
+Bad input raises ValueError naming the argument, its value and what to pass, as the C++
+side's argument errors do.
+"""
+import operator
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+INT32_MAX = 2**31 - 1  # C++ int: CP sizes, ranks, max_seqs, window sides
+INT64_MAX = 2**63 - 1  # C++ int64_t: token and row counts, document lengths
+
+
+def check_devices(op: str, tensors: Sequence[Tuple[str, Optional[torch.Tensor]]]) -> None:
+    """Refuses tensors on different devices. tensors: (name, tensor or None) pairs, the first
+    the one the others follow (q, x)."""
+    reference_name, reference = tensors[0]
+    device = reference.device
+    for name, tensor in tensors[1:]:
+        if tensor is None or tensor.device == device:
+            continue
+        if device.type == "meta":  # the reference is the stray one: name it
+            _device_error(op, reference_name, device, name, tensor.device)
+        _device_error(op, name, tensor.device, reference_name, device)
+
+
+def _device_error(op: str, name: str, device: torch.device, reference_name: str, reference: torch.device):
+    hint = " (a tensor left on meta by deferred initialisation?)" if device.type == "meta" else ""
+    raise ValueError("thdcp.%s: %s is on %s but %s is on %s: move %s to %s%s"
+                     % (op, name, device, reference_name, reference, name, reference, hint))
+
+
+def check_host_tensor(op: str, name: str, tensor: torch.Tensor) -> None:
+    """Refuses a meta tensor where the values are read on the host (a layout)."""
+    if tensor.device.type == "meta":
+        raise ValueError("thdcp.%s: %s is on meta and has no values to read: pass the real tensor "
+                         "(a tensor left on meta by deferred initialisation?)" % (op, name))
+
+
+def integer(op: str, name: str, value, low: int, high: int) -> int:
+    """value as a Python int, refused (ValueError) unless it is an integer in [low, high]."""
+    if type(value) is int:  # the common case, cheap
+        number = value
+    elif isinstance(value, torch.SymInt):  # a dynamic int under torch.compile: guards, no sync
+        number = value
+    else:
+        number = _as_int(op, name, value, low, high)
+    if number < low or number > high:
+        raise ValueError("thdcp.%s: %s=%s is out of range: pass an int in [%d, %d]" % (op, name, number, low, high))
+    return number
+
+
+def _as_int(op: str, name: str, value, low: int, high: int) -> int:
+    refused = isinstance(value, bool) or type(value).__name__ in ("bool", "bool_")
+    if isinstance(value, torch.Tensor):
+        # Reading a device tensor would synchronise (and break a capture).
+        refused = refused or value.dtype == torch.bool or value.device.type != "cpu"
+    if not refused:
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise ValueError("thdcp.%s: %s=%r is not an integer: pass an int in [%d, %d]" % (op, name, value, low, high))
+
+
+def integers(op: str, name: str, values: Iterable, low: int, high: int) -> List[int]:
+    """Each of values through integer(), named name[i]."""
+    return [integer(op, "%s[%d]" % (name, i), value, low, high) for i, value in enumerate(values)]
+
+
+def cp_size(op: str, value, name: str = "cp") -> int:
+    return integer(op, name, value, 1, INT32_MAX)
+
+
+def lengths(op: str, values: Iterable, name: str = "lengths") -> List[int]:
+    """Document lengths (tokens, >= 0)."""
+    return integers(op, name, values, 0, INT64_MAX)
+
+
+def window(op: str, value: Sequence[int]) -> Tuple[int, int]:
+    """(left, right) keys visible around each query, -1 unbounded."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValueError(
+            "thdcp.%s: window=%r; pass (left, right): (-1, 0) causal, (-1, -1) full, (L, 0) causal sliding window"
+            % (op, value)
+        )
+    return (integer(op, "window[0] (left)", value[0], -1, INT32_MAX),
+            integer(op, "window[1] (right)", value[1], -1, INT32_MAX))
+
+
+def softmax_scale(op: str, value: Optional[float]) -> float:
+    if value is None:
+        return 0.0  # the kernels use 1/sqrt(head_dim)
+    scale = float(value)
+    if not scale > 0.0:
+        raise ValueError("thdcp.%s: softmax_scale=%r; pass a positive scale or None for 1/sqrt(head_dim)"
+                         % (op, value))
+    return scale
