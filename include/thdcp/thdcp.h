@@ -18,6 +18,13 @@
  *    leaves outputs, output tensors and handles untouched. NULL handles, NULL pointers that
  *    are not documented as optional and NULL output pointers give
  *    THDCP_ERROR_INVALID_ARGUMENT naming the argument.
+ *  - Handles are checked: a handle value is an opaque number the library looks up in its
+ *    registry of live handles before using it, never an address it reads through. A non-NULL
+ *    handle that is not live (destroyed already: a second destroy or a use after destroy;
+ *    never returned by this library: uninitialised, zeroed or foreign memory; a handle of
+ *    another type) gives THDCP_ERROR_INVALID_HANDLE naming the function and the argument,
+ *    and a destroy of one releases nothing. Handle values are never reused within a process,
+ *    so a stale handle cannot reach a newer object.
  *  - Plan, then run (CUTLASS, cudnn-frontend). Plans are made once for a capacity
  *    (max_seqs, max_tokens) and a shape; their workspace size is queried up front and the
  *    caller allocates it. Runs only check with host arithmetic and compute (CPU) or enqueue
@@ -33,9 +40,11 @@
  *    A library built without CUDA, or a process that sees no GPU, refuses the CUDA backend
  *    with THDCP_ERROR_UNSUPPORTED.
  *  - Ownership: handles are the library's, created by *_create and released by *_destroy
- *    (destroy accepts NULL). Tensors, layouts and workspaces are the caller's and are only
- *    borrowed for the duration of a call, except a plan's workspace, which is borrowed for
- *    the life of the plan. Destroy plans and graph banks before the communicator they use.
+ *    (destroy accepts NULL, a no-op; destroy each handle once). Tensors, layouts and
+ *    workspaces are the caller's and are only borrowed for the duration of a call, except a
+ *    plan's workspace, which is borrowed for the life of the plan. A CP plan or graph bank
+ *    holds the communicator it was made over: destroying the communicator first ends its
+ *    handle, and the communicator itself is released with the last plan or bank using it.
  *  - Versioned parameter structs (thdcp_*_params) start with `size_t struct_size`, which the
  *    caller sets to sizeof the struct it was compiled with (the THDCP_*_INIT macros and the
  *    thdcp_*_params_init functions do). Fields are only ever appended, each version of a

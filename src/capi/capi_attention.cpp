@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <tuple>
+#include <utility>
 
 #include "capi_convert.h"
 #include "capi_handles.h"
@@ -71,20 +72,15 @@ AttentionConfig config_of(const thdcp_attention_params* given) {
 
 }  // namespace
 
-}  // namespace thdcp::capi
-
-struct thdcp_attention_plan_st {
-  thdcp::capi::AttentionConfig config;
+// What a thdcp_attention_plan_t stands for.
+struct AttentionPlan {
+  AttentionConfig config;
 #if defined(THDCP_HAVE_CUDA)
-  std::unique_ptr<thdcp::cuda::Attention> cuda;
+  std::unique_ptr<cuda::Attention> cuda;
 #endif
 };
 
-namespace thdcp::capi {
-
 namespace {
-
-const char* kPlanHint = "a plan made by thdcp_attention_plan_create";
 
 // The tensors of a call, named as the C ABI names them: [max_tokens, heads, head_dim] each,
 // in the plan's dtypes (the CUDA backend checks the rest: strides, alignment, devices).
@@ -156,10 +152,10 @@ bool capturing(thdcp_stream_t stream) {
 }
 #endif
 
-void forward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
+void forward(thdcp_attention_plan_t handle, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
              const thdcp_tensor_t* k, const thdcp_tensor_t* v, const thdcp_tensor_t* out, float* lse,
              float* max_logit, thdcp_stream_t stream) {
-  THDCP_CAPI_NOT_NULL(plan, kPlanHint);
+  const std::shared_ptr<AttentionPlan> plan = lookup<AttentionPlan>(handle, "plan");
   const AttentionConfig& c = plan->config;
   const LayoutView batch = run_layout(c, layout);
   const ForwardTensors t = forward_tensors(q, k, v, out, lse, max_logit);
@@ -181,11 +177,11 @@ void forward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const 
 #endif
 }
 
-void backward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
+void backward(thdcp_attention_plan_t handle, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
               const thdcp_tensor_t* k, const thdcp_tensor_t* v, const thdcp_tensor_t* out, const thdcp_tensor_t* dout,
               const float* lse, const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv,
               thdcp_stream_t stream) {
-  THDCP_CAPI_NOT_NULL(plan, kPlanHint);
+  const std::shared_ptr<AttentionPlan> plan = lookup<AttentionPlan>(handle, "plan");
   const AttentionConfig& c = plan->config;
   const LayoutView batch = run_layout(c, layout);
   const auto& p = c.problem;
@@ -229,7 +225,7 @@ thdcp_status_t thdcp_attention_plan_workspace_size(const thdcp_attention_params*
 thdcp_status_t thdcp_attention_plan_create(const thdcp_attention_params* params, void* workspace,
                                            size_t workspace_bytes, thdcp_attention_plan_t* plan) {
   return thdcp::capi::guarded(__func__, [&] {
-    auto made = std::make_unique<thdcp_attention_plan_st>();
+    auto made = std::make_shared<thdcp::capi::AttentionPlan>();
     made->config = thdcp::capi::config_of(params);
     THDCP_CAPI_NOT_NULL(plan, "a thdcp_attention_plan_t to receive the plan");
     if (made->config.backend == THDCP_BACKEND_CUDA) {
@@ -249,12 +245,12 @@ thdcp_status_t thdcp_attention_plan_create(const thdcp_attention_params* params,
       (void)workspace;
       (void)workspace_bytes;
     }
-    *plan = made.release();
+    *plan = thdcp::capi::publish(std::move(made));
   });
 }
 
 thdcp_status_t thdcp_attention_plan_destroy(thdcp_attention_plan_t plan) {
-  return thdcp::capi::guarded(__func__, [&] { delete plan; });
+  return thdcp::capi::guarded(__func__, [&] { thdcp::capi::retire<thdcp::capi::AttentionPlan>(plan, "plan"); });
 }
 
 thdcp_status_t thdcp_attention_forward(thdcp_attention_plan_t plan, const thdcp_layout_t* layout,

@@ -41,7 +41,8 @@ TEST(CApiLibrary, VersionAbiAndStatusNames) {
   EXPECT_EQ(thdcp_abi_version(), 1);
   EXPECT_STREQ(thdcp_status_name(THDCP_SUCCESS), "THDCP_SUCCESS");
   EXPECT_STREQ(thdcp_status_name(THDCP_ERROR_COMMUNICATION), "THDCP_ERROR_COMMUNICATION");
-  EXPECT_STREQ(thdcp_status_name(static_cast<thdcp_status_t>(7)), "THDCP_STATUS_UNKNOWN");
+  EXPECT_STREQ(thdcp_status_name(THDCP_ERROR_INVALID_HANDLE), "THDCP_ERROR_INVALID_HANDLE");
+  EXPECT_STREQ(thdcp_status_name(static_cast<thdcp_status_t>(8)), "THDCP_STATUS_UNKNOWN");
   EXPECT_C_STATUS(thdcp_built_with(THDCP_FEATURE_CUDA, nullptr), THDCP_ERROR_INVALID_ARGUMENT,
                   "thdcp_built_with: out is NULL");
   int on = 0;

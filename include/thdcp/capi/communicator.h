@@ -55,7 +55,8 @@ THDCP_API thdcp_status_t thdcp_communicator_create_nccl(const void* id, size_t b
 
 /* Wraps a communicator the caller made and keeps: `nccl_comm` is an ncclComm_t of `device`.
  * Rank and size are the communicator's. thdcp never finalizes, destroys or aborts it;
- * the caller keeps it alive longer than the handle and every graph captured through it. */
+ * the caller keeps it alive longer than the handle, every CP plan and graph bank made over
+ * it, and every graph captured through it. */
 THDCP_API thdcp_status_t thdcp_communicator_borrow_nccl(void* nccl_comm, int device, thdcp_communicator_t* comm);
 
 /* `size` device communicators of ranks that share one GPU (`device`), one per rank, for
@@ -64,9 +65,10 @@ THDCP_API thdcp_status_t thdcp_communicator_borrow_nccl(void* nccl_comm, int dev
 THDCP_API thdcp_status_t thdcp_communicator_create_shared_gpu_group(int size, int device,
                                                                    thdcp_communicator_t* comms);
 
-/* Releases one rank's communicator; NULL is accepted. A borrowed NCCL communicator is left
+/* Ends one rank's communicator handle; NULL is accepted. The communicator is released now,
+ * or with the last CP plan or graph bank made over it. A borrowed NCCL communicator is left
  * to its owner. The other ranks of an in-process or shared-GPU group stay usable for
- * non-collective calls; the group's state lives until its last communicator is destroyed. */
+ * non-collective calls; the group's state lives until its last communicator is released. */
 THDCP_API thdcp_status_t thdcp_communicator_destroy(thdcp_communicator_t comm);
 
 THDCP_API thdcp_status_t thdcp_communicator_rank(thdcp_communicator_t comm, int* rank);

@@ -62,7 +62,7 @@ THDCP_API thdcp_status_t thdcp_cp_plan_workspace_size(const thdcp_cp_params* par
 /* Makes this rank's plan. Collective over `comm`: every rank calls it, with the same params
  * (checked across the ranks: a disagreement fails on every rank, naming it).
  *   comm       a host communicator (CPU backend) or a device communicator (CUDA backend;
- *              its device must be current) of params->cp_size ranks; borrowed until
+ *              its device must be current) of params->cp_size ranks; the plan holds it until
  *              thdcp_cp_plan_destroy
  *   workspace  CUDA: thdcp_cp_plan_workspace_size bytes of device memory of the
  *              communicator's device, borrowed for the plan's life; forward and backward

@@ -26,7 +26,12 @@ typedef enum thdcp_status_t {
   THDCP_ERROR_COMMUNICATION = 4,    /* a collective failed: another rank failed or aborted the
                                        group, NCCL/MPI reported an error or timed out */
   THDCP_ERROR_OUT_OF_MEMORY = 5,    /* host (std::bad_alloc) or device memory */
-  THDCP_ERROR_INTERNAL = 6          /* a bug in thdcp: please report the message */
+  THDCP_ERROR_INTERNAL = 6,         /* a bug in thdcp: please report the message */
+  THDCP_ERROR_INVALID_HANDLE = 7    /* a non-NULL handle that is not live: destroyed already
+                                       (a second destroy, a use after destroy), never returned
+                                       by this library (uninitialised, zeroed or foreign
+                                       memory), or a handle of another type. Nothing is read
+                                       through it, and a destroy releases nothing */
 } thdcp_status_t;
 
 /* Storage dtypes. 16-bit values are raw IEEE binary16 / bfloat16 bits. */
