@@ -50,9 +50,11 @@
  *    thdcp_*_params_init functions do). Fields are only ever appended, each version of a
  *    struct ends on an 8-byte boundary, and fields appended later default to 0. The library
  *    accepts any struct_size that is a multiple of 8 from the size of the first version
- *    (THDCP_*_PARAMS_MIN_SIZE) up: fields past struct_size take their defaults, and bytes
- *    past the fields this library knows must be 0 (else THDCP_ERROR_INVALID_ARGUMENT: the
- *    caller set a field of a newer thdcp.h that this libthdcp cannot honour). Output structs
+ *    (THDCP_*_PARAMS_MIN_SIZE) up to THDCP_MAX_STRUCT_SIZE (4096; a larger one is refused
+ *    before anything past the field is read): fields past struct_size take their defaults,
+ *    and bytes past the fields this library knows, up to struct_size, must be 0 (else
+ *    THDCP_ERROR_INVALID_ARGUMENT: the caller set a field of a newer thdcp.h that this
+ *    libthdcp cannot honour). Nothing past struct_size is read. Output structs
  *    (thdcp_capacity_plan_result) work the same way in reverse: the library writes the fields
  *    that fit the caller's struct_size.
  *  - Value types without struct_size (thdcp_tensor_t, thdcp_layout_t, thdcp_capacity_t,

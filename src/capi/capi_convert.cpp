@@ -21,6 +21,18 @@ static_assert(sizeof(thdcp_graph_bank_params) == THDCP_GRAPH_BANK_PARAMS_MIN_SIZ
 static_assert(sizeof(thdcp_attention_params) % 8 == 0 && sizeof(thdcp_cp_params) % 8 == 0 &&
               sizeof(thdcp_static_batch_info) % 8 == 0);
 
+void check_struct_size(size_t size, size_t min_size, const char* argument, const char* type, const char* hint) {
+  THDCP_CAPI_REQUIRE(size <= THDCP_MAX_STRUCT_SIZE,
+                     argument << "->struct_size=" << size << " is larger than THDCP_MAX_STRUCT_SIZE="
+                              << THDCP_MAX_STRUCT_SIZE << ", which no version of " << type
+                              << " reaches: the field is not set (uninitialised memory?); set struct_size = sizeof("
+                              << type << "), " << hint);
+  THDCP_CAPI_REQUIRE(size >= min_size && size % 8 == 0,
+                     argument << "->struct_size=" << size << " is not the size of a " << type
+                              << " (the first version has " << min_size << " bytes, every version a multiple of 8)"
+                              << ": set struct_size = sizeof(" << type << "), " << hint);
+}
+
 const char* dtype_c_name(int dtype) {
   switch (dtype) {
     case THDCP_DTYPE_DEFAULT: return "THDCP_DTYPE_DEFAULT";

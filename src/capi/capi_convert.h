@@ -70,18 +70,21 @@ void check_heads(int64_t q_heads, int64_t kv_heads, int64_t head_dim, bool cuda_
 // A host array of `count` document lengths (count >= 0; NULL only when count is 0).
 std::vector<int64_t> lengths_of(const int64_t* lengths, int64_t count, const char* argument);
 
-// Reads a versioned params struct the caller passed: struct_size >= min_size and a multiple
-// of 8; fields past struct_size take `defaults`; bytes past sizeof(T) must be 0 (fields of a
-// newer thdcp.h this library does not know).
+// The struct_size of a versioned struct: a multiple of 8 from min_size (the first version)
+// to THDCP_MAX_STRUCT_SIZE, checked before any byte past the struct_size field is touched, so
+// that a garbage value is refused instead of read up to. `hint` says how to set it.
+void check_struct_size(size_t size, size_t min_size, const char* argument, const char* type, const char* hint);
+
+// Reads a versioned params struct the caller passed: its struct_size checked; fields past
+// struct_size take `defaults`; bytes past sizeof(T), up to struct_size (the caller's), must
+// be 0 (fields of a newer thdcp.h this library does not know). Nothing past struct_size is
+// read.
 template <typename T>
 T read_params(const T* given, size_t min_size, const T& defaults, const char* argument, const char* type,
               const char* init) {
   THDCP_CAPI_REQUIRE(given != nullptr, argument << " is NULL: pass a " << type << " filled by " << init);
   const size_t size = given->struct_size;
-  THDCP_CAPI_REQUIRE(size >= min_size && size % 8 == 0,
-                     argument << "->struct_size=" << size << " is not the size of a " << type
-                              << " (the first version has " << min_size << " bytes, every version a multiple of 8)"
-                              << ": set struct_size = sizeof(" << type << "), as " << init << " does");
+  check_struct_size(size, min_size, argument, type, (std::string("as ") + init + " does").c_str());
   if (size > sizeof(T)) {
     const auto* bytes = reinterpret_cast<const unsigned char*>(given);
     for (size_t i = sizeof(T); i < size; ++i) {
@@ -105,10 +108,7 @@ void write_result(T* out, const T& value, size_t min_size, const char* argument,
   THDCP_CAPI_REQUIRE(out != nullptr, argument << " is NULL: pass a " << type << " with struct_size = sizeof(" << type
                                               << ")");
   const size_t size = out->struct_size;
-  THDCP_CAPI_REQUIRE(size >= min_size && size % 8 == 0,
-                     argument << "->struct_size=" << size << " is not the size of a " << type
-                              << " (the first version has " << min_size << " bytes): set it to sizeof(" << type
-                              << ")");
+  check_struct_size(size, min_size, argument, type, "before the call");
   const size_t head = sizeof(size_t);
   std::memcpy(reinterpret_cast<unsigned char*>(out) + head, reinterpret_cast<const unsigned char*>(&value) + head,
               std::min(size, sizeof(T)) - head);

@@ -1,5 +1,6 @@
 /* A hostile caller of the C ABI, compiled as C99 (-pedantic-errors): handles destroyed twice,
- * used after destroy, zeroed or foreign memory passed as handles. Every call must return its
+ * used after destroy, zeroed or foreign memory passed as handles; struct sizes that are too
+ * large, garbage or end where the caller's memory ends. Every call must return its
  * status with a message naming the function, the argument and what to do, and nothing may
  * crash or read what the caller did not pass (the sanitizer job, tests/sanitize/run.sh, runs
  * this program under ASan and UBSan; a foreign handle points into a page that faults on any
@@ -212,9 +213,83 @@ static void zeroed_and_foreign_handles(void) {
   free(zeroed);
 }
 
+/* Two pages, the second faulting on any access: end_of_page(bytes) is where a struct of
+ * `bytes` bytes ends exactly at the boundary, so a read past its struct_size crashes. */
+static unsigned char* guarded_pages = NULL;
+
+static void* end_of_page(size_t bytes) {
+  memset(guarded_pages, 0, 4096);
+  return guarded_pages + 4096 - bytes;
+}
+
+static void struct_sizes(void) {
+  const thdcp_attention_params good = attention_params();
+  thdcp_attention_params* p;
+  thdcp_capacity_plan_params plan_params = THDCP_CAPACITY_PLAN_PARAMS_INIT;
+  thdcp_capacity_plan_result* result;
+  thdcp_attention_plan_t plan = NULL;
+  const int64_t lengths[2] = {5, 9};
+  size_t bytes = 0;
+  unsigned char* extra;
+
+  guarded_pages = mmap(NULL, 2 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  check(guarded_pages != MAP_FAILED && mprotect(guarded_pages + 4096, 4096, PROT_NONE) == 0, "guarded pages");
+
+  /* The first version, 64 bytes, at the end of the page: the later fields are not read. */
+  p = end_of_page(THDCP_ATTENTION_PARAMS_MIN_SIZE);
+  memcpy(p, &good, THDCP_ATTENTION_PARAMS_MIN_SIZE);
+  p->struct_size = THDCP_ATTENTION_PARAMS_MIN_SIZE;
+  check(thdcp_attention_plan_create(p, NULL, 0, &plan) == THDCP_SUCCESS, "the first version of the params");
+  check(thdcp_attention_plan_destroy(plan) == THDCP_SUCCESS, "destroy");
+  plan = NULL;
+
+  /* A newer struct, 16 bytes longer: accepted with the extra bytes 0, refused naming the
+   * first nonzero one. */
+  p = end_of_page(sizeof(thdcp_attention_params) + 16);
+  memcpy(p, &good, sizeof(good));
+  p->struct_size = sizeof(thdcp_attention_params) + 16;
+  check(thdcp_attention_plan_workspace_size(p, &bytes) == THDCP_SUCCESS, "a newer struct, its extra bytes 0");
+  extra = (unsigned char*)p + sizeof(thdcp_attention_params);
+  extra[9] = 1;
+  expect("a newer struct with a field set", thdcp_attention_plan_workspace_size(p, &bytes),
+         THDCP_ERROR_INVALID_ARGUMENT, "params->struct_size=", "is not 0", "link the libthdcp of that thdcp.h");
+
+  /* Garbage struct_size: refused before anything past the field is read. */
+  p = end_of_page(sizeof(thdcp_attention_params));
+  memcpy(p, &good, sizeof(good));
+  p->struct_size = (size_t)1 << 40;
+  expect("struct_size 2^40", thdcp_attention_plan_create(p, NULL, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
+         "thdcp_attention_plan_create: params->struct_size=1099511627776", "larger than THDCP_MAX_STRUCT_SIZE=4096",
+         "set struct_size = sizeof(thdcp_attention_params)");
+  p->struct_size = THDCP_MAX_STRUCT_SIZE + 8;
+  expect("struct_size past the maximum", thdcp_attention_plan_create(p, NULL, 0, &plan),
+         THDCP_ERROR_INVALID_ARGUMENT, "params->struct_size=4104", "THDCP_MAX_STRUCT_SIZE", NULL);
+  p->struct_size = 68;
+  expect("struct_size not a multiple of 8", thdcp_attention_plan_create(p, NULL, 0, &plan),
+         THDCP_ERROR_INVALID_ARGUMENT, "params->struct_size=68", "a multiple of 8", NULL);
+  p->struct_size = 56;
+  expect("struct_size below the first version", thdcp_attention_plan_create(p, NULL, 0, &plan),
+         THDCP_ERROR_INVALID_ARGUMENT, "params->struct_size=56", "the first version has 64 bytes", NULL);
+  check(plan == NULL, "a refused create writes no handle");
+
+  /* The output struct: its first version at the end of the page receives only what fits. */
+  plan_params.tokens = 64;
+  result = end_of_page(THDCP_CAPACITY_PLAN_RESULT_MIN_SIZE);
+  result->struct_size = THDCP_CAPACITY_PLAN_RESULT_MIN_SIZE;
+  check(thdcp_plan_capacity(lengths, 2, &plan_params, result) == THDCP_SUCCESS && result->batches == 1,
+        "the first version of the result");
+  result->struct_size = (size_t)-8;
+  result->batches = -1;
+  expect("a garbage result struct_size", thdcp_plan_capacity(lengths, 2, &plan_params, result),
+         THDCP_ERROR_INVALID_ARGUMENT, "result->struct_size=", "THDCP_MAX_STRUCT_SIZE", NULL);
+  check(result->batches == -1, "a refused call writes no result");
+  munmap(guarded_pages, 2 * 4096);
+}
+
 int main(void) {
   handles_destroyed_twice_and_used_after_destroy();
   zeroed_and_foreign_handles();
+  struct_sizes();
   if (failures == 0) printf("C misuse test (libthdcp %s): PASS\n", thdcp_version_string());
   return failures == 0 ? 0 : 1;
 }

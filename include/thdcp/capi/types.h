@@ -58,6 +58,11 @@ typedef enum thdcp_feature_t {
  * the default stream. Ignored by the CPU backend. */
 typedef struct CUstream_st* thdcp_stream_t;
 
+/* The largest struct_size a versioned struct (thdcp_*_params, thdcp_capacity_plan_result)
+ * may have: a larger one is refused (THDCP_ERROR_INVALID_ARGUMENT) before any byte past the
+ * struct_size field is read, as a value no version of a struct reaches (an unset field). */
+#define THDCP_MAX_STRUCT_SIZE ((size_t)4096)
+
 /* ---- opaque handles ----------------------------------------------------------------- */
 
 typedef struct thdcp_attention_plan_st* thdcp_attention_plan_t; /* single-device attention */
