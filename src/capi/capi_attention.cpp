@@ -53,6 +53,7 @@ AttentionConfig config_of(const thdcp_attention_params* given) {
   THDCP_CAPI_REQUIRE(p.max_seqs >= 1, "params->max_seqs=" << p.max_seqs
                                                           << " must be >= 1: the most sequences a layout may have");
   check_heads(p.q_heads, p.kv_heads, p.head_dim, cuda);
+  check_plan_elements(p.max_tokens, p.q_heads, p.head_dim, "params");
   problem.capacity = Capacity{p.max_seqs, p.max_tokens};
   problem.q_heads = p.q_heads;
   problem.kv_heads = p.kv_heads;

@@ -33,6 +33,32 @@ void check_struct_size(size_t size, size_t min_size, const char* argument, const
                               << ": set struct_size = sizeof(" << type << "), " << hint);
 }
 
+void check_plan_elements(int64_t max_tokens, int64_t q_heads, int64_t head_dim, const char* params) {
+  int64_t rows_heads = 0, elements = 0;
+  const bool fits = multiply(max_tokens, q_heads, &rows_heads) && multiply(rows_heads, head_dim, &elements) &&
+                    elements < kMaxPlanElements;
+  THDCP_CAPI_REQUIRE(fits, params << "->max_tokens=" << max_tokens << " * q_heads=" << q_heads
+                                  << " * head_dim=" << head_dim
+                                  << " elements of q are 2^53 or more (or overflow 64 bits): no plan's tensors are "
+                                     "that large; lower max_tokens or q_heads");
+}
+
+int64_t checked_padded_rows(const std::vector<int64_t>& lengths, int cp, const char* argument) {
+  THDCP_CAPI_REQUIRE(cp >= 1, "cp=" << cp << " must be >= 1");
+  const int64_t align = 2 * static_cast<int64_t>(cp);
+  int64_t rows = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    // ceil(length / align) * align, without forming length + align - 1.
+    const int64_t chunks = lengths[i] / align + (lengths[i] % align != 0 ? 1 : 0);
+    int64_t padded = 0;
+    THDCP_CAPI_REQUIRE(multiply(chunks, align, &padded) && add(rows, padded, &rows),
+                       argument << ": the documents padded to multiples of 2*cp=" << align
+                                << " add up to more than 2^63-1 rows at " << argument << "[" << i
+                                << "]=" << lengths[i] << ": pass the lengths of one batch");
+  }
+  return rows;
+}
+
 const char* dtype_c_name(int dtype) {
   switch (dtype) {
     case THDCP_DTYPE_DEFAULT: return "THDCP_DTYPE_DEFAULT";
@@ -84,9 +110,24 @@ View view_of(const thdcp_tensor_t* tensor, const char* argument) {
   THDCP_CAPI_REQUIRE(t.row_stride >= 0 && t.head_stride >= 0,
                      argument << " has row_stride=" << t.row_stride << " and head_stride=" << t.head_stride
                               << ": strides are elements >= 0 (0: contiguous)");
-  THDCP_CAPI_REQUIRE(t.data != nullptr || t.rows == 0 || t.heads == 0 || t.head_dim == 0,
-                     argument << "->data is NULL for a tensor of [" << t.rows << ", " << t.heads << ", " << t.head_dim
-                              << "] elements: pass its memory");
+  const bool empty = t.rows == 0 || t.heads == 0 || t.head_dim == 0;
+  THDCP_CAPI_REQUIRE(t.data != nullptr || empty, argument << "->data is NULL for a tensor of [" << t.rows << ", "
+                                                          << t.heads << ", " << t.head_dim
+                                                          << "] elements: pass its memory");
+  if (!empty) {
+    // The byte offset of the last element: (rows-1)*row_step + (heads-1)*head_step + head_dim-1
+    // elements, every product and sum checked (the library indexes with these).
+    int64_t row_step = t.row_stride, head_step = t.head_stride != 0 ? t.head_stride : t.head_dim;
+    int64_t last_row = 0, last_head = 0, last = 0, bytes = 0;
+    const bool fits = (row_step != 0 || multiply(t.heads, t.head_dim, &row_step)) &&
+                      multiply(t.rows - 1, row_step, &last_row) && multiply(t.heads - 1, head_step, &last_head) &&
+                      add(last_row, last_head, &last) && add(last, t.head_dim, &last) &&
+                      multiply(last, static_cast<int64_t>(dtype_size(dtype)), &bytes);
+    THDCP_CAPI_REQUIRE(fits, argument << " is [" << t.rows << ", " << t.heads << ", " << t.head_dim
+                                      << "] with row_stride=" << t.row_stride << " and head_stride=" << t.head_stride
+                                      << ": the byte offset of its last element overflows 64 bits; pass the "
+                                         "strides in elements (0: contiguous)");
+  }
   return View(t.data, dtype, t.rows, t.heads, t.head_dim, t.row_stride, t.head_stride);
 }
 

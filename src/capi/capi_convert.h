@@ -29,6 +29,23 @@ int raw_enum(const Enum& value) {
   return raw;
 }
 
+// a * b and a + b into *result, false when it does not fit int64: the C ABI's size
+// products and sums are computed with these before they are used.
+inline bool multiply(int64_t a, int64_t b, int64_t* result) { return !__builtin_mul_overflow(a, b, result); }
+inline bool add(int64_t a, int64_t b, int64_t* result) { return !__builtin_add_overflow(a, b, result); }
+
+// A plan's largest tensor has max_tokens * q_heads * head_dim elements (q_heads >= kv_heads);
+// below this bound every size the plan computes from its shape (fp32 copies, lse, the
+// workspace's sums of them) fits 64 bits. `params` names the struct in the message.
+constexpr int64_t kMaxPlanElements = int64_t{1} << 53;
+void check_plan_elements(int64_t max_tokens, int64_t q_heads, int64_t head_dim, const char* params);
+
+// The rows of documents of `lengths` each padded to a multiple of 2*cp: cp >= 1, and the sum
+// (every partial sum and padded length with it) fits int64, else THDCP_ERROR_INVALID_ARGUMENT
+// naming `argument`. Called before the library's layout arithmetic, which then cannot
+// overflow.
+int64_t checked_padded_rows(const std::vector<int64_t>& lengths, int cp, const char* argument);
+
 // "THDCP_DTYPE_BF16", ...; "an unknown dtype" for other values.
 const char* dtype_c_name(int dtype);
 
@@ -44,7 +61,8 @@ DType gradient_dtype(int given, DType dtype, const char* argument);
 thdcp_backend_t backend_of(int backend, const char* argument);
 
 // The C descriptor as a view; checks that it is not NULL, its dtype, that its dimensions
-// and strides are >= 0 and that data is not NULL for a non-empty tensor.
+// and strides are >= 0, that data is not NULL for a non-empty tensor, and that the byte
+// offset of its last element fits (a stride that overflows it is refused, naming it).
 ConstThdTensor const_view(const thdcp_tensor_t* tensor, const char* argument);
 ThdTensor view(const thdcp_tensor_t* tensor, const char* argument);
 

@@ -52,6 +52,7 @@ CpConfig config_of(const thdcp_cp_params* given) {
                      "params->max_tokens=" << p.max_tokens << " must be a multiple of 2*cp_size=" << 2 * p.cp_size
                                            << " in [0, 2^31): the global rows of the layouts");
   check_heads(p.q_heads, p.kv_heads, p.head_dim, backend == THDCP_BACKEND_CUDA);
+  check_plan_elements(p.max_tokens, p.q_heads, p.head_dim, "params");
   problem.cp = p.cp_size;
   problem.capacity = Capacity{p.max_seqs, p.max_tokens};
   problem.mask = mask_of(p.window_left, p.window_right, "params");

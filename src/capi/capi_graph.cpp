@@ -57,6 +57,7 @@ void run(GraphBank& bank, const int64_t* lengths, int64_t num_documents, const i
          thdcp_graph_work_fn work, void* user_data, thdcp_stream_t stream, thdcp_graph_how_t* how,
          thdcp_capacity_t* capacity) {
   const std::vector<int64_t> docs = lengths_of(lengths, num_documents, "lengths");
+  checked_padded_rows(docs, bank.comm->size(), "lengths");
   std::vector<int32_t> offsets;
   if (start_offsets) offsets.assign(start_offsets, start_offsets + num_documents);
   THDCP_CAPI_NOT_NULL(work, "a thdcp_graph_work_fn that enqueues the step");

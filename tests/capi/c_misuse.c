@@ -1,6 +1,7 @@
 /* A hostile caller of the C ABI, compiled as C99 (-pedantic-errors): handles destroyed twice,
  * used after destroy, zeroed or foreign memory passed as handles; struct sizes that are too
- * large, garbage or end where the caller's memory ends. Every call must return its
+ * large, garbage or end where the caller's memory ends; sizes that overflow and buffers that
+ * overlap. Every call must return its
  * status with a message naming the function, the argument and what to do, and nothing may
  * crash or read what the caller did not pass (the sanitizer job, tests/sanitize/run.sh, runs
  * this program under ASan and UBSan; a foreign handle points into a page that faults on any
@@ -286,10 +287,49 @@ static void struct_sizes(void) {
   munmap(guarded_pages, 2 * 4096);
 }
 
+static void sizes_that_overflow(void) {
+  /* Two documents of 5 and 11 tokens at cp = 2: T = 8 + 12 = 20 rows, 10 per rank. */
+  const int32_t cu[3] = {0, 5, 16}, cu_padded[3] = {0, 8, 20};
+  const int64_t too_long[2] = {(int64_t)1 << 62, (int64_t)1 << 62};
+  float memory[40];
+  float local[10];
+  thdcp_layout_t layout;
+  int64_t rows = -1;
+  int i, untouched = 1;
+  layout.cu_seqlens = cu;
+  layout.cu_seqlens_padded = cu_padded;
+  layout.num_seqs = 2;
+  for (i = 0; i < 40; ++i) memory[i] = (float)i;
+  for (i = 0; i < 10; ++i) local[i] = -1.0f;
+
+  expect("split with row_bytes 2^62", thdcp_cp_split(memory, local, (size_t)1 << 62, &layout, 2, 0),
+         THDCP_ERROR_INVALID_ARGUMENT, "thdcp_cp_split: row_bytes=4611686018427387904",
+         "times the layout's T=20 rows", "the bytes of one row");
+  expect("merge with row_bytes 2^62", thdcp_cp_merge(local, memory, (size_t)1 << 62, &layout, 2, 1),
+         THDCP_ERROR_INVALID_ARGUMENT, "thdcp_cp_merge: row_bytes=4611686018427387904", NULL, NULL);
+  expect("split into an overlapping local", thdcp_cp_split(memory, memory + 10, 4, &layout, 2, 0),
+         THDCP_ERROR_INVALID_ARGUMENT, "thdcp_cp_split: global=", "and local=", "overlap");
+  expect("merge from an overlapping local", thdcp_cp_merge(memory + 19, memory, 4, &layout, 2, 1),
+         THDCP_ERROR_INVALID_ARGUMENT, "thdcp_cp_merge: local=", "and global=", "overlap");
+  for (i = 0; i < 10; ++i) untouched = untouched && local[i] == -1.0f;
+  for (i = 0; i < 40; ++i) untouched = untouched && memory[i] == (float)i;
+  check(untouched, "refused splits and merges write nothing");
+  check(thdcp_cp_split(memory, memory + 20, 4, &layout, 2, 0) == THDCP_SUCCESS && memory[20] == 0.0f &&
+            memory[21] == 1.0f && memory[24] == 8.0f,
+        "buffers side by side are accepted: rank 0 holds rows 0, 1, 6, 7 of the first document");
+
+  expect("padded rows past 2^63-1", thdcp_padded_rows(too_long, 2, 1, &rows), THDCP_ERROR_INVALID_ARGUMENT,
+         "thdcp_padded_rows: lengths: the documents padded to multiples of 2*cp=2", "more than 2^63-1 rows",
+         "lengths[1]=4611686018427387904");
+  check(rows == -1, "a refused call writes no rows");
+  check(thdcp_padded_rows(too_long, 1, 1, &rows) == THDCP_SUCCESS && rows == (int64_t)1 << 62, "2^62 rows fit");
+}
+
 int main(void) {
   handles_destroyed_twice_and_used_after_destroy();
   zeroed_and_foreign_handles();
   struct_sizes();
+  sizes_that_overflow();
   if (failures == 0) printf("C misuse test (libthdcp %s): PASS\n", thdcp_version_string());
   return failures == 0 ? 0 : 1;
 }

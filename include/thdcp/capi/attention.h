@@ -21,7 +21,9 @@ typedef struct thdcp_attention_params {
   int64_t max_tokens;    /* rows T of every tensor of a run (capacity), >= 0, < 2^31 */
   int64_t q_heads;       /* Hq >= 1 */
   int64_t kv_heads;      /* Hkv >= 1, Hq a multiple of Hkv (GQA/MQA) */
-  int64_t head_dim;      /* D. CPU: a multiple of 8 in [8, 256]; CUDA: 64 or 128 */
+  int64_t head_dim;      /* D. CPU: a multiple of 8 in [8, 256]; CUDA: 64 or 128.
+                            max_tokens * q_heads * head_dim < 2^53 (every size the plan
+                            derives then fits 64 bits; larger is refused as an overflow) */
   int32_t max_seqs;      /* sequences a layout may have (capacity), >= 1 */
   int32_t window_left;   /* mask, see above; >= -1. Default -1 */
   int32_t window_right;  /* >= -1. Default -1 (full attention) */
