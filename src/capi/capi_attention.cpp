@@ -2,7 +2,6 @@
 // and checked as the C ABI names them, then one call. The CPU backend runs thdcp::cpu over a
 // host segment table built per call; the CUDA backend holds one cuda::Attention over the
 // caller's workspace.
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -61,10 +60,8 @@ AttentionConfig config_of(const thdcp_attention_params* given) {
   problem.mask = mask_of(p.window_left, p.window_right, "params");
   problem.dq_dtype = gradient_dtype(raw_enum(p.dq_dtype), problem.dtype, "params->dq_dtype");
   problem.dkv_dtype = gradient_dtype(raw_enum(p.dkv_dtype), problem.dtype, "params->dkv_dtype");
-  THDCP_CAPI_REQUIRE(std::isfinite(p.softmax_scale),
-                     "params->softmax_scale=" << p.softmax_scale << " must be finite (0: 1/sqrt(head_dim))");
-  THDCP_CAPI_REQUIRE(p.num_threads >= 0,
-                     "params->num_threads=" << p.num_threads << " must be >= 0 (0: every hardware thread)");
+  check_softmax_scale(p.softmax_scale, "params");
+  check_num_threads(p.num_threads, "params");
   c.options.softmax_scale = p.softmax_scale;
   c.options.deterministic = p.deterministic != 0;
   c.options.num_threads = p.num_threads;

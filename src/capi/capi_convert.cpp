@@ -1,5 +1,6 @@
 #include "capi_convert.h"
 
+#include <cmath>
 #include <cstddef>
 #include <limits>
 
@@ -31,6 +32,18 @@ void check_struct_size(size_t size, size_t min_size, const char* argument, const
                      argument << "->struct_size=" << size << " is not the size of a " << type
                               << " (the first version has " << min_size << " bytes, every version a multiple of 8)"
                               << ": set struct_size = sizeof(" << type << "), " << hint);
+}
+
+void check_softmax_scale(float softmax_scale, const char* params) {
+  THDCP_CAPI_REQUIRE(std::isfinite(softmax_scale) && softmax_scale >= 0.0f,
+                     params << "->softmax_scale=" << softmax_scale
+                            << " must be finite and >= 0: the scale of q.k, or 0 for 1/sqrt(head_dim)");
+}
+
+void check_num_threads(int32_t num_threads, const char* params) {
+  THDCP_CAPI_REQUIRE(num_threads >= 0 && num_threads <= THDCP_MAX_THREADS,
+                     params << "->num_threads=" << num_threads << " must be in [0, THDCP_MAX_THREADS="
+                            << THDCP_MAX_THREADS << "] (0: every hardware thread)");
 }
 
 void check_plan_elements(int64_t max_tokens, int64_t q_heads, int64_t head_dim, const char* params) {

@@ -34,6 +34,12 @@ int raw_enum(const Enum& value) {
 inline bool multiply(int64_t a, int64_t b, int64_t* result) { return !__builtin_mul_overflow(a, b, result); }
 inline bool add(int64_t a, int64_t b, int64_t* result) { return !__builtin_add_overflow(a, b, result); }
 
+// The options a plan stores, checked when it is made so that no run refuses them later:
+// softmax_scale finite and >= 0 (0: 1/sqrt(head_dim)); num_threads in [0, THDCP_MAX_THREADS]
+// (0: every hardware thread), which the CPU backend sizes per-thread scratch by.
+void check_softmax_scale(float softmax_scale, const char* params);
+void check_num_threads(int32_t num_threads, const char* params);
+
 // A plan's largest tensor has max_tokens * q_heads * head_dim elements (q_heads >= kv_heads);
 // below this bound every size the plan computes from its shape (fp32 copies, lse, the
 // workspace's sums of them) fits 64 bits. `params` names the struct in the message.

@@ -1,7 +1,6 @@
 // AllGather CP plans of the C ABI: thdcp::cp::CpuPlan over a host communicator,
 // thdcp::cp::CudaPlan over a device communicator. Every call that is collective aborts an
 // in-process or shared-GPU group when it fails on this rank (handles.h).
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -59,12 +58,10 @@ CpConfig config_of(const thdcp_cp_params* given) {
   problem.q_heads = p.q_heads;
   problem.kv_heads = p.kv_heads;
   problem.head_dim = p.head_dim;
-  THDCP_CAPI_REQUIRE(std::isfinite(p.softmax_scale),
-                     "params->softmax_scale=" << p.softmax_scale << " must be finite (0: 1/sqrt(head_dim))");
+  check_softmax_scale(p.softmax_scale, "params");
   c.softmax_scale = p.softmax_scale;
   c.deterministic = p.deterministic != 0;
-  THDCP_CAPI_REQUIRE(p.num_threads >= 0,
-                     "params->num_threads=" << p.num_threads << " must be >= 0 (0: every hardware thread)");
+  check_num_threads(p.num_threads, "params");
   c.num_threads = p.num_threads;
   c.backward_kv_from_forward = p.backward_kv_from_forward != 0;
   THDCP_CAPI_REQUIRE(p.reserved_head_groups == 0 || p.reserved_head_groups == 1,

@@ -1,13 +1,14 @@
 /* A hostile caller of the C ABI, compiled as C99 (-pedantic-errors): handles destroyed twice,
  * used after destroy, zeroed or foreign memory passed as handles; struct sizes that are too
  * large, garbage or end where the caller's memory ends; sizes that overflow and buffers that
- * overlap. Every call must return its
+ * overlap; plan fields a run would refuse. Every call must return its
  * status with a message naming the function, the argument and what to do, and nothing may
  * crash or read what the caller did not pass (the sanitizer job, tests/sanitize/run.sh, runs
  * this program under ASan and UBSan; a foreign handle points into a page that faults on any
  * access, so a read through it crashes even without them). Exits 0 when every check holds. */
 #define _DEFAULT_SOURCE /* mmap with MAP_ANONYMOUS */
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -325,11 +326,47 @@ static void sizes_that_overflow(void) {
   check(thdcp_padded_rows(too_long, 1, 1, &rows) == THDCP_SUCCESS && rows == (int64_t)1 << 62, "2^62 rows fit");
 }
 
+/* Every field a plan stores is checked when it is made, not first at a run. */
+static void plan_fields(void) {
+  thdcp_attention_params ap = attention_params();
+  thdcp_cp_params cpp = cp_params();
+  thdcp_attention_plan_t plan = NULL;
+  thdcp_cp_plan_t cp_plan = NULL;
+  thdcp_communicator_t comm = NULL;
+  size_t bytes = 3;
+
+  ap.softmax_scale = -1.0f;
+  expect("softmax_scale -1", thdcp_attention_plan_create(&ap, NULL, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
+         "thdcp_attention_plan_create: params->softmax_scale=-1", "must be finite and >= 0",
+         "0 for 1/sqrt(head_dim)");
+  ap.softmax_scale = NAN;
+  expect("softmax_scale NaN", thdcp_attention_plan_create(&ap, NULL, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
+         "params->softmax_scale=", "nan must be finite and >= 0", NULL);
+  expect("softmax_scale NaN, workspace size", thdcp_attention_plan_workspace_size(&ap, &bytes),
+         THDCP_ERROR_INVALID_ARGUMENT, "thdcp_attention_plan_workspace_size: params->softmax_scale=", NULL, NULL);
+  check(plan == NULL && bytes == 3, "refused plans write nothing");
+  ap = attention_params();
+  ap.num_threads = THDCP_MAX_THREADS + 1;
+  expect("num_threads past the limit", thdcp_attention_plan_create(&ap, NULL, 0, &plan),
+         THDCP_ERROR_INVALID_ARGUMENT, "params->num_threads=4097", "THDCP_MAX_THREADS=4096", NULL);
+
+  check(thdcp_communicator_create_in_process_group(1, &comm) == THDCP_SUCCESS, "communicator");
+  cpp.softmax_scale = -1.0f;
+  expect("CP softmax_scale -1", thdcp_cp_plan_create(comm, &cpp, NULL, 0, &cp_plan), THDCP_ERROR_INVALID_ARGUMENT,
+         "thdcp_cp_plan_create: params->softmax_scale=-1", "must be finite and >= 0", NULL);
+  cpp.softmax_scale = NAN;
+  expect("CP softmax_scale NaN", thdcp_cp_plan_workspace_size(&cpp, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+         "thdcp_cp_plan_workspace_size: params->softmax_scale=", "must be finite and >= 0", NULL);
+  check(cp_plan == NULL, "a refused CP plan writes no handle");
+  check(thdcp_communicator_destroy(comm) == THDCP_SUCCESS, "destroy");
+}
+
 int main(void) {
   handles_destroyed_twice_and_used_after_destroy();
   zeroed_and_foreign_handles();
   struct_sizes();
   sizes_that_overflow();
+  plan_fields();
   if (failures == 0) printf("C misuse test (libthdcp %s): PASS\n", thdcp_version_string());
   return failures == 0 ? 0 : 1;
 }

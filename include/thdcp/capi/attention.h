@@ -27,7 +27,7 @@ typedef struct thdcp_attention_params {
   int32_t max_seqs;      /* sequences a layout may have (capacity), >= 1 */
   int32_t window_left;   /* mask, see above; >= -1. Default -1 */
   int32_t window_right;  /* >= -1. Default -1 (full attention) */
-  float softmax_scale;   /* scale of q.k; 0: 1/sqrt(head_dim). Default 0 */
+  float softmax_scale;   /* scale of q.k, finite and >= 0; 0: 1/sqrt(head_dim). Default 0 */
   /* ---- THDCP_ATTENTION_PARAMS_MIN_SIZE (64 bytes) ends here: optional from here on ---- */
   int32_t deterministic; /* CUDA backward: nonzero = the same bits on every run (default 1);
                             0 lets the portable kernels add dQ with atomics. CPU: always
@@ -35,7 +35,8 @@ typedef struct thdcp_attention_params {
   thdcp_dtype_t dq_dtype;  /* backward dq: the plan's dtype or fp32. Default
                               THDCP_DTYPE_DEFAULT: the plan's dtype */
   thdcp_dtype_t dkv_dtype; /* backward dk and dv: the plan's dtype or fp32. Default: dtype */
-  int32_t num_threads;   /* CPU worker threads; 0: every hardware thread. Default 0 */
+  int32_t num_threads;   /* CPU worker threads in [0, THDCP_MAX_THREADS]; 0: every hardware
+                            thread. Default 0 */
 } thdcp_attention_params;
 
 #define THDCP_ATTENTION_PARAMS_MIN_SIZE ((size_t)64)

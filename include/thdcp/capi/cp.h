@@ -30,10 +30,11 @@ typedef struct thdcp_cp_params {
   int32_t max_seqs;      /* sequences of a layout (capacity), >= 1 */
   int32_t window_left;   /* mask, as thdcp_attention_params. Default -1 */
   int32_t window_right;  /* Default -1 */
-  float softmax_scale;   /* 0: 1/sqrt(head_dim) */
+  float softmax_scale;   /* finite and >= 0; 0: 1/sqrt(head_dim) */
   int32_t deterministic; /* CUDA: as thdcp_attention_params. Default 1 */
   /* ---- THDCP_CP_PARAMS_MIN_SIZE (72 bytes) ends here: optional from here on ---- */
-  int32_t num_threads;   /* CPU worker threads per rank; 0: every hardware thread */
+  int32_t num_threads;   /* CPU worker threads per rank in [0, THDCP_MAX_THREADS]; 0: every
+                            hardware thread */
   int32_t backward_kv_from_forward; /* CUDA: nonzero = thdcp_cp_backward takes the gathered
                                        K/V the plan's last forward left in its workspace
                                        (skips a gather) — only when that forward ran on the

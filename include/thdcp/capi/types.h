@@ -63,6 +63,10 @@ typedef struct CUstream_st* thdcp_stream_t;
  * struct_size field is read, as a value no version of a struct reaches (an unset field). */
 #define THDCP_MAX_STRUCT_SIZE ((size_t)4096)
 
+/* The most CPU worker threads a plan may ask for (num_threads of thdcp_attention_params
+ * and thdcp_cp_params); more is refused when the plan is made. */
+#define THDCP_MAX_THREADS 4096
+
 /* ---- opaque handles ----------------------------------------------------------------- */
 
 typedef struct thdcp_attention_plan_st* thdcp_attention_plan_t; /* single-device attention */
