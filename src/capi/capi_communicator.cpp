@@ -94,6 +94,14 @@ void require_cuda_device(const char* what) {
 
 namespace {
 
+// The size of a group made in this process (in-process, shared-GPU), checked before anything
+// is allocated for it: its ranks are threads of this process.
+void check_group_size(int size) {
+  THDCP_CAPI_REQUIRE(size >= 1 && size <= THDCP_MAX_GROUP_SIZE,
+                     "size=" << size << " must be in [1, THDCP_MAX_GROUP_SIZE=" << THDCP_MAX_GROUP_SIZE
+                             << "]: the ranks of a group in this process, each driven by a thread of its own");
+}
+
 // The `size` ranks of a group made in this process, attach(comm, rank) filling each; the
 // handles reach the caller only once every one of them exists.
 template <typename Attach>
@@ -156,7 +164,7 @@ extern "C" {
 
 thdcp_status_t thdcp_communicator_create_in_process_group(int size, thdcp_communicator_t* comms) {
   return guarded(__func__, [&] {
-    THDCP_CAPI_REQUIRE(size >= 1, "size=" << size << " must be >= 1 (the ranks of the group)");
+    thdcp::capi::check_group_size(size);
     THDCP_CAPI_NOT_NULL(comms, "an array of size=" << size << " thdcp_communicator_t to receive the ranks");
     auto group = std::make_shared<thdcp::InProcessGroup>(size);
     thdcp::capi::publish_group(size, comms, [&](Comm& comm, int r) {
@@ -232,7 +240,7 @@ thdcp_status_t thdcp_communicator_borrow_nccl(void* nccl_comm, int device, thdcp
 
 thdcp_status_t thdcp_communicator_create_shared_gpu_group(int size, int device, thdcp_communicator_t* comms) {
   return guarded(__func__, [&] {
-    THDCP_CAPI_REQUIRE(size >= 1, "size=" << size << " must be >= 1 (the ranks of the group)");
+    thdcp::capi::check_group_size(size);
     THDCP_CAPI_REQUIRE(device >= 0, "device=" << device << " must be a CUDA device index >= 0");
     THDCP_CAPI_NOT_NULL(comms, "an array of size=" << size << " thdcp_communicator_t to receive the ranks");
     thdcp::capi::require_cuda_device("shared-GPU groups");

@@ -94,11 +94,16 @@ thdcp_status_t thdcp_cp_local_rows(const thdcp_layout_t* layout, int cp, int ran
                                    int64_t num_rows) {
   return guarded(__func__, [&] {
     const thdcp::LayoutView batch = thdcp::capi::split_layout(layout, cp, rank);
+    // The layout's values first, then the output's size, then the map: nothing is allocated
+    // for a count the caller's array does not have.
+    thdcp::validate_layout(batch, batch.total_rows(), cp);
+    const int64_t local_rows = batch.total_rows() / cp;
+    THDCP_CAPI_NOT_NULL(global_rows, "num_rows = T / cp = " << local_rows << " int32 entries");
+    THDCP_CAPI_REQUIRE(num_rows == local_rows, "num_rows=" << num_rows << " but rank " << rank << " of cp=" << cp
+                                                            << " holds T / cp = " << local_rows
+                                                            << " rows of this layout (T = " << batch.total_rows()
+                                                            << ")");
     const std::vector<int32_t> map = thdcp::rank_row_map(batch, cp, rank);
-    THDCP_CAPI_NOT_NULL(global_rows, "num_rows = T / cp = " << map.size() << " int32 entries");
-    THDCP_CAPI_REQUIRE(num_rows == static_cast<int64_t>(map.size()),
-                       "num_rows=" << num_rows << " but rank " << rank << " of cp=" << cp << " holds T / cp = "
-                                   << map.size() << " rows of this layout (T = " << batch.total_rows() << ")");
     std::copy(map.begin(), map.end(), global_rows);
   });
 }

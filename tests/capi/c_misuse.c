@@ -1,11 +1,12 @@
 /* A hostile caller of the C ABI, compiled as C99 (-pedantic-errors): handles destroyed twice,
  * used after destroy, zeroed or foreign memory passed as handles; struct sizes that are too
  * large, garbage or end where the caller's memory ends; sizes that overflow and buffers that
- * overlap; plan fields a run would refuse. Every call must return its
- * status with a message naming the function, the argument and what to do, and nothing may
- * crash or read what the caller did not pass (the sanitizer job, tests/sanitize/run.sh, runs
- * this program under ASan and UBSan; a foreign handle points into a page that faults on any
- * access, so a read through it crashes even without them). Exits 0 when every check holds. */
+ * overlap; plan fields a run would refuse; groups too large to make. Every call must return
+ * its status with a message naming the function, the argument and what to do, and nothing
+ * may crash or read what the caller did not pass (the sanitizer job, tests/sanitize/run.sh,
+ * runs this program under ASan and UBSan; a foreign handle points into a page that faults on
+ * any access, so a read through it crashes even without them). Exits 0 when every check
+ * holds. */
 #define _DEFAULT_SOURCE /* mmap with MAP_ANONYMOUS */
 
 #include <math.h>
@@ -361,12 +362,26 @@ static void plan_fields(void) {
   check(thdcp_communicator_destroy(comm) == THDCP_SUCCESS, "destroy");
 }
 
+static void group_sizes(void) {
+  thdcp_communicator_t comms[2] = {NULL, NULL};
+  expect("an in-process group of 2^30 ranks", thdcp_communicator_create_in_process_group(1 << 30, comms),
+         THDCP_ERROR_INVALID_ARGUMENT, "thdcp_communicator_create_in_process_group: size=1073741824",
+         "must be in [1, THDCP_MAX_GROUP_SIZE=1024]", NULL);
+  expect("a shared-GPU group of 2^30 ranks", thdcp_communicator_create_shared_gpu_group(1 << 30, 0, comms),
+         THDCP_ERROR_INVALID_ARGUMENT, "thdcp_communicator_create_shared_gpu_group: size=1073741824",
+         "THDCP_MAX_GROUP_SIZE", NULL);
+  expect("an in-process group of -1 ranks", thdcp_communicator_create_in_process_group(-1, comms),
+         THDCP_ERROR_INVALID_ARGUMENT, "size=-1", NULL, NULL);
+  check(comms[0] == NULL && comms[1] == NULL, "refused groups write no handle");
+}
+
 int main(void) {
   handles_destroyed_twice_and_used_after_destroy();
   zeroed_and_foreign_handles();
   struct_sizes();
   sizes_that_overflow();
   plan_fields();
+  group_sizes();
   if (failures == 0) printf("C misuse test (libthdcp %s): PASS\n", thdcp_version_string());
   return failures == 0 ? 0 : 1;
 }

@@ -300,7 +300,24 @@ TEST(CApiCommunicators, BadArgumentsAndQueries) {
   thdcp_communicator_t comms[2] = {reinterpret_cast<thdcp_communicator_t>(0x1),
                                    reinterpret_cast<thdcp_communicator_t>(0x1)};
   EXPECT_C_STATUS(thdcp_communicator_create_in_process_group(0, comms), THDCP_ERROR_INVALID_ARGUMENT,
-                  "thdcp_communicator_create_in_process_group: size=0 must be >= 1");
+                  "thdcp_communicator_create_in_process_group: size=0 must be in [1, THDCP_MAX_GROUP_SIZE=1024]");
+  // A group's size is bounded before anything is allocated for it (2^30 ranks used to be
+  // allocated, then failed for memory or exhausted it).
+  for (const int size : {THDCP_MAX_GROUP_SIZE + 1, 1 << 30}) {
+    EXPECT_C_STATUS(thdcp_communicator_create_in_process_group(size, comms), THDCP_ERROR_INVALID_ARGUMENT,
+                    "size=" + std::to_string(size) + " must be in [1, THDCP_MAX_GROUP_SIZE=1024]",
+                    "each driven by a thread of its own");
+    EXPECT_C_STATUS(thdcp_communicator_create_shared_gpu_group(size, 0, comms), THDCP_ERROR_INVALID_ARGUMENT,
+                    "thdcp_communicator_create_shared_gpu_group: size=" + std::to_string(size));
+  }
+  {
+    std::vector<thdcp_communicator_t> largest(THDCP_MAX_GROUP_SIZE, nullptr);
+    ASSERT_C_OK(thdcp_communicator_create_in_process_group(THDCP_MAX_GROUP_SIZE, largest.data()));
+    int last = -1;
+    EXPECT_C_OK(thdcp_communicator_rank(largest.back(), &last));
+    EXPECT_EQ(last, THDCP_MAX_GROUP_SIZE - 1);
+    for (thdcp_communicator_t c : largest) EXPECT_C_OK(thdcp_communicator_destroy(c));
+  }
   EXPECT_C_STATUS(thdcp_communicator_create_in_process_group(2, nullptr), THDCP_ERROR_INVALID_ARGUMENT,
                   "comms is NULL");
   EXPECT_EQ(comms[0], reinterpret_cast<thdcp_communicator_t>(0x1));

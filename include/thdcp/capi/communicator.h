@@ -25,7 +25,7 @@ extern "C" {
 
 /* `size` host communicators of one group in this process, one per rank: comms[r] is rank r.
  * Each is used by its own thread, and every rank's thread must enter each collective.
- *   size   ranks, >= 1
+ *   size   ranks in [1, THDCP_MAX_GROUP_SIZE] (1024)
  *   comms  an array of `size` handles, all written on success, none on failure */
 THDCP_API thdcp_status_t thdcp_communicator_create_in_process_group(int size, thdcp_communicator_t* comms);
 
@@ -61,7 +61,8 @@ THDCP_API thdcp_status_t thdcp_communicator_borrow_nccl(void* nccl_comm, int dev
 
 /* `size` device communicators of ranks that share one GPU (`device`), one per rank, for
  * tests and single-GPU use of cp > 1: comms[r] is rank r, each used by its own thread, with
- * `device` current. Collectives are device copies ordered by events; capture-safe. */
+ * `device` current. Collectives are device copies ordered by events; capture-safe. `size`
+ * in [1, THDCP_MAX_GROUP_SIZE]; `comms` as for an in-process group. */
 THDCP_API thdcp_status_t thdcp_communicator_create_shared_gpu_group(int size, int device,
                                                                    thdcp_communicator_t* comms);
 

@@ -67,6 +67,11 @@ typedef struct CUstream_st* thdcp_stream_t;
  * and thdcp_cp_params); more is refused when the plan is made. */
 #define THDCP_MAX_THREADS 4096
 
+/* The most ranks of a group made in one process (thdcp_communicator_create_in_process_group,
+ * thdcp_communicator_create_shared_gpu_group), whose ranks are threads of the process; a
+ * larger size is refused before anything is allocated. */
+#define THDCP_MAX_GROUP_SIZE 1024
+
 /* ---- opaque handles ----------------------------------------------------------------- */
 
 typedef struct thdcp_attention_plan_st* thdcp_attention_plan_t; /* single-device attention */
