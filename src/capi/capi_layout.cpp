@@ -26,41 +26,46 @@ LayoutView split_layout(const thdcp_layout_t* layout, int cp, int rank) {
   return layout_view(layout, "layout");
 }
 
-// The map of a split (global -> local) or a merge (local -> global) of `rank`, after every
-// check: both buffers given, the layout valid, the bytes of each side (row_bytes times its
-// rows) a valid byte count, and the two buffers apart (neither operation works in place: the
-// map reads and writes rows in different orders). `from` and `to` name the buffers.
-std::vector<int32_t> move_map(const char* from_name, const void* from, const char* to_name, const void* to,
-                              size_t row_bytes, const thdcp_layout_t* layout, int cp, int rank) {
-  THDCP_CAPI_REQUIRE(from != nullptr, from_name << " is NULL: pass its host memory");
-  THDCP_CAPI_REQUIRE(to != nullptr, to_name << " is NULL: pass its host memory");
+// Which way rows move between a global tensor and a rank's local one.
+enum class Move { kSplit /* global -> local */, kMerge /* local -> global */ };
+
+// The row map of a split or merge of `rank`, after every check and before anything is
+// allocated: both buffers given, the layout valid, row_bytes times the rows of each side a
+// valid byte count, and the two buffers apart (neither operation works in place: rows are
+// read and written in different orders).
+std::vector<int32_t> move_map(Move move, const void* global, const void* local, size_t row_bytes,
+                              const thdcp_layout_t* layout, int cp, int rank) {
+  const bool split = move == Move::kSplit;
+  const char* read = split ? "global" : "local";
+  const char* written = split ? "local" : "global";
+  THDCP_CAPI_REQUIRE((split ? global : local) != nullptr, read << " is NULL: pass its host memory");
+  THDCP_CAPI_REQUIRE((split ? local : global) != nullptr, written << " is NULL: pass its host memory");
   THDCP_CAPI_REQUIRE(row_bytes >= 1, "row_bytes=0: pass the bytes of one row (heads * head_dim * element size)");
   const LayoutView batch = split_layout(layout, cp, rank);
-  std::vector<int32_t> map = rank_row_map(batch, cp, rank);
+  validate_layout(batch, batch.total_rows(), cp);
   const int64_t rows = batch.total_rows();
   size_t global_bytes = 0;
-  THDCP_CAPI_REQUIRE(!__builtin_mul_overflow(static_cast<size_t>(rows), row_bytes, &global_bytes) &&
-                         global_bytes <= static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()) &&
-                         row_bytes <= static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()),
+  THDCP_CAPI_REQUIRE(row_bytes <= static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()) &&
+                         !__builtin_mul_overflow(static_cast<size_t>(rows), row_bytes, &global_bytes) &&
+                         global_bytes <= static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()),
                      "row_bytes=" << row_bytes << " times the layout's T=" << rows
                                   << " rows is more than the largest byte count (2^63-1): row_bytes is the bytes of "
                                      "one row (heads * head_dim * element size)");
-  const size_t local_bytes = map.size() * row_bytes;
-  const bool from_global = std::strcmp(from_name, "global") == 0;
-  const size_t from_bytes = from_global ? global_bytes : local_bytes, to_bytes = from_global ? local_bytes : global_bytes;
-  const auto from_begin = reinterpret_cast<uintptr_t>(from), to_begin = reinterpret_cast<uintptr_t>(to);
-  uintptr_t from_end = 0, to_end = 0;
-  THDCP_CAPI_REQUIRE(!__builtin_add_overflow(from_begin, from_bytes, &from_end) &&
-                         !__builtin_add_overflow(to_begin, to_bytes, &to_end),
-                     from_name << "=" << from << " of " << from_bytes << " bytes or " << to_name << "=" << to << " of "
-                               << to_bytes << " bytes runs past the end of the address space: check row_bytes="
+  const size_t local_bytes = static_cast<size_t>(rows / cp) * row_bytes;
+  const auto global_begin = reinterpret_cast<uintptr_t>(global), local_begin = reinterpret_cast<uintptr_t>(local);
+  uintptr_t global_end = 0, local_end = 0;
+  THDCP_CAPI_REQUIRE(!__builtin_add_overflow(global_begin, global_bytes, &global_end) &&
+                         !__builtin_add_overflow(local_begin, local_bytes, &local_end),
+                     "global=" << global << " of " << global_bytes << " bytes or local=" << local << " of "
+                               << local_bytes << " bytes runs past the end of the address space: check row_bytes="
                                << row_bytes);
-  THDCP_CAPI_REQUIRE(from_bytes == 0 || to_bytes == 0 || from_end <= to_begin || to_end <= from_begin,
-                     from_name << "=" << from << " (" << from_bytes << " bytes) and " << to_name << "=" << to << " ("
-                               << to_bytes << " bytes) overlap: rows are read from " << from_name
-                               << " while others are written to " << to_name
-                               << ", so the two may not share memory; pass separate buffers");
-  return map;
+  const bool apart = global_bytes == 0 || global_end <= local_begin || local_end <= global_begin;
+  THDCP_CAPI_REQUIRE(apart, read << "=" << (split ? global : local) << " (" << (split ? global_bytes : local_bytes)
+                                 << " bytes) and " << written << "=" << (split ? local : global) << " ("
+                                 << (split ? local_bytes : global_bytes) << " bytes) overlap: rows are read from "
+                                 << read << " while others are written to " << written
+                                 << ", so the two may not share memory; pass separate buffers");
+  return rank_row_map(batch, cp, rank);
 }
 
 Capacity capacity_of(const thdcp_capacity_t* capacity) {
@@ -112,7 +117,7 @@ thdcp_status_t thdcp_cp_split(const void* global, void* local, size_t row_bytes,
                               int cp, int rank) {
   return guarded(__func__, [&] {
     const std::vector<int32_t> map =
-        thdcp::capi::move_map("global", global, "local", local, row_bytes, layout, cp, rank);
+        thdcp::capi::move_map(thdcp::capi::Move::kSplit, global, local, row_bytes, layout, cp, rank);
     thdcp::gather_rows(global, local, map, row_bytes);
   });
 }
@@ -121,7 +126,7 @@ thdcp_status_t thdcp_cp_merge(const void* local, void* global, size_t row_bytes,
                               int cp, int rank) {
   return guarded(__func__, [&] {
     const std::vector<int32_t> map =
-        thdcp::capi::move_map("local", local, "global", global, row_bytes, layout, cp, rank);
+        thdcp::capi::move_map(thdcp::capi::Move::kMerge, global, local, row_bytes, layout, cp, rank);
     thdcp::scatter_rows(local, global, map, row_bytes);
   });
 }
