@@ -21,7 +21,8 @@ extern "C" {
  * then fail with THDCP_ERROR_COMMUNICATION, and so does every later collective of the
  * group. Destroy the group's plans and communicators and make a new group. (MPI has no such
  * release: a failed rank leaves the others waiting, as in any MPI program; NCCL's waits are
- * bounded by its timeout.) */
+ * bounded by its timeout. A call refused for its handle, THDCP_ERROR_INVALID_HANDLE, has no
+ * group it could abort.) */
 
 /* `size` host communicators of one group in this process, one per rank: comms[r] is rank r.
  * Each is used by its own thread, and every rank's thread must enter each collective.
