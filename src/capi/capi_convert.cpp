@@ -61,7 +61,12 @@ int64_t checked_padded_rows(const std::vector<int64_t>& lengths, int cp, const c
   const int64_t align = 2 * static_cast<int64_t>(cp);
   int64_t rows = 0;
   for (size_t i = 0; i < lengths.size(); ++i) {
-    // ceil(length / align) * align, without forming length + align - 1.
+    // The layout and planner code pads with (length + align - 1) / align * align: a length
+    // within align of 2^63 would overflow there even where the padded length fits.
+    int64_t headroom = 0;
+    THDCP_CAPI_REQUIRE(add(lengths[i], align, &headroom),
+                       argument << "[" << i << "]=" << lengths[i] << " is within 2*cp=" << align
+                                << " of 2^63-1: no padded length that large can be computed; pass real lengths");
     const int64_t chunks = lengths[i] / align + (lengths[i] % align != 0 ? 1 : 0);
     int64_t padded = 0;
     THDCP_CAPI_REQUIRE(multiply(chunks, align, &padded) && add(rows, padded, &rows),

@@ -46,10 +46,10 @@ void check_num_threads(int32_t num_threads, const char* params);
 constexpr int64_t kMaxPlanElements = int64_t{1} << 53;
 void check_plan_elements(int64_t max_tokens, int64_t q_heads, int64_t head_dim, const char* params);
 
-// The rows of documents of `lengths` each padded to a multiple of 2*cp: cp >= 1, and the sum
-// (every partial sum and padded length with it) fits int64, else THDCP_ERROR_INVALID_ARGUMENT
-// naming `argument`. Called before the library's layout arithmetic, which then cannot
-// overflow.
+// The rows of documents of `lengths` each padded to a multiple of 2*cp: cp >= 1, every
+// length + 2*cp and the sum (every partial sum and padded length with it) fit int64, else
+// THDCP_ERROR_INVALID_ARGUMENT naming `argument`. Called before the library's layout and
+// planning arithmetic, which then cannot overflow.
 int64_t checked_padded_rows(const std::vector<int64_t>& lengths, int cp, const char* argument);
 
 // "THDCP_DTYPE_BF16", ...; "an unknown dtype" for other values.

@@ -234,6 +234,20 @@ thdcp_status_t thdcp_plan_capacity(const int64_t* lengths, int64_t num_documents
                                          << ", 2^31): the rows of a batch, which a layout's int32 offsets index");
     thdcp::capi::checked_padded_rows(documents.lengths, p.cp_size, "lengths");
     const int64_t alignment = thdcp::packing_alignment({p.cp_size});
+    if (p.long_documents == 1) {
+      // Splitting makes a document per piece of at most `longest` tokens: their count is
+      // bounded like a caller's own list of lengths before any is made.
+      const int64_t longest = p.tokens / alignment * alignment;
+      int64_t pieces = 0;
+      for (int64_t length : documents.lengths) {
+        pieces += length / longest + (length % longest != 0 ? 1 : 0);  // each term <= 2^62: no overflow
+        THDCP_CAPI_REQUIRE(pieces <= std::numeric_limits<int32_t>::max(),
+                           "lengths split into pieces of at most " << longest << " tokens (params->tokens="
+                                                                   << p.tokens
+                                                                   << ") make more than 2^31-1 documents: raise "
+                                                                      "tokens, or plan fewer documents at a time");
+      }
+    }
     const thdcp::DocumentLengths fitted = thdcp::fit_long_documents(
         documents, p.tokens, alignment, static_cast<thdcp::LongDocuments>(p.long_documents));
     thdcp::PlanOptions options;

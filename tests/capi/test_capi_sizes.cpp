@@ -69,33 +69,34 @@ TEST(CApiSizes, SplitAndMergeRefuseOverlappingBuffers) {
 
 TEST(CApiSizes, PaddedRowsThatOverflowAreRefused) {
   int64_t rows = -1;
-  const int64_t largest_even[] = {kInt64Max - 1};
-  EXPECT_C_OK(thdcp_padded_rows(largest_even, 1, 1, &rows));
+  const int64_t largest[] = {kInt64Max - 2};  // padded to kInt64Max - 1
+  EXPECT_C_OK(thdcp_padded_rows(largest, 1, 1, &rows));
   EXPECT_EQ(rows, kInt64Max - 1) << "the largest sum that fits";
   const int64_t one_past[] = {kInt64Max};  // padded to an even count: 2^63
   const int64_t two_halves[] = {int64_t{1} << 62, 0, int64_t{1} << 62};
   rows = -1;
   EXPECT_C_STATUS(thdcp_padded_rows(one_past, 1, 1, &rows), THDCP_ERROR_INVALID_ARGUMENT,
-                  "thdcp_padded_rows: lengths: the documents padded to multiples of 2*cp=2 add up to more than "
-                  "2^63-1 rows at lengths[0]=9223372036854775807");
+                  "thdcp_padded_rows: lengths[0]=9223372036854775807 is within 2*cp=2 of 2^63-1");
   EXPECT_C_STATUS(thdcp_padded_rows(two_halves, 3, 1, &rows), THDCP_ERROR_INVALID_ARGUMENT,
-                  "at lengths[2]=4611686018427387904");
-  EXPECT_C_STATUS(thdcp_padded_rows(largest_even, 1, 4, &rows), THDCP_ERROR_INVALID_ARGUMENT, "2*cp=8");
+                  "thdcp_padded_rows: lengths: the documents padded to multiples of 2*cp=2 add up to more than "
+                  "2^63-1 rows at lengths[2]=4611686018427387904");
+  EXPECT_C_STATUS(thdcp_padded_rows(largest, 1, 3, &rows), THDCP_ERROR_INVALID_ARGUMENT,
+                  "lengths[0]=9223372036854775805 is within 2*cp=6");
   EXPECT_EQ(rows, -1) << "a refused call wrote the rows";
 
   // The helpers that pad documents refuse the same sums before their layout arithmetic.
   const thdcp_capacity_t capacity{64, 4};
   thdcp_fit_t fit = THDCP_FIT_FITS;
-  EXPECT_C_STATUS(thdcp_capacity_check_fit(one_past, 1, 1, &capacity, &fit), THDCP_ERROR_INVALID_ARGUMENT,
+  EXPECT_C_STATUS(thdcp_capacity_check_fit(two_halves, 3, 1, &capacity, &fit), THDCP_ERROR_INVALID_ARGUMENT,
                   "thdcp_capacity_check_fit: lengths: the documents padded");
   int32_t cu[5] = {}, cup[5] = {};
   EXPECT_C_STATUS(thdcp_make_layout(two_halves, 3, 1, cu, cup), THDCP_ERROR_INVALID_ARGUMENT,
                   "thdcp_make_layout: lengths: the documents padded");
   EXPECT_C_STATUS(thdcp_capacity_layout(one_past, 1, 1, &capacity, cu, cup), THDCP_ERROR_INVALID_ARGUMENT,
-                  "thdcp_capacity_layout: lengths: the documents padded");
+                  "thdcp_capacity_layout: lengths[0]=9223372036854775807");
   const int32_t sizes[] = {1, 2};
   int32_t chosen = -1;
-  EXPECT_C_STATUS(thdcp_choose_cp_size(one_past, 1, sizes, 2, 1024, &chosen), THDCP_ERROR_INVALID_ARGUMENT,
+  EXPECT_C_STATUS(thdcp_choose_cp_size(two_halves, 3, sizes, 2, 1024, &chosen), THDCP_ERROR_INVALID_ARGUMENT,
                   "thdcp_choose_cp_size: lengths: the documents padded");
   thdcp_capacity_plan_params params = THDCP_CAPACITY_PLAN_PARAMS_INIT;
   params.tokens = 64;
@@ -103,7 +104,12 @@ TEST(CApiSizes, PaddedRowsThatOverflowAreRefused) {
   thdcp_capacity_plan_result result{};
   result.struct_size = sizeof(result);
   EXPECT_C_STATUS(thdcp_plan_capacity(one_past, 1, &params, &result), THDCP_ERROR_INVALID_ARGUMENT,
-                  "thdcp_plan_capacity: lengths: the documents padded");
+                  "thdcp_plan_capacity: lengths[0]=9223372036854775807");
+  // Splitting 2^40 tokens into pieces of 64 would make 2^34 documents: refused before any.
+  const int64_t huge[] = {int64_t{1} << 40};
+  EXPECT_C_STATUS(thdcp_plan_capacity(huge, 1, &params, &result), THDCP_ERROR_INVALID_ARGUMENT,
+                  "lengths split into pieces of at most 64 tokens (params->tokens=64) make more than 2^31-1 "
+                  "documents");
   EXPECT_EQ(fit, THDCP_FIT_FITS);
   EXPECT_EQ(chosen, -1);
   EXPECT_EQ(result.batches, 0);
