@@ -18,6 +18,13 @@
  *    leaves outputs, output tensors and handles untouched. NULL handles, NULL pointers that
  *    are not documented as optional and NULL output pointers give
  *    THDCP_ERROR_INVALID_ARGUMENT naming the argument.
+ *  - Handles are checked: a handle value is an opaque number the library looks up in its
+ *    registry of live handles before using it, never an address it reads through. A non-NULL
+ *    handle that is not live (destroyed already: a second destroy or a use after destroy;
+ *    never returned by this library: uninitialised, zeroed or foreign memory; a handle of
+ *    another type) gives THDCP_ERROR_INVALID_HANDLE naming the function and the argument,
+ *    and a destroy of one releases nothing. Handle values are never reused within a process,
+ *    so a stale handle cannot reach a newer object.
  *  - Plan, then run (CUTLASS, cudnn-frontend). Plans are made once for a capacity
  *    (max_seqs, max_tokens) and a shape; their workspace size is queried up front and the
  *    caller allocates it. Runs only check with host arithmetic and compute (CPU) or enqueue
@@ -33,17 +40,21 @@
  *    A library built without CUDA, or a process that sees no GPU, refuses the CUDA backend
  *    with THDCP_ERROR_UNSUPPORTED.
  *  - Ownership: handles are the library's, created by *_create and released by *_destroy
- *    (destroy accepts NULL). Tensors, layouts and workspaces are the caller's and are only
- *    borrowed for the duration of a call, except a plan's workspace, which is borrowed for
- *    the life of the plan. Destroy plans and graph banks before the communicator they use.
+ *    (destroy accepts NULL, a no-op; destroy each handle once). Tensors, layouts and
+ *    workspaces are the caller's and are only borrowed for the duration of a call, except a
+ *    plan's workspace, which is borrowed for the life of the plan. A CP plan or graph bank
+ *    holds the communicator it was made over: destroying the communicator first ends its
+ *    handle, and the communicator itself is released with the last plan or bank using it.
  *  - Versioned parameter structs (thdcp_*_params) start with `size_t struct_size`, which the
  *    caller sets to sizeof the struct it was compiled with (the THDCP_*_INIT macros and the
  *    thdcp_*_params_init functions do). Fields are only ever appended, each version of a
  *    struct ends on an 8-byte boundary, and fields appended later default to 0. The library
  *    accepts any struct_size that is a multiple of 8 from the size of the first version
- *    (THDCP_*_PARAMS_MIN_SIZE) up: fields past struct_size take their defaults, and bytes
- *    past the fields this library knows must be 0 (else THDCP_ERROR_INVALID_ARGUMENT: the
- *    caller set a field of a newer thdcp.h that this libthdcp cannot honour). Output structs
+ *    (THDCP_*_PARAMS_MIN_SIZE) up to THDCP_MAX_STRUCT_SIZE (4096; a larger one is refused
+ *    before anything past the field is read): fields past struct_size take their defaults,
+ *    and bytes past the fields this library knows, up to struct_size, must be 0 (else
+ *    THDCP_ERROR_INVALID_ARGUMENT: the caller set a field of a newer thdcp.h that this
+ *    libthdcp cannot honour). Nothing past struct_size is read. Output structs
  *    (thdcp_capacity_plan_result) work the same way in reverse: the library writes the fields
  *    that fit the caller's struct_size.
  *  - Value types without struct_size (thdcp_tensor_t, thdcp_layout_t, thdcp_capacity_t,

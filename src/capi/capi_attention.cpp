@@ -2,11 +2,11 @@
 // and checked as the C ABI names them, then one call. The CPU backend runs thdcp::cpu over a
 // host segment table built per call; the CUDA backend holds one cuda::Attention over the
 // caller's workspace.
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
 #include <tuple>
+#include <utility>
 
 #include "capi_convert.h"
 #include "capi_handles.h"
@@ -52,6 +52,7 @@ AttentionConfig config_of(const thdcp_attention_params* given) {
   THDCP_CAPI_REQUIRE(p.max_seqs >= 1, "params->max_seqs=" << p.max_seqs
                                                           << " must be >= 1: the most sequences a layout may have");
   check_heads(p.q_heads, p.kv_heads, p.head_dim, cuda);
+  check_plan_elements(p.max_tokens, p.q_heads, p.head_dim, "params");
   problem.capacity = Capacity{p.max_seqs, p.max_tokens};
   problem.q_heads = p.q_heads;
   problem.kv_heads = p.kv_heads;
@@ -59,10 +60,8 @@ AttentionConfig config_of(const thdcp_attention_params* given) {
   problem.mask = mask_of(p.window_left, p.window_right, "params");
   problem.dq_dtype = gradient_dtype(raw_enum(p.dq_dtype), problem.dtype, "params->dq_dtype");
   problem.dkv_dtype = gradient_dtype(raw_enum(p.dkv_dtype), problem.dtype, "params->dkv_dtype");
-  THDCP_CAPI_REQUIRE(std::isfinite(p.softmax_scale),
-                     "params->softmax_scale=" << p.softmax_scale << " must be finite (0: 1/sqrt(head_dim))");
-  THDCP_CAPI_REQUIRE(p.num_threads >= 0,
-                     "params->num_threads=" << p.num_threads << " must be >= 0 (0: every hardware thread)");
+  check_softmax_scale(p.softmax_scale, "params");
+  check_num_threads(p.num_threads, "params");
   c.options.softmax_scale = p.softmax_scale;
   c.options.deterministic = p.deterministic != 0;
   c.options.num_threads = p.num_threads;
@@ -71,20 +70,15 @@ AttentionConfig config_of(const thdcp_attention_params* given) {
 
 }  // namespace
 
-}  // namespace thdcp::capi
-
-struct thdcp_attention_plan_st {
-  thdcp::capi::AttentionConfig config;
+// What a thdcp_attention_plan_t stands for.
+struct AttentionPlan {
+  AttentionConfig config;
 #if defined(THDCP_HAVE_CUDA)
-  std::unique_ptr<thdcp::cuda::Attention> cuda;
+  std::unique_ptr<cuda::Attention> cuda;
 #endif
 };
 
-namespace thdcp::capi {
-
 namespace {
-
-const char* kPlanHint = "a plan made by thdcp_attention_plan_create";
 
 // The tensors of a call, named as the C ABI names them: [max_tokens, heads, head_dim] each,
 // in the plan's dtypes (the CUDA backend checks the rest: strides, alignment, devices).
@@ -156,10 +150,10 @@ bool capturing(thdcp_stream_t stream) {
 }
 #endif
 
-void forward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
+void forward(thdcp_attention_plan_t handle, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
              const thdcp_tensor_t* k, const thdcp_tensor_t* v, const thdcp_tensor_t* out, float* lse,
              float* max_logit, thdcp_stream_t stream) {
-  THDCP_CAPI_NOT_NULL(plan, kPlanHint);
+  const std::shared_ptr<AttentionPlan> plan = lookup<AttentionPlan>(handle, "plan");
   const AttentionConfig& c = plan->config;
   const LayoutView batch = run_layout(c, layout);
   const ForwardTensors t = forward_tensors(q, k, v, out, lse, max_logit);
@@ -181,11 +175,11 @@ void forward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const 
 #endif
 }
 
-void backward(thdcp_attention_plan_st* plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
+void backward(thdcp_attention_plan_t handle, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
               const thdcp_tensor_t* k, const thdcp_tensor_t* v, const thdcp_tensor_t* out, const thdcp_tensor_t* dout,
               const float* lse, const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv,
               thdcp_stream_t stream) {
-  THDCP_CAPI_NOT_NULL(plan, kPlanHint);
+  const std::shared_ptr<AttentionPlan> plan = lookup<AttentionPlan>(handle, "plan");
   const AttentionConfig& c = plan->config;
   const LayoutView batch = run_layout(c, layout);
   const auto& p = c.problem;
@@ -229,7 +223,7 @@ thdcp_status_t thdcp_attention_plan_workspace_size(const thdcp_attention_params*
 thdcp_status_t thdcp_attention_plan_create(const thdcp_attention_params* params, void* workspace,
                                            size_t workspace_bytes, thdcp_attention_plan_t* plan) {
   return thdcp::capi::guarded(__func__, [&] {
-    auto made = std::make_unique<thdcp_attention_plan_st>();
+    auto made = std::make_shared<thdcp::capi::AttentionPlan>();
     made->config = thdcp::capi::config_of(params);
     THDCP_CAPI_NOT_NULL(plan, "a thdcp_attention_plan_t to receive the plan");
     if (made->config.backend == THDCP_BACKEND_CUDA) {
@@ -249,12 +243,12 @@ thdcp_status_t thdcp_attention_plan_create(const thdcp_attention_params* params,
       (void)workspace;
       (void)workspace_bytes;
     }
-    *plan = made.release();
+    *plan = thdcp::capi::publish(std::move(made));
   });
 }
 
 thdcp_status_t thdcp_attention_plan_destroy(thdcp_attention_plan_t plan) {
-  return thdcp::capi::guarded(__func__, [&] { delete plan; });
+  return thdcp::capi::guarded(__func__, [&] { thdcp::capi::retire<thdcp::capi::AttentionPlan>(plan, "plan"); });
 }
 
 thdcp_status_t thdcp_attention_forward(thdcp_attention_plan_t plan, const thdcp_layout_t* layout,

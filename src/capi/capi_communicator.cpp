@@ -1,8 +1,10 @@
 // Communicators of the C ABI: in-process groups, the MPI world, NCCL (from a unique id or a
 // borrowed ncclComm_t) and ranks sharing one GPU.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "capi_handles.h"
@@ -20,9 +22,12 @@
 #endif
 
 using thdcp::capi::ApiError;
+using thdcp::capi::Comm;
 using thdcp::capi::guarded;
 
-bool thdcp_communicator_st::is_device() const {
+namespace thdcp::capi {
+
+bool Comm::is_device() const {
 #if defined(THDCP_HAVE_CUDA)
   return device != nullptr;
 #else
@@ -30,28 +35,28 @@ bool thdcp_communicator_st::is_device() const {
 #endif
 }
 
-int thdcp_communicator_st::rank() const {
+int Comm::rank() const {
 #if defined(THDCP_HAVE_CUDA)
   if (device) return device->rank();
 #endif
   return host->rank();
 }
 
-int thdcp_communicator_st::size() const {
+int Comm::size() const {
 #if defined(THDCP_HAVE_CUDA)
   if (device) return device->size();
 #endif
   return host->size();
 }
 
-const char* thdcp_communicator_st::kind() const {
+const char* Comm::kind() const {
 #if defined(THDCP_HAVE_CUDA)
   if (device) return device->kind();
 #endif
   return host->kind();
 }
 
-void thdcp_communicator_st::abort_group(const char* reason) noexcept {
+void Comm::abort_group(const char* reason) noexcept {
   try {
     const std::string why = "rank " + std::to_string(rank()) + " failed: " + reason;
     if (in_process) in_process->abort(why);
@@ -62,8 +67,6 @@ void thdcp_communicator_st::abort_group(const char* reason) noexcept {
     // Without memory for the reason the group cannot be told; its ranks stay as they are.
   }
 }
-
-namespace thdcp::capi {
 
 void require_cuda_build(const char* what) {
 #if !defined(THDCP_HAVE_CUDA)
@@ -91,20 +94,25 @@ void require_cuda_device(const char* what) {
 
 namespace {
 
-// Hands the new handles to the caller only once every one of them exists.
-void publish(std::vector<std::unique_ptr<thdcp_communicator_st>>& made, thdcp_communicator_t* comms) {
-  for (size_t r = 0; r < made.size(); ++r) comms[r] = made[r].release();
+// The size of a group made in this process (in-process, shared-GPU), checked before anything
+// is allocated for it: its ranks are threads of this process.
+void check_group_size(int size) {
+  THDCP_CAPI_REQUIRE(size >= 1 && size <= THDCP_MAX_GROUP_SIZE,
+                     "size=" << size << " must be in [1, THDCP_MAX_GROUP_SIZE=" << THDCP_MAX_GROUP_SIZE
+                             << "]: the ranks of a group in this process, each driven by a thread of its own");
 }
 
-// The `size` ranks of a group made in this process, attach(comm, rank) filling each handle.
+// The `size` ranks of a group made in this process, attach(comm, rank) filling each; the
+// handles reach the caller only once every one of them exists.
 template <typename Attach>
 void publish_group(int size, thdcp_communicator_t* comms, Attach attach) {
-  std::vector<std::unique_ptr<thdcp_communicator_st>> made;
+  std::vector<std::shared_ptr<Comm>> made;
   for (int r = 0; r < size; ++r) {
-    made.push_back(std::make_unique<thdcp_communicator_st>());
+    made.push_back(std::make_shared<Comm>());
     attach(*made.back(), r);
   }
-  publish(made, comms);
+  const std::vector<thdcp_communicator_t> handles = publish_all(made);
+  std::copy(handles.begin(), handles.end(), comms);
 }
 
 void require_nccl(const char* what) {
@@ -125,9 +133,9 @@ void make_nccl_communicator(int device, thdcp_communicator_t* comm, Make make) {
   require_nccl("NCCL communicators");
   require_cuda_device("NCCL communicators");
 #if defined(THDCP_HAVE_NCCL)
-  auto made = std::make_unique<thdcp_communicator_st>();
+  auto made = std::make_shared<Comm>();
   made->device = make();
-  *comm = made.release();
+  *comm = publish(std::move(made));
 #else
   (void)make;
 #endif
@@ -144,10 +152,9 @@ template <typename T, typename Value>
 thdcp_status_t query(const char* function, thdcp_communicator_t comm, T* out, const char* out_name,
                      const char* out_hint, Value value) {
   return thdcp::capi::guarded(function, [&] {
-    THDCP_CAPI_REQUIRE(comm != nullptr,
-                       "comm is NULL: pass a communicator made by a thdcp_communicator_create_* function");
+    const std::shared_ptr<Comm> c = thdcp::capi::lookup<Comm>(comm, "comm");
     THDCP_CAPI_REQUIRE(out != nullptr, out_name << " is NULL: pass " << out_hint);
-    *out = value(*comm);
+    *out = value(*c);
   });
 }
 
@@ -157,10 +164,10 @@ extern "C" {
 
 thdcp_status_t thdcp_communicator_create_in_process_group(int size, thdcp_communicator_t* comms) {
   return guarded(__func__, [&] {
-    THDCP_CAPI_REQUIRE(size >= 1, "size=" << size << " must be >= 1 (the ranks of the group)");
+    thdcp::capi::check_group_size(size);
     THDCP_CAPI_NOT_NULL(comms, "an array of size=" << size << " thdcp_communicator_t to receive the ranks");
     auto group = std::make_shared<thdcp::InProcessGroup>(size);
-    thdcp::capi::publish_group(size, comms, [&](thdcp_communicator_st& comm, int r) {
+    thdcp::capi::publish_group(size, comms, [&](Comm& comm, int r) {
       comm.host = group->communicator(r);
       comm.in_process = group;
     });
@@ -181,9 +188,9 @@ thdcp_status_t thdcp_communicator_create_mpi_world(thdcp_communicator_t* comm) {
     THDCP_CAPI_REQUIRE(initialized, "MPI is not initialised: call MPI_Init (or MPI_Init_thread) before "
                                     "thdcp_communicator_create_mpi_world, and MPI_Finalize after destroying it");
 #endif
-    auto made = std::make_unique<thdcp_communicator_st>();
+    auto made = std::make_shared<Comm>();
     made->host = thdcp::mpi::world();
-    *comm = made.release();
+    *comm = thdcp::capi::publish(std::move(made));
   });
 }
 
@@ -233,7 +240,7 @@ thdcp_status_t thdcp_communicator_borrow_nccl(void* nccl_comm, int device, thdcp
 
 thdcp_status_t thdcp_communicator_create_shared_gpu_group(int size, int device, thdcp_communicator_t* comms) {
   return guarded(__func__, [&] {
-    THDCP_CAPI_REQUIRE(size >= 1, "size=" << size << " must be >= 1 (the ranks of the group)");
+    thdcp::capi::check_group_size(size);
     THDCP_CAPI_REQUIRE(device >= 0, "device=" << device << " must be a CUDA device index >= 0");
     THDCP_CAPI_NOT_NULL(comms, "an array of size=" << size << " thdcp_communicator_t to receive the ranks");
     thdcp::capi::require_cuda_device("shared-GPU groups");
@@ -241,7 +248,7 @@ thdcp_status_t thdcp_communicator_create_shared_gpu_group(int size, int device, 
     thdcp::SharedGpuOptions options;
     options.device = device;
     auto group = std::make_shared<thdcp::SharedGpuGroup>(size, options);
-    thdcp::capi::publish_group(size, comms, [&](thdcp_communicator_st& comm, int r) {
+    thdcp::capi::publish_group(size, comms, [&](Comm& comm, int r) {
       comm.device = group->communicator(r);
       comm.shared_gpu = group;
     });
@@ -250,29 +257,29 @@ thdcp_status_t thdcp_communicator_create_shared_gpu_group(int size, int device, 
 }
 
 thdcp_status_t thdcp_communicator_destroy(thdcp_communicator_t comm) {
-  return guarded(__func__, [&] { delete comm; });
+  return guarded(__func__, [&] { thdcp::capi::retire<Comm>(comm, "comm"); });
 }
 
 thdcp_status_t thdcp_communicator_rank(thdcp_communicator_t comm, int* rank) {
-  return query(__func__, comm, rank, "rank", "an int to receive the rank", [](const thdcp_communicator_st& c) {
+  return query(__func__, comm, rank, "rank", "an int to receive the rank", [](const Comm& c) {
     return c.rank();
   });
 }
 
 thdcp_status_t thdcp_communicator_size(thdcp_communicator_t comm, int* size) {
-  return query(__func__, comm, size, "size", "an int to receive the size", [](const thdcp_communicator_st& c) {
+  return query(__func__, comm, size, "size", "an int to receive the size", [](const Comm& c) {
     return c.size();
   });
 }
 
 thdcp_status_t thdcp_communicator_is_device(thdcp_communicator_t comm, int* is_device) {
-  return query(__func__, comm, is_device, "is_device", "an int to receive 0 or 1", [](const thdcp_communicator_st& c) {
+  return query(__func__, comm, is_device, "is_device", "an int to receive 0 or 1", [](const Comm& c) {
     return c.is_device() ? 1 : 0;
   });
 }
 
 thdcp_status_t thdcp_communicator_device(thdcp_communicator_t comm, int* device) {
-  return query(__func__, comm, device, "device", "an int to receive the device", [](const thdcp_communicator_st& c) {
+  return query(__func__, comm, device, "device", "an int to receive the device", [](const Comm& c) {
 #if defined(THDCP_HAVE_CUDA)
     if (c.device) return c.device->device();
 #endif
@@ -281,7 +288,7 @@ thdcp_status_t thdcp_communicator_device(thdcp_communicator_t comm, int* device)
 }
 
 thdcp_status_t thdcp_communicator_kind(thdcp_communicator_t comm, const char** kind) {
-  return query(__func__, comm, kind, "kind", "a const char* to receive the kind", [](const thdcp_communicator_st& c) {
+  return query(__func__, comm, kind, "kind", "a const char* to receive the kind", [](const Comm& c) {
     return c.kind();
   });
 }

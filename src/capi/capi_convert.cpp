@@ -1,5 +1,6 @@
 #include "capi_convert.h"
 
+#include <cmath>
 #include <cstddef>
 #include <limits>
 
@@ -20,6 +21,61 @@ static_assert(sizeof(thdcp_capacity_plan_result) == THDCP_CAPACITY_PLAN_RESULT_M
 static_assert(sizeof(thdcp_graph_bank_params) == THDCP_GRAPH_BANK_PARAMS_MIN_SIZE);
 static_assert(sizeof(thdcp_attention_params) % 8 == 0 && sizeof(thdcp_cp_params) % 8 == 0 &&
               sizeof(thdcp_static_batch_info) % 8 == 0);
+
+void check_struct_size(size_t size, size_t min_size, const char* argument, const char* type, const char* hint) {
+  THDCP_CAPI_REQUIRE(size <= THDCP_MAX_STRUCT_SIZE,
+                     argument << "->struct_size=" << size << " is larger than THDCP_MAX_STRUCT_SIZE="
+                              << THDCP_MAX_STRUCT_SIZE << ", which no version of " << type
+                              << " reaches: the field is not set (uninitialised memory?); set struct_size = sizeof("
+                              << type << "), " << hint);
+  THDCP_CAPI_REQUIRE(size >= min_size && size % 8 == 0,
+                     argument << "->struct_size=" << size << " is not the size of a " << type
+                              << " (the first version has " << min_size << " bytes, every version a multiple of 8)"
+                              << ": set struct_size = sizeof(" << type << "), " << hint);
+}
+
+void check_softmax_scale(float softmax_scale, const char* params) {
+  THDCP_CAPI_REQUIRE(std::isfinite(softmax_scale) && softmax_scale >= 0.0f,
+                     params << "->softmax_scale=" << softmax_scale
+                            << " must be finite and >= 0: the scale of q.k, or 0 for 1/sqrt(head_dim)");
+}
+
+void check_num_threads(int32_t num_threads, const char* params) {
+  THDCP_CAPI_REQUIRE(num_threads >= 0 && num_threads <= THDCP_MAX_THREADS,
+                     params << "->num_threads=" << num_threads << " must be in [0, THDCP_MAX_THREADS="
+                            << THDCP_MAX_THREADS << "] (0: every hardware thread)");
+}
+
+void check_plan_elements(int64_t max_tokens, int64_t q_heads, int64_t head_dim, const char* params) {
+  int64_t rows_heads = 0, elements = 0;
+  const bool fits = multiply(max_tokens, q_heads, &rows_heads) && multiply(rows_heads, head_dim, &elements) &&
+                    elements < kMaxPlanElements;
+  THDCP_CAPI_REQUIRE(fits, params << "->max_tokens=" << max_tokens << " * q_heads=" << q_heads
+                                  << " * head_dim=" << head_dim
+                                  << " elements of q are 2^53 or more (or overflow 64 bits): no plan's tensors are "
+                                     "that large; lower max_tokens or q_heads");
+}
+
+int64_t checked_padded_rows(const std::vector<int64_t>& lengths, int cp, const char* argument) {
+  THDCP_CAPI_REQUIRE(cp >= 1, "cp=" << cp << " must be >= 1");
+  const int64_t align = 2 * static_cast<int64_t>(cp);
+  int64_t rows = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    // The layout and planner code pads with (length + align - 1) / align * align: a length
+    // within align of 2^63 would overflow there even where the padded length fits.
+    int64_t headroom = 0;
+    THDCP_CAPI_REQUIRE(add(lengths[i], align, &headroom),
+                       argument << "[" << i << "]=" << lengths[i] << " is within 2*cp=" << align
+                                << " of 2^63-1: no padded length that large can be computed; pass real lengths");
+    const int64_t chunks = lengths[i] / align + (lengths[i] % align != 0 ? 1 : 0);
+    int64_t padded = 0;
+    THDCP_CAPI_REQUIRE(multiply(chunks, align, &padded) && add(rows, padded, &rows),
+                       argument << ": the documents padded to multiples of 2*cp=" << align
+                                << " add up to more than 2^63-1 rows at " << argument << "[" << i
+                                << "]=" << lengths[i] << ": pass the lengths of one batch");
+  }
+  return rows;
+}
 
 const char* dtype_c_name(int dtype) {
   switch (dtype) {
@@ -72,9 +128,24 @@ View view_of(const thdcp_tensor_t* tensor, const char* argument) {
   THDCP_CAPI_REQUIRE(t.row_stride >= 0 && t.head_stride >= 0,
                      argument << " has row_stride=" << t.row_stride << " and head_stride=" << t.head_stride
                               << ": strides are elements >= 0 (0: contiguous)");
-  THDCP_CAPI_REQUIRE(t.data != nullptr || t.rows == 0 || t.heads == 0 || t.head_dim == 0,
-                     argument << "->data is NULL for a tensor of [" << t.rows << ", " << t.heads << ", " << t.head_dim
-                              << "] elements: pass its memory");
+  const bool empty = t.rows == 0 || t.heads == 0 || t.head_dim == 0;
+  THDCP_CAPI_REQUIRE(t.data != nullptr || empty, argument << "->data is NULL for a tensor of [" << t.rows << ", "
+                                                          << t.heads << ", " << t.head_dim
+                                                          << "] elements: pass its memory");
+  if (!empty) {
+    // The byte offset of the last element: (rows-1)*row_step + (heads-1)*head_step + head_dim-1
+    // elements, every product and sum checked (the library indexes with these).
+    int64_t row_step = t.row_stride, head_step = t.head_stride != 0 ? t.head_stride : t.head_dim;
+    int64_t last_row = 0, last_head = 0, last = 0, bytes = 0;
+    const bool fits = (row_step != 0 || multiply(t.heads, t.head_dim, &row_step)) &&
+                      multiply(t.rows - 1, row_step, &last_row) && multiply(t.heads - 1, head_step, &last_head) &&
+                      add(last_row, last_head, &last) && add(last, t.head_dim, &last) &&
+                      multiply(last, static_cast<int64_t>(dtype_size(dtype)), &bytes);
+    THDCP_CAPI_REQUIRE(fits, argument << " is [" << t.rows << ", " << t.heads << ", " << t.head_dim
+                                      << "] with row_stride=" << t.row_stride << " and head_stride=" << t.head_stride
+                                      << ": the byte offset of its last element overflows 64 bits; pass the "
+                                         "strides in elements (0: contiguous)");
+  }
   return View(t.data, dtype, t.rows, t.heads, t.head_dim, t.row_stride, t.head_stride);
 }
 

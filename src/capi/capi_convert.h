@@ -29,6 +29,29 @@ int raw_enum(const Enum& value) {
   return raw;
 }
 
+// a * b and a + b into *result, false when it does not fit int64: the C ABI's size
+// products and sums are computed with these before they are used.
+inline bool multiply(int64_t a, int64_t b, int64_t* result) { return !__builtin_mul_overflow(a, b, result); }
+inline bool add(int64_t a, int64_t b, int64_t* result) { return !__builtin_add_overflow(a, b, result); }
+
+// The options a plan stores, checked when it is made so that no run refuses them later:
+// softmax_scale finite and >= 0 (0: 1/sqrt(head_dim)); num_threads in [0, THDCP_MAX_THREADS]
+// (0: every hardware thread), which the CPU backend sizes per-thread scratch by.
+void check_softmax_scale(float softmax_scale, const char* params);
+void check_num_threads(int32_t num_threads, const char* params);
+
+// A plan's largest tensor has max_tokens * q_heads * head_dim elements (q_heads >= kv_heads);
+// below this bound every size the plan computes from its shape (fp32 copies, lse, the
+// workspace's sums of them) fits 64 bits. `params` names the struct in the message.
+constexpr int64_t kMaxPlanElements = int64_t{1} << 53;
+void check_plan_elements(int64_t max_tokens, int64_t q_heads, int64_t head_dim, const char* params);
+
+// The rows of documents of `lengths` each padded to a multiple of 2*cp: cp >= 1, every
+// length + 2*cp and the sum (every partial sum and padded length with it) fit int64, else
+// THDCP_ERROR_INVALID_ARGUMENT naming `argument`. Called before the library's layout and
+// planning arithmetic, which then cannot overflow.
+int64_t checked_padded_rows(const std::vector<int64_t>& lengths, int cp, const char* argument);
+
 // "THDCP_DTYPE_BF16", ...; "an unknown dtype" for other values.
 const char* dtype_c_name(int dtype);
 
@@ -44,7 +67,8 @@ DType gradient_dtype(int given, DType dtype, const char* argument);
 thdcp_backend_t backend_of(int backend, const char* argument);
 
 // The C descriptor as a view; checks that it is not NULL, its dtype, that its dimensions
-// and strides are >= 0 and that data is not NULL for a non-empty tensor.
+// and strides are >= 0, that data is not NULL for a non-empty tensor, and that the byte
+// offset of its last element fits (a stride that overflows it is refused, naming it).
 ConstThdTensor const_view(const thdcp_tensor_t* tensor, const char* argument);
 ThdTensor view(const thdcp_tensor_t* tensor, const char* argument);
 
@@ -70,18 +94,21 @@ void check_heads(int64_t q_heads, int64_t kv_heads, int64_t head_dim, bool cuda_
 // A host array of `count` document lengths (count >= 0; NULL only when count is 0).
 std::vector<int64_t> lengths_of(const int64_t* lengths, int64_t count, const char* argument);
 
-// Reads a versioned params struct the caller passed: struct_size >= min_size and a multiple
-// of 8; fields past struct_size take `defaults`; bytes past sizeof(T) must be 0 (fields of a
-// newer thdcp.h this library does not know).
+// The struct_size of a versioned struct: a multiple of 8 from min_size (the first version)
+// to THDCP_MAX_STRUCT_SIZE, checked before any byte past the struct_size field is touched, so
+// that a garbage value is refused instead of read up to. `hint` says how to set it.
+void check_struct_size(size_t size, size_t min_size, const char* argument, const char* type, const char* hint);
+
+// Reads a versioned params struct the caller passed: its struct_size checked; fields past
+// struct_size take `defaults`; bytes past sizeof(T), up to struct_size (the caller's), must
+// be 0 (fields of a newer thdcp.h this library does not know). Nothing past struct_size is
+// read.
 template <typename T>
 T read_params(const T* given, size_t min_size, const T& defaults, const char* argument, const char* type,
               const char* init) {
   THDCP_CAPI_REQUIRE(given != nullptr, argument << " is NULL: pass a " << type << " filled by " << init);
   const size_t size = given->struct_size;
-  THDCP_CAPI_REQUIRE(size >= min_size && size % 8 == 0,
-                     argument << "->struct_size=" << size << " is not the size of a " << type
-                              << " (the first version has " << min_size << " bytes, every version a multiple of 8)"
-                              << ": set struct_size = sizeof(" << type << "), as " << init << " does");
+  check_struct_size(size, min_size, argument, type, (std::string("as ") + init + " does").c_str());
   if (size > sizeof(T)) {
     const auto* bytes = reinterpret_cast<const unsigned char*>(given);
     for (size_t i = sizeof(T); i < size; ++i) {
@@ -105,10 +132,7 @@ void write_result(T* out, const T& value, size_t min_size, const char* argument,
   THDCP_CAPI_REQUIRE(out != nullptr, argument << " is NULL: pass a " << type << " with struct_size = sizeof(" << type
                                               << ")");
   const size_t size = out->struct_size;
-  THDCP_CAPI_REQUIRE(size >= min_size && size % 8 == 0,
-                     argument << "->struct_size=" << size << " is not the size of a " << type
-                              << " (the first version has " << min_size << " bytes): set it to sizeof(" << type
-                              << ")");
+  check_struct_size(size, min_size, argument, type, "before the call");
   const size_t head = sizeof(size_t);
   std::memcpy(reinterpret_cast<unsigned char*>(out) + head, reinterpret_cast<const unsigned char*>(&value) + head,
               std::min(size, sizeof(T)) - head);

@@ -1,10 +1,10 @@
 // AllGather CP plans of the C ABI: thdcp::cp::CpuPlan over a host communicator,
 // thdcp::cp::CudaPlan over a device communicator. Every call that is collective aborts an
 // in-process or shared-GPU group when it fails on this rank (handles.h).
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <utility>
 
 #include "capi_convert.h"
 #include "capi_handles.h"
@@ -51,18 +51,17 @@ CpConfig config_of(const thdcp_cp_params* given) {
                      "params->max_tokens=" << p.max_tokens << " must be a multiple of 2*cp_size=" << 2 * p.cp_size
                                            << " in [0, 2^31): the global rows of the layouts");
   check_heads(p.q_heads, p.kv_heads, p.head_dim, backend == THDCP_BACKEND_CUDA);
+  check_plan_elements(p.max_tokens, p.q_heads, p.head_dim, "params");
   problem.cp = p.cp_size;
   problem.capacity = Capacity{p.max_seqs, p.max_tokens};
   problem.mask = mask_of(p.window_left, p.window_right, "params");
   problem.q_heads = p.q_heads;
   problem.kv_heads = p.kv_heads;
   problem.head_dim = p.head_dim;
-  THDCP_CAPI_REQUIRE(std::isfinite(p.softmax_scale),
-                     "params->softmax_scale=" << p.softmax_scale << " must be finite (0: 1/sqrt(head_dim))");
+  check_softmax_scale(p.softmax_scale, "params");
   c.softmax_scale = p.softmax_scale;
   c.deterministic = p.deterministic != 0;
-  THDCP_CAPI_REQUIRE(p.num_threads >= 0,
-                     "params->num_threads=" << p.num_threads << " must be >= 0 (0: every hardware thread)");
+  check_num_threads(p.num_threads, "params");
   c.num_threads = p.num_threads;
   c.backward_kv_from_forward = p.backward_kv_from_forward != 0;
   THDCP_CAPI_REQUIRE(p.reserved_head_groups == 0 || p.reserved_head_groups == 1,
@@ -90,27 +89,31 @@ AttentionOptions cuda_options(const CpConfig& c) {
 
 }  // namespace
 
-}  // namespace thdcp::capi
-
-struct thdcp_cp_plan_st {
-  thdcp_communicator_st* comm = nullptr;  // borrowed
-  thdcp::capi::CpConfig config;
-  std::unique_ptr<thdcp::cp::CpuPlan> cpu;
+// What a thdcp_cp_plan_t stands for. It holds its communicator, declared first so that it
+// outlives the plans made over it.
+struct CpPlan {
+  std::shared_ptr<Comm> comm;
+  CpConfig config;
+  std::unique_ptr<cp::CpuPlan> cpu;
 #if defined(THDCP_HAVE_CUDA)
-  std::unique_ptr<thdcp::cp::CudaPlan> cuda;
+  std::unique_ptr<cp::CudaPlan> cuda;
 #endif
 };
 
-namespace thdcp::capi {
-
 namespace {
 
-const char* kPlanHint = "a plan made by thdcp_cp_plan_create";
+// The plan of `handle` for a collective call, its communicator into `group` (to abort).
+std::shared_ptr<CpPlan> collective_plan(thdcp_cp_plan_t handle, std::shared_ptr<Comm>& group) {
+  std::shared_ptr<CpPlan> plan = lookup<CpPlan>(handle, "plan");
+  group = plan->comm;
+  return plan;
+}
 
-void create(thdcp_communicator_st* comm, const thdcp_cp_params* params, void* workspace, size_t workspace_bytes,
-            thdcp_cp_plan_t* plan) {
-  THDCP_CAPI_NOT_NULL(comm, "a communicator of the group (thdcp_communicator_create_*)");
-  auto made = std::make_unique<thdcp_cp_plan_st>();
+void create(thdcp_communicator_t comm_handle, const thdcp_cp_params* params, void* workspace,
+            size_t workspace_bytes, thdcp_cp_plan_t* plan, std::shared_ptr<Comm>& group) {
+  const std::shared_ptr<Comm> comm = lookup<Comm>(comm_handle, "comm");
+  group = comm;
+  auto made = std::make_shared<CpPlan>();
   made->comm = comm;
   made->config = config_of(params);
   THDCP_CAPI_NOT_NULL(plan, "a thdcp_cp_plan_t to receive the plan");
@@ -138,7 +141,7 @@ void create(thdcp_communicator_st* comm, const thdcp_cp_params* params, void* wo
                                                 workspace_bytes);
 #endif
   }
-  *plan = made.release();
+  *plan = publish(std::move(made));
 }
 
 // The layout of a step: CPU host arrays (checked by the plan); CUDA device arrays in
@@ -156,7 +159,7 @@ LayoutView step_layout(const CpConfig& c, const thdcp_layout_t* layout) {
   return batch;
 }
 
-void forward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q, const thdcp_tensor_t* k,
+void forward(CpPlan& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q, const thdcp_tensor_t* k,
              const thdcp_tensor_t* v, const thdcp_tensor_t* out, float* lse, float* max_logit, thdcp_stream_t stream) {
   const LayoutView batch = step_layout(plan.config, layout);
   const ForwardTensors t = forward_tensors(q, k, v, out, lse, max_logit);
@@ -175,7 +178,7 @@ void forward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_t
 #endif
 }
 
-void backward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q, const thdcp_tensor_t* k,
+void backward(CpPlan& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q, const thdcp_tensor_t* k,
               const thdcp_tensor_t* v, const thdcp_tensor_t* out, const thdcp_tensor_t* dout, const float* lse,
               const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv, thdcp_stream_t stream) {
   const LayoutView batch = step_layout(plan.config, layout);
@@ -197,8 +200,6 @@ void backward(thdcp_cp_plan_st& plan, const thdcp_layout_t* layout, const thdcp_
 #endif
 }
 
-thdcp_communicator_st* comm_of(thdcp_cp_plan_st* plan) { return plan ? plan->comm : nullptr; }
-
 }  // namespace
 
 }  // namespace thdcp::capi
@@ -219,20 +220,21 @@ thdcp_status_t thdcp_cp_plan_workspace_size(const thdcp_cp_params* params, size_
 
 thdcp_status_t thdcp_cp_plan_create(thdcp_communicator_t comm, const thdcp_cp_params* params, void* workspace,
                                     size_t workspace_bytes, thdcp_cp_plan_t* plan) {
-  return thdcp::capi::guarded_collective(
-      __func__, comm, [&] { thdcp::capi::create(comm, params, workspace, workspace_bytes, plan); });
+  return thdcp::capi::guarded_collective(__func__, [&](std::shared_ptr<thdcp::capi::Comm>& group) {
+    thdcp::capi::create(comm, params, workspace, workspace_bytes, plan, group);
+  });
 }
 
 thdcp_status_t thdcp_cp_plan_destroy(thdcp_cp_plan_t plan) {
-  return thdcp::capi::guarded(__func__, [&] { delete plan; });
+  return thdcp::capi::guarded(__func__, [&] { thdcp::capi::retire<thdcp::capi::CpPlan>(plan, "plan"); });
 }
 
 thdcp_status_t thdcp_cp_forward(thdcp_cp_plan_t plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
                                 const thdcp_tensor_t* k, const thdcp_tensor_t* v, const thdcp_tensor_t* out,
                                 float* lse, float* max_logit, thdcp_stream_t stream) {
-  return thdcp::capi::guarded_collective(__func__, thdcp::capi::comm_of(plan), [&] {
-    THDCP_CAPI_NOT_NULL(plan, thdcp::capi::kPlanHint);
-    thdcp::capi::forward(*plan, layout, q, k, v, out, lse, max_logit, stream);
+  return thdcp::capi::guarded_collective(__func__, [&](std::shared_ptr<thdcp::capi::Comm>& group) {
+    const auto live = thdcp::capi::collective_plan(plan, group);
+    thdcp::capi::forward(*live, layout, q, k, v, out, lse, max_logit, stream);
   });
 }
 
@@ -240,9 +242,9 @@ thdcp_status_t thdcp_cp_backward(thdcp_cp_plan_t plan, const thdcp_layout_t* lay
                                  const thdcp_tensor_t* k, const thdcp_tensor_t* v, const thdcp_tensor_t* out,
                                  const thdcp_tensor_t* dout, const float* lse, const thdcp_tensor_t* dq,
                                  const thdcp_tensor_t* dk, const thdcp_tensor_t* dv, thdcp_stream_t stream) {
-  return thdcp::capi::guarded_collective(__func__, thdcp::capi::comm_of(plan), [&] {
-    THDCP_CAPI_NOT_NULL(plan, thdcp::capi::kPlanHint);
-    thdcp::capi::backward(*plan, layout, q, k, v, out, dout, lse, dq, dk, dv, stream);
+  return thdcp::capi::guarded_collective(__func__, [&](std::shared_ptr<thdcp::capi::Comm>& group) {
+    const auto live = thdcp::capi::collective_plan(plan, group);
+    thdcp::capi::backward(*live, layout, q, k, v, out, dout, lse, dq, dk, dv, stream);
   });
 }
 

@@ -1,6 +1,8 @@
 // Host arithmetic of the C ABI: the dual-chunk split (plan/rank_split.h), capacities and
 // layouts (plan/capacity.h, plan/layout.h) and capacity planning (plan/planner.h).
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -24,9 +26,46 @@ LayoutView split_layout(const thdcp_layout_t* layout, int cp, int rank) {
   return layout_view(layout, "layout");
 }
 
-void check_rows(const char* what, const void* rows, size_t row_bytes) {
-  THDCP_CAPI_REQUIRE(rows != nullptr, what << " is NULL: pass its host memory");
+// Which way rows move between a global tensor and a rank's local one.
+enum class Move { kSplit /* global -> local */, kMerge /* local -> global */ };
+
+// The row map of a split or merge of `rank`, after every check and before anything is
+// allocated: both buffers given, the layout valid, row_bytes times the rows of each side a
+// valid byte count, and the two buffers apart (neither operation works in place: rows are
+// read and written in different orders).
+std::vector<int32_t> move_map(Move move, const void* global, const void* local, size_t row_bytes,
+                              const thdcp_layout_t* layout, int cp, int rank) {
+  const bool split = move == Move::kSplit;
+  const char* read = split ? "global" : "local";
+  const char* written = split ? "local" : "global";
+  THDCP_CAPI_REQUIRE((split ? global : local) != nullptr, read << " is NULL: pass its host memory");
+  THDCP_CAPI_REQUIRE((split ? local : global) != nullptr, written << " is NULL: pass its host memory");
   THDCP_CAPI_REQUIRE(row_bytes >= 1, "row_bytes=0: pass the bytes of one row (heads * head_dim * element size)");
+  const LayoutView batch = split_layout(layout, cp, rank);
+  validate_layout(batch, batch.total_rows(), cp);
+  const int64_t rows = batch.total_rows();
+  size_t global_bytes = 0;
+  THDCP_CAPI_REQUIRE(row_bytes <= static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()) &&
+                         !__builtin_mul_overflow(static_cast<size_t>(rows), row_bytes, &global_bytes) &&
+                         global_bytes <= static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()),
+                     "row_bytes=" << row_bytes << " times the layout's T=" << rows
+                                  << " rows is more than the largest byte count (2^63-1): row_bytes is the bytes of "
+                                     "one row (heads * head_dim * element size)");
+  const size_t local_bytes = static_cast<size_t>(rows / cp) * row_bytes;
+  const auto global_begin = reinterpret_cast<uintptr_t>(global), local_begin = reinterpret_cast<uintptr_t>(local);
+  uintptr_t global_end = 0, local_end = 0;
+  THDCP_CAPI_REQUIRE(!__builtin_add_overflow(global_begin, global_bytes, &global_end) &&
+                         !__builtin_add_overflow(local_begin, local_bytes, &local_end),
+                     "global=" << global << " of " << global_bytes << " bytes or local=" << local << " of "
+                               << local_bytes << " bytes runs past the end of the address space: check row_bytes="
+                               << row_bytes);
+  const bool apart = global_bytes == 0 || global_end <= local_begin || local_end <= global_begin;
+  THDCP_CAPI_REQUIRE(apart, read << "=" << (split ? global : local) << " (" << (split ? global_bytes : local_bytes)
+                                 << " bytes) and " << written << "=" << (split ? local : global) << " ("
+                                 << (split ? local_bytes : global_bytes) << " bytes) overlap: rows are read from "
+                                 << read << " while others are written to " << written
+                                 << ", so the two may not share memory; pass separate buffers");
+  return rank_row_map(batch, cp, rank);
 }
 
 Capacity capacity_of(const thdcp_capacity_t* capacity) {
@@ -60,11 +99,16 @@ thdcp_status_t thdcp_cp_local_rows(const thdcp_layout_t* layout, int cp, int ran
                                    int64_t num_rows) {
   return guarded(__func__, [&] {
     const thdcp::LayoutView batch = thdcp::capi::split_layout(layout, cp, rank);
+    // The layout's values first, then the output's size, then the map: nothing is allocated
+    // for a count the caller's array does not have.
+    thdcp::validate_layout(batch, batch.total_rows(), cp);
+    const int64_t local_rows = batch.total_rows() / cp;
+    THDCP_CAPI_NOT_NULL(global_rows, "num_rows = T / cp = " << local_rows << " int32 entries");
+    THDCP_CAPI_REQUIRE(num_rows == local_rows, "num_rows=" << num_rows << " but rank " << rank << " of cp=" << cp
+                                                            << " holds T / cp = " << local_rows
+                                                            << " rows of this layout (T = " << batch.total_rows()
+                                                            << ")");
     const std::vector<int32_t> map = thdcp::rank_row_map(batch, cp, rank);
-    THDCP_CAPI_NOT_NULL(global_rows, "num_rows = T / cp = " << map.size() << " int32 entries");
-    THDCP_CAPI_REQUIRE(num_rows == static_cast<int64_t>(map.size()),
-                       "num_rows=" << num_rows << " but rank " << rank << " of cp=" << cp << " holds T / cp = "
-                                   << map.size() << " rows of this layout (T = " << batch.total_rows() << ")");
     std::copy(map.begin(), map.end(), global_rows);
   });
 }
@@ -72,18 +116,18 @@ thdcp_status_t thdcp_cp_local_rows(const thdcp_layout_t* layout, int cp, int ran
 thdcp_status_t thdcp_cp_split(const void* global, void* local, size_t row_bytes, const thdcp_layout_t* layout,
                               int cp, int rank) {
   return guarded(__func__, [&] {
-    thdcp::capi::check_rows("global", global, row_bytes);
-    thdcp::capi::check_rows("local", local, row_bytes);
-    thdcp::split_for_rank(global, local, row_bytes, thdcp::capi::split_layout(layout, cp, rank), cp, rank);
+    const std::vector<int32_t> map =
+        thdcp::capi::move_map(thdcp::capi::Move::kSplit, global, local, row_bytes, layout, cp, rank);
+    thdcp::gather_rows(global, local, map, row_bytes);
   });
 }
 
 thdcp_status_t thdcp_cp_merge(const void* local, void* global, size_t row_bytes, const thdcp_layout_t* layout,
                               int cp, int rank) {
   return guarded(__func__, [&] {
-    thdcp::capi::check_rows("local", local, row_bytes);
-    thdcp::capi::check_rows("global", global, row_bytes);
-    thdcp::merge_from_rank(local, global, row_bytes, thdcp::capi::split_layout(layout, cp, rank), cp, rank);
+    const std::vector<int32_t> map =
+        thdcp::capi::move_map(thdcp::capi::Move::kMerge, global, local, row_bytes, layout, cp, rank);
+    thdcp::scatter_rows(local, global, map, row_bytes);
   });
 }
 
@@ -99,6 +143,7 @@ thdcp_status_t thdcp_capacity_check_fit(const int64_t* lengths, int64_t num_docu
                                         const thdcp_capacity_t* capacity, thdcp_fit_t* fit) {
   return guarded(__func__, [&] {
     const std::vector<int64_t> docs = thdcp::capi::lengths_of(lengths, num_documents, "lengths");
+    thdcp::capi::checked_padded_rows(docs, cp, "lengths");
     const thdcp::Fit result = thdcp::check_fit(docs, cp, thdcp::capi::capacity_of(capacity));
     THDCP_CAPI_NOT_NULL(fit, "a thdcp_fit_t to receive the answer");
     switch (result) {
@@ -112,7 +157,7 @@ thdcp_status_t thdcp_capacity_check_fit(const int64_t* lengths, int64_t num_docu
 thdcp_status_t thdcp_padded_rows(const int64_t* lengths, int64_t num_documents, int cp, int64_t* rows) {
   return guarded(__func__, [&] {
     const std::vector<int64_t> docs = thdcp::capi::lengths_of(lengths, num_documents, "lengths");
-    THDCP_CAPI_REQUIRE(cp >= 1, "cp=" << cp << " must be >= 1");
+    thdcp::capi::checked_padded_rows(docs, cp, "lengths");
     THDCP_CAPI_NOT_NULL(rows, "an int64_t to receive the rows");
     *rows = thdcp::padded_rows(docs, cp);
   });
@@ -122,7 +167,7 @@ thdcp_status_t thdcp_make_layout(const int64_t* lengths, int64_t num_documents, 
                                  int32_t* cu_seqlens_padded) {
   return guarded(__func__, [&] {
     const std::vector<int64_t> docs = thdcp::capi::lengths_of(lengths, num_documents, "lengths");
-    THDCP_CAPI_REQUIRE(cp >= 1, "cp=" << cp << " must be >= 1");
+    thdcp::capi::checked_padded_rows(docs, cp, "lengths");
     THDCP_CAPI_NOT_NULL(cu_seqlens, "num_documents + 1 = " << num_documents + 1 << " int32 entries");
     THDCP_CAPI_NOT_NULL(cu_seqlens_padded, "num_documents + 1 = " << num_documents + 1 << " int32 entries");
     thdcp::capi::copy_layout(thdcp::make_layout(docs, cp), cu_seqlens, cu_seqlens_padded);
@@ -134,6 +179,7 @@ thdcp_status_t thdcp_capacity_layout(const int64_t* lengths, int64_t num_documen
                                      int32_t* cu_seqlens_padded) {
   return guarded(__func__, [&] {
     const std::vector<int64_t> docs = thdcp::capi::lengths_of(lengths, num_documents, "lengths");
+    thdcp::capi::checked_padded_rows(docs, cp, "lengths");
     const thdcp::Capacity cap = thdcp::capi::capacity_of(capacity);
     THDCP_CAPI_NOT_NULL(cu_seqlens, "capacity->max_seqs + 1 int32 entries");
     THDCP_CAPI_NOT_NULL(cu_seqlens_padded, "capacity->max_seqs + 1 int32 entries");
@@ -148,7 +194,16 @@ thdcp_status_t thdcp_choose_cp_size(const int64_t* lengths, int64_t num_document
     THDCP_CAPI_REQUIRE(num_sizes >= 1, "num_sizes=" << num_sizes << " must be >= 1");
     THDCP_CAPI_NOT_NULL(cp_sizes, "num_sizes=" << num_sizes << " CP sizes");
     THDCP_CAPI_NOT_NULL(cp_size, "an int32_t to receive the CP size");
+    THDCP_CAPI_REQUIRE(rows_per_rank >= 1, "rows_per_rank=" << rows_per_rank << " must be >= 1");
     const std::vector<int> sizes(cp_sizes, cp_sizes + num_sizes);
+    for (int i = 0; i < num_sizes; ++i) {
+      THDCP_CAPI_REQUIRE(sizes[i] >= 1, "cp_sizes[" << i << "]=" << sizes[i] << " must be >= 1");
+      int64_t budget = 0;
+      THDCP_CAPI_REQUIRE(thdcp::capi::multiply(rows_per_rank, sizes[i], &budget),
+                         "rows_per_rank=" << rows_per_rank << " times cp_sizes[" << i << "]=" << sizes[i]
+                                          << " overflows 64 bits: pass the rows one rank holds");
+      thdcp::capi::checked_padded_rows(docs, sizes[i], "lengths");
+    }
     *cp_size = thdcp::choose_cp_size(docs, sizes, rows_per_rank);
   });
 }
@@ -173,10 +228,26 @@ thdcp_status_t thdcp_plan_capacity(const int64_t* lengths, int64_t num_documents
                                                  << ": use 0 (refuse), 1 (split) or 2 (cut to a batch)");
     THDCP_CAPI_REQUIRE(p.fallback_budget >= 0.0 && p.fallback_budget <= 1.0,
                        "params->fallback_budget=" << p.fallback_budget << " must be a fraction in [0, 1]");
-    THDCP_CAPI_REQUIRE(p.tokens >= 2 * static_cast<int64_t>(p.cp_size),
-                       "params->tokens=" << p.tokens << " must be >= 2*cp_size=" << 2 * p.cp_size
-                                         << ": the rows of a batch");
+    THDCP_CAPI_REQUIRE(p.tokens >= 2 * static_cast<int64_t>(p.cp_size) &&
+                           p.tokens <= std::numeric_limits<int32_t>::max(),
+                       "params->tokens=" << p.tokens << " must be in [2*cp_size=" << 2 * p.cp_size
+                                         << ", 2^31): the rows of a batch, which a layout's int32 offsets index");
+    thdcp::capi::checked_padded_rows(documents.lengths, p.cp_size, "lengths");
     const int64_t alignment = thdcp::packing_alignment({p.cp_size});
+    if (p.long_documents == 1) {
+      // Splitting makes a document per piece of at most `longest` tokens: their count is
+      // bounded like a caller's own list of lengths before any is made.
+      const int64_t longest = p.tokens / alignment * alignment;
+      int64_t pieces = 0;
+      for (int64_t length : documents.lengths) {
+        pieces += length / longest + (length % longest != 0 ? 1 : 0);  // each term <= 2^62: no overflow
+        THDCP_CAPI_REQUIRE(pieces <= std::numeric_limits<int32_t>::max(),
+                           "lengths split into pieces of at most " << longest << " tokens (params->tokens="
+                                                                   << p.tokens
+                                                                   << ") make more than 2^31-1 documents: raise "
+                                                                      "tokens, or plan fewer documents at a time");
+      }
+    }
     const thdcp::DocumentLengths fitted = thdcp::fit_long_documents(
         documents, p.tokens, alignment, static_cast<thdcp::LongDocuments>(p.long_documents));
     thdcp::PlanOptions options;

@@ -65,6 +65,7 @@ const char* thdcp_status_name(thdcp_status_t status) {
     case THDCP_ERROR_COMMUNICATION: return "THDCP_ERROR_COMMUNICATION";
     case THDCP_ERROR_OUT_OF_MEMORY: return "THDCP_ERROR_OUT_OF_MEMORY";
     case THDCP_ERROR_INTERNAL: return "THDCP_ERROR_INTERNAL";
+    case THDCP_ERROR_INVALID_HANDLE: return "THDCP_ERROR_INVALID_HANDLE";
   }
   return "THDCP_STATUS_UNKNOWN";
 }

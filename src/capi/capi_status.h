@@ -13,6 +13,9 @@
 
 namespace thdcp::capi {
 
+// The largest value of thdcp_status_t (a status a callback returns is checked against it).
+constexpr int kLastStatus = THDCP_ERROR_INVALID_HANDLE;
+
 // An error the C layer raises itself, with the status it stands for (its own argument
 // checks, parts missing from the build). Library errors (thdcp::Error) get theirs from
 // status_of().

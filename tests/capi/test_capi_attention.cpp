@@ -155,5 +155,46 @@ TEST(CApiVersioning, ANewerLongerStructIsAcceptedWhenItsExtraBytesAreZero) {
                   "byte 80 past them is not 0", "link the libthdcp of that thdcp.h");
 }
 
+// The largest struct_size is THDCP_MAX_STRUCT_SIZE: a struct of that many bytes, the unknown
+// ones 0, is accepted; a nonzero byte in them is named; 8 bytes more, or a garbage value, is
+// refused before anything past the field is read (the buffer has only 4096 bytes:
+// under ASan a read past them fails the test).
+TEST(CApiVersioning, StructSizeIsBoundedByTheDocumentedMaximum) {
+  std::vector<unsigned char> buffer(THDCP_MAX_STRUCT_SIZE, 0);
+  auto* p = reinterpret_cast<thdcp_attention_params*>(buffer.data());
+  thdcp_attention_params_init(p);
+  p->max_tokens = 64;
+  p->max_seqs = 2;
+  p->q_heads = p->kv_heads = 1;
+  p->head_dim = 8;
+  p->struct_size = THDCP_MAX_STRUCT_SIZE;
+  size_t bytes = 1;
+  EXPECT_C_OK(thdcp_attention_plan_workspace_size(p, &bytes));
+  buffer.back() = 1;
+  EXPECT_C_STATUS(thdcp_attention_plan_workspace_size(p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->struct_size=4096", "byte 4095 past them is not 0");
+  for (const size_t garbage : {THDCP_MAX_STRUCT_SIZE + 8, size_t{1} << 40, ~size_t{0} - 7}) {
+    p->struct_size = garbage;
+    bytes = 12345;
+    EXPECT_C_STATUS(thdcp_attention_plan_workspace_size(p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                    "params->struct_size=" + std::to_string(garbage), "larger than THDCP_MAX_STRUCT_SIZE=4096",
+                    "set struct_size = sizeof(thdcp_attention_params)");
+    EXPECT_EQ(bytes, 12345u);
+  }
+  // The output struct of the planner is bounded the same way, and not written.
+  thdcp_capacity_plan_params plan = THDCP_CAPACITY_PLAN_PARAMS_INIT;
+  plan.tokens = 64;
+  const int64_t lengths[] = {5, 9};
+  thdcp_capacity_plan_result result{};
+  result.struct_size = size_t{1} << 33;
+  EXPECT_C_STATUS(thdcp_plan_capacity(lengths, 2, &plan, &result), THDCP_ERROR_INVALID_ARGUMENT,
+                  "result->struct_size=8589934592 is larger than THDCP_MAX_STRUCT_SIZE");
+  EXPECT_EQ(result.batches, 0);
+  plan.struct_size = 4104;
+  result.struct_size = sizeof(result);
+  EXPECT_C_STATUS(thdcp_plan_capacity(lengths, 2, &plan, &result), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->struct_size=4104 is larger than THDCP_MAX_STRUCT_SIZE");
+}
+
 }  // namespace
 }  // namespace thdcp

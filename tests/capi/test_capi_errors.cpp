@@ -41,7 +41,8 @@ TEST(CApiLibrary, VersionAbiAndStatusNames) {
   EXPECT_EQ(thdcp_abi_version(), 1);
   EXPECT_STREQ(thdcp_status_name(THDCP_SUCCESS), "THDCP_SUCCESS");
   EXPECT_STREQ(thdcp_status_name(THDCP_ERROR_COMMUNICATION), "THDCP_ERROR_COMMUNICATION");
-  EXPECT_STREQ(thdcp_status_name(static_cast<thdcp_status_t>(7)), "THDCP_STATUS_UNKNOWN");
+  EXPECT_STREQ(thdcp_status_name(THDCP_ERROR_INVALID_HANDLE), "THDCP_ERROR_INVALID_HANDLE");
+  EXPECT_STREQ(thdcp_status_name(static_cast<thdcp_status_t>(8)), "THDCP_STATUS_UNKNOWN");
   EXPECT_C_STATUS(thdcp_built_with(THDCP_FEATURE_CUDA, nullptr), THDCP_ERROR_INVALID_ARGUMENT,
                   "thdcp_built_with: out is NULL");
   int on = 0;
@@ -96,11 +97,18 @@ TEST(CApiAttentionPlan, BadParamsAreRefusedNamingTheField) {
        {"params->window_left=-2, window_right=0", "-1 for unbounded"}},
       {"softmax_scale", [](thdcp_attention_params& p) { p.softmax_scale = std::numeric_limits<float>::infinity(); },
        {"params->softmax_scale=inf must be finite"}},
+      {"softmax_scale negative", [](thdcp_attention_params& p) { p.softmax_scale = -1.0f; },
+       {"params->softmax_scale=-1 must be finite and >= 0", "or 0 for 1/sqrt(head_dim)"}},
+      {"softmax_scale NaN",
+       [](thdcp_attention_params& p) { p.softmax_scale = std::numeric_limits<float>::quiet_NaN(); },
+       {"params->softmax_scale=nan must be finite and >= 0"}},
       {"dq_dtype", [](thdcp_attention_params& p) { p.dq_dtype = THDCP_DTYPE_FP16; },
        {"params->dq_dtype=THDCP_DTYPE_FP16 is neither the plan's dtype (bf16) nor fp32"}},
       {"dkv_dtype", [](thdcp_attention_params& p) { set_raw(p.dkv_dtype, -4); },
        {"params->dkv_dtype=-4"}},
       {"num_threads", [](thdcp_attention_params& p) { p.num_threads = -1; }, {"params->num_threads=-1"}},
+      {"num_threads too many", [](thdcp_attention_params& p) { p.num_threads = THDCP_MAX_THREADS + 1; },
+       {"params->num_threads=4097 must be in [0, THDCP_MAX_THREADS=4096]"}},
   };
   for (const BadParams& c : cases) {
     SCOPED_TRACE(c.name);
@@ -117,9 +125,13 @@ TEST(CApiAttentionPlan, BadParamsAreRefusedNamingTheField) {
                                 c.message));
     EXPECT_EQ(bytes, 12345u);
   }
-  const thdcp_attention_params p = small_params();
+  thdcp_attention_params p = small_params();
   EXPECT_C_STATUS(thdcp_attention_plan_create(&p, nullptr, 0, nullptr), THDCP_ERROR_INVALID_ARGUMENT,
                   "plan is NULL: pass a thdcp_attention_plan_t");
+  p.num_threads = THDCP_MAX_THREADS;  // the limit itself is accepted
+  thdcp_attention_plan_t largest = nullptr;
+  EXPECT_C_OK(thdcp_attention_plan_create(&p, nullptr, 0, &largest));
+  EXPECT_C_OK(thdcp_attention_plan_destroy(largest));
   EXPECT_C_STATUS(thdcp_attention_plan_workspace_size(&p, nullptr), THDCP_ERROR_INVALID_ARGUMENT,
                   "workspace_bytes is NULL");
   EXPECT_C_OK(thdcp_attention_plan_destroy(nullptr));
@@ -288,7 +300,24 @@ TEST(CApiCommunicators, BadArgumentsAndQueries) {
   thdcp_communicator_t comms[2] = {reinterpret_cast<thdcp_communicator_t>(0x1),
                                    reinterpret_cast<thdcp_communicator_t>(0x1)};
   EXPECT_C_STATUS(thdcp_communicator_create_in_process_group(0, comms), THDCP_ERROR_INVALID_ARGUMENT,
-                  "thdcp_communicator_create_in_process_group: size=0 must be >= 1");
+                  "thdcp_communicator_create_in_process_group: size=0 must be in [1, THDCP_MAX_GROUP_SIZE=1024]");
+  // A group's size is bounded before anything is allocated for it (2^30 ranks used to be
+  // allocated, then failed for memory or exhausted it).
+  for (const int size : {THDCP_MAX_GROUP_SIZE + 1, 1 << 30}) {
+    EXPECT_C_STATUS(thdcp_communicator_create_in_process_group(size, comms), THDCP_ERROR_INVALID_ARGUMENT,
+                    "size=" + std::to_string(size) + " must be in [1, THDCP_MAX_GROUP_SIZE=1024]",
+                    "each driven by a thread of its own");
+    EXPECT_C_STATUS(thdcp_communicator_create_shared_gpu_group(size, 0, comms), THDCP_ERROR_INVALID_ARGUMENT,
+                    "thdcp_communicator_create_shared_gpu_group: size=" + std::to_string(size));
+  }
+  {
+    std::vector<thdcp_communicator_t> largest(THDCP_MAX_GROUP_SIZE, nullptr);
+    ASSERT_C_OK(thdcp_communicator_create_in_process_group(THDCP_MAX_GROUP_SIZE, largest.data()));
+    int last = -1;
+    EXPECT_C_OK(thdcp_communicator_rank(largest.back(), &last));
+    EXPECT_EQ(last, THDCP_MAX_GROUP_SIZE - 1);
+    for (thdcp_communicator_t c : largest) EXPECT_C_OK(thdcp_communicator_destroy(c));
+  }
   EXPECT_C_STATUS(thdcp_communicator_create_in_process_group(2, nullptr), THDCP_ERROR_INVALID_ARGUMENT,
                   "comms is NULL");
   EXPECT_EQ(comms[0], reinterpret_cast<thdcp_communicator_t>(0x1));
@@ -379,6 +408,10 @@ TEST(CApiCpPlan, BadParamsAndCommunicators) {
       {[](thdcp_cp_params& q) { q.max_tokens = 63; }, {"params->max_tokens=63 must be a multiple of 2*cp_size=2"}},
       {[](thdcp_cp_params& q) { q.struct_size = 64; }, {"params->struct_size=64", "first version has 72 bytes"}},
       {[](thdcp_cp_params& q) { q.head_dim = 20; }, {"params->head_dim=20"}},
+      {[](thdcp_cp_params& q) { q.softmax_scale = -1.0f; }, {"params->softmax_scale=-1 must be finite and >= 0"}},
+      {[](thdcp_cp_params& q) { q.softmax_scale = -std::numeric_limits<float>::infinity(); },
+       {"params->softmax_scale=-inf"}},
+      {[](thdcp_cp_params& q) { q.num_threads = 1 << 30; }, {"params->num_threads=1073741824 must be in [0, "}},
       {[](thdcp_cp_params& q) {
          q.q_heads = 4;
          q.kv_heads = 2;

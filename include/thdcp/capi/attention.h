@@ -21,11 +21,13 @@ typedef struct thdcp_attention_params {
   int64_t max_tokens;    /* rows T of every tensor of a run (capacity), >= 0, < 2^31 */
   int64_t q_heads;       /* Hq >= 1 */
   int64_t kv_heads;      /* Hkv >= 1, Hq a multiple of Hkv (GQA/MQA) */
-  int64_t head_dim;      /* D. CPU: a multiple of 8 in [8, 256]; CUDA: 64 or 128 */
+  int64_t head_dim;      /* D. CPU: a multiple of 8 in [8, 256]; CUDA: 64 or 128.
+                            max_tokens * q_heads * head_dim < 2^53 (every size the plan
+                            derives then fits 64 bits; larger is refused as an overflow) */
   int32_t max_seqs;      /* sequences a layout may have (capacity), >= 1 */
   int32_t window_left;   /* mask, see above; >= -1. Default -1 */
   int32_t window_right;  /* >= -1. Default -1 (full attention) */
-  float softmax_scale;   /* scale of q.k; 0: 1/sqrt(head_dim). Default 0 */
+  float softmax_scale;   /* scale of q.k, finite and >= 0; 0: 1/sqrt(head_dim). Default 0 */
   /* ---- THDCP_ATTENTION_PARAMS_MIN_SIZE (64 bytes) ends here: optional from here on ---- */
   int32_t deterministic; /* CUDA backward: nonzero = the same bits on every run (default 1);
                             0 lets the portable kernels add dQ with atomics. CPU: always
@@ -33,7 +35,8 @@ typedef struct thdcp_attention_params {
   thdcp_dtype_t dq_dtype;  /* backward dq: the plan's dtype or fp32. Default
                               THDCP_DTYPE_DEFAULT: the plan's dtype */
   thdcp_dtype_t dkv_dtype; /* backward dk and dv: the plan's dtype or fp32. Default: dtype */
-  int32_t num_threads;   /* CPU worker threads; 0: every hardware thread. Default 0 */
+  int32_t num_threads;   /* CPU worker threads in [0, THDCP_MAX_THREADS]; 0: every hardware
+                            thread. Default 0 */
 } thdcp_attention_params;
 
 #define THDCP_ATTENTION_PARAMS_MIN_SIZE ((size_t)64)

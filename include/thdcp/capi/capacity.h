@@ -33,7 +33,9 @@ THDCP_API thdcp_status_t thdcp_capacity_default(int64_t max_tokens, int cp, thdc
 THDCP_API thdcp_status_t thdcp_capacity_check_fit(const int64_t* lengths, int64_t num_documents, int cp,
                                                  const thdcp_capacity_t* capacity, thdcp_fit_t* fit);
 
-/* Rows of the documents each padded to a multiple of 2 * cp. */
+/* Rows of the documents each padded to a multiple of 2 * cp. A sum past 2^63-1, or a length
+ * within 2 * cp of it, is refused (THDCP_ERROR_INVALID_ARGUMENT naming lengths), here and in
+ * every helper of this header that pads documents. */
 THDCP_API thdcp_status_t thdcp_padded_rows(const int64_t* lengths, int64_t num_documents, int cp, int64_t* rows);
 
 /* The layout of documents packed back to back, each padded to a multiple of 2 * cp:
@@ -51,7 +53,8 @@ THDCP_API thdcp_status_t thdcp_capacity_layout(const int64_t* lengths, int64_t n
                                               int32_t* cu_seqlens_padded);
 
 /* Dynamic CP's policy: the smallest size in `cp_sizes` (num_sizes entries >= 1) whose rows
- * per rank (padded rows / size) are at most rows_per_rank. Refused when none is. */
+ * per rank (padded rows / size) are at most rows_per_rank (>= 1; rows_per_rank * size must
+ * fit 64 bits). Refused when none is. */
 THDCP_API thdcp_status_t thdcp_choose_cp_size(const int64_t* lengths, int64_t num_documents, const int32_t* cp_sizes,
                                              int num_sizes, int64_t rows_per_rank, int32_t* cp_size);
 
@@ -61,11 +64,11 @@ THDCP_API thdcp_status_t thdcp_choose_cp_size(const int64_t* lengths, int64_t nu
  * is at most twice as large). */
 typedef struct thdcp_capacity_plan_params {
   size_t struct_size;     /* sizeof(thdcp_capacity_plan_params) */
-  int64_t tokens;         /* rows per batch (max_tokens), >= 2 * cp */
+  int64_t tokens;         /* rows per batch (max_tokens), >= 2 * cp, < 2^31 */
   double fallback_budget; /* largest accepted fraction of batches that fall back; default 0.01 */
   int32_t cp_size;        /* >= 1; default 1 */
-  int32_t long_documents; /* a document longer than a batch: 0 refuse, 1 split into pieces,
-                             2 cut to a batch. Default 0 */
+  int32_t long_documents; /* a document longer than a batch: 0 refuse, 1 split into pieces
+                             (at most 2^31-1 documents in all), 2 cut to a batch. Default 0 */
   /* ---- THDCP_CAPACITY_PLAN_PARAMS_MIN_SIZE (32 bytes) ---- */
 } thdcp_capacity_plan_params;
 

@@ -21,11 +21,12 @@ extern "C" {
  * then fail with THDCP_ERROR_COMMUNICATION, and so does every later collective of the
  * group. Destroy the group's plans and communicators and make a new group. (MPI has no such
  * release: a failed rank leaves the others waiting, as in any MPI program; NCCL's waits are
- * bounded by its timeout.) */
+ * bounded by its timeout. A call refused for its handle, THDCP_ERROR_INVALID_HANDLE, has no
+ * group it could abort.) */
 
 /* `size` host communicators of one group in this process, one per rank: comms[r] is rank r.
  * Each is used by its own thread, and every rank's thread must enter each collective.
- *   size   ranks, >= 1
+ *   size   ranks in [1, THDCP_MAX_GROUP_SIZE] (1024)
  *   comms  an array of `size` handles, all written on success, none on failure */
 THDCP_API thdcp_status_t thdcp_communicator_create_in_process_group(int size, thdcp_communicator_t* comms);
 
@@ -55,18 +56,21 @@ THDCP_API thdcp_status_t thdcp_communicator_create_nccl(const void* id, size_t b
 
 /* Wraps a communicator the caller made and keeps: `nccl_comm` is an ncclComm_t of `device`.
  * Rank and size are the communicator's. thdcp never finalizes, destroys or aborts it;
- * the caller keeps it alive longer than the handle and every graph captured through it. */
+ * the caller keeps it alive longer than the handle, every CP plan and graph bank made over
+ * it, and every graph captured through it. */
 THDCP_API thdcp_status_t thdcp_communicator_borrow_nccl(void* nccl_comm, int device, thdcp_communicator_t* comm);
 
 /* `size` device communicators of ranks that share one GPU (`device`), one per rank, for
  * tests and single-GPU use of cp > 1: comms[r] is rank r, each used by its own thread, with
- * `device` current. Collectives are device copies ordered by events; capture-safe. */
+ * `device` current. Collectives are device copies ordered by events; capture-safe. `size`
+ * in [1, THDCP_MAX_GROUP_SIZE]; `comms` as for an in-process group. */
 THDCP_API thdcp_status_t thdcp_communicator_create_shared_gpu_group(int size, int device,
                                                                    thdcp_communicator_t* comms);
 
-/* Releases one rank's communicator; NULL is accepted. A borrowed NCCL communicator is left
+/* Ends one rank's communicator handle; NULL is accepted. The communicator is released now,
+ * or with the last CP plan or graph bank made over it. A borrowed NCCL communicator is left
  * to its owner. The other ranks of an in-process or shared-GPU group stay usable for
- * non-collective calls; the group's state lives until its last communicator is destroyed. */
+ * non-collective calls; the group's state lives until its last communicator is released. */
 THDCP_API thdcp_status_t thdcp_communicator_destroy(thdcp_communicator_t comm);
 
 THDCP_API thdcp_status_t thdcp_communicator_rank(thdcp_communicator_t comm, int* rank);

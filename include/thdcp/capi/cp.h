@@ -23,16 +23,18 @@ typedef struct thdcp_cp_params {
   int64_t max_tokens;    /* global rows T of the layouts (capacity), a multiple of 2 * cp */
   int64_t q_heads;       /* Hq >= 1 */
   int64_t kv_heads;      /* Hkv >= 1, Hq a multiple of Hkv */
-  int64_t head_dim;      /* D: as thdcp_attention_params */
+  int64_t head_dim;      /* D: as thdcp_attention_params (max_tokens * q_heads * head_dim
+                            < 2^53) */
   int32_t cp_size;       /* ranks cp >= 1: must equal the communicator's size (it sizes the
                             workspace before there is a communicator) */
   int32_t max_seqs;      /* sequences of a layout (capacity), >= 1 */
   int32_t window_left;   /* mask, as thdcp_attention_params. Default -1 */
   int32_t window_right;  /* Default -1 */
-  float softmax_scale;   /* 0: 1/sqrt(head_dim) */
+  float softmax_scale;   /* finite and >= 0; 0: 1/sqrt(head_dim) */
   int32_t deterministic; /* CUDA: as thdcp_attention_params. Default 1 */
   /* ---- THDCP_CP_PARAMS_MIN_SIZE (72 bytes) ends here: optional from here on ---- */
-  int32_t num_threads;   /* CPU worker threads per rank; 0: every hardware thread */
+  int32_t num_threads;   /* CPU worker threads per rank in [0, THDCP_MAX_THREADS]; 0: every
+                            hardware thread */
   int32_t backward_kv_from_forward; /* CUDA: nonzero = thdcp_cp_backward takes the gathered
                                        K/V the plan's last forward left in its workspace
                                        (skips a gather) — only when that forward ran on the
@@ -62,7 +64,7 @@ THDCP_API thdcp_status_t thdcp_cp_plan_workspace_size(const thdcp_cp_params* par
 /* Makes this rank's plan. Collective over `comm`: every rank calls it, with the same params
  * (checked across the ranks: a disagreement fails on every rank, naming it).
  *   comm       a host communicator (CPU backend) or a device communicator (CUDA backend;
- *              its device must be current) of params->cp_size ranks; borrowed until
+ *              its device must be current) of params->cp_size ranks; the plan holds it until
  *              thdcp_cp_plan_destroy
  *   workspace  CUDA: thdcp_cp_plan_workspace_size bytes of device memory of the
  *              communicator's device, borrowed for the plan's life; forward and backward
@@ -109,13 +111,15 @@ THDCP_API thdcp_status_t thdcp_cp_local_rows(const thdcp_layout_t* layout, int c
 /* Copies the rows of `rank` out of a global tensor: local[i] = global[global_rows[i]], rows
  * of row_bytes bytes (e.g. heads * head_dim * element size of a contiguous THD tensor; an
  * lse [H, T] is H planes of rows of 4 bytes).
- *   global  T * row_bytes bytes; local (T / cp) * row_bytes bytes, written. Host memory,
- *           not overlapping */
+ *   global     T * row_bytes bytes; local (T / cp) * row_bytes bytes, written. Host memory.
+ *              They may not overlap: overlapping buffers are refused
+ *              (THDCP_ERROR_INVALID_ARGUMENT naming both), as the copy is not in place
+ *   row_bytes  >= 1; T * row_bytes must be at most 2^63-1 (else refused, naming row_bytes) */
 THDCP_API thdcp_status_t thdcp_cp_split(const void* global, void* local, size_t row_bytes,
                                        const thdcp_layout_t* layout, int cp, int rank);
 
 /* The inverse: writes the local rows of `rank` into their rows of `global` (other rows are
- * left as they are). */
+ * left as they are). The same checks: the buffers apart, T * row_bytes at most 2^63-1. */
 THDCP_API thdcp_status_t thdcp_cp_merge(const void* local, void* global, size_t row_bytes,
                                        const thdcp_layout_t* layout, int cp, int rank);
 

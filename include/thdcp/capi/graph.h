@@ -68,8 +68,8 @@ typedef struct thdcp_graph_counters_t {
   int64_t fallbacks;
 } thdcp_graph_counters_t;
 
-/* A bank over `comm` (a device communicator, borrowed until thdcp_graph_bank_destroy).
- * `params` may be NULL for the defaults. */
+/* A bank over `comm` (a device communicator, which the bank holds until
+ * thdcp_graph_bank_destroy). `params` may be NULL for the defaults. */
 THDCP_API thdcp_status_t thdcp_graph_bank_create(thdcp_communicator_t comm, const thdcp_graph_bank_params* params,
                                                 thdcp_graph_bank_t* bank);
 

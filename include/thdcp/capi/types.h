@@ -26,7 +26,12 @@ typedef enum thdcp_status_t {
   THDCP_ERROR_COMMUNICATION = 4,    /* a collective failed: another rank failed or aborted the
                                        group, NCCL/MPI reported an error or timed out */
   THDCP_ERROR_OUT_OF_MEMORY = 5,    /* host (std::bad_alloc) or device memory */
-  THDCP_ERROR_INTERNAL = 6          /* a bug in thdcp: please report the message */
+  THDCP_ERROR_INTERNAL = 6,         /* a bug in thdcp: please report the message */
+  THDCP_ERROR_INVALID_HANDLE = 7    /* a non-NULL handle that is not live: destroyed already
+                                       (a second destroy, a use after destroy), never returned
+                                       by this library (uninitialised, zeroed or foreign
+                                       memory), or a handle of another type. Nothing is read
+                                       through it, and a destroy releases nothing */
 } thdcp_status_t;
 
 /* Storage dtypes. 16-bit values are raw IEEE binary16 / bfloat16 bits. */
@@ -52,6 +57,20 @@ typedef enum thdcp_feature_t {
 /* A cudaStream_t, without cuda_runtime.h (cudaStream_t is `struct CUstream_st*`). NULL is
  * the default stream. Ignored by the CPU backend. */
 typedef struct CUstream_st* thdcp_stream_t;
+
+/* The largest struct_size a versioned struct (thdcp_*_params, thdcp_capacity_plan_result)
+ * may have: a larger one is refused (THDCP_ERROR_INVALID_ARGUMENT) before any byte past the
+ * struct_size field is read, as a value no version of a struct reaches (an unset field). */
+#define THDCP_MAX_STRUCT_SIZE ((size_t)4096)
+
+/* The most CPU worker threads a plan may ask for (num_threads of thdcp_attention_params
+ * and thdcp_cp_params); more is refused when the plan is made. */
+#define THDCP_MAX_THREADS 4096
+
+/* The most ranks of a group made in one process (thdcp_communicator_create_in_process_group,
+ * thdcp_communicator_create_shared_gpu_group), whose ranks are threads of the process; a
+ * larger size is refused before anything is allocated. */
+#define THDCP_MAX_GROUP_SIZE 1024
 
 /* ---- opaque handles ----------------------------------------------------------------- */
 
@@ -94,7 +113,8 @@ THDCP_API thdcp_status_t thdcp_built_with(thdcp_feature_t feature, int* out);
  * `data` is a host pointer (CPU backend) or a device pointer of the current device, 16-byte
  * aligned (CUDA backend; there row_stride and, with several heads, head_stride are
  * multiples of 8 elements and fp32 dk/dv are contiguous). Inputs are only read, although
- * `data` is not const. The caller owns the memory. */
+ * `data` is not const. The caller owns the memory. A tensor whose last element's byte
+ * offset overflows 64 bits (a garbage stride) is refused, naming it. */
 typedef struct thdcp_tensor_t {
   void* data;
   int64_t rows;
