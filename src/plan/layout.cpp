@@ -20,6 +20,9 @@ int64_t cp_padded_length(int64_t length, int cp) {
   check_cp(cp, "cp_padded_length");
   THDCP_CHECK(length >= 0, "sequence length " << length << " is negative");
   const int64_t align = 2 * static_cast<int64_t>(cp);
+  THDCP_CHECK(length <= std::numeric_limits<int64_t>::max() - (align - 1),
+              "sequence length " << length << " cannot be padded to a multiple of 2*cp=" << align
+                                 << " in int64: no layout holds it (offsets are int32)");
   return (length + align - 1) / align * align;
 }
 

@@ -1,8 +1,10 @@
 // Layouts: padding, capacity with placeholders, and every validation rule.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <vector>
 
+#include "support/expect_error.h"
 #include "support/random_batch.h"
 #include "thdcp/core/error.h"
 #include "thdcp/plan/layout.h"
@@ -24,6 +26,13 @@ TEST(Layout, PadsToMultiplesOfTwoCp) {
   EXPECT_EQ(layout.cu_seqlens, (std::vector<int32_t>{0, 5, 5, 6, 22}));
   EXPECT_EQ(layout.cu_seqlens_padded, (std::vector<int32_t>{0, 8, 8, 16, 32}));
   validate_layout(layout.view(), 32, 4);
+}
+
+TEST(Layout, PaddingThatWouldOverflowInt64IsRefused) {
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(cp_padded_length(max - 7, 4), max - 7);  // max - 7 = 2^63 - 8, a multiple of 8
+  test::expect_error([&] { cp_padded_length(max - 6, 4); }, {"sequence length", "2*cp=8", "int64"});
+  test::expect_error([&] { make_layout({max}, 1); }, {"cannot be padded"});
 }
 
 TEST(Layout, CapacityAddsPlaceholders) {
