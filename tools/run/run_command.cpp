@@ -290,22 +290,34 @@ int run_command(const std::vector<std::string>& argv) {
   Progress progress(config.quiet || !root);
   progress.phase("preparing the batch");
   GlobalBatch batch;
+  RunSize size;
   std::string device;
+  const bool process_per_rank = static_cast<bool>(comm);
   if (!config.load_dir.empty()) {
-    batch = load_batch(config, args.has("dtype"), args.has("heads"), args.has("head-dim"));
-    // After loading: --load fixes the dtype and head dim the backend must support.
+    // Headers first: they fix the dtype and head dim the backend must support, and every
+    // size; nothing large is read before memory is checked against them.
+    const LoadFiles files = read_load_headers(config, args.has("dtype"), args.has("heads"), args.has("head-dim"));
     config.backend = resolve_backend(config, &device);
-    check_host_memory(config, batch.layout.total_rows(), static_cast<bool>(comm), "--load " + config.load_dir);
+    const std::string source = "--load " + quote_excerpt(config.load_dir, kPathExcerptChars);
+    check_host_memory(config, load_size(files), process_per_rank, source);
+    batch = load_layout(config, files);
+    check_host_memory(config, load_size(files, batch), process_per_rank, source);
+    load_tensors(config, files, batch);
+    size = load_size(files, batch);
   } else {
-    // Before anything is allocated: the batch has --tokens rows.
+    // Before anything is allocated: the batch has --tokens rows, and at most one document per
+    // 2*cp of them.
     config.backend = resolve_backend(config, &device);
-    check_host_memory(config, config.tokens, static_cast<bool>(comm), "--tokens " + std::to_string(config.tokens));
+    size.rows = config.tokens;
+    size.sequences = config.tokens / (2 * config.cp) + 1;
+    check_host_memory(config, size, process_per_rank, "--tokens " + std::to_string(config.tokens));
     batch = config.lengths_file.empty() ? make_default_batch(config) : make_batch_from_lengths(config);
+    size.rows = batch.layout.total_rows();
   }
   GlobalOutputs outputs;
   RunReport report = comm ? run_rank_job(*comm, config, batch, outputs, progress)
                           : run_in_process_job(config, batch, outputs, progress);
-  report.host_bytes_estimated = estimate_host_bytes(config, batch.layout.total_rows(), static_cast<bool>(comm));
+  report.host_bytes_estimated = estimate_host_bytes(config, size, process_per_rank);
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   report.host_bytes_peak = static_cast<double>(usage.ru_maxrss) * 1024;  // Linux: kilobytes
