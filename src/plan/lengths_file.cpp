@@ -141,15 +141,36 @@ DocumentLengths read_lengths_file(const std::string& path) {
   return out;
 }
 
-DocumentBatches read_batches_file(const std::string& path) {
-  DocumentBatches out;
-  out.source = path;
+namespace {
+
+// Each batch of a batches file: its document lengths, checked, and its line.
+void for_each_batch(const std::string& path,
+                    const std::function<void(std::vector<int64_t>&& batch, int64_t number)>& take) {
   read_lines(path, "batches", [&](const std::string& line, int64_t number) {
     const std::vector<std::string> fields = split_fields(line);
     if (fields.empty()) return;
     std::vector<int64_t> batch;
     batch.reserve(fields.size());
     for (const std::string& field : fields) batch.push_back(parse_length(field, path, number));
+    take(std::move(batch), number);
+  });
+}
+
+}  // namespace
+
+PackingSize count_batches_file(const std::string& path) {
+  PackingSize size;
+  for_each_batch(path, [&](std::vector<int64_t>&& batch, int64_t) {
+    ++size.batches;
+    size.documents += static_cast<int64_t>(batch.size());
+  });
+  return size;
+}
+
+DocumentBatches read_batches_file(const std::string& path) {
+  DocumentBatches out;
+  out.source = path;
+  for_each_batch(path, [&](std::vector<int64_t>&& batch, int64_t number) {
     out.batches.push_back(std::move(batch));
     out.lines.push_back(number);
   });

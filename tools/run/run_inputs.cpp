@@ -153,14 +153,16 @@ GlobalBatch make_default_batch(const RunConfig& c) {
 
 GlobalBatch make_batch_from_lengths(const RunConfig& c) {
   const DocumentLengths documents = read_lengths_file(c.lengths_file);
-  const DocumentBatches batches = pack_documents(documents, c.tokens, 2 * static_cast<int64_t>(c.cp));
-  const int64_t count = static_cast<int64_t>(batches.batches.size());
+  // Only the batch asked for is built (a file of many short documents packs into many).
+  int64_t count = 0;
+  std::vector<int64_t> lengths =
+      packed_batch(documents, c.tokens, 2 * static_cast<int64_t>(c.cp), c.batch_index, &count);
   if (c.batch_index >= count) {
     throw UsageError("--batch " + std::to_string(c.batch_index) + ": " + quoted(c.lengths_file) + " packs into " +
                      std::to_string(count) + " batches of " + std::to_string(c.tokens) +
                      " rows: pick one of 0.." + std::to_string(count - 1));
   }
-  return random_batch(c, batches.batches[static_cast<size_t>(c.batch_index)],
+  return random_batch(c, std::move(lengths),
                       quoted(c.lengths_file) + ", batch " + std::to_string(c.batch_index) + " of " +
                           std::to_string(count));
 }
