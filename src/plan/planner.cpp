@@ -15,11 +15,17 @@ namespace thdcp {
 
 namespace {
 
-// "FILE:LINE: " when the origin is known, "SOURCE: " or "" otherwise.
+// The source as messages name it: a file's path (lines known) as a quoted excerpt, never raw;
+// a caller's own description ("lengths") as it is.
+std::string source_name(const std::string& source, const std::vector<int64_t>& lines) {
+  return lines.empty() ? source : quote_excerpt(source, kPathExcerptChars);
+}
+
+// "'FILE':LINE: " when the origin is known, "SOURCE: " or "" otherwise.
 std::string where(const std::string& source, const std::vector<int64_t>& lines, size_t index) {
   if (source.empty()) return "";
-  if (index < lines.size()) return source + ":" + std::to_string(lines[index]) + ": ";
-  return source + ": ";
+  if (index < lines.size()) return source_name(source, lines) + ":" + std::to_string(lines[index]) + ": ";
+  return source_name(source, lines) + ": ";
 }
 
 int64_t padded_to(int64_t length, int64_t alignment) { return (length + alignment - 1) / alignment * alignment; }
@@ -181,7 +187,8 @@ void walk_packing(const DocumentLengths& documents, int64_t tokens, int64_t alig
     place(batch, i);
     used += rows;
   }
-  THDCP_CHECK(batch >= 0, (documents.source.empty() ? std::string("the documents") : documents.source)
+  THDCP_CHECK(batch >= 0, (documents.source.empty() ? std::string("the documents")
+                                                     : source_name(documents.source, documents.lines))
                               << ": no documents to pack: give at least one length");
 }
 
@@ -347,7 +354,7 @@ CapacityPlan plan_capacity(const DocumentBatches& input, const PlanOptions& opti
   THDCP_CHECK(options.tokens >= 1, "tokens=" << options.tokens << " must be >= 1 (rows per batch)");
   THDCP_CHECK(options.fallback_budget >= 0 && options.fallback_budget <= 1,
               "fallback budget " << options.fallback_budget << " must be a fraction in [0, 1]");
-  const std::string source = input.source.empty() ? std::string("the batches") : input.source;
+  const std::string source = input.source.empty() ? std::string("the batches") : source_name(input.source, input.lines);
   THDCP_CHECK(!input.batches.empty(), source << ": no batches: give at least one");
   for (int cp : options.cp_sizes) {
     THDCP_CHECK(options.tokens % (2 * static_cast<int64_t>(cp)) == 0,

@@ -92,7 +92,7 @@ TEST(Planner, PacksInOrderAndNamesADocumentThatDoesNotFit) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("lens.txt:7:"), std::string::npos) << m;
+    EXPECT_NE(m.find("lens.txt':7:"), std::string::npos) << m;
     EXPECT_NE(m.find("17 tokens"), std::string::npos) << m;
     EXPECT_NE(m.find("raise tokens to at least 20"), std::string::npos) << m;
   }
@@ -283,7 +283,7 @@ TEST(Planner, RejectsBadInputNamingIt) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("batches.txt:9:"), std::string::npos) << m;
+    EXPECT_NE(m.find("batches.txt':9:"), std::string::npos) << m;
     EXPECT_NE(m.find("raise tokens to at least 40"), std::string::npos) << m;
   }
   options.tokens = 30;  // not a multiple of 2*cp=4

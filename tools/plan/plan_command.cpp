@@ -63,7 +63,7 @@ std::string bytes_text(int64_t bytes) {
 void print_plan(const CapacityPlan& plan, const DocumentBatches& batches) {
   const DocsPerBatch& d = plan.docs_per_batch;
   std::printf("thdcp plan: %lld batches of %lld rows from %s\n", static_cast<long long>(d.batches),
-              static_cast<long long>(plan.tokens), batches.source.c_str());
+              static_cast<long long>(plan.tokens), quote_excerpt(batches.source, kPathExcerptChars).c_str());
   std::printf("documents per batch: mean %.1f, P50 %lld, P90 %lld, P99 %lld, max %lld (nearest-rank percentiles)\n",
               d.mean, static_cast<long long>(d.p50), static_cast<long long>(d.p90), static_cast<long long>(d.p99),
               static_cast<long long>(d.max));
@@ -182,7 +182,9 @@ int plan_command(const std::vector<std::string>& argv) {
   }
   print_plan(plan, batches);
   if (!long_docs_note.empty()) std::printf("\n%s\n", long_docs_note.c_str());
-  if (args.has("plot")) std::printf("\nplot written to %s\n", args.get("plot", "").c_str());
+  if (args.has("plot")) {
+    std::printf("\nplot written to %s\n", quote_excerpt(args.get("plot", ""), kPathExcerptChars).c_str());
+  }
   return 0;
 }
 

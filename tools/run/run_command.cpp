@@ -90,9 +90,9 @@ RunConfig parse_run_config(const Args& args) {
     throw UsageError("--tokens has no meaning with --load: the loaded tensors fix the rows");
   }
   const auto [hq, hkv] = args.get_pair("heads", {c.q_heads, c.kv_heads}, ':');
-  if (hq < 1 || hkv < 1) throw UsageError("--heads " + args.get("heads", "") + ": both counts must be >= 1");
+  if (hq < 1 || hkv < 1) throw UsageError("--heads " + quote_excerpt(args.get("heads", "")) + ": both counts must be >= 1");
   if (hq % hkv != 0) {
-    throw UsageError("--heads " + args.get("heads", "") + ": HQ must be a multiple of HKV (GQA/MQA)");
+    throw UsageError("--heads " + quote_excerpt(args.get("heads", "")) + ": HQ must be a multiple of HKV (GQA/MQA)");
   }
   c.q_heads = hq;
   c.kv_heads = hkv;
@@ -109,7 +109,7 @@ RunConfig parse_run_config(const Args& args) {
   } else if (backend == "cuda") {
     c.backend = Backend::kCuda;
   } else {
-    throw UsageError("--backend " + backend + ": use auto, cpu or cuda");
+    throw UsageError("--backend " + quote_excerpt(backend) + ": use auto, cpu or cuda");
   }
   c.threads = static_cast<int>(args.get_int("threads", 0, 0, 4096));
   if (c.tokens < 2 * c.cp) {
@@ -340,8 +340,9 @@ int run_command(const std::vector<std::string>& argv) {
     out.commit();
   }
   print_report(report, batch, device);
-  if (!passed && !config.save_dir.empty()) std::printf("nothing saved to %s: the check failed\n", config.save_dir.c_str());
-  if (passed && !config.save_dir.empty()) std::printf("saved inputs and outputs to %s\n", config.save_dir.c_str());
+  const std::string save_dir = quote_excerpt(config.save_dir, kPathExcerptChars);
+  if (!passed && !config.save_dir.empty()) std::printf("nothing saved to %s: the check failed\n", save_dir.c_str());
+  if (passed && !config.save_dir.empty()) std::printf("saved inputs and outputs to %s\n", save_dir.c_str());
   return passed ? 0 : 1;
 }
 

@@ -57,7 +57,7 @@ bool file_exists(const std::string& path) {
 }
 
 // A path as messages quote it.
-std::string quoted(const std::string& path) { return quote_excerpt(path, kPathExcerptChars); }
+std::string quote_path(const std::string& path) { return quote_excerpt(path, kPathExcerptChars); }
 
 // The storage dtype of a float array and --dtype: "<u2" holds raw 16-bit words whose meaning
 // --dtype gives (bf16 unless it says fp16).
@@ -70,14 +70,14 @@ DType dtype_of(const NpyHeader& a, const RunConfig& c, bool dtype_given) {
   } else if (a.descr == "<u2") {
     d = dtype_given ? c.dtype : DType::kBFloat16;
     if (d == DType::kFloat32) {
-      throw UsageError(quoted(a.path) + " holds 16-bit words (<u2) but --dtype is fp32: use --dtype bf16 (or fp16)");
+      throw UsageError(quote_path(a.path) + " holds 16-bit words (<u2) but --dtype is fp32: use --dtype bf16 (or fp16)");
     }
   } else {
-    throw UsageError(quoted(a.path) + ": dtype " + quote_excerpt(a.descr) +
+    throw UsageError(quote_path(a.path) + ": dtype " + quote_excerpt(a.descr) +
                      " is not a tensor dtype: use float32 (<f4), float16 (<f2) or bfloat16 stored as uint16 (<u2)");
   }
   if (dtype_given && d != c.dtype) {
-    throw UsageError(quoted(a.path) + " holds " + dtype_name(d) + " but --dtype is " + dtype_name(c.dtype) +
+    throw UsageError(quote_path(a.path) + " holds " + dtype_name(d) + " but --dtype is " + dtype_name(c.dtype) +
                      ": drop --dtype or convert the file");
   }
   return d;
@@ -87,7 +87,7 @@ DType dtype_of(const NpyHeader& a, const RunConfig& c, bool dtype_given) {
 HostTensor read_tensor(const NpyHeader& h, DType dtype) {
   HostTensor t(dtype, h.shape[0], h.shape[1], h.shape[2]);
   THDCP_CHECK(static_cast<uint64_t>(t.numel()) * dtype_size(dtype) == h.data_bytes,
-              quoted(h.path) << ": " << h.data_bytes << " data bytes do not hold " << dtype_name(dtype) << " elements");
+              quote_path(h.path) << ": " << h.data_bytes << " data bytes do not hold " << dtype_name(dtype) << " elements");
   read_npy_data(h, t.data());
   return t;
 }
@@ -112,7 +112,7 @@ double check_finite(const std::string& path, const HostTensor& t, const LayoutVi
       for (int64_t i = 0; i < per_row; ++i) {
         const float x = t.get(r * per_row + i);
         if (!std::isfinite(x)) {
-          throw UsageError(quoted(path) + ": element [" + std::to_string(r) + ", " + std::to_string(i / t.head_dim()) + ", " +
+          throw UsageError(quote_path(path) + ": element [" + std::to_string(r) + ", " + std::to_string(i / t.head_dim()) + ", " +
                            std::to_string(i % t.head_dim()) + "] (a valid row of sequence " + std::to_string(b) +
                            ") is " + (std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf") +
                            ": inputs must be finite (--allow-nonfinite runs anyway)");
@@ -132,7 +132,7 @@ void check_products(const std::string& a_path, double max_a, const std::string& 
   char text[160];
   std::snprintf(text, sizeof(text), ": values up to %.3g and %.3g: their dot products over head dim %lld can overflow fp32",
                 max_a, max_b, static_cast<long long>(head_dim));
-  throw UsageError(quoted(a_path) + " and " + quoted(b_path) + text + " (--allow-nonfinite runs anyway)");
+  throw UsageError(quote_path(a_path) + " and " + quote_path(b_path) + text + " (--allow-nonfinite runs anyway)");
 }
 
 std::string descr_of(DType dtype) {
@@ -158,12 +158,12 @@ GlobalBatch make_batch_from_lengths(const RunConfig& c) {
   std::vector<int64_t> lengths =
       packed_batch(documents, c.tokens, 2 * static_cast<int64_t>(c.cp), c.batch_index, &count);
   if (c.batch_index >= count) {
-    throw UsageError("--batch " + std::to_string(c.batch_index) + ": " + quoted(c.lengths_file) + " packs into " +
+    throw UsageError("--batch " + std::to_string(c.batch_index) + ": " + quote_path(c.lengths_file) + " packs into " +
                      std::to_string(count) + " batches of " + std::to_string(c.tokens) +
                      " rows: pick one of 0.." + std::to_string(count - 1));
   }
   return random_batch(c, std::move(lengths),
-                      quoted(c.lengths_file) + ", batch " + std::to_string(c.batch_index) + " of " +
+                      quote_path(c.lengths_file) + ", batch " + std::to_string(c.batch_index) + " of " +
                           std::to_string(count));
 }
 
@@ -176,11 +176,11 @@ LoadFiles read_load_headers(RunConfig& c, bool dtype_given, bool heads_given, bo
   check_npy_shape(f.q, {-1, -1, -1}, "q ([T, Hq, D])");
   const int64_t rows = f.q.shape[0], q_heads = f.q.shape[1], head_dim = f.q.shape[2];
   // Zero-size tensors: nothing to attend to, and nothing a run could check.
-  if (rows == 0) throw UsageError(quoted(f.q.path) + ": T = 0 rows: a batch needs at least one token");
-  if (q_heads == 0) throw UsageError(quoted(f.q.path) + ": 0 heads: q needs at least one head");
-  if (head_dim == 0) throw UsageError(quoted(f.q.path) + ": head dim 0: use a multiple of 8 in [8, 256]");
+  if (rows == 0) throw UsageError(quote_path(f.q.path) + ": T = 0 rows: a batch needs at least one token");
+  if (q_heads == 0) throw UsageError(quote_path(f.q.path) + ": 0 heads: q needs at least one head");
+  if (head_dim == 0) throw UsageError(quote_path(f.q.path) + ": head dim 0: use a multiple of 8 in [8, 256]");
   if (f.k.shape.size() == 3 && f.k.shape[1] == 0) {
-    throw UsageError(quoted(f.k.path) + ": 0 heads: k and v need at least one head");
+    throw UsageError(quote_path(f.k.path) + ": 0 heads: k and v need at least one head");
   }
   check_npy_shape(f.k, {rows, -1, head_dim}, "k ([T, Hkv, D], T and D of q)");
   check_npy_shape(f.v, f.k.shape, "v (the shape of k)");
@@ -188,14 +188,14 @@ LoadFiles read_load_headers(RunConfig& c, bool dtype_given, bool heads_given, bo
   if (f.cu_padded) check_npy_shape(*f.cu_padded, f.cu.shape, "cu_seqlens_padded (the shape of cu_seqlens)");
   for (const NpyHeader* offsets : {&f.cu, f.cu_padded ? &*f.cu_padded : nullptr}) {
     if (offsets && offsets->descr != "<i4" && offsets->descr != "<i8") {
-      throw UsageError(quoted(offsets->path) + ": dtype " + quote_excerpt(offsets->descr) +
+      throw UsageError(quote_path(offsets->path) + ": dtype " + quote_excerpt(offsets->descr) +
                        " is not an integer dtype: save the offsets as int32 (<i4) or int64 (<i8)");
     }
   }
   if (f.dout) {
     check_npy_shape(*f.dout, f.q.shape, "dout (the shape of q)");
     if (f.dout->descr != f.q.descr) {
-      throw UsageError(quoted(f.dout->path) + " has dtype " + quote_excerpt(f.dout->descr) + " but q.npy has " +
+      throw UsageError(quote_path(f.dout->path) + " has dtype " + quote_excerpt(f.dout->descr) + " but q.npy has " +
                        quote_excerpt(f.q.descr));
     }
   }
@@ -205,7 +205,7 @@ LoadFiles read_load_headers(RunConfig& c, bool dtype_given, bool heads_given, bo
   const DType dtype = dtype_of(f.q, c, dtype_given);
   for (const NpyHeader* x : {&f.k, &f.v}) {
     if (x->descr != f.q.descr) {
-      throw UsageError(quoted(x->path) + " has dtype " + quote_excerpt(x->descr) + " but q.npy has " +
+      throw UsageError(quote_path(x->path) + " has dtype " + quote_excerpt(x->descr) + " but q.npy has " +
                        quote_excerpt(f.q.descr));
     }
   }
@@ -219,11 +219,11 @@ LoadFiles read_load_headers(RunConfig& c, bool dtype_given, bool heads_given, bo
                      std::to_string(head_dim) + ": drop --head-dim");
   }
   if (kv_heads < 1 || q_heads % kv_heads != 0) {
-    throw UsageError(quoted(f.q.path) + " has " + std::to_string(q_heads) + " heads, not a multiple of the " +
-                     std::to_string(kv_heads) + " heads of " + quoted(f.k.path) + " (GQA/MQA need Hq % Hkv == 0)");
+    throw UsageError(quote_path(f.q.path) + " has " + std::to_string(q_heads) + " heads, not a multiple of the " +
+                     std::to_string(kv_heads) + " heads of " + quote_path(f.k.path) + " (GQA/MQA need Hq % Hkv == 0)");
   }
   if (!cpu_supports_head_dim(head_dim)) {
-    throw UsageError(quoted(f.q.path) + ": head dim " + std::to_string(head_dim) +
+    throw UsageError(quote_path(f.q.path) + ": head dim " + std::to_string(head_dim) +
                      " is not supported: use a multiple of 8 in [8, 256]");
   }
   c.q_heads = q_heads;
@@ -254,7 +254,7 @@ RunSize load_size(const LoadFiles& f, const GlobalBatch& batch) {
 GlobalBatch load_layout(const RunConfig& c, const LoadFiles& f) {
   const int64_t rows = f.q.shape[0];
   GlobalBatch batch;
-  batch.source = "loaded from " + quoted(c.load_dir);
+  batch.source = "loaded from " + quote_path(c.load_dir);
   // The user's layout: cu_seqlens with cu_seqlens_padded.npy when there is one, else with no
   // padding (then the sequences must fill q's rows exactly).
   const std::vector<int64_t> cu = npy_to_int64(read_npy(f.cu.path), "cu_seqlens");
@@ -262,7 +262,7 @@ GlobalBatch load_layout(const RunConfig& c, const LoadFiles& f) {
     batch.user_layout = layout_from_int64(cu, npy_to_int64(read_npy(f.cu_padded->path), "cu_seqlens_padded"));
   } else {
     if (!cu.empty() && cu.back() != rows) {
-      throw UsageError(quoted(f.cu.path) + ": its last entry is " + std::to_string(cu.back()) + " but q.npy has T=" +
+      throw UsageError(quote_path(f.cu.path) + ": its last entry is " + std::to_string(cu.back()) + " but q.npy has T=" +
                        std::to_string(rows) + " rows: without cu_seqlens_padded.npy the sequences must fill q exactly"
                        " (or add cu_seqlens_padded.npy)");
     }
@@ -376,7 +376,7 @@ const std::vector<std::string>& saved_file_names() {
 
 void save_run(const std::string& dir, const GlobalBatch& batch, const GlobalOutputs& outputs) {
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    throw Error("--save " + quoted(dir) + ": cannot create the directory: " + std::strerror(errno));
+    throw Error("--save " + quote_path(dir) + ": cannot create the directory: " + std::strerror(errno));
   }
   const int64_t heads = outputs.out.heads();
   const int64_t rows = batch.user_layout.total_rows();
