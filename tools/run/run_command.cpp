@@ -59,8 +59,9 @@ const char* kRunHelp =
     "  --quiet           no progress line (it is only shown when stdout is a terminal)\n"
     "  --allow-nonfinite with --load: run on inputs with NaN, infinities or values whose\n"
     "                    products overflow fp32 (refused by default, naming the element)\n"
-    "  --max-memory SIZE host memory the run may take (e.g. 8G, 512M; default: the machine's);\n"
-    "                    a run estimated to need more is refused before it allocates\n"
+    "  --max-memory SIZE host memory the run may take (e.g. 8G, 512M; default: the machine's, and\n"
+    "                    under ulimit -v what the limit leaves); a run estimated to need more is\n"
+    "                    refused before it allocates\n"
     "  --graph           many batches through CUDA graphs (GraphBank, dynamic CP, RoPE):\n"
     "                    see thdcp run --graph --help\n";
 
