@@ -171,10 +171,9 @@ std::vector<unsigned char> npy_bytes(const std::string& dict) {
   std::string header = dict;
   header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
   header.push_back('\n');
-  std::vector<unsigned char> bytes{0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<unsigned char>(header.size()),
-                                   static_cast<unsigned char>(header.size() >> 8)};
-  bytes.insert(bytes.end(), header.begin(), header.end());
-  return bytes;
+  const std::string file = std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(header.size() & 0xff) +
+                           static_cast<char>(header.size() >> 8) + header;
+  return std::vector<unsigned char>(file.begin(), file.end());
 }
 
 // Bytes this process has read through read(2)/pread(2) so far (Linux /proc/self/io), or -1.
