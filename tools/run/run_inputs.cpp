@@ -92,6 +92,16 @@ HostTensor read_tensor(const NpyHeader& h, DType dtype) {
   return t;
 }
 
+// The offsets of an .npy file whose header was read (and sized the memory check): its data
+// as that header describes it, as int64.
+std::vector<int64_t> read_offsets(const NpyHeader& header, const std::string& name) {
+  NpyArray array;
+  static_cast<NpyHeader&>(array) = header;
+  array.data.resize(header.data_bytes);
+  read_npy_data(header, array.data.data());
+  return npy_to_int64(array, name);
+}
+
 // Copies the valid rows of every sequence from `from` (layout `src`) to `to` (layout `dst`).
 void copy_valid_rows(const HostTensor& from, const LayoutView& src, HostTensor& to, const LayoutView& dst) {
   const size_t row_bytes = from.row_bytes();
@@ -257,9 +267,9 @@ GlobalBatch load_layout(const RunConfig& c, const LoadFiles& f) {
   batch.source = "loaded from " + quote_path(c.load_dir);
   // The user's layout: cu_seqlens with cu_seqlens_padded.npy when there is one, else with no
   // padding (then the sequences must fill q's rows exactly).
-  const std::vector<int64_t> cu = npy_to_int64(read_npy(f.cu.path), "cu_seqlens");
+  const std::vector<int64_t> cu = read_offsets(f.cu, "cu_seqlens");
   if (f.cu_padded) {
-    batch.user_layout = layout_from_int64(cu, npy_to_int64(read_npy(f.cu_padded->path), "cu_seqlens_padded"));
+    batch.user_layout = layout_from_int64(cu, read_offsets(*f.cu_padded, "cu_seqlens_padded"));
   } else {
     if (!cu.empty() && cu.back() != rows) {
       throw UsageError(quote_path(f.cu.path) + ": its last entry is " + std::to_string(cu.back()) + " but q.npy has T=" +

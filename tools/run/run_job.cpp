@@ -59,8 +59,10 @@ double estimate_host_bytes(const RunConfig& c, const RunSize& size, bool process
   // --load: while the files are read, the job's inputs exist beside one file's tensor in its
   // own layout and the offsets (raw, then as int64, both files).
   const double loading = inputs + q_bytes(size.loaded_rows) + 32.0 * static_cast<double>(size.offsets) + per_sequence;
-  // --save: each output is mapped back to the files' layout, one at a time.
-  const double saving = c.save_dir.empty() ? 0 : q_bytes(std::max(size.loaded_rows, size.rows)) * 1.25;
+  // --save: each output is mapped back to the files' layout, one at a time, and lse with it.
+  const int64_t user_rows = size.loaded_rows > 0 ? size.loaded_rows : size.rows;
+  const double saving =
+      c.save_dir.empty() ? 0 : q_bytes(user_rows) + static_cast<double>(user_rows) * static_cast<double>(c.q_heads) * 4;
   return std::max(run + saving, loading);
 }
 
