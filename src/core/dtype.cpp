@@ -29,7 +29,7 @@ DType parse_dtype(const std::string& name) {
   if (name == "fp32" || name == "float32") return DType::kFloat32;
   if (name == "fp16" || name == "float16" || name == "half") return DType::kFloat16;
   if (name == "bf16" || name == "bfloat16") return DType::kBFloat16;
-  THDCP_FAIL("dtype '" << name << "' is not supported: use bf16, fp16 or fp32");
+  THDCP_FAIL("dtype " << quote_excerpt(name) << " is not supported: use bf16, fp16 or fp32");
 }
 
 double dtype_unit_roundoff(DType dtype) {

@@ -16,12 +16,15 @@ namespace {
 // Offsets are int32 (cu_seqlens), so no document can be longer than that.
 constexpr int64_t kMaxLength = std::numeric_limits<int32_t>::max();
 
+// A path as messages quote it: escaped and bounded, never raw.
+std::string quote_path(const std::string& path) { return quote_excerpt(path, kPathExcerptChars); }
+
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
 
 std::ifstream open_text(const std::string& path, const char* what) {
   check_input_file(path, what, kMaxTextInputBytes);
   std::ifstream in(path);
-  THDCP_CHECK(in.is_open(), path << ": cannot open the " << what << " file (" << std::strerror(errno)
+  THDCP_CHECK(in.is_open(), quote_path(path) << ": cannot open the " << what << " file (" << std::strerror(errno)
                                  << "): check the path");
   return in;
 }
@@ -30,7 +33,7 @@ std::ifstream open_text(const std::string& path, const char* what) {
 // is an error naming path:number (a file of one huge line is not a lengths file).
 bool next_line(std::istream& in, std::string& line, const std::string& path, int64_t number) {
   if (!std::getline(in, line)) return false;
-  THDCP_CHECK(line.size() <= kMaxTextLineBytes, path << ":" << number << ": a line of " << line.size()
+  THDCP_CHECK(line.size() <= kMaxTextLineBytes, quote_path(path) << ":" << number << ": a line of " << line.size()
                                                      << " bytes, more than " << kMaxTextLineBytes
                                                      << ": write one document length per line");
   return true;
@@ -44,7 +47,7 @@ std::string strip_comment(const std::string& line) {
 
 // One length: decimal digits, >= 1, <= kMaxLength.
 int64_t parse_length(const std::string& text, const std::string& path, int64_t line) {
-  const std::string at = path + ":" + std::to_string(line) + ": ";
+  const std::string at = quote_path(path) + ":" + std::to_string(line) + ": ";
   THDCP_CHECK(!text.empty(), at << "empty field: separate lengths by single commas or spaces");
   size_t i = text[0] == '+' ? 1 : 0;
   const std::string quoted = quote_excerpt(text);
@@ -96,7 +99,7 @@ void read_lines(const std::string& path, const char* what,
   std::ifstream in = open_text(path, what);
   std::string line;
   for (int64_t number = 1; next_line(in, line, path, number); ++number) take(strip_comment(line), number);
-  THDCP_CHECK(!in.bad(), path << ": read error (" << std::strerror(errno) << ")");
+  THDCP_CHECK(!in.bad(), quote_path(path) << ": read error (" << std::strerror(errno) << ")");
 }
 
 }  // namespace
@@ -105,7 +108,7 @@ void check_input_file(const std::string& path, const char* what, uintmax_t max_b
   namespace fs = std::filesystem;
   std::error_code error;
   const fs::file_status status = fs::status(path, error);
-  THDCP_CHECK(!error && fs::exists(status), path << ": cannot open the " << what << " file ("
+  THDCP_CHECK(!error && fs::exists(status), quote_path(path) << ": cannot open the " << what << " file ("
                                                  << (error ? error.message() : "no such file")
                                                  << "): check the path");
   const char* kind = fs::is_directory(status) ? "a directory"
@@ -114,11 +117,11 @@ void check_input_file(const std::string& path, const char* what, uintmax_t max_b
                      : fs::is_character_file(status) || fs::is_block_file(status) ? "a device"
                      : fs::is_regular_file(status)                                ? nullptr
                                                                                   : "not a regular file";
-  THDCP_CHECK(kind == nullptr, path << ": is " << kind << ", not a " << what
+  THDCP_CHECK(kind == nullptr, quote_path(path) << ": is " << kind << ", not a " << what
                                     << " file: give a regular file (special files can block or never end)");
   const uintmax_t size = fs::file_size(path, error);
-  THDCP_CHECK(!error, path << ": cannot read the size of the " << what << " file (" << error.message() << ")");
-  THDCP_CHECK(size <= max_bytes, path << ": the " << what << " file has " << size << " bytes, more than the "
+  THDCP_CHECK(!error, quote_path(path) << ": cannot read the size of the " << what << " file (" << error.message() << ")");
+  THDCP_CHECK(size <= max_bytes, quote_path(path) << ": the " << what << " file has " << size << " bytes, more than the "
                                       << max_bytes << " a " << what << " file may have: split it");
 }
 
@@ -132,29 +135,50 @@ DocumentLengths read_lengths_file(const std::string& path) {
     if (begin == end) return;
     const std::string text = line.substr(begin, end - begin);
     THDCP_CHECK(text.find_first_of(", \t") == std::string::npos,
-                path << ":" << number << ": " << quote_excerpt(text) << " holds more than one value: a lengths file has one "
+                quote_path(path) << ":" << number << ": " << quote_excerpt(text) << " holds more than one value: a lengths file has one "
                      << "document length per line (use a batches file for several documents per line)");
     out.lengths.push_back(parse_length(text, path, number));
     out.lines.push_back(number);
   });
-  THDCP_CHECK(!out.lengths.empty(), path << ": no document lengths found: write one length (>= 1) per line");
+  THDCP_CHECK(!out.lengths.empty(), quote_path(path) << ": no document lengths found: write one length (>= 1) per line");
   return out;
 }
 
-DocumentBatches read_batches_file(const std::string& path) {
-  DocumentBatches out;
-  out.source = path;
+namespace {
+
+// Each batch of a batches file: its document lengths, checked, and its line.
+void for_each_batch(const std::string& path,
+                    const std::function<void(std::vector<int64_t>&& batch, int64_t number)>& take) {
   read_lines(path, "batches", [&](const std::string& line, int64_t number) {
     const std::vector<std::string> fields = split_fields(line);
     if (fields.empty()) return;
     std::vector<int64_t> batch;
     batch.reserve(fields.size());
     for (const std::string& field : fields) batch.push_back(parse_length(field, path, number));
+    take(std::move(batch), number);
+  });
+}
+
+}  // namespace
+
+PackingSize count_batches_file(const std::string& path) {
+  PackingSize size;
+  for_each_batch(path, [&](std::vector<int64_t>&& batch, int64_t) {
+    ++size.batches;
+    size.documents += static_cast<int64_t>(batch.size());
+  });
+  return size;
+}
+
+DocumentBatches read_batches_file(const std::string& path) {
+  DocumentBatches out;
+  out.source = path;
+  for_each_batch(path, [&](std::vector<int64_t>&& batch, int64_t number) {
     out.batches.push_back(std::move(batch));
     out.lines.push_back(number);
   });
   THDCP_CHECK(!out.batches.empty(),
-              path << ": no batches found: write one batch per line, its document lengths separated by spaces or commas");
+              quote_path(path) << ": no batches found: write one batch per line, its document lengths separated by spaces or commas");
   return out;
 }
 

@@ -15,11 +15,17 @@ namespace thdcp {
 
 namespace {
 
-// "FILE:LINE: " when the origin is known, "SOURCE: " or "" otherwise.
+// The source as messages name it: a file's path (lines known) as a quoted excerpt, never raw;
+// a caller's own description ("lengths") as it is.
+std::string source_name(const std::string& source, const std::vector<int64_t>& lines) {
+  return lines.empty() ? source : quote_excerpt(source, kPathExcerptChars);
+}
+
+// "'FILE':LINE: " when the origin is known, "SOURCE: " or "" otherwise.
 std::string where(const std::string& source, const std::vector<int64_t>& lines, size_t index) {
   if (source.empty()) return "";
-  if (index < lines.size()) return source + ":" + std::to_string(lines[index]) + ": ";
-  return source + ": ";
+  if (index < lines.size()) return source_name(source, lines) + ":" + std::to_string(lines[index]) + ": ";
+  return source_name(source, lines) + ": ";
 }
 
 int64_t padded_to(int64_t length, int64_t alignment) { return (length + alignment - 1) / alignment * alignment; }
@@ -153,12 +159,16 @@ int64_t packing_alignment(const std::vector<int>& cp_sizes) {
   return alignment;
 }
 
-DocumentBatches pack_documents(const DocumentLengths& documents, int64_t tokens, int64_t alignment) {
+namespace {
+
+// Packs documents in order (the definition in planner.h): calls place(batch, i) for every
+// document i, batch counting from 0. Throws naming a document that does not fit a batch.
+template <typename Place>
+void walk_packing(const DocumentLengths& documents, int64_t tokens, int64_t alignment, Place place) {
   THDCP_CHECK(alignment >= 1, "packing alignment " << alignment << " must be >= 1");
   THDCP_CHECK(tokens >= alignment, "tokens=" << tokens << " is smaller than the packing alignment "
                                              << alignment << " (lcm of 2*cp): raise tokens");
-  DocumentBatches out;
-  out.source = documents.source;
+  int64_t batch = -1;
   int64_t used = 0;
   for (size_t i = 0; i < documents.lengths.size(); ++i) {
     const int64_t length = documents.lengths[i];
@@ -170,17 +180,49 @@ DocumentBatches pack_documents(const DocumentLengths& documents, int64_t tokens,
                                     << " rows padded to a multiple of " << alignment << ") but a batch holds tokens="
                                     << tokens << " rows: raise tokens to at least " << rows
                                     << " or split the document (thdcp plan: --long-docs split or truncate)");
-    if (out.batches.empty() || used + rows > tokens) {
-      out.batches.emplace_back();
-      if (i < documents.lines.size()) out.lines.push_back(documents.lines[i]);
+    if (batch < 0 || used + rows > tokens) {
+      ++batch;
       used = 0;
     }
-    out.batches.back().push_back(length);
+    place(batch, i);
     used += rows;
   }
-  THDCP_CHECK(!out.batches.empty(), (documents.source.empty() ? std::string("the documents") : documents.source)
-                                        << ": no documents to pack: give at least one length");
+  THDCP_CHECK(batch >= 0, (documents.source.empty() ? std::string("the documents")
+                                                     : source_name(documents.source, documents.lines))
+                              << ": no documents to pack: give at least one length");
+}
+
+}  // namespace
+
+DocumentBatches pack_documents(const DocumentLengths& documents, int64_t tokens, int64_t alignment) {
+  DocumentBatches out;
+  out.source = documents.source;
+  // Counted first, so that the batch lists are allocated once at their size.
+  if (alignment >= 1 && tokens >= alignment) {
+    const PackingSize size = count_packing(documents, tokens, alignment, LongDocuments::kError);
+    out.batches.reserve(static_cast<size_t>(size.batches));
+    if (!documents.lines.empty()) out.lines.reserve(static_cast<size_t>(size.batches));
+  }
+  walk_packing(documents, tokens, alignment, [&](int64_t batch, size_t i) {
+    if (batch == static_cast<int64_t>(out.batches.size())) {
+      out.batches.emplace_back();
+      if (i < documents.lines.size()) out.lines.push_back(documents.lines[i]);
+    }
+    out.batches.back().push_back(documents.lengths[i]);
+  });
   return out;
+}
+
+std::vector<int64_t> packed_batch(const DocumentLengths& documents, int64_t tokens, int64_t alignment, int64_t index,
+                                  int64_t* count) {
+  std::vector<int64_t> lengths;
+  int64_t batches = 0;
+  walk_packing(documents, tokens, alignment, [&](int64_t batch, size_t i) {
+    if (batch == index) lengths.push_back(documents.lengths[i]);
+    batches = batch + 1;
+  });
+  if (count) *count = batches;
+  return lengths;
 }
 
 DocumentLengths fit_long_documents(const DocumentLengths& documents, int64_t tokens, int64_t alignment,
@@ -190,6 +232,10 @@ DocumentLengths fit_long_documents(const DocumentLengths& documents, int64_t tok
   const int64_t longest = tokens / alignment * alignment;  // the most tokens one batch holds
   DocumentLengths out;
   out.source = documents.source;
+  // Counted first (a split document can make many pieces): allocated once, at its size.
+  const int64_t pieces = count_packing(documents, tokens, alignment, policy).documents;
+  out.lengths.reserve(static_cast<size_t>(pieces));
+  if (!documents.lines.empty()) out.lines.reserve(static_cast<size_t>(pieces));
   int64_t count = 0;
   for (size_t i = 0; i < documents.lengths.size(); ++i) {
     const int64_t length = documents.lengths[i];
@@ -211,6 +257,68 @@ DocumentLengths fit_long_documents(const DocumentLengths& documents, int64_t tok
   }
   if (touched) *touched = count;
   return out;
+}
+
+PackingSize count_packing(const DocumentLengths& documents, int64_t tokens, int64_t alignment, LongDocuments policy) {
+  THDCP_CHECK(alignment >= 1, "packing alignment " << alignment << " must be >= 1");
+  THDCP_CHECK(tokens >= alignment, "tokens=" << tokens << " is smaller than the packing alignment " << alignment
+                                             << " (lcm of 2*cp): raise tokens");
+  const int64_t longest = tokens / alignment * alignment;
+  PackingSize size;
+  int64_t used = 0;
+  // `count` documents of `length` each, packed as pack_documents packs them one by one: the
+  // first where it fits, the rest filling batches of tokens / rows documents.
+  const auto add = [&](int64_t length, int64_t count) {
+    const int64_t rows = padded_to(length, alignment);
+    size.documents += count;
+    if (size.batches == 0 || used + rows > tokens) {
+      ++size.batches;
+      used = 0;
+    }
+    used += rows;
+    if (--count == 0) return;
+    if (rows > tokens) {  // kError: each is refused later; one batch each until then
+      size.batches += count;
+      return;
+    }
+    const int64_t into_this = std::min(count, (tokens - used) / rows);
+    used += into_this * rows;
+    count -= into_this;
+    if (count == 0) return;
+    const int64_t per_batch = tokens / rows;
+    size.batches += (count + per_batch - 1) / per_batch;
+    used = (count % per_batch == 0 ? per_batch : count % per_batch) * rows;
+  };
+  for (size_t i = 0; i < documents.lengths.size(); ++i) {
+    const int64_t length = documents.lengths[i];
+    THDCP_CHECK(length >= 1, where(documents.source, documents.lines, i)
+                                 << "document " << i << " has length " << length << ": lengths must be >= 1");
+    if (policy == LongDocuments::kError || length <= longest) {
+      add(length, 1);
+      continue;
+    }
+    ++size.touched;
+    if (policy == LongDocuments::kTruncate) {
+      add(longest, 1);
+      continue;
+    }
+    add(longest, length / longest);
+    if (length % longest != 0) add(length % longest, 1);
+  }
+  return size;
+}
+
+double planning_bytes(const PackingSize& size, double read_bytes) {
+  const double documents = static_cast<double>(size.documents), batches = static_cast<double>(size.batches);
+  // The fitted documents: a length and a line each (reserved exactly). The batches: a vector
+  // and a line each (reserved exactly), their documents in a heap block that grows to at
+  // most twice its count (8 bytes a length, 16 of allocator header, at least 32 bytes in
+  // all); plan_capacity's documents-per-batch counts and one sorted copy of them.
+  return read_bytes + 16 * documents + (24 + 8 + 32) * batches + 16 * documents + 16 * batches;
+}
+
+double document_bytes(const DocumentLengths& documents) {
+  return 8.0 * static_cast<double>(documents.lengths.capacity() + documents.lines.capacity());
 }
 
 int64_t min_tokens_for(const DocumentBatches& batches, const std::vector<int>& cp_sizes) {
@@ -246,7 +354,7 @@ CapacityPlan plan_capacity(const DocumentBatches& input, const PlanOptions& opti
   THDCP_CHECK(options.tokens >= 1, "tokens=" << options.tokens << " must be >= 1 (rows per batch)");
   THDCP_CHECK(options.fallback_budget >= 0 && options.fallback_budget <= 1,
               "fallback budget " << options.fallback_budget << " must be a fraction in [0, 1]");
-  const std::string source = input.source.empty() ? std::string("the batches") : input.source;
+  const std::string source = input.source.empty() ? std::string("the batches") : source_name(input.source, input.lines);
   THDCP_CHECK(!input.batches.empty(), source << ": no batches: give at least one");
   for (int cp : options.cp_sizes) {
     THDCP_CHECK(options.tokens % (2 * static_cast<int64_t>(cp)) == 0,

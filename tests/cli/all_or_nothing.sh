@@ -13,7 +13,7 @@ out=$(prlimit --fsize=1500 "$thdcp" run --tokens 64 --cp 4 --heads 1:1 --head-di
 status=$?
 printf '%s\n' "$out" | tail -n 2
 if [ "$status" -ne 2 ]; then echo "expected exit code 2, got $status"; exit 1; fi
-if ! printf '%s' "$out" | grep -q "run.json: writing failed"; then echo "no message about run.json"; exit 1; fi
+if ! printf '%s' "$out" | grep -q "run.json': writing failed"; then echo "no message about run.json"; exit 1; fi
 left=$(ls -A)
 if [ -n "$left" ]; then echo "left behind: $left"; exit 1; fi
 # Without the limit the same run writes both.

@@ -62,6 +62,9 @@ TEST(BatchesFile, ReadsSpacesCommasAndComments) {
   const DocumentBatches b = read_batches_file(path);
   EXPECT_EQ(b.batches, (std::vector<std::vector<int64_t>>{{1, 2, 3}, {4, 5, 6}, {7, 8}, {9, 10}}));
   EXPECT_EQ(b.lines, (std::vector<int64_t>{2, 4, 5, 6}));
+  const PackingSize size = count_batches_file(path);
+  EXPECT_EQ(size.batches, 4);
+  EXPECT_EQ(size.documents, 10);
 }
 
 TEST(BatchesFile, RejectsBadFields) {

@@ -158,9 +158,135 @@ TEST(Npy, UsesVersion2WhenTheHeaderIsLarge) {
   write_npy(path, "<f4", shape, &value);
   const std::vector<unsigned char> bytes = file_bytes(path);
   EXPECT_EQ(bytes[6], 2);
-  const NpyArray a = read_npy(path);
-  EXPECT_EQ(a.shape, shape);
-  EXPECT_EQ(values_of<float>(a), std::vector<float>{1.5f});
+  const uint32_t header_len = bytes[8] | bytes[9] << 8 | bytes[10] << 16 | static_cast<uint32_t>(bytes[11]) << 24;
+  EXPECT_EQ(12 + header_len + 4, bytes.size());
+  // NumPy reads it; thdcp's reader stops at kMaxNpyHeaderBytes (no NumPy array has 25000
+  // dimensions: it allows 64), saying so.
+  expect_error([&] { read_npy(path); }, {"big_header.npy", "header is " + std::to_string(header_len) + " bytes",
+                                         "more than the 65536"});
+}
+
+// An .npy file of format 1.0 with `dict` as its header (padded as NumPy pads it), no data.
+std::vector<unsigned char> npy_bytes(const std::string& dict) {
+  std::string header = dict;
+  header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
+  header.push_back('\n');
+  const std::string file = std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(header.size() & 0xff) +
+                           static_cast<char>(header.size() >> 8) + header;
+  return std::vector<unsigned char>(file.begin(), file.end());
+}
+
+// Bytes this process has read through read(2)/pread(2) so far (Linux /proc/self/io), or -1.
+int64_t bytes_read_so_far() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return -1;
+}
+
+// Runs `fn` (which must throw thdcp::Error with every one of `parts`) and returns how many
+// bytes it read from files (reading /proc/self/io itself counts: measured and taken off).
+template <typename Fn>
+int64_t bytes_read_by(Fn fn, const std::vector<std::string>& parts) {
+  const int64_t first = bytes_read_so_far();
+  const int64_t before = bytes_read_so_far();
+  expect_error(fn, parts);
+  const int64_t after = bytes_read_so_far();
+  return after - before - (before - first);
+}
+
+// A header-first reader: a file is judged by its first bytes and its size, before a byte of
+// the data is read or a buffer of the promised size exists (issue 28, class 1).
+TEST(Npy, ReadsTheHeaderFirstAndNothingMoreOfABadFile) {
+  if (bytes_read_so_far() < 0) GTEST_SKIP() << "/proc/self/io is not readable here";
+  const std::string dir = temp_dir();
+  const uintmax_t gib = uintmax_t{1} << 30;
+  // 3 GiB that are not an .npy file (sparse: no disk blocks): refused after its first bytes.
+  const std::string not_npy = dir + "/not_npy.npy";
+  put_bytes(not_npy, {'P', 'K', 3, 4, 0, 0, 0, 0, 0, 0, 0, 0});
+  fs::resize_file(not_npy, 3 * gib);
+  EXPECT_LE(bytes_read_by([&] { read_npy(not_npy); }, {"not_npy.npy", "not an .npy file"}), 12);
+
+  // A valid header followed by 1 GiB more than it promises: refused by size, data unread.
+  const std::vector<unsigned char> good = file_bytes(fixture("f4_v1.npy"));
+  const std::string trailing = dir + "/trailing.npy";
+  put_bytes(trailing, good);
+  fs::resize_file(trailing, good.size() + gib);
+  EXPECT_LE(bytes_read_by([&] { read_npy(trailing); }, {"trailing.npy", std::to_string(gib) + " bytes follow the data"}),
+            512);
+
+  // A header that promises 2^40 float32 elements in a file of 132 bytes: refused before
+  // anything of that size is allocated.
+  std::vector<unsigned char> promise_bytes =
+      npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }");
+  promise_bytes.insert(promise_bytes.end(), 4, 0);
+  put_bytes(dir + "/promise.npy", promise_bytes);
+  EXPECT_LE(bytes_read_by([&] { read_npy(dir + "/promise.npy"); },
+                          {"promise.npy", "truncated", "needs 4398046511104 data bytes", "the file holds 4"}),
+            512);
+
+  // A 10 MB header (version 2.0): refused by its length field, the header itself unread.
+  const std::string huge = dir + "/huge_header.npy";
+  const uint32_t huge_len = 10u << 20;
+  put_bytes(huge, {0x93, 'N', 'U', 'M', 'P', 'Y', 2, 0, static_cast<unsigned char>(huge_len),
+                   static_cast<unsigned char>(huge_len >> 8), static_cast<unsigned char>(huge_len >> 16),
+                   static_cast<unsigned char>(huge_len >> 24)});
+  fs::resize_file(huge, 12 + huge_len);
+  EXPECT_LE(bytes_read_by([&] { read_npy(huge); }, {"huge_header.npy", "header is 10485760 bytes",
+                                                     "more than the 65536 thdcp reads"}),
+            12);
+}
+
+TEST(Npy, ReadsTheDataInToTheCallersBuffer) {
+  const NpyHeader h = read_npy_header(fixture("f4_v1.npy"));
+  EXPECT_EQ(h.descr, "<f4");
+  EXPECT_EQ(h.shape, (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(h.data_offset, 128u);
+  EXPECT_EQ(h.data_bytes, 96u);
+  std::vector<float> values(24, NAN);
+  read_npy_data(h, values.data());
+  for (int i = 0; i < 24; ++i) EXPECT_EQ(values[i], i / 4.0f - 3.0f) << i;
+  // A file that changed after its header was read is refused, not read past its end.
+  const std::string path = temp_dir() + "/changed.npy";
+  fs::copy_file(fixture("f4_v1.npy"), path);
+  const NpyHeader changed = read_npy_header(path);
+  fs::resize_file(path, 100);
+  expect_error([&] { read_npy_data(changed, values.data()); }, {"changed.npy", "changed since its header was read"});
+}
+
+// Header text, descr and key names come from the file: messages quote them escaped and
+// bounded (quote_excerpt), never raw (issue 28, class 6).
+TEST(Npy, QuotesHeaderTextEscapedAndBounded) {
+  const std::string dir = temp_dir();
+  auto npy_with_header = [&](const std::string& name, const std::string& dict) {
+    put_bytes(dir + "/" + name, npy_bytes(dict));
+    return dir + "/" + name;
+  };
+  const auto message_of = [](const std::string& path) { return test::error_of([&] { read_npy(path); }); };
+  const std::string title = "\x1b]0;owned\x07\x1b[2J";
+  const std::string descr = message_of(
+      npy_with_header("descr.npy", "{'descr': '<f4" + title + "', 'fortran_order': False, 'shape': (1,), }"));
+  const std::string key = message_of(npy_with_header("key.npy", "{'" + title + "': 1, 'descr': '<f4', }"));
+  const std::string text = message_of(npy_with_header("text.npy", "{'descr': '<f4', 'shape': (1" + title + "), }"));
+  const std::string structured = message_of(
+      npy_with_header("structured.npy", "{'descr': [('a" + title + "', '<f4')], 'fortran_order': False, 'shape': (1,), }"));
+  const std::string long_key =
+      message_of(npy_with_header("long_key.npy", "{'" + std::string(30000, 'k') + "': 1, }"));
+  for (const std::string& m : {descr, key, text, structured, long_key}) {
+    ASSERT_FALSE(m.empty());
+    EXPECT_EQ(m.find('\x1b'), std::string::npos) << m;
+    EXPECT_EQ(m.find('\x07'), std::string::npos) << m;
+    EXPECT_LT(m.size(), 700u) << m;
+  }
+  test::expect_contains(descr, "dtype '<f4\\x1b]0;owned\\x07\\x1b[2J' is not supported");
+  test::expect_contains(key, "unexpected key '\\x1b]0;owned\\x07\\x1b[2J'");
+  test::expect_contains(text, "malformed .npy header");
+  test::expect_contains(text, "\\x1b]0;owned");
+  test::expect_contains(structured, "is a structured or nested dtype");
+  test::expect_contains(long_key, "... (30000 bytes)");
 }
 
 TEST(Npy, RejectsBadFilesWithAMessageThatSaysWhatToChange) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "thdcp/plan/dual_chunk.h"
@@ -91,7 +92,7 @@ TEST(Planner, PacksInOrderAndNamesADocumentThatDoesNotFit) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("lens.txt:7:"), std::string::npos) << m;
+    EXPECT_NE(m.find("lens.txt':7:"), std::string::npos) << m;
     EXPECT_NE(m.find("17 tokens"), std::string::npos) << m;
     EXPECT_NE(m.find("raise tokens to at least 20"), std::string::npos) << m;
   }
@@ -282,7 +283,7 @@ TEST(Planner, RejectsBadInputNamingIt) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("batches.txt:9:"), std::string::npos) << m;
+    EXPECT_NE(m.find("batches.txt':9:"), std::string::npos) << m;
     EXPECT_NE(m.find("raise tokens to at least 40"), std::string::npos) << m;
   }
   options.tokens = 30;  // not a multiple of 2*cp=4
@@ -338,6 +339,61 @@ TEST(Planner, LongDocumentsAreSplitOrTruncated) {
   EXPECT_EQ(touched, 0);
   EXPECT_THROW(pack_documents(kept, 16384, 16), Error);
   EXPECT_EQ(pack_documents(split, 16384, 16).batches.size(), 7u);  // [100] [16384] [16384] [7232] [16384] [16384] [6]
+}
+
+// count_packing counts what fit_long_documents and pack_documents build, for every policy,
+// on random documents, tokens and alignments (long, short and repeated lengths).
+TEST(Planner, CountPackingMatchesWhatPackingBuilds) {
+  std::mt19937_64 rng(28);
+  for (int round = 0; round < 400; ++round) {
+    const int64_t alignment = int64_t{1} << (rng() % 5);
+    const int64_t tokens = alignment + static_cast<int64_t>(rng() % 200);
+    DocumentLengths docs;
+    const int n = 1 + static_cast<int>(rng() % 30);
+    for (int i = 0; i < n; ++i) {
+      const int64_t kind = static_cast<int64_t>(rng() % 4);
+      const int64_t length = kind == 0 ? 1 + static_cast<int64_t>(rng() % 5)
+                             : kind == 1 ? 1 + static_cast<int64_t>(rng() % tokens)
+                                         : 1 + static_cast<int64_t>(rng() % (5 * tokens));
+      docs.lengths.push_back(length);
+    }
+    for (LongDocuments policy : {LongDocuments::kSplit, LongDocuments::kTruncate, LongDocuments::kError}) {
+      int64_t touched = -1;
+      const DocumentLengths fitted = fit_long_documents(docs, tokens, alignment, policy, &touched);
+      const PackingSize size = count_packing(docs, tokens, alignment, policy);
+      EXPECT_EQ(size.documents, static_cast<int64_t>(fitted.lengths.size()));
+      EXPECT_EQ(size.touched, touched);
+      bool fits = true;
+      for (int64_t length : fitted.lengths) fits = fits && (length + alignment - 1) / alignment * alignment <= tokens;
+      if (fits) {
+        const DocumentBatches packed = pack_documents(fitted, tokens, alignment);
+        EXPECT_EQ(size.batches, static_cast<int64_t>(packed.batches.size()))
+            << "round " << round << " tokens " << tokens << " alignment " << alignment;
+        // packed_batch builds one of them alone.
+        const int64_t index = static_cast<int64_t>(rng() % (packed.batches.size() + 1));
+        int64_t count = -1;
+        const std::vector<int64_t> one = packed_batch(fitted, tokens, alignment, index, &count);
+        EXPECT_EQ(count, size.batches);
+        EXPECT_EQ(one, index < count ? packed.batches[static_cast<size_t>(index)] : std::vector<int64_t>{});
+      } else {
+        EXPECT_EQ(policy, LongDocuments::kError);
+      }
+    }
+  }
+}
+
+// A document of 2^31-1 tokens split for batches of 16 rows makes 2^27 pieces: counted in no
+// time and no memory, so that a caller can refuse before building them (issue 28, class 1).
+TEST(Planner, CountsTheSplitPiecesOfAHugeDocumentWithoutMakingThem) {
+  DocumentLengths docs;
+  docs.lengths = {std::numeric_limits<int32_t>::max()};
+  const PackingSize size = count_packing(docs, 16, 16, LongDocuments::kSplit);
+  EXPECT_EQ(size.documents, int64_t{1} << 27);
+  EXPECT_EQ(size.batches, int64_t{1} << 27);
+  EXPECT_EQ(size.touched, 1);
+  // What packing them would hold: two lengths of 16 bytes per piece and more, billions of bytes.
+  EXPECT_GT(planning_bytes(size, 0), 4.0 * (1 << 30));
+  EXPECT_EQ(count_packing(docs, 16, 16, LongDocuments::kTruncate).documents, 1);
 }
 
 }  // namespace

@@ -168,15 +168,15 @@ std::vector<NamedMask> parse_masks(const std::string& text, int64_t window) {
     } else if (item == "window") {
       m = NamedMask{"window(" + std::to_string(window) + ",0)", Mask::window(static_cast<int32_t>(window), 0)};
     } else {
-      throw UsageError("--mask '" + item + "': use causal and/or window, separated by ','");
+      throw UsageError("--mask " + quote_excerpt(item) + ": use causal and/or window, separated by ','");
     }
     for (const NamedMask& seen : masks) {
-      if (seen.name == m.name) throw UsageError("--mask '" + text + "': " + item + " is given twice");
+      if (seen.name == m.name) throw UsageError("--mask " + quote_excerpt(text) + ": " + item + " is given twice");
     }
     masks.push_back(m);
   }
   if (masks.empty() || text.empty() || text.back() == ',') {
-    throw UsageError("--mask '" + text + "': use causal and/or window, separated by ','");
+    throw UsageError("--mask " + quote_excerpt(text) + ": use causal and/or window, separated by ','");
   }
   return masks;
 }
@@ -186,7 +186,7 @@ std::vector<int> parse_cps(const std::string& text) {
   std::vector<int> cps;
   for (int64_t n : parse_int_list("gpus", text, 1, 64)) {
     if (std::find(cps.begin(), cps.end(), static_cast<int>(n)) != cps.end()) {
-      throw UsageError("--gpus '" + text + "': " + std::to_string(n) + " is given twice");
+      throw UsageError("--gpus " + quote_excerpt(text) + ": " + std::to_string(n) + " is given twice");
     }
     cps.push_back(static_cast<int>(n));
   }
@@ -200,7 +200,7 @@ std::vector<bool> parse_kv(const std::string& text) {
   std::string item;
   while (std::getline(items, item, ',')) {
     if (item != "gather" && item != "kept") {
-      throw UsageError("--kv '" + text + "': use gather and/or kept, separated by ','");
+      throw UsageError("--kv " + quote_excerpt(text) + ": use gather and/or kept, separated by ','");
     }
     kept.push_back(item == "kept");
   }
@@ -282,7 +282,7 @@ std::string check_environment(const Options& o) {
   if (!nccl::built_with_nccl()) throw UsageError("--scaling needs NCCL: this thdcp was built without it");
   if (const char* nvls = std::getenv("NCCL_NVLS_ENABLE")) {
     if (std::string(nvls) != "0") {
-      throw UsageError(std::string("NCCL_NVLS_ENABLE=") + nvls +
+      throw UsageError("NCCL_NVLS_ENABLE=" + quote_excerpt(nvls) +
                        ": NVLink multicast must stay off on these hosts: unset it or set it to 0");
     }
     return "NCCL_NVLS_ENABLE=0 (from the environment)";

@@ -11,10 +11,17 @@
 
 namespace thdcp::tools {
 
+namespace {
+
+std::string quote_path(const std::string& path) { return quote_excerpt(path, kPathExcerptChars); }
+
+}  // namespace
+
 AtomicFile::AtomicFile(const std::string& path) : path_(path), temp_path_(path + ".tmp") {
   file_ = std::fopen(temp_path_.c_str(), "wb");
-  THDCP_CHECK(file_ != nullptr, path << ": cannot create " << temp_path_ << " (" << std::strerror(errno)
-                                     << "): check that the directory exists and is writable");
+  THDCP_CHECK(file_ != nullptr, quote_path(path) << ": cannot create " << quote_path(temp_path_) << " ("
+                                             << std::strerror(errno)
+                                             << "): check that the directory exists and is writable");
 }
 
 AtomicFile::~AtomicFile() {
@@ -23,21 +30,21 @@ AtomicFile::~AtomicFile() {
 }
 
 void AtomicFile::write(const void* data, size_t size) {
-  THDCP_CHECK(file_ != nullptr, path_ << ": write after close");
+  THDCP_CHECK(file_ != nullptr, quote_path(path_) << ": write after close");
   if (size == 0) return;
   THDCP_CHECK(std::fwrite(data, 1, size, file_) == size,
-              path_ << ": writing " << size << " bytes failed (" << std::strerror(errno) << "): is the disk full?");
+              quote_path(path_) << ": writing " << size << " bytes failed (" << std::strerror(errno) << "): is the disk full?");
 }
 
 void AtomicFile::close() {
-  THDCP_CHECK(file_ != nullptr, path_ << ": closed twice");
+  THDCP_CHECK(file_ != nullptr, quote_path(path_) << ": closed twice");
   const bool flushed = std::fflush(file_) == 0;
   const int flush_errno = errno;
   const bool closed = std::fclose(file_) == 0;
   file_ = nullptr;
   if (!flushed || !closed) {
     std::remove(temp_path_.c_str());
-    THDCP_FAIL(path_ << ": writing failed (" << std::strerror(flushed ? errno : flush_errno)
+    THDCP_FAIL(quote_path(path_) << ": writing failed (" << std::strerror(flushed ? errno : flush_errno)
                      << "): is the disk full?");
   }
   closed_ = true;
@@ -45,12 +52,12 @@ void AtomicFile::close() {
 
 void AtomicFile::commit() {
   if (file_ != nullptr) close();
-  THDCP_CHECK(closed_, path_ << ": committed twice");
+  THDCP_CHECK(closed_, quote_path(path_) << ": committed twice");
   closed_ = false;
   if (std::rename(temp_path_.c_str(), path_.c_str()) != 0) {
     const int rename_errno = errno;
     std::remove(temp_path_.c_str());
-    THDCP_FAIL(path_ << ": cannot rename " << temp_path_ << " to it (" << std::strerror(rename_errno) << ")");
+    THDCP_FAIL(quote_path(path_) << ": cannot rename " << quote_path(temp_path_) << " to it (" << std::strerror(rename_errno) << ")");
   }
 }
 
@@ -69,11 +76,11 @@ fs::path directory_of(const std::string& path) {
 
 void check_output_file(const std::string& flag, const std::string& path) {
   std::error_code error;
-  const std::string at = "--" + flag + " " + quote_excerpt(path, 200);
+  const std::string at = "--" + flag + " " + quote_path(path);
   if (fs::is_directory(path, error)) throw UsageError(at + ": is a directory: give a file name");
   const fs::path dir = directory_of(path);
   if (!fs::is_directory(dir, error)) {
-    throw UsageError(at + ": its directory " + quote_excerpt(dir.string(), 200) + " does not exist: create it first");
+    throw UsageError(at + ": its directory " + quote_path(dir.string()) + " does not exist: create it first");
   }
   if (!writable(dir)) throw UsageError(at + ": its directory is not writable: choose another place");
   if (fs::exists(path, error)) {
@@ -84,14 +91,14 @@ void check_output_file(const std::string& flag, const std::string& path) {
 
 void check_output_dir(const std::string& flag, const std::string& dir, const std::vector<std::string>& names) {
   std::error_code error;
-  const std::string at = "--" + flag + " " + quote_excerpt(dir, 200);
+  const std::string at = "--" + flag + " " + quote_path(dir);
   if (fs::exists(dir, error)) {
     if (!fs::is_directory(dir, error)) throw UsageError(at + ": exists and is not a directory");
     if (!writable(dir)) throw UsageError(at + ": the directory is not writable");
     for (const std::string& name : names) {
       const fs::path file = fs::path(dir) / name;
       if (fs::is_directory(file, error)) {
-        throw UsageError(at + ": " + quote_excerpt(file.string(), 200) +
+        throw UsageError(at + ": " + quote_path(file.string()) +
                          " is a directory, where the output file of that name goes: move it");
       }
     }
@@ -99,7 +106,7 @@ void check_output_dir(const std::string& flag, const std::string& dir, const std
   }
   const fs::path parent = directory_of(fs::path(dir).lexically_normal().string());
   if (!fs::is_directory(parent, error)) {
-    throw UsageError(at + ": its parent " + quote_excerpt(parent.string(), 200) + " does not exist: create it first");
+    throw UsageError(at + ": its parent " + quote_path(parent.string()) + " does not exist: create it first");
   }
   if (!writable(parent)) throw UsageError(at + ": cannot be created, its parent is not writable");
 }
@@ -114,8 +121,8 @@ void check_distinct_outputs(const std::vector<std::pair<std::string, std::string
         return !rel.empty() && rel != "." && rel.rfind("..", 0) != 0;
       };
       if (a == b || inside(a, b) || inside(b, a)) {
-        throw UsageError("--" + outputs[i].first + " " + quote_excerpt(outputs[i].second, 200) + " and --" +
-                         outputs[j].first + " " + quote_excerpt(outputs[j].second, 200) +
+        throw UsageError("--" + outputs[i].first + " " + quote_path(outputs[i].second) + " and --" +
+                         outputs[j].first + " " + quote_path(outputs[j].second) +
                          " overlap: give each output its own path");
       }
     }
@@ -139,7 +146,7 @@ void OutputSet::stage_dir(const std::string& dir, const std::function<void(const
   std::error_code error;
   fs::remove_all(tmp, error);
   THDCP_CHECK(fs::create_directory(tmp, error) && !error,
-              quote_excerpt(tmp, 200) << ": cannot create the temporary output directory (" << error.message() << ")");
+              quote_path(tmp) << ": cannot create the temporary output directory (" << error.message() << ")");
   dirs_.emplace_back(dir, tmp);
   write(tmp);
 }
@@ -148,10 +155,10 @@ void OutputSet::commit() {
   std::error_code error;
   for (const auto& [dir, tmp] : dirs_) {
     fs::create_directories(dir, error);
-    THDCP_CHECK(!error, quote_excerpt(dir, 200) << ": cannot create the directory (" << error.message() << ")");
+    THDCP_CHECK(!error, quote_path(dir) << ": cannot create the directory (" << error.message() << ")");
     for (const fs::directory_entry& entry : fs::directory_iterator(tmp)) {
       fs::rename(entry.path(), fs::path(dir) / entry.path().filename(), error);
-      THDCP_CHECK(!error, quote_excerpt(dir, 200) << ": cannot move " << entry.path().filename() << " into it ("
+      THDCP_CHECK(!error, quote_path(dir) << ": cannot move " << quote_path(entry.path().filename().string()) << " into it ("
                                                   << error.message() << ")");
     }
   }

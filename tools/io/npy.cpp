@@ -1,10 +1,14 @@
 #include "io/npy.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <utility>
 
@@ -51,22 +55,23 @@ class HeaderParser {
       const std::string value_text = text_.substr(value_start, pos_ - value_start);
       if (key == "descr") {
         THDCP_CHECK(value.kind == HeaderValue::kString,
-                    path_ << ": dtype " << value_text << " is a structured or nested dtype: save a plain array with "
-                          << "one of " << kSupported);
+                    quote_excerpt(path_, kPathExcerptChars)
+                        << ": dtype " << quote_excerpt(value_text) << " is a structured or nested dtype: save a plain "
+                        << "array with one of " << kSupported);
         descr = value.text;
         have_descr = true;
       } else if (key == "fortran_order") {
         THDCP_CHECK(value.kind == HeaderValue::kBool,
-                    fail_text("fortran_order must be True or False, not " + value_text));
+                    fail_text("fortran_order must be True or False, not " + quote_excerpt(value_text)));
         fortran_order = value.flag;
         have_order = true;
       } else if (key == "shape") {
         THDCP_CHECK(value.kind == HeaderValue::kTuple,
-                    fail_text("shape must be a tuple of integers, not " + value_text));
+                    fail_text("shape must be a tuple of integers, not " + quote_excerpt(value_text)));
         shape = value.numbers;
         have_shape = true;
       } else {
-        THDCP_FAIL(fail_text("unexpected key '" + key + "' (an .npy header has descr, fortran_order and shape)"));
+        THDCP_FAIL(fail_text("unexpected key " + quote_excerpt(key) + " (an .npy header has descr, fortran_order and shape)"));
       }
       skip_space();
       if (peek() == ',') {
@@ -74,7 +79,7 @@ class HeaderParser {
         continue;
       }
       skip_space();
-      THDCP_CHECK(peek() == '}', fail_text("expected ',' or '}' after the value of '" + key + "'"));
+      THDCP_CHECK(peek() == '}', fail_text("expected ',' or '}' after the value of " + quote_excerpt(key)));
     }
     THDCP_CHECK(have_descr && have_order && have_shape,
                 fail_text("the header lacks one of descr, fortran_order, shape"));
@@ -82,8 +87,9 @@ class HeaderParser {
 
  private:
   std::string fail_text(const std::string& what) const {
-    return path_ + ": malformed .npy header (" + what + ") at byte " + std::to_string(pos_) + " of '" + text_ +
-           "': re-save the array with numpy.save";
+    // The header is the file's text: an excerpt, escaped, never the raw bytes.
+    return quote_excerpt(path_, kPathExcerptChars) + ": malformed .npy header (" + what + ") at byte " +
+           std::to_string(pos_) + " of " + quote_excerpt(text_, 80) + ": re-save the array with numpy.save";
   }
   char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
   void skip_space() {
@@ -182,13 +188,15 @@ uint32_t read_le(const unsigned char* p, int bytes) {
 
 }  // namespace
 
-int64_t NpyArray::numel() const { return checked_numel(shape, path.empty() ? "array" : path); }
+int64_t NpyHeader::numel() const {
+  return checked_numel(shape, path.empty() ? std::string("array") : quote_excerpt(path, kPathExcerptChars));
+}
 
 size_t npy_itemsize(const std::string& descr) {
   if (descr == "<f4" || descr == "<i4") return 4;
   if (descr == "<f2" || descr == "<u2") return 2;
   if (descr == "<i8") return 8;
-  THDCP_FAIL("dtype '" << descr << "' is not supported: use one of " << kSupported);
+  THDCP_FAIL("dtype " << quote_excerpt(descr) << " is not supported: use one of " << kSupported);
 }
 
 std::string format_shape(const std::vector<int64_t>& shape) {
@@ -201,67 +209,126 @@ std::string format_shape(const std::vector<int64_t>& shape) {
   return s + ")";
 }
 
-NpyArray read_npy(const std::string& path) {
+namespace {
+
+// An open file, closed when it goes out of scope.
+class InputFile {
+ public:
+  explicit InputFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    THDCP_CHECK(fd_ >= 0, quote_excerpt(path, kPathExcerptChars) << ": cannot open (" << std::strerror(errno)
+                                                                  << "): check the path");
+  }
+  ~InputFile() { ::close(fd_); }
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+
+  uint64_t size() const {
+    struct stat st {};
+    THDCP_CHECK(::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode),
+                quote_excerpt(path_, kPathExcerptChars) << ": cannot determine the file size: give a regular file");
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  // Up to `count` bytes at `offset`; returns how many there were (fewer only at the end).
+  size_t read_at(void* into, size_t count, uint64_t offset) const {
+    size_t done = 0;
+    while (done < count) {
+      const ssize_t n = ::pread(fd_, static_cast<char*>(into) + done, std::min<size_t>(count - done, size_t{1} << 30),
+                                static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      THDCP_CHECK(n >= 0, quote_excerpt(path_, kPathExcerptChars)
+                              << ": read error after " << offset + done << " bytes (" << std::strerror(errno) << ")");
+      if (n == 0) break;
+      done += static_cast<size_t>(n);
+    }
+    return done;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+NpyHeader read_npy_header(const std::string& path) {
   // A regular file (a FIFO would block the open forever, a device never end).
   check_input_file(path, ".npy", std::numeric_limits<uintmax_t>::max());
-  std::ifstream in(path, std::ios::binary);
-  THDCP_CHECK(in.is_open(), path << ": cannot open (" << std::strerror(errno) << "): check the path");
-  // One read of the whole file: inputs are tensors of up to a few GB, read once.
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(0, std::ios::beg);
-  THDCP_CHECK(size >= 0, path << ": cannot determine the file size (" << std::strerror(errno) << ")");
-  std::vector<unsigned char> bytes(static_cast<size_t>(size));
-  in.read(reinterpret_cast<char*>(bytes.data()), size);
-  THDCP_CHECK(in.gcount() == size, path << ": read error after " << in.gcount() << " of " << size << " bytes ("
-                                        << std::strerror(errno) << ")");
-
-  THDCP_CHECK(bytes.size() >= kMagicSize + 2 && std::memcmp(bytes.data(), kMagic, kMagicSize) == 0,
-              path << ": not an .npy file (it does not start with \\x93NUMPY): save arrays with numpy.save, "
-                      "not numpy.savez or tofile");
-  const int major = bytes[kMagicSize];
-  const int minor = bytes[kMagicSize + 1];
+  const std::string at = quote_excerpt(path, kPathExcerptChars);
+  const InputFile file(path);
+  const uint64_t size = file.size();
+  // Magic, version and header length: 10 bytes (1.0) or 12 (2.0, 3.0). Nothing more is read
+  // until they are checked.
+  unsigned char prefix[12] = {};
+  const size_t got = file.read_at(prefix, sizeof(prefix), 0);
+  THDCP_CHECK(got >= kMagicSize + 2 && std::memcmp(prefix, kMagic, kMagicSize) == 0,
+              at << ": not an .npy file (it does not start with \\x93NUMPY): save arrays with numpy.save, "
+                    "not numpy.savez or tofile");
+  const int major = prefix[kMagicSize];
+  const int minor = prefix[kMagicSize + 1];
   THDCP_CHECK((major == 1 || major == 2 || major == 3) && minor == 0,
-              path << ": .npy format version " << major << "." << minor
-                   << " is not supported (thdcp reads 1.0, 2.0 and 3.0): re-save with numpy.save");
+              at << ": .npy format version " << major << "." << minor
+                 << " is not supported (thdcp reads 1.0, 2.0 and 3.0): re-save with numpy.save");
   const size_t length_bytes = major == 1 ? 2 : 4;
-  const size_t prefix = kMagicSize + 2 + length_bytes;
-  THDCP_CHECK(bytes.size() >= prefix, path << ": truncated .npy file (" << bytes.size()
-                                           << " bytes end inside the header length)");
-  const size_t header_len = read_le(bytes.data() + kMagicSize + 2, static_cast<int>(length_bytes));
-  THDCP_CHECK(bytes.size() >= prefix + header_len,
-              path << ": truncated .npy file: the header claims " << header_len << " bytes but the file has "
-                   << bytes.size() << " in all");
-  std::string header(reinterpret_cast<const char*>(bytes.data() + prefix), header_len);
+  const size_t prefix_size = kMagicSize + 2 + length_bytes;
+  THDCP_CHECK(got >= prefix_size, at << ": truncated .npy file (" << size << " bytes end inside the header length)");
+  const size_t header_len = read_le(prefix + kMagicSize + 2, static_cast<int>(length_bytes));
+  THDCP_CHECK(header_len <= kMaxNpyHeaderBytes,
+              at << ": the .npy header is " << header_len << " bytes, more than the " << kMaxNpyHeaderBytes
+                 << " thdcp reads (NumPy writes a few hundred): re-save the array with numpy.save");
+  THDCP_CHECK(size >= prefix_size + header_len, at << ": truncated .npy file: the header claims " << header_len
+                                                   << " bytes but the file has " << size << " in all");
+  std::string text(header_len, '\0');
+  THDCP_CHECK(file.read_at(text.data(), header_len, prefix_size) == header_len,
+              at << ": truncated .npy file: it ended inside the header (changed while being read?)");
 
-  NpyArray array;
-  array.path = path;
+  NpyHeader header;
+  header.path = path;
   bool fortran_order = false;
-  HeaderParser(header, path).parse(array.descr, fortran_order, array.shape);
-  const std::string& d = array.descr;
+  HeaderParser(text, path).parse(header.descr, fortran_order, header.shape);
+  const std::string& d = header.descr;
   THDCP_CHECK(d.empty() || d[0] != '>',
-              path << ": dtype '" << d << "' is big-endian: save it little-endian, e.g. arr.astype('<"
-                   << d.substr(1) << "')");
+              at << ": dtype " << quote_excerpt(d) << " is big-endian: save it little-endian, e.g. arr.astype("
+                 << quote_excerpt("<" + d.substr(1)) << ")");
   THDCP_CHECK(d == "<f4" || d == "<f2" || d == "<u2" || d == "<i4" || d == "<i8",
-              path << ": dtype '" << d << "' is not supported: convert the array to one of " << kSupported
-                   << " (bfloat16: save its bits with arr.view(np.uint16))");
+              at << ": dtype " << quote_excerpt(d) << " is not supported: convert the array to one of " << kSupported
+                 << " (bfloat16: save its bits with arr.view(np.uint16))");
   // With fewer than two dimensions Fortran and C order are the same bytes.
-  THDCP_CHECK(!fortran_order || array.shape.size() < 2,
-              path << ": the array is in Fortran order: save a C-order array (numpy.ascontiguousarray)");
+  THDCP_CHECK(!fortran_order || header.shape.size() < 2,
+              at << ": the array is in Fortran order: save a C-order array (numpy.ascontiguousarray)");
 
-  const size_t itemsize = npy_itemsize(d);
-  const int64_t numel = checked_numel(array.shape, path);
-  const size_t needed = static_cast<size_t>(numel) * itemsize;
-  const size_t available = bytes.size() - prefix - header_len;
-  THDCP_CHECK(available >= needed, path << ": truncated .npy file: shape " << format_shape(array.shape) << " of "
-                                        << d << " needs " << needed << " data bytes but the file holds " << available
-                                        << ": re-save it (was the write interrupted?)");
-  THDCP_CHECK(available == needed, path << ": " << available - needed << " bytes follow the data of shape "
-                                        << format_shape(array.shape)
-                                        << ": save one array per file with numpy.save");
-  // Drop the header in place rather than copying the data: no second buffer of its size.
-  bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(prefix + header_len));
-  array.data = std::move(bytes);
+  // The file must hold exactly what the header promises: checked here, before the caller
+  // sizes anything by the shape or reads a byte of the data.
+  const uint64_t numel = static_cast<uint64_t>(checked_numel(header.shape, at));
+  header.data_offset = prefix_size + header_len;
+  header.data_bytes = numel * npy_itemsize(d);
+  const uint64_t available = size - header.data_offset;
+  THDCP_CHECK(available >= header.data_bytes,
+              at << ": truncated .npy file: shape " << format_shape(header.shape) << " of " << d << " needs "
+                 << header.data_bytes << " data bytes but the file holds " << available
+                 << ": re-save it (was the write interrupted?)");
+  THDCP_CHECK(available == header.data_bytes, at << ": " << available - header.data_bytes
+                                                 << " bytes follow the data of shape " << format_shape(header.shape)
+                                                 << ": save one array per file with numpy.save");
+  return header;
+}
+
+void read_npy_data(const NpyHeader& header, void* data) {
+  const InputFile file(header.path);
+  const std::string at = quote_excerpt(header.path, kPathExcerptChars);
+  THDCP_CHECK(file.size() == header.data_offset + header.data_bytes,
+              at << ": the file changed since its header was read (" << file.size() << " bytes, "
+                 << header.data_offset + header.data_bytes << " expected): read it again");
+  THDCP_CHECK(file.read_at(data, header.data_bytes, header.data_offset) == header.data_bytes,
+              at << ": the file ended before its " << header.data_bytes << " data bytes (changed while being read?)");
+}
+
+NpyArray read_npy(const std::string& path) {
+  NpyArray array;
+  static_cast<NpyHeader&>(array) = read_npy_header(path);
+  array.data.resize(array.data_bytes);
+  read_npy_data(array, array.data.data());
   return array;
 }
 
@@ -280,7 +347,7 @@ void write_npy(const std::string& path, const std::string& descr, const std::vec
                const void* data) {
   const size_t itemsize = npy_itemsize(descr);
   const int64_t numel = checked_numel(shape, path);
-  THDCP_CHECK(data != nullptr || numel == 0, path << ": no data given for shape " << format_shape(shape));
+  THDCP_CHECK(data != nullptr || numel == 0, quote_excerpt(path, kPathExcerptChars) << ": no data given for shape " << format_shape(shape));
   const std::string dict = npy_header_dict(descr, shape);
   const bool v2 = dict.size() > 65535;
   std::string head(kMagic, kMagicSize);
@@ -308,16 +375,16 @@ std::vector<int64_t> npy_to_int64(const NpyArray& array, const std::string& name
       values[static_cast<size_t>(i)] = v;
     }
   } else {
-    THDCP_FAIL(array.path << ": " << name << " has dtype '" << array.descr
-                          << "' but must be an integer array: save it as int32 (<i4) or int64 (<i8)");
+    THDCP_FAIL(quote_excerpt(array.path, kPathExcerptChars) << ": " << name << " has dtype " << quote_excerpt(array.descr)
+                                                             << " but must be an integer array: save it as int32 (<i4) or int64 (<i8)");
   }
   return values;
 }
 
-void check_npy_shape(const NpyArray& array, const std::vector<int64_t>& expected, const std::string& what) {
+void check_npy_shape(const NpyHeader& array, const std::vector<int64_t>& expected, const std::string& what) {
   bool ok = array.shape.size() == expected.size();
   for (size_t i = 0; ok && i < expected.size(); ++i) ok = expected[i] < 0 || expected[i] == array.shape[i];
-  THDCP_CHECK(ok, (array.path.empty() ? std::string("array") : array.path)
+  THDCP_CHECK(ok, (array.path.empty() ? std::string("array") : quote_excerpt(array.path, kPathExcerptChars))
                       << ": shape " << format_shape(array.shape) << " does not match " << format_shape(expected)
                       << " expected for " << what);
 }

@@ -15,22 +15,43 @@
 
 namespace thdcp::tools {
 
-struct NpyArray {
+// The largest .npy header thdcp reads: NumPy writes a few hundred bytes (its own np.load
+// refuses more than 10000 by default); a larger one is refused before it is read.
+constexpr size_t kMaxNpyHeaderBytes = size_t{64} << 10;
+
+// What an .npy file's header says and where its data lies, checked against the file's size
+// before a byte of the data is read.
+struct NpyHeader {
   std::string path;            // file it was read from (for messages); empty if built in memory
   std::string descr;           // one of the supported dtypes above
   std::vector<int64_t> shape;  // C order; empty for a 0-d array (one element)
-  std::vector<unsigned char> data;  // numel() * itemsize bytes, little-endian, C order
+  uint64_t data_offset = 0;    // bytes before the data: magic, version, header length, header
+  uint64_t data_bytes = 0;     // numel() * itemsize: the rest of the file, exactly
 
   int64_t numel() const;
+};
+
+struct NpyArray : NpyHeader {
+  std::vector<unsigned char> data;  // numel() * itemsize bytes, little-endian, C order
 };
 
 // Bytes per element of a supported descr; throws thdcp::Error naming the descr otherwise.
 size_t npy_itemsize(const std::string& descr);
 
-// Reads a whole .npy file. Throws thdcp::Error naming the file, what is wrong and what to
-// change: missing/unreadable file, bad magic (not an .npy file), unsupported version,
-// malformed header, big-endian or unsupported dtype, Fortran order (for ndim >= 2),
-// truncated data, or bytes after the data (e.g. several arrays saved into one file).
+// Reads and checks only the header of an .npy file: at most the 12 bytes of magic, version
+// and header length, then the header itself (at most kMaxNpyHeaderBytes). Throws thdcp::Error
+// naming the file, what is wrong and what to change: missing/unreadable or special file, bad
+// magic (not an .npy file), unsupported version, a header too long or malformed, big-endian
+// or unsupported dtype, Fortran order (for ndim >= 2), or a file size that differs from what
+// the header promises (truncated data, or bytes after it, e.g. several arrays in one file).
+// Values from the file appear in messages as quote_excerpt excerpts.
+NpyHeader read_npy_header(const std::string& path);
+
+// Reads the data `header` describes into `data` (header.data_bytes bytes). Throws
+// thdcp::Error if the file no longer holds them (changed since its header was read).
+void read_npy_data(const NpyHeader& header, void* data);
+
+// read_npy_header, then the data into memory.
 NpyArray read_npy(const std::string& path);
 
 // Writes `data` (numel(shape) * npy_itemsize(descr) bytes, C order, little-endian) as a .npy
@@ -55,7 +76,7 @@ std::vector<int64_t> npy_to_int64(const NpyArray& array, const std::string& name
 // The message names the file, the shape found and the shape expected, e.g.
 //   "q.npy: shape (10, 8, 64) does not match (12, any, 64) expected for q ([T, H, D])"
 //   what  describes the array and its expected layout, e.g. "q ([T, H, D])"
-void check_npy_shape(const NpyArray& array, const std::vector<int64_t>& expected, const std::string& what);
+void check_npy_shape(const NpyHeader& array, const std::vector<int64_t>& expected, const std::string& what);
 
 // "(2, 3)" / "(5,)" / "()" as NumPy prints shapes; -1 prints as "any".
 std::string format_shape(const std::vector<int64_t>& shape);

@@ -9,6 +9,7 @@
 #include "io/atomic_file.h"
 #include "commands.h"
 #include "io/json.h"
+#include "io/memory_budget.h"
 #include "plan/plan_report.h"
 #include "thdcp/plan/planner.h"
 
@@ -36,7 +37,10 @@ const char* kPlanHelp =
     "  --cp LIST         CP sizes, e.g. 1,2,4,8 (default)\n"
     "  --budget PCT      largest fallback rate the recommendation accepts, in % (default 1)\n"
     "  --plot FILE.svg   histogram of documents per batch with the candidates, and rank balance\n"
-    "  --json FILE       machine-readable results\n";
+    "  --json FILE       machine-readable results\n"
+    "  --max-memory SIZE host memory the plan may take (e.g. 8G, 512M; default: the machine's, or\n"
+    "                    what ulimit -v leaves); one estimated to need more is refused before it\n"
+    "                    packs a batch\n";
 
 std::vector<int> parse_cp_list(const std::string& text) {
   std::vector<int> sizes;
@@ -59,7 +63,7 @@ std::string bytes_text(int64_t bytes) {
 void print_plan(const CapacityPlan& plan, const DocumentBatches& batches) {
   const DocsPerBatch& d = plan.docs_per_batch;
   std::printf("thdcp plan: %lld batches of %lld rows from %s\n", static_cast<long long>(d.batches),
-              static_cast<long long>(plan.tokens), batches.source.c_str());
+              static_cast<long long>(plan.tokens), quote_excerpt(batches.source, kPathExcerptChars).c_str());
   std::printf("documents per batch: mean %.1f, P50 %lld, P90 %lld, P99 %lld, max %lld (nearest-rank percentiles)\n",
               d.mean, static_cast<long long>(d.p50), static_cast<long long>(d.p90), static_cast<long long>(d.p99),
               static_cast<long long>(d.max));
@@ -85,10 +89,36 @@ void print_plan(const CapacityPlan& plan, const DocumentBatches& batches) {
   }
 }
 
+// Before the batches are built: what planning `size` holds at its peak (the planner's
+// structures, and the per-batch entries of --json and --plot) against the memory budget.
+void check_plan_memory(const Args& args, double max_memory, const PackingSize& size, double read_bytes,
+                       const std::string& policy) {
+  const double batches = static_cast<double>(size.batches);
+  MemoryNeed need;
+  need.buffers = planning_bytes(size, read_bytes);
+  // --json: a Json value per batch in an array that grows to twice its size, and its text
+  // (twice: dumped, then staged); --plot: the histogram's copy of the counts.
+  if (args.has("json")) need.buffers += batches * (2 * sizeof(Json) + 2 * 24);
+  if (args.has("plot")) need.buffers += batches * 8;
+  const std::string source = args.has("lengths") ? "--lengths " + quote_excerpt(args.get("lengths", ""), kPathExcerptChars)
+                                                 : "--batches " + quote_excerpt(args.get("batches", ""), kPathExcerptChars);
+  std::string details = source + ": " + std::to_string(size.documents) + " documents in " +
+                        std::to_string(size.batches) + " batches";
+  if (size.touched > 0) {
+    details += ", " + std::to_string(size.touched) + " long document(s) " +
+               (policy == "split" ? "split into pieces" : "truncated") + " by --long-docs " + policy;
+  }
+  const std::string change = policy == "split" ? "raise --tokens, use --long-docs truncate, or give fewer lengths"
+                             : args.has("lengths") ? "raise --tokens or give fewer lengths"
+                                                   : "give fewer batches";
+  check_memory_budget(need, max_memory, "thdcp plan", details, change);
+}
+
 }  // namespace
 
 int plan_command(const std::vector<std::string>& argv) {
-  const Args args(argv, {"lengths", "batches", "tokens", "cp", "budget", "plot", "json", "long-docs"}, {"help"});
+  const Args args(argv, {"lengths", "batches", "tokens", "cp", "budget", "plot", "json", "long-docs", "max-memory"},
+                  {"help"});
   if (args.has("help")) {
     std::fputs(kPlanHelp, stdout);
     return 0;
@@ -101,6 +131,7 @@ int plan_command(const std::vector<std::string>& argv) {
   }
   if (args.has("json")) check_output_file("json", args.get("json", ""));
   if (args.has("plot")) check_output_file("plot", args.get("plot", ""));
+  const double max_memory = args.has("max-memory") ? parse_bytes("max-memory", args.get("max-memory", "")) : 0;
   PlanOptions options;
   options.cp_sizes = args.has("cp") ? parse_cp_list(args.get("cp", "")) : std::vector<int>{1, 2, 4, 8};
   options.fallback_budget = static_cast<double>(args.get_int("budget", 1, 0, 100)) / 100.0;
@@ -117,17 +148,22 @@ int plan_command(const std::vector<std::string>& argv) {
                                     : policy == "truncate" ? LongDocuments::kTruncate
                                                            : LongDocuments::kError;
     const int64_t alignment = packing_alignment(options.cp_sizes);
-    int64_t touched = 0;
-    const DocumentLengths documents =
-        fit_long_documents(read_lengths_file(args.get("lengths", "")), options.tokens, alignment, long_docs, &touched);
-    if (touched > 0) {
-      long_docs_note = std::to_string(touched) + " document(s) longer than a batch (" +
+    DocumentLengths read = read_lengths_file(args.get("lengths", ""));
+    // Counted before anything is built: a long document split for small batches makes a piece
+    // and a batch per --tokens of it.
+    const PackingSize size = count_packing(read, options.tokens, alignment, long_docs);
+    check_plan_memory(args, max_memory, size, document_bytes(read), policy);
+    const DocumentLengths documents = fit_long_documents(read, options.tokens, alignment, long_docs);
+    read = DocumentLengths{};
+    if (size.touched > 0) {
+      long_docs_note = std::to_string(size.touched) + " document(s) longer than a batch (" +
                        std::to_string(options.tokens / alignment * alignment) + " tokens) were " +
                        (long_docs == LongDocuments::kSplit ? "split into batch-sized pieces" : "truncated") +
                        " (--long-docs " + policy + ")";
     }
     batches = pack_documents(documents, options.tokens, alignment);
   } else {
+    check_plan_memory(args, max_memory, count_batches_file(args.get("batches", "")), 0, "");
     batches = read_batches_file(args.get("batches", ""));
     options.tokens = args.has("tokens") ? args.get_int("tokens", 0, 1, INT32_MAX)
                                         : min_tokens_for(batches, options.cp_sizes);
@@ -146,7 +182,9 @@ int plan_command(const std::vector<std::string>& argv) {
   }
   print_plan(plan, batches);
   if (!long_docs_note.empty()) std::printf("\n%s\n", long_docs_note.c_str());
-  if (args.has("plot")) std::printf("\nplot written to %s\n", args.get("plot", "").c_str());
+  if (args.has("plot")) {
+    std::printf("\nplot written to %s\n", quote_excerpt(args.get("plot", ""), kPathExcerptChars).c_str());
+  }
   return 0;
 }
 

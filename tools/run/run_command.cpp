@@ -59,8 +59,9 @@ const char* kRunHelp =
     "  --quiet           no progress line (it is only shown when stdout is a terminal)\n"
     "  --allow-nonfinite with --load: run on inputs with NaN, infinities or values whose\n"
     "                    products overflow fp32 (refused by default, naming the element)\n"
-    "  --max-memory SIZE host memory the run may take (e.g. 8G, 512M; default: the machine's);\n"
-    "                    a run estimated to need more is refused before it allocates\n"
+    "  --max-memory SIZE host memory the run may take (e.g. 8G, 512M; default: the machine's, and\n"
+    "                    under ulimit -v what the limit leaves); a run estimated to need more is\n"
+    "                    refused before it allocates\n"
     "  --graph           many batches through CUDA graphs (GraphBank, dynamic CP, RoPE):\n"
     "                    see thdcp run --graph --help\n";
 
@@ -90,9 +91,9 @@ RunConfig parse_run_config(const Args& args) {
     throw UsageError("--tokens has no meaning with --load: the loaded tensors fix the rows");
   }
   const auto [hq, hkv] = args.get_pair("heads", {c.q_heads, c.kv_heads}, ':');
-  if (hq < 1 || hkv < 1) throw UsageError("--heads " + args.get("heads", "") + ": both counts must be >= 1");
+  if (hq < 1 || hkv < 1) throw UsageError("--heads " + quote_excerpt(args.get("heads", "")) + ": both counts must be >= 1");
   if (hq % hkv != 0) {
-    throw UsageError("--heads " + args.get("heads", "") + ": HQ must be a multiple of HKV (GQA/MQA)");
+    throw UsageError("--heads " + quote_excerpt(args.get("heads", "")) + ": HQ must be a multiple of HKV (GQA/MQA)");
   }
   c.q_heads = hq;
   c.kv_heads = hkv;
@@ -109,7 +110,7 @@ RunConfig parse_run_config(const Args& args) {
   } else if (backend == "cuda") {
     c.backend = Backend::kCuda;
   } else {
-    throw UsageError("--backend " + backend + ": use auto, cpu or cuda");
+    throw UsageError("--backend " + quote_excerpt(backend) + ": use auto, cpu or cuda");
   }
   c.threads = static_cast<int>(args.get_int("threads", 0, 0, 4096));
   if (c.tokens < 2 * c.cp) {
@@ -290,22 +291,34 @@ int run_command(const std::vector<std::string>& argv) {
   Progress progress(config.quiet || !root);
   progress.phase("preparing the batch");
   GlobalBatch batch;
+  RunSize size;
   std::string device;
+  const bool process_per_rank = static_cast<bool>(comm);
   if (!config.load_dir.empty()) {
-    batch = load_batch(config, args.has("dtype"), args.has("heads"), args.has("head-dim"));
-    // After loading: --load fixes the dtype and head dim the backend must support.
+    // Headers first: they fix the dtype and head dim the backend must support, and every
+    // size; nothing large is read before memory is checked against them.
+    const LoadFiles files = read_load_headers(config, args.has("dtype"), args.has("heads"), args.has("head-dim"));
     config.backend = resolve_backend(config, &device);
-    check_host_memory(config, batch.layout.total_rows(), static_cast<bool>(comm), "--load " + config.load_dir);
+    const std::string source = "--load " + quote_excerpt(config.load_dir, kPathExcerptChars);
+    check_host_memory(config, load_size(files), process_per_rank, source);
+    batch = load_layout(config, files);
+    check_host_memory(config, load_size(files, batch), process_per_rank, source);
+    load_tensors(config, files, batch);
+    size = load_size(files, batch);
   } else {
-    // Before anything is allocated: the batch has --tokens rows.
+    // Before anything is allocated: the batch has --tokens rows, and at most one document per
+    // 2*cp of them.
     config.backend = resolve_backend(config, &device);
-    check_host_memory(config, config.tokens, static_cast<bool>(comm), "--tokens " + std::to_string(config.tokens));
+    size.rows = config.tokens;
+    size.sequences = config.tokens / (2 * config.cp) + 1;
+    check_host_memory(config, size, process_per_rank, "--tokens " + std::to_string(config.tokens));
     batch = config.lengths_file.empty() ? make_default_batch(config) : make_batch_from_lengths(config);
+    size.rows = batch.layout.total_rows();
   }
   GlobalOutputs outputs;
   RunReport report = comm ? run_rank_job(*comm, config, batch, outputs, progress)
                           : run_in_process_job(config, batch, outputs, progress);
-  report.host_bytes_estimated = estimate_host_bytes(config, batch.layout.total_rows(), static_cast<bool>(comm));
+  report.host_bytes_estimated = estimate_host_bytes(config, size, process_per_rank);
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   report.host_bytes_peak = static_cast<double>(usage.ru_maxrss) * 1024;  // Linux: kilobytes
@@ -328,8 +341,9 @@ int run_command(const std::vector<std::string>& argv) {
     out.commit();
   }
   print_report(report, batch, device);
-  if (!passed && !config.save_dir.empty()) std::printf("nothing saved to %s: the check failed\n", config.save_dir.c_str());
-  if (passed && !config.save_dir.empty()) std::printf("saved inputs and outputs to %s\n", config.save_dir.c_str());
+  const std::string save_dir = quote_excerpt(config.save_dir, kPathExcerptChars);
+  if (!passed && !config.save_dir.empty()) std::printf("nothing saved to %s: the check failed\n", save_dir.c_str());
+  if (passed && !config.save_dir.empty()) std::printf("saved inputs and outputs to %s\n", save_dir.c_str());
   return passed ? 0 : 1;
 }
 

@@ -66,11 +66,11 @@ const char* kRunGraphHelp =
   for (int64_t c : parse_int_list("dynamic-cp", text, 1, 64)) sizes.push_back(static_cast<int>(c));
   std::sort(sizes.begin(), sizes.end());
   if (std::adjacent_find(sizes.begin(), sizes.end()) != sizes.end()) {
-    throw UsageError("--dynamic-cp " + text + ": a size is given twice");
+    throw UsageError("--dynamic-cp " + quote_excerpt(text) + ": a size is given twice");
   }
   for (int s : sizes) {
     if (sizes.back() % s != 0) {
-      throw UsageError("--dynamic-cp " + text + ": every size must divide the largest (" +
+      throw UsageError("--dynamic-cp " + quote_excerpt(text) + ": every size must divide the largest (" +
                        std::to_string(sizes.back()) + "), which is the number of ranks");
     }
   }
@@ -146,7 +146,7 @@ GraphRunConfig parse(const Args& args) {
   c.shape.layers = static_cast<int>(args.get_int("layers", 2, 1, 64));
   const auto [hq, hkv] = args.get_pair("heads", {8, 2}, ':');
   if (hq < 1 || hkv < 1 || hq % hkv != 0) {
-    throw UsageError("--heads " + args.get("heads", "") + ": both >= 1 and HQ a multiple of HKV");
+    throw UsageError("--heads " + quote_excerpt(args.get("heads", "")) + ": both >= 1 and HQ a multiple of HKV");
   }
   c.shape.q_heads = hq;
   c.shape.kv_heads = hkv;
@@ -163,7 +163,7 @@ GraphRunConfig parse(const Args& args) {
   } else if (rope == "neox" || rope == "gptj") {
     c.shape.rope_config.layout = rope == "neox" ? RopeLayout::kHalfSplit : RopeLayout::kInterleaved;
   } else {
-    throw UsageError("--rope " + rope + ": use neox, gptj or none");
+    throw UsageError("--rope " + quote_excerpt(rope) + ": use neox, gptj or none");
   }
   return c;
 }

@@ -11,7 +11,6 @@
 #include <numeric>
 
 #include "io/args.h"
-#include "io/npy.h"
 #include "thdcp/plan/rank_split.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/planner.h"
@@ -57,9 +56,12 @@ bool file_exists(const std::string& path) {
   return stat(path.c_str(), &st) == 0;
 }
 
+// A path as messages quote it.
+std::string quote_path(const std::string& path) { return quote_excerpt(path, kPathExcerptChars); }
+
 // The storage dtype of a float array and --dtype: "<u2" holds raw 16-bit words whose meaning
 // --dtype gives (bf16 unless it says fp16).
-DType dtype_of(const NpyArray& a, const RunConfig& c, bool dtype_given) {
+DType dtype_of(const NpyHeader& a, const RunConfig& c, bool dtype_given) {
   DType d;
   if (a.descr == "<f4") {
     d = DType::kFloat32;
@@ -68,23 +70,36 @@ DType dtype_of(const NpyArray& a, const RunConfig& c, bool dtype_given) {
   } else if (a.descr == "<u2") {
     d = dtype_given ? c.dtype : DType::kBFloat16;
     if (d == DType::kFloat32) {
-      throw UsageError(a.path + " holds 16-bit words (<u2) but --dtype is fp32: use --dtype bf16 (or fp16)");
+      throw UsageError(quote_path(a.path) + " holds 16-bit words (<u2) but --dtype is fp32: use --dtype bf16 (or fp16)");
     }
   } else {
-    throw UsageError(a.path + ": dtype " + a.descr + " is not a tensor dtype: use float32 (<f4), float16 (<f2) or "
-                     "bfloat16 stored as uint16 (<u2)");
+    throw UsageError(quote_path(a.path) + ": dtype " + quote_excerpt(a.descr) +
+                     " is not a tensor dtype: use float32 (<f4), float16 (<f2) or bfloat16 stored as uint16 (<u2)");
   }
   if (dtype_given && d != c.dtype) {
-    throw UsageError(a.path + " holds " + dtype_name(d) + " but --dtype is " + dtype_name(c.dtype) +
+    throw UsageError(quote_path(a.path) + " holds " + dtype_name(d) + " but --dtype is " + dtype_name(c.dtype) +
                      ": drop --dtype or convert the file");
   }
   return d;
 }
 
-HostTensor tensor_from(const NpyArray& a, DType dtype) {
-  HostTensor t(dtype, a.shape[0], a.shape[1], a.shape[2]);
-  std::memcpy(t.data(), a.data.data(), a.data.size());
+// The [T, H, D] tensor of an .npy file, read straight into its storage.
+HostTensor read_tensor(const NpyHeader& h, DType dtype) {
+  HostTensor t(dtype, h.shape[0], h.shape[1], h.shape[2]);
+  THDCP_CHECK(static_cast<uint64_t>(t.numel()) * dtype_size(dtype) == h.data_bytes,
+              quote_path(h.path) << ": " << h.data_bytes << " data bytes do not hold " << dtype_name(dtype) << " elements");
+  read_npy_data(h, t.data());
   return t;
+}
+
+// The offsets of an .npy file whose header was read (and sized the memory check): its data
+// as that header describes it, as int64.
+std::vector<int64_t> read_offsets(const NpyHeader& header, const std::string& name) {
+  NpyArray array;
+  static_cast<NpyHeader&>(array) = header;
+  array.data.resize(header.data_bytes);
+  read_npy_data(header, array.data.data());
+  return npy_to_int64(array, name);
 }
 
 // Copies the valid rows of every sequence from `from` (layout `src`) to `to` (layout `dst`).
@@ -107,7 +122,7 @@ double check_finite(const std::string& path, const HostTensor& t, const LayoutVi
       for (int64_t i = 0; i < per_row; ++i) {
         const float x = t.get(r * per_row + i);
         if (!std::isfinite(x)) {
-          throw UsageError(path + ": element [" + std::to_string(r) + ", " + std::to_string(i / t.head_dim()) + ", " +
+          throw UsageError(quote_path(path) + ": element [" + std::to_string(r) + ", " + std::to_string(i / t.head_dim()) + ", " +
                            std::to_string(i % t.head_dim()) + "] (a valid row of sequence " + std::to_string(b) +
                            ") is " + (std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf") +
                            ": inputs must be finite (--allow-nonfinite runs anyway)");
@@ -127,7 +142,7 @@ void check_products(const std::string& a_path, double max_a, const std::string& 
   char text[160];
   std::snprintf(text, sizeof(text), ": values up to %.3g and %.3g: their dot products over head dim %lld can overflow fp32",
                 max_a, max_b, static_cast<long long>(head_dim));
-  throw UsageError(a_path + " and " + b_path + text + " (--allow-nonfinite runs anyway)");
+  throw UsageError(quote_path(a_path) + " and " + quote_path(b_path) + text + " (--allow-nonfinite runs anyway)");
 }
 
 std::string descr_of(DType dtype) {
@@ -148,47 +163,61 @@ GlobalBatch make_default_batch(const RunConfig& c) {
 
 GlobalBatch make_batch_from_lengths(const RunConfig& c) {
   const DocumentLengths documents = read_lengths_file(c.lengths_file);
-  const DocumentBatches batches = pack_documents(documents, c.tokens, 2 * static_cast<int64_t>(c.cp));
-  const int64_t count = static_cast<int64_t>(batches.batches.size());
+  // Only the batch asked for is built (a file of many short documents packs into many).
+  int64_t count = 0;
+  std::vector<int64_t> lengths =
+      packed_batch(documents, c.tokens, 2 * static_cast<int64_t>(c.cp), c.batch_index, &count);
   if (c.batch_index >= count) {
-    throw UsageError("--batch " + std::to_string(c.batch_index) + ": " + c.lengths_file + " packs into " +
+    throw UsageError("--batch " + std::to_string(c.batch_index) + ": " + quote_path(c.lengths_file) + " packs into " +
                      std::to_string(count) + " batches of " + std::to_string(c.tokens) +
                      " rows: pick one of 0.." + std::to_string(count - 1));
   }
-  return random_batch(c, batches.batches[static_cast<size_t>(c.batch_index)],
-                      c.lengths_file + ", batch " + std::to_string(c.batch_index) + " of " + std::to_string(count));
+  return random_batch(c, std::move(lengths),
+                      quote_path(c.lengths_file) + ", batch " + std::to_string(c.batch_index) + " of " +
+                          std::to_string(count));
 }
 
-namespace {
-
-// q.npy, k.npy, v.npy and cu_seqlens.npy of --load, their shapes checked.
-struct LoadedArrays {
-  NpyArray q, k, v, cu;
-};
-
-LoadedArrays read_arrays(const std::string& dir) {
-  LoadedArrays a{read_npy(join(dir, "q.npy")), read_npy(join(dir, "k.npy")), read_npy(join(dir, "v.npy")),
-                 read_npy(join(dir, "cu_seqlens.npy"))};
-  check_npy_shape(a.q, {-1, -1, -1}, "q ([T, Hq, D])");
-  const int64_t rows = a.q.shape[0], q_heads = a.q.shape[1], head_dim = a.q.shape[2];
+LoadFiles read_load_headers(RunConfig& c, bool dtype_given, bool heads_given, bool head_dim_given) {
+  const std::string& dir = c.load_dir;
+  LoadFiles f{read_npy_header(join(dir, "q.npy")), read_npy_header(join(dir, "k.npy")),
+              read_npy_header(join(dir, "v.npy")), read_npy_header(join(dir, "cu_seqlens.npy")), {}, {}};
+  if (file_exists(join(dir, "cu_seqlens_padded.npy"))) f.cu_padded = read_npy_header(join(dir, "cu_seqlens_padded.npy"));
+  if (file_exists(join(dir, "dout.npy"))) f.dout = read_npy_header(join(dir, "dout.npy"));
+  check_npy_shape(f.q, {-1, -1, -1}, "q ([T, Hq, D])");
+  const int64_t rows = f.q.shape[0], q_heads = f.q.shape[1], head_dim = f.q.shape[2];
   // Zero-size tensors: nothing to attend to, and nothing a run could check.
-  if (rows == 0) throw UsageError(a.q.path + ": T = 0 rows: a batch needs at least one token");
-  if (q_heads == 0) throw UsageError(a.q.path + ": 0 heads: q needs at least one head");
-  if (head_dim == 0) throw UsageError(a.q.path + ": head dim 0: use a multiple of 8 in [8, 256]");
-  if (a.k.shape.size() == 3 && a.k.shape[1] == 0) throw UsageError(a.k.path + ": 0 heads: k and v need at least one head");
-  check_npy_shape(a.k, {rows, -1, head_dim}, "k ([T, Hkv, D], T and D of q)");
-  check_npy_shape(a.v, a.k.shape, "v (the shape of k)");
-  check_npy_shape(a.cu, {-1}, "cu_seqlens ([num_seqs + 1])");
-  return a;
-}
+  if (rows == 0) throw UsageError(quote_path(f.q.path) + ": T = 0 rows: a batch needs at least one token");
+  if (q_heads == 0) throw UsageError(quote_path(f.q.path) + ": 0 heads: q needs at least one head");
+  if (head_dim == 0) throw UsageError(quote_path(f.q.path) + ": head dim 0: use a multiple of 8 in [8, 256]");
+  if (f.k.shape.size() == 3 && f.k.shape[1] == 0) {
+    throw UsageError(quote_path(f.k.path) + ": 0 heads: k and v need at least one head");
+  }
+  check_npy_shape(f.k, {rows, -1, head_dim}, "k ([T, Hkv, D], T and D of q)");
+  check_npy_shape(f.v, f.k.shape, "v (the shape of k)");
+  check_npy_shape(f.cu, {-1}, "cu_seqlens ([num_seqs + 1])");
+  if (f.cu_padded) check_npy_shape(*f.cu_padded, f.cu.shape, "cu_seqlens_padded (the shape of cu_seqlens)");
+  for (const NpyHeader* offsets : {&f.cu, f.cu_padded ? &*f.cu_padded : nullptr}) {
+    if (offsets && offsets->descr != "<i4" && offsets->descr != "<i8") {
+      throw UsageError(quote_path(offsets->path) + ": dtype " + quote_excerpt(offsets->descr) +
+                       " is not an integer dtype: save the offsets as int32 (<i4) or int64 (<i8)");
+    }
+  }
+  if (f.dout) {
+    check_npy_shape(*f.dout, f.q.shape, "dout (the shape of q)");
+    if (f.dout->descr != f.q.descr) {
+      throw UsageError(quote_path(f.dout->path) + " has dtype " + quote_excerpt(f.dout->descr) + " but q.npy has " +
+                       quote_excerpt(f.q.descr));
+    }
+  }
 
-// The run's heads, head dim and dtype from the loaded arrays; a flag that disagrees with them
-// is refused.
-void take_shape(RunConfig& c, const LoadedArrays& a, bool dtype_given, bool heads_given, bool head_dim_given) {
-  const int64_t q_heads = a.q.shape[1], kv_heads = a.k.shape[1], head_dim = a.q.shape[2];
-  const DType dtype = dtype_of(a.q, c, dtype_given);
-  for (const NpyArray* x : {&a.k, &a.v}) {
-    if (x->descr != a.q.descr) throw UsageError(x->path + " has dtype " + x->descr + " but q.npy has " + a.q.descr);
+  // The run's heads, head dim and dtype from the headers; a flag that disagrees is refused.
+  const int64_t kv_heads = f.k.shape[1];
+  const DType dtype = dtype_of(f.q, c, dtype_given);
+  for (const NpyHeader* x : {&f.k, &f.v}) {
+    if (x->descr != f.q.descr) {
+      throw UsageError(quote_path(x->path) + " has dtype " + quote_excerpt(x->descr) + " but q.npy has " +
+                       quote_excerpt(f.q.descr));
+    }
   }
   if (heads_given && (c.q_heads != q_heads || c.kv_heads != kv_heads)) {
     throw UsageError("--heads " + std::to_string(c.q_heads) + ":" + std::to_string(c.kv_heads) +
@@ -200,115 +229,128 @@ void take_shape(RunConfig& c, const LoadedArrays& a, bool dtype_given, bool head
                      std::to_string(head_dim) + ": drop --head-dim");
   }
   if (kv_heads < 1 || q_heads % kv_heads != 0) {
-    throw UsageError(a.q.path + " has " + std::to_string(q_heads) + " heads, not a multiple of the " +
-                     std::to_string(kv_heads) + " heads of " + a.k.path + " (GQA/MQA need Hq % Hkv == 0)");
+    throw UsageError(quote_path(f.q.path) + " has " + std::to_string(q_heads) + " heads, not a multiple of the " +
+                     std::to_string(kv_heads) + " heads of " + quote_path(f.k.path) + " (GQA/MQA need Hq % Hkv == 0)");
   }
   if (!cpu_supports_head_dim(head_dim)) {
-    throw UsageError(a.q.path + ": head dim " + std::to_string(head_dim) +
+    throw UsageError(quote_path(f.q.path) + ": head dim " + std::to_string(head_dim) +
                      " is not supported: use a multiple of 8 in [8, 256]");
   }
   c.q_heads = q_heads;
   c.kv_heads = kv_heads;
   c.head_dim = head_dim;
   c.dtype = dtype;
+  return f;
 }
 
-// The user's layout: cu_seqlens with cu_seqlens_padded.npy when there is one, else with no
-// padding (then the sequences must fill q's rows exactly).
-BatchLayout user_layout_of(const std::string& dir, const NpyArray& cu, int64_t rows) {
-  const std::vector<int64_t> cu_values = npy_to_int64(cu, "cu_seqlens");
-  const std::string padded_path = join(dir, "cu_seqlens_padded.npy");
-  if (file_exists(padded_path)) {
-    const NpyArray cup = read_npy(padded_path);
-    check_npy_shape(cup, cu.shape, "cu_seqlens_padded (the shape of cu_seqlens)");
-    return layout_from_int64(cu_values, npy_to_int64(cup, "cu_seqlens_padded"));
-  }
-  if (!cu_values.empty() && cu_values.back() != rows) {
-    throw UsageError(cu.path + ": its last entry is " + std::to_string(cu_values.back()) + " but q.npy has T=" +
-                     std::to_string(rows) + " rows: without cu_seqlens_padded.npy the sequences must fill q exactly"
-                     " (or add cu_seqlens_padded.npy)");
-  }
-  return layout_from_int64(cu_values, cu_values);
+RunSize load_size(const LoadFiles& f) {
+  RunSize size;
+  size.rows = f.q.shape[0];  // re-padding for cp may add rows: load_size(files, batch) knows
+  size.sequences = std::max<int64_t>(0, f.cu.shape[0] - 1);
+  size.loaded_rows = f.q.shape[0];
+  size.offsets = f.cu.shape[0] * (f.cu_padded ? 2 : 1);
+  return size;
 }
 
-// dout.npy when there is one (its shape and dtype those of q), else N(0,1) values.
-HostTensor load_dout(const std::string& dir, const LoadedArrays& a, const LayoutView& user, RunConfig& c) {
-  const std::string dout_path = join(dir, "dout.npy");
-  if (!file_exists(dout_path)) {
-    HostTensor dout(c.dtype, a.q.shape[0], a.q.shape[1], a.q.shape[2]);
-    fill_normal(dout, c.seed + 4);
-    return dout;
-  }
-  const NpyArray dout = read_npy(dout_path);
-  check_npy_shape(dout, a.q.shape, "dout (the shape of q)");
-  if (dout.descr != a.q.descr) throw UsageError(dout.path + " has dtype " + dout.descr + " but q.npy has " + a.q.descr);
-  HostTensor tensor = tensor_from(dout, c.dtype);
-  if (!c.allow_nonfinite) {
-    check_products(dout.path, check_finite(dout.path, tensor, user), a.v.path, c.loaded_max_v, c.head_dim);
-  }
-  return tensor;
+RunSize load_size(const LoadFiles& f, const GlobalBatch& batch) {
+  RunSize size = load_size(f);
+  size.rows = batch.layout.total_rows();
+  size.sequences = batch.layout.num_seqs();
+  // Read straight into the job's tensors when the layout needs no re-padding.
+  if (batch.layout.cu_seqlens_padded == batch.user_layout.cu_seqlens_padded) size.loaded_rows = 0;
+  return size;
 }
 
-// The batch in a layout the CP size can run: the user's when every padded length is already
-// a multiple of 2*cp, else each sequence re-padded, remembering where every row came from.
-void lay_out_for_cp(GlobalBatch& batch, const RunConfig& c, HostTensor q, HostTensor k, HostTensor v,
-                    HostTensor dout) {
+GlobalBatch load_layout(const RunConfig& c, const LoadFiles& f) {
+  const int64_t rows = f.q.shape[0];
+  GlobalBatch batch;
+  batch.source = "loaded from " + quote_path(c.load_dir);
+  // The user's layout: cu_seqlens with cu_seqlens_padded.npy when there is one, else with no
+  // padding (then the sequences must fill q's rows exactly).
+  const std::vector<int64_t> cu = read_offsets(f.cu, "cu_seqlens");
+  if (f.cu_padded) {
+    batch.user_layout = layout_from_int64(cu, read_offsets(*f.cu_padded, "cu_seqlens_padded"));
+  } else {
+    if (!cu.empty() && cu.back() != rows) {
+      throw UsageError(quote_path(f.cu.path) + ": its last entry is " + std::to_string(cu.back()) + " but q.npy has T=" +
+                       std::to_string(rows) + " rows: without cu_seqlens_padded.npy the sequences must fill q exactly"
+                       " (or add cu_seqlens_padded.npy)");
+    }
+    batch.user_layout = layout_from_int64(cu, cu);
+  }
   const LayoutView user = batch.user_layout.view();
+  validate_layout(user, rows, 0);
+  batch.lengths.reserve(static_cast<size_t>(user.num_seqs));
+  for (int b = 0; b < user.num_seqs; ++b) batch.lengths.push_back(user.length(b));
+
+  // The layout the CP size can run: the user's when every padded length is already a
+  // multiple of 2*cp, else each sequence re-padded, remembering where every row came from.
   bool aligned = true;
   for (int b = 0; b < user.num_seqs; ++b) aligned = aligned && user.padded_length(b) % (2 * c.cp) == 0;
   if (aligned) {
     batch.layout = batch.user_layout;
-    batch.q = std::move(q);
-    batch.k = std::move(k);
-    batch.v = std::move(v);
-    batch.dout = std::move(dout);
     batch.user_rows = identity_rows(user.total_rows());
-    return;
+    return batch;
   }
   batch.layout = make_layout(batch.lengths, c.cp);
   const LayoutView job = batch.layout.view();
-  const int64_t job_rows = job.total_rows();
-  for (auto [to, from] : {std::make_pair(&batch.q, &q), std::make_pair(&batch.k, &k), std::make_pair(&batch.v, &v),
-                          std::make_pair(&batch.dout, &dout)}) {
-    *to = HostTensor(from->dtype(), job_rows, from->heads(), from->head_dim());
-    copy_valid_rows(*from, user, *to, job);
-  }
-  batch.user_rows.assign(static_cast<size_t>(job_rows), -1);
+  batch.user_rows.assign(static_cast<size_t>(job.total_rows()), -1);
   for (int b = 0; b < job.num_seqs; ++b) {
     for (int64_t i = 0; i < job.length(b); ++i) {
       batch.user_rows[static_cast<size_t>(job.padded_start(b) + i)] = static_cast<int32_t>(user.padded_start(b) + i);
     }
   }
   batch.source += " (re-padded to multiples of 2*cp=" + std::to_string(2 * c.cp) + ")";
+  return batch;
 }
 
-}  // namespace
-
-GlobalBatch load_batch(RunConfig& c, bool dtype_given, bool heads_given, bool head_dim_given) {
-  const std::string& dir = c.load_dir;
-  const LoadedArrays a = read_arrays(dir);
-  take_shape(c, a, dtype_given, heads_given, head_dim_given);
-  const int64_t rows = a.q.shape[0];
-
-  GlobalBatch batch;
-  batch.source = "loaded from " + dir;
-  batch.user_layout = user_layout_of(dir, a.cu, rows);
+void load_tensors(RunConfig& c, const LoadFiles& f, GlobalBatch& batch) {
   const LayoutView user = batch.user_layout.view();
-  validate_layout(user, rows, 0);
-  for (int b = 0; b < user.num_seqs; ++b) batch.lengths.push_back(user.length(b));
-
-  HostTensor q = tensor_from(a.q, c.dtype), k = tensor_from(a.k, c.dtype), v = tensor_from(a.v, c.dtype);
+  const bool repadded = batch.layout.cu_seqlens_padded != batch.user_layout.cu_seqlens_padded;
+  // One file at a time: its tensor in the files' layout lives only until its valid rows are
+  // in the job's layout.
+  const auto place = [&](HostTensor tensor, HostTensor& into) {
+    if (!repadded) {
+      into = std::move(tensor);
+      return;
+    }
+    into = HostTensor(tensor.dtype(), batch.layout.total_rows(), tensor.heads(), tensor.head_dim());
+    copy_valid_rows(tensor, user, into, batch.layout.view());
+  };
   // The valid rows must hold finite values whose products stay finite (padding rows are never
   // read, so anything goes there).
-  if (!c.allow_nonfinite) {
-    const double max_q = check_finite(a.q.path, q, user), max_k = check_finite(a.k.path, k, user);
-    const double max_v = check_finite(a.v.path, v, user);
-    check_products(a.q.path, max_q, a.k.path, max_k, c.head_dim);
-    c.loaded_max_v = max_v;
+  const auto largest = [&](const std::string& path, const HostTensor& t) {
+    return c.allow_nonfinite ? 0.0 : check_finite(path, t, user);
+  };
+  double max_q = 0, max_k = 0, max_v = 0, max_dout = 0;
+  {
+    HostTensor q = read_tensor(f.q, c.dtype);
+    max_q = largest(f.q.path, q);
+    place(std::move(q), batch.q);
   }
-  HostTensor dout = load_dout(dir, a, user, c);
-  lay_out_for_cp(batch, c, std::move(q), std::move(k), std::move(v), std::move(dout));
-  return batch;
+  {
+    HostTensor k = read_tensor(f.k, c.dtype);
+    max_k = largest(f.k.path, k);
+    place(std::move(k), batch.k);
+  }
+  {
+    HostTensor v = read_tensor(f.v, c.dtype);
+    max_v = largest(f.v.path, v);
+    place(std::move(v), batch.v);
+  }
+  if (!c.allow_nonfinite) check_products(f.q.path, max_q, f.k.path, max_k, c.head_dim);
+  c.loaded_max_v = max_v;
+  if (f.dout) {
+    HostTensor dout = read_tensor(*f.dout, c.dtype);
+    max_dout = largest(f.dout->path, dout);
+    place(std::move(dout), batch.dout);
+    if (!c.allow_nonfinite) check_products(f.dout->path, max_dout, f.v.path, max_v, c.head_dim);
+  } else {
+    // N(0,1) values in the files' layout, as if dout.npy had held them.
+    HostTensor dout(c.dtype, f.q.shape[0], f.q.shape[1], f.q.shape[2]);
+    fill_normal(dout, c.seed + 4);
+    place(std::move(dout), batch.dout);
+  }
 }
 
 HostTensor to_user_layout(const GlobalBatch& batch, const HostTensor& tensor) {
@@ -344,7 +386,7 @@ const std::vector<std::string>& saved_file_names() {
 
 void save_run(const std::string& dir, const GlobalBatch& batch, const GlobalOutputs& outputs) {
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    throw Error("--save " + dir + ": cannot create the directory: " + std::strerror(errno));
+    throw Error("--save " + quote_path(dir) + ": cannot create the directory: " + std::strerror(errno));
   }
   const int64_t heads = outputs.out.heads();
   const int64_t rows = batch.user_layout.total_rows();

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "io/args.h"
+#include "io/memory_budget.h"
 #include "io/progress.h"
 
 #include <algorithm>
@@ -31,11 +32,13 @@ AttentionOptions attention_options(const RunConfig& config, int threads) {
 
 }  // namespace
 
-double estimate_host_bytes(const RunConfig& c, int64_t rows, bool process_per_rank) {
-  const double t = static_cast<double>(rows), d = static_cast<double>(c.head_dim);
+double estimate_host_bytes(const RunConfig& c, const RunSize& size, bool process_per_rank) {
+  const double d = static_cast<double>(c.head_dim);
   const double e = static_cast<double>(dtype_size(c.dtype));
-  const double q = t * static_cast<double>(c.q_heads) * d * e;   // one [T, Hq, D] tensor
-  const double kv = t * static_cast<double>(c.kv_heads) * d * e;  // one [T, Hkv, D] tensor
+  const auto q_bytes = [&](int64_t rows) { return static_cast<double>(rows) * static_cast<double>(c.q_heads) * d * e; };
+  const double t = static_cast<double>(size.rows);
+  const double q = q_bytes(size.rows);                               // one [T, Hq, D] tensor
+  const double kv = t * static_cast<double>(c.kv_heads) * d * e;     // one [T, Hkv, D] tensor
   const double lse = t * static_cast<double>(c.q_heads) * 4;
   const double inputs = 2 * q + 2 * kv;            // q, dout, k, v
   const double outputs = 2 * q + 2 * kv + lse;     // out, dq, dk, dv, lse
@@ -46,34 +49,40 @@ double estimate_host_bytes(const RunConfig& c, int64_t rows, bool process_per_ra
   const double cp_buffers = c.backend == Backend::kCuda ? 0 : 4 * kv + 4 * kv_f32;
   const int ranks_here = process_per_rank ? 1 : c.cp;
   const double locals = (inputs + outputs) / c.cp * ranks_here;  // each rank's split copy
-  return inputs + outputs + reference + locals + ranks_here * cp_buffers;
+  // Per row: where it came from (int32), and each rank's row maps of the whole gathered T.
+  const double row_maps = t * (4 + 16.0 * ranks_here);
+  // Per sequence: offsets and lengths in the user's and the job's layout, the global segment
+  // table (32-byte segments) and, on every rank, two segments and its plan's per-sequence
+  // state (measured: about 110 bytes per sequence and rank).
+  const double per_sequence = static_cast<double>(size.sequences) * (96 + 128.0 * ranks_here);
+  const double run = inputs + outputs + reference + locals + ranks_here * cp_buffers + row_maps + per_sequence;
+  // --load: while the files are read, the job's inputs exist beside one file's tensor in its
+  // own layout and the offsets (raw, then as int64, both files).
+  const double loading = inputs + q_bytes(size.loaded_rows) + 32.0 * static_cast<double>(size.offsets) + per_sequence;
+  // --save: each output is mapped back to the files' layout, one at a time, and lse with it.
+  const int64_t user_rows = size.loaded_rows > 0 ? size.loaded_rows : size.rows;
+  const double saving =
+      c.save_dir.empty() ? 0 : q_bytes(user_rows) + static_cast<double>(user_rows) * static_cast<double>(c.q_heads) * 4;
+  return std::max(run + saving, loading);
 }
 
-void check_host_memory(const RunConfig& c, int64_t rows, bool process_per_rank, const std::string& source) {
-  const double need = estimate_host_bytes(c, rows, process_per_rank);
-  double budget = c.max_memory;
-  const char* what = "--max-memory";
-  if (budget <= 0) {
-    budget = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-    what = "this machine's memory";
-  }
-  if (need <= budget) return;
-  const auto size = [](double bytes) {
-    char text[32];
-    if (bytes >= double(1 << 30)) {
-      std::snprintf(text, sizeof(text), "%.1f GiB", bytes / double(1 << 30));
-    } else {
-      std::snprintf(text, sizeof(text), "%.1f MiB", bytes / double(1 << 20));
-    }
-    return std::string(text);
-  };
-  char text[256];
-  std::snprintf(text, sizeof(text), "this run needs about %s of host memory, more than %s (%s)", size(need).c_str(),
-                what, size(budget).c_str());
-  throw UsageError(std::string(text) + " (" + source + ", heads " + std::to_string(c.q_heads) + ":" +
-                   std::to_string(c.kv_heads) + ", head dim " + std::to_string(c.head_dim) + ", " + dtype_name(c.dtype) +
-                   ", cp " + std::to_string(c.cp) +
-                   " ranks each holding the whole K/V): lower --tokens, --heads, --head-dim or --cp");
+void check_host_memory(const RunConfig& c, const RunSize& size, bool process_per_rank, const std::string& source) {
+  MemoryNeed need;
+  need.buffers = estimate_host_bytes(c, size, process_per_rank);
+  // Threads at once: the ranks (a thread each in one process) with their attention workers,
+  // or the reference's workers; the main thread, and the progress line's when it may show.
+  const int cores = c.threads > 0 ? c.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int ranks_here = process_per_rank ? 1 : c.cp;
+  const int workers = process_per_rank ? std::max(1, cores) : ranks_here * std::max(1, cores / ranks_here);
+  need.threads = std::max(workers, cores) + 1 + (!c.quiet && isatty(STDOUT_FILENO) ? 1 : 0);
+  std::string details = source + ", heads " + std::to_string(c.q_heads) + ":" + std::to_string(c.kv_heads) +
+                        ", head dim " + std::to_string(c.head_dim) + ", " + dtype_name(c.dtype);
+  if (!c.load_dir.empty()) details += ", " + std::to_string(size.sequences) + " sequences";
+  details += ", cp " + std::to_string(c.cp) + " ranks each holding the whole K/V";
+  const std::string change = c.load_dir.empty()
+                                 ? "lower --tokens, --heads, --head-dim or --cp"
+                                 : "lower --cp, or load fewer rows, heads or sequences (zero-length ones hold no token)";
+  check_memory_budget(need, c.max_memory, "this run", details, change);
 }
 
 namespace {

@@ -135,17 +135,29 @@ RunReport run_in_process_job(const RunConfig& config, const GlobalBatch& batch, 
 RunReport run_rank_job(Communicator& comm, const RunConfig& config, const GlobalBatch& batch, GlobalOutputs& outputs,
                        Progress& progress);
 
-// Host memory a run of `rows` global rows will take at its peak, estimated from the shapes
-// before anything is allocated: the global inputs and outputs, the single-device reference's
-// outputs, every rank's local tensors, and each rank's CP buffers (gathered and reordered K/V,
-// fp32 dK/dV partial sums: the whole T rows per rank, the AllGather CP working set; one rank
-// per process under mpirun, cp ranks in one process otherwise; on the GPU those live on the
-// device). In double: no overflow.
-double estimate_host_bytes(const RunConfig& config, int64_t rows, bool process_per_rank);
+// The sizes a run's host memory follows, known before its tensors are read or allocated.
+struct RunSize {
+  int64_t rows = 0;         // rows of the layout the job runs on
+  int64_t sequences = 0;    // sequences of the batch (an upper bound where not yet known)
+  int64_t loaded_rows = 0;  // --load: rows of the files' tensors, each read while the job's exist
+  int64_t offsets = 0;      // --load: entries of cu_seqlens.npy and cu_seqlens_padded.npy
+};
 
-// Throws UsageError (exit 2) when estimate_host_bytes exceeds the budget: config.max_memory
-// if set, else the machine's physical memory; the message gives both figures and what to
-// lower. `source` says where the rows came from ("--tokens 65536").
-void check_host_memory(const RunConfig& config, int64_t rows, bool process_per_rank, const std::string& source);
+// Host memory a run will take at its peak, estimated from its sizes before anything is
+// allocated: the global inputs and outputs, the single-device reference's outputs, every
+// rank's local tensors, and each rank's CP buffers (gathered and reordered K/V, fp32 dK/dV
+// partial sums: the whole T rows per rank, the AllGather CP working set; one rank per process
+// under mpirun, cp ranks in one process otherwise; on the GPU those live on the device); per
+// row its maps, per sequence its layouts and segment tables (global, and two segments per
+// sequence on every rank); with --load, the larger of that and the loading's peak (the job's
+// tensors, one file's tensor and the offsets), and with --save one tensor in the files'
+// layout. In double: no overflow.
+double estimate_host_bytes(const RunConfig& config, const RunSize& size, bool process_per_rank);
+
+// Throws UsageError (exit 2) when the estimate, or with the threads the run starts the address
+// space it needs, exceeds the budget (io/memory_budget.h: --max-memory, the machine's memory,
+// an address-space limit); the message gives the figures and what to lower. `source` says
+// where the sizes came from ("--tokens 65536", "--load 'DIR'").
+void check_host_memory(const RunConfig& config, const RunSize& size, bool process_per_rank, const std::string& source);
 
 }  // namespace thdcp::tools

@@ -30,6 +30,9 @@ class Error : public std::runtime_error {
 // quote and backslash escaped (\n, \t, \xNN, \', \\), a UTF-8 byte-order mark shown as
 // \ufeff. A value from a file or a flag never reaches the terminal raw or at full length.
 std::string quote_excerpt(const std::string& text, size_t max_chars = 40);
+// The excerpt of a file path in a message: longer than a value's, still bounded.
+//   quote_excerpt(path, kPathExcerptChars) + ": not an .npy file"
+constexpr size_t kPathExcerptChars = 200;
 
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message,

@@ -82,6 +82,12 @@ int64_t packing_alignment(const std::vector<int>& cp_sizes);
 // batch on its own, and what to change (raise tokens).
 DocumentBatches pack_documents(const DocumentLengths& documents, int64_t tokens, int64_t alignment);
 
+// The documents of batch `index` of pack_documents(documents, tokens, alignment), without
+// building the other batches; empty when there is no such batch. `count` (optional) receives
+// how many batches there are. Throws as pack_documents does.
+std::vector<int64_t> packed_batch(const DocumentLengths& documents, int64_t tokens, int64_t alignment, int64_t index,
+                                  int64_t* count);
+
 // What to do with a document longer than a batch (more than the largest multiple of
 // `alignment` that is <= tokens): refuse it (pack_documents names it), split it into pieces
 // of that many tokens (the last one shorter), or cut it to that many tokens.
@@ -90,6 +96,31 @@ enum class LongDocuments { kError, kSplit, kTruncate };
 // how many documents were split or cut. Pieces keep their document's line.
 DocumentLengths fit_long_documents(const DocumentLengths& documents, int64_t tokens, int64_t alignment,
                                    LongDocuments policy, int64_t* touched = nullptr);
+
+// How many documents and batches packing makes, counted without building them: documents
+// after `policy` (a split document counts once per piece) and the batches pack_documents makes
+// of those (a document that does not fit, under kError, counts as a batch of its own:
+// pack_documents refuses it). O(number of documents), whatever the pieces; allocates nothing.
+struct PackingSize {
+  int64_t documents = 0;  // after the policy
+  int64_t batches = 0;
+  int64_t touched = 0;    // documents split or truncated
+};
+PackingSize count_packing(const DocumentLengths& documents, int64_t tokens, int64_t alignment, LongDocuments policy);
+
+// The batches and documents of a batches file, counted (every value checked as
+// read_batches_file checks it) without storing them: its size before it is read.
+PackingSize count_batches_file(const std::string& path);
+
+// Upper estimate of the bytes the planner holds at its peak for `size`, from
+// fit_long_documents through pack_documents to plan_capacity (the read lengths, the fitted
+// documents, the batches with their allocator overhead, plan_capacity's per-batch counts),
+// beyond `read_bytes`, what the input already takes (the read lengths; 0 for batches files,
+// which are the batches). In double: no overflow.
+double planning_bytes(const PackingSize& size, double read_bytes);
+
+// The bytes `documents` takes (its vectors' capacities).
+double document_bytes(const DocumentLengths& documents);
 
 // Smallest `tokens` that holds every batch under every CP size in `cp_sizes`: the largest
 // padded batch, rounded up to packing_alignment(cp_sizes). Useful as a default for batch files.
