@@ -142,8 +142,8 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const AttentionOptions& 
                                << " and deterministic=" << options_.deterministic << ": pass a workspace of that size");
   detail::check_device_pointer("workspace", workspace, device_, kWorkspaceAlignment);
   workspace_ = workspace;
-  detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto head_dim) {
-    detail::configure_backward<decltype(storage), head_dim>(sm90_, fused_dq_);
+  detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto kHeadDim) {
+    detail::configure_backward<decltype(storage), kHeadDim>(sm90_, fused_dq_);
   });
 }
 
@@ -240,8 +240,8 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   if (table.capacity > 0) {
     const int gq = queries ? static_cast<int>(dq_grid_tiles(table)) : 0;
     const int gk = keys ? static_cast<int>(dkv_grid_tiles(table, dkv_tile_rows(sm90_, fused_dq_))) : 0;
-    detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto head_dim) {
-      detail::launch_backward<decltype(storage), head_dim>(params, strides, sm90_, gq, gk, stream);
+    detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto kHeadDim) {
+      detail::launch_backward<decltype(storage), kHeadDim>(params, strides, sm90_, gq, gk, stream);
     });
   }
   if (keys && !fp32_dkv && !direct_dkv) {

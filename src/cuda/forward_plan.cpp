@@ -67,8 +67,8 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const AttentionOptions& op
                                << ": pass a workspace of that size");
   detail::check_device_pointer("workspace", workspace, device_, kWorkspaceAlignment);
   workspace_ = workspace;
-  detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto head_dim) {
-    detail::configure_forward<decltype(storage), head_dim>(sm90_);
+  detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto kHeadDim) {
+    detail::configure_forward<decltype(storage), kHeadDim>(sm90_);
   });
 }
 
@@ -117,8 +117,8 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
     maps.v = detail::encode_thd_tensor_map(encode, "v", t.v, detail::kForwardSm90KeyRows);
   }
   const detail::ForwardTensorMaps* sm90_maps = sm90_ ? &maps : nullptr;
-  detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto head_dim) {
-    detail::launch_forward<decltype(storage), head_dim>(params, strides, sm90_maps, grid_tiles, sm_count_, stream);
+  detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto kHeadDim) {
+    detail::launch_forward<decltype(storage), kHeadDim>(params, strides, sm90_maps, grid_tiles, sm_count_, stream);
   });
 }
 
