@@ -32,7 +32,7 @@ int64_t padded_to(int64_t length, int64_t alignment) {
   THDCP_CHECK(length <= std::numeric_limits<int64_t>::max() - (alignment - 1),
               "a length of " << length << " cannot be padded to a multiple of " << alignment
                              << " in int64: no batch holds it (offsets are int32)");
-  return (length + alignment - 1) / alignment * alignment;
+  return (length + (alignment - 1)) / alignment * alignment;
 }
 
 std::string format_bytes(int64_t bytes) {
