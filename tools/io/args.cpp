@@ -68,15 +68,6 @@ std::string Args::get(const std::string& flag, const std::string& fallback) cons
 
 namespace {
 
-bool g_collectives_started = false;
-
-}  // namespace
-
-void mark_collectives_started() { g_collectives_started = true; }
-bool collectives_started() { return g_collectives_started; }
-
-namespace {
-
 // "--flag" from "flag" or "--flag".
 std::string dashed(const std::string& flag) { return flag.rfind("--", 0) == 0 ? flag : "--" + flag; }
 

@@ -46,12 +46,6 @@ std::vector<std::string> without(const std::vector<std::string>& argv, const std
 // --mask full the window applies as given. Without either: `fallback`.
 Mask parse_mask_flags(const Args& args, const Mask& fallback);
 
-// Under mpirun: set once the ranks may be in a collective together. Before that a usage
-// error is raised by every rank alike (same command line), so rank 0 alone reports it and no
-// rank aborts the job; after it, the rank that fails must abort the others.
-void mark_collectives_started();
-bool collectives_started();
-
 // `flag` with or without its leading "--". Values are quoted in messages (quote_excerpt).
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min, int64_t max);
 // "8G", "512M", "64K", "1073741824": bytes (K, M, G, T are powers of 1024), > 0.

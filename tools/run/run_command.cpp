@@ -278,9 +278,9 @@ int run_command(const std::vector<std::string>& argv) {
     }
     config.cp = config.gpus;
   }
-  // From here on an error may hit one rank only (a file, a rank-0 output check): the rank
-  // that fails must abort the others. Before it, every rank refused the same command line.
-  if (comm) mark_collectives_started();
+  // Until the ranks agree (run_rank_job, before its first collective: run/rank_agreement.h),
+  // an error on one rank (a file, rank 0's output checks) stops every rank without a
+  // collective; after it, the rank that fails ends the job.
   const bool root = !comm || comm->rank() == 0;
   // Output paths are checked before any work: a wrong one costs nothing.
   if (!config.save_dir.empty() && !config.json_file.empty()) {
