@@ -100,9 +100,10 @@ int refuse_before_collectives(int code, const char* kind, const char* text, cons
   gather(mine);
   const int rank = g_world->rank();
   if (lowest(Stand::kFailed) != rank) return code;  // a lower rank says why
-  int refused = 0;
+  int refused = 0, ready = 0;
   bool same = true;
   for (const Word& w : g_words) {
+    ready += w.stand == Stand::kReady ? 1 : 0;
     if (w.stand != Stand::kFailed) continue;
     ++refused;
     same = same && w.hash == mine.hash;
@@ -114,9 +115,11 @@ int refuse_before_collectives(int code, const char* kind, const char* text, cons
     return code;
   }
   std::fprintf(stderr, "thdcp: %s (rank %d): %s%s\n", kind, rank, text, more);
-  std::fprintf(stderr, "thdcp: %d of %d ranks failed before the run (rank %d's message above%s); no rank ran it\n",
-               refused, ranks, rank,
-               refused == 1 ? "" : same ? ", the others' are the same" : ", the others' differ");
+  // (Ranks that ran a command without collectives, plan say, ran it: "no rank ran" only when
+  // some were ready to run this one.)
+  std::fprintf(stderr, "thdcp: %d of %d ranks failed before the run (rank %d's message above%s)%s\n", refused, ranks,
+               rank, refused == 1 ? "" : same ? ", the others' are the same" : ", the others' differ",
+               ready > 0 ? "; no rank ran it" : "");
   return code;
 }
 
