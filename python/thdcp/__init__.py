@@ -10,7 +10,8 @@ implementations and autograd formulas, so they trace under torch.compile(fullgra
 run inside torch.cuda.graph. CUDA tensors run the CUDA kernels; CPU tensors run the reference
 backend.
 
-Familiar call shapes over the same attention: thdcp.varlen_attn (PyTorch's varlen_attn).
+Familiar call shapes over the same attention: thdcp.varlen_attn (PyTorch's varlen_attn),
+thdcp.flash_attn_varlen_func (FlashAttention's).
 """
 import ctypes as _ctypes
 import os as _os
@@ -38,6 +39,7 @@ from .cp import Communicator, cp_attention, cp_layout, cp_merge, cp_rank_rows, c
 from .graphs import GraphBank, StaticBatch  # noqa: E402
 from .planning import CapacityPlan, capacity_layout, choose_cp_size, default_capacity, plan_capacity  # noqa: E402
 from .varlen import varlen_attn  # noqa: E402
+from .flash_attn import flash_attn_varlen_func  # noqa: E402
 
 __version__ = "0.2.0"
 
@@ -65,4 +67,5 @@ __all__ = [
     "plan_capacity",
     "built_with_cuda",
     "varlen_attn",
+    "flash_attn_varlen_func",
 ]

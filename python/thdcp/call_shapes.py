@@ -1,9 +1,10 @@
-"""Argument translation shared by the familiar call shapes (so far thdcp.varlen_attn,
-PyTorch's varlen_attn). Each turns its own conventions into thdcp.attention's arguments,
-through the functions here, and calls thdcp.attention; none assembles attention of its own.
+"""Argument translation shared by the familiar call shapes: thdcp.varlen_attn (PyTorch's
+varlen_attn) and thdcp.flash_attn_varlen_func (FlashAttention's). Each turns its own
+conventions into thdcp.attention's arguments, through the functions here, and calls
+thdcp.attention; none assembles attention of its own.
 
-What thdcp does not do (cross-attention, ...) is refused with a ValueError naming the
-argument, its value and what to pass instead.
+What thdcp does not do (cross-attention, dropout, softcap, ALiBi, paged KV, ...) is refused
+with a ValueError naming the argument, its value and what to pass instead.
 """
 from typing import Optional, Sequence, Tuple
 
@@ -101,6 +102,19 @@ def flash_window(op: str, causal: bool, window_size: Sequence[int], name: str = 
     if causal:
         right = 0
     return left, right
+
+
+def valid_lengths_layout(op: str, cu_seqlens: torch.Tensor, seqused: torch.Tensor, name: str) -> torch.Tensor:
+    """cu_seqlens of the valid rows when cu_seqlens gives where each sequence sits and
+    seqused [B] how many of its rows are real (FlashAttention 3's seqused_q / seqused_k):
+    thdcp's (cu_seqlens, cu_seqlens_padded) pair. A prefix sum on the device: no sync."""
+    arguments.check_devices(op, (("cu_seqlens", cu_seqlens), (name, seqused)))
+    if seqused.dim() != 1 or seqused.shape[0] != cu_seqlens.shape[0] - 1:
+        raise ValueError("thdcp.%s: %s has shape %s; pass one length per sequence, [%d]"
+                         % (op, name, list(seqused.shape), cu_seqlens.shape[0] - 1))
+    valid = torch.zeros_like(cu_seqlens)
+    torch.cumsum(seqused, 0, dtype=cu_seqlens.dtype, out=valid[1:])
+    return valid
 
 
 def lse_request(op: str, return_aux) -> bool:
