@@ -1,7 +1,7 @@
 """Argument translation shared by the familiar call shapes: thdcp.varlen_attn (PyTorch's
-varlen_attn) and thdcp.flash_attn_varlen_func (FlashAttention's). Each turns its own
-conventions into thdcp.attention's arguments, through the functions here, and calls
-thdcp.attention; none assembles attention of its own.
+varlen_attn), thdcp.flash_attn_varlen_func (FlashAttention's) and the PyTorch flash-attention
+provider. Each turns its own conventions into thdcp.attention's arguments, through the
+functions here, and calls thdcp.attention; none assembles attention of its own.
 
 What thdcp does not do (cross-attention, dropout, softcap, ALiBi, paged KV, ...) is refused
 with a ValueError naming the argument, its value and what to pass instead.
