@@ -11,7 +11,8 @@ run inside torch.cuda.graph. CUDA tensors run the CUDA kernels; CPU tensors run 
 backend.
 
 Familiar call shapes over the same attention: thdcp.varlen_attn (PyTorch's varlen_attn),
-thdcp.flash_attn_varlen_func (FlashAttention's); torch.nn.attention.activate_flash_attention_impl("thdcp")
+thdcp.flash_attn_varlen_func (FlashAttention's), thdcp.te.DotProductAttention
+(TransformerEngine's THD arguments); torch.nn.attention.activate_flash_attention_impl("thdcp")
 hands PyTorch's own varlen_attn to thdcp.
 """
 import ctypes as _ctypes
@@ -41,6 +42,7 @@ from .graphs import GraphBank, StaticBatch  # noqa: E402
 from .planning import CapacityPlan, capacity_layout, choose_cp_size, default_capacity, plan_capacity  # noqa: E402
 from .varlen import varlen_attn  # noqa: E402
 from .flash_attn import flash_attn_varlen_func  # noqa: E402
+from . import te  # noqa: E402
 from . import flash_provider as _flash_provider  # noqa: E402
 
 _flash_provider.register()  # torch.nn.attention.activate_flash_attention_impl("thdcp") turns it on
@@ -72,4 +74,5 @@ __all__ = [
     "built_with_cuda",
     "varlen_attn",
     "flash_attn_varlen_func",
+    "te",
 ]

@@ -1,7 +1,8 @@
 """Argument translation shared by the familiar call shapes: thdcp.varlen_attn (PyTorch's
-varlen_attn), thdcp.flash_attn_varlen_func (FlashAttention's) and the PyTorch flash-attention
-provider. Each turns its own conventions into thdcp.attention's arguments, through the
-functions here, and calls thdcp.attention; none assembles attention of its own.
+varlen_attn), thdcp.flash_attn_varlen_func (FlashAttention's), thdcp.te.DotProductAttention
+(TransformerEngine's THD arguments) and the PyTorch flash-attention provider. Each turns its
+own conventions into thdcp.attention's arguments, through the functions here, and calls
+thdcp.attention (or thdcp.cp_attention); none assembles attention of its own.
 
 What thdcp does not do (cross-attention, dropout, softcap, ALiBi, paged KV, ...) is refused
 with a ValueError naming the argument, its value and what to pass instead.
