@@ -5,9 +5,10 @@ thdcp.attention, and over thdcp.cp_attention when a CP group of more than one ra
     attn = thdcp.te.DotProductAttention(32, 128, num_gqa_groups=8, attn_mask_type="padding_causal")
     out = attn(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=m, max_seqlen_kv=m)   # [T, H*D]
 
-The padded layout is explicit: pad_between_seqs is never inferred from which tensors were
-passed (TransformerEngine infers it from tensor identity, and a copy or a tail-only padding
-then changes what its kernels compute: TransformerEngine #3331, #3487).
+The padded layout is explicit: pad_between_seqs is never inferred. TransformerEngine infers
+it: from tensor identity today, so a value-equal copy of the offsets takes its padded path
+(TransformerEngine #3487), and before that from values that ignored tail padding, which
+computed wrong results (#3331).
 """
 import math
 import warnings
