@@ -142,13 +142,15 @@ def main():
     def autocast():
         return torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
 
-    def sdpa_loss(batch):
-        """The same weights with attn_implementation="sdpa" on the whole packed batch."""
+    def sdpa_reference(batch):
+        """Loss and logits [tokens, vocab] of the same weights with attn_implementation="sdpa" on
+        the whole packed batch."""
         model.set_attn_implementation("sdpa")
         try:
             with torch.no_grad(), autocast():
                 inputs = {k: v.to(device) for k, v in collator([{"input_ids": d} for d in batch]).items()}
-                return model(**inputs).loss.float().item()
+                out = model(**inputs)
+                return out.loss.float().item(), out.logits[0].float()
         finally:
             model.set_attn_implementation("thdcp")
 
@@ -164,7 +166,8 @@ def main():
                 loss = F.cross_entropy(logits[0].float(), labels[0], ignore_index=-100, reduction="sum") / count
             else:
                 inputs = {k: v.to(device) for k, v in collator([{"input_ids": d} for d in batch]).items()}
-                loss = model(**inputs).loss
+                out = model(**inputs)
+                loss, logits = out.loss, out.logits
         loss.backward()
         loss = loss.detach().float()
         if distributed:
@@ -172,13 +175,21 @@ def main():
             for p in model.parameters():
                 dist.all_reduce(p.grad)
         if step < args.check_steps:
-            reference = sdpa_loss(batch)
+            reference, reference_logits = sdpa_reference(batch)
+            if distributed:  # this rank's valid rows, and where they sit in the unpadded packed batch
+                local, packed = cp_batch.packed_rows()
+                ours = logits[0, local.to(device)].float()
+                logits_difference = (ours - reference_logits[packed.to(device)]).abs().max()
+                dist.all_reduce(logits_difference, op=dist.ReduceOp.MAX)
+            else:
+                logits_difference = (logits[0].float() - reference_logits).abs().max()
             difference = abs(loss.item() - reference) / abs(reference)
             ok = difference <= tolerance
             failures += not ok
-            say("step %d: %d documents, %d tokens, loss %.6f, sdpa %.6f, relative difference %.1e (at most %.0e): %s"
+            say("step %d: %d documents, %d tokens, loss %.6f, sdpa %.6f, relative difference %.1e (at most %.0e): "
+                "%s; largest logit difference %.1e"
                 % (step, len(batch), sum(len(d) for d in batch), loss.item(), reference, difference, tolerance,
-                   "ok" if ok else "MISMATCH"))
+                   "ok" if ok else "MISMATCH", logits_difference.item()))
         optimizer.step()
         valid_tokens += sum(len(d) for d in batch)
     if device.type == "cuda":

@@ -254,6 +254,25 @@ def test_context_parallel_positions_restart_per_padded_document():
     assert hf.cp_position_ids(cu_padded).tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("cp", [1, 2, 3])
+def test_context_parallel_rows_map_onto_the_unpadded_packed_batch(cp):
+    import thdcp
+
+    lengths = [5, 1, 12, 7]
+    cu, cu_padded = thdcp.cp_layout(lengths, cp)
+    packed = torch.cat([torch.arange(n) + 100 * b for b, n in enumerate(lengths)])  # token ids: doc, position
+    padded = torch.full((int(cu_padded[-1]),), -1)
+    for b, n in enumerate(lengths):
+        padded[int(cu_padded[b]):int(cu_padded[b]) + n] = packed[int(cu[b]):int(cu[b + 1])]
+    seen = []
+    for rank in range(cp):
+        local, where = hf.cp_packed_rows(cu, cu_padded, cp, rank)
+        rows = thdcp.cp_split(padded, cu_padded, cp, rank)
+        assert torch.equal(rows[local], packed[where]) and torch.all(rows[rows >= 0] == rows[local])
+        seen += where.tolist()
+    assert sorted(seen) == list(range(sum(lengths)))
+
+
 # ---- what is refused ----
 
 REFUSED = [

@@ -256,6 +256,11 @@ class ContextParallel:
         from the document's first row (its padding rows continue the count)."""
         return cp_position_ids(self.cu_seqlens_padded)
 
+    def packed_rows(self):
+        """(local, packed): this rank's rows that hold tokens and where each sits in the unpadded
+        packed batch (cp_packed_rows): to compare a rank's outputs with a one-device run."""
+        return cp_packed_rows(self.cu_seqlens, self.cu_seqlens_padded, self.size, self.rank)
+
     def attend(self, q, k, v, window, softmax_scale):
         cu_seqlens, cu_seqlens_padded = self._device_layout
         return thdcp.cp_attention(q, k, v, cu_seqlens, cu_seqlens_padded, comm=self.comm, window=window,
@@ -267,6 +272,19 @@ def cp_position_ids(cu_seqlens_padded: torch.Tensor) -> torch.Tensor:
     cu = cu_seqlens_padded.to(device="cpu", dtype=torch.int64)
     sizes = cu[1:] - cu[:-1]
     return torch.arange(int(cu[-1])) - torch.repeat_interleave(cu[:-1], sizes)
+
+
+def cp_packed_rows(cu_seqlens: torch.Tensor, cu_seqlens_padded: torch.Tensor, cp: int, rank: int):
+    """(local, packed), int64: the indices of `rank`'s rows that hold tokens (not padding) and,
+    for each, its index in the unpadded packed batch (the documents back to back, as
+    DataCollatorWithFlattening lays them out)."""
+    rows = thdcp.cp_rank_rows(cu_seqlens_padded, cp, rank)
+    cu = cu_seqlens.to(device="cpu", dtype=torch.int64)
+    cu_padded = cu_seqlens_padded.to(device="cpu", dtype=torch.int64)
+    document = torch.searchsorted(cu_padded, rows, right=True) - 1
+    offset = rows - cu_padded[document]
+    local = (offset < cu[document + 1] - cu[document]).nonzero().flatten()
+    return local, (cu[document] + offset)[local]
 
 
 # ---- the attention function ----
@@ -369,4 +387,5 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 register()
 
-__all__ = ["NAME", "register", "attention_forward", "padding_mask", "ContextParallel", "cp_position_ids"]
+__all__ = ["NAME", "register", "attention_forward", "padding_mask", "ContextParallel", "cp_position_ids",
+           "cp_packed_rows"]
