@@ -39,6 +39,7 @@ from typing import Optional, Sequence
 import torch
 
 import thdcp
+from thdcp import arguments
 
 NAME = "thdcp"
 
@@ -296,8 +297,8 @@ def _refuse(what: str) -> None:
 def _window(causal: bool, sliding_window) -> tuple:
     if sliding_window is None:
         return (-1, 0) if causal else (-1, -1)
-    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
-        _refuse("sliding_window=%r; pass a positive int (or None)" % (sliding_window,))
+    sliding_window = arguments.integer("integrations.transformers", "sliding_window", sliding_window, 1,
+                                       arguments.INT32_MAX)
     if not causal:
         # transformers' own paths disagree here: its SDPA mask lets |i - j| <= w through, its
         # FlashAttention path |i - j| <= w - 1.
