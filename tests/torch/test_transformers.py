@@ -178,6 +178,18 @@ def test_logits_losses_and_gradients_match_float64_per_document(device, name, fo
         assert not failed, "errors past 2 x sdpa's + eps: %s" % failed[:5]
 
 
+def test_keys_and_values_from_a_kv_cache_give_the_same_bits(device):
+    # With config.use_cache (Llama's default) transformers makes a KV cache in training too and
+    # hands over K/V head-major from it; thdcp still reads the documents from position_ids.
+    dtype = dtypes(device)[-1]
+    model = tiny_model("llama", device, dtype)
+    inputs, _ = batch_of("packed", documents())
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    without_cache = model(**inputs, use_cache=False).logits
+    with_cache = model(**inputs, use_cache=True).logits
+    assert torch.equal(with_cache, without_cache)
+
+
 # ---- registration, the mask function, the layouts without a model ----
 
 def test_register_makes_thdcp_an_attention_and_a_mask_implementation():
