@@ -58,7 +58,8 @@ const char* kRunGraphHelp =
     "  --mask M           causal (default) or full; --window L,R for a sliding window\n"
     "  --rope R           neox (default), gptj or none\n"
     "  --check-every K    check every K-th step against eager (default 3; 1 checks all)\n"
-    "  --seed S           seed of lengths and values (default 1)\n";
+    "  --seed S           seed of lengths and values (default 1)\n"
+    "  --quiet            accepted as in thdcp run; this mode shows no progress line\n";
 
 // Used by the CUDA build only (parse() below); a CPU-only build just refuses --graph.
 [[maybe_unused]] std::vector<int> parse_sizes(const std::string& text) {
