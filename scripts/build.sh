@@ -112,6 +112,14 @@ if ! "$python" -c 'import numpy' >/dev/null 2>&1; then
     echo "build.sh: warning: NumPy could not be installed for $python; the test npy_numpy_interop will be skipped" >&2
 fi
 
+# venv with pip for the install test (Debian's python3 has it in python3-venv).
+if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  echo "build.sh: installing python3-venv for $python"
+  apt_install python3-venv >/dev/null 2>&1 || true
+  "$python" -c 'import ensurepip, venv' >/dev/null 2>&1 ||
+    echo "build.sh: warning: $python cannot make a venv with pip; the test install_clean_venv will be skipped" >&2
+fi
+
 # CUDA when nvcc is found (on PATH, or where the toolkit installs it).
 nvcc=""
 if [ $want_cuda -eq 1 ]; then
