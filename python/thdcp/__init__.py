@@ -24,7 +24,7 @@ _LIBRARY = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "libthdcp
 if not _os.path.exists(_LIBRARY):
     raise ImportError(
         "thdcp: the native library %s is missing: install the package with "
-        "'pip install --no-build-isolation .' from the thdcp repository" % _LIBRARY
+        "'pip install .' from the thdcp repository (README, PyTorch)" % _LIBRARY
     )
 # The C++ runtime into the global scope first, so that the library's references to it bind
 # there: on some machines the module also carries weak copies of std::ostream members, and a

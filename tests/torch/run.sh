@@ -3,6 +3,8 @@
 #   run.sh BUILD_DIR pytest            the pytest suite (CPU cases; CUDA cases with a GPU)
 #   run.sh BUILD_DIR torchrun N        tests/torch/cp_worker.py under torchrun with N processes
 #   run.sh BUILD_DIR example           examples/train_packed.py on one GPU (short)
+#   run.sh BUILD_DIR example-no-gpu    the same with every GPU hidden: one line saying what it
+#                                      needs, exit 2, no traceback
 #   run.sh BUILD_DIR transformers DEV  examples/train_transformers.py in one process on DEV (cpu, cuda)
 #   run.sh BUILD_DIR transformers-torchrun N
 #                                      examples/train_transformers.py under torchrun, CP over N GPUs
@@ -55,6 +57,15 @@ case "$mode" in
       exit 77
     fi
     exec "$python" "$here/../../examples/train_packed.py" --steps 9 ;;
+  example-no-gpu)
+    output=$(CUDA_VISIBLE_DEVICES= "$python" "$here/../../examples/train_packed.py" 2>&1)
+    status=$?
+    printf '%s\n' "$output"
+    if [[ $status -ne 2 || "$output" == *Traceback* || "$output" != *"train_packed.py: needs a CUDA GPU"* ]]; then
+      echo "FAIL: expected exit 2 and one line saying it needs a CUDA GPU, got exit $status"
+      exit 1
+    fi
+    exit 0 ;;
   torchrun)
     n=$3
     gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
