@@ -87,9 +87,7 @@ void backward_impl(const SegmentTable& table, const ConstThdTensor& q, const Con
   const std::vector<KeyGroup> groups = key_groups(table);
   const int64_t num_groups = static_cast<int64_t>(groups.size());
 
-  for (const ThdTensor* t : {&dq, &dk, &dv}) {
-    std::fill_n(static_cast<unsigned char*>(t->data), static_cast<size_t>(t->numel()) * dtype_size(t->dtype), 0);
-  }
+  for (const ThdTensor* t : {&dq, &dk, &dv}) detail::zero_view(*t);
   std::vector<BackwardScratch<Acc>> scratch(static_cast<size_t>(threads));
 
   parallel_for(kv_heads * num_groups, threads, [&](int64_t item, int worker) {
@@ -132,7 +130,7 @@ void backward_impl(const SegmentTable& table, const ConstThdTensor& q, const Con
           std::fill(s.dquery.begin(), s.dquery.end(), Acc(0));
           accumulate_row_gradients(begin, end, dim, scale, s.dscores.data(), s.probs.data(), s.keys_by_row.data(),
                                    s.query.data(), s.dout.data(), s.dquery.data(), s.dkeys.data(), s.dvalues.data());
-          const size_t base = static_cast<size_t>((row * q_heads + head) * dim);
+          const size_t base = static_cast<size_t>(dq.offset(row, head, 0));
           for (int64_t d = 0; d < dim; ++d) {
             store_from_float(dq.data, dq.dtype, base + d, static_cast<float>(scale * s.dquery[d]));
           }
@@ -140,10 +138,11 @@ void backward_impl(const SegmentTable& table, const ConstThdTensor& q, const Con
       }
     }
     for (int64_t j = 0; j < span; ++j) {
-      const size_t base = static_cast<size_t>(((kg.first_row + j) * kv_heads + kv_head) * dim);
+      const size_t dk_base = static_cast<size_t>(dk.offset(kg.first_row + j, kv_head, 0));
+      const size_t dv_base = static_cast<size_t>(dv.offset(kg.first_row + j, kv_head, 0));
       for (int64_t d = 0; d < dim; ++d) {
-        store_from_float(dk.data, dk.dtype, base + d, static_cast<float>(s.dkeys[j * dim + d]));
-        store_from_float(dv.data, dv.dtype, base + d, static_cast<float>(s.dvalues[j * dim + d]));
+        store_from_float(dk.data, dk.dtype, dk_base + d, static_cast<float>(s.dkeys[j * dim + d]));
+        store_from_float(dv.data, dv.dtype, dv_base + d, static_cast<float>(s.dvalues[j * dim + d]));
       }
     }
   });
@@ -161,6 +160,8 @@ void attention_backward(const SegmentTable& table, ConstThdTensor q, ConstThdTen
   detail::check_tensor("dq", dq, q_side, q.dtype, /*or_fp32=*/true);
   detail::check_tensor("dk", dk, kv_side, q.dtype, /*or_fp32=*/true);
   detail::check_tensor("dv", dv, kv_side, q.dtype, /*or_fp32=*/true);
+  check_outputs_apart({{"dq", dq}, {"dk", dk}, {"dv", dv}},
+                      {{"q", q}, {"k", k}, {"v", v}, {"out", out}, {"dout", dout}});
   THDCP_CHECK(lse != nullptr, "lse must point to the forward's Hq * q_rows = " << q.heads * table.q_rows << " floats");
   resolve_softmax_scale(options.softmax_scale, q.head_dim);
   if (options.accumulate == Accumulate::kFloat64) {

@@ -35,7 +35,7 @@ void forward_impl(const SegmentTable& table, const ConstThdTensor& q, const Cons
 
   // Outputs start as what an untouched row must hold, so padding rows and rows that see
   // no key are correct without a separate pass.
-  std::fill_n(static_cast<unsigned char*>(out.data), static_cast<size_t>(out.numel()) * dtype_size(out.dtype), 0);
+  detail::zero_view(out);
   std::fill_n(lse, static_cast<size_t>(q_heads * table.q_rows), neg_inf);
   std::vector<Acc> item_max(static_cast<size_t>(q_heads * num_segments), -std::numeric_limits<Acc>::infinity());
   std::vector<ForwardScratch<Acc>> scratch(static_cast<size_t>(threads));
@@ -70,7 +70,7 @@ void forward_impl(const SegmentTable& table, const ConstThdTensor& q, const Cons
       }
       detail::weighted_sum(s.scores.data(), s.values_by_row.data(), dim, begin, end, s.acc_out.data());
       const Acc inv = Acc(1) / denominator;
-      const size_t out_base = static_cast<size_t>((row * q_heads + head) * dim);
+      const size_t out_base = static_cast<size_t>(out.offset(row, head, 0));
       for (int64_t d = 0; d < dim; ++d) {
         store_from_float(out.data, out.dtype, out_base + d, static_cast<float>(s.acc_out[d] * inv));
       }
@@ -94,6 +94,7 @@ void attention_forward(const SegmentTable& table, ConstThdTensor q, ConstThdTens
                        ThdTensor out, float* lse, float* max_logit, const AttentionOptions& options) {
   detail::check_qkv(table, q, k, v);
   detail::check_tensor("out", out, detail::q_shape(table, q), q.dtype);
+  check_outputs_apart({{"out", out}}, {{"q", q}, {"k", k}, {"v", v}});
   THDCP_CHECK(lse != nullptr, "lse must point to Hq * q_rows = " << q.heads * table.q_rows << " floats");
   resolve_softmax_scale(options.softmax_scale, q.head_dim);
   if (options.accumulate == Accumulate::kFloat64) {
