@@ -20,6 +20,7 @@
 #include "support/strided_views.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/attention.h"
+#include "thdcp/cuda/reorder.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/testing/workload.h"
 
@@ -386,6 +387,38 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaViewArrangements, ::testing::ValuesIn(arrang
                          [](const ::testing::TestParamInfo<ArrangementCase>& param_info) {
                            return param_info.param.name;
                          });
+
+class CudaPackRows : public CudaTest {};
+
+// cuda::pack_rows (the send buffer of CP's gather from a strided local K or V) gives the dense
+// rows of any view, in 16-, 8-, 4- and 2-byte words (views shifted off 16-byte boundaries),
+// and writes nothing past them.
+TEST_F(CudaPackRows, DenseRowsOfAnyView) {
+  for (Arrangement a : all_arrangements()) {
+    for (int64_t shift : {0, 8, 4, 2}) {  // bytes off a 16-byte boundary
+      SCOPED_TRACE(std::string(arrangement_name(a)) + " shifted by " + std::to_string(shift) + " bytes");
+      const int64_t rows = 37, heads = 2, head_dim = 64;
+      PlacedGroup g(a, DType::kBFloat16, rows, {heads}, head_dim);
+      HostTensor x(DType::kBFloat16, rows, heads, head_dim);
+      fill_normal(x, 3 + static_cast<uint64_t>(shift));
+      g.image.resize(g.image.size() + 16, 0xff);
+      g.device = DeviceBuffer(g.image.size());
+      auto shifted = [&](ThdTensor t) {
+        t.data = static_cast<unsigned char*>(t.data) + shift;
+        return t;
+      };
+      scatter_into(x, shifted(g.host(0)));
+      g.upload();
+      DeviceBuffer dense(static_cast<size_t>(x.numel()) * 2 + 16);
+      dense.poison();
+      cuda::pack_rows(shifted(g.on_device(0)), dense.data(), nullptr);
+      THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+      const std::vector<unsigned char> got = download_vector<unsigned char>(dense, dense.bytes());
+      EXPECT_EQ(0, std::memcmp(got.data(), x.data(), static_cast<size_t>(x.numel()) * 2));
+      for (size_t i = static_cast<size_t>(x.numel()) * 2; i < got.size(); ++i) ASSERT_EQ(got[i], 0xff) << i;
+    }
+  }
+}
 
 class CudaBadStrides : public CudaTest {};
 
