@@ -164,3 +164,12 @@ def test_cuda_refuses_a_misaligned_view_naming_it(cuda):
     with pytest.raises(ValueError, match=r"k.head_stride=68 is not a multiple of 8 elements \(16 bytes of bf16\)"):
         thdcp.attention(q, k, k, cu, cu_padded)
 
+
+def test_transformers_rows_view_head_major_kv_without_a_copy():
+    pytest.importorskip("transformers")
+    from thdcp.integrations.transformers import _rows
+
+    cache = torch.randn(1, 2, 20, 16)  # transformers' [B, H, S, D]
+    rows = _rows(cache.transpose(1, 2))  # [B, S, H, D] as THD rows
+    assert rows.shape == (20, 2, 16) and rows.stride() == (16, 320, 1)
+    assert rows.data_ptr() == cache.data_ptr()
