@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of the fuzz targets (tests/fuzz/corpus/<target>/): small valid and
 near-valid inputs in each target's format. The files are checked in; run this again after
-changing a format:
+changing a format (fuzz_capi's program encoding mirrors capi_program.h and fuzz_capi.cpp):
 
     python3 tests/fuzz/make_seeds.py
 
 `ctest -L fuzz` in a fuzz build runs every target once on each of its seeds, and
-THDCP_FUZZ_TRACE=1 build-fuzz/tests/fuzz/<target> SEED prints what a seed does.
+THDCP_FUZZ_TRACE=1 build-fuzz/tests/fuzz/<target> SEED prints what a seed does (the calls a
+fuzz_capi program makes).
 Needs only the Python standard library."""
 
 import os
@@ -123,6 +124,227 @@ def lengths_seeds():
         write(t, "lengths_sample_head.txt", "#fuzz tokens=16384 cp=1,2,4,8\n" + "".join(f.readlines()[:60]))
 
 
+# ---- fuzz_capi: programs of C ABI calls -----------------------------------------------------
+# Encoders of capi_program.h's operands and fuzz_capi.cpp's operations (opcodes in Harness::step).
+
+ATTN_CREATE, ATTN_DESTROY, ATTN_FORWARD, ATTN_BACKWARD, GROUP_CREATE, COMM_DESTROY, COMM_QUERY, \
+    CP_CREATE, CP_DESTROY, CP_RUN, HELPERS, SPLIT_MERGE, LIBRARY, FOREIGN = range(14)
+BF16, FP32 = 0, 2  # value_dtype bytes (1 is fp16, 250 THDCP_DTYPE_DEFAULT)
+
+
+def i64(v):
+    """value_i64: small values as one byte, others through the raw escapes."""
+    if -16 <= v <= 207:
+        return bytes([v + 16])
+    specials = {-2**63: 0, 2**63 - 1: 1, 2**31 - 1: 2, 2**31: 3, -2**31: 4, 2**53: 5, 2**53 - 1: 6,
+                2**62: 7, 2**63 - 4: 8, 2**32 - 1: 9, 1024: 10, 1025: 11, 4096: 12, 4097: 13, 65536: 14}
+    if v in specials:
+        return bytes([224 + specials[v]])
+    if -2**15 <= v < 2**15:
+        return bytes([240]) + struct.pack("<h", v)
+    return bytes([241]) + struct.pack("<i", v)
+
+
+def scale(index=0):
+    return bytes([index])  # value_float: 0 -> 0 (1/sqrt(D)), 1 -> 0.125, 2 -> 1.0, 4 -> NaN
+
+
+def struct_size(form=0, extra=b""):
+    """ParamsBuffer: 0 sizeof, 6 the first version, 7 too small, 8 newer (+extra), 9 too large."""
+    return bytes([form]) + extra
+
+
+def attention_params(dtype=BF16, tokens=16, hq=2, hkv=1, d=8, seqs=4, left=-1, right=0, optional=None):
+    out = bytes([0, dtype]) + i64(tokens) + i64(hq) + i64(hkv) + i64(d) + i64(seqs) + i64(left) + i64(right)
+    out += scale()
+    if optional is None:
+        return out + b"\x00"
+    deterministic, num_threads = optional
+    return out + b"\x01" + bytes([deterministic, 1, 1]) + i64(num_threads)
+
+
+def attn_create(slot, params, size=struct_size(), null_params=False, null_out=False):
+    return bytes([ATTN_CREATE, slot]) + params + size + bytes([255 if null_params else 0, 255 if null_out else 0])
+
+
+def layout(seqs, lengths, extra=None, raw=False, change=None, form=0):
+    """decode_layout: num_seqs, then per sequence its length and whether it gets extra padding."""
+    out = bytes([seqs - 1, 7 if raw else 0])
+    for i in range(seqs):
+        out += bytes([lengths[i], 0 if extra and extra[i] else 1])
+    out += bytes([224 + change[0], change[1]]) + i64(change[2]) if change else b"\x00"
+    return out + bytes([form])
+
+
+HONEST = b"\x00\x00"  # decode_tensor: the tensor the call expects, its data given
+
+
+def attn_run(op, slot, lay, align=1, fill=0, tensors=None):
+    """attention_run's operands: q, k, v, out, the lse and max_logit bytes, then (backward)
+    dout, dq, dk, dv."""
+    t = list(tensors or [])
+    t += [HONEST] * ((8 if op == ATTN_BACKWARD else 4) - len(t))
+    return bytes([op, slot, align - 1]) + lay + bytes([fill]) + b"".join(t[:4]) + b"\x00\x00" + b"".join(t[4:])
+
+
+def program_attention():
+    p = attn_create(0, attention_params())
+    lay = layout(3, [3, 5, 0], extra=[False, False, True])
+    p += attn_run(ATTN_FORWARD, 0, lay, align=2)
+    p += attn_run(ATTN_BACKWARD, 0, lay, align=2)
+    p += bytes([ATTN_DESTROY, 0, ATTN_DESTROY, 0])  # a double destroy
+    p += attn_run(ATTN_FORWARD, 0, lay, align=2)  # a use after destroy
+    return p
+
+
+def program_attention_fp32_window():
+    p = attn_create(1, attention_params(dtype=FP32, tokens=24, hq=4, hkv=2, d=16, seqs=3, left=4, right=2,
+                                        optional=(1, 1)), size=struct_size(6))
+    p += attn_run(ATTN_FORWARD, 1, layout(2, [7, 9]), align=4)
+    p += attn_run(ATTN_BACKWARD, 1, layout(2, [7, 9]), align=4)
+    # One tensor that differs: q with 3 heads (tensor form 224 + 1: heads).
+    p += attn_run(ATTN_FORWARD, 1, layout(1, [5]), align=1, tensors=[bytes([225]) + i64(3) + b"\x00"])
+    return p
+
+
+def program_struct_sizes():
+    p = attn_create(0, attention_params(), size=struct_size(8, bytes([2, 0])))  # newer, zero tail
+    p += attn_create(1, attention_params(), size=struct_size(8, bytes([2, 1, 3])))  # newer, a byte set
+    p += attn_create(2, attention_params(), size=struct_size(9, bytes([1])))  # THDCP_MAX_STRUCT_SIZE, zeros
+    p += attn_create(2, attention_params(), size=struct_size(9, bytes([0])))  # THDCP_MAX_STRUCT_SIZE + 8
+    p += attn_create(3, attention_params(), size=struct_size(7, bytes([1])))  # 8 bytes: too small
+    p += attn_create(3, attention_params(), size=struct_size(10, bytes([3])))  # not a multiple of 8
+    p += attn_create(0, attention_params(), null_params=True)
+    p += attn_create(0, attention_params(hq=3, hkv=2))  # GQA ratio refused
+    p += attn_create(0, attention_params(d=12))  # head dim refused
+    p += attn_create(0, attention_params(tokens=2**53))  # size refused
+    return p
+
+
+def cp_params(dtype=BF16, tokens=16, hq=2, hkv=2, d=8, seqs=4, left=-1, right=0, cp_byte=0, optional=None):
+    out = bytes([0, dtype]) + i64(tokens) + i64(hq) + i64(hkv) + i64(d) + bytes([cp_byte])
+    out += i64(seqs) + i64(left) + i64(right) + scale() + b"\x01"
+    if optional is None:
+        return out + b"\x00"
+    return out + b"\x01" + i64(optional) + b"\x00\x00"
+
+
+def cp_create(cp_set, group, params, ranks, odd=(7, 0), sizes=None):
+    out = bytes([CP_CREATE, cp_set, group]) + params + bytes(odd)
+    out += b"".join(sizes or [struct_size()] * ranks)
+    return out + b"\x00"
+
+
+def group_create(group, size):
+    return bytes([GROUP_CREATE, group, size - 1, 0])
+
+
+def cp_run(cp_set, backward, lay, ranks):
+    return bytes([CP_RUN, 1 if backward else 0, cp_set]) + lay + HONEST * ((8 if backward else 4) * ranks)
+
+
+def program_cp2():
+    p = group_create(0, 2)
+    p += cp_create(0, 0, cp_params(optional=1), 2)
+    lay = layout(2, [5, 2])
+    p += cp_run(0, False, lay, 2) + cp_run(0, True, lay, 2)
+    p += bytes([COMM_DESTROY, 0, 0, COMM_DESTROY, 0, 1])  # the communicators first
+    p += cp_run(0, False, lay, 2)  # the plans hold them
+    p += bytes([CP_DESTROY, 0, 0, CP_DESTROY, 0, 1, CP_DESTROY, 0, 1])
+    return p
+
+
+def program_cp_disagree():
+    p = group_create(1, 3)
+    p += cp_create(1, 1, cp_params(tokens=24), 3, odd=(1, 1))  # rank 1 passes another head_dim
+    p += cp_create(1, 1, cp_params(tokens=24), 3)  # the group was aborted by the failure
+    p += group_create(1, 2)
+    p += cp_create(2, 1, cp_params(tokens=8, hq=4, hkv=1, d=16, seqs=2, cp_byte=0), 2)
+    p += cp_run(2, False, layout(1, [3]), 2)
+    p += cp_run(2, True, layout(1, [3]), 2)
+    return p
+
+
+def program_communicators():
+    p = group_create(0, 1)
+    for which in range(6):
+        p += bytes([COMM_QUERY, 0, 0, which, 0])
+    p += bytes([COMM_QUERY, 0, 0, 0, 255])  # NULL output
+    p += bytes([COMM_DESTROY, 0, 0, COMM_DESTROY, 0, 0, COMM_QUERY, 0, 0, 1, 0])
+    p += cp_create(0, 0, cp_params(), 1)  # over a destroyed communicator
+    p += bytes([GROUP_CREATE, 2, 240]) + i64(1025) + b"\x00"  # more than THDCP_MAX_GROUP_SIZE: refused
+    p += bytes([GROUP_CREATE, 2, 240]) + i64(-2**31) + b"\x00"  # refused
+    p += bytes([GROUP_CREATE, 2, 0, 255])  # NULL comms
+    p += bytes([CP_CREATE, 1, 1]) + cp_params() + bytes([7, 0]) + struct_size() + b"\x00"  # no group
+    return p
+
+
+def lengths(values):
+    out = bytes([len(values)])
+    for v in values:
+        out += bytes([v]) if 0 <= v < 50 else bytes([200]) + i64(v)
+    return out
+
+
+def helper(which, values, cp, operands=b""):
+    return bytes([HELPERS, which]) + lengths(values) + bytes([cp - 1]) + operands
+
+
+def program_helpers():
+    docs = [5, 9, 30, 0]
+    p = helper(0, docs, 2, b"\x00")  # padded_rows
+    p += helper(1, docs, 2, b"\x00")  # make_layout
+    p += helper(2, docs, 1, bytes([0, 16, 1, 0]))  # capacity_default(256, 2)
+    p += helper(3, docs, 2, bytes([4, 3, 0]))  # check_fit against (64 tokens, 4 seqs)
+    p += helper(3, docs, 2, bytes([4, 2, 0]))  # 3 documents, max_seqs 3: too many
+    p += helper(4, docs, 2, bytes([4, 3, 0]))  # capacity_layout
+    p += helper(5, docs, 1, bytes([3, 0, 1, 3, 0, 24]))  # choose_cp_size of 1,2,4 at 24 rows per rank
+    p += helper(6, [5, 9, 30, 70], 1, bytes([0, 1, 0, 1, 1]) + struct_size() + b"\x00")  # plan_capacity, split
+    p += helper(0, [2**63 - 4, 3], 1, b"\x00")  # within 2*cp of 2^63: refused
+    p += helper(1, [2**31 - 1, 5], 1, b"\x00")  # offsets past int32
+    p += helper(6, [100, 7], 2, bytes([0, 3, 0, 0, 2]) + struct_size() + bytes([224]))  # a larger result struct
+    p += helper(6, [100, 7], 2, bytes([0, 3, 0, 0, 2]) + struct_size() + bytes([226]))  # its size not a multiple of 8
+    return p
+
+
+def split(cp, rank, lay, which, row_bytes=4, operands=b""):
+    return bytes([SPLIT_MERGE, cp - 1, rank]) + lay + bytes([which, row_bytes - 1]) + operands
+
+
+def program_split():
+    lay = layout(2, [3, 6])
+    p = split(2, 1, lay, 0, operands=b"\x00\x00")
+    p += split(2, 0, lay, 1, operands=b"\x00\x00")  # split, buffers apart
+    p += split(2, 1, lay, 2, operands=b"\x03\x00")  # merge, buffers adjacent
+    p += split(2, 1, lay, 1, operands=b"\x02\x05")  # overlapping: refused
+    p += split(3, 2, layout(1, [4]), 0, operands=b"\x05\x00")  # num_rows off by one
+    p += split(2, 0, layout(2, [3, 6], raw=True), 1, operands=b"\x00\x00")  # raw offsets
+    return p
+
+
+def program_library_foreign():
+    p = bytes([LIBRARY, 0, 3, 0, 1, 0, LIBRARY, 0, 9, 0, 7, 255])
+    p += attn_create(0, attention_params()) + group_create(0, 1)
+    for kind in range(4):
+        for source in range(4):
+            p += bytes([FOREIGN, kind, source, kind % 2, 0, 5])
+    return p
+
+
+def capi_seeds():
+    t = "fuzz_capi"
+    write(t, "attention", program_attention())
+    write(t, "attention_fp32_window", program_attention_fp32_window())
+    write(t, "struct_sizes", program_struct_sizes())
+    write(t, "cp2", program_cp2())
+    write(t, "cp_disagree", program_cp_disagree())
+    write(t, "communicators", program_communicators())
+    write(t, "helpers", program_helpers())
+    write(t, "split", program_split())
+    write(t, "library_foreign", program_library_foreign())
+
+
 if __name__ == "__main__":
     npy_seeds()
     lengths_seeds()
+    capi_seeds()

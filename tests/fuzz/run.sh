@@ -12,7 +12,7 @@ set -euo pipefail
 source_dir=$(realpath "$1")
 build_dir=$(realpath -m "$2")
 seconds=${3:-60}
-targets=(fuzz_npy fuzz_lengths)
+targets=(fuzz_npy fuzz_lengths fuzz_capi)
 
 # libFuzzer comes with clang (Debian: clang and libclang-rt-<version>-dev, which .ci/run
 # installs when they are missing).
@@ -43,7 +43,7 @@ ctest --test-dir "$build_dir" -L fuzz --output-on-failure
 
 # Per target: the largest input, and the memory a finding is: one allocation over
 # malloc_limit_mb, or the process over rss_limit_mb (ASan's own memory included).
-declare -A max_len=([fuzz_npy]=16384 [fuzz_lengths]=4096)
+declare -A max_len=([fuzz_npy]=16384 [fuzz_lengths]=4096 [fuzz_capi]=2048)
 failed=()
 summary=()
 for target in "${targets[@]}"; do
