@@ -12,6 +12,7 @@
 #include "bench/bench_command.h"
 #endif
 #include "commands.h"
+#include "run/rank_agreement.h"
 #include "thdcp/core/error.h"
 #include "thdcp/comm/mpi.h"
 
@@ -53,67 +54,70 @@ const char* out_of_memory_advice(const std::string& command) {
   return "raise the limit that refused it (ulimit -v)";
 }
 
+// A failed command: prints its message and returns the exit code. Under mpirun, before the
+// first collective, every rank agrees first and one rank speaks for all (run/rank_agreement.h);
+// after it, the failing rank says why and ends the job, since the others may be waiting in a
+// collective it will never join. `text` + `more`: the message, printed without allocating.
+int fail(thdcp::mpi::Session* session, int code, const char* kind, const char* text, const char* more = "") {
+  if (thdcp::tools::rank_agreement_due()) return thdcp::tools::refuse_before_collectives(code, kind, text, more);
+  if (session == nullptr) {
+    std::fprintf(stderr, "thdcp: %s: %s%s\n", kind, text, more);
+    return code;
+  }
+  std::fprintf(stderr, "thdcp: %s (rank %d): %s%s\n", kind, launcher_rank(), text, more);
+  session->abort(code);
+}
+
+int run_command_line(const std::vector<std::string>& command_line) {
+  std::vector<std::string> args = command_line;
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  const std::string command = args[0];
+  args.erase(args.begin());
+  if (command == "run") return thdcp::tools::run_command(args);
+  if (command == "plan") return thdcp::tools::plan_command(args);
+  if (command == "bench") {
+#if defined(THDCP_CLI_WITH_CUDA)
+    return thdcp::tools::bench_command(args);
+#else
+    throw thdcp::tools::UsageError("thdcp bench times the CUDA kernels: this thdcp was built without CUDA");
+#endif
+  }
+  throw thdcp::tools::UsageError("unknown command " + thdcp::quote_excerpt(command) +
+                                 ": use run, plan or bench (see thdcp --help)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // Under mpirun every process is one CP rank; MPI lives as long as main.
   std::unique_ptr<thdcp::mpi::Session> mpi_session;
   std::string command_name;
+  int code = 0;
   try {
     if (thdcp::mpi::launched_by_mpi() && thdcp::mpi::built_with_mpi()) {
       mpi_session = std::make_unique<thdcp::mpi::Session>(&argc, &argv);
+      thdcp::tools::enable_rank_agreement();
     }
-    std::vector<std::string> args(argv + 1, argv + argc);
+    const std::vector<std::string> args(argv + 1, argv + argc);
     if (!args.empty()) command_name = args[0];
-    if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-      std::fputs(kUsage, args.empty() ? stderr : stdout);
-      return args.empty() ? 2 : 0;
-    }
-    const std::string command = args[0];
-    args.erase(args.begin());
-    if (command == "run") return thdcp::tools::run_command(args);
-    if (command == "plan") return thdcp::tools::plan_command(args);
-    if (command == "bench") {
-#if defined(THDCP_CLI_WITH_CUDA)
-      return thdcp::tools::bench_command(args);
-#else
-      throw thdcp::tools::UsageError("thdcp bench times the CUDA kernels: this thdcp was built without CUDA");
-#endif
-    }
-    throw thdcp::tools::UsageError("unknown command " + thdcp::quote_excerpt(command) +
-                                   ": use run, plan or bench (see thdcp --help)");
-  } catch (const thdcp::tools::UsageError& e) {
-    if (!mpi_session || !thdcp::tools::collectives_started()) {
-      // Every rank parses the same command line and refuses it the same way, before any
-      // collective: rank 0 says why, and no rank needs to abort the others.
-      if (launcher_rank() == 0) std::fprintf(stderr, "thdcp: error: %s\n", e.what());
-      return 2;
-    }
-    std::fprintf(stderr, "thdcp: error (rank %d): %s\n", launcher_rank(), e.what());
-    mpi_session->abort(2);
+    code = run_command_line(args);
+    // A command with no collective (plan, run --graph, --help) still tells the other ranks.
+    thdcp::tools::agree_without_collectives();
+  } catch (const thdcp::tools::RanksStopped& stopped) {
+    return stopped.code();  // another rank failed before the run and said why
   } catch (const thdcp::Error& e) {
-    if (mpi_session) {
-      std::fprintf(stderr, "thdcp: error (rank %d): %s\n", launcher_rank(), e.what());
-    } else {
-      std::fprintf(stderr, "thdcp: error: %s\n", e.what());
-    }
-    // A rank that stops alone must not leave the others waiting in a collective.
-    if (mpi_session) mpi_session->abort(2);
-    return 2;
+    // UsageError and every other thdcp::Error: bad input, exit 2.
+    return fail(mpi_session.get(), 2, "error", e.what());
   } catch (const std::bad_alloc&) {
     // Bad input too (sizes beyond what this process may take), not a bug: exit 2, saying what
     // to change. Printed from constant strings: nothing more is allocated.
-    const char* advice = out_of_memory_advice(command_name);
-    if (mpi_session) {
-      std::fprintf(stderr, "thdcp: error (rank %d): out of memory: an allocation was refused: %s\n", launcher_rank(),
-                   advice);
-      mpi_session->abort(2);
-    }
-    std::fprintf(stderr, "thdcp: error: out of memory: an allocation was refused: %s\n", advice);
-    return 2;
+    return fail(mpi_session.get(), 2, "error", "out of memory: an allocation was refused: ",
+                out_of_memory_advice(command_name));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "thdcp: internal error: %s\n", e.what());
-    if (mpi_session) mpi_session->abort(3);
-    return 3;
+    return fail(mpi_session.get(), 3, "internal error", e.what());
   }
+  return code;
 }

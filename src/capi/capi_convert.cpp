@@ -16,11 +16,11 @@ namespace thdcp::capi {
 // covers a newer field).
 static_assert(offsetof(thdcp_attention_params, deterministic) == THDCP_ATTENTION_PARAMS_MIN_SIZE);
 static_assert(offsetof(thdcp_cp_params, num_threads) == THDCP_CP_PARAMS_MIN_SIZE);
-static_assert(sizeof(thdcp_capacity_plan_params) == THDCP_CAPACITY_PLAN_PARAMS_MIN_SIZE);
+static_assert(offsetof(thdcp_capacity_plan_params, max_memory) == THDCP_CAPACITY_PLAN_PARAMS_MIN_SIZE);
 static_assert(sizeof(thdcp_capacity_plan_result) == THDCP_CAPACITY_PLAN_RESULT_MIN_SIZE);
 static_assert(sizeof(thdcp_graph_bank_params) == THDCP_GRAPH_BANK_PARAMS_MIN_SIZE);
 static_assert(sizeof(thdcp_attention_params) % 8 == 0 && sizeof(thdcp_cp_params) % 8 == 0 &&
-              sizeof(thdcp_static_batch_info) % 8 == 0);
+              sizeof(thdcp_capacity_plan_params) % 8 == 0 && sizeof(thdcp_static_batch_info) % 8 == 0);
 
 void check_struct_size(size_t size, size_t min_size, const char* argument, const char* type, const char* hint) {
   THDCP_CAPI_REQUIRE(size <= THDCP_MAX_STRUCT_SIZE,

@@ -5,7 +5,10 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <sstream>
 #include <vector>
+
+#include <unistd.h>
 
 #include "capi_convert.h"
 #include "capi_status.h"
@@ -86,6 +89,11 @@ void copy_layout(const BatchLayout& layout, int32_t* cu_seqlens, int32_t* cu_seq
 }
 
 const thdcp_capacity_plan_params kPlanDefaults = THDCP_CAPACITY_PLAN_PARAMS_INIT;
+
+// The host's physical memory in bytes (the planner's default budget).
+double physical_memory() {
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+}
 
 }  // namespace
 
@@ -233,23 +241,30 @@ thdcp_status_t thdcp_plan_capacity(const int64_t* lengths, int64_t num_documents
                        "params->tokens=" << p.tokens << " must be in [2*cp_size=" << 2 * p.cp_size
                                          << ", 2^31): the rows of a batch, which a layout's int32 offsets index");
     thdcp::capi::checked_padded_rows(documents.lengths, p.cp_size, "lengths");
+    THDCP_CAPI_REQUIRE(p.max_memory >= 0, "params->max_memory=" << p.max_memory
+                                                                  << " must be >= 0 (0: this machine's memory)");
     const int64_t alignment = thdcp::packing_alignment({p.cp_size});
-    if (p.long_documents == 1) {
-      // Splitting makes a document per piece of at most `longest` tokens: their count is
-      // bounded like a caller's own list of lengths before any is made.
-      const int64_t longest = p.tokens / alignment * alignment;
-      int64_t pieces = 0;
-      for (int64_t length : documents.lengths) {
-        pieces += length / longest + (length % longest != 0 ? 1 : 0);  // each term <= 2^62: no overflow
-        THDCP_CAPI_REQUIRE(pieces <= std::numeric_limits<int32_t>::max(),
-                           "lengths split into pieces of at most " << longest << " tokens (params->tokens="
-                                                                   << p.tokens
-                                                                   << ") make more than 2^31-1 documents: raise "
-                                                                      "tokens, or plan fewer documents at a time");
-      }
+    const auto policy = static_cast<thdcp::LongDocuments>(p.long_documents);
+    // What planning makes, counted before any of it is made: the documents after splitting
+    // (a layout indexes at most 2^31-1) and the memory the planner holds at its peak.
+    const thdcp::PackingSize size = thdcp::count_packing(documents, p.tokens, alignment, policy);
+    THDCP_CAPI_REQUIRE(size.documents <= std::numeric_limits<int32_t>::max(),
+                       "lengths split into pieces of at most " << p.tokens / alignment * alignment
+                                                               << " tokens (params->tokens=" << p.tokens
+                                                               << ") make more than 2^31-1 documents: raise "
+                                                                  "tokens, or plan fewer documents at a time");
+    const double needed = thdcp::planning_bytes(size, thdcp::document_bytes(documents));
+    const double budget = p.max_memory > 0 ? static_cast<double>(p.max_memory) : thdcp::capi::physical_memory();
+    if (needed > budget) {
+      std::ostringstream message;
+      message << "planning these lengths needs about " << needed / (1 << 20) << " MiB of host memory ("
+              << size.documents << " documents in " << size.batches << " batches), more than "
+              << (p.max_memory > 0 ? "params->max_memory=" : "this machine's memory, ") << budget / (1 << 20)
+              << " MiB: raise params->tokens, cut long documents (long_documents=2) instead of splitting them, "
+                 "or plan fewer documents at a time";
+      throw thdcp::capi::ApiError(THDCP_ERROR_OUT_OF_MEMORY, message.str());
     }
-    const thdcp::DocumentLengths fitted = thdcp::fit_long_documents(
-        documents, p.tokens, alignment, static_cast<thdcp::LongDocuments>(p.long_documents));
+    const thdcp::DocumentLengths fitted = thdcp::fit_long_documents(documents, p.tokens, alignment, policy);
     thdcp::PlanOptions options;
     options.tokens = p.tokens;
     options.cp_sizes = {p.cp_size};

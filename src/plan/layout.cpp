@@ -23,7 +23,7 @@ int64_t cp_padded_length(int64_t length, int cp) {
   THDCP_CHECK(length <= std::numeric_limits<int64_t>::max() - (align - 1),
               "sequence length " << length << " cannot be padded to a multiple of 2*cp=" << align
                                  << " in int64: no layout holds it (offsets are int32)");
-  return (length + align - 1) / align * align;
+  return (length + (align - 1)) / align * align;
 }
 
 BatchLayout make_layout(const std::vector<int64_t>& lengths, int cp) {

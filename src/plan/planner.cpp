@@ -28,7 +28,12 @@ std::string where(const std::string& source, const std::vector<int64_t>& lines, 
   return source_name(source, lines) + ": ";
 }
 
-int64_t padded_to(int64_t length, int64_t alignment) { return (length + alignment - 1) / alignment * alignment; }
+int64_t padded_to(int64_t length, int64_t alignment) {
+  THDCP_CHECK(length <= std::numeric_limits<int64_t>::max() - (alignment - 1),
+              "a length of " << length << " cannot be padded to a multiple of " << alignment
+                             << " in int64: no batch holds it (offsets are int32)");
+  return (length + (alignment - 1)) / alignment * alignment;
+}
 
 std::string format_bytes(int64_t bytes) {
   char text[32];

@@ -138,6 +138,29 @@ TEST(CApiSizes, ChooseCpSizeAndPlanCapacityBounds) {
                   "params->tokens=2147483648 must be in [2*cp_size=2, 2^31)");
 }
 
+// thdcp_plan_capacity estimates its memory before it allocates: one document of 2^20 tokens
+// split for batches of 16 rows is 65536 documents in as many batches, a few MiB; a budget
+// of 1 MiB refuses it with OUT_OF_MEMORY, this machine's memory (max_memory 0) plans it.
+TEST(CApiSizes, PlanCapacityChecksItsMemoryEstimateFirst) {
+  const int64_t one[] = {int64_t{1} << 20};
+  thdcp_capacity_plan_params params = THDCP_CAPACITY_PLAN_PARAMS_INIT;
+  params.tokens = 16;
+  params.long_documents = 1;
+  params.max_memory = 1 << 20;
+  thdcp_capacity_plan_result result{};
+  result.struct_size = sizeof(result);
+  EXPECT_C_STATUS(thdcp_plan_capacity(one, 1, &params, &result), THDCP_ERROR_OUT_OF_MEMORY,
+                  "(65536 documents in 65536 batches), more than params->max_memory=1 MiB: raise params->tokens");
+  EXPECT_EQ(result.batches, 0);
+  params.max_memory = -1;
+  EXPECT_C_STATUS(thdcp_plan_capacity(one, 1, &params, &result), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->max_memory=-1 must be >= 0");
+  params.max_memory = 0;
+  EXPECT_C_OK(thdcp_plan_capacity(one, 1, &params, &result));
+  EXPECT_EQ(result.batches, 65536);
+  EXPECT_EQ(result.capacity.max_tokens, 16);
+}
+
 // max_tokens * q_heads * head_dim below 2^53: the largest plan shapes are accepted, one
 // head more is refused at plan time, on both plan types.
 TEST(CApiSizes, PlanShapesWhoseSizesOverflowAreRefused) {

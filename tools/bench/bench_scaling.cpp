@@ -235,12 +235,7 @@ Options parse_options(const Args& args) {
   o.align *= 2;
   o.tokens_list = {131072, 524288};
   if (args.has("tokens")) o.tokens_list = parse_int_list("tokens", args.get("tokens", ""), 2, int64_t{1} << 30);
-  for (int64_t t : o.tokens_list) {
-    if (t % o.align != 0) {
-      throw UsageError("--tokens " + std::to_string(t) + ": use a multiple of 2*lcm(cp sizes) = " +
-                       std::to_string(o.align) + " (every rank holds T/cp rows, two chunks of every document)");
-    }
-  }
+  for (int64_t t : o.tokens_list) check_tokens_multiple(t, o.align, "2*lcm(cp sizes)=" + std::to_string(o.align));
   const int64_t window = args.get_int("window", 4096, 0, int64_t{1} << 30);
   o.masks = parse_masks(args.get("mask", "causal,window"), window);
   o.shape = parse_shape(args);

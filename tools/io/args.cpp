@@ -68,19 +68,21 @@ std::string Args::get(const std::string& flag, const std::string& fallback) cons
 
 namespace {
 
-bool g_collectives_started = false;
-
-}  // namespace
-
-void mark_collectives_started() { g_collectives_started = true; }
-bool collectives_started() { return g_collectives_started; }
-
-namespace {
-
 // "--flag" from "flag" or "--flag".
 std::string dashed(const std::string& flag) { return flag.rfind("--", 0) == 0 ? flag : "--" + flag; }
 
 }  // namespace
+
+void check_tokens_multiple(int64_t tokens, int64_t multiple, const std::string& what) {
+  if (multiple < 1 || (tokens >= multiple && tokens % multiple == 0)) return;
+  const std::string given = "--tokens " + std::to_string(tokens);
+  if (tokens < multiple) {
+    throw UsageError(given + ": a batch needs at least " + what + " rows: give --tokens " + std::to_string(multiple));
+  }
+  const int64_t below = tokens / multiple * multiple;
+  throw UsageError(given + " is not a multiple of " + what + " (every rank holds two chunks of T/(2*cp) rows): give --tokens " +
+                   std::to_string(below) + " or " + std::to_string(below + multiple));
+}
 
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min, int64_t max) {
   errno = 0;

@@ -46,11 +46,11 @@ std::vector<std::string> without(const std::vector<std::string>& argv, const std
 // --mask full the window applies as given. Without either: `fallback`.
 Mask parse_mask_flags(const Args& args, const Mask& fallback);
 
-// Under mpirun: set once the ranks may be in a collective together. Before that a usage
-// error is raised by every rank alike (same command line), so rank 0 alone reports it and no
-// rank aborts the job; after it, the rank that fails must abort the others.
-void mark_collectives_started();
-bool collectives_started();
+// --tokens T of a batch split over CP ranks: each rank holds two chunks of T/(2*cp) rows, so
+// T must be a positive multiple of `multiple` (2*cp, or 2*lcm over several CP sizes), which
+// `what` names ("2*cp=128"). Throws UsageError naming the nearest valid values below and
+// above: a count of rows is never rounded in silence.
+void check_tokens_multiple(int64_t tokens, int64_t multiple, const std::string& what);
 
 // `flag` with or without its leading "--". Values are quoted in messages (quote_excerpt).
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min, int64_t max);

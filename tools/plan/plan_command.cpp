@@ -148,6 +148,7 @@ int plan_command(const std::vector<std::string>& argv) {
                                     : policy == "truncate" ? LongDocuments::kTruncate
                                                            : LongDocuments::kError;
     const int64_t alignment = packing_alignment(options.cp_sizes);
+    check_tokens_multiple(options.tokens, alignment, "lcm(2*cp)=" + std::to_string(alignment));
     DocumentLengths read = read_lengths_file(args.get("lengths", ""));
     // Counted before anything is built: a long document split for small batches makes a piece
     // and a batch per --tokens of it.
@@ -167,6 +168,8 @@ int plan_command(const std::vector<std::string>& argv) {
     batches = read_batches_file(args.get("batches", ""));
     options.tokens = args.has("tokens") ? args.get_int("tokens", 0, 1, INT32_MAX)
                                         : min_tokens_for(batches, options.cp_sizes);
+    const int64_t alignment = packing_alignment(options.cp_sizes);
+    check_tokens_multiple(options.tokens, alignment, "lcm(2*cp)=" + std::to_string(alignment));
   }
   const CapacityPlan plan = plan_capacity(batches, options);
   {

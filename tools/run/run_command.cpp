@@ -34,7 +34,8 @@ const char* kRunHelp =
     "options:\n"
     "  --backend B       auto (default: cuda when a GPU is visible, else cpu), cpu or cuda\n"
     "  --cp N            context-parallel size (default 4; under mpirun: the process count)\n"
-    "  --tokens T        rows of the packed batch (default 16384)\n"
+    "  --tokens T        rows of the packed batch, a multiple of 2*cp (default 16384, or the\n"
+    "                    largest multiple of 2*cp below it)\n"
     "  --seed S          seed of lengths and tensor values (default 1234)\n"
     "  --mask M          causal (default) or full\n"
     "  --window L,R      sliding window on absolute positions: keys in [i-L, i+R]; -1 = unbounded\n"
@@ -113,10 +114,6 @@ RunConfig parse_run_config(const Args& args) {
     throw UsageError("--backend " + quote_excerpt(backend) + ": use auto, cpu or cuda");
   }
   c.threads = static_cast<int>(args.get_int("threads", 0, 0, 4096));
-  if (c.tokens < 2 * c.cp) {
-    throw UsageError("--tokens " + std::to_string(c.tokens) + ": a batch needs at least 2*cp=" +
-                     std::to_string(2 * c.cp) + " rows");
-  }
   return c;
 }
 
@@ -278,9 +275,16 @@ int run_command(const std::vector<std::string>& argv) {
     }
     config.cp = config.gpus;
   }
-  // From here on an error may hit one rank only (a file, a rank-0 output check): the rank
-  // that fails must abort the others. Before it, every rank refused the same command line.
-  if (comm) mark_collectives_started();
+  if (config.load_dir.empty()) {
+    // The default is the largest batch of at most 16384 rows that splits over cp; a --tokens
+    // that does not split is refused, naming the nearest values that do.
+    const int64_t multiple = 2 * static_cast<int64_t>(config.cp);
+    if (!args.has("tokens")) config.tokens = std::max(config.tokens / multiple, int64_t{1}) * multiple;
+    check_tokens_multiple(config.tokens, multiple, "2*cp=" + std::to_string(multiple));
+  }
+  // Until the ranks agree (run_rank_job, before its first collective: run/rank_agreement.h),
+  // an error on one rank (a file, rank 0's output checks) stops every rank without a
+  // collective; after it, the rank that fails ends the job.
   const bool root = !comm || comm->rank() == 0;
   // Output paths are checked before any work: a wrong one costs nothing.
   if (!config.save_dir.empty() && !config.json_file.empty()) {

@@ -135,10 +135,8 @@ GraphRunConfig parse(const Args& args) {
   }
   c.tokens = args.get_int("tokens", c.tokens, 1, INT32_MAX);
   const int world = c.sizes.back();
-  if (c.tokens % (2 * world) != 0) {
-    throw UsageError("--tokens " + std::to_string(c.tokens) + ": must be a multiple of 2*" + std::to_string(world) +
-                     " (twice the largest CP size)");
-  }
+  check_tokens_multiple(c.tokens, 2 * int64_t{world},
+                        (c.dynamic ? "2*max(--dynamic-cp)=" : "2*cp=") + std::to_string(2 * world));
   c.max_seqs = static_cast<int>(args.get_int("max-seqs", 0, 2, INT32_MAX));
   c.check_every = static_cast<int>(args.get_int("check-every", c.check_every, 1, 100000));
   c.median = static_cast<double>(args.get_int("median", 600, 1, 1 << 24));

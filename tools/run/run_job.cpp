@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "step/rank_rows.h"
+#include "run/rank_agreement.h"
 #include "run/run_inputs.h"
 #include "thdcp/plan/rank_split.h"
 #include "thdcp/plan/segment_table.h"
@@ -292,6 +293,9 @@ RunReport run_rank_job(Communicator& comm, const RunConfig& c, const GlobalBatch
   report.communicator = cuda_run ? cuda_run_communicator(*cuda_run) : comm.kind();
   fill_layout_stats(c, batch, report);
   outputs = host_outputs(c.step_shape(), batch.layout.total_rows());
+  // Every rank is ready, or none runs: a rank that failed before here (its command line, its
+  // inputs, its memory) has not ended the job, it is waiting for this.
+  agree_before_collectives();
   progress.phase("AllGather CP forward + backward (this rank's passes)");
   progress.set_total(2);
   add_rank_times(report, run_rank(comm, c, batch, c.threads, outputs, progress, cuda_run.get(), Assemble::kEveryRank));

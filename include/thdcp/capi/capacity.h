@@ -70,10 +70,13 @@ typedef struct thdcp_capacity_plan_params {
   int32_t long_documents; /* a document longer than a batch: 0 refuse, 1 split into pieces
                              (at most 2^31-1 documents in all), 2 cut to a batch. Default 0 */
   /* ---- THDCP_CAPACITY_PLAN_PARAMS_MIN_SIZE (32 bytes) ---- */
+  int64_t max_memory;     /* bytes of host memory planning may hold (its estimate, made
+                             before anything is allocated, is checked against it); 0: this
+                             machine's physical memory. Default 0 */
 } thdcp_capacity_plan_params;
 
 #define THDCP_CAPACITY_PLAN_PARAMS_MIN_SIZE ((size_t)32)
-#define THDCP_CAPACITY_PLAN_PARAMS_INIT {sizeof(thdcp_capacity_plan_params), 0, 0.01, 1, 0}
+#define THDCP_CAPACITY_PLAN_PARAMS_INIT {sizeof(thdcp_capacity_plan_params), 0, 0.01, 1, 0, 0}
 
 static inline void thdcp_capacity_plan_params_init(thdcp_capacity_plan_params* params) {
   const thdcp_capacity_plan_params defaults = THDCP_CAPACITY_PLAN_PARAMS_INIT;
