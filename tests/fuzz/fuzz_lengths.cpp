@@ -39,11 +39,6 @@ constexpr int64_t kMaxItems = 20000;
 constexpr int64_t kMaxWork = 2000000;
 constexpr int64_t kMaxTokenWork = 4000000;
 
-// Known finding 2 (findings/README.md): plan_capacity overflows int64 in
-// capacity_metadata_bytes for tokens above about 2^57 (the C ABI and the CLI pass < 2^31).
-// Until it refuses them, the knob's tokens stay at most 2^40.
-constexpr int64_t kMaxTokens = int64_t{1} << 40;
-
 struct Knobs {
   int64_t tokens = 64;
   std::vector<int> cp_sizes{1, 2};
@@ -69,7 +64,7 @@ Knobs knobs_of(const uint8_t* data, size_t size) {
     if (eq == std::string::npos) continue;
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     if (key == "tokens") {
-      k.tokens = to_int(value, INT64_MIN, kMaxTokens);
+      k.tokens = to_int(value, INT64_MIN, INT64_MAX);
     } else if (key == "cp") {
       k.cp_sizes.clear();
       std::istringstream list(value);

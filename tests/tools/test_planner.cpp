@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "support/expect_error.h"
 #include "thdcp/plan/dual_chunk.h"
 #include "thdcp/core/error.h"
 #include "thdcp/plan/planner.h"
@@ -297,6 +298,35 @@ TEST(Planner, RejectsBadInputNamingIt) {
   options.fallback_budget = 0.01;
   EXPECT_THROW(plan_capacity(DocumentBatches{}, options), Error);
   EXPECT_NO_THROW(plan_capacity(input, options));
+}
+
+// Layouts hold int32 offsets: tokens above 2^31-1 is refused before anything is sized from it
+// (2^62 overflowed the metadata bytes of the T/(2cp) candidate; tests/fuzz findings, 2), and
+// a batch of huge lengths is refused without its padded rows overflowing int64.
+TEST(Planner, RefusesTokensAndBatchesBeyondInt32Offsets) {
+  DocumentBatches input{"", {{5}}, {}};
+  PlanOptions options;
+  options.tokens = int64_t{1} << 62;
+  test::expect_error([&] { plan_capacity(input, options); }, {"tokens=4611686018427387904", "int32", "2^31-1"});
+  options.tokens = int64_t{1} << 31;
+  test::expect_error([&] { plan_capacity(input, options); }, {"tokens=2147483648", "lower tokens"});
+  options.tokens = (int64_t{1} << 31) - 16;
+  EXPECT_NO_THROW(plan_capacity(input, options));
+
+  const int64_t huge = int64_t{1} << 62;
+  DocumentBatches huge_batch{"batches.txt", {{4}, {huge, huge}}, {1, 2}};
+  test::expect_error([&] { plan_capacity(huge_batch, options); },
+                     {"batches.txt':2:", "batch 1", "more than 2^31-1 rows", "split the batch"});
+  test::expect_error([&] { min_tokens_for(huge_batch, {1, 2}); }, {"batches.txt':2:", "split the batch"});
+  // One document of 2^31-2 tokens fits cp 1, but not CP sizes 1 and 2: batches of both are
+  // multiples of 4 rows.
+  const DocumentBatches longest{"", {{(int64_t{1} << 31) - 2}}, {}};
+  EXPECT_EQ(min_tokens_for(longest, {1}), (int64_t{1} << 31) - 2);
+  test::expect_error([&] { min_tokens_for(longest, {1, 2}); },
+                     {"batch 0", "more than 2^31-1 rows", "the batch to 4", "split the batch"});
+
+  EXPECT_EQ(capacity_metadata_bytes(int64_t{1} << 31), 2 * ((int64_t{1} << 31) + 1) * 4 + 2 * (int64_t{1} << 31) * 32);
+  test::expect_error([&] { capacity_metadata_bytes((int64_t{1} << 31) + 1); }, {"max_seqs=2147483649"});
 }
 
 TEST(Planner, RecommendsTheNeverFallbackValueWhenItIsCheap) {
