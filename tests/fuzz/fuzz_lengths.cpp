@@ -33,11 +33,9 @@ using thdcp::DocumentLengths;
 using thdcp::LongDocuments;
 
 // The most documents or batches an input is planned with: planning is linear in them, and
-// its pair balance is quadratic in the CP sizes (kMaxWork) and linear in the tokens
-// (kMaxTokenWork: it counts the pairs of every query row; findings/README.md, finding 1).
+// its pair balance is quadratic in the CP sizes (kMaxWork).
 constexpr int64_t kMaxItems = 20000;
 constexpr int64_t kMaxWork = 2000000;
-constexpr int64_t kMaxTokenWork = 4000000;
 
 struct Knobs {
   int64_t tokens = 64;
@@ -94,13 +92,11 @@ auto attempt(F&& f) -> std::optional<decltype(f())> {
   }
 }
 
-// The pair balance builds a table per batch, rank and CP size, and visits every query row of
-// it once per CP size.
-bool plannable(int64_t documents, int64_t batches, int64_t tokens, const std::vector<int>& cp_sizes) {
+// The pair balance builds a table per batch, rank and CP size.
+bool plannable(int64_t documents, int64_t batches, const std::vector<int>& cp_sizes) {
   int64_t work = 0;
   for (int cp : cp_sizes) work += static_cast<int64_t>(std::clamp(cp, 1, 4096)) * std::clamp(cp, 1, 4096);
-  return documents <= kMaxItems && batches <= kMaxItems && work * (documents + batches) <= kMaxWork &&
-         tokens <= kMaxTokenWork / static_cast<int64_t>(std::max<size_t>(cp_sizes.size(), 1));
+  return documents <= kMaxItems && batches <= kMaxItems && work * (documents + batches) <= kMaxWork;
 }
 
 int64_t total(const std::vector<int64_t>& lengths) {
@@ -133,7 +129,7 @@ void plan_lengths(const DocumentLengths& documents, const Knobs& k) {
   if (!size) return;
   FUZZ_CHECK(size->documents >= static_cast<int64_t>(documents.lengths.size()), "a policy never drops documents");
   (void)thdcp::planning_bytes(*size, thdcp::document_bytes(documents));
-  if (!plannable(size->documents, size->batches, total(documents.lengths), k.cp_sizes)) return;
+  if (!plannable(size->documents, size->batches, k.cp_sizes)) return;
 
   int64_t touched = -1;
   const auto fitted =
@@ -180,12 +176,9 @@ void plan_lengths(const DocumentLengths& documents, const Knobs& k) {
 // Planning the batches of a batches file: at the smallest tokens that hold them, and at the
 // knob's.
 void plan_batches(const DocumentBatches& batches, const Knobs& k) {
-  int64_t documents = 0, tokens_in_all = 0;
-  for (const auto& batch : batches.batches) {
-    documents += static_cast<int64_t>(batch.size());
-    tokens_in_all += total(batch);
-  }
-  if (!plannable(documents, static_cast<int64_t>(batches.batches.size()), tokens_in_all, k.cp_sizes)) return;
+  int64_t documents = 0;
+  for (const auto& batch : batches.batches) documents += static_cast<int64_t>(batch.size());
+  if (!plannable(documents, static_cast<int64_t>(batches.batches.size()), k.cp_sizes)) return;
   const auto tokens = attempt([&] { return thdcp::min_tokens_for(batches, k.cp_sizes); });
   thdcp::PlanOptions options;
   options.cp_sizes = k.cp_sizes;

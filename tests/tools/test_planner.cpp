@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -410,6 +411,24 @@ TEST(Planner, CountPackingMatchesWhatPackingBuilds) {
       }
     }
   }
+}
+
+// The pair balance counts each segment in closed form (segment_pairs): a batch of one
+// 2^31-16-token document plans in microseconds, not the seconds a count per query row took
+// (5 s for this batch in Release, far more under the sanitizers; tests/fuzz findings, 1).
+// The bound is generous for a loaded machine and far below the per-row cost.
+TEST(Planner, PairBalanceTakesTimePerDocumentNotPerToken) {
+  const int64_t length = (int64_t{1} << 31) - 16;
+  DocumentBatches input;
+  input.batches = {{length}};
+  PlanOptions options;
+  options.tokens = length;
+  const auto start = std::chrono::steady_clock::now();
+  const CapacityPlan plan = plan_capacity(input, options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 0.5);
+  ASSERT_EQ(plan.per_cp.size(), 4u);
+  for (const CpPlan& cp : plan.per_cp) EXPECT_EQ(cp.balance.total_pairs, length * (length + 1) / 2);
 }
 
 // A document of 2^31-1 tokens split for batches of 16 rows makes 2^27 pieces: counted in no
