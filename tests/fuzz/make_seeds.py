@@ -102,6 +102,7 @@ def npy_seeds():
     write(t, "load_heads_flag", load(128, base))
     write(t, "load_missing_v", load(0, base[:2]))
     write(t, "load_bad_offsets", load(0, base[:3] + [npy("<i4", (3,), i32([0, 9, 8]))]))
+    write(t, "load_empty_offsets", load(0, base[:3] + [npy("<i8", (0,), b"")]))
 
 
 # ---- fuzz_lengths: lengths and batches files ------------------------------------------------
