@@ -380,7 +380,8 @@ int64_t capacity_metadata_bytes(int64_t max_seqs) {
 }
 
 CapacityPlan plan_capacity(const DocumentBatches& input, const PlanOptions& options) {
-  check_cp_sizes(options.cp_sizes);
+  // Also checks the CP sizes, and that 2*cp of each fits an int32 row count.
+  const int64_t alignment = packing_alignment(options.cp_sizes);
   THDCP_CHECK(options.tokens >= 1, "tokens=" << options.tokens << " must be >= 1 (rows per batch)");
   THDCP_CHECK(options.tokens <= kMaxBatchRows, "tokens=" << options.tokens << " is more rows than a batch holds: "
                                                          << "layouts' offsets are int32, so lower tokens to at most "
@@ -391,8 +392,8 @@ CapacityPlan plan_capacity(const DocumentBatches& input, const PlanOptions& opti
   THDCP_CHECK(!input.batches.empty(), source << ": no batches: give at least one");
   for (int cp : options.cp_sizes) {
     THDCP_CHECK(options.tokens % (2 * static_cast<int64_t>(cp)) == 0,
-                "tokens=" << options.tokens << " is not a multiple of 2*cp=" << 2 * cp
-                          << ": round it to a multiple of " << packing_alignment(options.cp_sizes));
+                "tokens=" << options.tokens << " is not a multiple of 2*cp=" << 2 * static_cast<int64_t>(cp)
+                          << ": round it to a multiple of " << alignment);
   }
   for (size_t b = 0; b < input.batches.size(); ++b) {
     const auto& batch = input.batches[b];
@@ -409,15 +410,15 @@ CapacityPlan plan_capacity(const DocumentBatches& input, const PlanOptions& opti
                                              << ": no tokens holds it (int32 offsets); split the batch");
       THDCP_CHECK(rows <= options.tokens, where(input.source, input.lines, b)
                                               << "batch " << b << " needs " << rows
-                                              << " rows with its documents padded to multiples of 2*cp=" << 2 * cp
-                                              << " but tokens=" << options.tokens
+                                              << " rows with its documents padded to multiples of 2*cp="
+                                              << 2 * static_cast<int64_t>(cp) << " but tokens=" << options.tokens
                                               << ": raise tokens to at least " << rows);
     }
   }
 
   CapacityPlan plan;
   plan.tokens = options.tokens;
-  plan.packing_alignment = packing_alignment(options.cp_sizes);
+  plan.packing_alignment = alignment;
   plan.docs_per_batch = docs_per_batch(input);
   const DocsPerBatch& d = plan.docs_per_batch;
   for (int cp : options.cp_sizes) {

@@ -122,5 +122,17 @@ TEST(CpErrors, MisalignedLayoutIsRejected) {
                      "is not a multiple of 2*cp=4");
 }
 
+// A plan's message prints 2*cp in 64 bits: from cp = 2^30 on it does not fit an int (signed
+// overflow under UBSan before; tests/fuzz findings, 4).
+TEST(CpErrors, MessagesPrintTwiceTheLargestCp) {
+  cp::Problem problem;
+  problem.cp = 1 << 30;
+  problem.capacity = Capacity{1, 16};
+  problem.q_heads = problem.kv_heads = 1;
+  problem.head_dim = 16;
+  EXPECT_THDCP_ERROR(run_in_process(1, [&](Communicator& comm) { cp::CpuPlan plan(comm, problem); }),
+                     "capacity.max_tokens=16 is not a multiple of 2*cp=2147483648");
+}
+
 }  // namespace
 }  // namespace thdcp

@@ -211,7 +211,7 @@ void plan_capacity(Program& p, const Lengths& l) {
   v.tokens = p.u8() < 240 ? 16 * (1 + p.u8() % 64) : p.value_i64();
   const double budgets[] = {0.01, 0.0, 1.0, 0.5, -0.1, std::numeric_limits<double>::quiet_NaN(), 1.5, 0.01};
   v.fallback_budget = budgets[p.u8() % 8];
-  v.cp_size = avoiding_finding_4(decode_cp(p));
+  v.cp_size = decode_cp(p);
   const uint8_t long_docs = p.u8();
   v.long_documents = long_docs < 240 ? long_docs % 3 : p.value_i32();
   const ParamsBuffer<thdcp_capacity_plan_params> params(p, v, THDCP_CAPACITY_PLAN_PARAMS_MIN_SIZE);

@@ -227,11 +227,6 @@ int32_t raw_value(const Enum& e) {
   return v;
 }
 
-// Known finding 4 (findings/README.md): thdcp_plan_capacity and the checks of thdcp_cp_params
-// compute 2 * cp_size in int for their messages, which overflows from 2^30 on. Until that is
-// fixed, CP sizes given to them stay below 2^30, so that CI fuzzes everything else.
-inline int32_t avoiding_finding_4(int32_t cp_size) { return std::min(cp_size, (int32_t{1} << 30) - 1); }
-
 inline size_t dtype_bytes(int32_t dtype) { return dtype == THDCP_DTYPE_FP32 ? 4 : 2; }
 
 // A THD tensor argument and the memory behind it. decode_tensor describes the tensor the call

@@ -311,7 +311,7 @@ class Harness {
     v.kv_heads = p_.value_i64();
     v.head_dim = p_.value_i64();
     const uint8_t cp = p_.u8();
-    v.cp_size = avoiding_finding_4(cp < 240 ? group_size : p_.value_i32());
+    v.cp_size = cp < 240 ? group_size : p_.value_i32();
     v.max_seqs = p_.value_i32();
     v.window_left = p_.value_i32();
     v.window_right = p_.value_i32();

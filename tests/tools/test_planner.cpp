@@ -326,6 +326,12 @@ TEST(Planner, RefusesTokensAndBatchesBeyondInt32Offsets) {
   test::expect_error([&] { min_tokens_for(longest, {1, 2}); },
                      {"batch 0", "more than 2^31-1 rows", "the batch to 4", "split the batch"});
 
+  // 2*cp of a CP size from 2^30 on does not fit an int (signed overflow in a message before;
+  // tests/fuzz findings, 4): refused first, as no batch of int32 rows aligns to it.
+  options.cp_sizes = {1 << 30};
+  options.tokens = 64;
+  test::expect_error([&] { plan_capacity(input, options); }, {"no common alignment below 2^31 rows"});
+
   EXPECT_EQ(capacity_metadata_bytes(int64_t{1} << 31), 2 * ((int64_t{1} << 31) + 1) * 4 + 2 * (int64_t{1} << 31) * 32);
   test::expect_error([&] { capacity_metadata_bytes((int64_t{1} << 31) + 1); }, {"max_seqs=2147483649"});
 }
