@@ -179,8 +179,11 @@ inline Lengths decode_lengths(Program& p) {
 struct Layout {
   std::vector<int32_t> cu, padded;
   thdcp_layout_t c{};
-  // The rows the layout claims (cu_seqlens_padded[num_seqs]), or -1 when it has no arrays.
-  int64_t total_rows() const { return c.cu_seqlens_padded && c.num_seqs >= 0 ? padded[c.num_seqs] : -1; }
+  // The rows the layout claims (cu_seqlens_padded[num_seqs] of the array the call is given,
+  // which may be `cu`), or -1 when it has none.
+  int64_t total_rows() const {
+    return c.cu_seqlens_padded && c.num_seqs >= 0 ? c.cu_seqlens_padded[c.num_seqs] : -1;
+  }
 };
 
 // `rows`: when > 0 and the built layout has fewer padded rows, its last sequence's padding
