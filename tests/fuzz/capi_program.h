@@ -245,11 +245,6 @@ struct Tensor {
   const thdcp_tensor_t* get() const { return null ? nullptr : &t; }
 };
 
-// Known finding 5 (findings/README.md): the CPU backend of a CP plan reads k and v and writes
-// dk and dv as if contiguous, whatever their strides. Until that is fixed, CP steps are given
-// no strided tensor (true: the step is skipped).
-inline bool avoiding_finding_5(const Tensor& t) { return t.t.row_stride != 0 || t.t.head_stride != 0; }
-
 constexpr int64_t kMaxTensorBytes = int64_t{1} << 22;
 
 // Bytes from data to the end of the last element, or -1 when a dimension or stride is

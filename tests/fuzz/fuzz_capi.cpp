@@ -463,7 +463,7 @@ class Harness {
         decode_tensor(p_, local, a.kv_heads, a.head_dim, a.dtype, 0, r.dv);
       }
       for (const Tensor* t : {&r.q, &r.k, &r.v, &r.out, &r.dout, &r.dq, &r.dk, &r.dv}) {
-        if (!t->ok || avoiding_finding_5(*t)) return;
+        if (!t->ok) return;
       }
     }
     on_ranks(n, [&](int i) {
