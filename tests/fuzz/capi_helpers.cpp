@@ -76,13 +76,14 @@ void padded_rows(Program& p, const Lengths& l, int cp) {
   }
 }
 
-// Layout arrays of `entries` int32 each, as the call's output (or NULL when they cannot be).
+// Layout arrays of `sequences` + 1 int32 each, as the call's output (or NULL when they cannot
+// be: a count the call must refuse, or one memory cannot back).
 struct LayoutOut {
   std::vector<int32_t> cu, padded;
   bool null = false;
-  LayoutOut(Program& p, int64_t entries) {
-    null = entries < 1 || entries > kMaxDocuments + 1 || p.u8() == 255;
-    cu.assign(null ? 1 : static_cast<size_t>(entries), -7);
+  LayoutOut(Program& p, int64_t sequences) {
+    null = sequences < 0 || sequences > kMaxDocuments || p.u8() == 255;
+    cu.assign(null ? 1 : static_cast<size_t>(sequences) + 1, -7);
     padded.assign(cu.size(), -7);
   }
   int32_t* cu_arg() { return null ? nullptr : cu.data(); }
@@ -103,7 +104,7 @@ std::vector<int64_t> nonzero(const Lengths& l) {
 }
 
 void make_layout(Program& p, const Lengths& l, int cp) {
-  LayoutOut out(p, l.count + 1);
+  LayoutOut out(p, l.count);
   const thdcp_status_t status = CALL(thdcp_make_layout, l.data(), l.count, cp, out.cu_arg(), out.padded_arg());
   if (status != THDCP_SUCCESS) {
     FUZZ_CHECK(out.untouched(), "a refused thdcp_make_layout wrote its arrays");
@@ -158,7 +159,7 @@ void check_fit(Program& p, const Lengths& l, int cp) {
 
 void capacity_layout(Program& p, const Lengths& l, int cp) {
   const thdcp_capacity_t c = decode_capacity(p);
-  LayoutOut out(p, int64_t{c.max_seqs} + 1);
+  LayoutOut out(p, c.max_seqs);
   const thdcp_status_t status =
       CALL(thdcp_capacity_layout, l.data(), l.count, cp, &c, out.cu_arg(), out.padded_arg());
   if (status != THDCP_SUCCESS) {
