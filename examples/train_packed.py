@@ -18,11 +18,24 @@ import random
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
-import thdcp
+def needs(what):
+    """What this example needs and did not find: one line, exit code 2 (no traceback)."""
+    rank = os.environ.get("RANK")
+    print("train_packed.py%s: %s" % (" (rank %s)" % rank if rank else "", what), file=sys.stderr)
+    sys.exit(2)
+
+
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+except ImportError as e:
+    needs("needs PyTorch (%s): install it, then thdcp (pip install . in the thdcp repository)" % e)
+try:
+    import thdcp
+except ImportError as e:
+    needs("needs the thdcp package (%s): pip install . in the thdcp repository" % e)
 
 VOCAB, WIDTH, LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM = 1024, 512, 4, 8, 2, 64
 
@@ -122,7 +135,18 @@ def main():
     parser.add_argument("--lr", type=float, default=3e-3)
     args = parser.parse_args()
 
+    # It trains on the GPU and replays CUDA graphs: without one, say so (thdcp itself also runs
+    # on the CPU: thdcp.attention on CPU tensors).
+    if not torch.cuda.is_available():
+        needs("needs a CUDA GPU (it trains on the GPU and replays CUDA graphs), and PyTorch sees none here; "
+              "thdcp.attention also runs on CPU tensors (README, PyTorch)")
+    if not thdcp.built_with_cuda():
+        needs("needs thdcp's CUDA operators, and this thdcp was built without them (no nvcc, or a CPU-only "
+              "PyTorch, when it was installed): reinstall it where nvcc and a CUDA PyTorch are present")
     distributed = "RANK" in os.environ
+    if distributed and int(os.environ["LOCAL_RANK"]) >= torch.cuda.device_count():
+        needs("needs a GPU per process: LOCAL_RANK %s, but %d GPU(s) visible (lower --nproc-per-node)"
+              % (os.environ["LOCAL_RANK"], torch.cuda.device_count()))
     if distributed:
         local_rank = int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local_rank)

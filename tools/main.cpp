@@ -38,6 +38,33 @@ int launcher_rank() {
   return 0;
 }
 
+// How many processes the launcher started (1 without one).
+int launcher_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}) {
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  }
+  return 1;
+}
+
+// Processes of one launch that MPI cannot join would each run the whole job alone (srun
+// whose MPI plugin is "none", the default of many Slurm installations; a thdcp built without
+// MPI under mpirun). Empty when that is not the case.
+std::string lone_processes_problem() {
+  const int size = launcher_size();
+  if (size <= 1) return "";
+  if (!thdcp::mpi::launched_by_mpi()) {
+    return "srun started " + std::to_string(size) + " tasks, but MPI did not reach them (no PMIX_RANK or PMI_SIZE "
+           "in the environment), so each would run the whole job alone: give srun --mpi=pmix (srun --mpi=list shows "
+           "what your Slurm offers), or start one task";
+  }
+  if (!thdcp::mpi::built_with_mpi()) {
+    return "the launcher started " + std::to_string(size) + " processes, but this thdcp was built without MPI, so "
+           "each would run the whole job alone: rebuild it with MPI (scripts/build.sh installs Open MPI), or start one "
+           "process (thdcp run --cp N, or --gpus N)";
+  }
+  return "";
+}
+
 // What to change when a command ran out of memory: its sizes, or the limit. The command's
 // estimate (io/memory_budget.h) refuses most such runs before they allocate; this is for the
 // rest (another limit, an estimate that fell short).
@@ -97,6 +124,11 @@ int main(int argc, char** argv) {
   std::string command_name;
   int code = 0;
   try {
+    if (const std::string problem = lone_processes_problem(); !problem.empty()) {
+      // Every process refuses; the first says why, once.
+      if (launcher_rank() == 0) std::fprintf(stderr, "thdcp: error: %s\n", problem.c_str());
+      return 2;
+    }
     if (thdcp::mpi::launched_by_mpi() && thdcp::mpi::built_with_mpi()) {
       mpi_session = std::make_unique<thdcp::mpi::Session>(&argc, &argv);
       thdcp::tools::enable_rank_agreement();

@@ -55,8 +55,9 @@ if ! printf '%s\n' "$output" | grep -- "$regex" | grep -qF "thdcp: error $tag: "
 fi
 if [ "$case" != after ] && printf '%s\n' "$output" | grep -q "result: "; then echo "FAIL: a rank ran the job"; exit 1; fi
 if [ "$case" = after ]; then
-  # After the collectives the failing rank ends the job; nothing was written.
-  if ! printf '%s\n' "$output" | grep -q "MPI_ABORT"; then echo "FAIL: rank 0 did not end the job"; exit 1; fi
+  # After the collectives the failing rank ends the job (MPI_Abort: exit 2 within the time
+  # above); nothing was written. Open MPI's own banner about the abort is not checked: about one
+  # run in three it prints an ORTE_ERROR_LOG line from its help system instead.
   if [ "$(ls -A "$work")" != run.json ]; then echo "FAIL: left in $work: $(ls -A "$work")"; exit 1; fi
 else
   # The ranks agreed and exited; none had to end the job with MPI_Abort.

@@ -1,10 +1,12 @@
 """thdcp.cp_attention over torch.distributed (NCCL, one process per GPU), against
-thdcp.attention on the whole batch on each rank's GPU; then the CP step captured in a CUDA
+thdcp.attention on the whole batch on each rank's GPU; thdcp.te.DotProductAttention with the
+world as its CP group, equal to cp_attention bit for bit; then the CP step captured in a CUDA
 graph and replayed on a new packing of the same capacity, equal to eager bit for bit.
 
     torchrun --nproc-per-node N tests/torch/cp_worker.py     # cp = N (N = 1 on one GPU)
 Prints 'cp_worker: PASS ...' on rank 0; exits nonzero on any mismatch.
 """
+import math
 import os
 import random
 import sys
@@ -45,6 +47,26 @@ def main():
         for got, want in zip(grads, ref_grads):
             torch.testing.assert_close(got, thdcp.cp_split(want, cu_padded, cp, rank), rtol=2e-2, atol=2e-2)
         checked += 1
+
+    # thdcp.te.DotProductAttention with the world as its CP group (TransformerEngine's THD
+    # arguments): the bits of cp_attention (thdcp.attention at cp = 1), forward and backward.
+    module = thdcp.te.DotProductAttention(hq, d, num_gqa_groups=hkv, attn_mask_type="padding_causal",
+                                          cp_group=dist.group.WORLD, cp_comm_type="all_gather")
+    ql, kl, vl = (thdcp.cp_split(t, cu_padded, cp, rank).requires_grad_() for t in (q, k, v))
+    te_out = module(ql, kl, vl, cu_seqlens_q=cu_d, cu_seqlens_kv=cu_d, cu_seqlens_q_padded=cu_padded_d,
+                    cu_seqlens_kv_padded=cu_padded_d, pad_between_seqs=True)
+    same = [t.detach().clone().requires_grad_() for t in (ql, kl, vl)]
+    scale = 1.0 / math.sqrt(d)
+    want = (thdcp.cp_attention(*same, cu_d, cu_padded_d, comm=comm, softmax_scale=scale) if cp > 1
+            else thdcp.attention(*same, cu_d, cu_padded_d, softmax_scale=scale))
+    dout_local = thdcp.cp_split(dout, cu_padded, cp, rank)
+    te_grads = torch.autograd.grad(te_out, (ql, kl, vl), dout_local.reshape(te_out.shape))
+    want_grads = torch.autograd.grad(want, same, dout_local)
+    if not torch.equal(te_out, want.reshape(te_out.shape)) or not all(
+            torch.equal(a, b) for a, b in zip(te_grads, want_grads)):
+        print("cp_worker: rank %d: thdcp.te.DotProductAttention differs from cp_attention" % rank, file=sys.stderr)
+        sys.exit(1)
+    checked += 1
 
     # Capture: static local tensors of one capacity, replayed on new packings.
     max_seqs, max_tokens = 8, 2048 * cp
@@ -88,8 +110,9 @@ def main():
     torch.cuda.synchronize()
     dist.barrier()
     if rank == 0:
-        print("cp_worker: PASS cp=%d: %d checks (3 masks vs single-device attention, fwd+bwd; "
-              "3 graph replays on new packings equal eager bit for bit)" % (cp, checked))
+        print("cp_worker: PASS cp=%d: %d checks (3 masks vs single-device attention, fwd+bwd; thdcp.te over the "
+              "group equal to cp_attention bit for bit; 3 graph replays on new packings equal eager bit for bit)"
+              % (cp, checked))
     del graph
     comm.close()
     dist.destroy_process_group()

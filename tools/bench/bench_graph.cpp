@@ -36,6 +36,22 @@ namespace thdcp::tools {
 
 namespace {
 
+const char* kHelp =
+    "usage: thdcp bench --graph [options]\n"
+    "\n"
+    "What CUDA graphs save on a step of many small launches: L layers of RoPE + AllGather CP\n"
+    "attention forward, then backward (Hq 32, Hkv 8, D 128, bf16, causal), on packs of short\n"
+    "lognormal documents, the ranks sharing GPU 0. Per (rows per rank, cp): eager and replay\n"
+    "ms (host wall clock of one step), kernel ms (one eager step queued whole before it\n"
+    "starts), and the bank's memory. Each replay is checked against eager, bit for bit, first.\n"
+    "\n"
+    "  --layers L          attention layers per step (8)\n"
+    "  --tokens T[,T...]   rows per rank (4096,16384)\n"
+    "  --cp N[,N...]       CP sizes (1,2)\n"
+    "  --median N          median document length (200; longest 2048)\n"
+    "  --seed N            seed of lengths and data (1)\n"
+    "  --iters N           timed steps; the median is reported (10)\n";
+
 // Seconds a rank waits for its stream (the shared-GPU communicator's synchronize).
 constexpr double kSyncTimeout = 300;
 
@@ -191,7 +207,11 @@ GraphTiming time_graph(int cp, int64_t rows_per_rank, const GraphStepShape& shap
 }  // namespace
 
 int bench_graph_command(const std::vector<std::string>& argv) {
-  const Args args(without(argv, "--graph"), {"layers", "tokens", "cp", "median", "seed", "iters"}, {});
+  const Args args(without(argv, "--graph"), {"layers", "tokens", "cp", "median", "seed", "iters"}, {"help"});
+  if (args.has("help")) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
   GraphStepShape shape;
   shape.layers = static_cast<int>(args.get_int("layers", 8, 1, 64));
   shape.q_heads = 32;

@@ -41,6 +41,7 @@
 #include "bench/harness.h"
 #include "bench/scaling_runs.h"
 #include "io/args.h"
+#include "step/visible_gpus.h"
 #include "thdcp/comm/communicator.h"
 #include "thdcp/comm_device/nccl.h"
 #include "thdcp/core/cuda_check.h"
@@ -261,18 +262,13 @@ Options parse_options(const Args& args) {
 // multicast (NVLS), which must stay off on these hosts; NCCL reads the variable at init.
 // Returns what the run says about NCCL_NVLS_ENABLE.
 std::string check_environment(const Options& o) {
-  int visible = 0;
-  const cudaError_t status = cudaGetDeviceCount(&visible);
   std::string why_none;
-  if (status != cudaSuccess) {
-    visible = 0;
-    why_none = std::string(" (") + cudaGetErrorString(status) + ")";
-    (void)cudaGetLastError();
-  }
+  const int visible = visible_gpus(&why_none);
   const int most = *std::max_element(o.cps.begin(), o.cps.end());
   if (most > visible) {
     throw UsageError("--gpus " + std::to_string(most) + ": only " + std::to_string(visible) + " GPU(s) are visible" +
-                     why_none + "; AllGather CP over NCCL needs a GPU per rank (check CUDA_VISIBLE_DEVICES)");
+                     (visible == 0 ? " (" + why_none + ")" : std::string()) +
+                     "; AllGather CP over NCCL needs a GPU per rank (check CUDA_VISIBLE_DEVICES)");
   }
   if (!nccl::built_with_nccl()) throw UsageError("--scaling needs NCCL: this thdcp was built without it");
   if (const char* nvls = std::getenv("NCCL_NVLS_ENABLE")) {

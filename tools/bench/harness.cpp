@@ -6,19 +6,15 @@
 #include <cstring>
 
 #include "io/args.h"
+#include "step/visible_gpus.h"
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/testing/workload.h"
 
 namespace thdcp::tools {
 
 void require_gpu(const char* what) {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status == cudaSuccess && count > 0) return;
-  (void)cudaGetLastError();
-  throw UsageError(std::string(what) + " times CUDA kernels and needs a GPU: " +
-                   (status != cudaSuccess ? std::string("no CUDA device (") + cudaGetErrorString(status) + ")"
-                                          : std::string("no CUDA device is visible")));
+  std::string no_gpu;
+  if (visible_gpus(&no_gpu) == 0) throw UsageError(std::string(what) + " times CUDA kernels and needs a GPU: " + no_gpu);
 }
 
 cudaDeviceProp device_properties(int device) {

@@ -5,8 +5,53 @@
 #include <cstdlib>
 #include <cstring>
 #include <cctype>
+#include <string>
+#include <vector>
 
 namespace thdcp::tools {
+
+namespace {
+
+// Edits (insert, delete, replace a character) between two option names: a typo is one or two.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// "unknown option '--gpu' (did you mean --gpus?); the options are --backend, ... (see --help)":
+// every option the command accepts, from the lists it parses with, so the message (and the
+// test that checks each of them appears in --help: tests/cli/check_help_flags.py) cannot
+// miss one.
+UsageError unknown_option(const std::string& name, const std::vector<std::string>& value_flags,
+                          const std::vector<std::string>& switches) {
+  std::string options, closest;
+  size_t closest_distance = 3;  // suggest only a name one or two edits away
+  for (const auto* list : {&value_flags, &switches}) {
+    for (const std::string& option : *list) {
+      options += (options.empty() ? "--" : ", --") + option;
+      const size_t distance = edit_distance(name, option);
+      if (distance < closest_distance && distance < option.size()) {
+        closest_distance = distance;
+        closest = option;
+      }
+    }
+  }
+  std::string message = "unknown option " + quote_excerpt("--" + name);
+  if (!closest.empty()) message += " (did you mean --" + closest + "?)";
+  return UsageError(message + "; the options are " + options + " (see --help)");
+}
+
+}  // namespace
 
 Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>& value_flags,
            const std::vector<std::string>& switches) {
@@ -29,9 +74,7 @@ Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>&
       inline_value = true;
     }
     const bool is_switch = contains(switches, name);
-    if (!is_switch && !contains(value_flags, name)) {
-      throw UsageError("unknown option " + quote_excerpt("--" + name) + " (see --help)");
-    }
+    if (!is_switch && !contains(value_flags, name)) throw unknown_option(name, value_flags, switches);
     if (values_.count(name)) throw UsageError("--" + name + " is given twice: give it once");
     if (is_switch) {
       if (inline_value) throw UsageError("--" + name + " takes no value");

@@ -20,8 +20,9 @@ class UsageError : public Error {
 class Args {
  public:
   // `value_flags` take a value; `switches` do not. Both without the leading "--". Refused
-  // with UsageError: unknown options, a flag given twice, an empty value, a value that is
-  // itself an option ("--cp --tokens 64"). "-h" means "--help" where "help" is a switch.
+  // with UsageError: unknown options (the message names every option of both lists, and the
+  // nearest one to a typo), a flag given twice, an empty value, a value that is itself an
+  // option ("--cp --tokens 64"). "-h" means "--help" where "help" is a switch.
   Args(const std::vector<std::string>& argv, const std::vector<std::string>& value_flags,
        const std::vector<std::string>& switches);
 

@@ -15,6 +15,7 @@
 
 #include "step/cuda_handles.h"
 #include "step/device_step.h"
+#include "step/visible_gpus.h"
 #include "thdcp/comm/mpi.h"
 #include "thdcp/comm_device/nccl.h"
 #include "thdcp/comm_device/shared_gpu.h"
@@ -37,14 +38,8 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
   std::string unsupported;
   if (c.dtype == DType::kFloat32) unsupported = "fp32 storage";
   if (!cuda::cuda_supports_head_dim(c.head_dim)) unsupported = "head_dim " + std::to_string(c.head_dim);
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
   std::string no_device;
-  if (status != cudaSuccess || count == 0) {
-    no_device = status != cudaSuccess ? std::string("no CUDA device: ") + cudaGetErrorString(status)
-                                      : std::string("no CUDA device");
-    (void)cudaGetLastError();
-  }
+  const int count = visible_gpus(&no_device);
   // Processes of this node that would each need a GPU of their own (NCCL refuses two ranks
   // on one device).
   std::string crowded;

@@ -23,6 +23,7 @@
 #include "io/progress.h"
 #include "step/cuda_handles.h"
 #include "step/graph_step.h"
+#include "step/visible_gpus.h"
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/graph/cp_groups.h"
@@ -58,7 +59,8 @@ const char* kRunGraphHelp =
     "  --mask M           causal (default) or full; --window L,R for a sliding window\n"
     "  --rope R           neox (default), gptj or none\n"
     "  --check-every K    check every K-th step against eager (default 3; 1 checks all)\n"
-    "  --seed S           seed of lengths and values (default 1)\n";
+    "  --seed S           seed of lengths and values (default 1)\n"
+    "  --quiet            accepted as in thdcp run; this mode shows no progress line\n";
 
 // Used by the CUDA build only (parse() below); a CPU-only build just refuses --graph.
 [[maybe_unused]] std::vector<int> parse_sizes(const std::string& text) {
@@ -407,11 +409,8 @@ int run_graph_command(const std::vector<std::string>& argv) {
     return 0;
   }
   const GraphRunConfig c = parse(args);
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    (void)cudaGetLastError();
-    throw UsageError("--graph captures CUDA graphs and needs a GPU: none is visible");
-  }
+  std::string no_gpu;
+  if (visible_gpus(&no_gpu) == 0) throw UsageError("--graph captures CUDA graphs and needs a GPU: " + no_gpu);
   cudaDeviceProp prop{};
   THDCP_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const Batches batches = draw_batches(c);
