@@ -170,6 +170,34 @@ void check_layout(const LayoutView& layout, const Problem& p) {
   validate_layout(layout, p.capacity.max_tokens, p.cp);
 }
 
+// The CPU step set gathers k and v and casts dk and dv as contiguous rows, and the CPU
+// reference it runs takes contiguous q, out, dout and dq: a strided view is refused, naming
+// it, as the reference refuses it (the CUDA step set packs and casts through strides).
+void check_contiguous(const char* name, const ConstThdTensor& t) {
+  THDCP_CHECK(t.contiguous(), name << " is strided (row_stride=" << t.row_stride << ", head_stride=" << t.head_stride
+                                   << "): the CPU backend of a CP plan takes contiguous tensors; copy it into one");
+}
+
+void check_cpu_forward(const Problem& p, const ForwardTensors& t) {
+  detail::check_forward_tensors(p, t);
+  check_contiguous("q", t.q);
+  check_contiguous("k", t.k);
+  check_contiguous("v", t.v);
+  check_contiguous("out", t.out);
+}
+
+void check_cpu_backward(const Problem& p, const BackwardTensors& t) {
+  detail::check_backward_tensors(p, t);
+  check_contiguous("q", t.q);
+  check_contiguous("k", t.k);
+  check_contiguous("v", t.v);
+  check_contiguous("out", t.out);
+  check_contiguous("dout", t.dout);
+  check_contiguous("dq", t.dq);
+  check_contiguous("dk", t.dk);
+  check_contiguous("dv", t.dv);
+}
+
 }  // namespace
 
 CpuPlan::CpuPlan(Communicator& comm, const Problem& problem, const AttentionOptions& options)
@@ -208,14 +236,14 @@ CpuPlan::CpuPlan(Communicator& comm, const Problem& problem, const AttentionOpti
 
 void CpuPlan::forward(const LayoutView& layout, const ForwardTensors& tensors, Timings* timings) {
   check_layout(layout, problem_);
-  detail::check_forward_tensors(problem_, tensors);
+  check_cpu_forward(problem_, tensors);
   CpuSteps steps(comm_, problem_, options_, *buffers_, layout, timings);
   detail::run_forward(steps, tensors);
 }
 
 void CpuPlan::backward(const LayoutView& layout, const BackwardTensors& tensors, Timings* timings) {
   check_layout(layout, problem_);
-  detail::check_backward_tensors(problem_, tensors);
+  check_cpu_backward(problem_, tensors);
   // The fp32 gradient buffers are the largest; only a backward needs them.
   const size_t kv_elements = static_cast<size_t>(problem_.capacity.max_tokens * problem_.kv_heads * problem_.head_dim);
   for (int i = 0; i < 2; ++i) {
@@ -276,7 +304,7 @@ void forward(Communicator& comm, const LayoutView& layout, const Mask& mask, Con
              ConstThdTensor v, ThdTensor out, float* lse, float* max_logit, const AttentionOptions& options,
              Timings* timings) {
   const ForwardTensors tensors{q, k, v, out, lse, max_logit};
-  one_shot(comm, layout, mask, tensors, options, timings, detail::check_forward_tensors,
+  one_shot(comm, layout, mask, tensors, options, timings, check_cpu_forward,
            [&](CpuPlan& plan) { plan.forward(layout, tensors, timings); });
 }
 
@@ -284,7 +312,7 @@ void backward(Communicator& comm, const LayoutView& layout, const Mask& mask, Co
               ConstThdTensor v, ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
               ThdTensor dv, const AttentionOptions& options, Timings* timings) {
   const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
-  one_shot(comm, layout, mask, tensors, options, timings, detail::check_backward_tensors,
+  one_shot(comm, layout, mask, tensors, options, timings, check_cpu_backward,
            [&](CpuPlan& plan) { plan.backward(layout, tensors, timings); });
 }
 

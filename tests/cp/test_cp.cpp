@@ -122,5 +122,60 @@ TEST(CpErrors, MisalignedLayoutIsRejected) {
                      "is not a multiple of 2*cp=4");
 }
 
+// A plan's message prints 2*cp in 64 bits: from cp = 2^30 on it does not fit an int (signed
+// overflow under UBSan before; tests/fuzz findings, 4).
+TEST(CpErrors, MessagesPrintTwiceTheLargestCp) {
+  cp::Problem problem;
+  problem.cp = 1 << 30;
+  problem.capacity = Capacity{1, 16};
+  problem.q_heads = problem.kv_heads = 1;
+  problem.head_dim = 16;
+  EXPECT_THDCP_ERROR(run_in_process(1, [&](Communicator& comm) { cp::CpuPlan plan(comm, problem); }),
+                     "capacity.max_tokens=16 is not a multiple of 2*cp=2147483648");
+}
+
+// The CPU step set gathers k and v and casts dk and dv as contiguous rows: a strided view
+// (here rows padded to 3 heads) is refused, naming it, by a plan's steps and by a one-shot
+// call's agreement. Before, it was read or written as if contiguous: wrong rows, or past the
+// memory of a view whose rows overlap (tests/fuzz findings, 5).
+TEST(CpErrors, StridedTensorsAreRefused) {
+  const BatchLayout layout = make_layout({10, 6}, 2);
+  const int64_t rows = layout.total_rows() / 2;
+  cp::Problem problem;
+  problem.cp = 2;
+  problem.capacity = Capacity{layout.num_seqs(), layout.total_rows()};
+  problem.q_heads = problem.kv_heads = 2;
+  problem.head_dim = 16;
+  auto step = [&](bool backward, bool one_shot) {
+    run_in_process(2, [&](Communicator& comm) {
+      HostTensor q(DType::kBFloat16, rows, 2, 16), kv(DType::kBFloat16, rows, 2, 16);
+      HostTensor out(DType::kBFloat16, rows, 2, 16), grads(DType::kBFloat16, rows, 2, 16);
+      HostTensor padded(DType::kBFloat16, rows, 3, 16);
+      const ThdTensor strided(padded.data(), DType::kBFloat16, rows, 2, 16, 3 * 16);
+      std::vector<float> lse(static_cast<size_t>(2 * rows));
+      if (!backward) {
+        if (one_shot) {
+          cp::forward(comm, layout.view(), Mask::causal(), q.view(), strided, kv.view(), out.view(), lse.data(),
+                      nullptr);
+        } else {
+          cp::CpuPlan(comm, problem).forward(layout.view(), ForwardTensors{q.view(), strided, kv.view(), out.view(),
+                                                                           lse.data(), nullptr});
+        }
+      } else if (one_shot) {
+        cp::backward(comm, layout.view(), Mask::causal(), q.view(), kv.view(), kv.view(), out.view(), out.view(),
+                     lse.data(), grads.view(), grads.view(), strided);
+      } else {
+        cp::CpuPlan(comm, problem).backward(layout.view(),
+                                            BackwardTensors{q.view(), kv.view(), kv.view(), out.view(), out.view(),
+                                                            lse.data(), grads.view(), grads.view(), strided});
+      }
+    });
+  };
+  EXPECT_THDCP_ERROR(step(false, false), "k is strided (row_stride=48, head_stride=0)");
+  EXPECT_THDCP_ERROR(step(false, true), "k is strided");
+  EXPECT_THDCP_ERROR(step(true, false), "dv is strided (row_stride=48, head_stride=0)");
+  EXPECT_THDCP_ERROR(step(true, true), "dv is strided");
+}
+
 }  // namespace
 }  // namespace thdcp

@@ -110,9 +110,10 @@ THDCP_API thdcp_status_t thdcp_built_with(thdcp_feature_t feature, int* out);
  *   q: data = qkv,                  heads = Hq,  row_stride = (Hq + 2 Hkv) * D
  *   k: data = qkv + Hq * D,         heads = Hkv, row_stride = (Hq + 2 Hkv) * D
  *   v: data = qkv + (Hq + Hkv) * D, heads = Hkv, row_stride = (Hq + 2 Hkv) * D
- * `data` is a host pointer (CPU backend) or a device pointer of the current device, 16-byte
- * aligned (CUDA backend; there row_stride and, with several heads, head_stride are
- * multiples of 8 elements and fp32 dk/dv are contiguous). Inputs are only read, although
+ * `data` is a host pointer (CPU backend, which takes contiguous tensors only and refuses
+ * strided ones) or a device pointer of the current device, 16-byte aligned (CUDA backend;
+ * there row_stride and, with several heads, head_stride are multiples of 8 elements and
+ * fp32 dk/dv are contiguous). Inputs are only read, although
  * `data` is not const. The caller owns the memory. A tensor whose last element's byte
  * offset overflows 64 bits (a garbage stride) is refused, naming it. */
 typedef struct thdcp_tensor_t {
