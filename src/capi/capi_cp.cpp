@@ -48,7 +48,7 @@ CpConfig config_of(const thdcp_cp_params* given) {
                                                           << " must be >= 1: the most sequences a layout may have");
   THDCP_CAPI_REQUIRE(p.max_tokens >= 0 && p.max_tokens <= std::numeric_limits<int32_t>::max() &&
                          p.max_tokens % (2 * static_cast<int64_t>(p.cp_size)) == 0,
-                     "params->max_tokens=" << p.max_tokens << " must be a multiple of 2*cp_size=" << 2 * p.cp_size
+                     "params->max_tokens=" << p.max_tokens << " must be a multiple of 2*cp_size=" << 2 * static_cast<int64_t>(p.cp_size)
                                            << " in [0, 2^31): the global rows of the layouts");
   check_heads(p.q_heads, p.kv_heads, p.head_dim, backend == THDCP_BACKEND_CUDA);
   check_plan_elements(p.max_tokens, p.q_heads, p.head_dim, "params");

@@ -238,7 +238,7 @@ thdcp_status_t thdcp_plan_capacity(const int64_t* lengths, int64_t num_documents
                        "params->fallback_budget=" << p.fallback_budget << " must be a fraction in [0, 1]");
     THDCP_CAPI_REQUIRE(p.tokens >= 2 * static_cast<int64_t>(p.cp_size) &&
                            p.tokens <= std::numeric_limits<int32_t>::max(),
-                       "params->tokens=" << p.tokens << " must be in [2*cp_size=" << 2 * p.cp_size
+                       "params->tokens=" << p.tokens << " must be in [2*cp_size=" << 2 * static_cast<int64_t>(p.cp_size)
                                          << ", 2^31): the rows of a batch, which a layout's int32 offsets index");
     thdcp::capi::checked_padded_rows(documents.lengths, p.cp_size, "lengths");
     THDCP_CAPI_REQUIRE(p.max_memory >= 0, "params->max_memory=" << p.max_memory

@@ -33,7 +33,7 @@ void validate_problem(const Problem& p) {
   THDCP_CHECK(p.capacity.max_seqs >= 1,
               "capacity.max_seqs=" << p.capacity.max_seqs << " must be >= 1 (layouts have max_seqs + 1 entries)");
   THDCP_CHECK(p.capacity.max_tokens >= 0 && p.capacity.max_tokens % (2 * static_cast<int64_t>(p.cp)) == 0,
-              "capacity.max_tokens=" << p.capacity.max_tokens << " is not a multiple of 2*cp=" << 2 * p.cp
+              "capacity.max_tokens=" << p.capacity.max_tokens << " is not a multiple of 2*cp=" << 2 * static_cast<int64_t>(p.cp)
                                      << ": pad the batch to a multiple of 2*cp rows");
   THDCP_CHECK(p.capacity.max_tokens <= INT32_MAX, "capacity.max_tokens=" << p.capacity.max_tokens
                                                                          << " must fit int32 offsets");

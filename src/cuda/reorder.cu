@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(kThreads) reorder_kernel(const uint4* __restri
 // The layout's capacity as the kernels take it (max_seqs, total_rows), checked against cp.
 void check_reorder_layout(const DeviceLayout& layout, int cp, const char* what) {
   const Capacity& c = layout.capacity;
-  THDCP_CHECK(cp >= 1 && c.max_seqs >= 1 && c.max_tokens >= 0 && c.max_tokens % (2 * cp) == 0 &&
+  THDCP_CHECK(cp >= 1 && c.max_seqs >= 1 && c.max_tokens >= 0 && c.max_tokens % (2 * static_cast<int64_t>(cp)) == 0 &&
                   c.max_tokens <= INT32_MAX,
               what << ": cp=" << cp << ", layout.capacity (max_seqs=" << c.max_seqs << ", max_tokens=" << c.max_tokens
                    << "): need cp >= 1, max_seqs >= 1 and max_tokens a multiple of 2*cp below 2^31");

@@ -54,8 +54,8 @@ RopePlan::RopePlan(const RopeShape& shape) : shape_(shape) {
                                                                       << " must be >= 1 (one placeholder is reserved)");
   THDCP_CHECK(capacity.max_tokens >= 0 && capacity.max_tokens <= std::numeric_limits<int32_t>::max(),
               "RopeShape::capacity.max_tokens=" << capacity.max_tokens << " must be in [0, 2^31-1]");
-  THDCP_CHECK(cp == 1 || capacity.max_tokens % (2 * cp) == 0,
-              "RopeShape::capacity.max_tokens=" << capacity.max_tokens << " is not a multiple of 2*cp=" << 2 * cp
+  THDCP_CHECK(cp == 1 || capacity.max_tokens % (2 * static_cast<int64_t>(cp)) == 0,
+              "RopeShape::capacity.max_tokens=" << capacity.max_tokens << " is not a multiple of 2*cp=" << 2 * static_cast<int64_t>(cp)
                                                 << ": every padded length, and so the capacity, is one");
   THDCP_CHECK(shape.q_heads >= 1, "RopeShape::q_heads=" << shape.q_heads << " must be >= 1");
   THDCP_CHECK(shape.kv_heads >= 0, "RopeShape::kv_heads=" << shape.kv_heads << " must be >= 0 (0: q only)");

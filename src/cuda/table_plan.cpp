@@ -50,7 +50,7 @@ TablePlan TablePlan::all_gather_cp(const Capacity& capacity, int cp, int rank, c
   THDCP_CHECK(cp >= 1, "cp=" << cp << " must be >= 1");
   THDCP_CHECK(rank >= 0 && rank < cp, "rank=" << rank << " must be in [0, cp=" << cp << ")");
   THDCP_CHECK(capacity.max_tokens % (2 * static_cast<int64_t>(cp)) == 0,
-              "capacity.max_tokens=" << capacity.max_tokens << " is not a multiple of 2*cp=" << 2 * cp);
+              "capacity.max_tokens=" << capacity.max_tokens << " is not a multiple of 2*cp=" << 2 * static_cast<int64_t>(cp));
   THDCP_CHECK(capacity.max_seqs <= std::numeric_limits<int32_t>::max() / 2,
               "capacity.max_seqs=" << capacity.max_seqs << " is too large for a CP table of 2 entries each");
   TablePlan plan;

@@ -35,6 +35,21 @@ int64_t padded_to(int64_t length, int64_t alignment) {
   return (length + (alignment - 1)) / alignment * alignment;
 }
 
+// The most rows a batch has: layouts' offsets are int32.
+constexpr int64_t kMaxBatchRows = std::numeric_limits<int32_t>::max();
+
+// The rows of a batch with its documents padded to multiples of `alignment`, or
+// kMaxBatchRows + 1 when they are more than any batch holds: a sum that cannot overflow,
+// whatever the lengths of a C++ caller's batches.
+int64_t batch_rows(const std::vector<int64_t>& batch, int64_t alignment) {
+  int64_t rows = 0;
+  for (int64_t length : batch) {
+    rows += padded_to(std::min(length, kMaxBatchRows + 1), alignment);
+    rows = std::min(rows, kMaxBatchRows + 1);
+  }
+  return rows;
+}
+
 std::string format_bytes(int64_t bytes) {
   char text[32];
   if (bytes < 1024) {
@@ -329,11 +344,15 @@ double document_bytes(const DocumentLengths& documents) {
 int64_t min_tokens_for(const DocumentBatches& batches, const std::vector<int>& cp_sizes) {
   const int64_t alignment = packing_alignment(cp_sizes);
   int64_t tokens = alignment;
-  for (const auto& batch : batches.batches) {
+  for (size_t b = 0; b < batches.batches.size(); ++b) {
     for (int cp : cp_sizes) {
-      int64_t rows = 0;
-      for (int64_t length : batch) rows += padded_to(length, 2 * static_cast<int64_t>(cp));
-      tokens = std::max(tokens, padded_to(rows, alignment));
+      const int64_t rows = padded_to(batch_rows(batches.batches[b], 2 * static_cast<int64_t>(cp)), alignment);
+      THDCP_CHECK(rows <= kMaxBatchRows, where(batches.source, batches.lines, b)
+                                             << "batch " << b << " needs more than 2^31-1 rows with its documents "
+                                             << "padded to multiples of 2*cp=" << 2 * static_cast<int64_t>(cp)
+                                             << " (and the batch to " << alignment
+                                             << "): no tokens holds it (int32 offsets); split the batch");
+      tokens = std::max(tokens, rows);
     }
   }
   return tokens;
@@ -350,44 +369,56 @@ int64_t percentile_nearest_rank(std::vector<int64_t> values, int p) {
 
 int64_t capacity_metadata_bytes(int64_t max_seqs) {
   THDCP_CHECK(max_seqs >= 1, "max_seqs=" << max_seqs << " must be >= 1");
+  // A batch of at most 2^31-1 rows holds at most that many documents, plus the placeholder;
+  // the bound also keeps the products below far from overflow.
+  THDCP_CHECK(max_seqs <= kMaxBatchRows + 1,
+              "max_seqs=" << max_seqs
+                          << " is more sequences than a batch holds (int32 offsets: at most 2^31-1 rows, plus one "
+                             "placeholder)");
   return 2 * (max_seqs + 1) * static_cast<int64_t>(sizeof(int32_t)) +
          2 * max_seqs * static_cast<int64_t>(sizeof(Segment));
 }
 
 CapacityPlan plan_capacity(const DocumentBatches& input, const PlanOptions& options) {
-  check_cp_sizes(options.cp_sizes);
+  // Also checks the CP sizes, and that 2*cp of each fits an int32 row count.
+  const int64_t alignment = packing_alignment(options.cp_sizes);
   THDCP_CHECK(options.tokens >= 1, "tokens=" << options.tokens << " must be >= 1 (rows per batch)");
+  THDCP_CHECK(options.tokens <= kMaxBatchRows, "tokens=" << options.tokens << " is more rows than a batch holds: "
+                                                         << "layouts' offsets are int32, so lower tokens to at most "
+                                                         << "2^31-1=" << kMaxBatchRows);
   THDCP_CHECK(options.fallback_budget >= 0 && options.fallback_budget <= 1,
               "fallback budget " << options.fallback_budget << " must be a fraction in [0, 1]");
   const std::string source = input.source.empty() ? std::string("the batches") : source_name(input.source, input.lines);
   THDCP_CHECK(!input.batches.empty(), source << ": no batches: give at least one");
   for (int cp : options.cp_sizes) {
     THDCP_CHECK(options.tokens % (2 * static_cast<int64_t>(cp)) == 0,
-                "tokens=" << options.tokens << " is not a multiple of 2*cp=" << 2 * cp
-                          << ": round it to a multiple of " << packing_alignment(options.cp_sizes));
+                "tokens=" << options.tokens << " is not a multiple of 2*cp=" << 2 * static_cast<int64_t>(cp)
+                          << ": round it to a multiple of " << alignment);
   }
   for (size_t b = 0; b < input.batches.size(); ++b) {
     const auto& batch = input.batches[b];
     THDCP_CHECK(!batch.empty(), where(input.source, input.lines, b) << "batch " << b << " has no documents");
+    for (int64_t length : batch) {
+      THDCP_CHECK(length >= 1, where(input.source, input.lines, b) << "batch " << b << " has a document of length "
+                                                                   << length << ": lengths must be >= 1");
+    }
     for (int cp : options.cp_sizes) {
-      int64_t rows = 0;
-      for (int64_t length : batch) {
-        THDCP_CHECK(length >= 1, where(input.source, input.lines, b)
-                                     << "batch " << b << " has a document of length " << length
-                                     << ": lengths must be >= 1");
-        rows += padded_to(length, 2 * static_cast<int64_t>(cp));
-      }
+      const int64_t rows = batch_rows(batch, 2 * static_cast<int64_t>(cp));
+      THDCP_CHECK(rows <= kMaxBatchRows, where(input.source, input.lines, b)
+                                             << "batch " << b << " needs more than 2^31-1 rows with its documents "
+                                             << "padded to multiples of 2*cp=" << 2 * static_cast<int64_t>(cp)
+                                             << ": no tokens holds it (int32 offsets); split the batch");
       THDCP_CHECK(rows <= options.tokens, where(input.source, input.lines, b)
                                               << "batch " << b << " needs " << rows
-                                              << " rows with its documents padded to multiples of 2*cp=" << 2 * cp
-                                              << " but tokens=" << options.tokens
+                                              << " rows with its documents padded to multiples of 2*cp="
+                                              << 2 * static_cast<int64_t>(cp) << " but tokens=" << options.tokens
                                               << ": raise tokens to at least " << rows);
     }
   }
 
   CapacityPlan plan;
   plan.tokens = options.tokens;
-  plan.packing_alignment = packing_alignment(options.cp_sizes);
+  plan.packing_alignment = alignment;
   plan.docs_per_batch = docs_per_batch(input);
   const DocsPerBatch& d = plan.docs_per_batch;
   for (int cp : options.cp_sizes) {

@@ -138,6 +138,31 @@ TEST(CApiSizes, ChooseCpSizeAndPlanCapacityBounds) {
                   "params->tokens=2147483648 must be in [2*cp_size=2, 2^31)");
 }
 
+// A refused cp_size's message prints 2*cp_size in 64 bits: from 2^30 on it does not fit an
+// int (signed overflow under UBSan before; tests/fuzz findings, 4).
+TEST(CApiSizes, MessagesPrintTwiceTheLargestCpSize) {
+  const int64_t lengths[] = {5, 11};
+  thdcp_capacity_plan_params params = THDCP_CAPACITY_PLAN_PARAMS_INIT;
+  params.tokens = 64;
+  params.cp_size = std::numeric_limits<int32_t>::max();
+  thdcp_capacity_plan_result result{};
+  result.struct_size = sizeof(result);
+  EXPECT_C_STATUS(thdcp_plan_capacity(lengths, 2, &params, &result), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->tokens=64 must be in [2*cp_size=4294967294, 2^31)");
+
+  thdcp_cp_params cp = THDCP_CP_PARAMS_INIT;
+  cp.cp_size = int32_t{1} << 30;
+  cp.max_tokens = 16;
+  cp.max_seqs = 1;
+  cp.q_heads = 1;
+  cp.kv_heads = 1;
+  cp.head_dim = 8;
+  size_t bytes = 99;
+  EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&cp, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->max_tokens=16 must be a multiple of 2*cp_size=2147483648");
+  EXPECT_EQ(bytes, 99u);
+}
+
 // thdcp_plan_capacity estimates its memory before it allocates: one document of 2^20 tokens
 // split for batches of 16 rows is 65536 documents in as many batches, a few MiB; a budget
 // of 1 MiB refuses it with OUT_OF_MEMORY, this machine's memory (max_memory 0) plans it.

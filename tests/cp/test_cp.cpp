@@ -242,5 +242,65 @@ TEST(CpErrors, MisalignedLayoutIsRejected) {
                      "is not a multiple of 2*cp=4");
 }
 
+// A plan's message prints 2*cp in 64 bits: from cp = 2^30 on it does not fit an int (signed
+// overflow under UBSan before; tests/fuzz findings, 4).
+TEST(CpErrors, MessagesPrintTwiceTheLargestCp) {
+  cp::Problem problem;
+  problem.cp = 1 << 30;
+  problem.capacity = Capacity{1, 16};
+  problem.q_heads = problem.kv_heads = 1;
+  problem.head_dim = 16;
+  EXPECT_THDCP_ERROR(run_in_process(1, [&](Communicator& comm) { cp::CpuPlan plan(comm, problem); }),
+                     "capacity.max_tokens=16 is not a multiple of 2*cp=2147483648");
+}
+
+// A local view whose rows overlap (two heads 16 elements apart, rows 16 elements apart) is
+// read in place as k, and refused as dv, naming it, by a plan's steps and by a one-shot call's
+// agreement. Before strides were honoured, the step set gathered k and v and cast dk and dv
+// as contiguous rows: wrong rows, or past the memory of such a view (tests/fuzz findings, 5);
+// strided local views' values are CpStrides' business.
+TEST(CpErrors, LocalViewsWithOverlappingRowsAreReadAsInputsAndRefusedAsOutputs) {
+  const BatchLayout layout = make_layout({10, 6}, 2);
+  const int64_t rows = layout.total_rows() / 2;
+  cp::Problem problem;
+  problem.cp = 2;
+  problem.capacity = Capacity{layout.num_seqs(), layout.total_rows()};
+  problem.q_heads = problem.kv_heads = 2;
+  problem.head_dim = 16;
+  auto step = [&](bool backward, bool one_shot) {
+    run_in_process(2, [&](Communicator& comm) {
+      HostTensor q(DType::kBFloat16, rows, 2, 16), kv(DType::kBFloat16, rows, 2, 16);
+      HostTensor out(DType::kBFloat16, rows, 2, 16), dq(DType::kBFloat16, rows, 2, 16), dk(DType::kBFloat16, rows, 2, 16);
+      HostTensor memory(DType::kBFloat16, rows + 1, 1, 16);
+      fill_normal(memory, 5);
+      const ThdTensor overlapping(memory.data(), DType::kBFloat16, rows, 2, 16, 16, 16);
+      std::vector<float> lse(static_cast<size_t>(2 * rows));
+      if (!backward) {
+        if (one_shot) {
+          cp::forward(comm, layout.view(), Mask::causal(), q.view(), overlapping, kv.view(), out.view(), lse.data(),
+                      nullptr);
+        } else {
+          cp::CpuPlan(comm, problem).forward(layout.view(), ForwardTensors{q.view(), overlapping, kv.view(),
+                                                                           out.view(), lse.data(), nullptr});
+        }
+      } else if (one_shot) {
+        cp::backward(comm, layout.view(), Mask::causal(), q.view(), kv.view(), kv.view(), out.view(), out.view(),
+                     lse.data(), dq.view(), dk.view(), overlapping);
+      } else {
+        cp::CpuPlan(comm, problem).backward(layout.view(),
+                                            BackwardTensors{q.view(), kv.view(), kv.view(), out.view(), out.view(),
+                                                            lse.data(), dq.view(), dk.view(), overlapping});
+      }
+    });
+  };
+  EXPECT_NO_THROW(step(false, false));
+  EXPECT_NO_THROW(step(false, true));
+  const std::string refusal = "dv is [" + std::to_string(rows) + ", 2, 16] with row_stride=16 and head_stride=16: its "
+                                                                 "elements (row 1, head 0, d 0) and (row 0, head 1, "
+                                                                 "d 0) share an address";
+  EXPECT_THDCP_ERROR(step(true, false), refusal);
+  EXPECT_THDCP_ERROR(step(true, true), refusal);
+}
+
 }  // namespace
 }  // namespace thdcp

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "support/random_batch.h"
@@ -89,6 +90,67 @@ TEST_P(SegmentTablePairs, SingleDeviceAndEveryCpSizeMatchTheMask) {
 
 INSTANTIATE_TEST_SUITE_P(Masks, SegmentTablePairs, ::testing::ValuesIn(test::all_test_masks()),
                          [](const ::testing::TestParamInfo<Mask>& param_info) { return test::mask_label(param_info.param); });
+
+// The pairs of a segment counted query row by query row: the reference for segment_pairs's
+// closed form.
+int64_t pairs_row_by_row(const Segment& s, const Mask& mask) {
+  int64_t pairs = 0;
+  for (int64_t t = 0; t < s.q_len; ++t) pairs += segment_visible_keys(s, mask, t).size();
+  return pairs;
+}
+
+TEST(SegmentPairs, ClosedFormMatchesTheRowByRowCount) {
+  Rng rng(28);
+  std::vector<Mask> masks = test::all_test_masks();
+  for (int32_t left : {-1, 0, 1, 2, 5}) {
+    for (int32_t right : {-1, 0, 1, 3}) masks.push_back(Mask::window(left, right));
+  }
+  for (int i = 0; i < 200; ++i) {
+    masks.push_back(Mask::window(static_cast<int32_t>(rng.uniform_int(-1, 90)),
+                                 static_cast<int32_t>(rng.uniform_int(-1, 90))));
+  }
+  // The segments of real tables: single device and every rank of CP 1..8.
+  for (const Mask& mask : masks) {
+    const int cp = static_cast<int>(rng.uniform_int(1, 8));
+    const BatchLayout layout = make_layout(test_lengths(rng, cp), cp);
+    std::vector<SegmentTable> tables{build_segment_table(layout.view(), mask)};
+    for (int rank = 0; rank < cp; ++rank) tables.push_back(build_cp_segment_table(layout.view(), cp, rank, mask));
+    for (const SegmentTable& table : tables) {
+      for (const Segment& s : table.segments) {
+        ASSERT_EQ(segment_pairs(s, mask), pairs_row_by_row(s, mask))
+            << test::mask_label(mask) << " q_pos=" << s.q_pos << " q_len=" << s.q_len << " k_pos=" << s.k_pos
+            << " k_len=" << s.k_len;
+      }
+    }
+  }
+  // Any segment: queries before, inside, after or around the keys, empty either side.
+  for (int i = 0; i < 200000; ++i) {
+    Segment s{};
+    s.q_pos = static_cast<int32_t>(rng.uniform_int(0, 120));
+    s.q_len = static_cast<int32_t>(rng.uniform_int(0, 60));
+    s.k_pos = static_cast<int32_t>(rng.uniform_int(0, 120));
+    s.k_len = static_cast<int32_t>(rng.uniform_int(0, 60));
+    const Mask& mask = masks[static_cast<size_t>(rng.uniform_int(0, static_cast<int64_t>(masks.size()) - 1))];
+    ASSERT_EQ(segment_pairs(s, mask), pairs_row_by_row(s, mask))
+        << test::mask_label(mask) << " q_pos=" << s.q_pos << " q_len=" << s.q_len << " k_pos=" << s.k_pos
+        << " k_len=" << s.k_len;
+  }
+}
+
+// The longest segment a layout can hold (int32 offsets), in closed form with no overflow:
+// what bench/peer_attention.py's allowed_pairs and tests/cli/check_plan.py count.
+TEST(SegmentPairs, LongestSegmentMatchesTheTextbookCounts) {
+  const int64_t n = std::numeric_limits<int32_t>::max();
+  const Segment s = single_device_segment(0, n, n);
+  EXPECT_EQ(segment_pairs(s, Mask::full()), n * n);
+  EXPECT_EQ(segment_pairs(s, Mask::causal()), n * (n + 1) / 2);
+  for (const int64_t w : {int64_t{0}, int64_t{1}, int64_t{4096}, n - 1, n}) {
+    const int64_t expected = w >= n ? n * (n + 1) / 2 : w * (w + 1) / 2 + (n - w) * (w + 1);
+    EXPECT_EQ(segment_pairs(s, Mask::window(static_cast<int32_t>(w), 0)), expected) << "window " << w;
+  }
+  // (w, w): every query sees 2w + 1 keys but those cut off by either end of the sequence.
+  EXPECT_EQ(segment_pairs(s, Mask::window(16, 16)), n * 33 - 2 * (16 * 17 / 2));
+}
 
 TEST(SegmentTable, CpQueryBlocksTileTheLocalTensor) {
   // With q_span, the segments of a rank cover every local row exactly once, so a kernel

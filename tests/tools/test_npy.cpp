@@ -98,6 +98,19 @@ TEST(Npy, ReadsIntegersAsInt64) {
                {"f4_v1.npy", "cu_seqlens", "'<f4'", "int32 (<i4) or int64 (<i8)"});
 }
 
+// An array of no elements converts to no values: its vectors hold no memory, and memcpy of
+// their NULL data is undefined even for 0 bytes (tests/fuzz findings, 3; UBSan).
+TEST(Npy, ConvertsEmptyIntegerArrays) {
+  const std::string dir = temp_dir();
+  for (const char* descr : {"<i8", "<i4"}) {
+    const std::string path = dir + "/empty.npy";
+    write_npy(path, descr, {0}, nullptr);
+    const NpyArray empty = read_npy(path);
+    EXPECT_TRUE(empty.data.empty());
+    EXPECT_EQ(npy_to_int64(empty, "cu_seqlens"), std::vector<int64_t>{}) << descr;
+  }
+}
+
 TEST(Npy, ReadsVersions2And3AndScalars) {
   const NpyArray v2 = read_npy(fixture("f4_v2.npy"));
   EXPECT_EQ(v2.shape, (std::vector<int64_t>{6, 4}));

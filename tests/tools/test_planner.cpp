@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
 
+#include "support/expect_error.h"
 #include "thdcp/plan/dual_chunk.h"
 #include "thdcp/core/error.h"
 #include "thdcp/plan/planner.h"
@@ -299,6 +301,41 @@ TEST(Planner, RejectsBadInputNamingIt) {
   EXPECT_NO_THROW(plan_capacity(input, options));
 }
 
+// Layouts hold int32 offsets: tokens above 2^31-1 is refused before anything is sized from it
+// (2^62 overflowed the metadata bytes of the T/(2cp) candidate; tests/fuzz findings, 2), and
+// a batch of huge lengths is refused without its padded rows overflowing int64.
+TEST(Planner, RefusesTokensAndBatchesBeyondInt32Offsets) {
+  DocumentBatches input{"", {{5}}, {}};
+  PlanOptions options;
+  options.tokens = int64_t{1} << 62;
+  test::expect_error([&] { plan_capacity(input, options); }, {"tokens=4611686018427387904", "int32", "2^31-1"});
+  options.tokens = int64_t{1} << 31;
+  test::expect_error([&] { plan_capacity(input, options); }, {"tokens=2147483648", "lower tokens"});
+  options.tokens = (int64_t{1} << 31) - 16;
+  EXPECT_NO_THROW(plan_capacity(input, options));
+
+  const int64_t huge = int64_t{1} << 62;
+  DocumentBatches huge_batch{"batches.txt", {{4}, {huge, huge}}, {1, 2}};
+  test::expect_error([&] { plan_capacity(huge_batch, options); },
+                     {"batches.txt':2:", "batch 1", "more than 2^31-1 rows", "split the batch"});
+  test::expect_error([&] { min_tokens_for(huge_batch, {1, 2}); }, {"batches.txt':2:", "split the batch"});
+  // One document of 2^31-2 tokens fits cp 1, but not CP sizes 1 and 2: batches of both are
+  // multiples of 4 rows.
+  const DocumentBatches longest{"", {{(int64_t{1} << 31) - 2}}, {}};
+  EXPECT_EQ(min_tokens_for(longest, {1}), (int64_t{1} << 31) - 2);
+  test::expect_error([&] { min_tokens_for(longest, {1, 2}); },
+                     {"batch 0", "more than 2^31-1 rows", "the batch to 4", "split the batch"});
+
+  // 2*cp of a CP size from 2^30 on does not fit an int (signed overflow in a message before;
+  // tests/fuzz findings, 4): refused first, as no batch of int32 rows aligns to it.
+  options.cp_sizes = {1 << 30};
+  options.tokens = 64;
+  test::expect_error([&] { plan_capacity(input, options); }, {"no common alignment below 2^31 rows"});
+
+  EXPECT_EQ(capacity_metadata_bytes(int64_t{1} << 31), 2 * ((int64_t{1} << 31) + 1) * 4 + 2 * (int64_t{1} << 31) * 32);
+  test::expect_error([&] { capacity_metadata_bytes((int64_t{1} << 31) + 1); }, {"max_seqs=2147483649"});
+}
+
 TEST(Planner, RecommendsTheNeverFallbackValueWhenItIsCheap) {
   // 64 rows, cp=8: T/(2cp) = 4 documents at most; the data has 1..3 per batch.
   DocumentBatches input{"", {{1}, {1, 1}, {1, 1, 1}, {1}}, {}};
@@ -380,6 +417,24 @@ TEST(Planner, CountPackingMatchesWhatPackingBuilds) {
       }
     }
   }
+}
+
+// The pair balance counts each segment in closed form (segment_pairs): a batch of one
+// 2^31-16-token document plans in microseconds, not the seconds a count per query row took
+// (5 s for this batch in Release, far more under the sanitizers; tests/fuzz findings, 1).
+// The bound is generous for a loaded machine and far below the per-row cost.
+TEST(Planner, PairBalanceTakesTimePerDocumentNotPerToken) {
+  const int64_t length = (int64_t{1} << 31) - 16;
+  DocumentBatches input;
+  input.batches = {{length}};
+  PlanOptions options;
+  options.tokens = length;
+  const auto start = std::chrono::steady_clock::now();
+  const CapacityPlan plan = plan_capacity(input, options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 0.5);
+  ASSERT_EQ(plan.per_cp.size(), 4u);
+  for (const CpPlan& cp : plan.per_cp) EXPECT_EQ(cp.balance.total_pairs, length * (length + 1) / 2);
 }
 
 // A document of 2^31-1 tokens split for batches of 16 rows makes 2^27 pieces: counted in no

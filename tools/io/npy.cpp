@@ -367,7 +367,8 @@ std::vector<int64_t> npy_to_int64(const NpyArray& array, const std::string& name
   const int64_t n = array.numel();
   std::vector<int64_t> values(static_cast<size_t>(n));
   if (array.descr == "<i8") {
-    std::memcpy(values.data(), array.data.data(), static_cast<size_t>(n) * 8);
+    // An empty array's vectors have no memory, and memcpy needs valid pointers even for 0 bytes.
+    if (n > 0) std::memcpy(values.data(), array.data.data(), static_cast<size_t>(n) * 8);
   } else if (array.descr == "<i4") {
     for (int64_t i = 0; i < n; ++i) {
       int32_t v;

@@ -124,16 +124,18 @@ double document_bytes(const DocumentLengths& documents);
 
 // Smallest `tokens` that holds every batch under every CP size in `cp_sizes`: the largest
 // padded batch, rounded up to packing_alignment(cp_sizes). Useful as a default for batch files.
+// Throws thdcp::Error naming a batch that needs more than 2^31-1 rows (no tokens holds it).
 int64_t min_tokens_for(const DocumentBatches& batches, const std::vector<int>& cp_sizes);
 
 // Nearest-rank percentile (see above) of `values`, p in (0, 100]. Throws if values is empty.
 int64_t percentile_nearest_rank(std::vector<int64_t> values, int p);
 
-// Bytes of fixed-capacity metadata per rank for `max_seqs` (formula above).
+// Bytes of fixed-capacity metadata per rank for `max_seqs` (formula above), max_seqs in
+// [1, 2^31] (a batch of at most 2^31-1 rows, plus the placeholder).
 int64_t capacity_metadata_bytes(int64_t max_seqs);
 
 struct PlanOptions {
-  int64_t tokens = 0;                   // rows per batch (max_tokens), >= 1
+  int64_t tokens = 0;                   // rows per batch (max_tokens), in [1, 2^31-1] (int32 offsets)
   std::vector<int> cp_sizes{1, 2, 4, 8};  // CP sizes to plan for, each >= 1, no duplicates
   Mask mask = Mask::causal();           // mask of the pair balance (causal by default)
   double fallback_budget = 0.01;        // largest fallback fraction the recommendation accepts

@@ -108,10 +108,54 @@ THDCP_HD int64_t first_key_tile_reaching(const Segment& s, const Mask& mask, int
   return x <= 0 ? 0 : x / key_rows;
 }
 
-// Number of (query, key) pairs the mask allows within a segment.
+namespace detail {
+
+// The sum over i in [lo, hi) of max(0, c + slope * i), slope -1, 0 or 1: the positive part of
+// one arithmetic run. Callers keep each term at most a segment's k_len (< 2^31) and the run
+// at most its q_len, so no product below overflows.
+THDCP_HD int64_t positive_run_sum(int64_t lo, int64_t hi, int64_t c, int slope) {
+  if (slope > 0 && lo < 1 - c) lo = 1 - c;  // c + i > 0 from i = 1 - c on
+  if (slope < 0 && hi > c) hi = c;          // c - i > 0 up to i = c - 1
+  if (hi <= lo) return 0;
+  const int64_t n = hi - lo;
+  if (slope == 0) return c > 0 ? n * c : 0;
+  // (first + last) is even when n is odd: halve whichever factor is even.
+  const int64_t ends = 2 * c + slope * (lo + hi - 1);
+  return n % 2 == 0 ? n / 2 * ends : ends / 2 * n;
+}
+
+THDCP_HD int64_t clamp_to(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+}  // namespace detail
+
+// Number of (query, key) pairs the mask allows within a segment: the sizes of
+// segment_visible_keys summed over its query rows, in closed form (O(1), not O(q_len)). The
+// query at position i sees [max(k_begin, i - window_left), min(k_end, i + window_right + 1)):
+// the end moves with i until `right_edge`, from where it is k_end, and the start is k_begin
+// until `left_edge`, from where it moves with i. Between the edges the count is linear in i,
+// so the rows form at most three arithmetic runs. The planner counts every rank of every
+// batch with it: a document of 2^31 tokens costs no more than a short one.
 THDCP_HD int64_t segment_pairs(const Segment& s, const Mask& mask) {
+  const int64_t first = s.q_pos, end = first + s.q_len;
+  const int64_t k_begin = s.k_pos, k_end = k_begin + s.k_len;
+  // Queries before right_edge see up to i + window_right + 1; from it on, up to k_end.
+  const int64_t right_edge =
+      mask.window_right >= 0 ? detail::clamp_to(k_end - mask.window_right - 1, first, end) : first;
+  // Queries before left_edge see from k_begin; from it on, from i - window_left.
+  const int64_t left_edge =
+      mask.window_left >= 0 ? detail::clamp_to(k_begin + mask.window_left + 1, first, end) : end;
+  const int64_t cuts[4] = {first, right_edge < left_edge ? right_edge : left_edge,
+                           right_edge < left_edge ? left_edge : right_edge, end};
   int64_t pairs = 0;
-  for (int64_t t = 0; t < s.q_len; ++t) pairs += segment_visible_keys(s, mask, t).size();
+  for (int run = 0; run < 3; ++run) {
+    const int64_t lo = cuts[run], hi = cuts[run + 1];
+    if (lo >= hi) continue;
+    const bool end_grows = lo < right_edge;   // the run's end is i + window_right + 1
+    const bool begin_grows = lo >= left_edge;  // the run's start is i - window_left
+    const int64_t c = (end_grows ? int64_t{mask.window_right} + 1 : k_end) -
+                      (begin_grows ? -int64_t{mask.window_left} : k_begin);
+    pairs += detail::positive_run_sum(lo, hi, c, (end_grows ? 1 : 0) - (begin_grows ? 1 : 0));
+  }
   return pairs;
 }
 
