@@ -308,12 +308,16 @@ void check_layout(const DeviceLayout& layout, const Problem& p) {
 // Host arithmetic only: what every step checks against the plan, and what the CUDA step set
 // needs besides: K/V rows it can pack with one 2-D copy, and dk/dv of one dtype.
 void check_forward_tensors(const Problem& p, const ForwardTensors& t) {
+  THDCP_CHECK(t.sinks == nullptr, "sinks are not supported by the CUDA backend yet: they come with the kernels of issue 27 "
+                                       "(the CPU backend takes them)");
   detail::check_forward_tensors(p, t);
   check_packable("k", t.k);
   check_packable("v", t.v);
 }
 
 void check_backward_tensors(const Problem& p, const BackwardTensors& t) {
+  THDCP_CHECK(t.sinks == nullptr && t.dsinks == nullptr, "sinks are not supported by the CUDA backend yet: they come with the kernels of issue 27 "
+                                       "(the CPU backend takes them)");
   detail::check_backward_tensors(p, t);
   check_packable("k", t.k);
   check_packable("v", t.v);

@@ -54,6 +54,12 @@ struct Timings {
 // the group) or nullptr. dq: q's dtype or fp32; dk, dv: k's dtype or fp32 (their fp32 partial
 // sums are reduce-scattered in fp32 and rounded once). BackwardTensors::dkv_rows is the
 // plan's own business: leave it null.
+//
+// Attention sinks (ForwardTensors::sinks, BackwardTensors::sinks and dsinks; CPU backend
+// only until the kernels of issue 27): every rank passes the same [Hq] sinks, or none. A
+// rank computes each of its query rows whole, over every gathered key, so each row counts
+// its head's sink once (no partial rows are merged across ranks). dsinks is the sum over
+// every rank's rows, added in rank order: the same bits on every rank and every run.
 
 // The CPU backend: host tensors, any host Communicator (in-process threads, MPI).
 class CpuPlan {
