@@ -8,7 +8,7 @@ void check_thd_shape(const char* name, const ConstThdTensor& t, const ThdShape& 
   THDCP_CHECK(t.tokens == expected.rows && t.heads == expected.heads && t.head_dim == expected.head_dim,
               name << " is [" << t.tokens << ", " << t.heads << ", " << t.head_dim << "] but must be ["
                    << expected.rows_name << "=" << expected.rows << ", " << expected.heads_name << "="
-                   << expected.heads << ", head_dim=" << expected.head_dim << "]");
+                   << expected.heads << ", " << expected.head_dim_name << "=" << expected.head_dim << "]");
   THDCP_CHECK(t.data != nullptr || t.numel() == 0, name << " is a null pointer: pass its memory");
 }
 

@@ -19,7 +19,7 @@ struct Descriptor {
   int32_t dtype;
   int64_t max_tokens;
   int32_t window_left, window_right;
-  int64_t q_heads, kv_heads, head_dim;
+  int64_t q_heads, kv_heads, head_dim, v_head_dim;
   uint64_t options_fingerprint;
   uint64_t layout_fingerprint;
   int64_t local_rows[3];
@@ -45,9 +45,15 @@ void validate_problem(const Problem& p) {
 
 namespace {
 
-// The shapes of a rank's query-side (q, out, dout, dq) and key-side (k, v, dk, dv) tensors.
+// The shapes of a rank's tensors: q and dq, out and dout (D_v), k and dk, v and dv (D_v).
 ThdShape local_q(const Problem& p) { return ThdShape{p.local_rows(), "T/cp", p.q_heads, "q_heads", p.head_dim}; }
-ThdShape local_kv(const Problem& p) { return ThdShape{p.local_rows(), "T/cp", p.kv_heads, "kv_heads", p.head_dim}; }
+ThdShape local_out(const Problem& p) {
+  return ThdShape{p.local_rows(), "T/cp", p.q_heads, "q_heads", p.value_head_dim(), "v_head_dim"};
+}
+ThdShape local_k(const Problem& p) { return ThdShape{p.local_rows(), "T/cp", p.kv_heads, "kv_heads", p.head_dim}; }
+ThdShape local_v(const Problem& p) {
+  return ThdShape{p.local_rows(), "T/cp", p.kv_heads, "kv_heads", p.value_head_dim(), "v_head_dim"};
+}
 
 void check_local(const char* name, const ConstThdTensor& t, const ThdShape& shape, DType dtype, bool or_fp32 = false) {
   check_thd_shape(name, t, shape);
@@ -58,22 +64,22 @@ void check_local(const char* name, const ConstThdTensor& t, const ThdShape& shap
 
 void check_forward_tensors(const Problem& p, const ForwardTensors& t) {
   check_local("q", t.q, local_q(p), p.dtype);
-  check_local("k", t.k, local_kv(p), p.dtype);
-  check_local("v", t.v, local_kv(p), p.dtype);
-  check_local("out", t.out, local_q(p), p.dtype);
+  check_local("k", t.k, local_k(p), p.dtype);
+  check_local("v", t.v, local_v(p), p.dtype);
+  check_local("out", t.out, local_out(p), p.dtype);
   THDCP_CHECK(t.lse != nullptr || p.local_rows() * p.q_heads == 0, "lse is a null pointer: pass Hq * T/cp floats");
   check_outputs_apart({{"out", t.out}}, {{"q", t.q}, {"k", t.k}, {"v", t.v}});
 }
 
 void check_backward_tensors(const Problem& p, const BackwardTensors& t) {
   check_local("q", t.q, local_q(p), p.dtype);
-  check_local("k", t.k, local_kv(p), p.dtype);
-  check_local("v", t.v, local_kv(p), p.dtype);
-  check_local("out", t.out, local_q(p), p.dtype);
-  check_local("dout", t.dout, local_q(p), p.dtype);
+  check_local("k", t.k, local_k(p), p.dtype);
+  check_local("v", t.v, local_v(p), p.dtype);
+  check_local("out", t.out, local_out(p), p.dtype);
+  check_local("dout", t.dout, local_out(p), p.dtype);
   check_local("dq", t.dq, local_q(p), p.dtype, /*or_fp32=*/true);
-  check_local("dk", t.dk, local_kv(p), p.dtype, /*or_fp32=*/true);
-  check_local("dv", t.dv, local_kv(p), p.dtype, /*or_fp32=*/true);
+  check_local("dk", t.dk, local_k(p), p.dtype, /*or_fp32=*/true);
+  check_local("dv", t.dv, local_v(p), p.dtype, /*or_fp32=*/true);
   THDCP_CHECK(t.lse != nullptr || p.local_rows() * p.q_heads == 0,
               "lse is a null pointer: pass the forward's Hq * T/cp floats");
   THDCP_CHECK(t.dkv_rows == nullptr, "dkv_rows is set: a CP plan maps the gradients' rows itself; leave it null");
@@ -111,6 +117,7 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
   mine.q_heads = p.q_heads;
   mine.kv_heads = p.kv_heads;
   mine.head_dim = p.head_dim;
+  mine.v_head_dim = p.value_head_dim();
   mine.options_fingerprint = in.options_fingerprint;
   mine.layout_fingerprint = in.layout_fingerprint;
   for (int i = 0; i < 3; ++i) mine.local_rows[i] = in.local_rows[i];
@@ -122,7 +129,7 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
     if (!all[r].ok) throw Error((r == in.rank ? "" : "rank " + std::to_string(r) + ": ") + all[r].message);
   }
   const Descriptor& ref = all[0];
-  const char* fix = ": every rank must plan the same problem (cp, capacity, mask, heads, head_dim, dtype, options)";
+  const char* fix = ": every rank must plan the same problem (cp, capacity, mask, heads, head_dim, v_head_dim, dtype, options)";
   for (int r = 1; r < in.size; ++r) {
     const Descriptor& d = all[r];
     THDCP_CHECK(d.cp == ref.cp, "rank " << r << " passed cp=" << d.cp << " but rank 0 passed cp=" << ref.cp << fix);
@@ -139,6 +146,8 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
                 "rank " << r << " passed heads " << d.q_heads << ":" << d.kv_heads << " head_dim " << d.head_dim
                         << " but rank 0 passed " << ref.q_heads << ":" << ref.kv_heads << " head_dim " << ref.head_dim
                         << fix);
+    THDCP_CHECK(d.v_head_dim == ref.v_head_dim, "rank " << r << " passed v_head_dim " << d.v_head_dim
+                                                        << " but rank 0 passed " << ref.v_head_dim << fix);
     THDCP_CHECK(d.dtype == ref.dtype, "rank " << r << " passed dtype " << dtype_name(static_cast<DType>(d.dtype))
                                               << " but rank 0 passed " << dtype_name(static_cast<DType>(ref.dtype))
                                               << fix);

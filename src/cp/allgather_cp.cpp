@@ -53,6 +53,12 @@ using detail::Slot;
 
 int index_of(Slot slot) { return slot == Slot::kK ? 0 : 1; }
 
+// Elements of the whole batch's K (slot 0: D_qk) or V (slot 1: D_v) at the plan's capacity.
+size_t slot_elements(const Problem& p, int slot) {
+  const int64_t dim = slot == 0 ? p.head_dim : p.value_head_dim();
+  return static_cast<size_t>(p.capacity.max_tokens * p.kv_heads * dim);
+}
+
 uint64_t options_fingerprint(const AttentionOptions& options) {
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &options.softmax_scale, sizeof(scale_bits));
@@ -111,12 +117,20 @@ class CpuSteps {
 
   ConstThdTensor sequence_order(Slot slot) const {
     return ConstThdTensor(b_.sequence[index_of(slot)].data(), p_.dtype, p_.capacity.max_tokens, p_.kv_heads,
-                          p_.head_dim);
+                          slot == Slot::kK ? p_.head_dim : p_.value_head_dim());
+  }
+
+  // Attention sinks of this step (null: none). A rank's query rows see every key they may
+  // see (the gathered K/V), so each row's softmax is complete here and counts its head's sink
+  // once: there is no merge of partial rows across ranks that could count it twice.
+  void use_sinks(const float* sinks, float* dsinks) {
+    sinks_ = sinks;
+    dsinks_ = dsinks;
   }
 
   void attention_forward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, ThdTensor out,
                          float* lse, float* max_logit) {
-    cpu::attention_forward(table_, q, k, v, out, lse, max_logit, options_);
+    cpu::attention_forward(table_, ForwardTensors{q, k, v, out, lse, max_logit, sinks_}, options_);
   }
 
   void max_reduce(float* max_logit, size_t count) { comm_.all_reduce_max(max_logit, count); }
@@ -125,8 +139,11 @@ class CpuSteps {
   SequenceGrads attention_backward_keys(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v,
                                         const ConstThdTensor& out, const ConstThdTensor& dout, const float* lse,
                                         ThdTensor dq) {
-    const SequenceGrads grads{fp32_view(b_.grad_seq[0], k), fp32_view(b_.grad_seq[1], k)};
-    cpu::attention_backward(table_, q, k, v, out, dout, lse, dq, grads.dk, grads.dv, options_);
+    const SequenceGrads grads{fp32_view(b_.grad_seq[0], k), fp32_view(b_.grad_seq[1], v)};
+    BackwardTensors t{q, k, v, out, dout, lse, dq, grads.dk, grads.dv};
+    t.sinks = sinks_;
+    t.dsinks = dsinks_;  // this rank's rows only; CpuPlan::backward sums over the ranks
+    cpu::attention_backward(table_, t, options_);
     return grads;
   }
 
@@ -186,6 +203,8 @@ class CpuSteps {
   Timings* timings_;
   SegmentTable table_;
   std::vector<std::vector<int32_t>> maps_;
+  const float* sinks_ = nullptr;
+  float* dsinks_ = nullptr;
   Phase current_ = Phase::kCount;
   Clock::time_point start_;
 };
@@ -197,6 +216,15 @@ void check_layout(const LayoutView& layout, const Problem& p) {
               "the layout has " << layout.num_seqs << " sequences but the plan's capacity is max_seqs="
                                 << p.capacity.max_seqs);
   validate_layout(layout, p.capacity.max_tokens, p.cp);
+}
+
+// What a CPU step checks besides every plan's checks (shapes, dtypes, strides, overlap:
+// detail::check_backward_tensors): dsinks needs the forward's sinks. Any view is taken: k and
+// v are packed before the gather and dk, dv cast through their strides.
+void check_cpu_backward(const Problem& p, const BackwardTensors& t) {
+  detail::check_backward_tensors(p, t);
+  THDCP_CHECK(t.dsinks == nullptr || t.sinks != nullptr,
+              "dsinks is set but sinks is null: pass the forward's sinks to get their gradient");
 }
 
 }  // namespace
@@ -220,18 +248,16 @@ CpuPlan::CpuPlan(Communicator& comm, const Problem& problem, const AttentionOpti
       [&] {
         THDCP_CHECK(problem.cp == comm.size(), "problem.cp=" << problem.cp << " but the communicator has "
                                                              << comm.size() << " ranks");
-        THDCP_CHECK(cpu_supports_head_dim(problem.head_dim),
-                    "head_dim=" << problem.head_dim << " is not supported by the CPU backend: use a multiple of 8 in [8, 256]");
+        check_cpu_head_dims(problem);
         if (one_shot && one_shot->local_checks) one_shot->local_checks();
       },
       [&](const void* send, void* recv, size_t bytes) { comm.all_gather(send, recv, bytes); });
 
   buffers_ = std::make_shared<Buffers>();
-  const size_t rows = static_cast<size_t>(problem.capacity.max_tokens);
-  const size_t kv_elements = rows * static_cast<size_t>(problem.kv_heads * problem.head_dim);
   for (int i = 0; i < 2; ++i) {
-    buffers_->gathered[i].resize(kv_elements * dtype_size(problem.dtype));
-    buffers_->sequence[i].resize(kv_elements * dtype_size(problem.dtype));
+    const size_t bytes = slot_elements(problem, i) * dtype_size(problem.dtype);
+    buffers_->gathered[i].resize(bytes);
+    buffers_->sequence[i].resize(bytes);
   }
 }
 
@@ -239,28 +265,43 @@ void CpuPlan::forward(const LayoutView& layout, const ForwardTensors& tensors, T
   check_layout(layout, problem_);
   detail::check_forward_tensors(problem_, tensors);
   CpuSteps steps(comm_, problem_, options_, *buffers_, layout, timings);
+  steps.use_sinks(tensors.sinks, nullptr);
   detail::run_forward(steps, tensors);
 }
 
 void CpuPlan::backward(const LayoutView& layout, const BackwardTensors& tensors, Timings* timings) {
   check_layout(layout, problem_);
-  detail::check_backward_tensors(problem_, tensors);
+  check_cpu_backward(problem_, tensors);
   // The fp32 gradient buffers are the largest; only a backward needs them.
-  const size_t kv_elements = static_cast<size_t>(problem_.capacity.max_tokens * problem_.kv_heads * problem_.head_dim);
   for (int i = 0; i < 2; ++i) {
+    const size_t kv_elements = slot_elements(problem_, i);
     buffers_->grad_seq[i].resize(kv_elements);
     buffers_->grad_ranked[i].resize(kv_elements);
     buffers_->grad_local[i].resize(kv_elements / static_cast<size_t>(problem_.cp));
   }
   CpuSteps steps(comm_, problem_, options_, *buffers_, layout, timings);
+  steps.use_sinks(tensors.sinks, tensors.dsinks);
   detail::run_backward(steps, tensors);
+  if (tensors.dsinks) {
+    // Each rank's d(sink) covers its own query rows; the whole is their sum, added in rank
+    // order on every rank (an all-gather, not a reduction of unspecified order), so every
+    // rank gets the same bits on every run.
+    const size_t heads = static_cast<size_t>(problem_.q_heads);
+    std::vector<float> parts(heads * static_cast<size_t>(problem_.cp));
+    comm_.all_gather(tensors.dsinks, parts.data(), heads * sizeof(float));
+    for (size_t h = 0; h < heads; ++h) {
+      double sum = 0;
+      for (int r = 0; r < problem_.cp; ++r) sum += parts[static_cast<size_t>(r) * heads + h];
+      tensors.dsinks[h] = static_cast<float>(sum);
+    }
+  }
 }
 
 namespace {
 
 // The problem of a one-shot call: its capacity is the layout itself.
 Problem problem_of(const Communicator& comm, const LayoutView& layout, const Mask& mask, const ConstThdTensor& q,
-                   const ConstThdTensor& k) {
+                   const ConstThdTensor& k, const ConstThdTensor& v) {
   Problem p;
   p.cp = comm.size();
   p.capacity.max_seqs = layout.num_seqs;
@@ -269,6 +310,7 @@ Problem problem_of(const Communicator& comm, const LayoutView& layout, const Mas
   p.q_heads = q.heads;
   p.kv_heads = k.heads;
   p.head_dim = q.head_dim;
+  p.v_head_dim = v.head_dim;
   p.dtype = q.dtype;
   return p;
 }
@@ -279,7 +321,7 @@ template <typename Tensors, typename Check, typename Step>
 void one_shot(Communicator& comm, const LayoutView& layout, const Mask& mask, const Tensors& tensors,
               const AttentionOptions& options, Timings* timings, Check check, Step step) {
   const auto start = Clock::now();
-  const Problem problem = problem_of(comm, layout, mask, tensors.q, tensors.k);
+  const Problem problem = problem_of(comm, layout, mask, tensors.q, tensors.k, tensors.v);
   CpuPlan::OneShot agreement;
   agreement.local_rows[0] = tensors.q.tokens;
   agreement.local_rows[1] = tensors.k.tokens;
@@ -313,7 +355,7 @@ void backward(Communicator& comm, const LayoutView& layout, const Mask& mask, Co
               ConstThdTensor v, ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
               ThdTensor dv, const AttentionOptions& options, Timings* timings) {
   const BackwardTensors tensors{q, k, v, out, dout, lse, dq, dk, dv};
-  one_shot(comm, layout, mask, tensors, options, timings, detail::check_backward_tensors,
+  one_shot(comm, layout, mask, tensors, options, timings, check_cpu_backward,
            [&](CpuPlan& plan) { plan.backward(layout, tensors, timings); });
 }
 

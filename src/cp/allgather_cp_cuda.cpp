@@ -299,11 +299,18 @@ void check_layout(const DeviceLayout& layout, const Problem& p) {
 }
 
 // Host arithmetic only: what every step checks against the plan (shapes, dtypes, strides,
-// overlap), and what the CUDA step set needs besides: dk/dv of one dtype. K/V of any strides
-// are packed before the gather; q, out, dout and dq meet the attention plans' checks.
-void check_forward_tensors(const Problem& p, const ForwardTensors& t) { detail::check_forward_tensors(p, t); }
+// overlap), and what the CUDA step set needs besides: no sinks yet, and dk/dv of one dtype.
+// K/V of any strides are packed before the gather; q, out, dout and dq meet the attention
+// plans' checks.
+void check_forward_tensors(const Problem& p, const ForwardTensors& t) {
+  THDCP_CHECK(t.sinks == nullptr, "sinks are not supported by the CUDA backend yet: they come with the kernels of issue 27 "
+                                       "(the CPU backend takes them)");
+  detail::check_forward_tensors(p, t);
+}
 
 void check_backward_tensors(const Problem& p, const BackwardTensors& t) {
+  THDCP_CHECK(t.sinks == nullptr && t.dsinks == nullptr, "sinks are not supported by the CUDA backend yet: they come with the kernels of issue 27 "
+                                       "(the CPU backend takes them)");
   detail::check_backward_tensors(p, t);
   THDCP_CHECK(t.dv.dtype == t.dk.dtype, "dk has dtype " << dtype_name(t.dk.dtype) << " but dv has "
                                                         << dtype_name(t.dv.dtype) << ": pass both in one dtype");

@@ -12,10 +12,12 @@
 
 namespace thdcp::cpu::detail {
 
-// The shapes of a call's query-side ([q_rows, Hq, D]: q, out, dout, dq) and key-side
-// ([k_rows, Hkv, D]: k, v, dk, dv) tensors, from the table and q, k.
+// The shapes of a call's tensors, from the table and q, k, v: q and dq [q_rows, Hq, D_qk],
+// out and dout [q_rows, Hq, D_v], k and dk [k_rows, Hkv, D_qk], v and dv [k_rows, Hkv, D_v].
 ThdShape q_shape(const SegmentTable& table, const ConstThdTensor& q);
-ThdShape kv_shape(const SegmentTable& table, const ConstThdTensor& q, const ConstThdTensor& k);
+ThdShape out_shape(const SegmentTable& table, const ConstThdTensor& q, const ConstThdTensor& v);
+ThdShape k_shape(const SegmentTable& table, const ConstThdTensor& q, const ConstThdTensor& k);
+ThdShape v_shape(const SegmentTable& table, const ConstThdTensor& k, const ConstThdTensor& v);
 
 // One THD tensor argument: its shape, dtype (thdcp::check_thd_shape, check_thd_dtype;
 // outputs may be fp32 too, `or_fp32`) and strides (>= 0; any view: the loops below index
@@ -27,9 +29,14 @@ void check_tensor(const char* name, const ConstThdTensor& t, const ThdShape& sha
 void zero_view(const ThdTensor& t);
 
 // Checks q/k/v against the table and each other (shared by forward and backward): heads
-// (GQA/MQA), a head dim the CPU backend supports, shapes, one dtype, the table itself.
+// (GQA/MQA), head dims the CPU backend supports (D_qk from q, D_v from v), shapes, one
+// dtype, the table itself.
 void check_qkv(const SegmentTable& table, const ConstThdTensor& q, const ConstThdTensor& k,
                const ConstThdTensor& v);
+
+// Attention sinks, where given: `q_heads` logits, each finite or -inf (no sink for that head);
+// NaN and +inf are refused, naming the head.
+void check_sinks(const float* sinks, int64_t q_heads);
 
 // Element (row, head, d) of a THD tensor as arithmetic type Acc.
 template <typename Acc>

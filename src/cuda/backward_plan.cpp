@@ -74,6 +74,8 @@ int64_t dkv_grid_tiles(const DeviceSegmentTable& table, int tile_rows) {
 }
 
 void check_backward_tensors(const AttentionShape& shape, const BackwardTensors& t) {
+  THDCP_CHECK(t.sinks == nullptr && t.dsinks == nullptr, "sinks are not supported by the CUDA backend yet: they come with the kernels of issue 27 "
+                                       "(the CPU backend takes them)");
   const DeviceSegmentTable& table = shape.table;
   const ThdShape q = detail::q_shape(shape), kv = detail::kv_shape(shape);
   detail::check_view("q", t.q, q, shape.dtype);

@@ -21,6 +21,8 @@ int64_t forward_grid_tiles(const DeviceSegmentTable& table, bool sm90, int head_
 }
 
 void check_forward_tensors(const AttentionShape& shape, const ForwardTensors& t) {
+  THDCP_CHECK(t.sinks == nullptr, "sinks are not supported by the CUDA backend yet: they come with the kernels of issue 27 "
+                                       "(the CPU backend takes them)");
   const DeviceSegmentTable& table = shape.table;
   detail::check_view("q", t.q, detail::q_shape(shape), shape.dtype);
   detail::check_view("k", t.k, detail::kv_shape(shape), shape.dtype);

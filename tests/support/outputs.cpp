@@ -10,10 +10,10 @@ namespace thdcp::test {
 
 Outputs outputs_for(const Batch& b, int64_t rows, DType dq_dtype, DType dkv_dtype) {
   Outputs o;
-  o.out = HostTensor(b.q.dtype(), rows, b.q.heads(), b.q.head_dim());
+  o.out = HostTensor(b.q.dtype(), rows, b.q.heads(), b.v.head_dim());
   o.dq = HostTensor(dq_dtype, rows, b.q.heads(), b.q.head_dim());
   o.dk = HostTensor(dkv_dtype, rows, b.k.heads(), b.k.head_dim());
-  o.dv = HostTensor(dkv_dtype, rows, b.k.heads(), b.k.head_dim());
+  o.dv = HostTensor(dkv_dtype, rows, b.v.heads(), b.v.head_dim());
   o.lse.resize(static_cast<size_t>(b.q.heads() * rows));
   o.max_logit.resize(static_cast<size_t>(b.q.heads()));
   return o;

@@ -13,7 +13,8 @@
 
 namespace thdcp::test {
 
-// out [rows, Hq, D]; dq like out; dk, dv [rows, Hkv, D]; lse [Hq, rows]; max_logit [Hq].
+// out [rows, Hq, D_v]; dq [rows, Hq, D_qk]; dk [rows, Hkv, D_qk]; dv [rows, Hkv, D_v];
+// lse [Hq, rows]; max_logit [Hq].
 struct Outputs {
   HostTensor out, dq, dk, dv;
   std::vector<float> lse, max_logit;

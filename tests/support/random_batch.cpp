@@ -5,14 +5,15 @@
 namespace thdcp::test {
 
 Batch make_batch(const BatchLayout& layout, DType dtype, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                 uint64_t seed) {
+                 uint64_t seed, int64_t v_head_dim) {
+  if (v_head_dim == 0) v_head_dim = head_dim;
   Batch b;
   b.layout = layout;
   const int64_t rows = layout.total_rows();
   b.q = HostTensor(dtype, rows, q_heads, head_dim);
   b.k = HostTensor(dtype, rows, kv_heads, head_dim);
-  b.v = HostTensor(dtype, rows, kv_heads, head_dim);
-  b.dout = HostTensor(dtype, rows, q_heads, head_dim);
+  b.v = HostTensor(dtype, rows, kv_heads, v_head_dim);
+  b.dout = HostTensor(dtype, rows, q_heads, v_head_dim);
   fill_normal(b.q, seed * 4 + 1);
   fill_normal(b.k, seed * 4 + 2);
   fill_normal(b.v, seed * 4 + 3);

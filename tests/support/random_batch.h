@@ -24,10 +24,11 @@ struct Batch {
   HostTensor q, k, v, dout;
 };
 
-// Random tensors for a layout. Padding rows hold random values too: a kernel that reads
-// them would show up as a mismatch.
+// Random tensors for a layout: q and k of head dim `head_dim`, v and dout of `v_head_dim`
+// (0: head_dim). Padding rows hold random values too: a kernel that reads them would show up
+// as a mismatch.
 Batch make_batch(const BatchLayout& layout, DType dtype, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                 uint64_t seed);
+                 uint64_t seed, int64_t v_head_dim = 0);
 
 // `count` lengths drawn uniformly from [0, max_length].
 std::vector<int64_t> random_lengths(Rng& rng, int count, int64_t max_length);

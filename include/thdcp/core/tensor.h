@@ -65,6 +65,7 @@ struct ThdShape {
   int64_t heads = 0;
   const char* heads_name = "heads";
   int64_t head_dim = 0;
+  const char* head_dim_name = "head_dim";  // "v_head_dim" for v, out, dout, dv
 };
 
 // The one shape check of the front doors and backends: throws thdcp::Error unless `t` is

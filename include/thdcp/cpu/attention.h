@@ -19,15 +19,21 @@
 
 namespace thdcp {
 
-// Head dims the CPU backend supports: multiples of 8 in [8, 256].
+// Head dims the CPU backend supports: multiples of 8 in [8, 256], for D_qk and D_v alike
+// (any pair: MLA's 192/128, or D_v above D_qk).
 bool cpu_supports_head_dim(int64_t head_dim);
+// Throws thdcp::Error naming the field unless both heads.head_dim and heads.value_head_dim()
+// are supported.
+void check_cpu_head_dims(const HeadShape& heads);
 
 namespace cpu {
 
 // Forward attention over `table` (mask = table.mask).
-//   q         [table.q_rows, Hq, D]        storage dtype
-//   k, v      [table.k_rows, Hkv, D]       same dtype as q; Hq a multiple of Hkv (GQA/MQA)
-//   out       [table.q_rows, Hq, D]        same dtype as q; every row is written, rows that
+//   q         [table.q_rows, Hq, D_qk]     storage dtype
+//   k         [table.k_rows, Hkv, D_qk]    same dtype as q; Hq a multiple of Hkv (GQA/MQA)
+//   v         [table.k_rows, Hkv, D_v]     same dtype as q; D_v is v's head dim (any supported
+//                                          one: it need not equal D_qk)
+//   out       [table.q_rows, Hq, D_v]      same dtype as q; every row is written, rows that
 //                                          are padding or see no key get 0
 //   lse       Hq * table.q_rows floats, [Hq, q_rows]: natural log of the softmax denominator
 //             of the scaled scores; -inf for rows that are padding or see no key
@@ -35,16 +41,24 @@ namespace cpu {
 // Throws thdcp::Error, before writing anything, when shapes, dtypes or the table are wrong.
 void attention_forward(const SegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
                        ThdTensor out, float* lse, float* max_logit, const AttentionOptions& options = {});
+// The same with every tensor of ForwardTensors, attention sinks included (tensors.sinks:
+// host [Hq] fp32 or null).
+void attention_forward(const SegmentTable& table, const ForwardTensors& tensors, const AttentionOptions& options = {});
 
 // Backward attention over `table`, from the forward's out and lse.
-//   dout      [q_rows, Hq, D]  same dtype as q
-//   dq        [q_rows, Hq, D]  q's dtype or fp32
-//   dk, dv    [k_rows, Hkv, D] k's dtype or fp32 (fp32 lets CP sum partial gradients
-//                              across ranks before the one rounding to storage)
+//   out, dout [q_rows, Hq, D_v]   same dtype as q
+//   dq        [q_rows, Hq, D_qk]  q's dtype or fp32
+//   dk        [k_rows, Hkv, D_qk] k's dtype or fp32 (fp32 lets CP sum partial gradients
+//                                 across ranks before the one rounding to storage)
+//   dv        [k_rows, Hkv, D_v]  k's dtype or fp32
 // Every row is written; rows no query saw get exactly 0.
 void attention_backward(const SegmentTable& table, ConstThdTensor q, ConstThdTensor k, ConstThdTensor v,
                         ConstThdTensor out, ConstThdTensor dout, const float* lse, ThdTensor dq, ThdTensor dk,
                         ThdTensor dv, const AttentionOptions& options = {});
+// The same with every tensor of BackwardTensors: with sinks, dsinks (host [Hq] fp32, or null)
+// receives each head's d(sink) summed over the table's query rows; dkv_rows must be null.
+void attention_backward(const SegmentTable& table, const BackwardTensors& tensors,
+                        const AttentionOptions& options = {});
 
 }  // namespace cpu
 }  // namespace thdcp

@@ -15,19 +15,24 @@
 namespace thdcp {
 
 // The heads of a call: Hq query heads, Hkv key/value heads (GQA/MQA: Hq a multiple of Hkv),
-// head dim D. Shapes of every backend derive from it (a params base, as FlashAttention's
-// Qkv_params), so `shape.q_heads` reads the same everywhere.
+// the q/k head dim D_qk and the value head dim D_v (v, out, dout, dv; MLA: 192 and 128).
+// Shapes of every backend derive from it (a params base, as FlashAttention's Qkv_params), so
+// `shape.q_heads` reads the same everywhere.
 struct HeadShape {
-  int64_t q_heads = 0;   // Hq
-  int64_t kv_heads = 0;  // Hkv; Hq % Hkv == 0
-  int64_t head_dim = 0;  // D
+  int64_t q_heads = 0;     // Hq
+  int64_t kv_heads = 0;    // Hkv; Hq % Hkv == 0
+  int64_t head_dim = 0;    // D_qk: q and k (and the default softmax scale 1/sqrt(D_qk))
+  int64_t v_head_dim = 0;  // D_v: v, out, dout, dv; 0 means D_v = D_qk
 
   const HeadShape& heads() const { return *this; }
+  // D_v as the call uses it: v_head_dim, or head_dim where v_head_dim is 0.
+  int64_t value_head_dim() const { return v_head_dim != 0 ? v_head_dim : head_dim; }
 };
 
-// Throws thdcp::Error unless 1 <= Hkv, Hq is a multiple of Hkv, Hq < 2^31 and D >= 1, naming
-// the fields as `prefix` + "q_heads" (e.g. "params->" at the C boundary). Backends check
-// their own limits on D (cpu_supports_head_dim, cuda_supports_head_dim).
+// Throws thdcp::Error unless 1 <= Hkv, Hq is a multiple of Hkv, Hq < 2^31, D_qk >= 1 and
+// v_head_dim >= 0, naming the fields as `prefix` + "q_heads" (e.g. "params->" at the C
+// boundary). Backends check their own limits on D_qk and D_v (check_cpu_head_dims,
+// cuda_supports_head_dim).
 void check_head_shape(const HeadShape& heads, const char* prefix = "");
 
 // What a single-device attention call is planned for (cuda::Attention, the C ABI's attention
@@ -41,18 +46,27 @@ struct AttentionProblem : HeadShape {
 };
 
 // The tensors of one forward call, on every backend (single-device or this rank's part of a
-// CP step): q [rows, Hq, D], k and v [k_rows, Hkv, D] (a CP step: the rank's own rows), out
-// like q, lse [Hq, rows] fp32, max_logit [Hq] fp32 or null. What each call writes is said
+// CP step): q [rows, Hq, D_qk], k [k_rows, Hkv, D_qk] and v [k_rows, Hkv, D_v] (a CP step:
+// the rank's own rows), out [rows, Hq, D_v], lse [Hq, rows] fp32, max_logit [Hq] fp32 or null. What each call writes is said
 // where it is declared (cuda::Attention, cpu::attention_forward, cp::CudaPlan).
+//
+// Attention sinks (gpt-oss; optional, the CPU backend only until the kernels of issue 27):
+// sinks [Hq] fp32, one learnable logit per query head, in the memory space of the tensors.
+// Each query row's softmax denominator gains exp(sinks[h] - m) (m the running max, the sink
+// included); the sink contributes no value. The sink is an unscaled logit (softmax_scale
+// does not apply to it). lse includes the sink, so a row that sees no key but has a sink has
+// lse = sinks[h] and out 0. max_logit stays the max of the scaled q.k scores over allowed
+// pairs, without the sink: it measures q.k for QK-clip, which a sink cannot change.
 struct ForwardTensors {
   ConstThdTensor q, k, v;
   ThdTensor out;
   float* lse = nullptr;
-  float* max_logit = nullptr;  // optional
+  float* max_logit = nullptr;    // optional
+  const float* sinks = nullptr;  // optional, [Hq] fp32
 };
 
-// The tensors of one backward call: the forward's (out and its lse) with dout and dq like q,
-// dk and dv like k. dq: q's dtype or fp32; dk, dv: k's dtype or fp32.
+// The tensors of one backward call: the forward's (out and its lse) with dout like out, dq
+// like q, dk like k and dv like v. dq: q's dtype or fp32; dk, dv: k's dtype or fp32.
 struct BackwardTensors {
   ConstThdTensor q, k, v, out, dout;
   const float* lse = nullptr;
@@ -62,6 +76,12 @@ struct BackwardTensors {
   // from sequence order to the ranks' order, so the gradients need no reorder before the
   // reduce-scatter.
   const int32_t* dkv_rows = nullptr;
+  // Attention sinks (see ForwardTensors): the forward's sinks, or null when it had none; and
+  // dsinks [Hq] fp32, null or where d(loss)/d(sink) is written (it needs sinks). Each head's
+  // dsink is summed over every query row in a fixed order (deterministic); under CP over the
+  // rows of every rank, every rank receiving the whole [Hq].
+  const float* sinks = nullptr;
+  float* dsinks = nullptr;
 };
 
 // The reference backend's arithmetic.
@@ -71,7 +91,7 @@ enum class Accumulate {
 };
 
 struct AttentionOptions {
-  // Every backend: scale of q.k; 0 means 1/sqrt(head_dim).
+  // Every backend: scale of q.k; 0 means 1/sqrt(head_dim) (D_qk).
   float softmax_scale = 0.0f;
 
   // CUDA backward. true: same bits on every run. Each fp32 dK/dV element receives at most
