@@ -46,24 +46,46 @@ inline DType to_dtype(const at::Tensor& t, const char* name) {
 }
 
 // A [rows, heads, head_dim] tensor whose last dimension is contiguous: any row and head
-// strides (views of a packed QKV buffer included) are passed on to the kernels, which check
-// them against what they need.
+// strides (views of a packed QKV buffer, head-major views x.transpose(0, 1) of [heads, rows,
+// head_dim] memory, padded rows or heads) are passed on to the kernels with no copy; the
+// backends check them against what they need (the CUDA one: 16-byte multiples).
 inline void check_thd(const at::Tensor& t, const char* name) {
   TORCH_CHECK_VALUE(t.dim() == 3, "thdcp: ", name, " has ", t.dim(), " dimensions (shape ", t.sizes(),
                     "); pass a THD tensor [tokens, heads, head_dim]");
   TORCH_CHECK_VALUE(t.size(2) <= 1 || t.stride(2) == 1, "thdcp: ", name, " has stride ", t.stride(2),
                     " in head_dim (strides ", t.strides(), "); head_dim must be contiguous: pass ", name,
                     ".contiguous()");
+  for (int dim = 0; dim < 2; ++dim) {
+    TORCH_CHECK_VALUE(t.size(dim) <= 1 || t.stride(dim) != 0, "thdcp: ", name, " has stride 0 in dimension ", dim,
+                      " of size ", t.size(dim), " (a broadcast, e.g. from expand); thdcp reads 0 as contiguous: pass ",
+                      name, ".contiguous()");
+  }
 }
+
+// t itself when thdcp can view it, else a contiguous copy: only a broadcast dimension
+// (stride 0 over several rows or heads) is materialised, since thdcp's strides use 0 for
+// "contiguous". For inputs, which are only read.
+inline at::Tensor thd_input(const at::Tensor& t) {
+  if (t.dim() == 3 && ((t.size(0) > 1 && t.stride(0) == 0) || (t.size(1) > 1 && t.stride(1) == 0))) {
+    return t.contiguous();
+  }
+  return t;
+}
+
+// The strides of a checked THD tensor as thdcp takes them (elements): a dimension of one
+// index never applies its stride, so it gets 0 (contiguous) whatever PyTorch reports.
+inline int64_t thd_stride(const at::Tensor& t, int dim) { return t.size(dim) > 1 ? t.stride(dim) : 0; }
 
 inline ConstThdTensor const_view(const at::Tensor& t, const char* name) {
   check_thd(t, name);
-  return ConstThdTensor(t.data_ptr(), to_dtype(t, name), t.size(0), t.size(1), t.size(2), t.stride(0), t.stride(1));
+  return ConstThdTensor(t.data_ptr(), to_dtype(t, name), t.size(0), t.size(1), t.size(2), thd_stride(t, 0),
+                        thd_stride(t, 1));
 }
 
 inline ThdTensor view(at::Tensor& t, const char* name) {
   check_thd(t, name);
-  return ThdTensor(t.data_ptr(), to_dtype(t, name), t.size(0), t.size(1), t.size(2), t.stride(0), t.stride(1));
+  return ThdTensor(t.data_ptr(), to_dtype(t, name), t.size(0), t.size(1), t.size(2), thd_stride(t, 0),
+                   thd_stride(t, 1));
 }
 
 // cu_seqlens-like metadata: int32, one dimension, at least two entries, contiguous, on `device`

@@ -46,8 +46,8 @@ Outputs3 attention_forward_cpu(const at::Tensor& q, const at::Tensor& k, const a
     check_metadata(cu_seqlens, "cu_seqlens", device);
     check_metadata(cu_seqlens_padded, "cu_seqlens_padded", device);
     const Mask mask = window_mask(window_left, window_right);
-    // The reference backend takes contiguous tensors: views (a packed QKV) are copied.
-    const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+    // Views (packed QKV, head-major K/V) are read as they are.
+    const at::Tensor qc = thd_input(q), kc = thd_input(k), vc = thd_input(v);
     const ConstThdTensor qv = const_view(qc, "q"), kv = const_view(kc, "k"), vv = const_view(vc, "v");
     const LayoutView layout = host_layout(cu_seqlens, cu_seqlens_padded, q.size(0), 0);
     const SegmentTable table = build_segment_table(layout, mask);
@@ -85,8 +85,8 @@ Outputs3 attention_backward_cpu(const at::Tensor& dout, const at::Tensor& q, con
     at::Tensor dv = at::empty(v.sizes(), v.options().memory_format(at::MemoryFormat::Contiguous));
     AttentionOptions options;
     options.softmax_scale = static_cast<float>(softmax_scale);
-    const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), oc = out.contiguous(),
-                     dc = dout.contiguous();
+    const at::Tensor qc = thd_input(q), kc = thd_input(k), vc = thd_input(v), oc = thd_input(out),
+                     dc = thd_input(dout);
     cpu::attention_backward(table, const_view(qc, "q"), const_view(kc, "k"), const_view(vc, "v"),
                             const_view(oc, "out"), const_view(dc, "dout"), lse.data_ptr<float>(), view(dq, "dq"), view(dk, "dk"),
                             view(dv, "dv"), options);

@@ -132,10 +132,12 @@ cuda::Attention single_device_attention(const at::Tensor& q, const AttentionProb
   return cuda::Attention(problem, options, workspace.data_ptr(), bytes);
 }
 
-Outputs3 attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+Outputs3 attention_forward_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                 const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
                                 int64_t window_left, int64_t window_right, double softmax_scale,
                                 bool return_max_logit) {
+  // Views (packed QKV, head-major K/V) pass as they are; only a broadcast is materialised.
+  const at::Tensor q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in);
   return translate_errors("attention", [&] {
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
     const OnDevice on(q);
@@ -151,11 +153,13 @@ Outputs3 attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const 
   });
 }
 
-Outputs3 attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                                 const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+Outputs3 attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
+                                 const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse,
                                  const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
                                  int64_t window_left, int64_t window_right, double softmax_scale,
                                  bool deterministic) {
+  const at::Tensor dout = thd_input(dout_in), q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in),
+                   out = thd_input(out_in);
   return translate_errors("attention backward", [&] {
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
     check_backward_inputs(dout, q, out, lse);
@@ -321,10 +325,12 @@ CpPlanEntry& cp_plan(CommEntry& entry, const at::Tensor& q, const at::Tensor& k,
   return entry.plans.emplace(key, std::move(made)).first->second;
 }
 
-Outputs3 cp_attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+Outputs3 cp_attention_forward_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                    const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, int64_t handle,
                                    int64_t window_left, int64_t window_right, double softmax_scale,
                                    bool return_max_logit) {
+  // Views (packed QKV, head-major K/V) pass as they are; only a broadcast is materialised.
+  const at::Tensor q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in);
   return translate_errors("cp_attention", [&] {
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
     const OnDevice on(q);
@@ -337,10 +343,12 @@ Outputs3 cp_attention_forward_cuda(const at::Tensor& q, const at::Tensor& k, con
   });
 }
 
-Outputs3 cp_attention_backward_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                                    const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+Outputs3 cp_attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
+                                    const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse,
                                     const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, int64_t handle,
                                     int64_t window_left, int64_t window_right, double softmax_scale) {
+  const at::Tensor dout = thd_input(dout_in), q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in),
+                   out = thd_input(out_in);
   return translate_errors("cp_attention backward", [&] {
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
     check_backward_inputs(dout, q, out, lse);

@@ -10,9 +10,22 @@ _ops = torch.ops.thdcp
 
 
 def _kernel_ready(grad: torch.Tensor) -> torch.Tensor:
-    # Autograd may hand over expanded or transposed gradients; the kernels take THD views
-    # with a contiguous head dim and aligned rows.
-    return grad.contiguous()
+    """The incoming gradient itself where the kernels take it as a view (any row and head
+    strides: a transposed, head-major or sliced gradient passes with no copy), else a
+    contiguous copy: autograd may hand over a gradient with a strided head dim, a broadcast
+    (stride 0, e.g. from expand) or, on CUDA, rows not on 16-byte boundaries, which the
+    kernels refuse. Reads host metadata only (no data pointer: fake tensors have none)."""
+    if grad.dim() != 3:
+        return grad.contiguous()
+    if grad.size(2) > 1 and grad.stride(2) != 1:
+        return grad.contiguous()
+    element = grad.element_size()
+    for dim in (0, 1):
+        if grad.size(dim) > 1 and (grad.stride(dim) == 0 or (grad.is_cuda and grad.stride(dim) * element % 16)):
+            return grad.contiguous()
+    if grad.is_cuda and grad.storage_offset() * element % 16:  # the caching allocator's blocks are aligned
+        return grad.contiguous()
+    return grad
 
 
 def _results(out, lse, max_logit, return_lse, return_max_logit):
@@ -41,8 +54,12 @@ def attention(
     """Attention over packed sequences (FlashAttention's varlen semantics on absolute positions).
 
     q: [T, Hq, D]; k, v: [T, Hkv, D] (Hq a multiple of Hkv: GQA/MQA), bf16 or fp16 on CUDA
-    (D 64 or 128), or float32/bf16/fp16 on the CPU. Views of one packed QKV buffer
-    [T, Hq + 2 Hkv, D] are taken as they are (no copy).
+    (D 64 or 128), or float32/bf16/fp16 on the CPU. Any view whose last dimension is
+    contiguous is taken as it is, with no copy, on both backends: views of one packed QKV
+    buffer [T, Hq + 2 Hkv, D], padded heads, and head-major views x.transpose(0, 1) of
+    [H, T, D] memory (K/V as transformers' cache holds them). On CUDA the data pointer and the
+    row and head strides must be multiples of 16 bytes (8 elements; refused otherwise, naming
+    the tensor); a broadcast (stride 0) dimension is copied.
     cu_seqlens: int32 [B + 1], prefix sums of the valid lengths; cu_seqlens_padded: int32
     [B + 1], prefix sums of the lengths in memory (None: no padding), last entry T. Trailing
     zero-length sequences (placeholders) are allowed; padding rows get 0 and an LSE of -inf.

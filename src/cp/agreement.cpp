@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "thdcp/core/error.h"
+#include "thdcp/core/overlap.h"
 
 namespace thdcp::cp::detail {
 
@@ -67,6 +68,7 @@ void check_forward_tensors(const Problem& p, const ForwardTensors& t) {
   check_local("v", t.v, local_v(p), p.dtype);
   check_local("out", t.out, local_out(p), p.dtype);
   THDCP_CHECK(t.lse != nullptr || p.local_rows() * p.q_heads == 0, "lse is a null pointer: pass Hq * T/cp floats");
+  check_outputs_apart({{"out", t.out}}, {{"q", t.q}, {"k", t.k}, {"v", t.v}});
 }
 
 void check_backward_tensors(const Problem& p, const BackwardTensors& t) {
@@ -81,6 +83,8 @@ void check_backward_tensors(const Problem& p, const BackwardTensors& t) {
   THDCP_CHECK(t.lse != nullptr || p.local_rows() * p.q_heads == 0,
               "lse is a null pointer: pass the forward's Hq * T/cp floats");
   THDCP_CHECK(t.dkv_rows == nullptr, "dkv_rows is set: a CP plan maps the gradients' rows itself; leave it null");
+  check_outputs_apart({{"dq", t.dq}, {"dk", t.dk}, {"dv", t.dv}},
+                      {{"q", t.q}, {"k", t.k}, {"v", t.v}, {"out", t.out}, {"dout", t.dout}});
 }
 
 uint64_t layout_fingerprint(const LayoutView& layout) {

@@ -19,8 +19,9 @@ namespace thdcp::cp::detail {
 void validate_problem(const Problem& problem);
 
 // What every step checks against its plan, on either backend, with host arithmetic only:
-// every tensor is this rank's [T/cp, heads, D] in the problem's dtype (gradients: or fp32),
-// and lse is given. Throws thdcp::Error naming the tensor.
+// every tensor is this rank's [T/cp, heads, D] in the problem's dtype (gradients: or fp32)
+// with strides >= 0, the outputs overlap neither themselves nor another tensor of the step
+// (thdcp/core/overlap.h), and lse is given. Throws thdcp::Error naming the tensor.
 void check_forward_tensors(const Problem& problem, const ForwardTensors& tensors);
 void check_backward_tensors(const Problem& problem, const BackwardTensors& tensors);
 

@@ -34,6 +34,7 @@ double Timings::total() const {
 
 // Host buffers of a plan, sized by its capacity once.
 struct CpuPlan::Buffers {
+  std::vector<unsigned char> packed[2];                 // K, V: a strided local view's rows, dense (sized on first use)
   std::vector<unsigned char> gathered[2], sequence[2];  // K, V: rank order, sequence order
   std::vector<float> grad_seq[2], grad_ranked[2], grad_local[2];
 };
@@ -90,10 +91,18 @@ class CpuSteps {
     for (int r = 0; r < p_.cp; ++r) maps_.push_back(rank_row_map(layout_, p_.cp, r));
   }
 
+  // `local`: this rank's K or V, any view; a strided one is packed into dense rows first.
   ConstThdTensor gather(const ConstThdTensor& local, Slot slot) {
     std::vector<unsigned char>& gathered = b_.gathered[index_of(slot)];
     const size_t local_bytes = static_cast<size_t>(local.tokens) * local.row_bytes();
-    comm_.all_gather(local.data, gathered.data(), local_bytes);
+    const void* send = local.data;
+    if (!local.contiguous()) {
+      std::vector<unsigned char>& packed = b_.packed[index_of(slot)];
+      packed.resize(local_bytes);  // once: the local rows are fixed by the plan
+      pack(local, packed.data());
+      send = packed.data();
+    }
+    comm_.all_gather(send, gathered.data(), local_bytes);
     return ConstThdTensor(gathered.data(), local.dtype, local.tokens * p_.cp, local.heads, local.head_dim);
   }
 
@@ -156,12 +165,32 @@ class CpuSteps {
     return ThdTensor{local.data(), DType::kFloat32, rows, ranked.heads, ranked.head_dim};
   }
 
+  // One rounding of the dense fp32 rows into `grad`, any view.
   void cast(const ThdTensor& local, ThdTensor grad) {
     const auto* src = static_cast<const float*>(local.data);
-    for (int64_t i = 0; i < local.numel(); ++i) store_from_float(grad.data, grad.dtype, static_cast<size_t>(i), src[i]);
+    for (int64_t row = 0; row < grad.tokens; ++row) {
+      for (int64_t head = 0; head < grad.heads; ++head) {
+        const size_t to = static_cast<size_t>(grad.offset(row, head, 0));
+        const float* from = src + (row * grad.heads + head) * grad.head_dim;
+        for (int64_t d = 0; d < grad.head_dim; ++d) store_from_float(grad.data, grad.dtype, to + d, from[d]);
+      }
+    }
   }
 
  private:
+  // The view's rows as dense [tokens, heads, head_dim] at `dense`.
+  static void pack(const ConstThdTensor& view, unsigned char* dense) {
+    const size_t element = dtype_size(view.dtype);
+    const size_t head_bytes = static_cast<size_t>(view.head_dim) * element;
+    for (int64_t row = 0; row < view.tokens; ++row) {
+      for (int64_t head = 0; head < view.heads; ++head) {
+        std::memcpy(dense + static_cast<size_t>(row * view.heads + head) * head_bytes,
+                    static_cast<const unsigned char*>(view.data) + static_cast<size_t>(view.offset(row, head, 0)) * element,
+                    head_bytes);
+      }
+    }
+  }
+
   ThdTensor fp32_view(std::vector<float>& storage, const ConstThdTensor& like) const {
     return ThdTensor{storage.data(), DType::kFloat32, p_.capacity.max_tokens, like.heads, like.head_dim};
   }
@@ -189,34 +218,13 @@ void check_layout(const LayoutView& layout, const Problem& p) {
   validate_layout(layout, p.capacity.max_tokens, p.cp);
 }
 
-// The CPU step set gathers k and v and casts dk and dv as contiguous rows, and the CPU
-// reference it runs takes contiguous q, out, dout and dq: a strided view is refused, naming
-// it, as the reference refuses it (the CUDA step set packs and casts through strides).
-void check_contiguous(const char* name, const ConstThdTensor& t) {
-  THDCP_CHECK(t.contiguous(), name << " is strided (row_stride=" << t.row_stride << ", head_stride=" << t.head_stride
-                                   << "): the CPU backend of a CP plan takes contiguous tensors; copy it into one");
-}
-
-void check_cpu_forward(const Problem& p, const ForwardTensors& t) {
-  detail::check_forward_tensors(p, t);
-  check_contiguous("q", t.q);
-  check_contiguous("k", t.k);
-  check_contiguous("v", t.v);
-  check_contiguous("out", t.out);
-}
-
+// What a CPU step checks besides every plan's checks (shapes, dtypes, strides, overlap:
+// detail::check_backward_tensors): dsinks needs the forward's sinks. Any view is taken: k and
+// v are packed before the gather and dk, dv cast through their strides.
 void check_cpu_backward(const Problem& p, const BackwardTensors& t) {
   detail::check_backward_tensors(p, t);
   THDCP_CHECK(t.dsinks == nullptr || t.sinks != nullptr,
               "dsinks is set but sinks is null: pass the forward's sinks to get their gradient");
-  check_contiguous("q", t.q);
-  check_contiguous("k", t.k);
-  check_contiguous("v", t.v);
-  check_contiguous("out", t.out);
-  check_contiguous("dout", t.dout);
-  check_contiguous("dq", t.dq);
-  check_contiguous("dk", t.dk);
-  check_contiguous("dv", t.dv);
 }
 
 }  // namespace
@@ -255,7 +263,7 @@ CpuPlan::CpuPlan(Communicator& comm, const Problem& problem, const AttentionOpti
 
 void CpuPlan::forward(const LayoutView& layout, const ForwardTensors& tensors, Timings* timings) {
   check_layout(layout, problem_);
-  check_cpu_forward(problem_, tensors);
+  detail::check_forward_tensors(problem_, tensors);
   CpuSteps steps(comm_, problem_, options_, *buffers_, layout, timings);
   steps.use_sinks(tensors.sinks, nullptr);
   detail::run_forward(steps, tensors);
@@ -339,7 +347,7 @@ void forward(Communicator& comm, const LayoutView& layout, const Mask& mask, Con
              ConstThdTensor v, ThdTensor out, float* lse, float* max_logit, const AttentionOptions& options,
              Timings* timings) {
   const ForwardTensors tensors{q, k, v, out, lse, max_logit};
-  one_shot(comm, layout, mask, tensors, options, timings, check_cpu_forward,
+  one_shot(comm, layout, mask, tensors, options, timings, detail::check_forward_tensors,
            [&](CpuPlan& plan) { plan.forward(layout, tensors, timings); });
 }
 

@@ -87,18 +87,6 @@ uint64_t options_fingerprint(const AttentionOptions& options) {
   return (static_cast<uint64_t>(scale_bits) << 8) | (options.deterministic ? 1u : 0u);
 }
 
-// A strided K/V row must still be one run of heads * head_dim elements (heads adjacent), so
-// that a 2-D copy packs it; arbitrary head strides go through the single-device call.
-void check_packable(const char* name, const ConstThdTensor& t) {
-  THDCP_CHECK(t.head_step() == t.head_dim,
-              name << ".head_stride=" << t.head_step() << " differs from head_dim=" << t.head_dim
-                   << ": AllGather CP packs strided K/V rows with one 2-D copy, so the heads of a row must be "
-                      "adjacent (views of a packed QKV buffer are)");
-  THDCP_CHECK(t.row_step() >= t.heads * t.head_dim,
-              name << ".row_stride=" << t.row_step() << " overlaps the next row (a row holds heads*head_dim="
-                   << t.heads * t.head_dim << " elements)");
-}
-
 }  // namespace
 
 struct CudaPlan::Workspace {
@@ -195,19 +183,24 @@ class CudaSteps {
 
   void build_table() { table_ = w_.table->run(layout_, w_.parts.segments, current_); }
 
-  // `local`: this rank's K or V (a view with the tensor's strides), packed into the
-  // workspace first unless it is contiguous.
+  // `local`: this rank's K or V, any view, packed into dense rows in the workspace first
+  // unless it is contiguous: with one 2-D copy where the heads of a row are adjacent (views
+  // of a packed QKV), else by cuda::pack_rows (head-major views, padded heads).
   ConstThdTensor gather(const ConstThdTensor& local, Slot slot) {
     const int i = index_of(slot);
     const size_t row_bytes = local.row_bytes();
     const size_t local_bytes = static_cast<size_t>(local.tokens) * row_bytes;
     const void* send = local.data;
-    if (!local.contiguous()) {
+    if (!local.contiguous() && local.numel() > 0) {
       unsigned char* packed = w_.parts.packed[i];
-      if (local.tokens > 0) {
-        THDCP_CHECK_CUDA(cudaMemcpy2DAsync(packed, row_bytes, local.data,
-                                           static_cast<size_t>(local.row_step()) * dtype_size(local.dtype), row_bytes,
+      const bool adjacent_heads = (local.heads == 1 || local.head_step() == local.head_dim) &&
+                                  (local.tokens == 1 || local.row_step() >= local.heads * local.head_dim);
+      if (adjacent_heads) {
+        const size_t pitch = local.tokens == 1 ? row_bytes : static_cast<size_t>(local.row_step()) * dtype_size(local.dtype);
+        THDCP_CHECK_CUDA(cudaMemcpy2DAsync(packed, row_bytes, local.data, pitch, row_bytes,
                                            static_cast<size_t>(local.tokens), cudaMemcpyDeviceToDevice, current_));
+      } else {
+        cuda::pack_rows(local, packed, current_);
       }
       send = packed;
     }
@@ -305,24 +298,20 @@ void check_layout(const DeviceLayout& layout, const Problem& p) {
                                            << "): pass the global layout in the plan's capacity form");
 }
 
-// Host arithmetic only: what every step checks against the plan, and what the CUDA step set
-// needs besides: K/V rows it can pack with one 2-D copy, and dk/dv of one dtype.
+// Host arithmetic only: what every step checks against the plan (shapes, dtypes, strides,
+// overlap), and what the CUDA step set needs besides: no sinks yet, and dk/dv of one dtype.
+// K/V of any strides are packed before the gather; q, out, dout and dq meet the attention
+// plans' checks.
 void check_forward_tensors(const Problem& p, const ForwardTensors& t) {
   THDCP_CHECK(t.sinks == nullptr, "sinks are not supported by the CUDA backend yet: they come with the kernels of issue 27 "
                                        "(the CPU backend takes them)");
   detail::check_forward_tensors(p, t);
-  check_packable("k", t.k);
-  check_packable("v", t.v);
 }
 
 void check_backward_tensors(const Problem& p, const BackwardTensors& t) {
   THDCP_CHECK(t.sinks == nullptr && t.dsinks == nullptr, "sinks are not supported by the CUDA backend yet: they come with the kernels of issue 27 "
                                        "(the CPU backend takes them)");
   detail::check_backward_tensors(p, t);
-  check_packable("k", t.k);
-  check_packable("v", t.v);
-  check_packable("dk", t.dk);
-  check_packable("dv", t.dv);
   THDCP_CHECK(t.dv.dtype == t.dk.dtype, "dk has dtype " << dtype_name(t.dk.dtype) << " but dv has "
                                                         << dtype_name(t.dv.dtype) << ": pass both in one dtype");
 }

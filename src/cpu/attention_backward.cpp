@@ -88,9 +88,7 @@ void backward_impl(const SegmentTable& table, const ConstThdTensor& q, const Con
   const std::vector<KeyGroup> groups = key_groups(table);
   const int64_t num_groups = static_cast<int64_t>(groups.size());
 
-  for (const ThdTensor* t : {&dq, &dk, &dv}) {
-    std::fill_n(static_cast<unsigned char*>(t->data), static_cast<size_t>(t->numel()) * dtype_size(t->dtype), 0);
-  }
+  for (const ThdTensor* t : {&dq, &dk, &dv}) detail::zero_view(*t);
   std::vector<BackwardScratch<Acc>> scratch(static_cast<size_t>(threads));
   // d(sink) per (query head, key group): each query row of a head lies in one segment, so in
   // one key group; the groups' shares are added in group order below (deterministic).
@@ -146,7 +144,7 @@ void backward_impl(const SegmentTable& table, const ConstThdTensor& q, const Con
           std::fill(s.dquery.begin(), s.dquery.end(), Acc(0));
           accumulate_row_gradients(begin, end, dim, v_dim, scale, s.dscores.data(), s.probs.data(), s.keys_by_row.data(),
                                    s.query.data(), s.dout.data(), s.dquery.data(), s.dkeys.data(), s.dvalues.data());
-          const size_t base = static_cast<size_t>((row * q_heads + head) * dim);
+          const size_t base = static_cast<size_t>(dq.offset(row, head, 0));
           for (int64_t d = 0; d < dim; ++d) {
             store_from_float(dq.data, dq.dtype, base + d, static_cast<float>(scale * s.dquery[d]));
           }
@@ -154,13 +152,13 @@ void backward_impl(const SegmentTable& table, const ConstThdTensor& q, const Con
       }
     }
     for (int64_t j = 0; j < span; ++j) {
-      const int64_t row = (kg.first_row + j) * kv_heads + kv_head;
+      const size_t dk_base = static_cast<size_t>(dk.offset(kg.first_row + j, kv_head, 0));
+      const size_t dv_base = static_cast<size_t>(dv.offset(kg.first_row + j, kv_head, 0));
       for (int64_t d = 0; d < dim; ++d) {
-        store_from_float(dk.data, dk.dtype, static_cast<size_t>(row * dim + d), static_cast<float>(s.dkeys[j * dim + d]));
+        store_from_float(dk.data, dk.dtype, dk_base + d, static_cast<float>(s.dkeys[j * dim + d]));
       }
       for (int64_t d = 0; d < v_dim; ++d) {
-        store_from_float(dv.data, dv.dtype, static_cast<size_t>(row * v_dim + d),
-                         static_cast<float>(s.dvalues[j * v_dim + d]));
+        store_from_float(dv.data, dv.dtype, dv_base + d, static_cast<float>(s.dvalues[j * v_dim + d]));
       }
     }
   });
@@ -184,6 +182,8 @@ void attention_backward(const SegmentTable& table, const BackwardTensors& t, con
   detail::check_tensor("dq", t.dq, detail::q_shape(table, t.q), dtype, /*or_fp32=*/true);
   detail::check_tensor("dk", t.dk, detail::k_shape(table, t.q, t.k), dtype, /*or_fp32=*/true);
   detail::check_tensor("dv", t.dv, detail::v_shape(table, t.k, t.v), dtype, /*or_fp32=*/true);
+  check_outputs_apart({{"dq", t.dq}, {"dk", t.dk}, {"dv", t.dv}},
+                      {{"q", t.q}, {"k", t.k}, {"v", t.v}, {"out", t.out}, {"dout", t.dout}});
   THDCP_CHECK(t.lse != nullptr,
               "lse must point to the forward's Hq * q_rows = " << t.q.heads * table.q_rows << " floats");
   THDCP_CHECK(t.dkv_rows == nullptr, "dkv_rows is set: the CPU reference writes dk/dv in row order; leave it null");

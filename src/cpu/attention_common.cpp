@@ -1,5 +1,6 @@
 #include "attention_common.h"
 
+#include <cstring>
 #include <limits>
 
 namespace thdcp {
@@ -35,8 +36,21 @@ ThdShape v_shape(const SegmentTable& table, const ConstThdTensor& k, const Const
 void check_tensor(const char* name, const ConstThdTensor& t, const ThdShape& shape, DType dtype, bool or_fp32) {
   check_thd_shape(name, t, shape);
   check_thd_dtype(name, t.dtype, dtype, or_fp32);
-  THDCP_CHECK(t.contiguous(), name << " is strided (row_stride=" << t.row_stride << ", head_stride=" << t.head_stride
-                                   << "): the CPU reference takes contiguous tensors; copy it into one");
+  check_thd_strides(name, t);
+}
+
+void zero_view(const ThdTensor& t) {
+  const size_t element = dtype_size(t.dtype);
+  if (t.contiguous()) {
+    std::memset(t.data, 0, static_cast<size_t>(t.numel()) * element);
+    return;
+  }
+  for (int64_t row = 0; row < t.tokens; ++row) {
+    for (int64_t head = 0; head < t.heads; ++head) {
+      std::memset(static_cast<unsigned char*>(t.data) + static_cast<size_t>(t.offset(row, head, 0)) * element, 0,
+                  static_cast<size_t>(t.head_dim) * element);
+    }
+  }
 }
 
 void check_qkv(const SegmentTable& table, const ConstThdTensor& q, const ConstThdTensor& k,

@@ -8,6 +8,7 @@
 
 #include "thdcp/cpu/attention.h"
 #include "thdcp/core/error.h"
+#include "thdcp/core/overlap.h"
 
 namespace thdcp::cpu::detail {
 
@@ -18,11 +19,14 @@ ThdShape out_shape(const SegmentTable& table, const ConstThdTensor& q, const Con
 ThdShape k_shape(const SegmentTable& table, const ConstThdTensor& q, const ConstThdTensor& k);
 ThdShape v_shape(const SegmentTable& table, const ConstThdTensor& k, const ConstThdTensor& v);
 
-// One THD tensor argument: its shape and dtype (thdcp::check_thd_shape, check_thd_dtype;
-// outputs may be fp32 too, `or_fp32`), and that it is contiguous (the loops below index
-// [rows, heads, head_dim] densely).
+// One THD tensor argument: its shape, dtype (thdcp::check_thd_shape, check_thd_dtype;
+// outputs may be fp32 too, `or_fp32`) and strides (>= 0; any view: the loops below index
+// through ThdTensor::offset). The overlap rules are the caller's (check_outputs_apart).
 void check_tensor(const char* name, const ConstThdTensor& t, const ThdShape& shape, DType dtype,
                   bool or_fp32 = false);
+
+// Writes 0 to every element of the view `t` (and nothing between its rows or heads).
+void zero_view(const ThdTensor& t);
 
 // Checks q/k/v against the table and each other (shared by forward and backward): heads
 // (GQA/MQA), head dims the CPU backend supports (D_qk from q, D_v from v), shapes, one
@@ -37,8 +41,7 @@ void check_sinks(const float* sinks, int64_t q_heads);
 // Element (row, head, d) of a THD tensor as arithmetic type Acc.
 template <typename Acc>
 inline Acc load(const ConstThdTensor& t, int64_t row, int64_t head, int64_t d) {
-  return static_cast<Acc>(
-      load_as_float(t.data, t.dtype, static_cast<size_t>((row * t.heads + head) * t.head_dim + d)));
+  return static_cast<Acc>(load_as_float(t.data, t.dtype, static_cast<size_t>(t.offset(row, head, d))));
 }
 
 // Rows [first_row, first_row + rows) of head `head` of `t`, in two layouts:

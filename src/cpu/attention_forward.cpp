@@ -36,7 +36,7 @@ void forward_impl(const SegmentTable& table, const ConstThdTensor& q, const Cons
 
   // Outputs start as what an untouched row must hold, so padding rows and rows that see
   // no key are correct without a separate pass.
-  std::fill_n(static_cast<unsigned char*>(out.data), static_cast<size_t>(out.numel()) * dtype_size(out.dtype), 0);
+  detail::zero_view(out);
   std::fill_n(lse, static_cast<size_t>(q_heads * table.q_rows), neg_inf);
   std::vector<Acc> item_max(static_cast<size_t>(q_heads * num_segments), -std::numeric_limits<Acc>::infinity());
   std::vector<ForwardScratch<Acc>> scratch(static_cast<size_t>(threads));
@@ -77,7 +77,7 @@ void forward_impl(const SegmentTable& table, const ConstThdTensor& q, const Cons
       }
       detail::weighted_sum(s.scores.data(), s.values_by_row.data(), v_dim, begin, end, s.acc_out.data());
       const Acc inv = Acc(1) / denominator;
-      const size_t out_base = static_cast<size_t>((row * q_heads + head) * v_dim);
+      const size_t out_base = static_cast<size_t>(out.offset(row, head, 0));
       for (int64_t d = 0; d < v_dim; ++d) {
         store_from_float(out.data, out.dtype, out_base + d, static_cast<float>(s.acc_out[d] * inv));
       }
@@ -100,6 +100,7 @@ void forward_impl(const SegmentTable& table, const ConstThdTensor& q, const Cons
 void attention_forward(const SegmentTable& table, const ForwardTensors& t, const AttentionOptions& options) {
   detail::check_qkv(table, t.q, t.k, t.v);
   detail::check_tensor("out", t.out, detail::out_shape(table, t.q, t.v), t.q.dtype);
+  check_outputs_apart({{"out", t.out}}, {{"q", t.q}, {"k", t.k}, {"v", t.v}});
   THDCP_CHECK(t.lse != nullptr, "lse must point to Hq * q_rows = " << t.q.heads * table.q_rows << " floats");
   detail::check_sinks(t.sinks, t.q.heads);
   resolve_softmax_scale(options.softmax_scale, t.q.head_dim);

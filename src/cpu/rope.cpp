@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "thdcp/core/error.h"
+#include "thdcp/core/overlap.h"
 
 namespace thdcp::cpu {
 
@@ -33,13 +34,8 @@ void check_view(const ThdTensor& x) {
   THDCP_CHECK(x.tokens >= 0 && x.heads >= 0, "x has " << x.tokens << " rows and " << x.heads
                                                       << " heads: both must be >= 0");
   THDCP_CHECK(x.data != nullptr || x.numel() == 0, "x has no data (null pointer)");
-  THDCP_CHECK(x.heads <= 1 || x.head_step() >= x.head_dim,
-              "x.head_stride=" << x.head_step() << " is less than head_dim=" << x.head_dim
-                               << ": heads would overlap; use head_stride >= head_dim (0: head_dim)");
-  THDCP_CHECK(x.tokens <= 1 || x.row_step() >= (x.heads - 1) * x.head_step() + x.head_dim,
-              "x.row_stride=" << x.row_step() << " is less than (heads-1)*head_stride+head_dim="
-                              << (x.heads - 1) * x.head_step() + x.head_dim
-                              << ": rows would overlap; use a larger row_stride (0: heads*head_dim)");
+  // x is rotated in place: an output, so no two of its elements may share an address.
+  check_outputs_apart({{"x", x}}, {});
 }
 
 void rotate(const LayoutView& layout, int cp, int rank, const RopeConfig& config, ThdTensor x,

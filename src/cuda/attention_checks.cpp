@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "thdcp/core/error.h"
+#include "thdcp/core/overlap.h"
 #include "thdcp/cuda/check.h"
 
 namespace thdcp::cuda::detail {
@@ -20,9 +21,12 @@ const char* memory_type_name(cudaMemoryType type) {
 
 namespace {
 
-// The cp.async tile loads copy 16 bytes of a row at a time, so every row and head must start
-// on a 16-byte boundary: 8 elements of the 16-bit dtypes (kept for fp32 outputs too, one rule).
-constexpr int64_t kStrideQuantum = 8;
+// The kernels move rows and heads in 16-byte pieces (cp.async, TMA boxes, vector stores), so
+// every stride they apply, and the data pointer, must be a multiple of 16 bytes.
+constexpr int64_t kStrideBytes = 16;
+
+// The heads of one row are addressed with 32-bit offsets (row_offset in tensor_core.cuh).
+constexpr int64_t kMaxHeadSpan = int64_t{1} << 31;
 
 }  // namespace
 
@@ -96,37 +100,43 @@ ThdShape kv_shape(const AttentionShape& shape) {
 void check_view(const char* name, const ConstThdTensor& t, const ThdShape& shape, DType dtype, bool or_fp32) {
   check_thd_shape(name, t, shape);
   check_thd_dtype(name, t.dtype, dtype, or_fp32);
-  THDCP_CHECK(t.row_stride >= 0 && t.head_stride >= 0,
-              name << " has row_stride=" << t.row_stride << " and head_stride=" << t.head_stride
-                   << ": strides are in elements, >= 0 (0 means contiguous)");
-  const int64_t row_step = t.row_step();
-  const int64_t head_step = t.head_step();
-  // With one head the head stride is never applied (head 0 only), so it is not checked.
-  if (t.heads > 1) {
-    THDCP_CHECK(head_step % kStrideQuantum == 0,
-                name << ".head_stride=" << head_step << " is not a multiple of " << kStrideQuantum
-                     << " elements: the CUDA kernels load 16-byte rows");
-    THDCP_CHECK(head_step < kMaxRowStride, name << ".head_stride=" << head_step << " is not below 2^26 elements: the "
-                                                     "CUDA kernels address rows with 32-bit offsets");
-    THDCP_CHECK(head_step >= t.head_dim,
-                name << ".head_stride=" << head_step << " is less than head_dim=" << t.head_dim
-                     << ": heads would overlap; use head_stride >= head_dim (0 means head_dim)");
+  check_thd_strides(name, t);
+  const int64_t element = static_cast<int64_t>(dtype_size(t.dtype));
+  const int64_t quantum = kStrideBytes / element;  // elements per 16 bytes
+  // A dimension of one index never applies its stride (strides_of replaces it): only the
+  // others are checked.
+  if (t.tokens > 1) {
+    const int64_t row_step = t.row_step();
+    THDCP_CHECK(row_step % quantum == 0,
+                name << ".row_stride=" << row_step << " is not a multiple of " << quantum << " elements ("
+                     << kStrideBytes << " bytes of " << dtype_name(t.dtype)
+                     << "): the CUDA kernels move rows in 16-byte pieces (cp.async, TMA); pad the rows to a multiple "
+                        "of "
+                     << quantum << " elements");
+    THDCP_CHECK(row_step < kMaxRowStride, name << ".row_stride=" << row_step
+                                                << " is not below 2^26 elements: the CUDA kernels step over rows "
+                                                   "with 32-bit offsets");
   }
-  THDCP_CHECK(row_step % kStrideQuantum == 0, name << ".row_stride=" << row_step << " is not a multiple of "
-                                                   << kStrideQuantum
-                                                   << " elements: the CUDA kernels load 16-byte rows");
-  THDCP_CHECK(row_step < kMaxRowStride, name << ".row_stride=" << row_step << " is not below 2^26 elements: the CUDA "
-                                                   "kernels address rows with 32-bit offsets");
-  const int64_t row_extent = (t.heads - 1) * (t.heads > 1 ? head_step : 0) + t.head_dim;
-  THDCP_CHECK(row_step >= row_extent,
-              name << ".row_stride=" << row_step << " is less than (heads - 1) * head_stride + head_dim = "
-                   << row_extent << ": rows would overlap; use row_stride >= " << row_extent
-                   << " (0 means heads * head_dim)");
+  if (t.heads > 1) {
+    const int64_t head_step = t.head_step();
+    THDCP_CHECK(head_step % quantum == 0,
+                name << ".head_stride=" << head_step << " is not a multiple of " << quantum << " elements ("
+                     << kStrideBytes << " bytes of " << dtype_name(t.dtype)
+                     << "): the CUDA kernels move heads in 16-byte pieces (cp.async, TMA); pad the heads to a "
+                        "multiple of "
+                     << quantum << " elements");
+    const int64_t span = (t.heads - 1) * head_step + t.head_dim;
+    THDCP_CHECK(head_step < kMaxHeadSpan && span <= kMaxHeadSpan,
+                name << " has " << t.heads << " heads " << head_step
+                     << " elements apart: (heads - 1) * head_stride + head_dim = " << span
+                     << " is above 2^31 elements, and the CUDA kernels address the heads of a row with 32-bit "
+                        "offsets; split the heads over calls");
+  }
   if (t.numel() > 0) {
-    THDCP_CHECK(reinterpret_cast<uintptr_t>(t.data) % 16 == 0,
+    THDCP_CHECK(reinterpret_cast<uintptr_t>(t.data) % kStrideBytes == 0,
                 name << "=" << t.data
-                     << " is not 16-byte aligned: the CUDA kernels load 16-byte rows (allocate with cudaMalloc, "
-                        "offset by multiples of 8 elements)");
+                     << " is not 16-byte aligned: the CUDA kernels move rows in 16-byte pieces (allocate with "
+                        "cudaMalloc, offset by multiples of 16 bytes)");
   }
 }
 

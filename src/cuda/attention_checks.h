@@ -36,13 +36,26 @@ ThdShape q_shape(const AttentionShape& shape);
 ThdShape kv_shape(const AttentionShape& shape);
 
 // run(): one THD tensor of the call has the expected shape and dtype (thdcp::check_thd_shape,
-// check_thd_dtype; or fp32 with `or_fp32`), strides the kernels can use (attention_params.h,
-// Strides) and a non-null, 16-byte-aligned data pointer (when it has elements).
+// check_thd_dtype; or fp32 with `or_fp32`), strides >= 0 that the kernels can apply (each a
+// multiple of 16 bytes, rows below kMaxRowStride, a row's heads within 2^31 elements; any
+// order: heads before rows too) and a non-null, 16-byte-aligned data pointer (when it has
+// elements). Overlap is the call's check (thdcp::check_outputs_apart).
 void check_view(const char* name, const ConstThdTensor& t, const ThdShape& shape, DType dtype,
                 bool or_fp32 = false);
 
-// A view's strides as the kernels take them (0 resolved).
-inline Strides strides_of(const ConstThdTensor& t) { return Strides{t.row_step(), t.head_step()}; }
+// A view's strides as the kernels take them: 0 resolved, and the stride of a dimension with
+// one index (never applied, so never checked) replaced by the contiguous one, so that the
+// kernels' 32-bit arithmetic never meets an unchecked value and a contiguous tensor still
+// reads as contiguous.
+inline Strides strides_of(const ConstThdTensor& t) {
+  return Strides{t.tokens > 1 ? t.row_step() : t.heads * t.head_dim, t.heads > 1 ? t.head_step() : t.head_dim};
+}
+
+// Whether the kernels see the view as dense [rows, heads, head_dim] (strides_of).
+inline bool dense(const ConstThdTensor& t) {
+  const Strides s = strides_of(t);
+  return s.row == t.heads * t.head_dim && s.head == t.head_dim;
+}
 
 // run(): an fp32 array of `count` elements (lse, max_logit): non-null when count > 0, and
 // aligned to 4 bytes.

@@ -113,9 +113,12 @@ __device__ __forceinline__ void zero_tile_rows(uint32_t tile, int first_row, int
 template <int kRows, int kColumnBlocks>
 __device__ __forceinline__ void tma_load_rows(uint32_t dst, const ThdTensorMap& map, int head, int row,
                                               uint32_t barrier) {
+  // A box of kRows rows of one head either way: (64, 1, kRows) or, heads outer, (64, kRows, 1).
+  const int inner = map.heads_outer ? row : head;
+  const int outer = map.heads_outer ? head : row;
 #pragma unroll
   for (int b = 0; b < kColumnBlocks; ++b) {
-    tma_load_3d(dst + static_cast<uint32_t>(b * kRows * 128), &map.map, 64 * b, head, row, barrier);
+    tma_load_3d(dst + static_cast<uint32_t>(b * kRows * 128), &map.map, 64 * b, inner, outer, barrier);
   }
 }
 

@@ -19,10 +19,12 @@
 namespace thdcp::cuda::detail {
 
 // Element (row, head, d) of a THD tensor x is at x + row * row + head * head + d (elements;
-// resolved on the host, never 0 here). The host checks that both are multiples of 8 (16-byte
-// cp.async rows), that rows and heads do not overlap, and that row < kMaxRowStride, so that
+// resolved on the host, never 0 here). Rows and heads come in either order (a head-major
+// view has head > row). The host checks that each is a multiple of 16 bytes (cp.async rows),
+// that row < kMaxRowStride and that a row's heads span at most 2^31 elements, so that
 // offsets inside a row and steps of up to 32 rows fit in 32 bits (row_offset, pass_step in
-// tensor_core.cuh): 64-bit multiplies per tile would cost the instruction-bound loops.
+// tensor_core.cuh): 64-bit multiplies per tile would cost the instruction-bound loops. The
+// overlap rules (outputs apart from everything) are the call's (thdcp/core/overlap.h).
 struct Strides {
   int64_t row;
   int64_t head;
@@ -35,9 +37,12 @@ struct ForwardStrides {
 };
 
 // A TMA map of one THD tensor (tensor_map.h) for the Hopper kernels, which take them as
-// __grid_constant__ parameters. Coordinates are (column, head, row), innermost first.
+// __grid_constant__ parameters. Coordinates are (column, head, row), innermost first, or
+// (column, row, head) when heads_outer is 1 (head-major views: the driver gets the outer
+// strides in increasing order).
 struct ThdTensorMap {
   CUtensorMap map;
+  int32_t heads_outer;
 };
 
 struct ForwardTensorMaps {

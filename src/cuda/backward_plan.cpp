@@ -6,6 +6,7 @@
 #include "attention_checks.h"
 #include "launch.h"
 #include "thdcp/core/error.h"
+#include "thdcp/core/overlap.h"
 #include "thdcp/core/softmax_scale.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/cuda/check.h"
@@ -85,12 +86,14 @@ void check_backward_tensors(const AttentionShape& shape, const BackwardTensors& 
   detail::check_view("dq", t.dq, q, shape.dq_dtype);
   detail::check_view("dk", t.dk, kv, shape.dkv_dtype);
   detail::check_view("dv", t.dv, kv, shape.dkv_dtype);
+  check_outputs_apart({{"dq", t.dq}, {"dk", t.dk}, {"dv", t.dv}},
+                      {{"q", t.q}, {"k", t.k}, {"v", t.v}, {"out", t.out}, {"dout", t.dout}});
   // fp32 dK/dV are the kernels' accumulators themselves (zeroed with one memset, added to
   // by atomics at contiguous offsets); a strided fp32 output would need a workspace copy.
   if (shape.dkv_dtype == DType::kFloat32) {
     for (const ThdTensor* g : {&t.dk, &t.dv}) {
       const char* name = g == &t.dk ? "dk" : "dv";
-      THDCP_CHECK(g->contiguous(), name << " is fp32 and strided (row_stride=" << g->row_stride << ", head_stride="
+      THDCP_CHECK(detail::dense(*g), name << " is fp32 and strided (row_stride=" << g->row_stride << ", head_stride="
                                         << g->head_stride
                                         << "): fp32 dk/dv are accumulated in place and must be contiguous; pass "
                                            "contiguous fp32 tensors, or dk/dv in q's dtype");
@@ -200,7 +203,7 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   // The Hopper kernels store dK/dV rows directly where one segment reaches each key row (a
   // single-device table) and dk/dv are contiguous in q's dtype: no fp32 accumulators, no casts.
   const bool direct_dkv = keys && sm90_ && !fp32_dkv && segments_per_key_row(table.kind) == 1 &&
-                          t.dkv_rows == nullptr && t.dk.contiguous() && t.dv.contiguous();
+                          t.dkv_rows == nullptr && detail::dense(t.dk) && detail::dense(t.dv);
   params.dk_out = direct_dkv ? t.dk.data : nullptr;
   params.dv_out = direct_dkv ? t.dv.data : nullptr;
   detail::set_call_fields(params, table, shape_.q_heads, shape_.kv_heads, scale_);
@@ -247,10 +250,11 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
     });
   }
   if (keys && !fp32_dkv && !direct_dkv) {
+    const detail::Strides dk = detail::strides_of(t.dk), dv = detail::strides_of(t.dv);
     detail::launch_cast_strided(params.dk_accum, t.dk.data, t.dk.dtype, table.k_rows, params.kv_heads, head_dim,
-                                t.dk.row_step(), t.dk.head_step(), 1.0f, stream);
+                                dk.row, dk.head, 1.0f, stream);
     detail::launch_cast_strided(params.dv_accum, t.dv.data, t.dv.dtype, table.k_rows, params.kv_heads, head_dim,
-                                t.dv.row_step(), t.dv.head_step(), 1.0f, stream);
+                                dv.row, dv.head, 1.0f, stream);
   }
   // The portable fused pass accumulates dS K in the key half; the softmax scale is applied
   // once here. (The Hopper one's dq_store_kernel is launch_backward's query half.)

@@ -5,6 +5,7 @@
 #include "launch.h"
 #include "tensor_map.h"
 #include "thdcp/core/error.h"
+#include "thdcp/core/overlap.h"
 #include "thdcp/core/softmax_scale.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/cuda/check.h"
@@ -27,6 +28,7 @@ void check_forward_tensors(const AttentionShape& shape, const ForwardTensors& t)
   detail::check_view("k", t.k, detail::kv_shape(shape), shape.dtype);
   detail::check_view("v", t.v, detail::kv_shape(shape), shape.dtype);
   detail::check_view("out", t.out, detail::q_shape(shape), shape.dtype);
+  check_outputs_apart({{"out", t.out}}, {{"q", t.q}, {"k", t.k}, {"v", t.v}});
   detail::check_float_array("lse", t.lse, shape.q_heads * table.q_rows);
   if (t.max_logit) detail::check_float_array("max_logit", t.max_logit, shape.q_heads);
 }

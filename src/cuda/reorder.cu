@@ -1,4 +1,8 @@
-// Row reorders between gathered (rank-major) and sequence order, on the device.
+// Row reorders between gathered (rank-major) and sequence order, and the packing of a
+// strided view into dense rows, on the device.
+#include <algorithm>
+#include <cstdint>
+
 #include "launch.h"
 #include "thdcp/cuda/check.h"
 #include "thdcp/cuda/reorder.h"
@@ -45,7 +49,62 @@ __global__ void gathered_rows_kernel(const int32_t* __restrict__ cu_seqlens_padd
   rows[global_row] = static_cast<int32_t>(where.rank * (total_rows / cp) + where.local_row);
 }
 
+// Copies word w of head `head` of row `row` of a strided view to its place in dense rows:
+// one thread per word, consecutive threads on consecutive words of a head (coalesced reads
+// within a head, coalesced writes throughout).
+template <typename Word>
+__global__ void __launch_bounds__(kThreads) pack_kernel(const unsigned char* __restrict__ src,
+                                                      Word* __restrict__ dst, int64_t words, int64_t words_per_head,
+                                                      int64_t heads, int64_t row_stride_bytes,
+                                                      int64_t head_stride_bytes) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < words; i += step) {
+    const int64_t pair = i / words_per_head;
+    const int64_t word = i - pair * words_per_head;
+    const int64_t row = pair / heads;
+    const int64_t head = pair - row * heads;
+    dst[i] = reinterpret_cast<const Word*>(src + row * row_stride_bytes + head * head_stride_bytes)[word];
+  }
+}
+
+template <typename Word>
+void launch_pack(const ConstThdTensor& src, void* dst, int64_t row_stride_bytes, int64_t head_stride_bytes,
+                 cudaStream_t stream) {
+  const int64_t words_per_head =
+      src.head_dim * static_cast<int64_t>(dtype_size(src.dtype)) / static_cast<int64_t>(sizeof(Word));
+  const int64_t words = src.tokens * src.heads * words_per_head;
+  const int64_t blocks = std::min<int64_t>((words + kThreads - 1) / kThreads, 65536);
+  pack_kernel<Word><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      static_cast<const unsigned char*>(src.data), static_cast<Word*>(dst), words, words_per_head, src.heads,
+      row_stride_bytes, head_stride_bytes);
+}
+
 }  // namespace
+
+void pack_rows(const ConstThdTensor& src, void* dst, cudaStream_t stream) {
+  THDCP_CHECK(src.row_stride >= 0 && src.head_stride >= 0,
+              "pack_rows: strides " << src.row_stride << ", " << src.head_stride << " must be >= 0");
+  if (src.numel() == 0) return;
+  const int64_t element = static_cast<int64_t>(dtype_size(src.dtype));
+  // A dimension of one index never applies its stride.
+  const int64_t row_bytes = src.tokens > 1 ? src.row_step() * element : 0;
+  const int64_t head_bytes = src.heads > 1 ? src.head_step() * element : 0;
+  const uint64_t alignment = reinterpret_cast<uintptr_t>(src.data) | reinterpret_cast<uintptr_t>(dst) |
+                             static_cast<uint64_t>(row_bytes) | static_cast<uint64_t>(head_bytes) |
+                             static_cast<uint64_t>(src.head_dim * element);
+  if (alignment % 16 == 0) {
+    launch_pack<uint4>(src, dst, row_bytes, head_bytes, stream);
+  } else if (alignment % 8 == 0) {
+    launch_pack<uint2>(src, dst, row_bytes, head_bytes, stream);
+  } else if (alignment % 4 == 0) {
+    launch_pack<uint32_t>(src, dst, row_bytes, head_bytes, stream);
+  } else {
+    THDCP_CHECK(alignment % 2 == 0, "pack_rows: src=" << src.data << " or dst=" << dst
+                                                      << " is not aligned to the elements' 2 bytes");
+    launch_pack<uint16_t>(src, dst, row_bytes, head_bytes, stream);
+  }
+  THDCP_CHECK_CUDA(cudaGetLastError());
+}
 
 void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_bytes, const DeviceLayout& layout,
                                 int cp, cudaStream_t stream) {

@@ -5,6 +5,7 @@
 
 #include "rope_params.h"
 #include "thdcp/core/error.h"
+#include "thdcp/core/overlap.h"
 #include "thdcp/cuda/check.h"
 #include "thdcp/cuda/rope.h"
 
@@ -14,21 +15,13 @@ namespace {
 
 constexpr int kVectorElements = 8;  // 16 bytes of bf16/fp16
 
-// run(): one of the call's tensors matches the plan (shape, dtype, strides, alignment).
+// run(): one of the call's tensors matches the plan (shape, dtype, strides >= 0, element
+// alignment). Any strides: the kernel moves single elements unless word_aligned. Overlap is
+// the call's check (rotated in place, q and k are outputs).
 void check_view(const char* name, const ThdTensor& t, const ThdShape& shape, DType dtype) {
   check_thd_shape(name, t, shape);
   check_thd_dtype(name, t.dtype, dtype);
-  const int64_t rows = shape.rows, heads = shape.heads, head_dim = shape.head_dim;
-  THDCP_CHECK(t.row_stride >= 0 && t.head_stride >= 0,
-              name << ": row_stride=" << t.row_stride << " and head_stride=" << t.head_stride
-                   << " must be >= 0 (0: contiguous)");
-  THDCP_CHECK(heads <= 1 || t.head_step() >= head_dim,
-              name << ".head_stride=" << t.head_step() << " is less than head_dim=" << head_dim
-                   << ": heads would overlap; use head_stride >= head_dim (0: head_dim)");
-  THDCP_CHECK(rows <= 1 || t.row_step() >= (heads - 1) * t.head_step() + head_dim,
-              name << ".row_stride=" << t.row_step() << " is less than (heads-1)*head_stride+head_dim="
-                   << (heads - 1) * t.head_step() + head_dim
-                   << ": rows would overlap; use a larger row_stride (0: heads*head_dim)");
+  check_thd_strides(name, t);
   if (t.numel() == 0) return;
   THDCP_CHECK(reinterpret_cast<uintptr_t>(t.data) % dtype_size(dtype) == 0,
               name << " data " << t.data << " is not aligned to its " << dtype_size(dtype) << "-byte elements");
@@ -45,7 +38,7 @@ ThdShape k_view(const RopeShape& shape, int64_t rows) {
 // Whether the kernel can move 16-byte words of `t` (an empty tensor does not constrain it).
 bool word_aligned(const ThdTensor& t) {
   if (t.numel() == 0) return true;
-  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.row_step() % kVectorElements == 0 &&
+  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && (t.tokens <= 1 || t.row_step() % kVectorElements == 0) &&
          (t.heads <= 1 || t.head_step() % kVectorElements == 0);
 }
 
@@ -121,9 +114,10 @@ void RopePlan::check_run(const DeviceLayout& layout, const int32_t* start_offset
   if (shape_.kv_heads == 0) {
     THDCP_CHECK(k.numel() == 0 && k.data == nullptr,
                 "k has " << k.heads << " heads but the plan was made with kv_heads=0 (q only): pass ThdTensor{}");
+    check_outputs_apart({{"q", q}}, {});
   } else {
     check_view("k", k, k_view(shape_, local_rows_), shape_.dtype);
-    THDCP_CHECK(local_rows_ == 0 || q.data != k.data, "q and k point to the same memory: pass disjoint views");
+    check_outputs_apart({{"q", q}, {"k", k}}, {});
   }
 }
 

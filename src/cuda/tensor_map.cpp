@@ -26,21 +26,25 @@ ThdTensorMap encode_thd_tensor_map(EncodeTiledFn encode, const char* name, const
   std::memset(&result, 0, sizeof(result));
   if (t.numel() == 0) return result;
   const cuuint64_t element = dtype_size(t.dtype);
-  const cuuint64_t row_bytes = static_cast<cuuint64_t>(t.row_step()) * element;
-  // With one head the head stride is never applied (and check_view does not check it): the
-  // row stride stands in, which the driver accepts.
-  const cuuint64_t head_bytes = t.heads > 1 ? static_cast<cuuint64_t>(t.head_step()) * element : row_bytes;
-  // Rows are outermost: the views check_view accepts have row stride >= (heads - 1) * head
-  // stride + head_dim, so the outer strides increase as the driver wants them to.
-  THDCP_CHECK(head_bytes <= row_bytes, name << " has head stride " << t.head_step() << " above its row stride "
-                                            << t.row_step()
-                                            << " elements (a head-major view): the Hopper kernels take row-major "
-                                               "THD views ([T, H, D] with any padding of rows and heads)");
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(t.head_dim), static_cast<cuuint64_t>(t.heads),
-                              static_cast<cuuint64_t>(t.tokens)};
-  const cuuint64_t strides[2] = {head_bytes, row_bytes};
+  // A dimension of one index never applies its stride (check_view does not check it): it
+  // takes one the driver accepts that keeps the outer strides increasing.
+  const bool rows_used = t.tokens > 1, heads_used = t.heads > 1;
+  cuuint64_t row_bytes = static_cast<cuuint64_t>(t.row_step()) * element;
+  cuuint64_t head_bytes = static_cast<cuuint64_t>(t.head_step()) * element;
+  if (!heads_used) head_bytes = rows_used ? row_bytes : (static_cast<cuuint64_t>(t.head_dim) * element + 15) / 16 * 16;
+  if (!rows_used) row_bytes = head_bytes * static_cast<cuuint64_t>(t.heads);
+  // The outer strides in increasing order: rows outermost for row-major views, heads
+  // outermost for head-major ones ([H, T, D] memory: head stride above row stride).
+  result.heads_outer = rows_used && heads_used && head_bytes > row_bytes ? 1 : 0;
+  const cuuint64_t heads = static_cast<cuuint64_t>(t.heads);
+  const cuuint64_t rows = static_cast<cuuint64_t>(t.tokens);
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(t.head_dim), result.heads_outer ? rows : heads,
+                              result.heads_outer ? heads : rows};
+  const cuuint64_t strides[2] = {result.heads_outer ? row_bytes : head_bytes,
+                                 result.heads_outer ? head_bytes : row_bytes};
   const cuuint32_t columns = static_cast<cuuint32_t>(t.head_dim < 64 ? t.head_dim : 64);
-  const cuuint32_t box[3] = {columns, 1u, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t box[3] = {columns, result.heads_outer ? static_cast<cuuint32_t>(box_rows) : 1u,
+                             result.heads_outer ? 1u : static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUtensorMapDataType type =
       t.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;

@@ -2,7 +2,9 @@
 // [rows, heads, head_dim] view (its strides included) as a 3-D tensor; a kernel copies
 // boxes of 64 columns (128 bytes: one swizzle atom row) x 1 head x box_rows rows by
 // coordinates, so packed sequences need no per-sequence descriptor, and rows past the
-// tensor's end arrive as zeros.
+// tensor's end arrive as zeros. Row-major views are (columns, heads, rows); views whose head
+// stride is above their row stride (head-major [H, T, D] memory) are (columns, rows, heads)
+// with ThdTensorMap::heads_outer set, so the driver always gets increasing outer strides.
 #pragma once
 
 #include <cuda.h>

@@ -1,5 +1,6 @@
 // Single-device attention through the C ABI equals the C++ API (thdcp::cpu) bit for bit, on
-// a varlen batch with padding and an empty sequence, for causal, full, a window and GQA;
+// a varlen batch with padding and an empty sequence, for causal, full, a window and GQA, and
+// through head-major strided thdcp_tensor_t views;
 // and an older, shorter params struct is accepted with the defaults of the fields it lacks.
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 #include "support/capi/capi_support.h"
 #include "support/outputs.h"
 #include "support/random_batch.h"
+#include "support/strided_views.h"
 #include "thdcp/cpu/attention.h"
 #include "thdcp/plan/segment_table.h"
 #include "thdcp/thdcp.h"
@@ -84,6 +86,68 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mqa", Mask::window(10, 10), 4, 1, DType::kBFloat16, true},
                       Case{"scaled", Mask::full(), 2, 1, DType::kFloat32, false}),
     [](const ::testing::TestParamInfo<Case>& param_info) { return std::get<0>(param_info.param); });
+
+// A thdcp_tensor_t of a view (its strides as the C caller writes them).
+thdcp_tensor_t c_view(const ConstThdTensor& t) {
+  thdcp_tensor_t c{};
+  c.data = const_cast<void*>(t.data);
+  c.rows = t.tokens;
+  c.heads = t.heads;
+  c.head_dim = t.head_dim;
+  c.row_stride = t.row_stride;
+  c.head_stride = t.head_stride;
+  c.dtype = test::c_dtype(t.dtype);
+  return c;
+}
+
+// Head-major q, k, v and dq, dk, dv ([H, S, D] memory, S a cache's rows above T: row_stride
+// = D, head_stride = S * D) through the C ABI equal contiguous tensors bit for bit; an output
+// written over an input is refused naming both.
+TEST(CApiStrides, HeadMajorViewsEqualContiguousTensors) {
+  const test::Batch b = varlen_batch(DType::kBFloat16, 4, 2, 16, 77);
+  const thdcp_attention_params p = params_for(b, Mask::causal(), 1);
+  const Outputs reference = c_result(b, &p, DType::kBFloat16, DType::kBFloat16);
+  const int64_t rows = b.q.tokens(), d = 16;
+  const test::GroupLayout in = test::arrange(test::Arrangement::kHeadMajor, rows, {4, 2, 2, 4}, d);
+  std::vector<unsigned char> inputs = test::poisoned_image(DType::kBFloat16, in.elements);
+  const test::GroupLayout out = test::arrange(test::Arrangement::kHeadMajor, rows, {4, 4, 2, 2}, d);
+  std::vector<unsigned char> outputs = test::poisoned_image(DType::kBFloat16, out.elements);
+  std::vector<ThdTensor> views;
+  for (size_t i = 0; i < 4; ++i) {
+    views.push_back(test::placed_view(inputs.data(), DType::kBFloat16, rows, i == 1 || i == 2 ? 2 : 4, d,
+                                      in.placements[i]));
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    views.push_back(test::placed_view(outputs.data(), DType::kBFloat16, rows, i < 2 ? 4 : 2, d, out.placements[i]));
+  }
+  test::scatter_into(b.q, views[0]);
+  test::scatter_into(b.k, views[1]);
+  test::scatter_into(b.v, views[2]);
+  test::scatter_into(b.dout, views[3]);
+  std::vector<thdcp_tensor_t> c;
+  for (const ThdTensor& v : views) c.push_back(c_view(v));
+  Outputs got = test::poisoned_outputs(b, rows, DType::kBFloat16, DType::kBFloat16);
+  thdcp_attention_plan_t plan = nullptr;
+  ASSERT_C_OK(thdcp_attention_plan_create(&p, nullptr, 0, &plan));
+  const thdcp_layout_t layout = c_layout(b.layout);
+  EXPECT_C_OK(thdcp_attention_forward(plan, &layout, &c[0], &c[1], &c[2], &c[4], got.lse.data(),
+                                      got.max_logit.data(), nullptr));
+  EXPECT_C_OK(thdcp_attention_backward(plan, &layout, &c[0], &c[1], &c[2], &c[4], &c[3], got.lse.data(), &c[5],
+                                       &c[6], &c[7], nullptr));
+  got.out = test::gather_from(views[4]);
+  got.dq = test::gather_from(views[5]);
+  got.dk = test::gather_from(views[6]);
+  got.dv = test::gather_from(views[7]);
+  EXPECT_TRUE(test::identical(got, reference));
+  EXPECT_TRUE(test::poison_kept_outside(outputs, {views[4], views[5], views[6], views[7]}));
+  // dq over q: refused, naming both, nothing written.
+  const test::Snapshot before = test::Snapshot().add(inputs.data(), inputs.size()).add(outputs.data(), outputs.size());
+  EXPECT_C_STATUS(thdcp_attention_backward(plan, &layout, &c[0], &c[1], &c[2], &c[4], &c[3], got.lse.data(), &c[0],
+                                           &c[6], &c[7], nullptr),
+                  THDCP_ERROR_INVALID_ARGUMENT, "dq and q share memory");
+  EXPECT_TRUE(before.unchanged());
+  EXPECT_C_OK(thdcp_attention_plan_destroy(plan));
+}
 
 // The first version of thdcp_attention_params: the fields before `deterministic`, as a caller
 // compiled against that header would pass it.

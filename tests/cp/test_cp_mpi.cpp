@@ -47,9 +47,9 @@ TEST(CpOverMpiErrors, OneBadRankMakesEveryRankThrow) {
   Communicator& comm = world();
   const BatchLayout layout = make_layout({10, 7}, comm.size());
   const int64_t rows = comm.rank() == comm.size() - 1 ? 3 : layout.total_rows() / comm.size();
-  HostTensor t(DType::kBFloat16, rows, 1, 16);
+  HostTensor t(DType::kBFloat16, rows, 1, 16), out(DType::kBFloat16, rows, 1, 16);
   std::vector<float> lse(static_cast<size_t>(rows));
-  EXPECT_THDCP_ERROR(cp::forward(comm, layout.view(), Mask::causal(), t.view(), t.view(), t.view(), t.view(),
+  EXPECT_THDCP_ERROR(cp::forward(comm, layout.view(), Mask::causal(), t.view(), t.view(), t.view(), out.view(),
                                  lse.data(), nullptr),
                      "q is [3, 1, 16] but must be [T/cp=");
 }

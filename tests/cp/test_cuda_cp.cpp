@@ -2,8 +2,9 @@
 // communicator. On the edge-case table, every rank's out, lse, max_logit, dq, dk, dv equal
 // the single-device CPU reference (GPU tolerances); the whole step of every rank, captured
 // into one CUDA graph (global capture mode) and replayed on a new batch of the same
-// capacity, equals the eager step on that batch bit for bit. Faults: a failing rank and
-// disagreeing plans make every rank throw.
+// capacity, equals the eager step on that batch bit for bit. Local tensors as strided views
+// (head-major, packed, padded, interleaved) equal contiguous ones bit for bit. Faults: a
+// failing rank and disagreeing plans make every rank throw.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 
 #include "support/cp/cuda_cp_cases.h"
 #include "support/cp/cuda_cp_rank.h"
+#include "support/cuda/placed_group.h"
 #include "support/expect_error.h"
 #include "support/gpu_tolerance.h"
 #include "thdcp/comm_device/shared_gpu.h"
@@ -130,6 +132,105 @@ TEST_F(CudaCpKeptKv, BackwardOnForwardKvEqualsRegather) {
     }
   }
 }
+
+// One step of this rank on strided views of its local tensors (q, k, v in one device buffer
+// and dout in another, arranged as `in`; out in one and dq, dk, dv in another, as `out`),
+// with a plan of its own: the outputs read back through the views, and in `kept` whether
+// nothing was written between the output views or into the inputs.
+test::Outputs strided_step(DeviceCommunicator& comm, const cp::Problem& problem, const test::Batch& b,
+                           test::Arrangement in, test::Arrangement out, ::testing::AssertionResult& kept) {
+  const LayoutView layout = b.layout.view();
+  const int cp = comm.size(), rank = comm.rank();
+  const HostTensor q = test::local_part(b.q, layout, cp, rank), k = test::local_part(b.k, layout, cp, rank),
+                   v = test::local_part(b.v, layout, cp, rank), dout = test::local_part(b.dout, layout, cp, rank);
+  const DType dtype = problem.dtype;
+  const int64_t rows = problem.local_rows(), hq = problem.q_heads, hkv = problem.kv_heads, d = problem.head_dim;
+  test::PlacedGroup qkv(in, dtype, rows, {hq, hkv, hkv}, d), dout_s(in, dtype, rows, {hq}, d);
+  test::PlacedGroup out_s(out, dtype, rows, {hq}, d), grads(out, dtype, rows, {hq, hkv, hkv}, d);
+  test::scatter_into(q, qkv.host(0));
+  test::scatter_into(k, qkv.host(1));
+  test::scatter_into(v, qkv.host(2));
+  test::scatter_into(dout, dout_s.host(0));
+  const std::vector<unsigned char> inputs_before = qkv.image;
+  for (test::PlacedGroup* g : {&qkv, &dout_s, &out_s, &grads}) g->upload();
+  test::DeviceBuffer cu(sizeof(int32_t) * b.layout.cu_seqlens.size()), cup(cu.bytes());
+  cu.upload(b.layout.cu_seqlens.data(), cu.bytes());
+  cup.upload(b.layout.cu_seqlens_padded.data(), cup.bytes());
+  test::DeviceBuffer lse(sizeof(float) * hq * rows), max_logit(sizeof(float) * hq);
+  lse.poison();
+  max_logit.poison();
+  test::DeviceBuffer workspace(cp::cuda_workspace_size(problem));
+  cp::CudaPlan plan(comm, problem, AttentionOptions{}, workspace.data(), workspace.bytes());
+  const DeviceLayout device_layout{cu.as<int32_t>(), cup.as<int32_t>(), problem.capacity};
+  const ForwardTensors forward{qkv.on_device(0), qkv.on_device(1), qkv.on_device(2), out_s.on_device(0),
+                               lse.as<float>(), max_logit.as<float>()};
+  const BackwardTensors backward{qkv.on_device(0), qkv.on_device(1), qkv.on_device(2), out_s.on_device(0),
+                                 dout_s.on_device(0), lse.as<float>(), grads.on_device(0), grads.on_device(1),
+                                 grads.on_device(2)};
+  plan.check_tensors(device_layout, &forward, &backward);
+  THDCP_CHECK_CUDA(cudaDeviceSynchronize());  // the uploads and poison ran on the legacy stream
+  test::Stream stream;
+  plan.forward(device_layout, forward, stream.get());
+  plan.backward(device_layout, backward, stream.get());
+  comm.synchronize(stream.get(), 120);
+  THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+  for (test::PlacedGroup* g : {&qkv, &out_s, &grads}) g->download();
+  test::Outputs o;
+  o.out = test::gather_from(out_s.host(0));
+  o.dq = test::gather_from(grads.host(0));
+  o.dk = test::gather_from(grads.host(1));
+  o.dv = test::gather_from(grads.host(2));
+  o.lse = test::download_vector<float>(lse, static_cast<size_t>(hq * rows));
+  o.max_logit = test::download_vector<float>(max_logit, static_cast<size_t>(hq));
+  kept = test::poison_kept_outside(out_s.image, out_s.host_views());
+  if (kept) kept = test::poison_kept_outside(grads.image, grads.host_views());
+  if (kept && qkv.image != inputs_before) kept = ::testing::AssertionFailure() << "a step wrote into q, k or v";
+  return o;
+}
+
+using StrideParam = std::tuple<test::Arrangement /*inputs*/, test::Arrangement /*outputs*/>;
+
+class CudaCpStrides : public test::CudaTest, public ::testing::WithParamInterface<StrideParam> {};
+
+// Every rank's local tensors as strided views (head-major K/V gathered through the pack
+// kernel, packed QKV through the 2-D copy, dk and dv cast through their strides, q, out,
+// dout and dq straight to the kernels) give the bits of the same step on contiguous local
+// tensors, at cp 1, 2 and 3 with ranks sharing the GPU: GQA 4 bf16 d64 causal, and MHA bf16
+// d128 with a two-sided window.
+TEST_P(CudaCpStrides, LocalViewsEqualContiguousLocalTensorsBitForBit) {
+  const auto [in, out] = GetParam();
+  for (int cp : {1, 2, 3}) {
+    for (int index : {0, 4}) {
+      const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
+      SCOPED_TRACE(std::string(c.name) + " cp " + std::to_string(cp));
+      const cp::Problem problem = problem_of(c, cp);
+      const test::Batch b = make_case_batch(c, cp, problem.capacity, 700 + index + cp, false);
+      std::vector<test::Outputs> contiguous(cp), strided(cp);
+      std::vector<::testing::AssertionResult> kept(static_cast<size_t>(cp), ::testing::AssertionSuccess());
+      run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+        const int rank = comm.rank();
+        test::CudaCpRank state(comm, problem);
+        contiguous[rank] = state.run(b);
+        strided[rank] = strided_step(comm, problem, b, in, out, kept[static_cast<size_t>(rank)]);
+      });
+      for (int rank = 0; rank < cp; ++rank) {
+        EXPECT_TRUE(test::identical(strided[rank], contiguous[rank])) << "rank " << rank;
+        EXPECT_TRUE(kept[static_cast<size_t>(rank)]) << "rank " << rank;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Arrangements, CudaCpStrides,
+                         ::testing::Values(StrideParam{test::Arrangement::kHeadMajor, test::Arrangement::kContiguous},
+                                           StrideParam{test::Arrangement::kHeadMajor, test::Arrangement::kHeadMajor},
+                                           StrideParam{test::Arrangement::kPacked, test::Arrangement::kPadded},
+                                           StrideParam{test::Arrangement::kInterleaved,
+                                                       test::Arrangement::kInterleaved}),
+                         [](const ::testing::TestParamInfo<StrideParam>& param_info) {
+                           return std::string("inputs_") + test::arrangement_name(std::get<0>(param_info.param)) +
+                                  "_outputs_" + test::arrangement_name(std::get<1>(param_info.param));
+                         });
 
 // Runs `body` on 2 ranks sharing the GPU and expects a thdcp::Error (run_shared_gpu rethrows
 // a rank's); returns what each rank threw ("" where a rank threw nothing).

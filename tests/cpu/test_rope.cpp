@@ -1,6 +1,7 @@
 // The CPU RoPE reference: hand-derived rotations of both layouts, partial rotary, backward
-// undoing forward, the cos/sin table against theta, strided views, ranks against the split
-// of the single-device result, untouched placeholder rows, and argument errors.
+// undoing forward, the cos/sin table against theta, strided views (packed, head-major,
+// interleaved), ranks against the split of the single-device result, untouched placeholder
+// rows, and argument errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "support/expect_error.h"
+#include "support/strided_views.h"
 #include "thdcp/cpu/rope.h"
 #include "thdcp/plan/rank_split.h"
 #include "thdcp/testing/compare.h"
@@ -212,6 +214,34 @@ TEST(CpuRope, StridedViewsOfPackedQkvEqualContiguousTensors) {
   }
 }
 
+// Head-major views ([H, T, D] memory: row stride D, head stride of a longer cache's rows) and
+// rows interleaved with heads rotate like contiguous tensors, bit for bit, and leave the
+// memory between their elements alone.
+TEST(CpuRope, HeadMajorAndInterleavedViewsEqualContiguousTensors) {
+  const BatchLayout layout = test_layout(2);
+  const int64_t rows = layout.total_rows() / 2, heads = 2, head_dim = 16;
+  for (test::Arrangement arrangement : test::all_arrangements()) {
+    SCOPED_TRACE(test::arrangement_name(arrangement));
+    for (RopeLayout pairs : {RopeLayout::kHalfSplit, RopeLayout::kInterleaved}) {
+      const RopeConfig config{pairs, 12};
+      const HostTensor x = random_tensor(DType::kBFloat16, rows, heads, head_dim, 31);
+      HostTensor expected = copy_of(x);
+      cpu::rope_forward(layout.view(), 2, 1, config, expected.view());
+      const test::GroupLayout g = test::arrange(arrangement, rows, {heads}, head_dim);
+      std::vector<unsigned char> image = test::poisoned_image(DType::kBFloat16, g.elements);
+      const ThdTensor view = test::placed_view(image.data(), DType::kBFloat16, rows, heads, head_dim, g.placements[0]);
+      test::scatter_into(x, view);
+      cpu::rope_forward(layout.view(), 2, 1, config, view);
+      EXPECT_TRUE(same_bits(test::gather_from(view), expected));
+      EXPECT_TRUE(test::poison_kept_outside(image, {view}));
+      cpu::rope_backward(layout.view(), 2, 1, config, view);
+      HostTensor undone = copy_of(expected);
+      cpu::rope_backward(layout.view(), 2, 1, config, undone.view());
+      EXPECT_TRUE(same_bits(test::gather_from(view), undone));
+    }
+  }
+}
+
 // Every rank's rotation of its local rows equals its rows of the single-device rotation of
 // the whole batch, bit for bit; rows of empty sequences stay as they were.
 TEST(CpuRope, RanksEqualTheSplitOfTheSingleDeviceResult) {
@@ -256,7 +286,9 @@ TEST(CpuRope, BadArgumentsThrowBeforeWriting) {
   EXPECT_THDCP_ERROR(cpu::rope_forward(view, 1, 0, config, x.view()), "pass the rank's local tensor");
   ThdTensor overlapping = x.view();
   overlapping.head_stride = 8;
-  EXPECT_THDCP_ERROR(cpu::rope_forward(view, 2, 0, config, overlapping), "x.head_stride=8 is less than head_dim=16");
+  test::expect_error([&] { cpu::rope_forward(view, 2, 0, config, overlapping); },
+                     {"x is [", ", 2, 16] with row_stride=32 and head_stride=8: its elements (row 0, head 0, d 8) and "
+                                "(row 0, head 1, d 0) share an address, and an output must not overlap itself"});
   ThdTensor no_data = x.view();
   no_data.data = nullptr;
   EXPECT_THDCP_ERROR(cpu::rope_forward(view, 2, 0, config, no_data), "x has no data");

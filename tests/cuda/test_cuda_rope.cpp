@@ -1,6 +1,7 @@
 // The CUDA RoPE plan against the CPU reference (both layouts, partial rotary, start offsets,
 // a caller's table, cp 1..4 every rank, bf16/fp16, packed-QKV strided views, the 16-byte and
-// the element path), forward and backward; placeholder rows unchanged and every row finite;
+// the element path), forward and backward; head-major, padded and interleaved views equal to
+// contiguous tensors bit for bit; placeholder rows unchanged and every row finite;
 // a captured launch replayed on new metadata equal to the eager one bit for bit; the table
 // bound clamped and reported; argument checks.
 #include <cmath>
@@ -11,6 +12,7 @@
 #include "support/cuda/cuda_test.h"
 #include "support/cuda/rope_shape.h"
 #include "support/expect_error.h"
+#include "support/strided_views.h"
 #include "thdcp/cpu/rope.h"
 #include "thdcp/cuda/rope.h"
 #include "thdcp/plan/layout.h"
@@ -285,6 +287,54 @@ std::string case_name(const ::testing::TestParamInfo<int>& param) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaRope, ::testing::Range(0, static_cast<int>(rope_cases().size())), case_name);
 
+class CudaRopeStrides : public CudaTest {};
+
+// q and k as head-major views ([H, T, D] memory, a slice of a longer cache), padded views
+// and rows interleaved with heads rotate like contiguous tensors, bit for bit (the kernel's
+// arithmetic does not depend on where an element sits), and nothing between their elements
+// is written. Forward and backward, both pair layouts, bf16 and fp16, head dims 64 and 128.
+TEST_F(CudaRopeStrides, StridedViewsEqualContiguousBitForBit) {
+  for (Arrangement arrangement : {Arrangement::kHeadMajor, Arrangement::kPadded, Arrangement::kInterleaved}) {
+    for (const RopeCase& base : {rope_cases()[0], rope_cases()[1]}) {
+      RopeCase c = base;
+      c.kv_heads = 2;  // the interleaved arrangement applies to two-head tensors
+      SCOPED_TRACE(std::string(c.name) + " " + arrangement_name(arrangement));
+      const BatchLayout layout = case_layout(c.cp, false);
+      const int64_t rows = layout.total_rows() / c.cp;
+      RankSetup setup(c, 0, layout, 7);
+      const cuda::RopePlan plan(setup.shape());
+      for (bool backward : {false, true}) {
+        QkBuffers contiguous(c, rows, 11);
+        const GroupLayout at = arrange(arrangement, rows, {c.q_heads, c.kv_heads}, c.head_dim);
+        std::vector<unsigned char> image = poisoned_image(c.dtype, at.elements);
+        const ThdTensor q_host = placed_view(image.data(), c.dtype, rows, c.q_heads, c.head_dim, at.placements[0]);
+        const ThdTensor k_host = placed_view(image.data(), c.dtype, rows, c.kv_heads, c.head_dim, at.placements[1]);
+        scatter_into(contiguous.host[0], q_host);
+        scatter_into(contiguous.host[1], k_host);
+        DeviceBuffer device(image.size());
+        device.upload(image.data(), image.size());
+        const ThdTensor q = placed_view(device.data(), c.dtype, rows, c.q_heads, c.head_dim, at.placements[0]);
+        const ThdTensor k = placed_view(device.data(), c.dtype, rows, c.kv_heads, c.head_dim, at.placements[1]);
+        plan.check_tensors(q, k);
+        if (backward) {
+          plan.backward(setup.device_layout(), setup.device_offsets(), q, k, nullptr);
+          plan.backward(setup.device_layout(), setup.device_offsets(), contiguous.q(true), contiguous.k(true),
+                        nullptr);
+        } else {
+          plan.forward(setup.device_layout(), setup.device_offsets(), q, k, nullptr);
+          plan.forward(setup.device_layout(), setup.device_offsets(), contiguous.q(true), contiguous.k(true), nullptr);
+        }
+        THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+        device.download(image.data(), image.size());
+        const std::vector<HostTensor> expected = contiguous.download();
+        EXPECT_TRUE(same_bits(gather_from(q_host), expected[0])) << "q, backward " << backward;
+        EXPECT_TRUE(same_bits(gather_from(k_host), expected[1])) << "k, backward " << backward;
+        EXPECT_TRUE(poison_kept_outside(image, {q_host, k_host}));
+      }
+    }
+  }
+}
+
 class CudaRopeGraph : public CudaTest {};
 
 // The forward captured once (global capture mode), replayed after new metadata, offsets and
@@ -494,13 +544,14 @@ TEST_F(CudaRopeRunChecks, BadArgumentsThrowBeforeLaunch) {
   EXPECT_THDCP_ERROR(plan.forward(layout, offsets, q, fp16_k, nullptr), "k has dtype fp16");
   ThdTensor overlapping = q;
   overlapping.head_stride = 64;
-  EXPECT_THDCP_ERROR(plan.forward(layout, offsets, overlapping, k, nullptr), "q.head_stride=64 is less than head_dim");
+  EXPECT_THDCP_ERROR(plan.forward(layout, offsets, overlapping, k, nullptr),
+                     "and (row 0, head 1, d 0) share an address, and an output must not overlap itself");
   EXPECT_THDCP_ERROR(plan.forward(no_cu, offsets, q, k, nullptr), "layout.cu_seqlens and layout.cu_seqlens_padded must not");
   EXPECT_THDCP_ERROR(plan.forward(other_capacity, offsets, q, k, nullptr), "differs from the plan's");
   EXPECT_THDCP_ERROR(plan.forward(layout, offsets, q, q, nullptr), "kv_heads=2, head_dim=128]");
   ThdTensor k_on_q = q;
   k_on_q.heads = 2;
-  EXPECT_THDCP_ERROR(plan.forward(layout, offsets, q, k_on_q, nullptr), "q and k point to the same memory");
+  EXPECT_THDCP_ERROR(plan.forward(layout, offsets, q, k_on_q, nullptr), "q and k share memory");
   ThdTensor odd = q;
   odd.data = static_cast<unsigned char*>(odd.data) + 1;
   EXPECT_THDCP_ERROR(plan.forward(layout, offsets, odd, k, nullptr), "is not aligned to its 2-byte elements");

@@ -1,20 +1,26 @@
 // Strided THD tensors on the CUDA backend: q, k, v as views of one packed QKV buffer (and
-// dq, dk, dv of one packed dQKV buffer) give the same bits as contiguous copies, forward and
-// deterministic backward; bad strides throw naming the tensor before anything is written.
+// dq, dk, dv of one packed dQKV buffer), head-major views ([H, T, D] memory), rows
+// interleaved with heads and padded views give the same bits as contiguous copies, forward
+// and deterministic backward; bad strides and overlapping outputs throw naming the tensor
+// before anything is written.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/cuda/cuda_test.h"
 #include "support/cuda/device_step.h"
 #include "support/cuda/one_shot.h"
+#include "support/cuda/placed_group.h"
 #include "support/expect_error.h"
+#include "support/strided_views.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/attention.h"
+#include "thdcp/cuda/reorder.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/testing/workload.h"
 
@@ -280,6 +286,140 @@ TEST_P(CudaStrides, PackedViewsMatchContiguousBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Cases, CudaStrides, ::testing::ValuesIn(stride_cases()),
                          [](const ::testing::TestParamInfo<StrideCase>& param_info) { return param_info.param.name; });
 
+// The arrangements users hand over (support/strided_views.h), inputs and outputs apart:
+// head-major [H, T, D] memory (transformers' K/V from its cache, a slice of a longer cache),
+// rows interleaved with heads, padded rows and heads.
+struct ArrangementCase {
+  std::string name;
+  DType dtype;
+  int head_dim;
+  Mask mask;
+  Arrangement inputs, outputs;
+};
+
+std::ostream& operator<<(std::ostream& os, const ArrangementCase& c) { return os << c.name; }
+
+std::vector<ArrangementCase> arrangement_cases() {
+  const std::pair<Arrangement, Arrangement> pairs[] = {{Arrangement::kHeadMajor, Arrangement::kContiguous},
+                                                       {Arrangement::kContiguous, Arrangement::kHeadMajor},
+                                                       {Arrangement::kHeadMajor, Arrangement::kHeadMajor},
+                                                       {Arrangement::kInterleaved, Arrangement::kPadded},
+                                                       {Arrangement::kPadded, Arrangement::kInterleaved}};
+  const std::pair<const char*, Mask> masks[] = {
+      {"causal", Mask::causal()}, {"window40_7", Mask::window(40, 7)}, {"full", Mask::full()}};
+  std::vector<ArrangementCase> cases;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    for (int head_dim : {64, 128}) {
+      for (const auto& [mask_name, mask] : masks) {
+        for (const auto& [in, out] : pairs) {
+          cases.push_back(ArrangementCase{std::string(dtype == DType::kBFloat16 ? "bf16" : "fp16") + "_d" +
+                                              std::to_string(head_dim) + "_" + mask_name + "_in_" +
+                                              arrangement_name(in) + "_out_" + arrangement_name(out),
+                                          dtype, head_dim, mask, in, out});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+class CudaViewArrangements : public CudaTest, public ::testing::WithParamInterface<ArrangementCase> {};
+
+// GQA 4 (Hq = 8, Hkv = 2). Forward and deterministic backward on the views give the bits of
+// the same calls on contiguous tensors; nothing is written between the output views and the
+// inputs keep their bytes. Runs the Hopper kernels on Hopper (TMA maps heads outermost for
+// head-major q, k, v) and, under the portable_kernels. prefix, the mma.sync ones.
+TEST_P(CudaViewArrangements, ForwardAndBackwardMatchContiguousBitForBit) {
+  const ArrangementCase& c = GetParam();
+  constexpr int64_t kHq = 8, kHkv = 2;
+  const int64_t d = c.head_dim;
+  const Batch batch({100, 1, 257, 0, 64, 130}, c.mask);
+  const int64_t rows = batch.rows();
+  const uint64_t seed = std::hash<std::string>{}(c.name);
+  HostTensor q(c.dtype, rows, kHq, d), k(c.dtype, rows, kHkv, d), v(c.dtype, rows, kHkv, d);
+  HostTensor dout(c.dtype, rows, kHq, d);
+  fill_normal(q, seed + 1);
+  fill_normal(k, seed + 2);
+  fill_normal(v, seed + 3);
+  fill_normal(dout, seed + 4);
+
+  DeviceStep contiguous(c.dtype, rows, rows, HeadShape{kHq, kHkv, d}, c.dtype);
+  contiguous.upload_inputs(q, k, v, dout);
+  DeviceBuffer fwd_ws(forward_workspace_size(batch.table));
+  DeviceBuffer bwd_ws(backward_workspace_size(batch.table, kHq, kHkv, d, c.dtype));
+  contiguous.poison_outputs();
+  attention_step(batch.table, contiguous, fwd_ws, bwd_ws, nullptr);
+  THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+
+  PlacedGroup qkv(c.inputs, c.dtype, rows, {kHq, kHkv, kHkv}, d), dout_s(c.inputs, c.dtype, rows, {kHq}, d);
+  PlacedGroup out_s(c.outputs, c.dtype, rows, {kHq}, d), grads(c.outputs, c.dtype, rows, {kHq, kHkv, kHkv}, d);
+  scatter_into(q, qkv.host(0));
+  scatter_into(k, qkv.host(1));
+  scatter_into(v, qkv.host(2));
+  scatter_into(dout, dout_s.host(0));
+  const std::vector<unsigned char> inputs_before = qkv.image;
+  for (PlacedGroup* p : {&qkv, &dout_s, &out_s, &grads}) p->upload();
+  DeviceBuffer lse(sizeof(float) * kHq * rows), max_logit(sizeof(float) * kHq);
+  lse.poison();
+  max_logit.poison();
+  attention_forward(batch.table, qkv.on_device(0), qkv.on_device(1), qkv.on_device(2), out_s.on_device(0),
+                    lse.as<float>(), max_logit.as<float>(), fwd_ws.data(), fwd_ws.bytes(), nullptr);
+  attention_backward(batch.table, qkv.on_device(0), qkv.on_device(1), qkv.on_device(2), out_s.on_device(0),
+                     dout_s.on_device(0), lse.as<float>(), grads.on_device(0), grads.on_device(1), grads.on_device(2),
+                     bwd_ws.data(), bwd_ws.bytes(), nullptr);
+  THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+  for (PlacedGroup* p : {&qkv, &out_s, &grads}) p->download();
+
+  EXPECT_TRUE(same_bytes(gather_from(out_s.host(0)), contiguous.out.download())) << "out differs";
+  EXPECT_TRUE(download_vector<float>(lse, kHq * rows) == download_vector<float>(contiguous.lse, kHq * rows))
+      << "lse differs";
+  EXPECT_TRUE(download_vector<float>(max_logit, kHq) == download_vector<float>(contiguous.max_logit, kHq))
+      << "max_logit differs";
+  EXPECT_TRUE(same_bytes(gather_from(grads.host(0)), contiguous.dq.download())) << "dq differs";
+  EXPECT_TRUE(same_bytes(gather_from(grads.host(1)), contiguous.dk.download())) << "dk differs";
+  EXPECT_TRUE(same_bytes(gather_from(grads.host(2)), contiguous.dv.download())) << "dv differs";
+  EXPECT_TRUE(poison_kept_outside(out_s.image, out_s.host_views())) << "the forward wrote outside out's view";
+  EXPECT_TRUE(poison_kept_outside(grads.image, grads.host_views())) << "the backward wrote outside dq, dk, dv";
+  EXPECT_TRUE(qkv.image == inputs_before) << "the calls wrote into q, k or v";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaViewArrangements, ::testing::ValuesIn(arrangement_cases()),
+                         [](const ::testing::TestParamInfo<ArrangementCase>& param_info) {
+                           return param_info.param.name;
+                         });
+
+class CudaPackRows : public CudaTest {};
+
+// cuda::pack_rows (the send buffer of CP's gather from a strided local K or V) gives the dense
+// rows of any view, in 16-, 8-, 4- and 2-byte words (views shifted off 16-byte boundaries),
+// and writes nothing past them.
+TEST_F(CudaPackRows, DenseRowsOfAnyView) {
+  for (Arrangement a : all_arrangements()) {
+    for (int64_t shift : {0, 8, 4, 2}) {  // bytes off a 16-byte boundary
+      SCOPED_TRACE(std::string(arrangement_name(a)) + " shifted by " + std::to_string(shift) + " bytes");
+      const int64_t rows = 37, heads = 2, head_dim = 64;
+      PlacedGroup g(a, DType::kBFloat16, rows, {heads}, head_dim);
+      HostTensor x(DType::kBFloat16, rows, heads, head_dim);
+      fill_normal(x, 3 + static_cast<uint64_t>(shift));
+      g.image.resize(g.image.size() + 16, 0xff);
+      g.device = DeviceBuffer(g.image.size());
+      auto shifted = [&](ThdTensor t) {
+        t.data = static_cast<unsigned char*>(t.data) + shift;
+        return t;
+      };
+      scatter_into(x, shifted(g.host(0)));
+      g.upload();
+      DeviceBuffer dense(static_cast<size_t>(x.numel()) * 2 + 16);
+      dense.poison();
+      cuda::pack_rows(shifted(g.on_device(0)), dense.data(), nullptr);
+      THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+      const std::vector<unsigned char> got = download_vector<unsigned char>(dense, dense.bytes());
+      EXPECT_EQ(0, std::memcmp(got.data(), x.data(), static_cast<size_t>(x.numel()) * 2));
+      for (size_t i = static_cast<size_t>(x.numel()) * 2; i < got.size(); ++i) ASSERT_EQ(got[i], 0xff) << i;
+    }
+  }
+}
+
 class CudaBadStrides : public CudaTest {};
 
 // Bad strides are caught on the host, before anything is enqueued: the poisoned outputs
@@ -313,17 +453,29 @@ TEST_F(CudaBadStrides, ThrowNamingTheTensorBeforeWriting) {
     return ThdTensor{wide.data(), DType::kBFloat16, rows, heads, kD, row_stride, head_stride};
   };
 
-  // Not a multiple of 8 elements.
-  expect_contains(forward(q, view_of(kHkv, 204, 0), v, out), "k.row_stride=204 is not a multiple of 8 elements");
+  // Not a multiple of 16 bytes (8 elements of bf16).
+  expect_contains(forward(q, view_of(kHkv, 204, 0), v, out),
+                  "k.row_stride=204 is not a multiple of 8 elements (16 bytes of bf16)");
   expect_contains(forward(q, k, view_of(kHkv, 2 * 76, 76), out), "v.head_stride=76 is not a multiple of 8 elements");
-  // Overlapping rows and heads.
-  expect_contains(forward(view_of(kHq, kHq * kD - 8, kD), k, v, out), "q.row_stride=248 is less than");
-  expect_contains(forward(q, k, v, view_of(kHq, 4 * kHq * kD, kD - 8)), "out.head_stride=56 is less than head_dim=64");
+  ConstThdTensor misaligned = view_of(kHkv, 0, 0);
+  misaligned.data = static_cast<const unsigned char*>(misaligned.data) + 8;
+  expect_contains(forward(q, misaligned, v, out), "is not 16-byte aligned");
+  // The heads of a row beyond 32-bit offsets.
+  expect_contains(forward(q, view_of(kHkv, 128, int64_t{1} << 31), v, out),
+                  "(heads - 1) * head_stride + head_dim = 2147483712 is above 2^31 elements");
+  // Outputs that overlap themselves or an input (inputs may overlap: read only).
+  expect_contains(forward(q, k, v, view_of(kHq, kHq * kD - 8, kD)),
+                  "with row_stride=248 and head_stride=64: its elements");
+  expect_contains(forward(q, k, v, view_of(kHq, 4 * kHq * kD, kD - 8)),
+                  "head_stride=56: its elements (row 0, head 0, d 56) and (row 0, head 1, d 0) share an address");
+  expect_contains(forward(q, k, v, ThdTensor{const_cast<void*>(q.data), q.dtype, q.tokens, q.heads, q.head_dim}),
+                  "out and q share memory");
   expect_contains(forward(q, view_of(kHkv, -8, 0), v, out), "k has row_stride=-8");
   // Backward outputs.
   expect_contains(backward(view_of(kHq, kHq * kD + 4, kD), dk, dv), "dq.row_stride=260");
   expect_contains(backward(dq, view_of(kHkv, 2 * kHkv * kD, 2 * kD), view_of(kHkv, kHkv * kD, kD - 16)),
-                  "dv.head_stride=48");
+                  "with row_stride=128 and head_stride=48: its elements");
+  expect_contains(backward(dq, dk, dk), "dk and dv share memory");
   // fp32 dk/dv are the accumulators: contiguous only.
   DeviceBuffer ws32(backward_workspace_size(batch.table, kHq, kHkv, kD, DType::kFloat32));
   DeviceBuffer dk32(static_cast<size_t>(rows * 2 * kHkv * kD) * 4), dv32(static_cast<size_t>(rows * kHkv * kD) * 4);

@@ -98,15 +98,41 @@ TEST_F(TensorMap, DriverRefusalNamesTheTensorAndItsLayout) {
                {"cannot describe q", "1000 rows, 8 heads", "THDCP_PORTABLE_KERNELS=1"});
 }
 
-// check_view refuses such views before any map is made; the map refuses them too, without
-// asking the driver, rather than describe them with rows inside heads.
-TEST_F(TensorMap, HeadMajorViewIsRefusedBeforeTheDriver) {
+// A head-major view ([H, T, D] memory: row stride D, head stride of a cache's rows) is
+// described heads outermost, (columns, rows, heads), so that the outer strides increase,
+// with boxes of box_rows rows of one head; heads_outer tells the kernel to swap the
+// coordinates. The same for rows interleaved with heads (head stride above row stride).
+TEST_F(TensorMap, HeadMajorViewIsColumnsRowsHeads) {
   ConstThdTensor t(storage_, DType::kBFloat16, 100, 4, 64);
-  t.head_stride = 100 * 64;  // [H, T, D]
+  t.head_stride = 4096 * 64;  // a slice of a cache of 4096 rows
   t.row_stride = 64;
-  EXPECT_THDCP_ERROR(cuda::detail::encode_thd_tensor_map(fake_encode, "v", t, 128),
-                     "v has head stride 6400 above its row stride 64");
-  EXPECT_EQ(g_call.calls, 0);
+  const cuda::detail::ThdTensorMap map = cuda::detail::encode_thd_tensor_map(fake_encode, "v", t, 128);
+  ASSERT_EQ(g_call.calls, 1);
+  EXPECT_EQ(map.heads_outer, 1);
+  EXPECT_EQ(g_call.dims, (std::vector<cuuint64_t>{64, 100, 4}));
+  EXPECT_EQ(g_call.strides, (std::vector<cuuint64_t>{64 * 2, 4096 * 64 * 2}));
+  EXPECT_EQ(g_call.box, (std::vector<cuuint32_t>{64, 128, 1}));
+
+  ConstThdTensor interleaved(storage_, DType::kFloat16, 300, 2, 128, 2 * 128, 3 * 128);
+  EXPECT_EQ(cuda::detail::encode_thd_tensor_map(fake_encode, "k", interleaved, 64).heads_outer, 1);
+  EXPECT_EQ(g_call.dims, (std::vector<cuuint64_t>{128, 300, 2}));
+  EXPECT_EQ(g_call.strides, (std::vector<cuuint64_t>{2 * 128 * 2, 3 * 128 * 2}));
+  EXPECT_EQ(g_call.box, (std::vector<cuuint32_t>{64, 64, 1}));
+
+  const ConstThdTensor contiguous(storage_, DType::kBFloat16, 1000, 8, 128);
+  EXPECT_EQ(cuda::detail::encode_thd_tensor_map(fake_encode, "q", contiguous, 128).heads_outer, 0);
+}
+
+// One row: its stride is never applied (and not checked); the map takes the span of its
+// heads, so the outer strides still increase.
+TEST_F(TensorMap, OneRowTakesTheHeadsSpanForItsUnusedRowStride) {
+  ConstThdTensor t(storage_, DType::kBFloat16, 1, 4, 64);
+  t.row_stride = 7;
+  t.head_stride = 1000 * 64;
+  const cuda::detail::ThdTensorMap map = cuda::detail::encode_thd_tensor_map(fake_encode, "k", t, 128);
+  EXPECT_EQ(map.heads_outer, 0);
+  EXPECT_EQ(g_call.dims, (std::vector<cuuint64_t>{64, 4, 1}));
+  EXPECT_EQ(g_call.strides, (std::vector<cuuint64_t>{1000 * 64 * 2, 4 * 1000 * 64 * 2}));
 }
 
 }  // namespace

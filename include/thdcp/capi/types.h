@@ -104,18 +104,25 @@ THDCP_API thdcp_status_t thdcp_built_with(thdcp_feature_t feature, int* out);
 
 /* ---- tensors and layouts ------------------------------------------------------------ */
 
-/* A THD tensor view [rows, heads, head_dim], row-major with head_dim contiguous. Strides are
- * in elements; 0 means contiguous (row_stride = heads * head_dim, head_stride = head_dim),
- * so q, k and v may be views of one packed QKV buffer [T, Hq + 2 Hkv, D]:
+/* A THD tensor view [rows, heads, head_dim] with head_dim contiguous: element (r, h, d) is at
+ * data + (r * row_stride + h * head_stride + d) elements. Strides are in elements, >= 0, in
+ * any order; 0 means contiguous (row_stride = heads * head_dim, head_stride = head_dim). So
+ * q, k and v may be views of one packed QKV buffer [T, Hq + 2 Hkv, D]:
  *   q: data = qkv,                  heads = Hq,  row_stride = (Hq + 2 Hkv) * D
  *   k: data = qkv + Hq * D,         heads = Hkv, row_stride = (Hq + 2 Hkv) * D
  *   v: data = qkv + (Hq + Hkv) * D, heads = Hkv, row_stride = (Hq + 2 Hkv) * D
- * `data` is a host pointer (CPU backend, which takes contiguous tensors only and refuses
- * strided ones) or a device pointer of the current device, 16-byte aligned (CUDA backend;
- * there row_stride and, with several heads, head_stride are multiples of 8 elements and
- * fp32 dk/dv are contiguous). Inputs are only read, although
- * `data` is not const. The caller owns the memory. A tensor whose last element's byte
- * offset overflows 64 bits (a garbage stride) is refused, naming it. */
+ * or head-major memory [H, S, D] (heads before rows, as a KV cache holds K/V; S >= rows):
+ *   row_stride = D, head_stride = S * D
+ * Every backend takes every such view, forward and backward, with no copy (CP plans: the
+ * local tensors too). Inputs (q, k, v, dout, and out where the backward reads it) are only
+ * read, although `data` is not const, and may overlap; outputs (out, dq, dk, dv) must not
+ * overlap themselves or any other tensor of the call (refused, naming the tensors and the
+ * colliding elements). `data` is a host pointer (CPU backend) or a device pointer of the
+ * current device (CUDA backend; there `data` and each stride a tensor applies -- row_stride
+ * with more than one row, head_stride with more than one head -- are multiples of 16 bytes,
+ * i.e. 8 elements of bf16/fp16, and fp32 dk/dv of the single-device plan are contiguous).
+ * The caller owns the memory. A tensor whose last element's byte offset overflows 64 bits (a
+ * garbage stride) is refused, naming it. */
 typedef struct thdcp_tensor_t {
   void* data;
   int64_t rows;

@@ -1,12 +1,17 @@
-// Views of THD tensors ([tokens, heads, head_dim], row-major, head_dim contiguous, with a
-// row stride and a head stride) and an owning host tensor for tools and tests.
+// Views of THD tensors ([tokens, heads, head_dim], head_dim contiguous, with a row stride and
+// a head stride) and an owning host tensor for tools and tests.
 //
-// Strides are in elements and 0 means contiguous: row_stride = heads * head_dim,
-// head_stride = head_dim. So a packed QKV buffer [T, Hq + 2*Hkv, D] is used with no copy
-// through three views that share row_stride = (Hq + 2*Hkv) * D and head_stride = D:
+// Strides are in elements, >= 0, and 0 means contiguous: row_stride = heads * head_dim,
+// head_stride = head_dim. Any others are views too, on every backend (the CUDA one also
+// wants them, and the data pointer, 16-byte aligned). So a packed QKV buffer
+// [T, Hq + 2*Hkv, D] is used with no copy through three views that share
+// row_stride = (Hq + 2*Hkv) * D and head_stride = D:
 //   q: data = qkv,                 heads = Hq
 //   k: data = qkv + Hq * D,        heads = Hkv
 //   v: data = qkv + (Hq + Hkv) * D, heads = Hkv
+// and head-major memory [H, T, D] (heads before rows, as transformers' KV cache holds K/V)
+// is the view row_stride = D, head_stride = T * D (or S * D for a cache of S >= T rows).
+// Inputs may overlap; outputs may not (thdcp/core/overlap.h).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +50,8 @@ struct BasicThdTensor {
   int64_t row_step() const { return row_stride != 0 ? row_stride : heads * head_dim; }
   int64_t head_step() const { return head_stride != 0 ? head_stride : head_dim; }
   bool contiguous() const { return row_step() == heads * head_dim && head_step() == head_dim; }
+  // Elements from data to element (row, head, d).
+  int64_t offset(int64_t row, int64_t head, int64_t d) const { return row * row_step() + head * head_step() + d; }
 };
 
 using ThdTensor = BasicThdTensor<void*>;

@@ -54,6 +54,11 @@ struct Timings {
 // the group) or nullptr. dq: q's dtype or fp32; dk, dv: k's dtype or fp32 (their fp32 partial
 // sums are reduce-scattered in fp32 and rounded once). BackwardTensors::dkv_rows is the
 // plan's own business: leave it null.
+// Every local tensor is a view with any row and head strides (thdcp/core/tensor.h: packed
+// QKV, padded, head-major [H, T/cp, D] memory). k and v are packed into dense rows (the
+// plan's own buffer) before the all-gather; dk and dv are written through their strides; q,
+// out, dout and dq go to the attention as they are. Outputs must not overlap themselves or
+// another tensor of the step (thdcp/core/overlap.h). (The CUDA backend: thdcp/cp/cuda.h.)
 //
 // Attention sinks (ForwardTensors::sinks, BackwardTensors::sinks and dsinks; CPU backend
 // only until the kernels of issue 27): every rank passes the same [Hq] sinks, or none. A

@@ -56,9 +56,12 @@ class CudaPlan {
   CudaPlan& operator=(const CudaPlan&) = delete;
 
   // Enqueue one step of this rank on `stream`. Tensors: as thdcp/cp/cp.h (device memory of
-  // comm.device()). q, out, dout and dq may be strided views; k and v may be strided with
-  // head_stride == head_dim (e.g. views of a packed QKV buffer: they are packed into the
-  // workspace before the gather); dk and dv likewise.
+  // comm.device()). Every local tensor may be a strided view: k and v of any strides
+  // (packed QKV, head-major [H, T/cp, D] memory, padded) are packed into dense rows in the
+  // workspace before the gather (one 2-D copy where a row's heads are adjacent, else a pack
+  // kernel); dk and dv of any strides are written by the final cast; q, out, dout and dq go
+  // to the attention kernels as they are, so they follow thdcp/cuda/attention.h (strides
+  // and data 16-byte aligned).
   void forward(const DeviceLayout& layout, const ForwardTensors& tensors, cudaStream_t stream);
   void backward(const DeviceLayout& layout, const BackwardTensors& tensors, cudaStream_t stream,
                 KvSource kv = KvSource::kGather);

@@ -3,6 +3,12 @@
 // Storage is bf16, fp16 (raw 16-bit storage, exact conversions) or fp32; arithmetic is fp32
 // (or fp64 for tests, AttentionOptions::accumulate). The CUDA backend runs the same
 // semantics in namespace thdcp::cuda.
+//
+// Every tensor is a view with any row and head strides >= 0 (thdcp/core/tensor.h): packed
+// QKV, padded rows or heads, head-major [H, T, D] memory; nothing is copied. Inputs may
+// overlap; outputs must not overlap themselves or any other tensor of the call
+// (thdcp/core/overlap.h); only the outputs' elements are written, never the memory between
+// them.
 #pragma once
 
 #include <cstdint>

@@ -17,9 +17,10 @@ namespace thdcp::cpu {
 //   cp, rank       x holds the local rows of `rank` (dual-chunk order, DESIGN.md section 3):
 //                  x.tokens == layout.total_rows() / cp. cp = 1, rank = 0: a single device
 //   config         layout of the pairs, rotary_dim, theta (validate_rope_config)
-//   x              [T / cp, H, D], bf16, fp16 or fp32, strided views allowed (row_stride,
-//                  head_stride; heads must not overlap). Every row is rotated: padding rows
-//                  by their computed position, rows of empty sequences by 0 (unchanged)
+//   x              [T / cp, H, D], bf16, fp16 or fp32, any view (row_stride, head_stride:
+//                  packed QKV, head-major [H, T, D] memory) whose elements do not overlap
+//                  (thdcp/core/overlap.h). Every row is rotated: padding rows by their
+//                  computed position, rows of empty sequences by 0 (unchanged)
 //   start_offsets  null, or num_seqs int32 values added to the positions of each sequence
 //   table          a host cos/sin table (rope.h), or none: cos/sin from theta (cosf/sinf of
 //                  rope_angle). With a table every position must lie in [0, table.rows)

@@ -17,12 +17,18 @@
 // backward, see kernel_family). All pointers are device pointers of the plan's device,
 // 16-byte aligned.
 //
-// Tensors may be strided (ThdTensor::row_stride, head_stride, in elements; head_dim is
-// always contiguous), e.g. q, k, v as views of one packed QKV buffer [T, Hq + 2 Hkv, D]
-// (thdcp/core/tensor.h). The CUDA kernels need, for every tensor: row_stride and (with more
-// than one head) head_stride multiples of 8 elements (16-byte rows for cp.async), no overlap
-// (head_stride >= head_dim, row_stride >= (heads - 1) * head_stride + head_dim) and a
-// 16-byte-aligned data pointer. fp32 dk/dv are accumulated in place and must be contiguous.
+// Tensors may be any strided views (ThdTensor::row_stride, head_stride, in elements; head_dim
+// is always contiguous), read and written in place, never copied: q, k, v as views of one
+// packed QKV buffer [T, Hq + 2 Hkv, D], padded rows or heads, head-major [H, T, D] memory
+// (row_stride = D, head_stride = T * D or a longer cache's rows * D; heads before rows), on
+// both kernel families, forward and backward (thdcp/core/tensor.h). The CUDA kernels need,
+// for every tensor: each stride they apply (row_stride with more than one row, head_stride
+// with more than one head) a multiple of 16 bytes (8 elements of bf16/fp16: cp.async rows
+// and TMA strides), row_stride below 2^26 elements, (heads - 1) * head_stride + head_dim at
+// most 2^31 elements, and a 16-byte-aligned data pointer; each refusal names the tensor, the
+// value and the rule. Inputs (q, k, v, out and dout of the backward) may overlap; outputs
+// (out, dq, dk, dv) must not overlap themselves or any other tensor of the call
+// (thdcp/core/overlap.h). fp32 dk/dv are accumulated in place and must be contiguous.
 #pragma once
 
 #include <cstddef>

@@ -30,6 +30,13 @@ void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_
 // to accumulate dK/dV of sequence-order keys straight in the order the ranks hold them.
 void gathered_rows_of_sequence(const DeviceLayout& layout, int cp, int32_t* rows, cudaStream_t stream);
 
+// The elements of the view `src` (any strides >= 0, device memory) as dense rows
+// [tokens, heads, head_dim] at `dst` (device memory of src.numel() elements, not overlapping
+// src): the send buffer of an all-gather from a strided local K or V. 16-byte words where the
+// data pointers, the strides the view applies and head_dim allow, else smaller ones.
+// Stream-ordered, capture-safe.
+void pack_rows(const ConstThdTensor& src, void* dst, cudaStream_t stream);
+
 // dst[i] = src[i] rounded to `dtype` (to nearest even; fp32 is a copy), n elements.
 void convert_from_fp32(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream);
 

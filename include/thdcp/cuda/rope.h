@@ -25,11 +25,12 @@
 // where the few-ulp cos/sin difference moves a value across a rounding boundary
 // (|gpu - cpu| <= 2u |ref| + 2^-16 max|ref| is what the tests allow; u the unit roundoff).
 //
-// Tensors may be strided views (row_stride, head_stride in elements; head_dim contiguous),
-// e.g. the q and k views of a packed QKV buffer [T, Hq + 2 Hkv, D]: heads and rows of one
-// view must not overlap, and q and k must not overlap each other. With 16-byte-aligned data,
-// strides that are multiples of 8 elements and rotary_dim a multiple of 8 (kInterleaved) or
-// 16 (kHalfSplit), the kernel moves 16-byte words; otherwise it moves single elements.
+// Tensors may be any strided views (row_stride, head_stride in elements; head_dim
+// contiguous), e.g. the q and k views of a packed QKV buffer [T, Hq + 2 Hkv, D] or head-major
+// [H, T, D] memory: no two elements of one view may share an address, and q and k must not
+// overlap each other (thdcp/core/overlap.h). With 16-byte-aligned data, strides that are
+// multiples of 8 elements and rotary_dim a multiple of 8 (kInterleaved) or 16 (kHalfSplit),
+// the kernel moves 16-byte words; otherwise it moves single elements.
 #pragma once
 
 #include <cstdint>

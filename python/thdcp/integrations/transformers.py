@@ -208,12 +208,10 @@ def _unpadding(mask: torch.Tensor, batch: int, length: int):
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """[B, S, H, D] (a transposed [B, H, S, D]) as THD rows [B*S, H, D]. transformers' K/V come
-    from its cache head-major (heads before rows in memory); those are copied into rows, which
-    every thdcp backend takes today (issue 29 item 1 lets the CUDA path take them as they are)."""
-    rows = x.reshape(-1, x.shape[-2], x.shape[-1])
-    if rows.shape[1] > 1 and rows.stride(1) > rows.stride(0):
-        rows = rows.contiguous()
-    return rows
+    from its cache head-major (heads before rows in memory); with one batch row (packed
+    batches) they are viewed, not copied: every thdcp backend takes head-major views. (B > 1
+    cannot merge its batch and sequence dimensions into one stride, so reshape copies.)"""
+    return x.reshape(-1, x.shape[-2], x.shape[-1])
 
 
 # ---- context parallelism ----
