@@ -111,17 +111,9 @@ def bench_varlen(args, lengths, masks):
         return
     params = inspect.signature(varlen_attn).parameters
     print(f"varlen_attn signature: {inspect.signature(varlen_attn)}")
-    dev = "cuda"
-    dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[args.dtype])
     T = sum(lengths)
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
-    cu = cu.to(dev)
+    cu, q, k, v, dout = packed_inputs(args, lengths)
     max_len = max(lengths)
-    q = torch.randn(T, args.q_heads, args.head_dim, device=dev, dtype=dtype, requires_grad=True)
-    k = torch.randn(T, args.kv_heads, args.head_dim, device=dev, dtype=dtype, requires_grad=True)
-    v = torch.randn(T, args.kv_heads, args.head_dim, device=dev, dtype=dtype, requires_grad=True)
-    dout = torch.randn(T, args.q_heads, args.head_dim, device=dev, dtype=dtype)
 
     gqa_note = ""
     extra = {}
@@ -182,6 +174,90 @@ def bench_varlen(args, lengths, masks):
         report("varlen_attn", mask_name, "fwd+bwd", pairs, ms, 14, args)
         if gqa_note:
             print(f"varlen_attn {mask_name}:{gqa_note}")
+    del q, k, v, dout
+    torch.cuda.empty_cache()
+
+
+def packed_inputs(args, lengths, dev="cuda"):
+    """cu_seqlens (int32, on dev) and q, k, v (requiring grad) and dout as packed [T, H, D]
+    buffers of random values, the layout varlen_attn and FlashAttention take."""
+    dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[args.dtype])
+    T = sum(lengths)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
+    q = torch.randn(T, args.q_heads, args.head_dim, device=dev, dtype=dtype, requires_grad=True)
+    k = torch.randn(T, args.kv_heads, args.head_dim, device=dev, dtype=dtype, requires_grad=True)
+    v = torch.randn(T, args.kv_heads, args.head_dim, device=dev, dtype=dtype, requires_grad=True)
+    dout = torch.randn(T, args.q_heads, args.head_dim, device=dev, dtype=dtype)
+    return cu.to(dev), q, k, v, dout
+
+
+def bench_fa4(args, lengths, masks):
+    """FlashAttention-4 (flash-attn-4, CuTe DSL; flash_attn.cute.flash_attn_varlen_func) on the
+    packed buffers: cu_seqlens int32, max_seqlen a Python int, native GQA, causal with
+    window_size=(W, 0) for a left window W. Rows: fa4 (its default, non-deterministic backward)
+    and fa4-det (deterministic=True), each with fwd, bwd (autograd.grad on a retained graph) and
+    fwd+bwd."""
+    try:
+        import flash_attn.cute as fa4
+        from flash_attn.cute import flash_attn_varlen_func
+    except Exception as e:  # noqa: BLE001
+        print_failure("fa4: not available", e)
+        return
+    print(f"fa4: flash_attn.cute {getattr(fa4, '__version__', '(no __version__)')} from "
+          f"{os.path.dirname(fa4.__file__)}")
+    cu, q, k, v, dout = packed_inputs(args, lengths)
+    max_len = max(lengths)
+    cu_list = cu.tolist()
+    pairs_of = {}
+    for mask_name, window_left in masks:
+        window = (None, None) if window_left < 0 else (window_left, 0)
+        pairs_of[mask_name] = allowed_pairs(lengths, window_left)
+        for peer, deterministic in (("fa4", False), ("fa4-det", True)):
+            def call(det=deterministic, w=window):
+                return flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len,
+                                              max_seqlen_k=max_len, causal=True, window_size=w,
+                                              deterministic=det)
+
+            def outputs():
+                for t in (q, k, v):
+                    t.grad = None
+                out = call()
+                out = out[0] if isinstance(out, tuple) else out
+                out.backward(dout)
+                return dict(o=out.detach(), dq=q.grad, dk=k.grad, dv=v.grad)
+
+            try:
+                if not verify_peer(peer, mask_name, window_left, lengths, dict(q=q, k=k, v=v, do=dout), outputs,
+                                   lambda t, i: t[cu_list[i]:cu_list[i + 1]], 1.0 / math.sqrt(args.head_dim)):
+                    continue
+                if deterministic:
+                    first = [t.grad.clone() for t in (q, k, v)]
+                    outputs()
+                    same = all(torch.equal(a, t.grad) for a, t in zip(first, (q, k, v)))
+                    print(f"{peer} {mask_name}: two backward runs bitwise {'identical' if same else 'different'}")
+                    del first
+                pairs = pairs_of[mask_name]
+                if not deterministic:
+                    with torch.no_grad():
+                        ms = time_ms(call, args.warmup, args.iters)
+                    report(peer, mask_name, "fwd", pairs, ms, 4, args)
+                out = call()
+                out = out[0] if isinstance(out, tuple) else out
+                ms = time_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
+                             args.warmup, args.iters)
+                report(peer, mask_name, "bwd", pairs, ms, 10, args)
+                del out
+
+                def fwd_bwd():
+                    o = call()
+                    o = o[0] if isinstance(o, tuple) else o
+                    torch.autograd.grad(o, (q, k, v), dout)
+
+                ms = time_ms(fwd_bwd, args.warmup, args.iters)
+                report(peer, mask_name, "fwd+bwd", pairs, ms, 14, args)
+            except Exception as e:  # noqa: BLE001
+                print_failure(f"{peer} {mask_name}: failed", e)
     del q, k, v, dout
     torch.cuda.empty_cache()
 
@@ -581,8 +657,8 @@ def main():
     parser.add_argument("--window", type=int, default=1024)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--peers", default="varlen,flex,cudnn",
-                        help="comma list of the peers to run: varlen, flex, cudnn")
+    parser.add_argument("--peers", default="varlen,flex,cudnn,fa4",
+                        help="comma list of the peers to run: varlen, flex, cudnn, fa4")
     parser.add_argument("--cudnn-det", action="store_true",
                         help="cudnn: also time the deterministic backward (a cudnn-det row)")
     parser.add_argument("--cudnn-det-dp-limit", type=int, default=None, metavar="BYTES",
@@ -600,14 +676,16 @@ def main():
     print(f"{'peer':<12} {'mask':<7} {'pass':<8} {'pairs':>12} {'ms':>10} {'TFLOP/s':>9}")
     masks = [("causal", -1), ("window", args.window)]
     peers = [p for p in args.peers.split(",") if p]
-    for unknown in sorted(set(peers) - {"varlen", "flex", "cudnn"}):
-        print(f"{unknown}: unknown peer (known: varlen, flex, cudnn)")
+    for unknown in sorted(set(peers) - {"varlen", "flex", "cudnn", "fa4"}):
+        print(f"{unknown}: unknown peer (known: varlen, flex, cudnn, fa4)")
     if "varlen" in peers:
         bench_varlen(args, lengths, masks)
     if "flex" in peers:
         bench_flex(args, lengths, masks)
     if "cudnn" in peers:
         bench_cudnn(args, lengths, masks)
+    if "fa4" in peers:
+        bench_fa4(args, lengths, masks)
     return 0
 
 

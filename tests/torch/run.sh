@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ctest driver of the PyTorch package's tests (label torch).
-#   run.sh BUILD_DIR pytest            the pytest suite (CPU cases; CUDA cases with a GPU)
+#   run.sh BUILD_DIR pytest [ARGS]     the pytest suite (CPU cases; CUDA cases with a GPU), ARGS to pytest
 #   run.sh BUILD_DIR torchrun N        tests/torch/cp_worker.py under torchrun with N processes
 #   run.sh BUILD_DIR example           examples/train_packed.py on one GPU (short)
 #   run.sh BUILD_DIR example-no-gpu    the same with every GPU hidden: one line saying what it
@@ -49,7 +49,7 @@ case "$mode" in
     fi
     exec "$python" -m torch.distributed.run --standalone --nproc-per-node "$n" "$example_hf" --steps 10 ;;
   pytest)
-    exec "$python" -m pytest -q -p no:cacheprovider "$here" ;;
+    exec "$python" -m pytest -q -p no:cacheprovider "$here" "${@:3}" ;;
   example)
     gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
     if (( gpus < 1 )); then

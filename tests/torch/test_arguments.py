@@ -129,6 +129,10 @@ def fake_on(mode, tensor, device):
 
 
 def test_tensors_on_two_cuda_devices_are_refused_under_fake_tensor_mode():
+    # FakeTensor initialises the real device it names whenever CUDA is available: with exactly
+    # one GPU, a fake cuda:1 fails inside torch before thdcp sees it.
+    if torch.cuda.device_count() == 1:
+        pytest.skip("one CUDA device visible: a fake cuda:1 needs none (CPU) or two")
     args = inputs(requires_grad=False)
     mode = FakeTensorMode()
     with mode:
