@@ -12,11 +12,14 @@
 
 #include "support/outputs.h"
 #include "support/random_batch.h"
+#include "support/strided_views.h"
 #include "thdcp/cpu/attention.h"
 #include "thdcp/plan/segment_table.h"
 
 namespace thdcp {
 namespace {
+
+using test::Arrangement;
 
 struct Dense {
   std::vector<double> out, lse, max_logit, dq, dk, dv, dsinks;
@@ -307,6 +310,59 @@ TEST(SinkRules, GradientsMatchFiniteDifferences) {
   check("dv", &DenseInputs::v, [&](size_t i) { return static_cast<double>(got.dv.get(static_cast<int64_t>(i))); });
   // Every sink had a gradient to check: none is zero.
   for (float d : got.dsinks) EXPECT_NE(d, 0.0f);
+}
+
+// D_v != D_qk with sinks on strided views: q and k head-major in one buffer (a KV cache's
+// arrangement), v head-major in its own, out with padded heads, dq and dk packed in one buffer
+// and dv padded, give the bits of the contiguous call, dsinks included; nothing is written
+// outside the output views.
+TEST(SinkRules, StridedViewsWithAValueHeadDimGiveTheContiguousBits) {
+  const test::Batch b = test::make_batch(make_layout({19, 0, 33}, 1), DType::kFloat32, 4, 2, 24, 41, 16);
+  const std::vector<float> sinks = random_sinks(4, 43);
+  for (const Mask& mask : {Mask::causal(), Mask::window(5, 0)}) {
+    SCOPED_TRACE(test::mask_label(mask));
+    const Result want = run_cpu(b, mask, &sinks);
+    const int64_t rows = b.q.tokens(), dqk = 24, dv = 16;
+    const test::GroupLayout qk = test::arrange(Arrangement::kHeadMajor, rows, {4, 2}, dqk);
+    const test::GroupLayout v = test::arrange(Arrangement::kHeadMajor, rows, {2}, dv);
+    const test::GroupLayout o = test::arrange(Arrangement::kPadded, rows, {4}, dv);
+    const test::GroupLayout dqdk = test::arrange(Arrangement::kPacked, rows, {4, 2}, dqk);
+    const test::GroupLayout dvl = test::arrange(Arrangement::kPadded, rows, {2}, dv);
+    std::vector<unsigned char> qk_image = test::poisoned_image(DType::kFloat32, qk.elements),
+                               v_image = test::poisoned_image(DType::kFloat32, v.elements),
+                               o_image = test::poisoned_image(DType::kFloat32, o.elements),
+                               dqdk_image = test::poisoned_image(DType::kFloat32, dqdk.elements),
+                               dv_image = test::poisoned_image(DType::kFloat32, dvl.elements);
+    auto view = [&](std::vector<unsigned char>& image, int64_t heads, int64_t d, const test::Placement& at) {
+      return test::placed_view(image.data(), DType::kFloat32, rows, heads, d, at);
+    };
+    const ThdTensor q = view(qk_image, 4, dqk, qk.placements[0]), k = view(qk_image, 2, dqk, qk.placements[1]),
+                    vv = view(v_image, 2, dv, v.placements[0]), out = view(o_image, 4, dv, o.placements[0]),
+                    dq = view(dqdk_image, 4, dqk, dqdk.placements[0]),
+                    dk = view(dqdk_image, 2, dqk, dqdk.placements[1]), dvv = view(dv_image, 2, dv, dvl.placements[0]);
+    test::scatter_into(b.q, q);
+    test::scatter_into(b.k, k);
+    test::scatter_into(b.v, vv);
+    const SegmentTable table = build_segment_table(b.layout.view(), mask);
+    AttentionOptions options;
+    options.accumulate = Accumulate::kFloat64;
+    options.num_threads = 2;
+    std::vector<float> lse(static_cast<size_t>(4 * rows), NAN), max_logit(4, NAN), dsinks(4, NAN);
+    ForwardTensors f{q, k, vv, out, lse.data(), max_logit.data(), sinks.data()};
+    cpu::attention_forward(table, f, options);
+    BackwardTensors g{q, k, vv, out, b.dout.view(), lse.data(), dq, dk, dvv};
+    g.sinks = sinks.data();
+    g.dsinks = dsinks.data();
+    cpu::attention_backward(table, g, options);
+    EXPECT_TRUE(test::same_bits(test::gather_from(out), want.out));
+    EXPECT_TRUE(test::same_bits(test::gather_from(dq), want.dq));
+    EXPECT_TRUE(test::same_bits(test::gather_from(dk), want.dk));
+    EXPECT_TRUE(test::same_bits(test::gather_from(dvv), want.dv));
+    EXPECT_TRUE(lse == want.lse && max_logit == want.max_logit && dsinks == want.dsinks);
+    EXPECT_TRUE(test::poison_kept_outside(o_image, {out})) << "out";
+    EXPECT_TRUE(test::poison_kept_outside(dqdk_image, {dq, dk})) << "dq, dk";
+    EXPECT_TRUE(test::poison_kept_outside(dv_image, {dvv})) << "dv";
+  }
 }
 
 TEST(SinkRules, RefusesANaNSinkAndDsinksWithoutSinks) {
