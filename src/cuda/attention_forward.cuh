@@ -111,9 +111,28 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kN / 8][4], float
   exponentiate_scores<kN>(s, offset, scale_log2, row_sum);
 }
 
-// Writes out = o / sum and lse for this thread's rows tile_row and tile_row + 8 (below
-// span_rows; padding rows and rows that saw no key get 0 and -inf), and folds their
-// maximum logit into thread_max.
+// A row's softmax normaliser: lse and the weight 1 / denominator that scales its O
+// accumulator. `max_logit` is the row's largest scaled score and `sum` = sum_j exp(s_j -
+// max_logit) (0: the row saw no key). With a sink (an unscaled logit; -inf: none) the
+// denominator gains exp(sink - max_logit), computed from max(max_logit, sink) so that neither
+// exponential overflows: a sink far above every score leaves the row's out near 0.
+struct RowNormaliser {
+  float lse, weight;
+};
+
+__device__ __forceinline__ RowNormaliser row_normaliser(float max_logit, float sum, float sink) {
+  const bool seen = sum > 0.0f;
+  if (sink == -INFINITY) return {seen ? max_logit + logf(sum) : -INFINITY, seen ? 1.0f / sum : 0.0f};
+  const float top = seen ? fmaxf(max_logit, sink) : sink;
+  const float rows_share = seen ? sum * expf(max_logit - top) : 0.0f;
+  const float denominator = rows_share + expf(sink - top);
+  return {top + logf(denominator), seen ? expf(max_logit - top) / denominator : 0.0f};
+}
+
+// Writes out = o / denominator and lse for this thread's rows tile_row and tile_row + 8
+// (below span_rows; padding rows get 0 and -inf, and so do rows that saw no key unless their
+// head has a sink: lse = sink then), and folds their maximum logit (the sink excluded) into
+// thread_max.
 template <typename Storage, int kD>
 __device__ __forceinline__ void store_forward_rows(const ForwardParams& p, const Strides& out_strides,
                                                    const Segment& seg, int head, int m0,
@@ -122,6 +141,7 @@ __device__ __forceinline__ void store_forward_rows(const ForwardParams& p, const
                                                    const float (&row_sum)[2], float& thread_max) {
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
+  const float head_sink = p.sinks != nullptr ? p.sinks[head] : -INFINITY;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float sum = row_sum[half];
@@ -133,8 +153,10 @@ __device__ __forceinline__ void store_forward_rows(const ForwardParams& p, const
     if (r < span_rows) {
       const int64_t row = static_cast<int64_t>(seg.q_row) + m0 + r;
       const int64_t lse_index = static_cast<int64_t>(head) * p.q_rows + row;
-      const float lse = seen ? row_max[half] * p.scale + logf(sum) : -INFINITY;
-      const float weight = seen ? 1.0f / sum : 0.0f;
+      const bool valid = m0 + r < seg.q_len;  // padding rows have no sink either
+      const RowNormaliser n = row_normaliser(row_max[half] * p.scale, sum, valid ? head_sink : -INFINITY);
+      const float lse = n.lse;
+      const float weight = n.weight;
       const int64_t offset = row * out_strides.row + static_cast<int64_t>(head) * out_strides.head + pair_col;
 #pragma unroll
       for (int df = 0; df < kD / 8; ++df) {
