@@ -2,7 +2,7 @@
 // query row's softmax denominator that carries no value, so with P_sink = exp(sink - lse) of
 // a row, d(loss)/d(sink) = -P_sink * (dO . O) summed over the rows, where dO . O is the row's
 // delta of the backward. One block per head sums its rows in a fixed order (each thread a
-// fixed stride of rows in fp64, then the block's fixed tree), so the result is the same bits
+// fixed set of rows in fp64, then the block's fixed tree), so the result is the same bits
 // every run.
 #include <cub/block/block_reduce.cuh>
 
@@ -14,23 +14,34 @@ namespace thdcp::cuda::detail {
 
 namespace {
 
-constexpr int kSinkThreads = 256;
+// 1024 threads per head, each summing every 1024th row with four independent fp64 partial
+// sums (so that the loads of four rows are in flight at once), then the block's fixed tree.
+constexpr int kSinkThreads = 1024;
+constexpr int kSinkLanes = 4;
 
-__global__ void sink_gradient_kernel(const float* sinks, const float* lse, const float* delta, int64_t rows,
-                                     float* dsinks) {
+__device__ __forceinline__ double sink_term(float sink, float row_lse, float row_delta) {
+  // Padding rows (lse -inf, out 0) have no sink; rows with a finite lse all do.
+  return row_lse != -INFINITY ? static_cast<double>(expf(sink - row_lse)) * row_delta : 0.0;
+}
+
+__global__ void __launch_bounds__(kSinkThreads) sink_gradient_kernel(const float* sinks, const float* lse,
+                                                                     const float* delta, int64_t rows, float* dsinks) {
   using Reduce = cub::BlockReduce<double, kSinkThreads>;
   __shared__ typename Reduce::TempStorage scratch;
   const int head = static_cast<int>(blockIdx.x);
   const float sink = sinks[head];
   const float* head_lse = lse + head * rows;
   const float* head_delta = delta + head * rows;
-  double sum = 0.0;
-  for (int64_t row = threadIdx.x; row < rows; row += kSinkThreads) {
-    const float row_lse = head_lse[row];
-    // Padding rows (lse -inf, out 0) have no sink; rows with a finite lse all do.
-    if (row_lse != -INFINITY) sum += static_cast<double>(expf(sink - row_lse)) * head_delta[row];
+  double sum[kSinkLanes] = {};
+  int64_t row = threadIdx.x;
+  for (; row + (kSinkLanes - 1) * kSinkThreads < rows; row += kSinkLanes * kSinkThreads) {
+#pragma unroll
+    for (int i = 0; i < kSinkLanes; ++i) {
+      sum[i] += sink_term(sink, head_lse[row + i * kSinkThreads], head_delta[row + i * kSinkThreads]);
+    }
   }
-  const double total = Reduce(scratch).Sum(sum);
+  for (int i = 0; row < rows; row += kSinkThreads, ++i) sum[i] += sink_term(sink, head_lse[row], head_delta[row]);
+  const double total = Reduce(scratch).Sum((sum[0] + sum[1]) + (sum[2] + sum[3]));
   if (threadIdx.x == 0) dsinks[head] = static_cast<float>(-total);
 }
 

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -246,6 +248,22 @@ struct SingleTimes {
   double fwd_ms = 0, fwd_bwd_ms = 0;
 };
 
+// The medians of `plain` and `other` timed in alternation, one run of each per round after
+// their warm-up runs, so that a drift of the card's clocks over the table falls on both alike.
+std::pair<double, double> alternating_medians(const Options& o, const std::function<void()>& plain,
+                                              const std::function<void()>& other) {
+  TimingLoop warm{o.warmup, 0};
+  time_runs(warm, nullptr, plain);
+  time_runs(warm, nullptr, other);
+  const TimingLoop once{0, 1};
+  std::vector<double> a, b;
+  for (int i = 0; i < o.iters; ++i) {
+    a.push_back(time_runs(once, nullptr, plain).front());
+    b.push_back(time_runs(once, nullptr, other).front());
+  }
+  return {median(a), median(b)};
+}
+
 // The table of the single-device kernels on the timed batch; returns their times per mask.
 std::vector<SingleTimes> time_kernels(const Options& o, const std::vector<int64_t>& lengths) {
   std::printf("kernels: %s; bwd: Options::deterministic = true (the default); bwd(nondet): false (portable "
@@ -280,13 +298,22 @@ std::vector<SingleTimes> time_kernels(const Options& o, const std::vector<int64_
       row("fwd+bwd" + suffix, fwd_bwd_ms, 14);
       if (deterministic) times.fwd_bwd_ms = fwd_bwd_ms;
     }
-    // The same batch with attention sinks (deterministic backward, dsinks written).
-    row("fwd+sinks", time_median_ms(o.warmup, o.iters, nullptr, [&] { batch.forward(nullptr, true); }), 4);
-    row("bwd+sinks", time_median_ms(o.warmup, o.iters, nullptr, [&] { batch.backward(nullptr, true, true); }), 10);
-    row("fwd+bwd+sinks", time_median_ms(o.warmup, o.iters, nullptr, [&] {
-          batch.forward(nullptr, true);
-          batch.backward(nullptr, true, true);
-        }), 14);
+    // The same batch with attention sinks (deterministic backward, dsinks written), each pass
+    // timed in alternation with the same pass without sinks: the cost of the sinks is the
+    // ratio of the two medians, on the same clocks.
+    const double fwd_flops = 4, bwd_flops = 10, fwd_bwd_flops = 14;
+    for (auto [pass, flops] : {std::make_pair("fwd", fwd_flops), std::make_pair("bwd", bwd_flops),
+                               std::make_pair("fwd+bwd", fwd_bwd_flops)}) {
+      const std::string name = pass;
+      auto run = [&, name](bool with_sinks) {
+        if (name != "bwd") batch.forward(nullptr, with_sinks);
+        if (name != "fwd") batch.backward(nullptr, true, with_sinks);
+      };
+      const auto [plain_ms, sinks_ms] = alternating_medians(o, [&] { run(false); }, [&] { run(true); });
+      row(name + "+sinks", sinks_ms, flops);
+      std::printf("%-7s %-19s %.1f%% over %.3f ms without sinks, timed in alternation\n", m.name,
+                  (name + "+sinks").c_str(), 100.0 * (sinks_ms / plain_ms - 1.0), plain_ms);
+    }
     if (single.empty()) {  // the same for every mask: capacity and shape only
       AttentionOptions nondet;
       nondet.deterministic = false;
