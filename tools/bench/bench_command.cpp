@@ -248,18 +248,18 @@ struct SingleTimes {
   double fwd_ms = 0, fwd_bwd_ms = 0;
 };
 
-// The medians of `plain` and `other` timed in alternation, one run of each per round after
-// their warm-up runs, so that a drift of the card's clocks over the table falls on both alike.
+// The times of `plain` and `other` measured in alternating rounds: each round times a whole
+// loop (warm-up, then --iters back-to-back runs, their median) of one and then of the other,
+// and the result is the median over three rounds of each. Back-to-back runs keep the card
+// busy as a training step does (one run at a time with idle gaps between would run it at
+// lower clocks), and alternating the rounds puts a drift of the clocks over the table on both.
 std::pair<double, double> alternating_medians(const Options& o, const std::function<void()>& plain,
                                               const std::function<void()>& other) {
-  TimingLoop warm{o.warmup, 0};
-  time_runs(warm, nullptr, plain);
-  time_runs(warm, nullptr, other);
-  const TimingLoop once{0, 1};
+  constexpr int kRounds = 3;
   std::vector<double> a, b;
-  for (int i = 0; i < o.iters; ++i) {
-    a.push_back(time_runs(once, nullptr, plain).front());
-    b.push_back(time_runs(once, nullptr, other).front());
+  for (int round = 0; round < kRounds; ++round) {
+    a.push_back(time_median_ms(o.warmup, o.iters, nullptr, plain));
+    b.push_back(time_median_ms(o.warmup, o.iters, nullptr, other));
   }
   return {median(a), median(b)};
 }
@@ -299,8 +299,8 @@ std::vector<SingleTimes> time_kernels(const Options& o, const std::vector<int64_
       if (deterministic) times.fwd_bwd_ms = fwd_bwd_ms;
     }
     // The same batch with attention sinks (deterministic backward, dsinks written), each pass
-    // timed in alternation with the same pass without sinks: the cost of the sinks is the
-    // ratio of the two medians, on the same clocks.
+    // timed in rounds alternating with the same pass without sinks: the cost of the sinks is
+    // the ratio of the two, on the same clocks.
     const double fwd_flops = 4, bwd_flops = 10, fwd_bwd_flops = 14;
     for (auto [pass, flops] : {std::make_pair("fwd", fwd_flops), std::make_pair("bwd", bwd_flops),
                                std::make_pair("fwd+bwd", fwd_bwd_flops)}) {
@@ -311,7 +311,7 @@ std::vector<SingleTimes> time_kernels(const Options& o, const std::vector<int64_
       };
       const auto [plain_ms, sinks_ms] = alternating_medians(o, [&] { run(false); }, [&] { run(true); });
       row(name + "+sinks", sinks_ms, flops);
-      std::printf("%-7s %-19s %.1f%% over %.3f ms without sinks, timed in alternation\n", m.name,
+      std::printf("%-7s %-19s %.1f%% over %.3f ms without sinks, in alternating rounds\n", m.name,
                   (name + "+sinks").c_str(), 100.0 * (sinks_ms / plain_ms - 1.0), plain_ms);
     }
     if (single.empty()) {  // the same for every mask: capacity and shape only
