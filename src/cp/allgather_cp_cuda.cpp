@@ -55,6 +55,8 @@ struct Parts {
   unsigned char* sequence[2] = {};
   float* grad_ranked[2] = {};
   float* grad_local = nullptr;
+  float* sink_local = nullptr;  // [Hq]: d(sink) of this rank's query rows
+  float* sink_parts = nullptr;  // [cp, Hq]: every rank's, all-gathered
   void* forward = nullptr;
   void* backward = nullptr;
   size_t forward_bytes = 0, backward_bytes = 0;
@@ -74,6 +76,8 @@ Parts carve_parts(WorkspaceCarver& carver, const Problem& p, const AttentionOpti
   // order (BackwardTensors::dkv_rows), so the reduce-scatter takes them as they are.
   for (float*& part : w.grad_ranked) part = carver.take_array<float>(elements);
   w.grad_local = carver.take_array<float>(local_elements);
+  w.sink_local = carver.take_array<float>(static_cast<size_t>(p.q_heads));
+  w.sink_parts = carver.take_array<float>(static_cast<size_t>(p.q_heads) * static_cast<size_t>(p.cp));
   w.forward_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p));
   w.backward_bytes = cuda::BackwardPlan::workspace_size(attention_shape(p), options);
   w.forward = carver.take(w.forward_bytes);
@@ -221,9 +225,17 @@ class CudaSteps {
                           p_.kv_heads, p_.head_dim);
   }
 
+  // Attention sinks of this step (null: none). A rank's query rows see every gathered key
+  // they may see, so each row's softmax is whole here and counts its head's sink once; the
+  // key pass writes the d(sink) of this rank's rows into the workspace (sink_local).
+  void use_sinks(const float* sinks, bool gradient) {
+    sinks_ = sinks;
+    sink_gradient_ = gradient;
+  }
+
   void attention_forward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, ThdTensor out,
                          float* lse, float* max_logit) {
-    w_.forward->run(table_, ForwardTensors{q, k, v, out, lse, max_logit}, current_);
+    w_.forward->run(table_, ForwardTensors{q, k, v, out, lse, max_logit, sinks_}, current_);
   }
 
   void max_reduce(float* max_logit, size_t count) { comm_.all_reduce_max(max_logit, count, current_); }
@@ -237,6 +249,8 @@ class CudaSteps {
                               fp32(w_.parts.grad_ranked[1], p_.capacity.max_tokens)};
     backward_ = BackwardTensors{q, k, v, out, dout, lse, dq, grads.dk, grads.dv};
     backward_.dkv_rows = rank_rows;
+    backward_.sinks = sinks_;
+    backward_.dsinks = sink_gradient_ ? w_.parts.sink_local : nullptr;
     w_.backward->run_keys(table_, backward_, current_);
     return grads;
   }
@@ -283,6 +297,8 @@ class CudaSteps {
   cudaStream_t current_;
   cuda::DeviceSegmentTable table_;
   BackwardTensors backward_;  // the key pass's, for the query pass
+  const float* sinks_ = nullptr;
+  bool sink_gradient_ = false;
 };
 
 void check_layout(const DeviceLayout& layout, const Problem& p) {
@@ -299,19 +315,15 @@ void check_layout(const DeviceLayout& layout, const Problem& p) {
 }
 
 // Host arithmetic only: what every step checks against the plan (shapes, dtypes, strides,
-// overlap), and what the CUDA step set needs besides: no sinks yet, and dk/dv of one dtype.
-// K/V of any strides are packed before the gather; q, out, dout and dq meet the attention
-// plans' checks.
-void check_forward_tensors(const Problem& p, const ForwardTensors& t) {
-  THDCP_CHECK(t.sinks == nullptr, "sinks are not supported by the CUDA backend yet: they come with the kernels of issue 27 "
-                                       "(the CPU backend takes them)");
-  detail::check_forward_tensors(p, t);
-}
+// overlap), and what the CUDA step set needs besides: dsinks with sinks, and dk/dv of one
+// dtype. K/V of any strides are packed before the gather; q, out, dout and dq meet the
+// attention plans' checks.
+void check_forward_tensors(const Problem& p, const ForwardTensors& t) { detail::check_forward_tensors(p, t); }
 
 void check_backward_tensors(const Problem& p, const BackwardTensors& t) {
-  THDCP_CHECK(t.sinks == nullptr && t.dsinks == nullptr, "sinks are not supported by the CUDA backend yet: they come with the kernels of issue 27 "
-                                       "(the CPU backend takes them)");
   detail::check_backward_tensors(p, t);
+  THDCP_CHECK(t.dsinks == nullptr || t.sinks != nullptr,
+              "dsinks is set but sinks is null: pass the forward's sinks to get their gradient");
   THDCP_CHECK(t.dv.dtype == t.dk.dtype, "dk has dtype " << dtype_name(t.dk.dtype) << " but dv has "
                                                         << dtype_name(t.dv.dtype) << ": pass both in one dtype");
 }
@@ -406,7 +418,8 @@ void CudaPlan::check_tensors(const DeviceLayout& layout, const ForwardTensors* f
                                    std::make_pair("v", forward->v.data),
                                    std::make_pair("out", static_cast<const void*>(forward->out.data)),
                                    std::make_pair("lse", static_cast<const void*>(forward->lse)),
-                                   std::make_pair("max_logit", static_cast<const void*>(forward->max_logit))}) {
+                                   std::make_pair("max_logit", static_cast<const void*>(forward->max_logit)),
+                                   std::make_pair("sinks", static_cast<const void*>(forward->sinks))}) {
         check_on_device(name, pointer, device);
       }
     }
@@ -418,7 +431,9 @@ void CudaPlan::check_tensors(const DeviceLayout& layout, const ForwardTensors* f
             std::make_pair("dout", backward->dout.data), std::make_pair("lse", static_cast<const void*>(backward->lse)),
             std::make_pair("dq", static_cast<const void*>(backward->dq.data)),
             std::make_pair("dk", static_cast<const void*>(backward->dk.data)),
-            std::make_pair("dv", static_cast<const void*>(backward->dv.data))}) {
+            std::make_pair("dv", static_cast<const void*>(backward->dv.data)),
+            std::make_pair("sinks", static_cast<const void*>(backward->sinks)),
+            std::make_pair("dsinks", static_cast<const void*>(backward->dsinks))}) {
         check_on_device(name, pointer, device);
       }
     }
@@ -431,6 +446,7 @@ void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cuda
   check_layout(layout, problem_);
   check_forward_tensors(problem_, t);
   CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
+  steps.use_sinks(t.sinks, false);
   detail::run_forward(steps, t);
 }
 
@@ -438,7 +454,16 @@ void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cu
   check_layout(layout, problem_);
   check_backward_tensors(problem_, t);
   CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
+  steps.use_sinks(t.sinks, t.dsinks != nullptr);
   detail::run_backward(steps, t, kv == KvSource::kGather);
+  if (t.dsinks) {
+    // Each rank's d(sink) covers its own query rows; the whole is their sum in rank order on
+    // every rank (an all-gather, not a reduction of unspecified order): the same bits on
+    // every rank and run, as CpuPlan gives.
+    const Parts& parts = workspace_->parts;
+    comm_.all_gather(parts.sink_local, parts.sink_parts, sizeof(float) * static_cast<size_t>(problem_.q_heads), stream);
+    cuda::sum_rank_parts(parts.sink_parts, problem_.cp, problem_.q_heads, t.dsinks, stream);
+  }
 }
 
 void CudaPlan::enable_phase_timing() {

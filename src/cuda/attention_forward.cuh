@@ -8,6 +8,8 @@
 
 #include <cmath>
 
+#include "epilogue.cuh"
+#include "softmax.cuh"
 #include "tensor_core.cuh"
 #include "kv_loader.cuh"
 #include "tile_ranges.cuh"
@@ -42,119 +44,6 @@ struct ForwardShape {
   static constexpr int kThreads = kWarps * 32;
   static constexpr size_t kSmemBytes = (kTileM + 4 * kTileN) * kHeadDim * 2;
 };
-
-// One step of the online softmax for a warp's 16 rows (this thread: two rows, "halves")
-// over kN keys of scores s (m16n8 layout, raw), with the output accumulator o (kD columns):
-// raises the running row maxima, rescales o and the partial row sums when a maximum rose
-// (a warp-uniform vote: a correction factor of exp2(0) would leave them unchanged anyway),
-// and turns s into P = exp2(s scale_log2 - max scale_log2), adding it to row_sum (this
-// thread's part of the denominator).
-// The running maxima of this thread's two rows raised by the scores s of one key tile (the
-// four threads of a row exchange their maxima).
-template <int kN>
-__device__ __forceinline__ void raised_row_max(const float (&s)[kN / 8][4], const float (&row_max)[2],
-                                               float (&new_max)[2]) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float tile_max = -INFINITY;
-#pragma unroll
-    for (int nf = 0; nf < kN / 8; ++nf) tile_max = fmaxf(tile_max, fmaxf(s[nf][2 * half], s[nf][2 * half + 1]));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-    new_max[half] = fmaxf(row_max[half], tile_max);
-  }
-}
-
-// s = P = exp2(s scale_log2 - offset) for this thread's two rows, added to its row sums.
-template <int kN>
-__device__ __forceinline__ void exponentiate_scores(float (&s)[kN / 8][4], const float (&offset)[2],
-                                                    float scale_log2, float (&row_sum)[2]) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-#pragma unroll
-    for (int nf = 0; nf < kN / 8; ++nf) {
-#pragma unroll
-      for (int e = 2 * half; e < 2 * half + 2; ++e) {
-        const float prob = fast_exp2(fmaf(s[nf][e], scale_log2, -offset[half]));
-        s[nf][e] = prob;
-        row_sum[half] += prob;
-      }
-    }
-  }
-}
-
-template <int kN, int kD>
-__device__ __forceinline__ void online_softmax_step(float (&s)[kN / 8][4], float (&o)[kD / 8][4],
-                                                    float (&row_max)[2], float (&row_sum)[2], float scale_log2) {
-  float new_max[2];
-  raised_row_max<kN>(s, row_max, new_max);
-  const bool raised = new_max[0] != row_max[0] || new_max[1] != row_max[1];
-  // A row that has seen only masked keys keeps max -inf; subtracting 0 then keeps
-  // exp2(-inf) = 0 instead of NaN.
-  float offset[2];
-#pragma unroll
-  for (int half = 0; half < 2; ++half) offset[half] = (new_max[half] == -INFINITY ? 0.0f : new_max[half]) * scale_log2;
-  if (__any_sync(0xffffffffu, raised)) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float correction = fast_exp2(row_max[half] * scale_log2 - offset[half]);
-      row_sum[half] *= correction;
-#pragma unroll
-      for (int df = 0; df < kD / 8; ++df) {
-        o[df][2 * half] *= correction;
-        o[df][2 * half + 1] *= correction;
-      }
-    }
-  }
-#pragma unroll
-  for (int half = 0; half < 2; ++half) row_max[half] = new_max[half];
-  exponentiate_scores<kN>(s, offset, scale_log2, row_sum);
-}
-
-// Writes out = o / sum and lse for this thread's rows tile_row and tile_row + 8 (below
-// span_rows; padding rows and rows that saw no key get 0 and -inf), and folds their
-// maximum logit into thread_max.
-template <typename Storage, int kD>
-__device__ __forceinline__ void store_forward_rows(const ForwardParams& p, const Strides& out_strides,
-                                                   const Segment& seg, int head, int m0,
-                                                   int tile_row, int span_rows, int pair_col,
-                                                   const float (&o)[kD / 8][4], const float (&row_max)[2],
-                                                   const float (&row_sum)[2], float& thread_max) {
-  using Traits = StorageTraits<Storage>;
-  using Element = typename Traits::Element;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float sum = row_sum[half];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int r = tile_row + half * 8;
-    const bool seen = sum > 0.0f;  // false for padding rows and rows that see no key
-    if (seen) thread_max = fmaxf(thread_max, row_max[half] * p.scale);
-    if (r < span_rows) {
-      const int64_t row = static_cast<int64_t>(seg.q_row) + m0 + r;
-      const int64_t lse_index = static_cast<int64_t>(head) * p.q_rows + row;
-      const float lse = seen ? row_max[half] * p.scale + logf(sum) : -INFINITY;
-      const float weight = seen ? 1.0f / sum : 0.0f;
-      const int64_t offset = row * out_strides.row + static_cast<int64_t>(head) * out_strides.head + pair_col;
-#pragma unroll
-      for (int df = 0; df < kD / 8; ++df) {
-        *reinterpret_cast<uint32_t*>(static_cast<Element*>(p.out) + offset + df * 8) =
-            Traits::pack(o[df][2 * half] * weight, o[df][2 * half + 1] * weight);
-      }
-      if ((threadIdx.x & 3) == 0) p.lse[lse_index] = lse;
-    }
-  }
-}
-
-// max_logit[head] = max over the warp's thread_max values (atomic across warps and blocks).
-__device__ __forceinline__ void reduce_max_logit(const ForwardParams& p, int head, float thread_max) {
-  if (p.max_logit == nullptr) return;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    thread_max = fmaxf(thread_max, __shfl_xor_sync(0xffffffffu, thread_max, offset));
-  }
-  if ((threadIdx.x & 31) == 0 && thread_max > -INFINITY) atomic_max_float(p.max_logit + head, thread_max);
-}
 
 // Registers: at head_dim 128 this kernel needs a few more than the 255 a thread can have
 // (two 16-row fragments of O and S per warp), and ptxas (CUDA 13.0) spills 40 bytes in the

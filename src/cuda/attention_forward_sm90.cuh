@@ -14,7 +14,8 @@
 //     overlap"): O is rescaled only after that product has landed.
 // setmaxnreg moves registers from the producer (40 per thread with two consumers, 32 with
 // three) to the consumers (232, resp. 160).
-// Masks, the key tiles visited, the block order and the epilogue are forward_kernel's.
+// Masks, the key tiles visited and the block order are forward_kernel's; the softmax and the
+// epilogue are the units both share (softmax.cuh, epilogue.cuh).
 //
 // Rows a tile copies past a segment's keys (its padding, the next segment's rows) are
 // masked out of S; V's such rows are zeroed in shared memory before P V reads them, so
@@ -22,9 +23,16 @@
 // zeros.
 #pragma once
 
-#include "attention_forward.cuh"
+#include <cmath>
+
+#include "epilogue.cuh"
 #include "sm90_pipeline.cuh"
+#include "softmax.cuh"
+#include "tile_ranges.cuh"
+#include "tile_shapes.h"
 #include "wgmma.cuh"
+#include "thdcp/plan/mask.h"
+#include "thdcp/plan/segment.h"
 
 namespace thdcp::cuda::detail {
 
@@ -55,41 +63,6 @@ struct ForwardSm90Shape {
                     65536 / kThreads / 8 * 8 * kThreads,
                 "the warpgroups' registers exceed the block's");
 };
-
-// online_softmax_step without touching O, whose product with V may still be in flight: raises
-// the row maxima, scales this thread's row sums by the correction exp2((old max - new max)
-// scale_log2), writes that correction, and turns s into P (adding it to the row sums).
-// Returns whether some row of the warp raised its maximum (warp-uniform); if not, every
-// correction is 1.
-template <int kN>
-__device__ __forceinline__ bool online_softmax_scores(float (&s)[kN / 8][4], float (&row_max)[2],
-                                                      float (&row_sum)[2], float scale_log2,
-                                                      float (&correction)[2]) {
-  float new_max[2];
-  raised_row_max<kN>(s, row_max, new_max);
-  const bool raised = __any_sync(0xffffffffu, new_max[0] != row_max[0] || new_max[1] != row_max[1]);
-  float offset[2];  // 0 for a row that has seen only masked keys: exp2(-inf) = 0, not NaN
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    offset[half] = (new_max[half] == -INFINITY ? 0.0f : new_max[half]) * scale_log2;
-    correction[half] = raised ? fast_exp2(row_max[half] * scale_log2 - offset[half]) : 1.0f;
-    row_sum[half] *= correction[half];
-    row_max[half] = new_max[half];
-  }
-  exponentiate_scores<kN>(s, offset, scale_log2, row_sum);
-  return raised;
-}
-
-template <int kD>
-__device__ __forceinline__ void rescale_rows(float (&o)[kD / 8][4], const float (&correction)[2]) {
-#pragma unroll
-  for (int df = 0; df < kD / 8; ++df) {
-    o[df][0] *= correction[0];
-    o[df][1] *= correction[0];
-    o[df][2] *= correction[1];
-    o[df][3] *= correction[1];
-  }
-}
 
 // Zeroes rows [first_row, kRows) of every column block of a wgmma tile of kRows rows at
 // `tile` (all 128 threads of a warpgroup, `thread` = 0..127) and makes the zeros visible to

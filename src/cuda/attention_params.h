@@ -60,6 +60,7 @@ struct ForwardParams {
   void* out;         // [q_rows, q_heads, D], q's dtype
   float* lse;        // [q_heads, q_rows]
   float* max_logit;  // [q_heads] or nullptr (set to -inf by the schedule kernel first)
+  const float* sinks;  // [q_heads] fp32 logits or nullptr (thdcp/plan/attention_shape.h)
   const Segment* segments;
   int num_segments;
   const int* tile_start;  // num_segments + 1 prefix sums of query tiles per segment

@@ -74,8 +74,6 @@ int64_t dkv_grid_tiles(const DeviceSegmentTable& table, int tile_rows) {
 }
 
 void check_backward_tensors(const AttentionShape& shape, const BackwardTensors& t) {
-  THDCP_CHECK(t.sinks == nullptr && t.dsinks == nullptr, "sinks are not supported by the CUDA backend yet: they come with the kernels of issue 27 "
-                                       "(the CPU backend takes them)");
   const DeviceSegmentTable& table = shape.table;
   const ThdShape q = detail::q_shape(shape), kv = detail::kv_shape(shape);
   detail::check_view("q", t.q, q, shape.dtype);
@@ -100,6 +98,10 @@ void check_backward_tensors(const AttentionShape& shape, const BackwardTensors& 
     }
   }
   detail::check_float_array("lse", t.lse, shape.q_heads * table.q_rows);
+  THDCP_CHECK(t.dsinks == nullptr || t.sinks != nullptr,
+              "dsinks is set but sinks is null: pass the forward's sinks to get their gradient");
+  if (t.sinks) detail::check_float_array("sinks", t.sinks, shape.q_heads);
+  if (t.dsinks) detail::check_float_array("dsinks", t.dsinks, shape.q_heads);
 }
 
 }  // namespace
@@ -161,6 +163,8 @@ void BackwardPlan::check_tensors(const BackwardTensors& t) const {
   }
   if (shape_.q_heads * shape_.table.q_rows > 0) detail::check_device_pointer("lse", t.lse, device_, alignof(float));
   if (t.dkv_rows) detail::check_device_pointer("dkv_rows", t.dkv_rows, device_, alignof(int32_t));
+  if (t.sinks) detail::check_device_pointer("sinks", t.sinks, device_, alignof(float));
+  if (t.dsinks) detail::check_device_pointer("dsinks", t.dsinks, device_, alignof(float));
 }
 
 void BackwardPlan::run(const DeviceSegmentTable& table, const BackwardTensors& t, cudaStream_t stream) const {
@@ -239,6 +243,11 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
       detail::launch_delta(t.out.data, strides.out.row, strides.out.head, t.dout.data, strides.dout.row,
                            strides.dout.head, shape_.dtype, table.q_rows, params.q_heads, head_dim, params.delta,
                            stream);
+      if (t.dsinks) {
+        detail::launch_sink_gradient(t.sinks, t.lse, params.delta, table.q_rows, params.q_heads, t.dsinks, stream);
+      }
+    } else if (t.dsinks && params.q_heads > 0) {  // no rows: no gradient
+      THDCP_CHECK_CUDA(cudaMemsetAsync(t.dsinks, 0, sizeof(float) * static_cast<size_t>(params.q_heads), stream));
     }
   }
   // The schedule and delta of the key half stay in the workspace for the query half.

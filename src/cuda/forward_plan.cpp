@@ -21,8 +21,6 @@ int64_t forward_grid_tiles(const DeviceSegmentTable& table, bool sm90, int head_
 }
 
 void check_forward_tensors(const AttentionShape& shape, const ForwardTensors& t) {
-  THDCP_CHECK(t.sinks == nullptr, "sinks are not supported by the CUDA backend yet: they come with the kernels of issue 27 "
-                                       "(the CPU backend takes them)");
   const DeviceSegmentTable& table = shape.table;
   detail::check_view("q", t.q, detail::q_shape(shape), shape.dtype);
   detail::check_view("k", t.k, detail::kv_shape(shape), shape.dtype);
@@ -31,6 +29,7 @@ void check_forward_tensors(const AttentionShape& shape, const ForwardTensors& t)
   check_outputs_apart({{"out", t.out}}, {{"q", t.q}, {"k", t.k}, {"v", t.v}});
   detail::check_float_array("lse", t.lse, shape.q_heads * table.q_rows);
   if (t.max_logit) detail::check_float_array("max_logit", t.max_logit, shape.q_heads);
+  if (t.sinks) detail::check_float_array("sinks", t.sinks, shape.q_heads);
 }
 
 }  // namespace
@@ -85,6 +84,7 @@ void ForwardPlan::check_tensors(const ForwardTensors& t) const {
   if (t.out.numel() > 0) detail::check_device_pointer("out", t.out.data, device_, 16);
   if (shape_.q_heads * q_rows > 0) detail::check_device_pointer("lse", t.lse, device_, alignof(float));
   if (t.max_logit) detail::check_device_pointer("max_logit", t.max_logit, device_, alignof(float));
+  if (t.sinks) detail::check_device_pointer("sinks", t.sinks, device_, alignof(float));
 }
 
 void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, cudaStream_t stream) const {
@@ -98,6 +98,7 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
   params.out = t.out.data;
   params.lse = t.lse;
   params.max_logit = t.max_logit;
+  params.sinks = t.sinks;
   detail::set_call_fields(params, table, shape_.q_heads, shape_.kv_heads, scale_);
   params.tile_start = static_cast<const int*>(workspace_);
   params.work_counter = static_cast<int*>(workspace_) + table.capacity + 1;

@@ -88,6 +88,12 @@ void launch_delta(const void* out, int64_t out_row_stride, int64_t out_head_stri
                   int64_t dout_row_stride, int64_t dout_head_stride, DType dtype, int64_t rows, int heads,
                   int head_dim, float* delta, cudaStream_t stream);
 
+// dsinks[h] = -sum over rows r with lse[h, r] > -inf of exp(sinks[h] - lse[h, r]) * delta[h, r]
+// (sinks.cu: the attention sinks' gradient, the same bits every run), for `heads` heads of
+// `rows` rows.
+void launch_sink_gradient(const float* sinks, const float* lse, const float* delta, int64_t rows, int heads,
+                          float* dsinks, cudaStream_t stream);
+
 // dst[i] = scale * src[i], rounded to dtype (fp32, bf16 or fp16), for n elements.
 void launch_cast(const float* src, void* dst, DType dtype, int64_t n, float scale, cudaStream_t stream);
 // The same with scale 1.

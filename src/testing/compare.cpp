@@ -26,6 +26,35 @@ Tolerance derive_tensor_core_tolerance(DType storage, int rounded_operands) {
 
 Tolerance tensor_core_fp32_tolerance() { return Tolerance{std::ldexp(1.0, -16), std::ldexp(1.0, -16)}; }
 
+Tolerance sink_gradient_tolerance(const HostTensor& out, const HostTensor& dout, const std::vector<float>& lse,
+                                  const std::vector<float>& sinks, const std::vector<float>& reference_dsinks) {
+  const int64_t rows = out.tokens(), heads = out.heads(), d = out.head_dim();
+  THDCP_CHECK(dout.tokens() == rows && dout.heads() == heads && dout.head_dim() == d &&
+                  lse.size() == static_cast<size_t>(rows * heads) && sinks.size() == static_cast<size_t>(heads) &&
+                  reference_dsinks.size() == sinks.size(),
+              "sink_gradient_tolerance: out, dout, lse, sinks and reference_dsinks disagree in shape");
+  const double u = dtype_unit_roundoff(dout.dtype());
+  double bound = 0, reference_max = 0;
+  for (int64_t h = 0; h < heads; ++h) {
+    double head_bound = 0;
+    for (int64_t row = 0; row < rows; ++row) {
+      const float row_lse = lse[static_cast<size_t>(h * rows + row)];
+      if (row_lse == -INFINITY) continue;  // padding: no sink
+      double out_norm = 0, dout_norm = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        const double o = out.get((row * heads + h) * d + i), g = dout.get((row * heads + h) * d + i);
+        out_norm += o * o;
+        dout_norm += g * g;
+      }
+      head_bound += std::exp(static_cast<double>(sinks[static_cast<size_t>(h)]) - row_lse) *
+                    std::sqrt(out_norm * dout_norm);
+    }
+    bound = std::max(bound, 16 * u * head_bound);
+    reference_max = std::max(reference_max, std::fabs(static_cast<double>(reference_dsinks[static_cast<size_t>(h)])));
+  }
+  return Tolerance{0.0, reference_max > 0 ? bound / reference_max + std::ldexp(1.0, -20) : 1.0};
+}
+
 std::string Comparison::summary() const {
   std::ostringstream out;
   out << "max abs err " << max_abs_error << ", max rel err " << max_rel_error << ", " << mismatches << "/" << count

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,7 @@
 #include "io/atomic_file.h"
 #include "step/device_step.h"
 #include "thdcp/core/cuda_check.h"
+#include "thdcp/cpu/attention.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/testing/compare.h"
 #include "thdcp/testing/workload.h"
@@ -106,8 +109,17 @@ Options parse_options(const std::vector<std::string>& argv) {
   return o;
 }
 
-// Device state of one batch and one mask: its tensors, and a cuda::Attention for each
-// backward mode (deterministic and not) with its workspace.
+// Attention sinks of the "+sinks" rows: one logit per query head, N(0, 1), so that the sink
+// takes a share of every row's softmax like a trained gpt-oss sink does.
+std::vector<float> bench_sinks(int64_t q_heads, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> sinks(static_cast<size_t>(q_heads));
+  for (float& s : sinks) s = static_cast<float>(rng.normal());
+  return sinks;
+}
+
+// Device state of one batch and one mask: its tensors, a cuda::Attention for each backward
+// mode (deterministic and not) with its workspace, and attention sinks for the "+sinks" runs.
 struct DeviceBatch {
   BatchLayout layout;
   SegmentTable host_table;  // the reference's, and the exact pairs the FLOPs count
@@ -115,6 +127,8 @@ struct DeviceBatch {
   DeviceTensors tensors;
   cuda::DeviceBuffer workspace[2];  // [deterministic]
   std::unique_ptr<cuda::Attention> attention[2];
+  std::vector<float> host_sinks;
+  cuda::DeviceBuffer sinks, dsinks;
 
   DeviceBatch(const std::vector<int64_t>& lengths, const Mask& mask, const StepShape& shape)
       : layout(exact_layout(lengths, 1)),
@@ -128,12 +142,41 @@ struct DeviceBatch {
       w = cuda::DeviceBuffer(cuda::Attention::workspace_size(problem, options));
       attention[deterministic] = std::make_unique<cuda::Attention>(problem, options, w.data(), w.bytes());
     }
+    host_sinks = bench_sinks(shape.q_heads, 17);
+    sinks = cuda::DeviceBuffer(sizeof(float) * host_sinks.size());
+    dsinks = cuda::DeviceBuffer(sizeof(float) * host_sinks.size());
+    sinks.upload(host_sinks.data(), sinks.bytes());
   }
-  void forward(cudaStream_t stream) { attention[1]->forward(tensors.layout(problem.capacity), tensors.forward(), stream); }
-  void backward(cudaStream_t stream, bool deterministic) {
-    attention[deterministic]->backward(tensors.layout(problem.capacity), tensors.backward(), stream);
+  void forward(cudaStream_t stream, bool with_sinks = false) {
+    ForwardTensors t = tensors.forward();
+    if (with_sinks) t.sinks = sinks.as<float>();
+    attention[1]->forward(tensors.layout(problem.capacity), t, stream);
+  }
+  void backward(cudaStream_t stream, bool deterministic, bool with_sinks = false) {
+    BackwardTensors t = tensors.backward();
+    if (with_sinks) {
+      t.sinks = sinks.as<float>();
+      t.dsinks = dsinks.as<float>();
+    }
+    attention[deterministic]->backward(tensors.layout(problem.capacity), t, stream);
   }
 };
+
+// The CPU reference of the batch with the sinks of `batch`: outputs and dsinks.
+HostOutputs cpu_reference_with_sinks(const DeviceBatch& batch, const HostTensor& q, const HostTensor& k,
+                                     const HostTensor& v, const HostTensor& dout, std::vector<float>& dsinks) {
+  HostOutputs ref = host_outputs(StepShape{{q.heads(), k.heads(), q.head_dim()}, q.dtype()}, q.tokens());
+  const float* sinks = batch.host_sinks.data();
+  cpu::attention_forward(batch.host_table, ForwardTensors{q.view(), k.view(), v.view(), ref.out.view(),
+                                                          ref.lse.data(), ref.max_logit.data(), sinks});
+  BackwardTensors t{q.view(), k.view(), v.view(), ref.out.view(), dout.view(), ref.lse.data(),
+                    ref.dq.view(), ref.dk.view(), ref.dv.view()};
+  t.sinks = sinks;
+  dsinks.assign(batch.host_sinks.size(), 0.0f);
+  t.dsinks = dsinks.data();
+  cpu::attention_backward(batch.host_table, t);
+  return ref;
+}
 
 // Runs the small batch on both backends; prints each output's error. Same tolerances as the
 // GPU tests (tests/cuda/test_cuda_attention.cpp explains them).
@@ -169,6 +212,23 @@ bool verify(const std::vector<int64_t>& lengths, const NamedMask& m, const StepS
     check.check("dk" + suffix, compare(got.dk, ref.dk, grad_tol));
     check.check("dv" + suffix, compare(got.dv, ref.dv, grad_tol));
   }
+  // With attention sinks: the forward and the deterministic backward, dsinks included.
+  std::vector<float> ref_dsinks;
+  const HostOutputs sink_ref = cpu_reference_with_sinks(batch, q, k, v, dout, ref_dsinks);
+  batch.tensors.poison_outputs(nullptr);
+  batch.dsinks.poison();
+  batch.forward(nullptr, true);
+  batch.backward(nullptr, true, true);
+  const HostOutputs sink_got = batch.tensors.download_outputs(nullptr);
+  std::vector<float> dsinks(ref_dsinks.size());
+  batch.dsinks.download(dsinks.data(), batch.dsinks.bytes());
+  check.check("out+sinks", compare(sink_got.out, sink_ref.out, out_tol));
+  check.check("lse+sinks", compare(sink_got.lse, sink_ref.lse, fp32_tol));
+  check.check("dq+sinks", compare(sink_got.dq, sink_ref.dq, grad_tol));
+  check.check("dk+sinks", compare(sink_got.dk, sink_ref.dk, grad_tol));
+  check.check("dv+sinks", compare(sink_got.dv, sink_ref.dv, grad_tol));
+  check.check("dsinks", compare(dsinks, ref_dsinks,
+                                sink_gradient_tolerance(sink_ref.out, dout, sink_ref.lse, batch.host_sinks, ref_dsinks)));
   return check.passed();
 }
 
@@ -187,6 +247,22 @@ bool verify_all(const Options& o) {
 struct SingleTimes {
   double fwd_ms = 0, fwd_bwd_ms = 0;
 };
+
+// The times of `plain` and `other` measured in alternating rounds: each round times a whole
+// loop (warm-up, then --iters back-to-back runs, their median) of one and then of the other,
+// and the result is the median over three rounds of each. Back-to-back runs keep the card
+// busy as a training step does (one run at a time with idle gaps between would run it at
+// lower clocks), and alternating the rounds puts a drift of the clocks over the table on both.
+std::pair<double, double> alternating_medians(const Options& o, const std::function<void()>& plain,
+                                              const std::function<void()>& other) {
+  constexpr int kRounds = 3;
+  std::vector<double> a, b;
+  for (int round = 0; round < kRounds; ++round) {
+    a.push_back(time_median_ms(o.warmup, o.iters, nullptr, plain));
+    b.push_back(time_median_ms(o.warmup, o.iters, nullptr, other));
+  }
+  return {median(a), median(b)};
+}
 
 // The table of the single-device kernels on the timed batch; returns their times per mask.
 std::vector<SingleTimes> time_kernels(const Options& o, const std::vector<int64_t>& lengths) {
@@ -221,6 +297,22 @@ std::vector<SingleTimes> time_kernels(const Options& o, const std::vector<int64_
       row("bwd" + suffix, bwd_ms, 10);
       row("fwd+bwd" + suffix, fwd_bwd_ms, 14);
       if (deterministic) times.fwd_bwd_ms = fwd_bwd_ms;
+    }
+    // The same batch with attention sinks (deterministic backward, dsinks written), each pass
+    // timed in rounds alternating with the same pass without sinks: the cost of the sinks is
+    // the ratio of the two, on the same clocks.
+    const double fwd_flops = 4, bwd_flops = 10, fwd_bwd_flops = 14;
+    for (auto [pass, flops] : {std::make_pair("fwd", fwd_flops), std::make_pair("bwd", bwd_flops),
+                               std::make_pair("fwd+bwd", fwd_bwd_flops)}) {
+      const std::string name = pass;
+      auto run = [&, name](bool with_sinks) {
+        if (name != "bwd") batch.forward(nullptr, with_sinks);
+        if (name != "fwd") batch.backward(nullptr, true, with_sinks);
+      };
+      const auto [plain_ms, sinks_ms] = alternating_medians(o, [&] { run(false); }, [&] { run(true); });
+      row(name + "+sinks", sinks_ms, flops);
+      std::printf("%-7s %-19s %.1f%% over %.3f ms without sinks, in alternating rounds\n", m.name,
+                  (name + "+sinks").c_str(), 100.0 * (sinks_ms / plain_ms - 1.0), plain_ms);
     }
     if (single.empty()) {  // the same for every mask: capacity and shape only
       AttentionOptions nondet;

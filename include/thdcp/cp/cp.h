@@ -60,8 +60,8 @@ struct Timings {
 // out, dout and dq go to the attention as they are. Outputs must not overlap themselves or
 // another tensor of the step (thdcp/core/overlap.h). (The CUDA backend: thdcp/cp/cuda.h.)
 //
-// Attention sinks (ForwardTensors::sinks, BackwardTensors::sinks and dsinks; CPU backend
-// only until the kernels of issue 27): every rank passes the same [Hq] sinks, or none. A
+// Attention sinks (ForwardTensors::sinks, BackwardTensors::sinks and dsinks; the CPU and
+// CUDA backends): every rank passes the same [Hq] sinks, or none. A
 // rank computes each of its query rows whole, over every gathered key, so each row counts
 // its head's sink once (no partial rows are merged across ranks). dsinks is the sum over
 // every rank's rows, added in rank order: the same bits on every rank and every run.

@@ -50,7 +50,7 @@ struct AttentionProblem : HeadShape {
 // the rank's own rows), out [rows, Hq, D_v], lse [Hq, rows] fp32, max_logit [Hq] fp32 or null. What each call writes is said
 // where it is declared (cuda::Attention, cpu::attention_forward, cp::CudaPlan).
 //
-// Attention sinks (gpt-oss; optional, the CPU backend only until the kernels of issue 27):
+// Attention sinks (gpt-oss; optional; the CPU and CUDA backends, single device and AllGather CP):
 // sinks [Hq] fp32, one learnable logit per query head, in the memory space of the tensors.
 // Each query row's softmax denominator gains exp(sinks[h] - m) (m the running max, the sink
 // included); the sink contributes no value. The sink is an unscaled logit (softmax_scale

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "thdcp/cpu/attention.h"
 #include "thdcp/core/dtype.h"
@@ -35,6 +36,15 @@ Tolerance derive_tolerance(DType storage, Accumulate accumulate, int roundings);
 // exp2/log2 approximations, far below 2^-16 relative.
 Tolerance derive_tensor_core_tolerance(DType storage, int rounded_operands);
 Tolerance tensor_core_fp32_tolerance();
+
+// Tolerance of a GPU d(sink) [Hq] against the CPU reference's `reference_dsinks`, from the
+// reference's out [rows, Hq, D_v] and lse [Hq, rows], the dout of the call and the sinks.
+// dsink_h = -sum_r P_sink(h, r) (dO . O)(h, r), and the two backends' delta = dO . O differ
+// by the storage rounding of out, a few units of roundoff of |dO| |O| each: the bound of
+// head h is 16 u sum_r P_sink(h, r) |dO_r| |O_r|, given as an absolute tolerance (the
+// largest over the heads) relative to max |reference_dsinks|.
+Tolerance sink_gradient_tolerance(const HostTensor& out, const HostTensor& dout, const std::vector<float>& lse,
+                                  const std::vector<float>& sinks, const std::vector<float>& reference_dsinks);
 
 struct Comparison {
   int64_t count = 0;
