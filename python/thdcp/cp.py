@@ -121,8 +121,8 @@ def cp_attention(
 def _cp_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right, softmax_scale,
                      return_max_logit):
     arguments.check_devices("cp_attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded))
-    rows, heads, head_dim = q.shape
-    return (q.new_empty((rows, heads, head_dim)), q.new_empty((heads, rows), dtype=torch.float32),
+    rows, heads, _ = q.shape
+    return (q.new_empty((rows, heads, v.shape[-1])), q.new_empty((heads, rows), dtype=torch.float32),
             q.new_empty((heads if return_max_logit else 0,), dtype=torch.float32))
 
 
