@@ -121,34 +121,6 @@ void check_backward(const AttentionConfig& c, const BackwardTensors& t) {
   }
 }
 
-const thdcp_attention_extras kNoExtras = THDCP_ATTENTION_EXTRAS_INIT;
-
-// The optional tensors of a run (NULL: none), checked: dsinks only in a backward and only with
-// sinks, the two apart.
-thdcp_attention_extras extras_of(const thdcp_attention_extras* given, const AttentionConfig& c, bool backward) {
-  if (given == nullptr) return kNoExtras;
-  const thdcp_attention_extras e =
-      read_params(given, THDCP_ATTENTION_EXTRAS_MIN_SIZE, kNoExtras, "extras", "thdcp_attention_extras",
-                  "THDCP_ATTENTION_EXTRAS_INIT");
-  THDCP_CAPI_REQUIRE(backward || e.dsinks == nullptr,
-                     "extras->dsinks=" << static_cast<const void*>(e.dsinks)
-                                       << " is set in a forward: it receives the backward's gradient of the sinks; "
-                                          "pass NULL here and dsinks to thdcp_attention_backward_ex");
-  THDCP_CAPI_REQUIRE(e.dsinks == nullptr || e.sinks != nullptr,
-                     "extras->dsinks=" << static_cast<const void*>(e.dsinks)
-                                       << " is set but extras->sinks is NULL: pass the forward's sinks to get their "
-                                          "gradient, or dsinks=NULL");
-  if (e.dsinks != nullptr) {
-    const float* sinks_end = e.sinks + c.problem.q_heads;
-    const float* dsinks_end = e.dsinks + c.problem.q_heads;
-    THDCP_CAPI_REQUIRE(dsinks_end <= e.sinks || sinks_end <= e.dsinks,
-                       "extras->dsinks=" << static_cast<const void*>(e.dsinks) << " overlaps extras->sinks="
-                                         << static_cast<const void*>(e.sinks) << " (q_heads=" << c.problem.q_heads
-                                         << " floats each): pass separate arrays");
-  }
-  return e;
-}
-
 // The layout of a run: CPU on the host, checked in full; CUDA on the device, in capacity form.
 LayoutView run_layout(const AttentionConfig& c, const thdcp_layout_t* layout) {
   const LayoutView batch = layout_view(layout, "layout");
@@ -190,7 +162,7 @@ void forward(thdcp_attention_plan_t handle, const thdcp_layout_t* layout, const 
   const AttentionConfig& c = plan->config;
   const LayoutView batch = run_layout(c, layout);
   ForwardTensors t = forward_tensors(q, k, v, out, lse, max_logit);
-  t.sinks = extras_of(extras, c, /*backward=*/false).sinks;
+  t.sinks = extras_of(extras, c.problem.q_heads, /*backward=*/false).sinks;
   check_forward(c, t);
   THDCP_CAPI_REQUIRE(lse != nullptr || c.problem.q_heads * c.problem.capacity.max_tokens == 0,
                      "lse is NULL: pass q_heads * max_tokens = " << c.problem.q_heads * c.problem.capacity.max_tokens
@@ -217,7 +189,7 @@ void backward(thdcp_attention_plan_t handle, const thdcp_layout_t* layout, const
   const LayoutView batch = run_layout(c, layout);
   const auto& p = c.problem;
   BackwardTensors t = backward_tensors(q, k, v, out, dout, lse, dq, dk, dv);
-  const thdcp_attention_extras e = extras_of(extras, c, /*backward=*/true);
+  const thdcp_attention_extras e = extras_of(extras, c.problem.q_heads, /*backward=*/true);
   t.sinks = e.sinks;
   t.dsinks = e.dsinks;
   check_backward(c, t);

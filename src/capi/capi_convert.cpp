@@ -22,6 +22,7 @@ static_assert(sizeof(thdcp_graph_bank_params) == THDCP_GRAPH_BANK_PARAMS_MIN_SIZ
 static_assert(sizeof(thdcp_attention_extras) == THDCP_ATTENTION_EXTRAS_MIN_SIZE);
 // The second version of thdcp_attention_params (v_head_dim) starts on the first one's 8-byte end.
 static_assert(offsetof(thdcp_attention_params, v_head_dim) == 80 && sizeof(thdcp_attention_params) == 88);
+static_assert(offsetof(thdcp_cp_params, v_head_dim) == 88 && sizeof(thdcp_cp_params) == 96);
 static_assert(sizeof(thdcp_attention_params) % 8 == 0 && sizeof(thdcp_cp_params) % 8 == 0 &&
               sizeof(thdcp_capacity_plan_params) % 8 == 0 && sizeof(thdcp_static_batch_info) % 8 == 0);
 
@@ -172,6 +173,31 @@ BackwardTensors backward_tensors(const thdcp_tensor_t* q, const thdcp_tensor_t* 
   return BackwardTensors{const_view(q, "q"),       const_view(k, "k"),       const_view(v, "v"),
                          const_view(out, "out"),   const_view(dout, "dout"), lse,
                          view(dq, "dq"),           view(dk, "dk"),           view(dv, "dv")};
+}
+
+thdcp_attention_extras extras_of(const thdcp_attention_extras* given, int64_t q_heads, bool backward) {
+  const thdcp_attention_extras none = THDCP_ATTENTION_EXTRAS_INIT;
+  if (given == nullptr) return none;
+  const thdcp_attention_extras e = read_params(given, THDCP_ATTENTION_EXTRAS_MIN_SIZE, none, "extras",
+                                               "thdcp_attention_extras", "THDCP_ATTENTION_EXTRAS_INIT");
+  THDCP_CAPI_REQUIRE(backward || e.dsinks == nullptr,
+                     "extras->dsinks=" << static_cast<const void*>(e.dsinks)
+                                       << " is set in a forward: it receives the backward's gradient of the sinks; "
+                                          "pass NULL here and dsinks to the backward");
+  THDCP_CAPI_REQUIRE(e.dsinks == nullptr || e.sinks != nullptr,
+                     "extras->dsinks=" << static_cast<const void*>(e.dsinks)
+                                       << " is set but extras->sinks is NULL: pass the forward's sinks to get their "
+                                          "gradient, or dsinks=NULL");
+  if (e.dsinks != nullptr) {
+    // Addresses compared as integers: the two arrays need not be parts of one object.
+    const auto sinks = reinterpret_cast<uintptr_t>(e.sinks), dsinks = reinterpret_cast<uintptr_t>(e.dsinks);
+    const auto bytes = static_cast<uintptr_t>(q_heads) * sizeof(float);
+    THDCP_CAPI_REQUIRE(dsinks + bytes <= sinks || sinks + bytes <= dsinks,
+                       "extras->dsinks=" << static_cast<const void*>(e.dsinks) << " overlaps extras->sinks="
+                                         << static_cast<const void*>(e.sinks) << " (q_heads=" << q_heads
+                                         << " floats each): pass separate arrays");
+  }
+  return e;
 }
 
 LayoutView layout_view(const thdcp_layout_t* layout, const char* argument) {

@@ -81,6 +81,11 @@ BackwardTensors backward_tensors(const thdcp_tensor_t* q, const thdcp_tensor_t* 
                                  const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv);
 
 
+// The optional tensors of a run (NULL: none, all fields NULL), read as a versioned struct and
+// checked: dsinks only in a backward and only with sinks, the two arrays of q_heads floats
+// apart. Where they point is the backend's to check (host or device memory).
+thdcp_attention_extras extras_of(const thdcp_attention_extras* extras, int64_t q_heads, bool backward);
+
 // The layout as a view: not NULL, both arrays given, num_seqs >= 1. Its values are checked
 // by the callers (validate_layout on the host; the device's are the caller's contract).
 LayoutView layout_view(const thdcp_layout_t* layout, const char* argument);

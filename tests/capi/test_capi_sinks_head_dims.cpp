@@ -194,7 +194,7 @@ TEST(CApiHeadDimsSinks, BadValuesAreRefusedNamingThemWithNothingWritten) {
   EXPECT_C_STATUS(thdcp_attention_forward_ex(plan, &layout, &q, &k, &v, &out, o.lse.data(), nullptr, &extras,
                                              nullptr),
                   THDCP_ERROR_INVALID_ARGUMENT, "thdcp_attention_forward_ex: extras->dsinks=",
-                  "is set in a forward", "pass NULL here and dsinks to thdcp_attention_backward_ex");
+                  "is set in a forward", "pass NULL here and dsinks to the backward");
   extras.sinks = nullptr;
   EXPECT_C_STATUS(thdcp_attention_backward_ex(plan, &layout, &q, &k, &v, &out, &dout, o.lse.data(), &dq, &dk, &dv,
                                               &extras, nullptr),

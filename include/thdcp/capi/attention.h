@@ -57,7 +57,7 @@ static inline void thdcp_attention_params_init(thdcp_attention_params* params) {
 }
 
 /* The optional tensors of a forward or backward call (thdcp_attention_forward_ex,
- * thdcp_attention_backward_ex), a versioned struct like the params: struct_size first (the
+ * thdcp_attention_backward_ex; thdcp_cp_forward_ex, thdcp_cp_backward_ex), a versioned struct like the params: struct_size first (the
  * sizeof the caller was compiled with; THDCP_ATTENTION_EXTRAS_INIT sets it), fields only
  * appended, later ones default to NULL/0, the same struct_size rules
  * (THDCP_ATTENTION_EXTRAS_MIN_SIZE to THDCP_MAX_STRUCT_SIZE, bytes this library does not know
