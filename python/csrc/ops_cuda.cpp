@@ -99,6 +99,14 @@ BackwardTensors backward_tensors(const at::Tensor& dout, const at::Tensor& q, co
                          view(std::get<2>(grads), "dv")};
 }
 
+// `t` with the call's sinks (null: none) and, with them, dsinks written into `dsinks`.
+BackwardTensors with_sinks(BackwardTensors t, const float* sink_logits, const std::optional<at::Tensor>& sinks,
+                           at::Tensor& dsinks) {
+  t.sinks = sink_logits;
+  t.dsinks = sinks ? dsinks.data_ptr<float>() : nullptr;
+  return t;
+}
+
 // Checks of a backward's extra inputs (q, k, v, metadata: check_cuda_inputs).
 void check_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
                            const at::Tensor& lse) {
@@ -181,10 +189,9 @@ Outputs4 attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor& q_
     const cuda::Attention attention = single_device_attention(q, problem, options, workspace);
     Outputs3 grads = backward_outputs(q, k, v);
     at::Tensor dsinks = dsinks_output(sinks, q);
-    BackwardTensors tensors = backward_tensors(dout, q, k, v, out, lse, grads);
-    tensors.sinks = sink_logits;
-    tensors.dsinks = sinks ? dsinks.data_ptr<float>() : nullptr;
-    attention.backward(device_layout(cu_seqlens, cu_seqlens_padded, problem.capacity), tensors, on.stream);
+    attention.backward(device_layout(cu_seqlens, cu_seqlens_padded, problem.capacity),
+                       with_sinks(backward_tensors(dout, q, k, v, out, lse, grads), sink_logits, sinks, dsinks),
+                       on.stream);
     return Outputs4{std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), dsinks};
   });
 }
@@ -342,7 +349,7 @@ CpPlanEntry& cp_plan(CommEntry& entry, const at::Tensor& q, const at::Tensor& k,
 Outputs3 cp_attention_forward_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                    const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, int64_t handle,
                                    int64_t window_left, int64_t window_right, double softmax_scale,
-                                   bool return_max_logit) {
+                                   bool return_max_logit, const std::optional<at::Tensor>& sinks) {
   // Views (packed QKV, head-major K/V) pass as they are; only a broadcast is materialised.
   const at::Tensor q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in);
   return translate_errors("cp_attention", [&] {
@@ -350,17 +357,19 @@ Outputs3 cp_attention_forward_cuda(const at::Tensor& q_in, const at::Tensor& k_i
     const OnDevice on(q);
     CommEntry& entry = comm_entry(handle);
     CpPlanEntry& made = cp_plan(entry, q, k, v, cu_seqlens, window_mask(window_left, window_right), softmax_scale, on.stream);
+    const float* sink_logits = sinks_data(sinks, q);
     Outputs3 outputs = forward_outputs(q, v, return_max_logit);
     made.plan->forward(device_layout(cu_seqlens, cu_seqlens_padded, made.plan->problem().capacity),
-                       forward_tensors(q, k, v, outputs, return_max_logit), on.stream);
+                       forward_tensors(q, k, v, outputs, return_max_logit, sink_logits), on.stream);
     return outputs;
   });
 }
 
-Outputs3 cp_attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
+Outputs4 cp_attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
                                     const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse,
                                     const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, int64_t handle,
-                                    int64_t window_left, int64_t window_right, double softmax_scale) {
+                                    int64_t window_left, int64_t window_right, double softmax_scale,
+                                    const std::optional<at::Tensor>& sinks) {
   const at::Tensor dout = thd_input(dout_in), q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in),
                    out = thd_input(out_in);
   return translate_errors("cp_attention backward", [&] {
@@ -369,10 +378,13 @@ Outputs3 cp_attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor&
     const OnDevice on(q);
     CommEntry& entry = comm_entry(handle);
     CpPlanEntry& made = cp_plan(entry, q, k, v, cu_seqlens, window_mask(window_left, window_right), softmax_scale, on.stream);
+    const float* sink_logits = sinks_data(sinks, q);
     Outputs3 grads = backward_outputs(q, k, v);
+    at::Tensor dsinks = dsinks_output(sinks, q);
     made.plan->backward(device_layout(cu_seqlens, cu_seqlens_padded, made.plan->problem().capacity),
-                        backward_tensors(dout, q, k, v, out, lse, grads), on.stream);
-    return grads;
+                        with_sinks(backward_tensors(dout, q, k, v, out, lse, grads), sink_logits, sinks, dsinks),
+                        on.stream);
+    return Outputs4{std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), dsinks};
   });
 }
 

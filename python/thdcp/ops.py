@@ -120,8 +120,12 @@ def _attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_pad
     arguments.check_devices("attention backward",
                             _attention_backward_tensors(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded)
                             + (("sinks", sinks),))
-    dsinks = q.new_empty((q.shape[1] if sinks is not None else 0,), dtype=torch.float32)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _dsinks_fake(q, sinks)
+
+
+def _dsinks_fake(q, sinks):
+    """The backward's d(sinks): float32 [Hq] with sinks, else [0] (the operators return a tensor either way)."""
+    return q.new_empty((q.shape[1] if sinks is not None else 0,), dtype=torch.float32)
 
 
 def _attention_setup(ctx, inputs, output):

@@ -177,6 +177,22 @@ def test_flash_attn_varlen_func_learnable_sink_is_thdcp_attention_with_sinks():
         thdcp.flash_attn_varlen_func(q, k, v, cu, cu, 30, 30, causal=True, learnable_sink=sinks.double())
 
 
+def test_cp_attention_fake_shapes_and_bad_sinks_refused_before_a_communicator():
+    # cp_attention runs on CUDA only; its fake implementations and argument checks run anywhere.
+    q, k, v, sinks, dout, cu, cu_padded = inputs([12, 20], 4, 2, 32, 16)
+    meta = [t.to("meta") for t in (q, k, v, sinks, dout, cu, cu_padded)]
+    out, lse, max_logit = torch.ops.thdcp.cp_attention_forward(*meta[:3], meta[5], meta[6], 0, -1, 0, 0.0, True,
+                                                               meta[3])
+    assert out.shape == (q.shape[0], 4, 16) and lse.shape == (4, q.shape[0]) and max_logit.shape == (4,)
+    grads = torch.ops.thdcp.cp_attention_backward(meta[4], *meta[:3], out, lse, meta[5], meta[6], 0, -1, 0, 0.0,
+                                                  meta[3])
+    assert [tuple(g.shape) for g in grads] == [tuple(q.shape), tuple(k.shape), tuple(v.shape), (4,)]
+    no_sinks = torch.ops.thdcp.cp_attention_backward(meta[4], *meta[:3], out, lse, meta[5], meta[6], 0, -1, 0, 0.0)
+    assert tuple(no_sinks[3].shape) == (0,)
+    with pytest.raises(ValueError, match=r"thdcp.cp_attention: sinks has shape \(3,\) but q has 4 query heads"):
+        thdcp.cp_attention(q, k, v, cu, cu_padded, sinks=sinks[:3])
+
+
 # ---- CUDA against the CPU backend (bf16), on the GPU machine ----
 
 
