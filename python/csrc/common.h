@@ -147,6 +147,26 @@ inline void check_same_device(const at::Tensor& t, const char* name, const at::D
                     "; pass every tensor on one device");
 }
 
+// The optional attention sinks of a call (one logit per query head): float32 [Hq], contiguous,
+// on q's device. Their data, or null without sinks. q is a checked THD tensor.
+inline const float* sinks_data(const std::optional<at::Tensor>& sinks, const at::Tensor& q) {
+  if (!sinks) return nullptr;
+  const int64_t heads = q.size(1);
+  TORCH_CHECK_VALUE(sinks->scalar_type() == at::kFloat, "thdcp: sinks has dtype ", sinks->scalar_type(),
+                    "; pass a torch.float32 tensor of one logit per query head (sinks.float())");
+  TORCH_CHECK_VALUE(sinks->dim() == 1 && sinks->size(0) == heads, "thdcp: sinks has shape ", sinks->sizes(),
+                    "; pass one logit per query head: shape [", heads, "] (q has ", heads, " heads)");
+  TORCH_CHECK_VALUE(sinks->is_contiguous(), "thdcp: sinks is not contiguous; pass sinks.contiguous()");
+  check_same_device(*sinks, "sinks", q.device());
+  return sinks->data_ptr<float>();
+}
+
+// d(loss)/d(sinks) of a backward: float32 [Hq] with sinks, else [0] (the op returns a tensor
+// either way).
+inline at::Tensor dsinks_output(const std::optional<at::Tensor>& sinks, const at::Tensor& q) {
+  return at::empty({sinks ? q.size(1) : 0}, q.options().dtype(at::kFloat));
+}
+
 inline Mask window_mask(int64_t left, int64_t right) {
   TORCH_CHECK_VALUE(left >= -1 && right >= -1 && left <= INT32_MAX && right <= INT32_MAX, "thdcp: window=(", left,
                     ", ", right, ") is not valid; pass (left, right) with -1 for unbounded and 0 or more otherwise, "

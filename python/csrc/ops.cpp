@@ -21,6 +21,7 @@ namespace thdcp::torch_ops {
 namespace {
 
 using Outputs3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using Outputs4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // The layout of host metadata, checked against a tensor of total_rows rows (cp = 0: no
 // alignment rule, a single-device call).
@@ -38,7 +39,8 @@ LayoutView host_layout(const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlen
 
 Outputs3 attention_forward_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, int64_t window_left,
-                               int64_t window_right, double softmax_scale, bool return_max_logit) {
+                               int64_t window_right, double softmax_scale, bool return_max_logit,
+                               const std::optional<at::Tensor>& sinks) {
   return translate_errors("attention", [&] {
     const at::Device device = q.device();
     check_same_device(k, "k", device);
@@ -49,23 +51,28 @@ Outputs3 attention_forward_cpu(const at::Tensor& q, const at::Tensor& k, const a
     // Views (packed QKV, head-major K/V) are read as they are.
     const at::Tensor qc = thd_input(q), kc = thd_input(k), vc = thd_input(v);
     const ConstThdTensor qv = const_view(qc, "q"), kv = const_view(kc, "k"), vv = const_view(vc, "v");
+    const float* sink_logits = sinks_data(sinks, q);
     const LayoutView layout = host_layout(cu_seqlens, cu_seqlens_padded, q.size(0), 0);
     const SegmentTable table = build_segment_table(layout, mask);
-    at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+    // out has v's head dim (D_v, MLA's 128 beside D_qk 192).
+    at::Tensor out = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
     at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
     at::Tensor max_logit = at::empty({return_max_logit ? q.size(1) : 0}, q.options().dtype(at::kFloat));
     AttentionOptions options;
     options.softmax_scale = static_cast<float>(softmax_scale);
-    cpu::attention_forward(table, qv, kv, vv, view(out, "out"), lse.data_ptr<float>(),
-                           return_max_logit ? max_logit.data_ptr<float>() : nullptr, options);
+    cpu::attention_forward(table,
+                           ForwardTensors{qv, kv, vv, view(out, "out"), lse.data_ptr<float>(),
+                                          return_max_logit ? max_logit.data_ptr<float>() : nullptr, sink_logits},
+                           options);
     return Outputs3{out, lse, max_logit};
   });
 }
 
-Outputs3 attention_backward_cpu(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+Outputs4 attention_backward_cpu(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens,
                                 const at::Tensor& cu_seqlens_padded, int64_t window_left, int64_t window_right,
-                                double softmax_scale, bool /*deterministic: the CPU backend always is*/) {
+                                double softmax_scale, bool /*deterministic: the CPU backend always is*/,
+                                const std::optional<at::Tensor>& sinks) {
   return translate_errors("attention backward", [&] {
     const at::Device device = q.device();
     for (auto [t, name] : {std::pair{&dout, "dout"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}}) {
@@ -80,17 +87,28 @@ Outputs3 attention_backward_cpu(const at::Tensor& dout, const at::Tensor& q, con
     const Mask mask = window_mask(window_left, window_right);
     const LayoutView layout = host_layout(cu_seqlens, cu_seqlens_padded, q.size(0), 0);
     const SegmentTable table = build_segment_table(layout, mask);
+    const at::Tensor qc = thd_input(q), kc = thd_input(k), vc = thd_input(v), oc = thd_input(out),
+                     dc = thd_input(dout);
+    BackwardTensors t;
+    t.q = const_view(qc, "q");
+    t.k = const_view(kc, "k");
+    t.v = const_view(vc, "v");
+    t.out = const_view(oc, "out");
+    t.dout = const_view(dc, "dout");
+    t.lse = lse.data_ptr<float>();
+    t.sinks = sinks_data(sinks, q);
     at::Tensor dq = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor dk = at::empty(k.sizes(), k.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor dv = at::empty(v.sizes(), v.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor dsinks = dsinks_output(sinks, q);
+    t.dq = view(dq, "dq");
+    t.dk = view(dk, "dk");
+    t.dv = view(dv, "dv");
+    t.dsinks = sinks ? dsinks.data_ptr<float>() : nullptr;
     AttentionOptions options;
     options.softmax_scale = static_cast<float>(softmax_scale);
-    const at::Tensor qc = thd_input(q), kc = thd_input(k), vc = thd_input(v), oc = thd_input(out),
-                     dc = thd_input(dout);
-    cpu::attention_backward(table, const_view(qc, "q"), const_view(kc, "k"), const_view(vc, "v"),
-                            const_view(oc, "out"), const_view(dc, "dout"), lse.data_ptr<float>(), view(dq, "dq"), view(dk, "dk"),
-                            view(dv, "dv"), options);
-    return Outputs3{dq, dk, dv};
+    cpu::attention_backward(table, t, options);
+    return Outputs4{dq, dk, dv, dsinks};
   });
 }
 
@@ -248,21 +266,25 @@ TORCH_LIBRARY(thdcp, m) {
   using namespace thdcp::torch_ops;
   m.def(
       "attention_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor cu_seqlens_padded, "
-      "int window_left, int window_right, float softmax_scale, bool return_max_logit) -> (Tensor, Tensor, Tensor)");
+      "int window_left, int window_right, float softmax_scale, bool return_max_logit, Tensor? sinks=None) "
+      "-> (Tensor, Tensor, Tensor)");
+  // Returns (dq, dk, dv, dsinks): dsinks float32 [Hq] with sinks, else [0].
   m.def(
       "attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens, "
-      "Tensor cu_seqlens_padded, int window_left, int window_right, float softmax_scale, bool deterministic) "
-      "-> (Tensor, Tensor, Tensor)");
+      "Tensor cu_seqlens_padded, int window_left, int window_right, float softmax_scale, bool deterministic, "
+      "Tensor? sinks=None) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "rope(Tensor x, Tensor cu_seqlens, Tensor cu_seqlens_padded, Tensor? start_offsets, int cp, int rank, "
       "float theta, int rotary_dim, bool interleaved, bool backward) -> Tensor");
   m.def(
       "cp_attention_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor cu_seqlens_padded, int comm, "
-      "int window_left, int window_right, float softmax_scale, bool return_max_logit) -> (Tensor, Tensor, Tensor)");
+      "int window_left, int window_right, float softmax_scale, bool return_max_logit, Tensor? sinks=None) "
+      "-> (Tensor, Tensor, Tensor)");
+  // Returns (dq, dk, dv, dsinks) as attention_backward does; dsinks summed over the ranks.
   m.def(
       "cp_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens, "
-      "Tensor cu_seqlens_padded, int comm, int window_left, int window_right, float softmax_scale) "
-      "-> (Tensor, Tensor, Tensor)");
+      "Tensor cu_seqlens_padded, int comm, int window_left, int window_right, float softmax_scale, "
+      "Tensor? sinks=None) -> (Tensor, Tensor, Tensor, Tensor)");
   // Host helpers (called outside compiled regions; no tensors on the device).
   m.def("default_capacity(int max_tokens, int cp) -> int[]", &default_capacity_op);
   m.def("check_fit(int[] lengths, int cp, int max_tokens, int max_seqs) -> int", &check_fit_op);

@@ -32,6 +32,7 @@ namespace thdcp::torch_ops {
 namespace {
 
 using Outputs3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using Outputs4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // The call's device made current, and PyTorch's current stream on it: every operator
 // enqueues there.
@@ -58,19 +59,23 @@ void check_cuda_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                     q.scalar_type(), "; the CUDA backend takes torch.bfloat16 or torch.float16");
 }
 
-// The outputs of a forward ([rows, Hq, D] out, [Hq, rows] fp32 lse, [Hq] or [0] max_logit)
-// and the tensor set of a forward call over them.
-Outputs3 forward_outputs(const at::Tensor& q, bool return_max_logit) {
-  return Outputs3{at::empty({q.size(0), q.size(1), q.size(2)}, q.options()),
+// The outputs of a forward ([rows, Hq, D_v] out, [Hq, rows] fp32 lse, [Hq] or [0] max_logit)
+// and the tensor set of a forward call over them (sinks: null or [Hq] fp32 on the device).
+Outputs3 forward_outputs(const at::Tensor& q, const at::Tensor& v, bool return_max_logit) {
+  return Outputs3{at::empty({q.size(0), q.size(1), v.size(2)}, q.options()),
                   at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat)),
                   at::empty({return_max_logit ? q.size(1) : 0}, q.options().dtype(at::kFloat))};
 }
 
 ForwardTensors forward_tensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Outputs3& outputs,
-                               bool return_max_logit) {
-  return ForwardTensors{const_view(q, "q"), const_view(k, "k"), const_view(v, "v"), view(std::get<0>(outputs), "out"),
+                               bool return_max_logit, const float* sinks = nullptr) {
+  return ForwardTensors{const_view(q, "q"),
+                        const_view(k, "k"),
+                        const_view(v, "v"),
+                        view(std::get<0>(outputs), "out"),
                         std::get<1>(outputs).data_ptr<float>(),
-                        return_max_logit ? std::get<2>(outputs).data_ptr<float>() : nullptr};
+                        return_max_logit ? std::get<2>(outputs).data_ptr<float>() : nullptr,
+                        sinks};
 }
 
 // The gradients of a backward (contiguous, in the inputs' dtypes) and the tensor set of a
@@ -94,6 +99,14 @@ BackwardTensors backward_tensors(const at::Tensor& dout, const at::Tensor& q, co
                          view(std::get<2>(grads), "dv")};
 }
 
+// `t` with the call's sinks (null: none) and, with them, dsinks written into `dsinks`.
+BackwardTensors with_sinks(BackwardTensors t, const float* sink_logits, const std::optional<at::Tensor>& sinks,
+                           at::Tensor& dsinks) {
+  t.sinks = sink_logits;
+  t.dsinks = sinks ? dsinks.data_ptr<float>() : nullptr;
+  return t;
+}
+
 // Checks of a backward's extra inputs (q, k, v, metadata: check_cuda_inputs).
 void check_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& out,
                            const at::Tensor& lse) {
@@ -107,13 +120,15 @@ void check_backward_inputs(const at::Tensor& dout, const at::Tensor& q, const at
 
 // The single-device problem of a call: its layout's capacity (cu_seqlens has max_seqs + 1
 // entries; q has max_tokens rows), heads, mask and dtype (gradients in the inputs' dtype).
-AttentionProblem single_device_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_seqlens,
+AttentionProblem single_device_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& cu_seqlens,
                                        const Mask& mask) {
   AttentionProblem problem;
   problem.capacity = Capacity{static_cast<int>(cu_seqlens.numel() - 1), q.size(0)};
   problem.q_heads = q.size(1);
   problem.kv_heads = k.size(1);
   problem.head_dim = q.size(2);
+  problem.v_head_dim = v.size(2);
   problem.mask = mask;
   problem.dtype = problem.dq_dtype = problem.dkv_dtype = to_dtype(q, "q");
   return problem;
@@ -135,45 +150,49 @@ cuda::Attention single_device_attention(const at::Tensor& q, const AttentionProb
 Outputs3 attention_forward_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                 const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
                                 int64_t window_left, int64_t window_right, double softmax_scale,
-                                bool return_max_logit) {
+                                bool return_max_logit, const std::optional<at::Tensor>& sinks) {
   // Views (packed QKV, head-major K/V) pass as they are; only a broadcast is materialised.
   const at::Tensor q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in);
   return translate_errors("attention", [&] {
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
     const OnDevice on(q);
-    const AttentionProblem problem = single_device_problem(q, k, cu_seqlens, window_mask(window_left, window_right));
+    const AttentionProblem problem = single_device_problem(q, k, v, cu_seqlens, window_mask(window_left, window_right));
+    const float* sink_logits = sinks_data(sinks, q);
     AttentionOptions options;
     options.softmax_scale = static_cast<float>(softmax_scale);
     at::Tensor workspace;
     const cuda::Attention attention = single_device_attention(q, problem, options, workspace);
-    Outputs3 outputs = forward_outputs(q, return_max_logit);
+    Outputs3 outputs = forward_outputs(q, v, return_max_logit);
     attention.forward(device_layout(cu_seqlens, cu_seqlens_padded, problem.capacity),
-                      forward_tensors(q, k, v, outputs, return_max_logit), on.stream);
+                      forward_tensors(q, k, v, outputs, return_max_logit, sink_logits), on.stream);
     return outputs;
   });
 }
 
-Outputs3 attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
+Outputs4 attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
                                  const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse,
                                  const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
                                  int64_t window_left, int64_t window_right, double softmax_scale,
-                                 bool deterministic) {
+                                 bool deterministic, const std::optional<at::Tensor>& sinks) {
   const at::Tensor dout = thd_input(dout_in), q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in),
                    out = thd_input(out_in);
   return translate_errors("attention backward", [&] {
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
     check_backward_inputs(dout, q, out, lse);
     const OnDevice on(q);
-    const AttentionProblem problem = single_device_problem(q, k, cu_seqlens, window_mask(window_left, window_right));
+    const AttentionProblem problem = single_device_problem(q, k, v, cu_seqlens, window_mask(window_left, window_right));
+    const float* sink_logits = sinks_data(sinks, q);
     AttentionOptions options;
     options.softmax_scale = static_cast<float>(softmax_scale);
     options.deterministic = deterministic;
     at::Tensor workspace;
     const cuda::Attention attention = single_device_attention(q, problem, options, workspace);
     Outputs3 grads = backward_outputs(q, k, v);
+    at::Tensor dsinks = dsinks_output(sinks, q);
     attention.backward(device_layout(cu_seqlens, cu_seqlens_padded, problem.capacity),
-                       backward_tensors(dout, q, k, v, out, lse, grads), on.stream);
-    return grads;
+                       with_sinks(backward_tensors(dout, q, k, v, out, lse, grads), sink_logits, sinks, dsinks),
+                       on.stream);
+    return Outputs4{std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), dsinks};
   });
 }
 
@@ -214,13 +233,13 @@ struct PlanKey {
   int cp, max_seqs;
   int64_t max_tokens;
   int32_t window_left, window_right;
-  int64_t q_heads, kv_heads, head_dim;
+  int64_t q_heads, kv_heads, head_dim, v_head_dim;
   int dtype;
   float scale;
   bool operator<(const PlanKey& o) const {
-    return std::tie(cp, max_seqs, max_tokens, window_left, window_right, q_heads, kv_heads, head_dim, dtype, scale) <
-           std::tie(o.cp, o.max_seqs, o.max_tokens, o.window_left, o.window_right, o.q_heads, o.kv_heads, o.head_dim,
-                    o.dtype, o.scale);
+    return std::tie(cp, max_seqs, max_tokens, window_left, window_right, q_heads, kv_heads, head_dim, v_head_dim,
+                    dtype, scale) < std::tie(o.cp, o.max_seqs, o.max_tokens, o.window_left, o.window_right, o.q_heads,
+                                             o.kv_heads, o.head_dim, o.v_head_dim, o.dtype, o.scale);
   }
 };
 
@@ -290,7 +309,8 @@ void communicator_destroy_op(int64_t handle) {
   }
 }
 
-CpPlanEntry& cp_plan(CommEntry& entry, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_seqlens,
+CpPlanEntry& cp_plan(CommEntry& entry, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& cu_seqlens,
                      const Mask& mask, double softmax_scale, cudaStream_t stream) {
   DeviceCommunicator& comm = *entry.comm;
   TORCH_CHECK_VALUE(q.get_device() == comm.device(), "thdcp: q is on cuda:", q.get_device(),
@@ -303,10 +323,11 @@ CpPlanEntry& cp_plan(CommEntry& entry, const at::Tensor& q, const at::Tensor& k,
   problem.q_heads = q.size(1);
   problem.kv_heads = k.size(1);
   problem.head_dim = q.size(2);
+  problem.v_head_dim = v.size(2);
   problem.dtype = to_dtype(q, "q");
-  const PlanKey key{problem.cp,      problem.capacity.max_seqs, problem.capacity.max_tokens, mask.window_left,
-                    mask.window_right, problem.q_heads,         problem.kv_heads,            problem.head_dim,
-                    static_cast<int>(problem.dtype), static_cast<float>(softmax_scale)};
+  const PlanKey key{problem.cp,        problem.capacity.max_seqs, problem.capacity.max_tokens, mask.window_left,
+                    mask.window_right, problem.q_heads,           problem.kv_heads,            problem.head_dim,
+                    problem.v_head_dim, static_cast<int>(problem.dtype), static_cast<float>(softmax_scale)};
   auto it = entry.plans.find(key);
   if (it != entry.plans.end()) return it->second;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -328,25 +349,27 @@ CpPlanEntry& cp_plan(CommEntry& entry, const at::Tensor& q, const at::Tensor& k,
 Outputs3 cp_attention_forward_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                    const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, int64_t handle,
                                    int64_t window_left, int64_t window_right, double softmax_scale,
-                                   bool return_max_logit) {
+                                   bool return_max_logit, const std::optional<at::Tensor>& sinks) {
   // Views (packed QKV, head-major K/V) pass as they are; only a broadcast is materialised.
   const at::Tensor q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in);
   return translate_errors("cp_attention", [&] {
     check_cuda_inputs(q, k, v, cu_seqlens, cu_seqlens_padded);
     const OnDevice on(q);
     CommEntry& entry = comm_entry(handle);
-    CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, on.stream);
-    Outputs3 outputs = forward_outputs(q, return_max_logit);
+    CpPlanEntry& made = cp_plan(entry, q, k, v, cu_seqlens, window_mask(window_left, window_right), softmax_scale, on.stream);
+    const float* sink_logits = sinks_data(sinks, q);
+    Outputs3 outputs = forward_outputs(q, v, return_max_logit);
     made.plan->forward(device_layout(cu_seqlens, cu_seqlens_padded, made.plan->problem().capacity),
-                       forward_tensors(q, k, v, outputs, return_max_logit), on.stream);
+                       forward_tensors(q, k, v, outputs, return_max_logit, sink_logits), on.stream);
     return outputs;
   });
 }
 
-Outputs3 cp_attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
+Outputs4 cp_attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor& q_in, const at::Tensor& k_in,
                                     const at::Tensor& v_in, const at::Tensor& out_in, const at::Tensor& lse,
                                     const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, int64_t handle,
-                                    int64_t window_left, int64_t window_right, double softmax_scale) {
+                                    int64_t window_left, int64_t window_right, double softmax_scale,
+                                    const std::optional<at::Tensor>& sinks) {
   const at::Tensor dout = thd_input(dout_in), q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in),
                    out = thd_input(out_in);
   return translate_errors("cp_attention backward", [&] {
@@ -354,11 +377,14 @@ Outputs3 cp_attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor&
     check_backward_inputs(dout, q, out, lse);
     const OnDevice on(q);
     CommEntry& entry = comm_entry(handle);
-    CpPlanEntry& made = cp_plan(entry, q, k, cu_seqlens, window_mask(window_left, window_right), softmax_scale, on.stream);
+    CpPlanEntry& made = cp_plan(entry, q, k, v, cu_seqlens, window_mask(window_left, window_right), softmax_scale, on.stream);
+    const float* sink_logits = sinks_data(sinks, q);
     Outputs3 grads = backward_outputs(q, k, v);
+    at::Tensor dsinks = dsinks_output(sinks, q);
     made.plan->backward(device_layout(cu_seqlens, cu_seqlens_padded, made.plan->problem().capacity),
-                        backward_tensors(dout, q, k, v, out, lse, grads), on.stream);
-    return grads;
+                        with_sinks(backward_tensors(dout, q, k, v, out, lse, grads), sink_logits, sinks, dsinks),
+                        on.stream);
+    return Outputs4{std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), dsinks};
   });
 }
 

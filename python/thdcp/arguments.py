@@ -108,3 +108,22 @@ def softmax_scale(op: str, value: Optional[float]) -> float:
         raise ValueError("thdcp.%s: softmax_scale=%r; pass a positive scale or None for 1/sqrt(head_dim)"
                          % (op, value))
     return scale
+
+
+def sinks(op: str, value, q: torch.Tensor, name: str = "sinks") -> torch.Tensor:
+    """Attention sinks as the operators take them: a float32 tensor of one logit per query head
+    ([Hq], q's heads) on q's device, made contiguous (autograd passes the gradient through).
+    Reads metadata only, so it traces and captures."""
+    if not isinstance(value, torch.Tensor):
+        raise ValueError("thdcp.%s: %s=%r is not a tensor: pass None or a torch.float32 tensor of one logit per "
+                         "query head" % (op, name, type(value).__name__))
+    if value.dtype != torch.float32:
+        raise ValueError("thdcp.%s: %s has dtype %s: pass a torch.float32 tensor (%s.float())"
+                         % (op, name, value.dtype, name))
+    heads = q.shape[1] if q.dim() == 3 else None
+    if value.dim() != 1 or (heads is not None and value.shape[0] != heads):
+        raise ValueError("thdcp.%s: %s has shape %s but q has %s query heads: pass one logit per query head, "
+                         "shape (%s,)" % (op, name, tuple(value.shape), heads, heads))
+    if value.device != q.device:
+        _device_error(op, name, value.device, "q", q.device)
+    return value.contiguous()

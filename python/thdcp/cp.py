@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from . import arguments
-from .ops import _attention_backward_tensors, _attention_tensors, _kernel_ready, _results
+from .ops import _attention_backward_tensors, _attention_tensors, _dsinks_fake, _kernel_ready, _results
 from .planning import _capacity_layout
 
 _ops = torch.ops.thdcp
@@ -93,13 +93,17 @@ def cp_attention(
     softmax_scale: Optional[float] = None,
     return_lse: bool = False,
     return_max_logit: bool = False,
+    sinks: Optional[torch.Tensor] = None,
 ):
     """Attention of this rank's rows under AllGather CP over `comm`, or over the communicator
     thdcp keeps for the torch.distributed `group` (Communicator.for_group) when comm is None.
     Every rank of the group calls it.
 
-    q: [T / cp, Hq, D], k, v: [T / cp, Hkv, D]: this rank's rows in dual-chunk order
-    (cp_split), bf16 or fp16 CUDA tensors of the communicator's device. cu_seqlens,
+    q, k: [T / cp, Hq, D_qk], [T / cp, Hkv, D_qk]; v: [T / cp, Hkv, D_v]: this rank's rows in
+    dual-chunk order (cp_split), bf16 or fp16 CUDA tensors of the communicator's device (the
+    CUDA kernels take D_v = D_qk for now). sinks: as thdcp.attention's, the same on every rank;
+    their gradient is summed over the ranks' rows (every rank gets the whole [Hq]); refused by
+    the CUDA backend until its kernels of issue 27 take them. cu_seqlens,
     cu_seqlens_padded: the global layout, int32 CUDA [B + 1], the same on every rank, every
     padded length a multiple of 2 * cp and the last entry T (cp_layout makes them). Returns
     this rank's out [T / cp, Hq, D] (and LSE [Hq, T / cp], the max logit per head reduced
@@ -109,45 +113,50 @@ def cp_attention(
     arguments.check_devices("cp_attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded))
     left, right = arguments.window("cp_attention", window)
     scale = arguments.softmax_scale("cp_attention", softmax_scale)
+    if sinks is not None:
+        sinks = arguments.sinks("cp_attention", sinks, q)
     if comm is None:
         comm = Communicator.for_group(group)
     out, lse, max_logit = _ops.cp_attention_forward(
-        q, k, v, cu_seqlens, cu_seqlens_padded, comm.handle, left, right, scale, bool(return_max_logit)
+        q, k, v, cu_seqlens, cu_seqlens_padded, comm.handle, left, right, scale, bool(return_max_logit), sinks
     )
     return _results(out, lse, max_logit, return_lse, return_max_logit)
 
 
 @torch.library.register_fake("thdcp::cp_attention_forward")
 def _cp_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right, softmax_scale,
-                     return_max_logit):
-    arguments.check_devices("cp_attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded))
-    rows, heads, head_dim = q.shape
-    return (q.new_empty((rows, heads, head_dim)), q.new_empty((heads, rows), dtype=torch.float32),
+                     return_max_logit, sinks=None):
+    arguments.check_devices("cp_attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded)
+                            + (("sinks", sinks),))
+    rows, heads, _ = q.shape
+    return (q.new_empty((rows, heads, v.shape[-1])), q.new_empty((heads, rows), dtype=torch.float32),
             q.new_empty((heads if return_max_logit else 0,), dtype=torch.float32))
 
 
 @torch.library.register_fake("thdcp::cp_attention_backward")
 def _cp_backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right,
-                      softmax_scale):
+                      softmax_scale, sinks=None):
     arguments.check_devices("cp_attention backward",
-                            _attention_backward_tensors(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded))
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+                            _attention_backward_tensors(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded)
+                            + (("sinks", sinks),))
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            _dsinks_fake(q, sinks))
 
 
 def _cp_setup(ctx, inputs, output):
-    q, k, v, cu_seqlens, cu_seqlens_padded, comm, left, right, scale, _ = inputs
+    q, k, v, cu_seqlens, cu_seqlens_padded, comm, left, right, scale, _, *rest = inputs
     out, lse, max_logit = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, cu_seqlens_padded)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, rest[0] if rest else None)
     ctx.args = (comm, left, right, scale)
     ctx.mark_non_differentiable(lse, max_logit)
 
 
 def _cp_backward(ctx, dout, dlse, dmax_logit):
-    q, k, v, out, lse, cu_seqlens, cu_seqlens_padded = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, sinks = ctx.saved_tensors
     comm, left, right, scale = ctx.args
-    dq, dk, dv = _ops.cp_attention_backward(_kernel_ready(dout), q, k, v, out, lse, cu_seqlens, cu_seqlens_padded,
-                                            comm, left, right, scale)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    dq, dk, dv, dsinks = _ops.cp_attention_backward(_kernel_ready(dout), q, k, v, out, lse, cu_seqlens,
+                                                    cu_seqlens_padded, comm, left, right, scale, sinks)
+    return dq, dk, dv, None, None, None, None, None, None, None, dsinks if sinks is not None else None
 
 
 torch.library.register_autograd("thdcp::cp_attention_forward", _cp_backward, setup_context=_cp_setup)

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import call_shapes
+from . import arguments, call_shapes
 from .ops import attention
 
 _OP = "flash_attn_varlen_func"
@@ -41,6 +41,7 @@ def flash_attn_varlen_func(
     num_splits: int = 1,
     pack_gqa: Optional[bool] = None,
     sm_margin: int = 0,
+    learnable_sink: Optional[torch.Tensor] = None,
 ):
     """flash_attn.flash_attn_varlen_func's signature and conventions, computed by
     thdcp.attention (the same bits as thdcp.attention with the translated arguments).
@@ -54,7 +55,8 @@ def flash_attn_varlen_func(
     backward always is). FlashAttention 3's seqused_q / seqused_k (valid rows of each sequence,
     cu_seqlens giving where it sits) are thdcp's cu_seqlens / cu_seqlens_padded: pass both, the
     same; rows past them get 0. num_splits, pack_gqa and sm_margin tune FlashAttention 3's
-    scheduling and are ignored.
+    scheduling and are ignored. learnable_sink (FlashAttention 4's name for attention sinks):
+    None or a float32 tensor [Hq] on q's device, thdcp.attention's sinks (differentiable).
     Returns out [T, Hq, D]; with return_attn_probs, (out, softmax_lse, None) as flash_attn 2
     returns them without dropout: softmax_lse float32 [Hq, T], no probabilities.
     Refused (ValueError): dropout_p > 0, softcap != 0, alibi_slopes, block_table, qv,
@@ -67,8 +69,9 @@ def flash_attn_varlen_func(
     call_shapes.max_seqlens(_OP, (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)))
     window = call_shapes.flash_window(_OP, bool(causal), window_size)
     cu_seqlens, cu_seqlens_padded = _layout(cu_seqlens, seqused_q, seqused_k)
+    sinks = None if learnable_sink is None else arguments.sinks(_OP, learnable_sink, q, "learnable_sink")
     result = attention(q, k, v, cu_seqlens, cu_seqlens_padded, window=window, softmax_scale=softmax_scale,
-                       return_lse=bool(return_attn_probs))
+                       return_lse=bool(return_attn_probs), sinks=sinks)
     if return_attn_probs:
         out, lse = result
         return out, lse, None

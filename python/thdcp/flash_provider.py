@@ -144,8 +144,10 @@ def _backward(original, keyset, grad_out, query, key, value, out, logsumexp, cum
                           dict(scale=scale, window_size_left=window_size_left, window_size_right=window_size_right))
     left, right = _window(is_causal, window_size_left, window_size_right)
     # The autograd formula of thdcp.attention, on the forward's saved tensors.
-    return torch.ops.thdcp.attention_backward(_kernel_ready(grad_out), query, key, value, out, logsumexp, cum_seq_q,
-                                              cum_seq_q, left, right, arguments.softmax_scale(_OP, scale), True)
+    dq, dk, dv, _ = torch.ops.thdcp.attention_backward(_kernel_ready(grad_out), query, key, value, out, logsumexp,
+                                                      cum_seq_q, cum_seq_q, left, right,
+                                                      arguments.softmax_scale(_OP, scale), True)
+    return dq, dk, dv
 
 
 def register() -> bool:

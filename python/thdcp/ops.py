@@ -50,11 +50,14 @@ def attention(
     softmax_scale: Optional[float] = None,
     return_lse: bool = False,
     return_max_logit: bool = False,
+    sinks: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
     """Attention over packed sequences (FlashAttention's varlen semantics on absolute positions).
 
-    q: [T, Hq, D]; k, v: [T, Hkv, D] (Hq a multiple of Hkv: GQA/MQA), bf16 or fp16 on CUDA
-    (D 64 or 128), or float32/bf16/fp16 on the CPU. Any view whose last dimension is
+    q, k: [T, Hq, D_qk], [T, Hkv, D_qk]; v: [T, Hkv, D_v] (Hq a multiple of Hkv: GQA/MQA;
+    D_v = v.shape[-1], which may differ from D_qk: MLA's 192/128 on the CPU), bf16 or fp16 on
+    CUDA (D_qk = D_v, 64 or 128), or float32/bf16/fp16 on the CPU (D_qk and D_v multiples of
+    8 up to 256). Any view whose last dimension is
     contiguous is taken as it is, with no copy, on both backends: views of one packed QKV
     buffer [T, Hq + 2 Hkv, D], padded heads, and head-major views x.transpose(0, 1) of
     [H, T, D] memory (K/V as transformers' cache holds them). On CUDA the data pointer and the
@@ -65,17 +68,24 @@ def attention(
     zero-length sequences (placeholders) are allowed; padding rows get 0 and an LSE of -inf.
     window: (left, right) keys visible around each query, -1 unbounded: (-1, 0) causal,
     (-1, -1) full, (L, 0) causal sliding window.
-    Returns out [T, Hq, D], and with return_lse the float32 LSE [Hq, T], with
-    return_max_logit the float32 max score per head [Hq]. LSE and max_logit are not
-    differentiable.
+    sinks: None, or attention sinks (gpt-oss): a float32 tensor [Hq] on q's device, one
+    learnable logit per query head that joins each row's softmax denominator and adds no
+    value (unscaled: softmax_scale does not apply to it). Differentiable: the backward gives
+    d(sinks), float32 [Hq], summed over every query row in a fixed order. The CPU backend
+    takes them; the CUDA backend raises until its kernels have them.
+    Returns out [T, Hq, D_v], and with return_lse the float32 LSE [Hq, T] (the sink included),
+    with return_max_logit the float32 max score per head [Hq] (over q.k, the sink excluded).
+    LSE and max_logit are not differentiable.
     """
     arguments.check_devices("attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded))
     if cu_seqlens_padded is None:
         cu_seqlens_padded = cu_seqlens
     left, right = arguments.window("attention", window)
+    if sinks is not None:
+        sinks = arguments.sinks("attention", sinks, q)
     out, lse, max_logit = _ops.attention_forward(
         q, k, v, cu_seqlens, cu_seqlens_padded, left, right, arguments.softmax_scale("attention", softmax_scale),
-        bool(return_max_logit)
+        bool(return_max_logit), sinks
     )
     return _results(out, lse, max_logit, return_lse, return_max_logit)
 
@@ -94,10 +104,11 @@ def _attention_backward_tensors(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_
 # their empty outputs would pass for results: they refuse every mix of devices first.
 @torch.library.register_fake("thdcp::attention_forward")
 def _attention_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, window_left, window_right, softmax_scale,
-                            return_max_logit):
-    arguments.check_devices("attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded))
-    tokens, heads, head_dim = q.shape
-    out = q.new_empty((tokens, heads, head_dim))
+                            return_max_logit, sinks=None):
+    arguments.check_devices("attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded)
+                            + (("sinks", sinks),))
+    tokens, heads, _ = q.shape
+    out = q.new_empty((tokens, heads, v.shape[-1]))  # D_v
     lse = q.new_empty((heads, tokens), dtype=torch.float32)
     max_logit = q.new_empty((heads if return_max_logit else 0,), dtype=torch.float32)
     return out, lse, max_logit
@@ -105,28 +116,35 @@ def _attention_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, window_left,
 
 @torch.library.register_fake("thdcp::attention_backward")
 def _attention_backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, window_left, window_right,
-                             softmax_scale, deterministic):
+                             softmax_scale, deterministic, sinks=None):
     arguments.check_devices("attention backward",
-                            _attention_backward_tensors(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded))
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+                            _attention_backward_tensors(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded)
+                            + (("sinks", sinks),))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), _dsinks_fake(q, sinks)
+
+
+def _dsinks_fake(q, sinks):
+    """The backward's d(sinks): float32 [Hq] with sinks, else [0] (the operators return a tensor either way)."""
+    return q.new_empty((q.shape[1] if sinks is not None else 0,), dtype=torch.float32)
 
 
 def _attention_setup(ctx, inputs, output):
-    q, k, v, cu_seqlens, cu_seqlens_padded, left, right, scale, _ = inputs
+    q, k, v, cu_seqlens, cu_seqlens_padded, left, right, scale, _, *rest = inputs
+    sinks = rest[0] if rest else None
     out, lse, max_logit = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, cu_seqlens_padded)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, sinks)
     ctx.window = (left, right)
     ctx.scale = scale
     ctx.mark_non_differentiable(lse, max_logit)
 
 
 def _attention_backward(ctx, dout, dlse, dmax_logit):
-    q, k, v, out, lse, cu_seqlens, cu_seqlens_padded = ctx.saved_tensors
-    dq, dk, dv = _ops.attention_backward(
+    q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = _ops.attention_backward(
         _kernel_ready(dout), q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, ctx.window[0], ctx.window[1],
-        ctx.scale, True
+        ctx.scale, True, sinks
     )
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, dsinks if sinks is not None else None
 
 
 torch.library.register_autograd("thdcp::attention_forward", _attention_backward, setup_context=_attention_setup)

@@ -51,12 +51,14 @@ AttentionConfig config_of(const thdcp_attention_params* given) {
                      "params->max_tokens=" << p.max_tokens << " must be in [0, 2^31): the rows of the tensors");
   THDCP_CAPI_REQUIRE(p.max_seqs >= 1, "params->max_seqs=" << p.max_seqs
                                                           << " must be >= 1: the most sequences a layout may have");
-  check_heads(p.q_heads, p.kv_heads, p.head_dim, cuda);
+  check_heads(p.q_heads, p.kv_heads, p.head_dim, cuda, p.v_head_dim);
   check_plan_elements(p.max_tokens, p.q_heads, p.head_dim, "params");
+  check_plan_elements(p.max_tokens, p.q_heads, p.v_head_dim, "params", "v_head_dim");
   problem.capacity = Capacity{p.max_seqs, p.max_tokens};
   problem.q_heads = p.q_heads;
   problem.kv_heads = p.kv_heads;
   problem.head_dim = p.head_dim;
+  problem.v_head_dim = p.v_head_dim;
   problem.mask = mask_of(p.window_left, p.window_right, "params");
   problem.dq_dtype = gradient_dtype(raw_enum(p.dq_dtype), problem.dtype, "params->dq_dtype");
   problem.dkv_dtype = gradient_dtype(raw_enum(p.dkv_dtype), problem.dtype, "params->dkv_dtype");
@@ -80,15 +82,18 @@ struct AttentionPlan {
 
 namespace {
 
-// The tensors of a call, named as the C ABI names them: [max_tokens, heads, head_dim] each,
-// in the plan's dtypes (the CUDA backend checks the rest: strides, alignment, devices).
-ThdShape q_side(const AttentionConfig& c) {
+// The tensors of a call, named as the C ABI names them: [max_tokens, heads, head_dim] each
+// (v_head_dim for v, out, dout, dv), in the plan's dtypes (the CUDA backend checks the rest:
+// strides, alignment, devices).
+ThdShape q_side(const AttentionConfig& c, bool values = false) {
   const auto& p = c.problem;
-  return ThdShape{p.capacity.max_tokens, "max_tokens", p.q_heads, "q_heads", p.head_dim};
+  return values ? ThdShape{p.capacity.max_tokens, "max_tokens", p.q_heads, "q_heads", p.value_head_dim(), "v_head_dim"}
+                : ThdShape{p.capacity.max_tokens, "max_tokens", p.q_heads, "q_heads", p.head_dim};
 }
-ThdShape kv_side(const AttentionConfig& c) {
+ThdShape kv_side(const AttentionConfig& c, bool values = false) {
   const auto& p = c.problem;
-  return ThdShape{p.capacity.max_tokens, "max_tokens", p.kv_heads, "kv_heads", p.head_dim};
+  return values ? ThdShape{p.capacity.max_tokens, "max_tokens", p.kv_heads, "kv_heads", p.value_head_dim(), "v_head_dim"}
+                : ThdShape{p.capacity.max_tokens, "max_tokens", p.kv_heads, "kv_heads", p.head_dim};
 }
 
 // The shape and dtype of each tensor, named as the C ABI names them.
@@ -96,7 +101,7 @@ void check_forward(const AttentionConfig& c, const ForwardTensors& t) {
   const DType dtype = c.problem.dtype;
   for (const auto& [name, tensor, shape] :
        {std::make_tuple("q", t.q, q_side(c)), std::make_tuple("k", t.k, kv_side(c)),
-        std::make_tuple("v", t.v, kv_side(c)), std::make_tuple("out", ConstThdTensor(t.out), q_side(c))}) {
+        std::make_tuple("v", t.v, kv_side(c, true)), std::make_tuple("out", ConstThdTensor(t.out), q_side(c, true))}) {
     check_thd_shape(name, tensor, shape);
     check_thd_dtype(name, tensor.dtype, dtype);
   }
@@ -106,11 +111,11 @@ void check_backward(const AttentionConfig& c, const BackwardTensors& t) {
   const auto& p = c.problem;
   for (const auto& [name, tensor, shape, dtype] :
        {std::make_tuple("q", t.q, q_side(c), p.dtype), std::make_tuple("k", t.k, kv_side(c), p.dtype),
-        std::make_tuple("v", t.v, kv_side(c), p.dtype), std::make_tuple("out", t.out, q_side(c), p.dtype),
-        std::make_tuple("dout", t.dout, q_side(c), p.dtype),
+        std::make_tuple("v", t.v, kv_side(c, true), p.dtype), std::make_tuple("out", t.out, q_side(c, true), p.dtype),
+        std::make_tuple("dout", t.dout, q_side(c, true), p.dtype),
         std::make_tuple("dq", ConstThdTensor(t.dq), q_side(c), p.dq_dtype),
         std::make_tuple("dk", ConstThdTensor(t.dk), kv_side(c), p.dkv_dtype),
-        std::make_tuple("dv", ConstThdTensor(t.dv), kv_side(c), p.dkv_dtype)}) {
+        std::make_tuple("dv", ConstThdTensor(t.dv), kv_side(c, true), p.dkv_dtype)}) {
     check_thd_shape(name, tensor, shape);
     check_thd_dtype(name, tensor.dtype, dtype);
   }
@@ -152,18 +157,18 @@ bool capturing(thdcp_stream_t stream) {
 
 void forward(thdcp_attention_plan_t handle, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
              const thdcp_tensor_t* k, const thdcp_tensor_t* v, const thdcp_tensor_t* out, float* lse,
-             float* max_logit, thdcp_stream_t stream) {
+             float* max_logit, const thdcp_attention_extras* extras, thdcp_stream_t stream) {
   const std::shared_ptr<AttentionPlan> plan = lookup<AttentionPlan>(handle, "plan");
   const AttentionConfig& c = plan->config;
   const LayoutView batch = run_layout(c, layout);
-  const ForwardTensors t = forward_tensors(q, k, v, out, lse, max_logit);
+  ForwardTensors t = forward_tensors(q, k, v, out, lse, max_logit);
+  t.sinks = extras_of(extras, c.problem.q_heads, /*backward=*/false).sinks;
   check_forward(c, t);
   THDCP_CAPI_REQUIRE(lse != nullptr || c.problem.q_heads * c.problem.capacity.max_tokens == 0,
                      "lse is NULL: pass q_heads * max_tokens = " << c.problem.q_heads * c.problem.capacity.max_tokens
                                                                  << " floats");
   if (c.backend == THDCP_BACKEND_CPU) {
-    cpu::attention_forward(build_segment_table(batch, c.problem.mask), t.q, t.k, t.v, t.out, lse, max_logit,
-                           c.options);
+    cpu::attention_forward(build_segment_table(batch, c.problem.mask), t, c.options);
     return;
   }
 #if defined(THDCP_HAVE_CUDA)
@@ -178,19 +183,21 @@ void forward(thdcp_attention_plan_t handle, const thdcp_layout_t* layout, const 
 void backward(thdcp_attention_plan_t handle, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
               const thdcp_tensor_t* k, const thdcp_tensor_t* v, const thdcp_tensor_t* out, const thdcp_tensor_t* dout,
               const float* lse, const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv,
-              thdcp_stream_t stream) {
+              const thdcp_attention_extras* extras, thdcp_stream_t stream) {
   const std::shared_ptr<AttentionPlan> plan = lookup<AttentionPlan>(handle, "plan");
   const AttentionConfig& c = plan->config;
   const LayoutView batch = run_layout(c, layout);
   const auto& p = c.problem;
-  const BackwardTensors t = backward_tensors(q, k, v, out, dout, lse, dq, dk, dv);
+  BackwardTensors t = backward_tensors(q, k, v, out, dout, lse, dq, dk, dv);
+  const thdcp_attention_extras e = extras_of(extras, c.problem.q_heads, /*backward=*/true);
+  t.sinks = e.sinks;
+  t.dsinks = e.dsinks;
   check_backward(c, t);
   THDCP_CAPI_REQUIRE(lse != nullptr || p.q_heads * p.capacity.max_tokens == 0,
                      "lse is NULL: pass the forward's q_heads * max_tokens = " << p.q_heads * p.capacity.max_tokens
                                                                                << " floats");
   if (c.backend == THDCP_BACKEND_CPU) {
-    cpu::attention_backward(build_segment_table(batch, p.mask), t.q, t.k, t.v, t.out, t.dout, lse, t.dq, t.dk, t.dv,
-                            c.options);
+    cpu::attention_backward(build_segment_table(batch, p.mask), t, c.options);
     return;
   }
 #if defined(THDCP_HAVE_CUDA)
@@ -256,7 +263,15 @@ thdcp_status_t thdcp_attention_forward(thdcp_attention_plan_t plan, const thdcp_
                                        const thdcp_tensor_t* out, float* lse, float* max_logit,
                                        thdcp_stream_t stream) {
   return thdcp::capi::guarded(
-      __func__, [&] { thdcp::capi::forward(plan, layout, q, k, v, out, lse, max_logit, stream); });
+      __func__, [&] { thdcp::capi::forward(plan, layout, q, k, v, out, lse, max_logit, nullptr, stream); });
+}
+
+thdcp_status_t thdcp_attention_forward_ex(thdcp_attention_plan_t plan, const thdcp_layout_t* layout,
+                                          const thdcp_tensor_t* q, const thdcp_tensor_t* k, const thdcp_tensor_t* v,
+                                          const thdcp_tensor_t* out, float* lse, float* max_logit,
+                                          const thdcp_attention_extras* extras, thdcp_stream_t stream) {
+  return thdcp::capi::guarded(
+      __func__, [&] { thdcp::capi::forward(plan, layout, q, k, v, out, lse, max_logit, extras, stream); });
 }
 
 thdcp_status_t thdcp_attention_backward(thdcp_attention_plan_t plan, const thdcp_layout_t* layout,
@@ -265,7 +280,18 @@ thdcp_status_t thdcp_attention_backward(thdcp_attention_plan_t plan, const thdcp
                                         const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv,
                                         thdcp_stream_t stream) {
   return thdcp::capi::guarded(__func__, [&] {
-    thdcp::capi::backward(plan, layout, q, k, v, out, dout, lse, dq, dk, dv, stream);
+    thdcp::capi::backward(plan, layout, q, k, v, out, dout, lse, dq, dk, dv, nullptr, stream);
+  });
+}
+
+thdcp_status_t thdcp_attention_backward_ex(thdcp_attention_plan_t plan, const thdcp_layout_t* layout,
+                                           const thdcp_tensor_t* q, const thdcp_tensor_t* k, const thdcp_tensor_t* v,
+                                           const thdcp_tensor_t* out, const thdcp_tensor_t* dout, const float* lse,
+                                           const thdcp_tensor_t* dq, const thdcp_tensor_t* dk,
+                                           const thdcp_tensor_t* dv, const thdcp_attention_extras* extras,
+                                           thdcp_stream_t stream) {
+  return thdcp::capi::guarded(__func__, [&] {
+    thdcp::capi::backward(plan, layout, q, k, v, out, dout, lse, dq, dk, dv, extras, stream);
   });
 }
 

@@ -19,6 +19,10 @@ static_assert(offsetof(thdcp_cp_params, num_threads) == THDCP_CP_PARAMS_MIN_SIZE
 static_assert(offsetof(thdcp_capacity_plan_params, max_memory) == THDCP_CAPACITY_PLAN_PARAMS_MIN_SIZE);
 static_assert(sizeof(thdcp_capacity_plan_result) == THDCP_CAPACITY_PLAN_RESULT_MIN_SIZE);
 static_assert(sizeof(thdcp_graph_bank_params) == THDCP_GRAPH_BANK_PARAMS_MIN_SIZE);
+static_assert(sizeof(thdcp_attention_extras) == THDCP_ATTENTION_EXTRAS_MIN_SIZE);
+// The second version of thdcp_attention_params (v_head_dim) starts on the first one's 8-byte end.
+static_assert(offsetof(thdcp_attention_params, v_head_dim) == 80 && sizeof(thdcp_attention_params) == 88);
+static_assert(offsetof(thdcp_cp_params, v_head_dim) == 88 && sizeof(thdcp_cp_params) == 96);
 static_assert(sizeof(thdcp_attention_params) % 8 == 0 && sizeof(thdcp_cp_params) % 8 == 0 &&
               sizeof(thdcp_capacity_plan_params) % 8 == 0 && sizeof(thdcp_static_batch_info) % 8 == 0);
 
@@ -46,14 +50,15 @@ void check_num_threads(int32_t num_threads, const char* params) {
                             << THDCP_MAX_THREADS << "] (0: every hardware thread)");
 }
 
-void check_plan_elements(int64_t max_tokens, int64_t q_heads, int64_t head_dim, const char* params) {
+void check_plan_elements(int64_t max_tokens, int64_t q_heads, int64_t head_dim, const char* params,
+                         const char* head_dim_name) {
   int64_t rows_heads = 0, elements = 0;
   const bool fits = multiply(max_tokens, q_heads, &rows_heads) && multiply(rows_heads, head_dim, &elements) &&
                     elements < kMaxPlanElements;
-  THDCP_CAPI_REQUIRE(fits, params << "->max_tokens=" << max_tokens << " * q_heads=" << q_heads
-                                  << " * head_dim=" << head_dim
-                                  << " elements of q are 2^53 or more (or overflow 64 bits): no plan's tensors are "
-                                     "that large; lower max_tokens or q_heads");
+  THDCP_CAPI_REQUIRE(fits, params << "->max_tokens=" << max_tokens << " * q_heads=" << q_heads << " * "
+                                  << head_dim_name << "=" << head_dim
+                                  << " elements of a tensor are 2^53 or more (or overflow 64 bits): no plan's tensors "
+                                     "are that large; lower max_tokens or q_heads");
 }
 
 int64_t checked_padded_rows(const std::vector<int64_t>& lengths, int cp, const char* argument) {
@@ -170,6 +175,31 @@ BackwardTensors backward_tensors(const thdcp_tensor_t* q, const thdcp_tensor_t* 
                          view(dq, "dq"),           view(dk, "dk"),           view(dv, "dv")};
 }
 
+thdcp_attention_extras extras_of(const thdcp_attention_extras* given, int64_t q_heads, bool backward) {
+  const thdcp_attention_extras none = THDCP_ATTENTION_EXTRAS_INIT;
+  if (given == nullptr) return none;
+  const thdcp_attention_extras e = read_params(given, THDCP_ATTENTION_EXTRAS_MIN_SIZE, none, "extras",
+                                               "thdcp_attention_extras", "THDCP_ATTENTION_EXTRAS_INIT");
+  THDCP_CAPI_REQUIRE(backward || e.dsinks == nullptr,
+                     "extras->dsinks=" << static_cast<const void*>(e.dsinks)
+                                       << " is set in a forward: it receives the backward's gradient of the sinks; "
+                                          "pass NULL here and dsinks to the backward");
+  THDCP_CAPI_REQUIRE(e.dsinks == nullptr || e.sinks != nullptr,
+                     "extras->dsinks=" << static_cast<const void*>(e.dsinks)
+                                       << " is set but extras->sinks is NULL: pass the forward's sinks to get their "
+                                          "gradient, or dsinks=NULL");
+  if (e.dsinks != nullptr) {
+    // Addresses compared as integers: the two arrays need not be parts of one object.
+    const auto sinks = reinterpret_cast<uintptr_t>(e.sinks), dsinks = reinterpret_cast<uintptr_t>(e.dsinks);
+    const auto bytes = static_cast<uintptr_t>(q_heads) * sizeof(float);
+    THDCP_CAPI_REQUIRE(dsinks + bytes <= sinks || sinks + bytes <= dsinks,
+                       "extras->dsinks=" << static_cast<const void*>(e.dsinks) << " overlaps extras->sinks="
+                                         << static_cast<const void*>(e.sinks) << " (q_heads=" << q_heads
+                                         << " floats each): pass separate arrays");
+  }
+  return e;
+}
+
 LayoutView layout_view(const thdcp_layout_t* layout, const char* argument) {
   THDCP_CAPI_REQUIRE(layout != nullptr,
                      argument << " is NULL: pass a thdcp_layout_t with cu_seqlens, cu_seqlens_padded and num_seqs");
@@ -182,11 +212,12 @@ LayoutView layout_view(const thdcp_layout_t* layout, const char* argument) {
   return LayoutView{layout->cu_seqlens, layout->cu_seqlens_padded, layout->num_seqs};
 }
 
-void check_heads(int64_t q_heads, int64_t kv_heads, int64_t head_dim, bool cuda_backend) {
+void check_heads(int64_t q_heads, int64_t kv_heads, int64_t head_dim, bool cuda_backend, int64_t v_head_dim) {
   HeadShape heads;
   heads.q_heads = q_heads;
   heads.kv_heads = kv_heads;
   heads.head_dim = head_dim;
+  heads.v_head_dim = v_head_dim;
   check_head_shape(heads, "params->");
   if (cuda_backend) {
 #if defined(THDCP_HAVE_CUDA)
@@ -195,11 +226,15 @@ void check_heads(int64_t q_heads, int64_t kv_heads, int64_t head_dim, bool cuda_
                                            << " is not supported by the CUDA backend: use 64 or 128 (the CPU "
                                               "backend takes any multiple of 8 in [8, 256])");
 #endif
-    return;
+    return;  // the CUDA plan checks the pair (head_dim, v_head_dim) it has kernels for
   }
   THDCP_CAPI_REQUIRE(cpu_supports_head_dim(head_dim),
                      "params->head_dim=" << head_dim
                                          << " is not supported by the CPU backend: use a multiple of 8 in [8, 256]");
+  THDCP_CAPI_REQUIRE(v_head_dim == 0 || cpu_supports_head_dim(v_head_dim),
+                     "params->v_head_dim=" << v_head_dim
+                                           << " is not supported by the CPU backend: use 0 (v_head_dim = head_dim) "
+                                              "or a multiple of 8 in [8, 256]");
 }
 
 Mask mask_of(int32_t window_left, int32_t window_right, const char* params) {

@@ -44,7 +44,8 @@ void check_num_threads(int32_t num_threads, const char* params);
 // below this bound every size the plan computes from its shape (fp32 copies, lse, the
 // workspace's sums of them) fits 64 bits. `params` names the struct in the message.
 constexpr int64_t kMaxPlanElements = int64_t{1} << 53;
-void check_plan_elements(int64_t max_tokens, int64_t q_heads, int64_t head_dim, const char* params);
+void check_plan_elements(int64_t max_tokens, int64_t q_heads, int64_t head_dim, const char* params,
+                         const char* head_dim_name = "head_dim");
 
 // The rows of documents of `lengths` each padded to a multiple of 2*cp: cp >= 1, every
 // length + 2*cp and the sum (every partial sum and padded length with it) fit int64, else
@@ -80,6 +81,11 @@ BackwardTensors backward_tensors(const thdcp_tensor_t* q, const thdcp_tensor_t* 
                                  const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv);
 
 
+// The optional tensors of a run (NULL: none, all fields NULL), read as a versioned struct and
+// checked: dsinks only in a backward and only with sinks, the two arrays of q_heads floats
+// apart. Where they point is the backend's to check (host or device memory).
+thdcp_attention_extras extras_of(const thdcp_attention_extras* extras, int64_t q_heads, bool backward);
+
 // The layout as a view: not NULL, both arrays given, num_seqs >= 1. Its values are checked
 // by the callers (validate_layout on the host; the device's are the caller's contract).
 LayoutView layout_view(const thdcp_layout_t* layout, const char* argument);
@@ -87,9 +93,10 @@ LayoutView layout_view(const thdcp_layout_t* layout, const char* argument);
 // The mask of two window fields (each >= -1).
 Mask mask_of(int32_t window_left, int32_t window_right, const char* params);
 
-// params->q_heads, kv_heads and head_dim of a plan: GQA/MQA counts, and a head dim the backend
-// (CUDA when `cuda`, else the CPU) supports.
-void check_heads(int64_t q_heads, int64_t kv_heads, int64_t head_dim, bool cuda_backend);
+// params->q_heads, kv_heads, head_dim and v_head_dim (0: head_dim) of a plan: GQA/MQA counts,
+// and head dims the backend supports (the CPU: each a multiple of 8 in [8, 256]; CUDA: the
+// head dim here, the pair when its plan is made).
+void check_heads(int64_t q_heads, int64_t kv_heads, int64_t head_dim, bool cuda_backend, int64_t v_head_dim = 0);
 
 // A host array of `count` document lengths (count >= 0; NULL only when count is 0).
 std::vector<int64_t> lengths_of(const int64_t* lengths, int64_t count, const char* argument);

@@ -50,14 +50,16 @@ CpConfig config_of(const thdcp_cp_params* given) {
                          p.max_tokens % (2 * static_cast<int64_t>(p.cp_size)) == 0,
                      "params->max_tokens=" << p.max_tokens << " must be a multiple of 2*cp_size=" << 2 * static_cast<int64_t>(p.cp_size)
                                            << " in [0, 2^31): the global rows of the layouts");
-  check_heads(p.q_heads, p.kv_heads, p.head_dim, backend == THDCP_BACKEND_CUDA);
+  check_heads(p.q_heads, p.kv_heads, p.head_dim, backend == THDCP_BACKEND_CUDA, p.v_head_dim);
   check_plan_elements(p.max_tokens, p.q_heads, p.head_dim, "params");
+  check_plan_elements(p.max_tokens, p.q_heads, p.v_head_dim, "params", "v_head_dim");
   problem.cp = p.cp_size;
   problem.capacity = Capacity{p.max_seqs, p.max_tokens};
   problem.mask = mask_of(p.window_left, p.window_right, "params");
   problem.q_heads = p.q_heads;
   problem.kv_heads = p.kv_heads;
   problem.head_dim = p.head_dim;
+  problem.v_head_dim = p.v_head_dim;
   check_softmax_scale(p.softmax_scale, "params");
   c.softmax_scale = p.softmax_scale;
   c.deterministic = p.deterministic != 0;
@@ -160,10 +162,12 @@ LayoutView step_layout(const CpConfig& c, const thdcp_layout_t* layout) {
 }
 
 void forward(CpPlan& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q, const thdcp_tensor_t* k,
-             const thdcp_tensor_t* v, const thdcp_tensor_t* out, float* lse, float* max_logit, thdcp_stream_t stream) {
+             const thdcp_tensor_t* v, const thdcp_tensor_t* out, float* lse, float* max_logit,
+             const thdcp_attention_extras* extras, thdcp_stream_t stream) {
   const LayoutView batch = step_layout(plan.config, layout);
-  const ForwardTensors t = forward_tensors(q, k, v, out, lse, max_logit);
+  ForwardTensors t = forward_tensors(q, k, v, out, lse, max_logit);
   const cp::Problem& p = plan.config.problem;
+  t.sinks = extras_of(extras, p.q_heads, /*backward=*/false).sinks;
   // Shapes and dtypes: the plan's own checks (thdcp::check_thd_shape), the same on both backends.
   THDCP_CAPI_REQUIRE(lse != nullptr || p.q_heads * p.local_rows() == 0,
                      "lse is NULL: pass q_heads * max_tokens / cp = " << p.q_heads * p.local_rows() << " floats");
@@ -180,10 +184,14 @@ void forward(CpPlan& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q
 
 void backward(CpPlan& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q, const thdcp_tensor_t* k,
               const thdcp_tensor_t* v, const thdcp_tensor_t* out, const thdcp_tensor_t* dout, const float* lse,
-              const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv, thdcp_stream_t stream) {
+              const thdcp_tensor_t* dq, const thdcp_tensor_t* dk, const thdcp_tensor_t* dv,
+              const thdcp_attention_extras* extras, thdcp_stream_t stream) {
   const LayoutView batch = step_layout(plan.config, layout);
-  const BackwardTensors t = backward_tensors(q, k, v, out, dout, lse, dq, dk, dv);
+  BackwardTensors t = backward_tensors(q, k, v, out, dout, lse, dq, dk, dv);
   const cp::Problem& p = plan.config.problem;
+  const thdcp_attention_extras e = extras_of(extras, p.q_heads, /*backward=*/true);
+  t.sinks = e.sinks;
+  t.dsinks = e.dsinks;
   THDCP_CAPI_REQUIRE(lse != nullptr || p.q_heads * p.local_rows() == 0,
                      "lse is NULL: pass the forward's q_heads * max_tokens / cp = " << p.q_heads * p.local_rows()
                                                                                     << " floats");
@@ -234,7 +242,17 @@ thdcp_status_t thdcp_cp_forward(thdcp_cp_plan_t plan, const thdcp_layout_t* layo
                                 float* lse, float* max_logit, thdcp_stream_t stream) {
   return thdcp::capi::guarded_collective(__func__, [&](std::shared_ptr<thdcp::capi::Comm>& group) {
     const auto live = thdcp::capi::collective_plan(plan, group);
-    thdcp::capi::forward(*live, layout, q, k, v, out, lse, max_logit, stream);
+    thdcp::capi::forward(*live, layout, q, k, v, out, lse, max_logit, nullptr, stream);
+  });
+}
+
+thdcp_status_t thdcp_cp_forward_ex(thdcp_cp_plan_t plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
+                                   const thdcp_tensor_t* k, const thdcp_tensor_t* v, const thdcp_tensor_t* out,
+                                   float* lse, float* max_logit, const thdcp_attention_extras* extras,
+                                   thdcp_stream_t stream) {
+  return thdcp::capi::guarded_collective(__func__, [&](std::shared_ptr<thdcp::capi::Comm>& group) {
+    const auto live = thdcp::capi::collective_plan(plan, group);
+    thdcp::capi::forward(*live, layout, q, k, v, out, lse, max_logit, extras, stream);
   });
 }
 
@@ -244,7 +262,18 @@ thdcp_status_t thdcp_cp_backward(thdcp_cp_plan_t plan, const thdcp_layout_t* lay
                                  const thdcp_tensor_t* dk, const thdcp_tensor_t* dv, thdcp_stream_t stream) {
   return thdcp::capi::guarded_collective(__func__, [&](std::shared_ptr<thdcp::capi::Comm>& group) {
     const auto live = thdcp::capi::collective_plan(plan, group);
-    thdcp::capi::backward(*live, layout, q, k, v, out, dout, lse, dq, dk, dv, stream);
+    thdcp::capi::backward(*live, layout, q, k, v, out, dout, lse, dq, dk, dv, nullptr, stream);
+  });
+}
+
+thdcp_status_t thdcp_cp_backward_ex(thdcp_cp_plan_t plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q,
+                                    const thdcp_tensor_t* k, const thdcp_tensor_t* v, const thdcp_tensor_t* out,
+                                    const thdcp_tensor_t* dout, const float* lse, const thdcp_tensor_t* dq,
+                                    const thdcp_tensor_t* dk, const thdcp_tensor_t* dv,
+                                    const thdcp_attention_extras* extras, thdcp_stream_t stream) {
+  return thdcp::capi::guarded_collective(__func__, [&](std::shared_ptr<thdcp::capi::Comm>& group) {
+    const auto live = thdcp::capi::collective_plan(plan, group);
+    thdcp::capi::backward(*live, layout, q, k, v, out, dout, lse, dq, dk, dv, extras, stream);
   });
 }
 

@@ -46,6 +46,9 @@ int main(void) {
   thdcp_tensor_t tq, tk, tv, tout;
   size_t workspace = 1;
   float qk = 0;
+  const float sink = 5.0f;
+  float share = 0;
+  thdcp_attention_extras extras = THDCP_ATTENTION_EXTRAS_INIT;
   int i;
 
   check(thdcp_abi_version() == THDCP_ABI_VERSION, "thdcp_abi_version() == THDCP_ABI_VERSION");
@@ -83,6 +86,14 @@ int main(void) {
   for (i = HEAD_DIM; i < 2 * HEAD_DIM; ++i) check(out[i] == 0.0f, "the padding row of out is 0");
   check(fabsf(lse[0] - scale * qk) <= 1e-6f * fabsf(scale * qk), "lse = scale * q.k");
   check(isinf(lse[1]) && lse[1] < 0, "lse of the padding row is -inf");
+
+  /* An attention sink of logit `sink`: the key keeps e^s / (e^s + e^sink) of the weight. */
+  extras.sinks = &sink;
+  check(thdcp_attention_forward_ex(plan, &layout, &tq, &tk, &tv, &tout, lse, NULL, &extras, NULL) == THDCP_SUCCESS,
+        "forward with a sink");
+  share = 1.0f / (1.0f + expf(sink - scale * qk));
+  for (i = 0; i < HEAD_DIM; ++i) check(fabsf(out[i] - share * v[i]) <= 1e-5f * fabsf(v[i]), "out = share * v");
+  check(fabsf(lse[0] - logf(expf(scale * qk) + expf(sink))) <= 1e-5f * fabsf(lse[0]), "lse includes the sink");
   check(thdcp_attention_plan_destroy(plan) == THDCP_SUCCESS, "plan destroy");
   if (failures == 0) printf("C header test (libthdcp %s, ABI %d): PASS\n", thdcp_version_string(), thdcp_abi_version());
   return failures == 0 ? 0 : 1;

@@ -215,8 +215,8 @@ TEST(CApiVersioning, ANewerLongerStructIsAcceptedWhenItsExtraBytesAreZero) {
   EXPECT_C_OK(thdcp_attention_plan_workspace_size(&newer.current, &bytes));
   newer.future_field = 1;
   EXPECT_C_STATUS(thdcp_attention_plan_workspace_size(&newer.current, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
-                  "thdcp_attention_plan_workspace_size: params->struct_size=88",
-                  "byte 80 past them is not 0", "link the libthdcp of that thdcp.h");
+                  "thdcp_attention_plan_workspace_size: params->struct_size=96",
+                  "byte 88 past them is not 0", "link the libthdcp of that thdcp.h");
 }
 
 // The largest struct_size is THDCP_MAX_STRUCT_SIZE: a struct of that many bytes, the unknown

@@ -20,15 +20,17 @@ def make_layout(lengths, pad_to=1, extra_padding=0, placeholders=0, generator=No
     return torch.tensor(cu, dtype=torch.int32), torch.tensor(cu_padded, dtype=torch.int32)
 
 
-def attention_reference(q, k, v, cu, cu_padded, window, scale=None):
-    """out [T, Hq, D] and lse [Hq, T] in float64; padding rows 0 / -inf."""
+def attention_reference(q, k, v, cu, cu_padded, window, scale=None, sinks=None):
+    """out [T, Hq, D_v] and lse [Hq, T] in float64; padding rows 0 / -inf. The scale defaults
+    to 1/sqrt(D_qk). sinks: None or [Hq] logits, a column appended to each row's scores for
+    the softmax and dropped before the values (gpt-oss)."""
     q, k, v = q.double(), k.double(), v.double()
     tokens, hq, d = q.shape
     hkv = k.shape[1]
     k = k.repeat_interleave(hq // hkv, dim=1)
     v = v.repeat_interleave(hq // hkv, dim=1)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    out = torch.zeros_like(q)
+    out = q.new_zeros((tokens, hq, v.shape[2]))
     lse = torch.full((hq, tokens), -math.inf, dtype=torch.float64, device=q.device)
     left, right = window
     for b in range(len(cu) - 1):
@@ -45,7 +47,11 @@ def attention_reference(q, k, v, cu, cu_padded, window, scale=None):
         if right >= 0:
             allowed &= j <= i + right
         scores = scores.masked_fill(~allowed, -math.inf)
-        row_lse = torch.logsumexp(scores, dim=-1)  # [h, n]
+        if sinks is not None:
+            sink_column = sinks.double().to(q.device).view(hq, 1, 1).expand(hq, n, 1)
+            row_lse = torch.logsumexp(torch.cat([scores, sink_column], dim=-1), dim=-1)
+        else:
+            row_lse = torch.logsumexp(scores, dim=-1)  # [h, n]
         probs = torch.exp(scores - row_lse.unsqueeze(-1)).nan_to_num(0.0)
         out[start:start + n] = torch.einsum("hij,jhd->ihd", probs, vs)
         lse[:, start:start + n] = row_lse

@@ -290,7 +290,8 @@ def test_context_parallel_rows_map_onto_the_unpadded_packed_batch(cp):
 REFUSED = [
     (dict(dropout=0.1), "attention dropout"),
     (dict(softcap=30.0), "softcapping"),
-    (dict(s_aux=torch.zeros(4)), "sinks"),
+    (dict(s_aux=torch.zeros(3)), r"s_aux has shape \(3,\) but q has 4 query heads"),
+    (dict(s_aux=torch.zeros(4, dtype=torch.int32)), "attention sinks are a floating-point tensor"),
     (dict(output_attentions=True), "output_attentions"),
     (dict(position_bias=torch.zeros(1, 4, 6, 6)), "position bias"),
     (dict(is_causal=False, sliding_window=4), "sliding window without causality"),
@@ -350,3 +351,41 @@ def test_context_parallel_without_a_gpu_says_so():
         pytest.skip("a GPU is visible: the CP example under torchrun covers ContextParallel")
     with pytest.raises(ValueError, match="needs one CUDA GPU per rank and none is visible"):
         hf.ContextParallel([5, 7])
+
+
+# ---- gpt-oss: attention sinks (s_aux) ----
+
+def test_gpt_oss_sinks_logits_and_gradients_match_eager_float64_per_document():
+    # A tiny gpt-oss (sinks per head, layer 0 a sliding window of 6, layer 1 full) packed by
+    # position_ids, against transformers' eager attention in float64 on each document alone.
+    from transformers import GptOssConfig
+    config = GptOssConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                          num_experts_per_tok=2, sliding_window=6, max_position_embeddings=256, use_cache=False,
+                          attention_dropout=0.0)
+    torch.manual_seed(0)
+    # experts_implementation="eager": the grouped-GEMM experts take no float64.
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="thdcp",
+                                             experts_implementation="eager").float().train()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):
+                p.normal_(0.0, 2.0)  # sinks that take a visible share of each row
+    docs = documents()
+    inputs, places = batch_of("packed", docs)
+    logits, losses, grads = run(model, "thdcp", inputs, places, docs)
+    ref = copy.deepcopy(model).double()
+    ref.set_attn_implementation("eager")
+    ref.zero_grad(set_to_none=True)
+    count = sum(len(d) - 1 for d in docs)
+    for d, got, loss in zip(docs, logits, losses):
+        out = ref(input_ids=d[None]).logits[0]
+        want = F.cross_entropy(out[:-1], d[1:], reduction="sum")
+        (want / count).backward()
+        torch.testing.assert_close(got.double(), out.detach(), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(loss, want.detach(), rtol=1e-5, atol=1e-5)
+    sink_names = [n for n in grads if n.endswith("sinks")]
+    assert len(sink_names) == 2
+    for name, p in ref.named_parameters():
+        assert grads[name].abs().max() > 0 or p.grad.abs().max() == 0, name
+        torch.testing.assert_close(grads[name].double(), p.grad, rtol=1e-3, atol=1e-5, msg=lambda m: name + ": " + m)

@@ -27,7 +27,7 @@ const char* kRunHelp =
     "\n"
     "Builds a packed batch (document lengths lognormal: median 1500, sigma 1, max 16384),\n"
     "splits it over --cp ranks with the dual-chunk partition, runs AllGather CP forward and\n"
-    "backward, and checks out, lse, max_logit, dq, dk, dv against the single-device\n"
+    "backward, and checks out, lse, max_logit, dq, dk, dv (and dsinks) against the single-device\n"
     "reference. Exits 0 only when every check passes. The ranks are threads of this process\n"
     "(--cp), or a thread per GPU (--gpus), or under mpirun/srun one process each (cp = the\n"
     "process count; each process takes the GPU of its local rank).\n"
@@ -43,7 +43,13 @@ const char* kRunHelp =
     "  --mask M          causal (default) or full\n"
     "  --window L,R      sliding window on absolute positions: keys in [i-L, i+R]; -1 = unbounded\n"
     "  --heads HQ:HKV    query and key/value heads (default 8:2)\n"
-    "  --head-dim D      head dimension (default 64)\n"
+    "  --head-dim D      head dimension of q and k (default 64)\n"
+    "  --v-head-dim D    head dimension of v and out (default: --head-dim; e.g. MLA's 192/128 as\n"
+    "                    --head-dim 192 --v-head-dim 128). The CPU backend takes any multiple of 8\n"
+    "                    in [8, 256]; the CUDA kernels take D = --head-dim only (auto picks the CPU;\n"
+    "                    --backend cuda is refused by the library, naming both)\n"
+    "  --sinks           random attention sinks (one logit per query head, gpt-oss), checked with\n"
+    "                    their gradient dsinks (CPU backend; CUDA once its kernels take sinks)\n"
     "  --dtype T         bf16 (default), fp16 or fp32\n"
     "  --threads N       CPU threads in all, at least cp: each rank has one (default: every core;\n"
     "                    under mpirun: per process)\n"
@@ -105,6 +111,16 @@ RunConfig parse_run_config(const Args& args) {
   if (!cpu_supports_head_dim(c.head_dim)) {
     throw UsageError("--head-dim " + std::to_string(c.head_dim) + ": use a multiple of 8 in [8, 256]");
   }
+  c.v_head_dim = args.get_int("v-head-dim", c.head_dim, 1, 1 << 16);
+  if (!cpu_supports_head_dim(c.v_head_dim)) {
+    throw UsageError("--v-head-dim " + std::to_string(c.v_head_dim) + ": use a multiple of 8 in [8, 256]");
+  }
+  if (c.v_head_dim == c.head_dim) c.v_head_dim = 0;  // the library's "D_v = D_qk"
+  c.sinks = args.has("sinks");
+  if (!c.load_dir.empty() && (c.v_head_dim != 0 || c.sinks)) {
+    throw UsageError(std::string(c.sinks ? "--sinks" : "--v-head-dim") +
+                     " with --load: the loaded tensors have one head dim and no sinks; drop it");
+  }
   c.dtype = parse_dtype(args.get("dtype", "bf16"));
   const std::string backend = args.get("backend", "auto");
   if (backend == "auto") {
@@ -132,9 +148,11 @@ void print_report(const RunReport& r, const GlobalBatch& batch, const std::strin
   const RunConfig& c = r.config;
   std::printf("thdcp run: AllGather CP, %s backend (%s), %s communicator\n", backend_name(c.backend), device.c_str(),
               r.communicator.c_str());
-  std::printf("  cp=%d  mask=%s  heads=%lld:%lld  head_dim=%lld  dtype=%s  seed=%llu\n", c.cp,
-              mask_name(c.mask).c_str(), static_cast<long long>(c.q_heads), static_cast<long long>(c.kv_heads),
-              static_cast<long long>(c.head_dim), dtype_name(c.dtype), static_cast<unsigned long long>(c.seed));
+  std::printf("  cp=%d  mask=%s  heads=%lld:%lld  head_dim=%lld", c.cp, mask_name(c.mask).c_str(),
+              static_cast<long long>(c.q_heads), static_cast<long long>(c.kv_heads), static_cast<long long>(c.head_dim));
+  if (c.v_head_dim != 0) std::printf("  v_head_dim=%lld", static_cast<long long>(c.v_head_dim));
+  if (c.sinks) std::printf("  sinks");
+  std::printf("  dtype=%s  seed=%llu\n", dtype_name(c.dtype), static_cast<unsigned long long>(c.seed));
   const double padding = r.rows > 0 ? 100.0 * static_cast<double>(r.rows - r.valid_tokens) / r.rows : 0.0;
   std::printf("\nbatch: %s\n", batch.source.c_str());
   std::printf("  %-22s %lld\n", "rows (T)", static_cast<long long>(r.rows));
@@ -202,6 +220,8 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
       .set("q_heads", c.q_heads)
       .set("kv_heads", c.kv_heads)
       .set("head_dim", c.head_dim)
+      .set("v_head_dim", c.step_shape().value_head_dim())
+      .set("sinks", c.sinks)
       .set("dtype", dtype_name(c.dtype))
       .set("seed", c.seed)
       .set("source", batch.source);
@@ -253,9 +273,9 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
 int run_command(const std::vector<std::string>& argv) {
   if (std::find(argv.begin(), argv.end(), "--graph") != argv.end()) return run_graph_command(argv);
   const Args args(argv,
-                  {"backend", "cp", "gpus", "tokens", "seed", "mask", "window", "heads", "head-dim", "dtype", "threads",
-                   "lengths", "batch", "load", "save", "json", "max-memory"},
-                  {"check", "no-check", "quiet", "help", "allow-nonfinite"});
+                  {"backend", "cp", "gpus", "tokens", "seed", "mask", "window", "heads", "head-dim", "v-head-dim",
+                   "dtype", "threads", "lengths", "batch", "load", "save", "json", "max-memory"},
+                  {"check", "no-check", "quiet", "help", "allow-nonfinite", "sinks"});
   if (args.has("help")) {
     std::fputs(kRunHelp, stdout);
     return 0;

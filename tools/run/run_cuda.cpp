@@ -38,6 +38,13 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
   std::string unsupported;
   if (c.dtype == DType::kFloat32) unsupported = "fp32 storage";
   if (!cuda::cuda_supports_head_dim(c.head_dim)) unsupported = "head_dim " + std::to_string(c.head_dim);
+  // D_v != D_qk: auto runs the CPU backend; --backend cuda passes it on to the library, which
+  // says what its kernels take (and runs it once they take it).
+  const int64_t v_head_dim = c.step_shape().value_head_dim();
+  const std::string value_dim = requested == Backend::kAuto && c.gpus == 0 && v_head_dim != c.head_dim
+                                    ? "the CUDA kernels do not support v_head_dim " + std::to_string(v_head_dim) +
+                                          " with head_dim " + std::to_string(c.head_dim)
+                                    : std::string();
   std::string no_device;
   const int count = visible_gpus(&no_device);
   // Processes of this node that would each need a GPU of their own (NCCL refuses two ranks
@@ -62,7 +69,7 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
     if (!nccl::built_with_nccl()) throw UsageError("--gpus needs NCCL: this thdcp was built without it");
   }
   for (const std::string& reason : {unsupported.empty() ? std::string() : "the CUDA kernels do not support " + unsupported,
-                                    no_device, crowded}) {
+                                    value_dim, no_device, crowded}) {
     if (reason.empty()) continue;
     if (requested == Backend::kCuda) throw UsageError("--backend cuda: " + reason + ": use --backend cpu");
     *why = reason;
@@ -154,6 +161,7 @@ RankResult run_step(DeviceCommunicator& comm, const RunConfig& c, const GlobalBa
   DeviceTensors t(c.step_shape(), problem.local_rows(), batch.layout, stream);
   t.upload_inputs(split_for_rank(batch.q, layout, cp, rank), split_for_rank(batch.k, layout, cp, rank),
                   split_for_rank(batch.v, layout, cp, rank), split_for_rank(batch.dout, layout, cp, rank), stream);
+  if (!batch.sinks.empty()) t.upload_sinks(batch.sinks, stream);
   cuda::DeviceBuffer workspace(cp::cuda_workspace_size(problem));
   cp::CudaPlan plan(comm, problem, AttentionOptions{}, workspace.data(), workspace.bytes());
   plan.enable_phase_timing();

@@ -36,12 +36,19 @@ GlobalBatch random_batch(const RunConfig& c, std::vector<int64_t> lengths, std::
   const int64_t rows = batch.layout.total_rows();
   batch.q = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
   batch.k = HostTensor(c.dtype, rows, c.kv_heads, c.head_dim);
-  batch.v = HostTensor(c.dtype, rows, c.kv_heads, c.head_dim);
-  batch.dout = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
+  const int64_t v_head_dim = c.step_shape().value_head_dim();
+  batch.v = HostTensor(c.dtype, rows, c.kv_heads, v_head_dim);
+  batch.dout = HostTensor(c.dtype, rows, c.q_heads, v_head_dim);
   fill_normal(batch.q, c.seed + 1);
   fill_normal(batch.k, c.seed + 2);
   fill_normal(batch.v, c.seed + 3);
   fill_normal(batch.dout, c.seed + 4);
+  if (c.sinks) {
+    // Logits of the order of a row's scores, so that each sink takes a visible share.
+    HostTensor sinks(DType::kFloat32, 1, c.q_heads, 1);
+    fill_normal(sinks, c.seed + 5, 2.0f);
+    for (int64_t h = 0; h < c.q_heads; ++h) batch.sinks.push_back(sinks.get(h));
+  }
   batch.user_layout = batch.layout;
   batch.user_rows = identity_rows(rows);
   return batch;

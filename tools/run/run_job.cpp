@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "step/rank_rows.h"
 #include "run/rank_agreement.h"
@@ -34,7 +35,8 @@ AttentionOptions attention_options(const RunConfig& config, int threads) {
 }  // namespace
 
 double estimate_host_bytes(const RunConfig& c, const RunSize& size, bool process_per_rank) {
-  const double d = static_cast<double>(c.head_dim);
+  // The larger of D_qk and D_v for every tensor: an upper bound.
+  const double d = static_cast<double>(std::max(c.head_dim, c.step_shape().value_head_dim()));
   const double e = static_cast<double>(dtype_size(c.dtype));
   const auto q_bytes = [&](int64_t rows) { return static_cast<double>(rows) * static_cast<double>(c.q_heads) * d * e; };
   const double t = static_cast<double>(size.rows);
@@ -88,19 +90,46 @@ void check_host_memory(const RunConfig& c, const RunSize& size, bool process_per
 
 namespace {
 
+// The tensors of a backward over `inputs` (global or one rank's rows) into `outputs`, which
+// hold the forward's out and lse; with sinks, dsinks too.
+template <typename Inputs>
+BackwardTensors backward_tensors(const Inputs& inputs, const std::vector<float>& sinks, HostOutputs& outputs) {
+  BackwardTensors t;
+  t.q = inputs.q.view();
+  t.k = inputs.k.view();
+  t.v = inputs.v.view();
+  t.out = std::as_const(outputs.out).view();
+  t.dout = inputs.dout.view();
+  t.lse = outputs.lse.data();
+  t.dq = outputs.dq.view();
+  t.dk = outputs.dk.view();
+  t.dv = outputs.dv.view();
+  if (!sinks.empty()) {
+    t.sinks = sinks.data();
+    t.dsinks = outputs.dsinks.data();
+  }
+  return t;
+}
+BackwardTensors backward_tensors(const GlobalBatch& batch, HostOutputs& outputs) {
+  return backward_tensors(batch, batch.sinks, outputs);
+}
+
 GlobalOutputs run_reference(const RunConfig& c, const GlobalBatch& batch, RunReport& report, Progress& progress) {
   const SegmentTable table = build_segment_table(batch.layout.view(), c.mask);
   GlobalOutputs ref = host_outputs(c.step_shape(), batch.layout.total_rows());
   const AttentionOptions options = attention_options(c, c.threads);
   progress.phase("single-device reference, forward");
+  const float* sinks = batch.sinks.empty() ? nullptr : batch.sinks.data();
+  ref.dsinks.assign(batch.sinks.size(), 0.0f);
   auto start = Clock::now();
-  cpu::attention_forward(table, batch.q.view(), batch.k.view(), batch.v.view(), ref.out.view(), ref.lse.data(),
-                         ref.max_logit.data(), options);
+  cpu::attention_forward(table,
+                         ForwardTensors{batch.q.view(), batch.k.view(), batch.v.view(), ref.out.view(), ref.lse.data(),
+                                        ref.max_logit.data(), sinks},
+                         options);
   report.reference_forward_s = seconds_since(start);
   progress.phase("single-device reference, backward");
   start = Clock::now();
-  cpu::attention_backward(table, batch.q.view(), batch.k.view(), batch.v.view(), ref.out.view(), batch.dout.view(),
-                          ref.lse.data(), ref.dq.view(), ref.dk.view(), ref.dv.view(), options);
+  cpu::attention_backward(table, backward_tensors(batch, ref), options);
   report.reference_backward_s = seconds_since(start);
   progress.done();
   return ref;
@@ -136,21 +165,26 @@ RankResult run_rank_cpu(Communicator& comm, const RunConfig& c, const GlobalBatc
   const int cp = comm.size();
   const int rank = comm.rank();
   const int64_t local_rows = layout.total_rows() / cp;
-  const HostTensor q = split_for_rank(batch.q, layout, cp, rank);
-  const HostTensor k = split_for_rank(batch.k, layout, cp, rank);
-  const HostTensor v = split_for_rank(batch.v, layout, cp, rank);
-  const HostTensor dout = split_for_rank(batch.dout, layout, cp, rank);
+  struct {
+    HostTensor q, k, v, dout;
+  } local{split_for_rank(batch.q, layout, cp, rank), split_for_rank(batch.k, layout, cp, rank),
+          split_for_rank(batch.v, layout, cp, rank), split_for_rank(batch.dout, layout, cp, rank)};
   static_cast<HostOutputs&>(r) = host_outputs(c.step_shape(), local_rows);
+  r.dsinks.assign(batch.sinks.size(), 0.0f);
   const AttentionOptions options = attention_options(c, threads);
+  // The plan's tensor forms take the sinks (the one-shot cp::forward does not).
+  cp::CpuPlan plan(comm, cp_problem(c.step_shape(), cp, Capacity{layout.num_seqs, layout.total_rows()}, c.mask),
+                   options);
 
   auto start = Clock::now();
-  cp::forward(comm, layout, c.mask, q.view(), k.view(), v.view(), r.out.view(), r.lse.data(), r.max_logit.data(),
-              options, &r.forward);
+  plan.forward(layout,
+               ForwardTensors{local.q.view(), local.k.view(), local.v.view(), r.out.view(), r.lse.data(),
+                              r.max_logit.data(), batch.sinks.empty() ? nullptr : batch.sinks.data()},
+               &r.forward);
   r.forward_wall = seconds_since(start);
   progress.step();
   start = Clock::now();
-  cp::backward(comm, layout, c.mask, q.view(), k.view(), v.view(), r.out.view(), dout.view(), r.lse.data(),
-               r.dq.view(), r.dk.view(), r.dv.view(), options, &r.backward);
+  plan.backward(layout, backward_tensors(local, batch.sinks, r), &r.backward);
   r.backward_wall = seconds_since(start);
   progress.step();
   return r;
@@ -177,7 +211,10 @@ RankResult run_rank(Communicator& comm, const RunConfig& c, const GlobalBatch& b
     merge_from_rank(r.dk, outputs.dk, layout, cp, rank);
     merge_from_rank(r.dv, outputs.dv, layout, cp, rank);
     merge_lse_from_rank(r.lse, outputs.lse, c.q_heads, layout, cp, rank);
-    if (rank == 0) outputs.max_logit = r.max_logit;  // the same on every rank (max-reduced)
+    if (rank == 0) {
+      outputs.max_logit = r.max_logit;  // the same on every rank (max-reduced)
+      outputs.dsinks = r.dsinks;        // the same on every rank (summed in rank order)
+    }
     return r;
   }
   assemble(comm, layout, r.out.data(), outputs.out.data(), r.out.row_bytes());
@@ -188,6 +225,7 @@ RankResult run_rank(Communicator& comm, const RunConfig& c, const GlobalBatch& b
     assemble(comm, layout, r.lse.data() + h * local_rows, outputs.lse.data() + h * layout.total_rows(), sizeof(float));
   }
   outputs.max_logit = r.max_logit;
+  outputs.dsinks = r.dsinks;
   return r;
 }
 
@@ -230,6 +268,7 @@ void check_against_reference(const RunConfig& c, const GlobalOutputs& got, const
   tensor("dq", got.dq, ref.dq);
   tensor("dk", got.dk, ref.dk);
   tensor("dv", got.dv, ref.dv);
+  if (!ref.dsinks.empty()) floats("dsinks", got.dsinks, ref.dsinks);
   report.checked = true;
 }
 

@@ -33,6 +33,8 @@ struct RunConfig {
   int64_t q_heads = 8;
   int64_t kv_heads = 2;
   int64_t head_dim = 64;
+  int64_t v_head_dim = 0;  // --v-head-dim: D_v of v, out, dout, dv; 0: head_dim
+  bool sinks = false;      // --sinks: random attention sinks, one logit per query head
   DType dtype = DType::kBFloat16;
   int64_t tokens = 16384;
   int threads = 0;
@@ -47,7 +49,7 @@ struct RunConfig {
   bool allow_nonfinite = false;  // --allow-nonfinite: skip the finiteness check of --load
   double loaded_max_v = 0;       // (set by load_batch)
 
-  StepShape step_shape() const { return StepShape{{q_heads, kv_heads, head_dim}, dtype}; }
+  StepShape step_shape() const { return StepShape{{q_heads, kv_heads, head_dim, v_head_dim}, dtype}; }
 };
 
 // kAuto runs the reference only below this many floating-point operations (fwd + bwd,
@@ -61,6 +63,7 @@ struct GlobalBatch {
   std::vector<int64_t> lengths;
   BatchLayout layout;
   HostTensor q, k, v, dout;
+  std::vector<float> sinks;  // [Hq] attention sinks (--sinks), empty without
   // The layout the user gave (--load) and, for each row of `layout`, its row there (-1 for
   // padding that thdcp added). Equal to `layout` and the identity otherwise.
   BatchLayout user_layout;

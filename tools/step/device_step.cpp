@@ -16,19 +16,20 @@ HostTensor like(const ConstThdTensor& t) { return HostTensor(t.dtype, t.tokens, 
 }  // namespace
 
 void DeviceTensors::carve(WorkspaceCarver& carver, const StepShape& s, int64_t rows, size_t layout_entries) {
-  auto tensor = [&](int64_t heads) {
-    return ThdTensor{carver.take(s.bytes(rows, heads)), s.dtype, rows, heads, s.head_dim};
+  auto tensor = [&](int64_t heads, int64_t dim) {
+    return ThdTensor{carver.take(s.bytes(rows, heads, dim)), s.dtype, rows, heads, dim};
   };
-  q = tensor(s.q_heads);
-  k = tensor(s.kv_heads);
-  v = tensor(s.kv_heads);
-  dout = tensor(s.q_heads);
-  out = tensor(s.q_heads);
+  const int64_t d_qk = s.head_dim, d_v = s.value_head_dim();
+  q = tensor(s.q_heads, d_qk);
+  k = tensor(s.kv_heads, d_qk);
+  v = tensor(s.kv_heads, d_v);
+  dout = tensor(s.q_heads, d_v);
+  out = tensor(s.q_heads, d_v);
   lse = carver.take_array<float>(static_cast<size_t>(rows * s.q_heads));
   max_logit = carver.take_array<float>(static_cast<size_t>(s.q_heads));
-  dq = tensor(s.q_heads);
-  dk = tensor(s.kv_heads);
-  dv = tensor(s.kv_heads);
+  dq = tensor(s.q_heads, d_qk);
+  dk = tensor(s.kv_heads, d_qk);
+  dv = tensor(s.kv_heads, d_v);
   cu_seqlens_ = carver.take_array<int32_t>(layout_entries);
   cu_seqlens_padded_ = carver.take_array<int32_t>(layout_entries);
 }
@@ -55,9 +56,24 @@ DeviceLayout DeviceTensors::layout(const Capacity& capacity) const {
   return DeviceLayout{cu_seqlens_, cu_seqlens_padded_, capacity};
 }
 
-ForwardTensors DeviceTensors::forward() const { return ForwardTensors{q, k, v, out, lse, max_logit}; }
+ForwardTensors DeviceTensors::forward() const {
+  return ForwardTensors{q, k, v, out, lse, max_logit, static_cast<const float*>(sinks_.data())};
+}
 
-BackwardTensors DeviceTensors::backward() const { return BackwardTensors{q, k, v, out, dout, lse, dq, dk, dv}; }
+BackwardTensors DeviceTensors::backward() const {
+  BackwardTensors t{q, k, v, out, dout, lse, dq, dk, dv};
+  t.sinks = static_cast<const float*>(sinks_.data());
+  t.dsinks = static_cast<float*>(dsinks_.data());
+  return t;
+}
+
+void DeviceTensors::upload_sinks(const std::vector<float>& sinks, cudaStream_t stream) {
+  const size_t bytes = sizeof(float) * sinks.size();
+  sinks_ = cuda::DeviceBuffer(bytes);
+  dsinks_ = cuda::DeviceBuffer(bytes);
+  THDCP_CHECK_CUDA(cudaMemcpyAsync(sinks_.data(), sinks.data(), bytes, cudaMemcpyHostToDevice, stream));
+  THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
+}
 
 void DeviceTensors::upload_inputs(const HostTensor& q_rows, const HostTensor& k_rows, const HostTensor& v_rows,
                                   const HostTensor& dout_rows, cudaStream_t stream) {
@@ -88,7 +104,7 @@ void DeviceTensors::poison_outputs(cudaStream_t stream) { poison_range(out, dv, 
 void DeviceTensors::poison_gradients(cudaStream_t stream) { poison_range(dq, dv, stream); }
 
 HostOutputs DeviceTensors::download_outputs(cudaStream_t stream) const {
-  HostOutputs host{like(out), like(dq), like(dk), like(dv), {}, {}};
+  HostOutputs host{like(out), like(dq), like(dk), like(dv), {}, {}, {}};
   host.lse.resize(static_cast<size_t>(out.tokens * out.heads));
   host.max_logit.resize(static_cast<size_t>(out.heads));
   for (auto [to, from] : {std::make_pair(&host.out, &out), std::make_pair(&host.dq, &dq),
@@ -100,6 +116,11 @@ HostOutputs DeviceTensors::download_outputs(cudaStream_t stream) const {
                                    stream));
   THDCP_CHECK_CUDA(cudaMemcpyAsync(host.max_logit.data(), max_logit, sizeof(float) * host.max_logit.size(),
                                    cudaMemcpyDeviceToHost, stream));
+  if (dsinks_.bytes() > 0) {
+    host.dsinks.resize(dsinks_.bytes() / sizeof(float));
+    THDCP_CHECK_CUDA(cudaMemcpyAsync(host.dsinks.data(), dsinks_.data(), dsinks_.bytes(), cudaMemcpyDeviceToHost,
+                                     stream));
+  }
   THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
   return host;
 }

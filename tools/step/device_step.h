@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "step/host_step.h"
 #include "thdcp/cp/cuda.h"
@@ -41,6 +42,9 @@ class DeviceTensors {
   // Every byte of every output (or of dq, dk, dv) 0xff, NaN: an unwritten element fails.
   void poison_outputs(cudaStream_t stream);
   void poison_gradients(cudaStream_t stream);
+  // Attention sinks [Hq] for forward() and backward(), and room for their gradient (dsinks,
+  // downloaded with the outputs); without this call, none.
+  void upload_sinks(const std::vector<float>& sinks, cudaStream_t stream);
   // Every output, downloaded (synchronises `stream`).
   HostOutputs download_outputs(cudaStream_t stream) const;
 
@@ -49,6 +53,7 @@ class DeviceTensors {
   void carve(WorkspaceCarver& carver, const StepShape& shape, int64_t rows, size_t layout_entries);
 
   cuda::DeviceBuffer memory_;
+  cuda::DeviceBuffer sinks_, dsinks_;  // empty without sinks
   int32_t* cu_seqlens_ = nullptr;
   int32_t* cu_seqlens_padded_ = nullptr;
 };

@@ -17,8 +17,9 @@ namespace thdcp::tools {
 struct StepShape : HeadShape {
   DType dtype = DType::kBFloat16;
 
-  // Bytes of a [rows, heads, D] tensor of the storage dtype (checked_tensor_bytes).
-  size_t bytes(int64_t rows, int64_t heads) const;
+  // Bytes of a [rows, heads, dim] tensor of the storage dtype (checked_tensor_bytes); dim 0:
+  // head_dim (D_qk; value_head_dim() for v, out, dout, dv).
+  size_t bytes(int64_t rows, int64_t heads, int64_t dim = 0) const;
 };
 
 // The problems of a shape: the single-device call (every gradient in the storage dtype) and
@@ -30,11 +31,13 @@ cp::Problem cp_problem(const StepShape& shape, int cp, const Capacity& capacity,
 // that holds exactly it: max_seqs = documents + 1, max_tokens = its rows.
 BatchLayout exact_layout(const std::vector<int64_t>& lengths, int cp);
 
-// A step's results on the host: out, dq [rows, Hq, D], dk, dv [rows, Hkv, D], lse [Hq, rows],
-// max_logit [Hq].
+// A step's results on the host: out [rows, Hq, D_v], dq [rows, Hq, D_qk], dk [rows, Hkv,
+// D_qk], dv [rows, Hkv, D_v], lse [Hq, rows], max_logit [Hq]; with attention sinks dsinks
+// [Hq] (empty without).
 struct HostOutputs {
   HostTensor out, dq, dk, dv;
   std::vector<float> lse, max_logit;
+  std::vector<float> dsinks;
 };
 
 // Zeros of the shape of a step's results on `rows` rows.

@@ -3,6 +3,7 @@
 #ifndef THDCP_CAPI_CP_H_
 #define THDCP_CAPI_CP_H_
 
+#include "thdcp/capi/attention.h"
 #include "thdcp/capi/types.h"
 
 #ifdef __cplusplus
@@ -23,7 +24,7 @@ typedef struct thdcp_cp_params {
   int64_t max_tokens;    /* global rows T of the layouts (capacity), a multiple of 2 * cp */
   int64_t q_heads;       /* Hq >= 1 */
   int64_t kv_heads;      /* Hkv >= 1, Hq a multiple of Hkv */
-  int64_t head_dim;      /* D: as thdcp_attention_params (max_tokens * q_heads * head_dim
+  int64_t head_dim;      /* D_qk: as thdcp_attention_params (max_tokens * q_heads * head_dim
                             < 2^53) */
   int32_t cp_size;       /* ranks cp >= 1: must equal the communicator's size (it sizes the
                             workspace before there is a communicator) */
@@ -43,12 +44,15 @@ typedef struct thdcp_cp_params {
   int32_t reserved_head_groups; /* 0 or 1. Was head_groups (the forward's gather in groups
                                    of heads), removed in 0.2: one group measured fastest */
   int32_t reserved;      /* 0 */
+  /* ---- appended in 0.2 (issue 27): struct_size 96 ---- */
+  int64_t v_head_dim;    /* D_v of v, out, dout, dv: as thdcp_attention_params (0: head_dim;
+                            CPU: a multiple of 8 in [8, 256]; CUDA: head_dim for now) */
 } thdcp_cp_params;
 
 #define THDCP_CP_PARAMS_MIN_SIZE ((size_t)72)
 #define THDCP_CP_PARAMS_INIT                                                                   \
   {sizeof(thdcp_cp_params), THDCP_BACKEND_CPU, THDCP_DTYPE_BF16, 0, 0, 0, 0, 1, 0, -1, -1, 0.0f, \
-   1, 0, 0, 0, 0}
+   1, 0, 0, 0, 0, 0}
 
 static inline void thdcp_cp_params_init(thdcp_cp_params* params) {
   const thdcp_cp_params defaults = THDCP_CP_PARAMS_INIT;
@@ -79,7 +83,8 @@ THDCP_API thdcp_status_t thdcp_cp_plan_destroy(thdcp_cp_plan_t plan);
  *   layout     the global layout (as thdcp_attention_forward's; every padded length a
  *              multiple of 2 * cp; cu_seqlens_padded[num_seqs] == max_tokens), the same on
  *              every rank. CPU: host, num_seqs <= max_seqs; CUDA: device, capacity form
- *   q, out     [max_tokens / cp, Hq, D] this rank's rows; k, v [max_tokens / cp, Hkv, D]
+ *   q          [max_tokens / cp, Hq, D_qk] this rank's rows; k [max_tokens / cp, Hkv, D_qk]
+ *   v          [max_tokens / cp, Hkv, D_v]; out [max_tokens / cp, Hq, D_v]
  *   lse        Hq * (max_tokens / cp) floats, [Hq, T/cp]
  *   max_logit  Hq floats (max-reduced over the group), or NULL
  *   stream     CUDA: the stream of this rank; CPU: ignored */
@@ -87,6 +92,16 @@ THDCP_API thdcp_status_t thdcp_cp_forward(thdcp_cp_plan_t plan, const thdcp_layo
                                          const thdcp_tensor_t* q, const thdcp_tensor_t* k, const thdcp_tensor_t* v,
                                          const thdcp_tensor_t* out, float* lse, float* max_logit,
                                          thdcp_stream_t stream);
+
+/* thdcp_cp_forward with optional tensors (thdcp_attention_extras, attention.h): its sinks,
+ * the same [Hq] on every rank (a rank's query rows see every key they may, so each row counts
+ * its sink once); dsinks must be NULL. NULL extras: thdcp_cp_forward. CPU backend; the CUDA
+ * backend refuses sinks until its kernels of issue 27. */
+THDCP_API thdcp_status_t thdcp_cp_forward_ex(thdcp_cp_plan_t plan, const thdcp_layout_t* layout,
+                                            const thdcp_tensor_t* q, const thdcp_tensor_t* k,
+                                            const thdcp_tensor_t* v, const thdcp_tensor_t* out, float* lse,
+                                            float* max_logit, const thdcp_attention_extras* extras,
+                                            thdcp_stream_t stream);
 
 /* One CP backward step of this rank. Collective. Shapes as the forward's; dq has q's dtype
  * or fp32, dk and dv k's dtype or fp32 (their fp32 partial sums are reduce-scattered and
@@ -96,6 +111,17 @@ THDCP_API thdcp_status_t thdcp_cp_backward(thdcp_cp_plan_t plan, const thdcp_lay
                                           const thdcp_tensor_t* out, const thdcp_tensor_t* dout, const float* lse,
                                           const thdcp_tensor_t* dq, const thdcp_tensor_t* dk,
                                           const thdcp_tensor_t* dv, thdcp_stream_t stream);
+
+/* thdcp_cp_backward with optional tensors: the forward's sinks and, optionally, dsinks, which
+ * receives on every rank the whole [Hq] gradient summed over every rank's rows, added in rank
+ * order (the same bits on every rank and every run). Collective. */
+THDCP_API thdcp_status_t thdcp_cp_backward_ex(thdcp_cp_plan_t plan, const thdcp_layout_t* layout,
+                                             const thdcp_tensor_t* q, const thdcp_tensor_t* k,
+                                             const thdcp_tensor_t* v, const thdcp_tensor_t* out,
+                                             const thdcp_tensor_t* dout, const float* lse,
+                                             const thdcp_tensor_t* dq, const thdcp_tensor_t* dk,
+                                             const thdcp_tensor_t* dv, const thdcp_attention_extras* extras,
+                                             thdcp_stream_t stream);
 
 /* ---- the dual-chunk split (host memory) --------------------------------------------- */
 

@@ -28,8 +28,12 @@ Windows: causal, with sliding_window=w as transformers passes it (a query sees i
 w - 1 keys before it: window=(w - 1, 0)); is_causal=False (encoders): full attention. GQA/MQA
 as the model's heads are; `scaling` is the softmax scale.
 
+Attention sinks (gpt-oss passes its per-head `sinks` parameter as s_aux, in the model's dtype)
+are thdcp.attention's sinks, taken in float32 (the gradient flows back to the parameter); the CPU
+backend computes them, the CUDA backend once its kernels have them; not with thdcp_cp yet.
+
 Refused with a ValueError that says what to change: attention dropout, logit softcapping
-(softcap), attention sinks (s_aux), output_attentions, additive position biases, 4D or float
+(softcap), output_attentions, additive position biases, 4D or float
 masks, a query length different from the key length (generation with a KV cache, cross-
 attention), a sliding window without causality, fp32 on CUDA outside autocast.
 """
@@ -292,6 +296,17 @@ def _refuse(what: str) -> None:
     raise ValueError("thdcp (attn_implementation=%r): %s" % (NAME, what))
 
 
+def _sinks(s_aux, q):
+    """gpt-oss's s_aux (its `sinks` parameter [Hq], in the model's dtype) as thdcp.attention's
+    float32 sinks; None without."""
+    if s_aux is None:
+        return None
+    if not isinstance(s_aux, torch.Tensor) or not s_aux.is_floating_point():
+        _refuse("s_aux=%r: attention sinks are a floating-point tensor [%d], one logit per query head"
+                % (s_aux if not isinstance(s_aux, torch.Tensor) else s_aux.dtype, q.shape[2]))
+    return arguments.sinks("attention (attn_implementation=%r)" % NAME, s_aux.float(), q[0], "s_aux")
+
+
 def _window(causal: bool, sliding_window) -> tuple:
     if sliding_window is None:
         return (-1, 0) if causal else (-1, -1)
@@ -328,8 +343,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                 "set config.attention_dropout = 0.0" % dropout)
     if softcap is not None:
         _refuse("logit softcapping (softcap=%r, e.g. Gemma 2's attn_logit_softcapping) is not supported" % softcap)
-    if s_aux is not None:
-        _refuse("attention sinks (s_aux) are not supported through transformers")
     if kwargs.get("output_attentions"):
         _refuse("output_attentions=True: thdcp never forms the attention weights; use "
                 "attn_implementation='eager' to inspect them")
@@ -351,6 +364,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     window = _window(causal, sliding_window)
     query, key, value = _compute_dtype(query, key, value)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, S, H, D]
+    sinks = _sinks(s_aux, q)
     context = kwargs.get("thdcp_cp")
     if context is not None:
         if not isinstance(context, ContextParallel):
@@ -358,6 +372,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         if attention_mask is not None:
             _refuse("attention_mask with thdcp_cp: under context parallelism the padding is the layout's; "
                     "pass attention_mask=None")
+        if sinks is not None:
+            _refuse("attention sinks (s_aux, gpt-oss) with thdcp_cp: context parallelism runs the CUDA kernels, "
+                    "which have no sinks yet; run without thdcp_cp")
         if batch != 1 or length != context.local_rows:
             _refuse("thdcp_cp: the model's input is [%d, %d] but this rank holds [1, %d] rows: pass "
                     "cp.split(global_tensor)[None]" % (batch, length, context.local_rows))
@@ -365,7 +382,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     elif attention_mask is not None:
         gather, scatter, cu_seqlens, cu_seqlens_padded = _unpadding(attention_mask.to(q.device).bool(), batch, length)
         out = thdcp.attention(q[gather], k[gather], v[gather], cu_seqlens, cu_seqlens_padded, window=window,
-                              softmax_scale=scaling)
+                              softmax_scale=scaling, sinks=sinks)
         out = out.index_select(0, scatter)
     else:
         cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
@@ -380,7 +397,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             cu_seqlens = torch.arange(0, batch * length + 1, length, dtype=torch.int32, device=q.device)
             cu_seqlens_padded = cu_seqlens
         out = thdcp.attention(_rows(q), _rows(k), _rows(v), cu_seqlens, cu_seqlens_padded, window=window,
-                              softmax_scale=scaling)
+                              softmax_scale=scaling, sinks=sinks)
     return out.view(batch, length, out.shape[-2], out.shape[-1]), None
 
 
