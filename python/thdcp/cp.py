@@ -102,8 +102,7 @@ def cp_attention(
     q, k: [T / cp, Hq, D_qk], [T / cp, Hkv, D_qk]; v: [T / cp, Hkv, D_v]: this rank's rows in
     dual-chunk order (cp_split), bf16 or fp16 CUDA tensors of the communicator's device (the
     CUDA kernels take D_v = D_qk for now). sinks: as thdcp.attention's, the same on every rank;
-    their gradient is summed over the ranks' rows (every rank gets the whole [Hq]); refused by
-    the CUDA backend until its kernels of issue 27 take them. cu_seqlens,
+    their gradient is summed over the ranks' rows (every rank gets the whole [Hq]). cu_seqlens,
     cu_seqlens_padded: the global layout, int32 CUDA [B + 1], the same on every rank, every
     padded length a multiple of 2 * cp and the last entry T (cp_layout makes them). Returns
     this rank's out [T / cp, Hq, D] (and LSE [Hq, T / cp], the max logit per head reduced

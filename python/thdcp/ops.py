@@ -71,8 +71,8 @@ def attention(
     sinks: None, or attention sinks (gpt-oss): a float32 tensor [Hq] on q's device, one
     learnable logit per query head that joins each row's softmax denominator and adds no
     value (unscaled: softmax_scale does not apply to it). Differentiable: the backward gives
-    d(sinks), float32 [Hq], summed over every query row in a fixed order. The CPU backend
-    takes them; the CUDA backend raises until its kernels have them.
+    d(sinks), float32 [Hq], summed over every query row in a fixed order. Both backends take
+    them.
     Returns out [T, Hq, D_v], and with return_lse the float32 LSE [Hq, T] (the sink included),
     with return_max_logit the float32 max score per head [Hq] (over q.k, the sink excluded).
     LSE and max_logit are not differentiable.

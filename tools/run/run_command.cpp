@@ -49,7 +49,7 @@ const char* kRunHelp =
     "                    in [8, 256]; the CUDA kernels take D = --head-dim only (auto picks the CPU;\n"
     "                    --backend cuda is refused by the library, naming both)\n"
     "  --sinks           random attention sinks (one logit per query head, gpt-oss), checked with\n"
-    "                    their gradient dsinks (CPU backend; CUDA once its kernels take sinks)\n"
+    "                    their gradient dsinks (CPU and CUDA backends)\n"
     "  --dtype T         bf16 (default), fp16 or fp32\n"
     "  --threads N       CPU threads in all, at least cp: each rank has one (default: every core;\n"
     "                    under mpirun: per process)\n"

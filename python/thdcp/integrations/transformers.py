@@ -264,10 +264,10 @@ class ContextParallel:
         packed batch (cp_packed_rows): to compare a rank's outputs with a one-device run."""
         return cp_packed_rows(self.cu_seqlens, self.cu_seqlens_padded, self.size, self.rank)
 
-    def attend(self, q, k, v, window, softmax_scale):
+    def attend(self, q, k, v, window, softmax_scale, sinks=None):
         cu_seqlens, cu_seqlens_padded = self._device_layout
         return thdcp.cp_attention(q, k, v, cu_seqlens, cu_seqlens_padded, comm=self.comm, window=window,
-                                  softmax_scale=softmax_scale)
+                                  softmax_scale=softmax_scale, sinks=sinks)
 
 
 def cp_position_ids(cu_seqlens_padded: torch.Tensor) -> torch.Tensor:
@@ -372,13 +372,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         if attention_mask is not None:
             _refuse("attention_mask with thdcp_cp: under context parallelism the padding is the layout's; "
                     "pass attention_mask=None")
-        if sinks is not None:
-            _refuse("attention sinks (s_aux, gpt-oss) with thdcp_cp: context parallelism runs the CUDA kernels, "
-                    "which have no sinks yet; run without thdcp_cp")
         if batch != 1 or length != context.local_rows:
             _refuse("thdcp_cp: the model's input is [%d, %d] but this rank holds [1, %d] rows: pass "
                     "cp.split(global_tensor)[None]" % (batch, length, context.local_rows))
-        out = context.attend(_rows(q), _rows(k), _rows(v), window, scaling)
+        out = context.attend(_rows(q), _rows(k), _rows(v), window, scaling, sinks)
     elif attention_mask is not None:
         gather, scatter, cu_seqlens, cu_seqlens_padded = _unpadding(attention_mask.to(q.device).bool(), batch, length)
         out = thdcp.attention(q[gather], k[gather], v[gather], cu_seqlens, cu_seqlens_padded, window=window,
