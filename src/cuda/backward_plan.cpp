@@ -4,7 +4,9 @@
 #include <utility>
 
 #include "attention_checks.h"
+#include "backward_support.h"
 #include "launch.h"
+#include "table_kernels.h"
 #include "thdcp/core/error.h"
 #include "thdcp/core/overlap.h"
 #include "thdcp/core/softmax_scale.h"

@@ -3,6 +3,7 @@
 
 #include "attention_checks.h"
 #include "launch.h"
+#include "table_kernels.h"
 #include "tensor_map.h"
 #include "thdcp/core/error.h"
 #include "thdcp/core/overlap.h"

@@ -1,5 +1,7 @@
-// Kernel launchers, one explicit instantiation per (dtype, head dim) per file
-// (attention_{fwd,bwd}_{bf16,fp16}_d{64,128}.cu), and the small helper kernels.
+// The attention kernels' launchers, one explicit instantiation per (dtype, head dim) per file
+// (attention_{fwd,bwd}_{bf16,fp16}_d{64,128}.cu), and what the plans need to drive them. The
+// small kernels around them: table_kernels.h (tables, tile schedule) and backward_support.h
+// (delta, the sinks' gradient, accumulator casts).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -74,40 +76,5 @@ void launch_forward(const ForwardParams& params, const ForwardStrides& strides, 
 template <typename Storage, int kHeadDim>
 void launch_backward(const BackwardParams& params, const BackwardStrides& strides, bool sm90, int grid_q_tiles,
                      int grid_k_tiles, cudaStream_t stream);
-
-// Tile schedule: start[s] = sum over s' < s of tiles(s'), for query tiles of `q_tile_rows`
-// (over q_span) into q_start and key tiles of `k_tile_rows` (over k_len, segments with
-// queries only) into k_start (may be null). Also fills max_logit (may be null) with -inf and
-// zeroes *work_counter (may be null: the persistent forward's item counter).
-void launch_schedule(const Segment* segments, int num_segments, int q_tile_rows, int* q_start, int k_tile_rows,
-                     int* k_start, float* max_logit, int q_heads, int* work_counter, cudaStream_t stream);
-
-// delta[h, row] = sum_d dout[row, h, d] * out[row, h, d] for every row (fp32); element
-// (row, h, d) of out at row * out_row_stride + h * out_head_stride + d (dout likewise).
-void launch_delta(const void* out, int64_t out_row_stride, int64_t out_head_stride, const void* dout,
-                  int64_t dout_row_stride, int64_t dout_head_stride, DType dtype, int64_t rows, int heads,
-                  int head_dim, float* delta, cudaStream_t stream);
-
-// dsinks[h] = -sum over rows r with lse[h, r] > -inf of exp(sinks[h] - lse[h, r]) * delta[h, r]
-// (sinks.cu: the attention sinks' gradient, the same bits every run), for `heads` heads of
-// `rows` rows.
-void launch_sink_gradient(const float* sinks, const float* lse, const float* delta, int64_t rows, int heads,
-                          float* dsinks, cudaStream_t stream);
-
-// dst[i] = scale * src[i], rounded to dtype (fp32, bf16 or fp16), for n elements.
-void launch_cast(const float* src, void* dst, DType dtype, int64_t n, float scale, cudaStream_t stream);
-// The same with scale 1.
-void launch_cast(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream);
-// The cast of a contiguous fp32 [rows, heads, head_dim] tensor into a strided one: element
-// (row, h, d) goes to dst + row * row_stride + h * head_stride + d. Contiguous strides take
-// the flat cast above.
-void launch_cast_strided(const float* src, void* dst, DType dtype, int64_t rows, int heads, int head_dim,
-                         int64_t row_stride, int64_t head_stride, float scale, cudaStream_t stream);
-
-// The device table builders (segment_table.cu).
-void launch_build_single_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
-                               Segment* segments, cudaStream_t stream);
-void launch_build_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs, int cp,
-                           int rank, Mask mask, Segment* segments, cudaStream_t stream);
 
 }  // namespace thdcp::cuda::detail

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "launch.h"
+#include "backward_support.h"
 #include "thdcp/cuda/check.h"
 #include "thdcp/cuda/reorder.h"
 #include "thdcp/plan/dual_chunk.h"

@@ -6,7 +6,8 @@
 // every run.
 #include <cub/block/block_reduce.cuh>
 
-#include "launch.h"
+#include "backward_support.h"
+#include "grid.h"
 #include "thdcp/cuda/check.h"
 #include "thdcp/cuda/reorder.h"
 
@@ -69,7 +70,7 @@ namespace thdcp::cuda {
 void sum_rank_parts(const float* parts, int ranks, int64_t count, float* sum, cudaStream_t stream) {
   if (count == 0) return;
   constexpr int kThreads = 128;
-  detail::sum_rank_parts_kernel<<<static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+  detail::sum_rank_parts_kernel<<<detail::blocks_for(count, kThreads), kThreads, 0, stream>>>(
       parts, ranks, count, sum);
   THDCP_CHECK_CUDA(cudaGetLastError());
 }

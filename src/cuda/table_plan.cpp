@@ -3,7 +3,7 @@
 #include <limits>
 
 #include "attention_checks.h"
-#include "launch.h"
+#include "table_kernels.h"
 #include "thdcp/core/error.h"
 #include "thdcp/core/workspace.h"
 #include "thdcp/cuda/table.h"
