@@ -1,5 +1,6 @@
 """thdcp.cp_attention over torch.distributed (NCCL, one process per GPU), against
-thdcp.attention on the whole batch on each rank's GPU; thdcp.te.DotProductAttention with the
+thdcp.attention on the whole batch on each rank's GPU, also with attention sinks;
+thdcp.te.DotProductAttention with the
 world as its CP group, equal to cp_attention bit for bit; then the CP step captured in a CUDA
 graph and replayed on a new packing of the same capacity, equal to eager bit for bit.
 
@@ -46,6 +47,30 @@ def main():
         torch.testing.assert_close(out, thdcp.cp_split(ref, cu_padded, cp, rank), rtol=1e-2, atol=1e-2)
         for got, want in zip(grads, ref_grads):
             torch.testing.assert_close(got, thdcp.cp_split(want, cu_padded, cp, rank), rtol=2e-2, atol=2e-2)
+        checked += 1
+
+    # Attention sinks (gpt-oss): cp_attention(sinks=) against thdcp.attention(sinks=) on the whole
+    # batch; d(sinks) is the whole [Hq] on every rank, the same bits on every rank.
+    sinks = (torch.randn(hq, generator=g) * 2.0).cuda()
+    sinks[0] = 6.0  # above every score of head 0's rows
+    for window in ((-1, 0), (100, 0)):
+        qg, kg, vg, sg = (t.clone().requires_grad_() for t in (q, k, v, sinks))
+        ref = thdcp.attention(qg, kg, vg, cu_d, cu_padded_d, window=window, sinks=sg)
+        ref_grads = torch.autograd.grad(ref, (qg, kg, vg, sg), dout)
+        ql, kl, vl = (thdcp.cp_split(t, cu_padded, cp, rank).requires_grad_() for t in (q, k, v))
+        sl = sinks.clone().requires_grad_()
+        out = thdcp.cp_attention(ql, kl, vl, cu_d, cu_padded_d, window=window, comm=comm, sinks=sl)
+        grads = torch.autograd.grad(out, (ql, kl, vl, sl), thdcp.cp_split(dout, cu_padded, cp, rank))
+        torch.testing.assert_close(out, thdcp.cp_split(ref, cu_padded, cp, rank), rtol=1e-2, atol=1e-2)
+        for got, want in zip(grads[:3], ref_grads[:3]):
+            torch.testing.assert_close(got, thdcp.cp_split(want, cu_padded, cp, rank), rtol=2e-2, atol=2e-2)
+        # dsinks: both backends sum P_sink (dO . O) over the same rows, from out rounded to bf16.
+        torch.testing.assert_close(grads[3], ref_grads[3], rtol=2e-2, atol=2e-2 * float(ref_grads[3].abs().max()))
+        every = [torch.empty_like(grads[3]) for _ in range(cp)]
+        dist.all_gather(every, grads[3])
+        if not all(torch.equal(e, every[0]) for e in every):
+            print("cp_worker: rank %d: d(sinks) differs between ranks" % rank, file=sys.stderr)
+            sys.exit(1)
         checked += 1
 
     # thdcp.te.DotProductAttention with the world as its CP group (TransformerEngine's THD
@@ -110,8 +135,9 @@ def main():
     torch.cuda.synchronize()
     dist.barrier()
     if rank == 0:
-        print("cp_worker: PASS cp=%d: %d checks (3 masks vs single-device attention, fwd+bwd; thdcp.te over the "
-              "group equal to cp_attention bit for bit; 3 graph replays on new packings equal eager bit for bit)"
+        print("cp_worker: PASS cp=%d: %d checks (3 masks vs single-device attention, fwd+bwd; 2 masks with sinks, "
+              "d(sinks) the same bits on every rank; thdcp.te over the group equal to cp_attention bit for bit; "
+              "3 graph replays on new packings equal eager bit for bit)"
               % (cp, checked))
     del graph
     comm.close()
