@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "backward_support.h"
+#include "element_convert.cuh"
 #include "grid.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/check.h"
@@ -14,21 +15,6 @@
 namespace thdcp::cuda::detail {
 
 namespace {
-
-template <typename Element>
-__device__ __forceinline__ Element from_float(float x);
-template <>
-__device__ __forceinline__ float from_float(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half from_float(float x) {
-  return __float2half_rn(x);
-}
 
 template <typename Element>
 __global__ void cast_kernel(const float* src, Element* dst, int64_t n, float scale) {

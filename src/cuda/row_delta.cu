@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backward_support.h"
+#include "element_convert.cuh"
 #include "grid.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/check.h"
@@ -13,17 +14,6 @@
 namespace thdcp::cuda::detail {
 
 namespace {
-
-template <typename Element>
-__device__ __forceinline__ float to_float(Element x);
-template <>
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <>
-__device__ __forceinline__ float to_float(__half x) {
-  return __half2float(x);
-}
 
 // Eight elements of a 16-bit dtype, loaded as one 16-byte vector, dotted in fp32.
 template <typename Element>

@@ -161,6 +161,39 @@ std::vector<StrideCase> stride_cases() {
   return cases;
 }
 
+// The inputs of a stride test (GQA 4: Hq 8, Hkv 2; N(0, 1) values from `seed`) and their
+// forward and deterministic backward as contiguous tensors: what the strided views must give
+// bit for bit.
+struct ContiguousRun {
+  static constexpr int64_t kHq = 8, kHkv = 2;
+  Batch batch;
+  HostTensor q, k, v, dout;
+  DeviceStep step;
+  DeviceBuffer fwd_ws, bwd_ws;
+
+  // The batch of every stride test (lengths 100, 1, 257, 0, 64, 130) under `mask`, values seeded
+  // by the case's name.
+  ContiguousRun(const Mask& mask, DType dtype, int64_t d, const std::string& name)
+      : batch({100, 1, 257, 0, 64, 130}, mask),
+        q(dtype, batch.rows(), kHq, d),
+        k(dtype, batch.rows(), kHkv, d),
+        v(dtype, batch.rows(), kHkv, d),
+        dout(dtype, batch.rows(), kHq, d),
+        step(dtype, batch.rows(), batch.rows(), HeadShape{kHq, kHkv, d}, dtype),
+        fwd_ws(forward_workspace_size(batch.table)),
+        bwd_ws(backward_workspace_size(batch.table, kHq, kHkv, d, dtype)) {
+    const uint64_t seed = std::hash<std::string>{}(name);
+    fill_normal(q, seed + 1);
+    fill_normal(k, seed + 2);
+    fill_normal(v, seed + 3);
+    fill_normal(dout, seed + 4);
+    step.upload_inputs(q, k, v, dout);
+    step.poison_outputs();
+    attention_step(batch.table, step, fwd_ws, bwd_ws, nullptr);
+    THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+  }
+};
+
 class CudaStrides : public CudaTest, public ::testing::WithParamInterface<StrideCase> {};
 
 // GQA 4: Hq = 8, Hkv = 2. Packed QKV [T, Hq + 2 Hkv, D] (head slots head_stride apart);
@@ -168,27 +201,9 @@ class CudaStrides : public CudaTest, public ::testing::WithParamInterface<Stride
 TEST_P(CudaStrides, PackedViewsMatchContiguousBitForBit) {
   const StrideCase& c = GetParam();
   constexpr int64_t kHq = 8, kHkv = 2;
-  const int64_t d = c.head_dim;
-  const int64_t head_stride = d + c.head_padding;
-  const Batch batch({100, 1, 257, 0, 64, 130}, c.mask);
-  const int64_t rows = batch.rows();
-  const uint64_t seed = std::hash<std::string>{}(c.name);
-
-  HostTensor q(c.dtype, rows, kHq, d), k(c.dtype, rows, kHkv, d), v(c.dtype, rows, kHkv, d);
-  HostTensor dout(c.dtype, rows, kHq, d);
-  fill_normal(q, seed + 1);
-  fill_normal(k, seed + 2);
-  fill_normal(v, seed + 3);
-  fill_normal(dout, seed + 4);
-
-  // Contiguous reference run (forward, then deterministic backward).
-  DeviceStep contiguous(c.dtype, rows, rows, HeadShape{kHq, kHkv, d}, c.dtype);
-  contiguous.upload_inputs(q, k, v, dout);
-  DeviceBuffer fwd_ws(forward_workspace_size(batch.table));
-  DeviceBuffer bwd_ws(backward_workspace_size(batch.table, kHq, kHkv, d, c.dtype));
-  contiguous.poison_outputs();
-  attention_step(batch.table, contiguous, fwd_ws, bwd_ws, nullptr);
-  THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+  const ContiguousRun run(c.mask, c.dtype, c.head_dim, c.name);
+  const int64_t d = c.head_dim, head_stride = d + c.head_padding, rows = run.batch.rows();
+  const HostTensor &q = run.q, &k = run.k, &v = run.v, &dout = run.dout;
 
   // The same through strided views.
   const int64_t slots = kHq + 2 * kHkv;
@@ -210,24 +225,24 @@ TEST_P(CudaStrides, PackedViewsMatchContiguousBitForBit) {
   max_s.poison();
 
   const ConstThdTensor q_view = qkv.view(0, kHq), k_view = qkv.view(kHq, kHkv), v_view = qkv.view(kHq + kHkv, kHkv);
-  attention_forward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), lse_s.as<float>(), max_s.as<float>(),
-                    fwd_ws.data(), fwd_ws.bytes(), nullptr);
-  attention_backward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq), lse_s.as<float>(),
-                     dqkv.view(0, kHq), dqkv.view(kHq, kHkv), dqkv.view(kHq + kHkv, kHkv), bwd_ws.data(),
-                     bwd_ws.bytes(), nullptr);
+  attention_forward(run.batch.table, q_view, k_view, v_view, out_s.view(0, kHq), lse_s.as<float>(), max_s.as<float>(),
+                    run.fwd_ws.data(), run.fwd_ws.bytes(), nullptr);
+  attention_backward(run.batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq), lse_s.as<float>(),
+                     dqkv.view(0, kHq), dqkv.view(kHq, kHkv), dqkv.view(kHq + kHkv, kHkv), run.bwd_ws.data(),
+                     run.bwd_ws.bytes(), nullptr);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
 
   const std::vector<unsigned char> out_image = out_s.download();
-  EXPECT_TRUE(same_bytes(gather(out_image, out_s, 0, kHq), contiguous.out.download())) << "out differs";
+  EXPECT_TRUE(same_bytes(gather(out_image, out_s, 0, kHq), run.step.out.download())) << "out differs";
   EXPECT_TRUE(padding_untouched(out_image, out_s, kHq)) << "the forward wrote outside out's view";
-  EXPECT_TRUE(download_vector<float>(lse_s, kHq * rows) == download_vector<float>(contiguous.lse, kHq * rows))
+  EXPECT_TRUE(download_vector<float>(lse_s, kHq * rows) == download_vector<float>(run.step.lse, kHq * rows))
       << "lse differs";
-  EXPECT_TRUE(download_vector<float>(max_s, kHq) == download_vector<float>(contiguous.max_logit, kHq))
+  EXPECT_TRUE(download_vector<float>(max_s, kHq) == download_vector<float>(run.step.max_logit, kHq))
       << "max_logit differs";
   const std::vector<unsigned char> grad_image = dqkv.download();
-  EXPECT_TRUE(same_bytes(gather(grad_image, dqkv, 0, kHq), contiguous.dq.download())) << "dq differs";
-  EXPECT_TRUE(same_bytes(gather(grad_image, dqkv, kHq, kHkv), contiguous.dk.download())) << "dk differs";
-  EXPECT_TRUE(same_bytes(gather(grad_image, dqkv, kHq + kHkv, kHkv), contiguous.dv.download())) << "dv differs";
+  EXPECT_TRUE(same_bytes(gather(grad_image, dqkv, 0, kHq), run.step.dq.download())) << "dq differs";
+  EXPECT_TRUE(same_bytes(gather(grad_image, dqkv, kHq, kHkv), run.step.dk.download())) << "dk differs";
+  EXPECT_TRUE(same_bytes(gather(grad_image, dqkv, kHq + kHkv, kHkv), run.step.dv.download())) << "dv differs";
   EXPECT_TRUE(padding_untouched(grad_image, dqkv, slots)) << "the backward wrote into dQKV's head padding";
   EXPECT_TRUE(qkv.download() == image) << "the calls wrote into the inputs";
 
@@ -237,13 +252,13 @@ TEST_P(CudaStrides, PackedViewsMatchContiguousBitForBit) {
   // order, so within a few units of the storage dtype.
   AttentionOptions fast;
   fast.deterministic = false;
-  DeviceBuffer fast_ws(backward_workspace_size(batch.table, kHq, kHkv, d, c.dtype, fast));
+  DeviceBuffer fast_ws(backward_workspace_size(run.batch.table, kHq, kHkv, d, c.dtype, fast));
   DeviceTensor dq_f(c.dtype, rows, kHq, d), dk_f(c.dtype, rows, kHkv, d), dv_f(c.dtype, rows, kHkv, d);
-  attention_backward(batch.table, contiguous.q.cview(), contiguous.k.cview(), contiguous.v.cview(),
-                     contiguous.out.cview(), contiguous.dout.cview(), contiguous.lse.as<float>(), dq_f.view(),
+  attention_backward(run.batch.table, run.step.q.cview(), run.step.k.cview(), run.step.v.cview(),
+                     run.step.out.cview(), run.step.dout.cview(), run.step.lse.as<float>(), dq_f.view(),
                      dk_f.view(), dv_f.view(), fast_ws.data(), fast_ws.bytes(), nullptr, fast);
   dqkv.buffer.poison();
-  attention_backward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq), lse_s.as<float>(),
+  attention_backward(run.batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq), lse_s.as<float>(),
                      dqkv.view(0, kHq), dqkv.view(kHq, kHkv), dqkv.view(kHq + kHkv, kHkv), fast_ws.data(),
                      fast_ws.bytes(), nullptr, fast);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
@@ -265,16 +280,16 @@ TEST_P(CudaStrides, PackedViewsMatchContiguousBitForBit) {
         << dq_reference.get(i);
   }
 
-  // fp32 dq may be strided too (stored by the dQ pass directly); fp32 dk/dv stay contiguous.
+  // fp32 dq may be strided too (stored by the dQ pass directly); fp32 dk/dv stay run.step.
   if (c.head_padding) {
     Packed dq32(DType::kFloat32, rows, kHq * head_stride, head_stride, d);
     DeviceTensor dq32_c(DType::kFloat32, rows, kHq, d), dk32(DType::kFloat32, rows, kHkv, d),
         dv32(DType::kFloat32, rows, kHkv, d);
-    DeviceBuffer ws32(backward_workspace_size(batch.table, kHq, kHkv, d, DType::kFloat32));
-    attention_backward(batch.table, contiguous.q.cview(), contiguous.k.cview(), contiguous.v.cview(),
-                       contiguous.out.cview(), contiguous.dout.cview(), contiguous.lse.as<float>(), dq32_c.view(),
+    DeviceBuffer ws32(backward_workspace_size(run.batch.table, kHq, kHkv, d, DType::kFloat32));
+    attention_backward(run.batch.table, run.step.q.cview(), run.step.k.cview(), run.step.v.cview(),
+                       run.step.out.cview(), run.step.dout.cview(), run.step.lse.as<float>(), dq32_c.view(),
                        dk32.view(), dv32.view(), ws32.data(), ws32.bytes(), nullptr);
-    attention_backward(batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq), lse_s.as<float>(),
+    attention_backward(run.batch.table, q_view, k_view, v_view, out_s.view(0, kHq), dout_s.view(0, kHq), lse_s.as<float>(),
                        dq32.view(0, kHq), dk32.view(), dv32.view(), ws32.data(), ws32.bytes(), nullptr);
     THDCP_CHECK_CUDA(cudaDeviceSynchronize());
     const std::vector<unsigned char> dq32_image = dq32.download();
@@ -332,24 +347,9 @@ class CudaViewArrangements : public CudaTest, public ::testing::WithParamInterfa
 TEST_P(CudaViewArrangements, ForwardAndBackwardMatchContiguousBitForBit) {
   const ArrangementCase& c = GetParam();
   constexpr int64_t kHq = 8, kHkv = 2;
-  const int64_t d = c.head_dim;
-  const Batch batch({100, 1, 257, 0, 64, 130}, c.mask);
-  const int64_t rows = batch.rows();
-  const uint64_t seed = std::hash<std::string>{}(c.name);
-  HostTensor q(c.dtype, rows, kHq, d), k(c.dtype, rows, kHkv, d), v(c.dtype, rows, kHkv, d);
-  HostTensor dout(c.dtype, rows, kHq, d);
-  fill_normal(q, seed + 1);
-  fill_normal(k, seed + 2);
-  fill_normal(v, seed + 3);
-  fill_normal(dout, seed + 4);
-
-  DeviceStep contiguous(c.dtype, rows, rows, HeadShape{kHq, kHkv, d}, c.dtype);
-  contiguous.upload_inputs(q, k, v, dout);
-  DeviceBuffer fwd_ws(forward_workspace_size(batch.table));
-  DeviceBuffer bwd_ws(backward_workspace_size(batch.table, kHq, kHkv, d, c.dtype));
-  contiguous.poison_outputs();
-  attention_step(batch.table, contiguous, fwd_ws, bwd_ws, nullptr);
-  THDCP_CHECK_CUDA(cudaDeviceSynchronize());
+  const ContiguousRun run(c.mask, c.dtype, c.head_dim, c.name);
+  const int64_t d = c.head_dim, rows = run.batch.rows();
+  const HostTensor &q = run.q, &k = run.k, &v = run.v, &dout = run.dout;
 
   PlacedGroup qkv(c.inputs, c.dtype, rows, {kHq, kHkv, kHkv}, d), dout_s(c.inputs, c.dtype, rows, {kHq}, d);
   PlacedGroup out_s(c.outputs, c.dtype, rows, {kHq}, d), grads(c.outputs, c.dtype, rows, {kHq, kHkv, kHkv}, d);
@@ -362,22 +362,22 @@ TEST_P(CudaViewArrangements, ForwardAndBackwardMatchContiguousBitForBit) {
   DeviceBuffer lse(sizeof(float) * kHq * rows), max_logit(sizeof(float) * kHq);
   lse.poison();
   max_logit.poison();
-  attention_forward(batch.table, qkv.on_device(0), qkv.on_device(1), qkv.on_device(2), out_s.on_device(0),
-                    lse.as<float>(), max_logit.as<float>(), fwd_ws.data(), fwd_ws.bytes(), nullptr);
-  attention_backward(batch.table, qkv.on_device(0), qkv.on_device(1), qkv.on_device(2), out_s.on_device(0),
+  attention_forward(run.batch.table, qkv.on_device(0), qkv.on_device(1), qkv.on_device(2), out_s.on_device(0),
+                    lse.as<float>(), max_logit.as<float>(), run.fwd_ws.data(), run.fwd_ws.bytes(), nullptr);
+  attention_backward(run.batch.table, qkv.on_device(0), qkv.on_device(1), qkv.on_device(2), out_s.on_device(0),
                      dout_s.on_device(0), lse.as<float>(), grads.on_device(0), grads.on_device(1), grads.on_device(2),
-                     bwd_ws.data(), bwd_ws.bytes(), nullptr);
+                     run.bwd_ws.data(), run.bwd_ws.bytes(), nullptr);
   THDCP_CHECK_CUDA(cudaDeviceSynchronize());
   for (PlacedGroup* p : {&qkv, &out_s, &grads}) p->download();
 
-  EXPECT_TRUE(same_bytes(gather_from(out_s.host(0)), contiguous.out.download())) << "out differs";
-  EXPECT_TRUE(download_vector<float>(lse, kHq * rows) == download_vector<float>(contiguous.lse, kHq * rows))
+  EXPECT_TRUE(same_bytes(gather_from(out_s.host(0)), run.step.out.download())) << "out differs";
+  EXPECT_TRUE(download_vector<float>(lse, kHq * rows) == download_vector<float>(run.step.lse, kHq * rows))
       << "lse differs";
-  EXPECT_TRUE(download_vector<float>(max_logit, kHq) == download_vector<float>(contiguous.max_logit, kHq))
+  EXPECT_TRUE(download_vector<float>(max_logit, kHq) == download_vector<float>(run.step.max_logit, kHq))
       << "max_logit differs";
-  EXPECT_TRUE(same_bytes(gather_from(grads.host(0)), contiguous.dq.download())) << "dq differs";
-  EXPECT_TRUE(same_bytes(gather_from(grads.host(1)), contiguous.dk.download())) << "dk differs";
-  EXPECT_TRUE(same_bytes(gather_from(grads.host(2)), contiguous.dv.download())) << "dv differs";
+  EXPECT_TRUE(same_bytes(gather_from(grads.host(0)), run.step.dq.download())) << "dq differs";
+  EXPECT_TRUE(same_bytes(gather_from(grads.host(1)), run.step.dk.download())) << "dk differs";
+  EXPECT_TRUE(same_bytes(gather_from(grads.host(2)), run.step.dv.download())) << "dv differs";
   EXPECT_TRUE(poison_kept_outside(out_s.image, out_s.host_views())) << "the forward wrote outside out's view";
   EXPECT_TRUE(poison_kept_outside(grads.image, grads.host_views())) << "the backward wrote outside dq, dk, dv";
   EXPECT_TRUE(qkv.image == inputs_before) << "the calls wrote into q, k or v";
