@@ -95,12 +95,16 @@ class DotProductAttention(torch.nn.Module):
     (the same in self-attention), "no_mask", "padding". window_size: (left, right) or None,
     checked against the mask as TransformerEngine does. softmax_scale: None for
     1/sqrt(kv_channels). return_max_logit: forward returns (out, max_logit [H]).
+    softmax_type: "vanilla"; "off-by-one" (every row's softmax denominator gains exp(0 - m),
+    an attention sink of 0); "learnable" (a sink per query head this rank holds, the module's
+    parameter softmax_offset, float32 [H/tp], zero at construction, trained through
+    thdcp's d(sinks)).
     cp_group, cp_global_ranks, cp_stream, cp_comm_type: as set_context_parallel_group.
     Taken and not needed: layer_number, sequence_parallel and get_rng_state_tracker (they
     matter for dropout), bottom_right_diagonal, name.
     Refused (ValueError naming the argument): attention_dropout > 0, qkv_format other than
     "thd" (the default here, where TransformerEngine's is "sbhd"), attention_type "cross",
-    softmax_type other than "vanilla", attn_mask_type "arbitrary".
+    a softmax_type other than those three, attn_mask_type "arbitrary".
     """
 
     def __init__(
@@ -157,9 +161,12 @@ class DotProductAttention(torch.nn.Module):
         if attention_type != "self":
             call_shapes.refuse(op, "attention_type", attention_type,
                                "thdcp does self-attention only: pass 'self'")
-        if softmax_type != "vanilla":
-            call_shapes.refuse(op, "softmax_type", softmax_type,
-                               "the package's attention has no sink term: pass 'vanilla'")
+        if softmax_type not in ("vanilla", "off-by-one", "learnable"):
+            raise ValueError("thdcp.%s: softmax_type=%s is not a TransformerEngine softmax type: pass 'vanilla', "
+                             "'off-by-one' or 'learnable'" % (op, call_shapes.describe(softmax_type)))
+        self.softmax_type = softmax_type
+        self.softmax_offset = (torch.nn.Parameter(torch.zeros(self.heads_per_rank, dtype=torch.float32))
+                               if softmax_type == "learnable" else None)
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(self.head_dim_qk)
         arguments.softmax_scale(op, softmax_scale)
@@ -243,7 +250,8 @@ class DotProductAttention(torch.nn.Module):
         call_shapes.max_seqlens(op, (("max_seqlen_q", max_seqlen_q), ("max_seqlen_kv", max_seqlen_kv)), optional=True)
         mask = self.attn_mask_type if attn_mask_type is None else _mask_type(op, attn_mask_type)
         window = mask_window(op, mask, self.window_size if window_size is None else window_size)
-        options = dict(window=window, softmax_scale=self.softmax_scale, return_max_logit=self.return_max_logit)
+        options = dict(window=window, softmax_scale=self.softmax_scale, return_max_logit=self.return_max_logit,
+                       sinks=self._sinks(query_layer))
         if self.cp_group is not None and _group_size(self.cp_group) > 1:
             result = cp_attention(query_layer, key_layer, value_layer, cu_seqlens,
                                   cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded,
@@ -253,6 +261,13 @@ class DotProductAttention(torch.nn.Module):
         out, max_logit = result if self.return_max_logit else (result, None)
         out = out.reshape(out.shape[0], -1)
         return (out, max_logit) if self.return_max_logit else out
+
+    def _sinks(self, query_layer):
+        """The attention sinks of softmax_type: None, zeros ("off-by-one"), or the learnable
+        softmax_offset (the caller moves the module to the inputs' device, as for any layer)."""
+        if self.softmax_type == "off-by-one":
+            return torch.zeros(self.heads_per_rank, dtype=torch.float32, device=query_layer.device)
+        return self.softmax_offset
 
     def _refuse_unsupported(self, attention_mask, core_attention_bias_type, core_attention_bias, alibi_slopes,
                             inference_params, fp8_output):

@@ -123,11 +123,42 @@ def test_return_max_logit_softmax_scale_kv_channels_and_tensor_parallel_heads():
     assert "num_attention_heads=8" in repr(module)
 
 
+def test_softmax_types_are_thdcp_sinks_and_softmax_offset_learns(device):
+    # "off-by-one": sinks of 0; "learnable": the module's softmax_offset as sinks, its gradient
+    # thdcp's d(sinks). Both the bits of thdcp.attention(sinks=...), forward and backward.
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q, k, v, cu, _ = batch(hq=4, hkv=2, d=32, dtype=dtype, device=device)
+    g = torch.Generator().manual_seed(3)
+    for softmax_type in ("off-by-one", "learnable"):
+        module = te.DotProductAttention(4, 32, num_gqa_groups=2, softmax_type=softmax_type).to(device)
+        if softmax_type == "learnable":
+            assert module.softmax_offset.shape == (4,) and module.softmax_offset.dtype == torch.float32
+            with torch.no_grad():
+                module.softmax_offset.copy_(torch.randn(4, generator=g) * 2)
+            sinks = module.softmax_offset.detach().clone().requires_grad_()
+        else:
+            assert module.softmax_offset is None and not list(module.parameters())
+            sinks = torch.zeros(4, dtype=torch.float32, device=device)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = module(*leaves, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+        same = [t.clone().requires_grad_() for t in (q, k, v)]
+        want = thdcp.attention(*same, cu, softmax_scale=1.0 / math.sqrt(32), sinks=sinks)
+        assert torch.equal(out, want.flatten(1))
+        plain = thdcp.attention(*[t.detach() for t in (q, k, v)], cu, softmax_scale=1.0 / math.sqrt(32))
+        assert not torch.equal(out.detach(), plain.flatten(1)), "the sinks changed nothing"
+        dout = torch.randn(out.shape, generator=g).to(dtype).to(device)
+        inputs = leaves + ([module.softmax_offset] if softmax_type == "learnable" else [])
+        wanted = same + ([sinks] if softmax_type == "learnable" else [])
+        for got, expected in zip(torch.autograd.grad(out, inputs, dout),
+                                 torch.autograd.grad(want, wanted, dout.view(want.shape))):
+            assert torch.equal(got, expected)
+
+
 REFUSED_AT_CONSTRUCTION = [
     (dict(attention_dropout=0.1), "attention_dropout=0.1 is not supported"),
     (dict(qkv_format="sbhd"), "qkv_format='sbhd' is not supported"),
     (dict(attention_type="cross"), "attention_type='cross' is not supported"),
-    (dict(softmax_type="learnable"), "softmax_type='learnable' is not supported"),
+    (dict(softmax_type="sink"), "softmax_type='sink' is not a TransformerEngine softmax type"),
     (dict(attn_mask_type="arbitrary"), "attn_mask_type='arbitrary' is not supported"),
     (dict(attn_mask_type="sliding"), "attn_mask_type='sliding' is not a TransformerEngine mask type"),
     (dict(window_size=(-1, 3)), "window_size=(-1, 3) does not fit attn_mask_type='causal'"),
@@ -226,7 +257,8 @@ def test_a_cp_group_of_several_ranks_maps_onto_cp_attention(monkeypatch):
     assert out.shape == (rows, 4 * 32)
     (cq, ck, cv, c_cu, c_padded, options), = calls
     assert cq is q and ck is k and cv is v and c_cu is cu and c_padded is cu_padded
-    assert options == dict(group=group, window=(64, 0), softmax_scale=1 / math.sqrt(32), return_max_logit=False)
+    assert options == dict(group=group, window=(64, 0), softmax_scale=1 / math.sqrt(32), return_max_logit=False,
+                           sinks=None)
     # No padded offsets: the valid lengths are the layout (each a multiple of 2 cp).
     module(q, k, v, cu_seqlens_q=cu_padded, cu_seqlens_kv=cu_padded)
     assert calls[1][3] is cu_padded and calls[1][4] is cu_padded
