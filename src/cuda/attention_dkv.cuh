@@ -4,6 +4,7 @@
 #pragma once
 
 #include "attention_backward.cuh"
+#include "epilogue.cuh"
 
 namespace thdcp::cuda::detail {
 
@@ -356,26 +357,7 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
     __syncthreads();  // the Q/dO buffer and the stages are refilled by the next step
   }
 
-  // One fp32 addition per (segment, element): with at most two segments reaching a key row
-  // and the accumulator starting at zero, the result does not depend on their order.
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key_local = key_row0 + 16 * mi + group_row + half * 8;
-      if (key_local >= valid_k) continue;
-      const int64_t key = static_cast<int64_t>(seg.k_row) + n0 + key_local;
-      const int64_t offset = (p.dkv_rows ? p.dkv_rows[key] : key) * kv_stride + static_cast<int64_t>(kv_head) * kD +
-                             dim_col0 + pair_col;
-#pragma unroll
-      for (int df = 0; df < kHalfD / 8; ++df) {
-        atomicAdd(p.dk_accum + offset + df * 8, dk[mi][df][2 * half] * p.scale);
-        atomicAdd(p.dk_accum + offset + df * 8 + 1, dk[mi][df][2 * half + 1] * p.scale);
-        atomicAdd(p.dv_accum + offset + df * 8, dv[mi][df][2 * half]);
-        atomicAdd(p.dv_accum + offset + df * 8 + 1, dv[mi][df][2 * half + 1]);
-      }
-    }
-  }
+  add_dkv_rows<kD>(p, seg, kv_head, n0, key_row0, valid_k, dim_col0, kv_stride, dk, dv);
 }
 
 }  // namespace thdcp::cuda::detail
