@@ -58,8 +58,9 @@ struct Before {
   }
   template <typename Buffer>
   bool same(size_t i, const Buffer& b) const {
+    // An empty buffer may have a null data(): memcmp must not see it.
     return copies[i].size() == b.size() * sizeof(*b.data()) &&
-           std::memcmp(copies[i].data(), b.data(), copies[i].size()) == 0;
+           (copies[i].empty() || std::memcmp(copies[i].data(), b.data(), copies[i].size()) == 0);
   }
 };
 
