@@ -25,6 +25,13 @@ def refuse(op: str, name: str, value, fix: str):
     raise ValueError("thdcp.%s: %s=%s is not supported: %s" % (op, name, describe(value), fix))
 
 
+def no_alibi(op: str, alibi_slopes):
+    """Refuses ALiBi slopes (FlashAttention's and TransformerEngine's argument) by name."""
+    if alibi_slopes is not None:
+        refuse(op, "alibi_slopes", alibi_slopes,
+               "thdcp adds no ALiBi bias (positions enter through thdcp.rope): pass None")
+
+
 def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether a and b are one tensor (the same object, or views of the same memory with the
     same shape, strides and dtype). Reads host metadata only: no sync, safe under capture.

@@ -84,9 +84,7 @@ def _refuse_unsupported(dropout_p, softcap, alibi_slopes, block_table, qv, q_des
         call_shapes.refuse(_OP, "dropout_p", dropout_p, "thdcp has no attention dropout: pass dropout_p=0.0")
     if float(softcap) != 0.0:
         call_shapes.refuse(_OP, "softcap", softcap, "thdcp does not soft-cap scores: pass softcap=0.0")
-    if alibi_slopes is not None:
-        call_shapes.refuse(_OP, "alibi_slopes", alibi_slopes,
-                           "thdcp adds no ALiBi bias (positions enter through thdcp.rope): pass None")
+    call_shapes.no_alibi(_OP, alibi_slopes)
     if block_table is not None:
         call_shapes.refuse(_OP, "block_table", block_table,
                            "thdcp takes packed K/V rows, not a paged KV cache: pass None")

@@ -280,9 +280,7 @@ class DotProductAttention(torch.nn.Module):
             if core_attention_bias_type == "no_bias":
                 name, value = "core_attention_bias", core_attention_bias
             call_shapes.refuse(op, name, value, "thdcp adds no bias to the scores: pass 'no_bias' and None")
-        if alibi_slopes is not None:
-            call_shapes.refuse(op, "alibi_slopes", alibi_slopes,
-                               "thdcp adds no ALiBi bias (positions enter through thdcp.rope): pass None")
+        call_shapes.no_alibi(op, alibi_slopes)
         if inference_params is not None:
             call_shapes.refuse(op, "inference_params", inference_params,
                                "thdcp has no KV cache (it is for training on packed batches): pass None")

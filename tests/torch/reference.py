@@ -58,6 +58,19 @@ def attention_reference(q, k, v, cu, cu_padded, window, scale=None, sinks=None):
     return out, lse
 
 
+def assert_close_to_reference(out, grads, q, k, v, cu, cu_padded, window, dout):
+    """A call's out [T, Hq, D_v] and its gradients of q, k, v (for dout) against
+    attention_reference in float64: within 1e-5 for float32 inputs and 2e-2 for 16-bit ones
+    (gradients 4x that). Returns the reference LSE [Hq, T]."""
+    ref_in = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    ref, ref_lse = attention_reference(*ref_in, cu.cpu(), cu_padded.cpu(), window)
+    tol = 1e-5 if q.dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double().cpu(), ref.detach(), rtol=tol, atol=tol)
+    for got, expected in zip(grads, torch.autograd.grad(ref, ref_in, dout.double().cpu())):
+        torch.testing.assert_close(got.double().cpu(), expected, rtol=tol, atol=tol * 4)
+    return ref_lse
+
+
 def rope_reference(x, cu, cu_padded, theta=10000.0, rotary_dim=0, interleaved=False, positions=None):
     """RoPE of a whole-batch tensor in float64: position = row - sequence start."""
     x = x.double()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import thdcp
-from reference import attention_reference, make_layout
+from reference import assert_close_to_reference, make_layout
 
 # (causal, window_size, thdcp's window): causal sets the right side to 0 and keeps the left.
 MASKS = [(False, (-1, -1), (-1, -1)), (True, (-1, -1), (-1, 0)), (True, (7, 3), (7, 0)), (False, (5, 3), (5, 3)),
@@ -37,12 +37,7 @@ def test_flash_attn_varlen_func_is_thdcp_attention_bit_for_bit_and_matches_the_r
     grads = torch.autograd.grad(out, leaves, dout)
     for got, expected in zip(grads, torch.autograd.grad(want, same, dout)):
         assert torch.equal(got, expected)
-    ref_in = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
-    ref, _ = attention_reference(*ref_in, cu.cpu(), cu.cpu(), window)
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(out.double().cpu(), ref.detach(), rtol=tol, atol=tol)
-    for got, expected in zip(grads, torch.autograd.grad(ref, ref_in, dout.double().cpu())):
-        torch.testing.assert_close(got.double().cpu(), expected, rtol=tol, atol=tol * 4)
+    assert_close_to_reference(out, grads, q, k, v, cu, cu, window, dout)
 
 
 def test_positional_arguments_in_flash_attn_2_order_and_the_return_attn_probs_triple():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import thdcp
-from reference import attention_reference, make_layout
+from reference import assert_close_to_reference, make_layout
 
 te = thdcp.te
 
@@ -48,12 +48,7 @@ def test_module_is_thdcp_attention_bit_for_bit_and_matches_the_reference(device,
     grads = torch.autograd.grad(out, leaves, dout)
     for got, expected in zip(grads, torch.autograd.grad(want, same, dout.view(want.shape))):
         assert torch.equal(got, expected)
-    ref_in = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
-    ref, _ = attention_reference(*ref_in, cu.cpu(), cu_padded.cpu(), window)
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(out.double().cpu(), ref.detach().reshape(out.shape), rtol=tol, atol=tol)
-    for got, expected in zip(grads, torch.autograd.grad(ref, ref_in, dout.double().cpu().view(ref.shape))):
-        torch.testing.assert_close(got.double().cpu(), expected, rtol=tol, atol=tol * 4)
+    assert_close_to_reference(out.view(want.shape), grads, q, k, v, cu, cu_padded, window, dout.view(want.shape))
 
 
 def test_mask_type_spellings_and_forward_overrides():
