@@ -43,7 +43,14 @@ bool use_sm90_kernels() {
 
 const char* kernel_family() { return detail::use_sm90_kernels() ? "sm90" : "portable"; }
 
-bool cuda_supports_head_dim(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+bool cuda_supports_head_dims(int64_t head_dim, int64_t v_head_dim) {
+  if (v_head_dim == 0) v_head_dim = head_dim;
+  return v_head_dim == head_dim && (head_dim == 64 || head_dim == 128);
+}
+
+bool cuda_supports_head_dim(int64_t head_dim) { return cuda_supports_head_dims(head_dim, head_dim); }
+
+const char* cuda_head_dims_text() { return "D_qk = D_v in {64, 128}"; }
 
 namespace {
 

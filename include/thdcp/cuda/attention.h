@@ -43,8 +43,13 @@
 
 namespace thdcp::cuda {
 
-// Head dims the CUDA kernels are compiled for: 64 and 128.
+// The (D_qk, D_v) pairs the CUDA kernels are compiled for (cuda_head_dims_text names them);
+// v_head_dim 0 means D_v = head_dim, as in HeadShape.
+bool cuda_supports_head_dims(int64_t head_dim, int64_t v_head_dim);
+// cuda_supports_head_dims(head_dim, head_dim).
 bool cuda_supports_head_dim(int64_t head_dim);
+// The supported pairs in words, for error messages and usage text.
+const char* cuda_head_dims_text();
 
 // The kernels the current device runs: "sm90" (Hopper, compute capability 9.x: warpgroup
 // MMA kernels for the forward and the deterministic backward) or "portable" (mma.sync
