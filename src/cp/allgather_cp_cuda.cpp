@@ -27,6 +27,9 @@ using detail::Slot;
 
 int index_of(Slot slot) { return slot == Slot::kK ? 0 : 1; }
 
+// The head dim of a slot's tensor: D_qk for K (and dK), D_v for V (and dV).
+int64_t dim_of(const Problem& p, Slot slot) { return slot == Slot::kK ? p.head_dim : p.value_head_dim(); }
+
 // The rank's table (its shape and size are the same for every rank).
 cuda::TablePlan table_plan(const Problem& p, int rank = 0) {
   return cuda::TablePlan::all_gather_cp(p.capacity, p.cp, rank, p.mask);
@@ -65,7 +68,9 @@ struct Parts {
 Parts carve_parts(WorkspaceCarver& carver, const Problem& p, const AttentionOptions& options) {
   detail::validate_problem(p);
   Parts w;
-  const size_t elements = static_cast<size_t>(p.capacity.max_tokens * p.kv_heads * p.head_dim);
+  // Every K/V buffer has room for the wider of D_qk and D_v.
+  const size_t elements =
+      static_cast<size_t>(p.capacity.max_tokens * p.kv_heads * std::max(p.head_dim, p.value_head_dim()));
   const size_t local_elements = elements / static_cast<size_t>(p.cp);
   w.segments = carver.take<Segment>(table_plan(p).workspace_size());
   w.rank_rows = carver.take_array<int32_t>(static_cast<size_t>(p.capacity.max_tokens));
@@ -222,7 +227,7 @@ class CudaSteps {
 
   ConstThdTensor sequence_order(Slot slot) const {
     return ConstThdTensor(w_.parts.sequence[index_of(slot)], p_.dtype, p_.capacity.max_tokens,
-                          p_.kv_heads, p_.head_dim);
+                          p_.kv_heads, dim_of(p_, slot));
   }
 
   // Attention sinks of this step (null: none). A rank's query rows see every gathered key
@@ -245,8 +250,8 @@ class CudaSteps {
                                         ThdTensor dq) {
     int32_t* rank_rows = w_.parts.rank_rows;
     cuda::gathered_rows_of_sequence(layout_, p_.cp, rank_rows, current_);
-    const SequenceGrads grads{fp32(w_.parts.grad_ranked[0], p_.capacity.max_tokens),
-                              fp32(w_.parts.grad_ranked[1], p_.capacity.max_tokens)};
+    const SequenceGrads grads{fp32(w_.parts.grad_ranked[0], p_.capacity.max_tokens, Slot::kK),
+                              fp32(w_.parts.grad_ranked[1], p_.capacity.max_tokens, Slot::kV)};
     backward_ = BackwardTensors{q, k, v, out, dout, lse, dq, grads.dk, grads.dv};
     backward_.dkv_rows = rank_rows;
     backward_.sinks = sinks_;
@@ -264,8 +269,8 @@ class CudaSteps {
 
   // One buffer serves both of K and V: the collectives lane reduces and casts them one after
   // the other.
-  ThdTensor reduce_scatter(const ThdTensor& ranked, Slot) {
-    const ThdTensor local = fp32(w_.parts.grad_local, p_.local_rows());
+  ThdTensor reduce_scatter(const ThdTensor& ranked, Slot slot) {
+    const ThdTensor local = fp32(w_.parts.grad_local, p_.local_rows(), slot);
     comm_.reduce_scatter_sum(static_cast<const float*>(ranked.data), static_cast<float*>(local.data),
                              static_cast<size_t>(local.numel()), current_);
     return local;
@@ -280,8 +285,8 @@ class CudaSteps {
   }
 
  private:
-  ThdTensor fp32(float* data, int64_t rows) const {
-    return ThdTensor{data, DType::kFloat32, rows, p_.kv_heads, p_.head_dim};
+  ThdTensor fp32(float* data, int64_t rows, Slot slot) const {
+    return ThdTensor{data, DType::kFloat32, rows, p_.kv_heads, dim_of(p_, slot)};
   }
 
   cudaEvent_t ready(Ready what) const { return lanes_.ready[what == Ready::kKv ? 0 : 1]; }

@@ -39,18 +39,34 @@ bool use_sm90_kernels() {
   return major[device].load() == 9;
 }
 
+void set_dynamic_shared_memory(const void* kernel, size_t bytes, const char* kernel_name, int head_dim,
+                               int v_head_dim) {
+  const int device = current_device();
+  int limit = 0;
+  THDCP_CHECK_CUDA(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  THDCP_CHECK(bytes <= static_cast<size_t>(limit),
+              "head_dim=" << head_dim << ", v_head_dim=" << v_head_dim << ": " << kernel_name << " needs " << bytes
+                          << " bytes of shared memory per block and device " << device << " gives a block at most "
+                          << limit << ": use a GPU with more (Hopper: 232448) or smaller head dims");
+  THDCP_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
 }  // namespace detail
 
 const char* kernel_family() { return detail::use_sm90_kernels() ? "sm90" : "portable"; }
 
 bool cuda_supports_head_dims(int64_t head_dim, int64_t v_head_dim) {
   if (v_head_dim == 0) v_head_dim = head_dim;
-  return v_head_dim == head_dim && (head_dim == 64 || head_dim == 128);
+  if (head_dim == 192 && v_head_dim == 128) return true;  // MLA
+  return v_head_dim == head_dim &&
+         (head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 || head_dim == 256);
 }
 
 bool cuda_supports_head_dim(int64_t head_dim) { return cuda_supports_head_dims(head_dim, head_dim); }
 
-const char* cuda_head_dims_text() { return "D_qk = D_v in {64, 128}"; }
+const char* cuda_head_dims_text() {
+  return "D_qk = D_v in {64, 96, 128, 192, 256}, or D_qk 192 with D_v 128 (MLA)";
+}
 
 namespace {
 
@@ -124,12 +140,16 @@ Attention::Attention(const AttentionProblem& problem, const AttentionOptions& op
 
 namespace {
 
-ThdShape q_rows_of(const AttentionProblem& p) {
-  return ThdShape{p.capacity.max_tokens, "max_tokens", p.q_heads, "q_heads", p.head_dim};
+// The query-side and key-side shapes of the problem; `values`: of v, out, dout, dv (D_v).
+ThdShape q_rows_of(const AttentionProblem& p, bool values = false) {
+  return values ? ThdShape{p.capacity.max_tokens, "max_tokens", p.q_heads, "q_heads", p.value_head_dim(), "v_head_dim"}
+                : ThdShape{p.capacity.max_tokens, "max_tokens", p.q_heads, "q_heads", p.head_dim};
 }
 
-ThdShape kv_rows_of(const AttentionProblem& p) {
-  return ThdShape{p.capacity.max_tokens, "max_tokens", p.kv_heads, "kv_heads", p.head_dim};
+ThdShape kv_rows_of(const AttentionProblem& p, bool values = false) {
+  return values
+             ? ThdShape{p.capacity.max_tokens, "max_tokens", p.kv_heads, "kv_heads", p.value_head_dim(), "v_head_dim"}
+             : ThdShape{p.capacity.max_tokens, "max_tokens", p.kv_heads, "kv_heads", p.head_dim};
 }
 
 }  // namespace
@@ -145,8 +165,8 @@ void Attention::forward(const DeviceLayout& layout, const ForwardTensors& t, cud
   // The shapes in the problem's terms first (the plans check the rest: strides, alignment).
   for (const auto& [name, tensor, shape] : {std::make_tuple("q", t.q, q_rows_of(problem_)),
                                             std::make_tuple("k", t.k, kv_rows_of(problem_)),
-                                            std::make_tuple("v", t.v, kv_rows_of(problem_)),
-                                            std::make_tuple("out", ConstThdTensor(t.out), q_rows_of(problem_))}) {
+                                            std::make_tuple("v", t.v, kv_rows_of(problem_, true)),
+                                            std::make_tuple("out", ConstThdTensor(t.out), q_rows_of(problem_, true))}) {
     check_thd_shape(name, tensor, shape);
   }
   const DeviceSegmentTable table = table_.run(layout, segments_, stream);
@@ -156,11 +176,11 @@ void Attention::forward(const DeviceLayout& layout, const ForwardTensors& t, cud
 void Attention::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream) const {
   for (const auto& [name, tensor, shape] :
        {std::make_tuple("q", t.q, q_rows_of(problem_)), std::make_tuple("k", t.k, kv_rows_of(problem_)),
-        std::make_tuple("v", t.v, kv_rows_of(problem_)), std::make_tuple("out", t.out, q_rows_of(problem_)),
-        std::make_tuple("dout", t.dout, q_rows_of(problem_)),
+        std::make_tuple("v", t.v, kv_rows_of(problem_, true)), std::make_tuple("out", t.out, q_rows_of(problem_, true)),
+        std::make_tuple("dout", t.dout, q_rows_of(problem_, true)),
         std::make_tuple("dq", ConstThdTensor(t.dq), q_rows_of(problem_)),
         std::make_tuple("dk", ConstThdTensor(t.dk), kv_rows_of(problem_)),
-        std::make_tuple("dv", ConstThdTensor(t.dv), kv_rows_of(problem_))}) {
+        std::make_tuple("dv", ConstThdTensor(t.dv), kv_rows_of(problem_, true))}) {
     check_thd_shape(name, tensor, shape);
   }
   const DeviceSegmentTable table = table_.run(layout, segments_, stream);

@@ -30,17 +30,22 @@
 
 namespace thdcp::cuda::detail {
 
-template <int kHeadDim>
+// Head dims kDqk (q, k, dq) and kDv (v, dout); shared-memory rows of kQkRow and kVRow
+// elements. Above 128 columns, key tiles of 32 rows keep the K/V buffers within sm_80's
+// shared memory.
+template <int kDqk, int kDv>
 struct DqShape {
   static constexpr int kTileM = kDqTileRows;
-  static constexpr int kTileN = 64;
+  static constexpr int kTileN = kDqk > 128 || kDv > 128 ? 32 : 64;
   static constexpr int kWarps = kTileM / 16;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr size_t kSmemBytes = (2 * kTileM + 4 * kTileN) * kHeadDim * 2;
+  static constexpr int kQkRow = smem_row_elements(kDqk);
+  static constexpr int kVRow = smem_row_elements(kDv);
+  static constexpr size_t kSmemBytes = (kTileM + 2 * kTileN) * (kQkRow + kVRow) * 2;
 };
 
 // kFuseDq selects the tile of the fused-dQ path (see kDkvFusedTileRows in launch.h).
-template <int kHeadDim, bool kFuseDq>
+template <int kDqk, int kDv, bool kFuseDq>
 struct DkvShape {
   static constexpr int kTileN = kFuseDq ? kDkvFusedTileRows : kDkvTileRows;  // keys per block
   static constexpr int kTileM = 64;            // queries per step
@@ -49,16 +54,27 @@ struct DkvShape {
   // Blocks per SM the registers and shared memory allow (one 8-warp block of 128 keys; two
   // 4-warp blocks of 64 keys, which overlap each other's barriers).
   static constexpr int kMinBlocks = kWarps <= 4 ? 2 : 1;
-  // Warp w: keys [32 (w / 2), +32); queries [32 (w % 2), +32) of S^T and dP^T, and head-dim
-  // columns [(w % 2) D / 2, +D / 2) of dV and dK.
+  // Column slices (the grid's z, dkv_column_slices): block z owns columns [z D / kSlices,
+  // +D / kSlices) of dK (D = D_qk) and of dV (D = D_v).
+  static constexpr int kSlices = dkv_column_slices(kDqk, kDv);
+  // Warp w: keys [32 (w / 2), +32); queries [32 (w % 2), +32) of S^T and dP^T, and the
+  // (w % 2)-th half of the block's columns of dV and dK: kDkCols and kDvCols of them.
+  static constexpr int kDkCols = kDqk / (2 * kSlices);
+  static constexpr int kDvCols = kDv / (2 * kSlices);
   static_assert(kTileN == 32 * (kWarps / 2) && kTileM == 64, "warp layout");
-  // P^T and dS^T staged in storage precision: kTileN key rows of kTileM queries, swizzled
-  // like the other tiles: the 16-byte chunk c of row r sits at c ^ (r & 7), so the eight rows
-  // an ldmatrix phase reads and the eight rows a fragment store writes fall in different
-  // banks. At D = 128: 113 KiB for 64 keys (two blocks fill an
-  // H100/H200 SM's 228 KiB), 161 KiB for 128 keys (within sm_80's 163 KiB).
+  static_assert(kDkCols % 16 == 0 && kDvCols % 16 == 0 && kDkCols <= 64 && kDvCols <= 64,
+                "16-column steps, one address per step");
+  static_assert(!kFuseDq || portable_fuses_dq(kDqk, kDv), "dQ fused at D_qk = D_v in {64, 128} only");
+  static constexpr int kQkRow = smem_row_elements(kDqk);
+  static constexpr int kVRow = smem_row_elements(kDv);
+  // K, V, two Q and two dO tiles, the lse and delta rows, and P^T and dS^T staged in storage
+  // precision: kTileN key rows of kTileM queries, swizzled like the other tiles: the 16-byte
+  // chunk c of row r sits at c ^ (r & 7), so the eight rows an ldmatrix phase reads and the
+  // eight rows a fragment store writes fall in different banks. At D = 128: 113 KiB for 64
+  // keys (two blocks fill an H100/H200 SM's 228 KiB), 161 KiB for 128 keys (within sm_80's
+  // 163 KiB); at 256, 209 KiB (Hopper's 227 KiB; more than sm_80 gives a block).
   static constexpr size_t kSmemBytes =
-      (2 * kTileN + 4 * kTileM) * kHeadDim * 2 + 4 * kTileM * sizeof(float) + 2 * kTileN * kTileM * 2;
+      (kTileN + 2 * kTileM) * (kQkRow + kVRow) * 2 + 4 * kTileM * sizeof(float) + 2 * kTileN * kTileM * 2;
 };
 
 // Shared-memory byte addresses of this lane's ldmatrix rows for the four 16-column steps

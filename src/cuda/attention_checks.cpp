@@ -54,13 +54,10 @@ void check_shape(const AttentionShape& shape, bool backward) {
               "dtype " << dtype_name(shape.dtype)
                        << " (of q, k, v, out, dout) is not supported by the CUDA backend: use bf16 or fp16");
   check_head_shape(shape);
-  THDCP_CHECK(cuda_supports_head_dim(shape.head_dim),
-              "head_dim=" << shape.head_dim << " is not supported by the CUDA backend: use 64 or 128");
-  THDCP_CHECK(shape.value_head_dim() == shape.head_dim,
-              "v_head_dim=" << shape.value_head_dim() << " with head_dim=" << shape.head_dim
-                            << " is not supported by the CUDA backend: it supports v_head_dim = head_dim in {64, 128} "
-                               "(other pairs, MLA's 192/128 among them, come with the kernels of issue 27); "
-                               "the CPU backend takes any pair of multiples of 8 up to 256");
+  THDCP_CHECK(cuda_supports_head_dims(shape.head_dim, shape.value_head_dim()),
+              "head_dim=" << shape.head_dim << ", v_head_dim=" << shape.value_head_dim()
+                          << " is not supported by the CUDA backend: it serves " << cuda_head_dims_text()
+                          << "; the CPU backend takes any pair of multiples of 8 up to 256");
   THDCP_CHECK(shape.q_heads <= 65535, "q_heads=" << shape.q_heads << " is more than the CUDA grid's 65535");
   if (!backward) return;
   check_thd_dtype("dq", shape.dq_dtype, shape.dtype, /*or_fp32=*/true);
@@ -95,6 +92,14 @@ ThdShape q_shape(const AttentionShape& shape) {
 
 ThdShape kv_shape(const AttentionShape& shape) {
   return ThdShape{shape.table.k_rows, "k_rows", shape.kv_heads, "kv_heads", shape.head_dim};
+}
+
+ThdShape q_value_shape(const AttentionShape& shape) {
+  return ThdShape{shape.table.q_rows, "q_rows", shape.q_heads, "q_heads", shape.value_head_dim(), "v_head_dim"};
+}
+
+ThdShape kv_value_shape(const AttentionShape& shape) {
+  return ThdShape{shape.table.k_rows, "k_rows", shape.kv_heads, "kv_heads", shape.value_head_dim(), "v_head_dim"};
 }
 
 void check_view(const char* name, const ConstThdTensor& t, const ThdShape& shape, DType dtype, bool or_fp32) {

@@ -30,10 +30,12 @@ void check_shape(const AttentionShape& shape, bool backward);
 // array when it has entries.
 void check_table_matches(const AttentionShape& shape, const DeviceSegmentTable& table);
 
-// The shapes of a call's query-side ([q_rows, Hq, D]: q, out, dout, dq) and key-side
-// ([k_rows, Hkv, D]: k, v, dk, dv) tensors.
+// The shapes of a call's query-side ([q_rows, Hq, D_qk]: q, dq; [q_rows, Hq, D_v]: out,
+// dout) and key-side ([k_rows, Hkv, D_qk]: k, dk; [k_rows, Hkv, D_v]: v, dv) tensors.
 ThdShape q_shape(const AttentionShape& shape);
 ThdShape kv_shape(const AttentionShape& shape);
+ThdShape q_value_shape(const AttentionShape& shape);
+ThdShape kv_value_shape(const AttentionShape& shape);
 
 // run(): one THD tensor of the call has the expected shape and dtype (thdcp::check_thd_shape,
 // check_thd_dtype; or fp32 with `or_fp32`), strides >= 0 that the kernels can apply (each a

@@ -10,17 +10,22 @@ namespace thdcp::cuda::detail {
 
 // kFuseDq: also accumulate dQ += dS K into p.dq_accum with fp32 atomics (the order of the
 // additions, hence the last bits, varies between runs). Without it dq_kernel computes dQ.
-template <typename Storage, int kHeadDim, bool kFuseDq>
-__global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShape<kHeadDim, kFuseDq>::kMinBlocks)
+template <typename Storage, int kDqk, int kDv, bool kFuseDq>
+__global__ void __launch_bounds__(DkvShape<kDqk, kDv, kFuseDq>::kThreads, DkvShape<kDqk, kDv, kFuseDq>::kMinBlocks)
     dkv_kernel(const BackwardParams p, const BackwardStrides strides) {
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
-  using Shape = DkvShape<kHeadDim, kFuseDq>;
+  using Shape = DkvShape<kDqk, kDv, kFuseDq>;
   constexpr int kN = Shape::kTileN;
   constexpr int kM = Shape::kTileM;
-  constexpr int kD = kHeadDim;
-  constexpr int kHalfD = kD / 2;
+  constexpr int kQkRow = Shape::kQkRow;
+  constexpr int kVRow = Shape::kVRow;
+  constexpr int kDkCols = Shape::kDkCols;
+  constexpr int kDvCols = Shape::kDvCols;
+  constexpr int kQkSteps = kDqk / 16;
+  constexpr int kVSteps = kDv / 16;
   constexpr int kThreads = Shape::kThreads;
+  const int slice = Shape::kSlices > 1 ? static_cast<int>(blockIdx.z) : 0;
 
   const Mask mask{p.window_left, p.window_right};
   KeyTileWork work;
@@ -33,10 +38,10 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
 
   extern __shared__ __align__(128) unsigned char smem[];
   Element* k_tile = reinterpret_cast<Element*>(smem);
-  Element* v_tile = k_tile + kN * kD;
-  Element* q_tiles = v_tile + kN * kD;
-  Element* do_tiles = q_tiles + 2 * kM * kD;
-  float* lse_rows = reinterpret_cast<float*>(do_tiles + 2 * kM * kD);
+  Element* v_tile = k_tile + kN * kQkRow;
+  Element* q_tiles = v_tile + kN * kVRow;
+  Element* do_tiles = q_tiles + 2 * kM * kQkRow;
+  float* lse_rows = reinterpret_cast<float*>(do_tiles + 2 * kM * kVRow);
   float* delta_rows = lse_rows + 2 * kM;
   Element* pt_tile = reinterpret_cast<Element*>(delta_rows + 2 * kM);  // P^T  [key][query]
   Element* ds_tile = pt_tile + kN * kM;                                  // dS^T [key][query]
@@ -47,44 +52,54 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
   const Element* v = static_cast<const Element*>(p.v);
   // The accumulators (dQ's in the workspace, dK/dV's in the workspace or fp32 dk/dv) are
   // contiguous.
-  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kD;
-  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;
+  const int64_t q_stride = static_cast<int64_t>(p.q_heads) * kDqk;
+  const int64_t dk_stride = static_cast<int64_t>(p.kv_heads) * kDqk;
+  const int64_t dv_stride = static_cast<int64_t>(p.kv_heads) * kDv;
 
   if (steps == 0) return;  // no query sees these keys: their gradients stay 0
 
-  load_tile_async<kN, kD, kThreads>(k_tile, k, seg.k_row + n0, valid_k, strides.k, kv_head);
-  load_tile_async<kN, kD, kThreads>(v_tile, v, seg.k_row + n0, valid_k, strides.v, kv_head);
-  // Q/dO tile loads (load_tile_async's layout and zero fill) from per-thread row pointers:
+  load_tile_async<kN, kDqk, kThreads, kQkRow>(k_tile, k, seg.k_row + n0, valid_k, strides.k, kv_head);
+  load_tile_async<kN, kDv, kThreads, kVRow>(v_tile, v, seg.k_row + n0, valid_k, strides.v, kv_head);
+  // Q/dO tile loads (load_tile_async's layout and zero fill). Where Q and dO have one head
+  // dim whose chunks tile the threads in row passes (64, 128), from per-thread row pointers:
   // this thread copies chunk `q_chunk` of rows q_row0 + kQRowStep * i of each tile, so one
   // 32x32->64-bit multiply per tensor per step (row_offset) and one 64-bit step per row pass
-  // address them, and the shared-memory offsets past the first are constants.
-  constexpr int kQChunks = kD / 8;
+  // address them, and the shared-memory offsets past the first are constants. Otherwise as
+  // load_tile_async copies a tile.
+  constexpr bool kRowPasses = kDqk == kDv && kQkRow == kDqk && row_passes_fit<kM, kDqk, kThreads>();
+  constexpr int kQChunks = kDqk / 8;
   constexpr int kQRowStep = kThreads / kQChunks;
   constexpr int kQPasses = kM * kQChunks / kThreads;
-  static_assert(kM * kQChunks % kThreads == 0 && kQRowStep % 8 == 0, "Q/dO passes keep the swizzle phase");
   const int q_chunk = static_cast<int>(threadIdx.x) % kQChunks;
   const int q_row0 = static_cast<int>(threadIdx.x) / kQChunks;
-  const uint32_t q_smem = smem_address(q_tiles + swizzled_offset<kD>(q_row0, q_chunk));
-  constexpr uint32_t kDoBytes = 2 * kM * kD * 2;  // the dO buffers past the Q buffers
+  const uint32_t q_smem = smem_address(q_tiles + swizzled_offset<kQkRow>(q_row0, q_chunk));
+  constexpr uint32_t kDoBytes = 2 * kM * kQkRow * 2;  // the dO buffers past the Q buffers
   // Step s covers query tile m_begin + s % m_count of head kv_head * group + s / m_count,
   // kept as two counters (m_index, head_index) instead of a division per step.
   auto load_q = [&](int m_index, int head_index, int buffer) {
     const int head = kv_head * group + head_index;
     const int m0 = (m_begin + m_index) * kM;
     const int rows = max(0, min(kM, seg.q_len - m0));
-    const int thread_rows = rows - q_row0;  // rows this thread may read
-    const uint32_t row = static_cast<uint32_t>(seg.q_row + m0) + q_row0;
-    const Element* q_src = q + row_offset(strides.q, row, head, q_chunk);
-    const Element* do_src = dout + row_offset(strides.dout, row, head, q_chunk);
-    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kM * kD * 2);
+    if constexpr (kRowPasses) {
+      const int thread_rows = rows - q_row0;  // rows this thread may read
+      const uint32_t row = static_cast<uint32_t>(seg.q_row + m0) + q_row0;
+      const Element* q_src = q + row_offset(strides.q, row, head, q_chunk);
+      const Element* do_src = dout + row_offset(strides.dout, row, head, q_chunk);
+      const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kM * kQkRow * 2);
 #pragma unroll
-    for (int i = 0; i < kQPasses; ++i) {
-      const bool valid = kQRowStep * i < thread_rows;
-      const uint32_t dst = q_smem + buffer_bytes + static_cast<uint32_t>(kQRowStep * i * kD * 2);
-      cp_async_16(dst, valid ? q_src : q, valid);
-      cp_async_16(dst + kDoBytes, valid ? do_src : dout, valid);
-      q_src += pass_step<kQRowStep>(strides.q);
-      do_src += pass_step<kQRowStep>(strides.dout);
+      for (int i = 0; i < kQPasses; ++i) {
+        const bool valid = kQRowStep * i < thread_rows;
+        const uint32_t dst = q_smem + buffer_bytes + static_cast<uint32_t>(kQRowStep * i * kQkRow * 2);
+        cp_async_16(dst, valid ? q_src : q, valid);
+        cp_async_16(dst + kDoBytes, valid ? do_src : dout, valid);
+        q_src += pass_step<kQRowStep>(strides.q);
+        do_src += pass_step<kQRowStep>(strides.dout);
+      }
+    } else {
+      const int64_t first_row = static_cast<int64_t>(seg.q_row) + m0;
+      load_tile_async<kM, kDqk, kThreads, kQkRow>(q_tiles + buffer * kM * kQkRow, q, first_row, rows, strides.q, head);
+      load_tile_async<kM, kDv, kThreads, kVRow>(do_tiles + buffer * kM * kVRow, dout, first_row, rows, strides.dout,
+                                                head);
     }
     load_row_statistics_async<kM, true>(p, seg, head, m0, rows, lse_rows, delta_rows, buffer);
   };
@@ -97,39 +112,55 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
   const int pair_col = (lane & 3) * 2;
   const int key_row0 = (warp >> 1) * 32;     // the warp's 32 keys (every product)
   const int query_col0 = (warp & 1) * 32;    // its 32 queries of S^T and dP^T
-  const int dim_col0 = (warp & 1) * kHalfD;  // its head-dim half of dV and dK
+  // Its columns of dK and dV: half of the block's slice of each.
+  const int dk_col0 = slice * (kDqk / Shape::kSlices) + (warp & 1) * kDkCols;
+  const int dv_col0 = slice * (kDv / Shape::kSlices) + (warp & 1) * kDvCols;
 
-  // ldmatrix addresses (bwd_step_addresses): K A-fragments (V at + kN kD elements); Q
-  // B-fragments read [query][dim] (dO at + kDoBytes), Q B-fragments read transposed from
-  // the warp's head-dim half (likewise); P^T A-fragments of the stage (dS^T at + kN kM
-  // elements). Q and dO of buffer 0.
-  static_assert(kHalfD / 16 <= 4 && kM / 16 <= 4, "one address per 16-column step");
-  constexpr uint32_t kVBytes = kN * kD * 2;
+  // ldmatrix addresses (bwd_step_addresses): K and V A-fragments; Q and dO B-fragments read
+  // [query][dim], and read transposed from the warp's columns of dK and dV; P^T A-fragments
+  // of the stage (dS^T at + kN kM elements). Q and dO of buffer 0. Where the rows of K and V
+  // (Q and dO) are alike, V's (dO's) are K's (Q's) plus a constant.
+  static_assert(kM / 16 <= 4, "one address per 16-column step");
   constexpr uint32_t kDsBytes = kN * kM * 2;
   uint32_t kv_address[4];
+  uint32_t v_address[4];
   uint32_t qn_address[4];
+  uint32_t don_address[4];
   uint32_t qt_address[4];
+  uint32_t dot_address[4];
   uint32_t stage_address[4];
-  bwd_step_addresses<kD>(kv_address, smem_address(k_tile), key_row0 + (lane & 15), 0, lane >> 4);
-  bwd_step_addresses<kD>(qn_address, smem_address(q_tiles), query_col0 + (lane & 7) + ((lane >> 4) << 3), 0,
-                         (lane >> 3) & 1);
-  bwd_step_addresses<kD>(qt_address, smem_address(q_tiles), (lane & 7) + (((lane >> 3) & 1) << 3), dim_col0 >> 3,
-                         lane >> 4);
+  const int qn_row = query_col0 + (lane & 7) + ((lane >> 4) << 3);
+  const int qt_row = (lane & 7) + (((lane >> 3) & 1) << 3);
+  bwd_step_addresses<kQkRow>(kv_address, smem_address(k_tile), key_row0 + (lane & 15), 0, lane >> 4);
+  bwd_step_addresses<kQkRow>(qn_address, smem_address(q_tiles), qn_row, 0, (lane >> 3) & 1);
+  bwd_step_addresses<kQkRow>(qt_address, smem_address(q_tiles), qt_row, dk_col0 >> 3, lane >> 4);
+  if constexpr (kDqk == kDv) {
+    constexpr uint32_t kVBytes = kN * kQkRow * 2;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v_address[i] = kv_address[i] + kVBytes;
+      don_address[i] = qn_address[i] + kDoBytes;
+      dot_address[i] = qt_address[i] + kDoBytes;
+    }
+  } else {
+    bwd_step_addresses<kVRow>(v_address, smem_address(v_tile), key_row0 + (lane & 15), 0, lane >> 4);
+    bwd_step_addresses<kVRow>(don_address, smem_address(do_tiles), qn_row, 0, (lane >> 3) & 1);
+    bwd_step_addresses<kVRow>(dot_address, smem_address(do_tiles), qt_row, dv_col0 >> 3, lane >> 4);
+  }
   bwd_step_addresses<kM>(stage_address, smem_address(pt_tile), key_row0 + (lane & 15), 0, lane >> 4);
   // Byte offset in the stage of this thread's fragment rows (key_row0 + group_row, + 8, ...)
   // at column pair_col; the swizzled chunk is added per 8-column block.
   char* const pt_bytes = reinterpret_cast<char*>(pt_tile);
   const int stage_row_bytes = (key_row0 + group_row) * kM * 2 + pair_col * 2;
 
-  float dk[2][kHalfD / 8][4];
-  float dv[2][kHalfD / 8][4];
+  float dk[2][kDkCols / 8][4];
+  float dv[2][kDvCols / 8][4];
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
-    for (int i = 0; i < kHalfD / 8; ++i) {
-      dk[mi][i][0] = dk[mi][i][1] = dk[mi][i][2] = dk[mi][i][3] = 0.0f;
-      dv[mi][i][0] = dv[mi][i][1] = dv[mi][i][2] = dv[mi][i][3] = 0.0f;
-    }
+    for (int i = 0; i < kDkCols / 8; ++i) dk[mi][i][0] = dk[mi][i][1] = dk[mi][i][2] = dk[mi][i][3] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDvCols / 8; ++i) dv[mi][i][0] = dv[mi][i][1] = dv[mi][i][2] = dv[mi][i][3] = 0.0f;
   }
 
   int m_index = 0;
@@ -144,14 +175,16 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
     }
     prefetch_next_and_wait(step + 1 < steps, [&] { load_q(next_m, next_head, buffer ^ 1); });
     __syncthreads();
-    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kM * kD * 2);
+    const uint32_t q_buffer_bytes = static_cast<uint32_t>(buffer * kM * kQkRow * 2);
+    const uint32_t do_buffer_bytes = static_cast<uint32_t>(buffer * kM * kVRow * 2);
     const float* lse_tile = lse_rows + buffer * kM;
     const float* delta_tile = delta_rows + buffer * kM;
     const int m0 = (m_begin + m_index) * kM;
     const bool unmasked = dkv_step_unmasked(seg, mask, n0, valid_k, kN, m0, kM);
 
     {
-      // S^T = K Q^T and dP^T = V dO^T for the warp's 32 keys x 32 queries.
+      // S^T = K Q^T (over D_qk) and dP^T = V dO^T (over D_v) for the warp's 32 keys x 32
+      // queries, in one loop over the wider.
       float st[2][4][4];
       float dpt[2][4][4];
 #pragma unroll
@@ -163,30 +196,32 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
         }
       }
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
+      for (int kk = 0; kk < (kQkSteps > kVSteps ? kQkSteps : kVSteps); ++kk) {
         uint32_t a_k[2][4];
         uint32_t a_v[2][4];
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
-          const uint32_t address = kv_address[kk & 3] + (kk >> 2) * 128 + mi * 16 * kD * 2;
-          ldmatrix_x4(a_k[mi], address);
-          ldmatrix_x4(a_v[mi], address + kVBytes);
+          if (kk < kQkSteps) ldmatrix_x4(a_k[mi], kv_address[kk & 3] + (kk >> 2) * 128 + mi * 16 * kQkRow * 2);
+          if (kk < kVSteps) ldmatrix_x4(a_v[mi], v_address[kk & 3] + (kk >> 2) * 128 + mi * 16 * kVRow * 2);
         }
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           uint32_t b[4];
-          const uint32_t address = qn_address[kk & 3] + buffer_bytes + (kk >> 2) * 128 + np * 16 * kD * 2;
-          ldmatrix_x4(b, address);
+          if (kk < kQkSteps) {
+            ldmatrix_x4(b, qn_address[kk & 3] + q_buffer_bytes + (kk >> 2) * 128 + np * 16 * kQkRow * 2);
 #pragma unroll
-          for (int mi = 0; mi < 2; ++mi) {
-            mma_16816<Storage>(st[mi][2 * np], a_k[mi], b[0], b[1]);
-            mma_16816<Storage>(st[mi][2 * np + 1], a_k[mi], b[2], b[3]);
+            for (int mi = 0; mi < 2; ++mi) {
+              mma_16816<Storage>(st[mi][2 * np], a_k[mi], b[0], b[1]);
+              mma_16816<Storage>(st[mi][2 * np + 1], a_k[mi], b[2], b[3]);
+            }
           }
-          ldmatrix_x4(b, address + kDoBytes);
+          if (kk < kVSteps) {
+            ldmatrix_x4(b, don_address[kk & 3] + do_buffer_bytes + (kk >> 2) * 128 + np * 16 * kVRow * 2);
 #pragma unroll
-          for (int mi = 0; mi < 2; ++mi) {
-            mma_16816<Storage>(dpt[mi][2 * np], a_v[mi], b[0], b[1]);
-            mma_16816<Storage>(dpt[mi][2 * np + 1], a_v[mi], b[2], b[3]);
+            for (int mi = 0; mi < 2; ++mi) {
+              mma_16816<Storage>(dpt[mi][2 * np], a_v[mi], b[0], b[1]);
+              mma_16816<Storage>(dpt[mi][2 * np + 1], a_v[mi], b[2], b[3]);
+            }
           }
         }
       }
@@ -259,8 +294,8 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
     }
     __syncthreads();  // every warp's P^T and dS^T rows are staged
 
-    // dV += P^T dO and dK += dS^T Q for the warp's 32 keys x D/2 columns (reduction over
-    // the step's kM queries).
+    // dV += P^T dO and dK += dS^T Q for the warp's 32 keys x its kDvCols and kDkCols
+    // columns (reduction over the step's kM queries).
 #pragma unroll
     for (int j = 0; j < kM / 16; ++j) {
       uint32_t a_p[2][4];
@@ -272,20 +307,23 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
         ldmatrix_x4(a_ds[mi], address + kDsBytes);
       }
 #pragma unroll
-      for (int dcol = 0; dcol < kHalfD / 16; ++dcol) {
+      for (int dcol = 0; dcol < (kDkCols > kDvCols ? kDkCols : kDvCols) / 16; ++dcol) {
         uint32_t b[4];
-        const uint32_t address = qt_address[dcol] + buffer_bytes + j * 16 * kD * 2;
-        ldmatrix_x4_trans(b, address + kDoBytes);
+        if (dcol < kDvCols / 16) {
+          ldmatrix_x4_trans(b, dot_address[dcol] + do_buffer_bytes + j * 16 * kVRow * 2);
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-          mma_16816<Storage>(dv[mi][2 * dcol], a_p[mi], b[0], b[1]);
-          mma_16816<Storage>(dv[mi][2 * dcol + 1], a_p[mi], b[2], b[3]);
+          for (int mi = 0; mi < 2; ++mi) {
+            mma_16816<Storage>(dv[mi][2 * dcol], a_p[mi], b[0], b[1]);
+            mma_16816<Storage>(dv[mi][2 * dcol + 1], a_p[mi], b[2], b[3]);
+          }
         }
-        ldmatrix_x4_trans(b, address);
+        if (dcol < kDkCols / 16) {
+          ldmatrix_x4_trans(b, qt_address[dcol] + q_buffer_bytes + j * 16 * kQkRow * 2);
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-          mma_16816<Storage>(dk[mi][2 * dcol], a_ds[mi], b[0], b[1]);
-          mma_16816<Storage>(dk[mi][2 * dcol + 1], a_ds[mi], b[2], b[3]);
+          for (int mi = 0; mi < 2; ++mi) {
+            mma_16816<Storage>(dk[mi][2 * dcol], a_ds[mi], b[0], b[1]);
+            mma_16816<Storage>(dk[mi][2 * dcol + 1], a_ds[mi], b[2], b[3]);
+          }
         }
       }
     }
@@ -296,7 +334,7 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
       // A = dS read transposed from the key-major stage, B = K read transposed from its
       // row-major tile.
       constexpr int kColumnGroups = Shape::kWarps / 2;
-      constexpr int kCols = kD / kColumnGroups;
+      constexpr int kCols = kDqk / kColumnGroups;
       static_assert(kCols / 16 <= 4, "one address per 16-column step");
       const int q_row0 = (warp / kColumnGroups) * 32;
       const int col0 = (warp % kColumnGroups) * kCols;
@@ -307,7 +345,7 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
       uint32_t kt_address[4];
       bwd_step_addresses<kM>(dst_address, smem_address(pt_tile) + kDsBytes, (lane & 7) + ((lane >> 4) << 3),
                              q_row0 >> 3, (lane >> 3) & 1);
-      bwd_step_addresses<kD>(kt_address, smem_address(k_tile), (lane & 7) + (((lane >> 3) & 1) << 3), col0 >> 3,
+      bwd_step_addresses<kQkRow>(kt_address, smem_address(k_tile), (lane & 7) + (((lane >> 3) & 1) << 3), col0 >> 3,
                              lane >> 4);
       float dq_part[2][kCols / 8][4];
 #pragma unroll
@@ -327,7 +365,7 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
 #pragma unroll
         for (int np = 0; np < kCols / 16; ++np) {
           uint32_t b[4];
-          ldmatrix_x4_trans(b, kt_address[np] + kk * 16 * kD * 2);
+          ldmatrix_x4_trans(b, kt_address[np] + kk * 16 * kQkRow * 2);
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
             mma_16816<Storage>(dq_part[mi][2 * np], a[mi], b[0], b[1]);
@@ -343,7 +381,7 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
           const int q_index = m0 + q_row0 + mi * 16 + group_row + half * 8;
           if (q_index >= seg.q_len) continue;
           float* dst = p.dq_accum + (static_cast<int64_t>(seg.q_row) + q_index) * q_stride +
-                       static_cast<int64_t>(head) * kD + col0 + pair_col;
+                       static_cast<int64_t>(head) * kDqk + col0 + pair_col;
 #pragma unroll
           for (int nf = 0; nf < kCols / 8; ++nf) {
             atomicAdd(dst + nf * 8, dq_part[mi][nf][2 * half]);
@@ -357,7 +395,8 @@ __global__ void __launch_bounds__(DkvShape<kHeadDim, kFuseDq>::kThreads, DkvShap
     __syncthreads();  // the Q/dO buffer and the stages are refilled by the next step
   }
 
-  add_dkv_rows<kD>(p, seg, kv_head, n0, key_row0, valid_k, dim_col0, kv_stride, dk, dv);
+  add_dkv_rows<kDqk, kDv, kDkCols, kDvCols>(p, seg, kv_head, n0, key_row0, valid_k, dk_col0, dv_col0, dk_stride,
+                                            dv_stride, dk, dv);
 }
 
 }  // namespace thdcp::cuda::detail

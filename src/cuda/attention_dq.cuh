@@ -7,15 +7,16 @@
 
 namespace thdcp::cuda::detail {
 
-template <typename Storage, int kHeadDim>
-__global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads)
+template <typename Storage, int kDqk, int kDv>
+__global__ void __launch_bounds__(DqShape<kDqk, kDv>::kThreads)
     dq_kernel(const BackwardParams p, const BackwardStrides strides) {
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
-  using Shape = DqShape<kHeadDim>;
+  using Shape = DqShape<kDqk, kDv>;
   constexpr int kM = Shape::kTileM;
   constexpr int kN = Shape::kTileN;
-  constexpr int kD = kHeadDim;
+  constexpr int kQkRow = Shape::kQkRow;
+  constexpr int kVRow = Shape::kVRow;
   constexpr int kThreads = Shape::kThreads;
 
   QueryTileWork work;
@@ -32,9 +33,9 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads)
 
   extern __shared__ __align__(128) unsigned char smem[];
   Element* q_tile = reinterpret_cast<Element*>(smem);
-  Element* do_tile = q_tile + kM * kD;
-  Element* k_tiles = do_tile + kM * kD;
-  Element* v_tiles = k_tiles + 2 * kN * kD;
+  Element* do_tile = q_tile + kM * kQkRow;
+  Element* k_tiles = do_tile + kM * kVRow;
+  Element* v_tiles = k_tiles + 2 * kN * kQkRow;
 
   const Element* q = static_cast<const Element*>(p.q);
   const Element* dout = static_cast<const Element*>(p.dout);
@@ -42,9 +43,9 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads)
   const Element* v = static_cast<const Element*>(p.v);
 
   // Rows past q_len are zero-filled: padding rows of dout may hold anything.
-  load_tile_async<kM, kD, kThreads>(q_tile, q, seg.q_row + m0, valid_q, strides.q, head);
-  load_tile_async<kM, kD, kThreads>(do_tile, dout, seg.q_row + m0, valid_q, strides.dout, head);
-  const KvTileLoader<Element, kN, kD, kThreads> kv(k, v, strides.k, strides.v, seg, kv_head, k_tiles, v_tiles);
+  load_tile_async<kM, kDqk, kThreads, kQkRow>(q_tile, q, seg.q_row + m0, valid_q, strides.q, head);
+  load_tile_async<kM, kDv, kThreads, kVRow>(do_tile, dout, seg.q_row + m0, valid_q, strides.dout, head);
+  const KvTileLoader<Element, kN, kDqk, kDv, kThreads> kv(k, v, strides.k, strides.v, seg, kv_head, k_tiles, v_tiles);
   if (n_begin < n_end) kv.load(n_begin, 0);
   cp_async_commit();
 
@@ -54,31 +55,46 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads)
   const int pair_col = (lane & 3) * 2;
   const int warp_row0 = warp * 16;
 
-  // ldmatrix addresses (bwd_step_addresses): Q A-fragments (dO at + kM kD elements), K
-  // B-fragments read [key][dim] (V at + 2 kN kD elements), K B-fragments read transposed;
-  // K and V of buffer 0.
+  // ldmatrix addresses (bwd_step_addresses): Q and dO A-fragments, K and V B-fragments read
+  // [key][dim], K B-fragments read transposed; K and V of buffer 0. Where the rows of Q and
+  // dO (K and V) are alike, dO's (V's) are Q's (K's) plus a constant.
   uint32_t q_address[4];
+  uint32_t do_address[4];
   uint32_t k_address[4];
+  uint32_t v_address[4];
   uint32_t kt_address[4];
-  bwd_step_addresses<kD>(q_address, smem_address(q_tile), warp_row0 + (lane & 15), 0, lane >> 4);
-  bwd_step_addresses<kD>(k_address, smem_address(k_tiles), (lane & 7) + ((lane >> 4) << 3), 0, (lane >> 3) & 1);
-  bwd_step_addresses<kD>(kt_address, smem_address(k_tiles), (lane & 7) + (((lane >> 3) & 1) << 3), 0, lane >> 4);
-  constexpr uint32_t kDoBytes = kM * kD * 2;      // dO tile past the Q tile
-  constexpr uint32_t kVBytes = 2 * kN * kD * 2;   // V buffers past the K buffers
+  bwd_step_addresses<kQkRow>(q_address, smem_address(q_tile), warp_row0 + (lane & 15), 0, lane >> 4);
+  bwd_step_addresses<kQkRow>(k_address, smem_address(k_tiles), (lane & 7) + ((lane >> 4) << 3), 0, (lane >> 3) & 1);
+  bwd_step_addresses<kQkRow>(kt_address, smem_address(k_tiles), (lane & 7) + (((lane >> 3) & 1) << 3), 0,
+                             lane >> 4);
+  if constexpr (kQkRow == kVRow) {
+    constexpr uint32_t kDoBytes = kM * kQkRow * 2;     // dO tile past the Q tile
+    constexpr uint32_t kVBytes = 2 * kN * kQkRow * 2;  // V buffers past the K buffers
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      do_address[i] = q_address[i] + kDoBytes;
+      v_address[i] = k_address[i] + kVBytes;
+    }
+  } else {
+    bwd_step_addresses<kVRow>(do_address, smem_address(do_tile), warp_row0 + (lane & 15), 0, lane >> 4);
+    bwd_step_addresses<kVRow>(v_address, smem_address(v_tiles), (lane & 7) + ((lane >> 4) << 3), 0,
+                              (lane >> 3) & 1);
+  }
 
   float lse_log2[2];
   float delta[2];
   load_row_statistics(p, seg, head, m0, warp_row0 + group_row, valid_q, lse_log2, delta);
 
-  float dq[kD / 8][4];
+  float dq[kDqk / 8][4];
 #pragma unroll
-  for (int i = 0; i < kD / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+  for (int i = 0; i < kDqk / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
 
   for (int n = n_begin; n < n_end; ++n) {
     const int buffer = (n - n_begin) & 1;
     prefetch_next_and_wait(n + 1 < n_end, [&] { kv.load(n + 1, buffer ^ 1); });
     __syncthreads();
-    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer * kN * kD * 2);
+    const uint32_t k_buffer_bytes = static_cast<uint32_t>(buffer * kN * kQkRow * 2);
+    const uint32_t v_buffer_bytes = static_cast<uint32_t>(buffer * kN * kVRow * 2);
 
     float s[kN / 8][4];
     float dp[kN / 8][4];
@@ -87,22 +103,28 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads)
       s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
       dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
     }
+    // S = Q K^T over D_qk and dP = dO V^T over D_v, in one loop over the wider.
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
+    for (int kk = 0; kk < (kDqk > kDv ? kDqk : kDv) / 16; ++kk) {
+      constexpr int kQkSteps = kDqk / 16;
+      constexpr int kVSteps = kDv / 16;
       uint32_t a[4];
       uint32_t a_do[4];
-      ldmatrix_x4(a, q_address[kk & 3] + (kk >> 2) * 128);
-      ldmatrix_x4(a_do, q_address[kk & 3] + (kk >> 2) * 128 + kDoBytes);
+      if (kk < kQkSteps) ldmatrix_x4(a, q_address[kk & 3] + (kk >> 2) * 128);
+      if (kk < kVSteps) ldmatrix_x4(a_do, do_address[kk & 3] + (kk >> 2) * 128);
 #pragma unroll
       for (int np = 0; np < kN / 16; ++np) {
         uint32_t b[4];
-        const uint32_t address = k_address[kk & 3] + buffer_bytes + (kk >> 2) * 128 + np * 16 * kD * 2;
-        ldmatrix_x4(b, address);
-        mma_16816<Storage>(s[2 * np], a, b[0], b[1]);
-        mma_16816<Storage>(s[2 * np + 1], a, b[2], b[3]);
-        ldmatrix_x4(b, address + kVBytes);
-        mma_16816<Storage>(dp[2 * np], a_do, b[0], b[1]);
-        mma_16816<Storage>(dp[2 * np + 1], a_do, b[2], b[3]);
+        if (kk < kQkSteps) {
+          ldmatrix_x4(b, k_address[kk & 3] + k_buffer_bytes + (kk >> 2) * 128 + np * 16 * kQkRow * 2);
+          mma_16816<Storage>(s[2 * np], a, b[0], b[1]);
+          mma_16816<Storage>(s[2 * np + 1], a, b[2], b[3]);
+        }
+        if (kk < kVSteps) {
+          ldmatrix_x4(b, v_address[kk & 3] + v_buffer_bytes + (kk >> 2) * 128 + np * 16 * kVRow * 2);
+          mma_16816<Storage>(dp[2 * np], a_do, b[0], b[1]);
+          mma_16816<Storage>(dp[2 * np + 1], a_do, b[2], b[3]);
+        }
       }
     }
 
@@ -117,9 +139,9 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads)
                              Traits::pack(s[2 * j + 1][0], s[2 * j + 1][1]),
                              Traits::pack(s[2 * j + 1][2], s[2 * j + 1][3])};
 #pragma unroll
-      for (int dp_col = 0; dp_col < kD / 16; ++dp_col) {
+      for (int dp_col = 0; dp_col < kDqk / 16; ++dp_col) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, kt_address[dp_col & 3] + buffer_bytes + (dp_col >> 2) * 128 + j * 16 * kD * 2);
+        ldmatrix_x4_trans(b, kt_address[dp_col & 3] + k_buffer_bytes + (dp_col >> 2) * 128 + j * 16 * kQkRow * 2);
         mma_16816<Storage>(dq[2 * dp_col], a, b[0], b[1]);
         mma_16816<Storage>(dq[2 * dp_col + 1], a, b[2], b[3]);
       }
@@ -127,7 +149,7 @@ __global__ void __launch_bounds__(DqShape<kHeadDim>::kThreads)
     __syncthreads();
   }
   cp_async_wait<0>();
-  store_dq_rows<Storage, kD>(p, strides.dq, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
+  store_dq_rows<Storage, kDqk>(p, strides.dq, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
 }
 
 }  // namespace thdcp::cuda::detail

@@ -45,9 +45,8 @@ BackwardWorkspace carve_backward(WorkspaceCarver& carver, const AttentionShape& 
   w.k_start = carver.take_array<int>(static_cast<size_t>(table.capacity) + 1);
   w.delta = carver.take_array<float>(static_cast<size_t>(shape.q_heads * table.q_rows));
   if (shape.dkv_dtype != DType::kFloat32) {
-    const size_t accum = static_cast<size_t>(table.k_rows * shape.kv_heads * shape.head_dim);
-    w.dk_accum = carver.take_array<float>(accum);
-    w.dv_accum = carver.take_array<float>(accum);
+    w.dk_accum = carver.take_array<float>(static_cast<size_t>(table.k_rows * shape.kv_heads * shape.head_dim));
+    w.dv_accum = carver.take_array<float>(static_cast<size_t>(table.k_rows * shape.kv_heads * shape.value_head_dim()));
   }
   // [q_rows, q_heads, D] for the portable fused pass; the Hopper one's tiles of 64 rows for
   // each query tile of the dQ grid and head (as many rows or more), and its order counts.
@@ -80,12 +79,13 @@ void check_backward_tensors(const AttentionShape& shape, const BackwardTensors& 
   const ThdShape q = detail::q_shape(shape), kv = detail::kv_shape(shape);
   detail::check_view("q", t.q, q, shape.dtype);
   detail::check_view("k", t.k, kv, shape.dtype);
-  detail::check_view("v", t.v, kv, shape.dtype);
-  detail::check_view("out", t.out, q, shape.dtype);
-  detail::check_view("dout", t.dout, q, shape.dtype);
+  const ThdShape q_values = detail::q_value_shape(shape), kv_values = detail::kv_value_shape(shape);
+  detail::check_view("v", t.v, kv_values, shape.dtype);
+  detail::check_view("out", t.out, q_values, shape.dtype);
+  detail::check_view("dout", t.dout, q_values, shape.dtype);
   detail::check_view("dq", t.dq, q, shape.dq_dtype);
   detail::check_view("dk", t.dk, kv, shape.dkv_dtype);
-  detail::check_view("dv", t.dv, kv, shape.dkv_dtype);
+  detail::check_view("dv", t.dv, kv_values, shape.dkv_dtype);
   check_outputs_apart({{"dq", t.dq}, {"dk", t.dk}, {"dv", t.dv}},
                       {{"q", t.q}, {"k", t.k}, {"v", t.v}, {"out", t.out}, {"dout", t.dout}});
   // fp32 dK/dV are the kernels' accumulators themselves (zeroed with one memset, added to
@@ -122,7 +122,9 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const AttentionOptions& 
   detail::check_shape(shape_, /*backward=*/true);
   scale_ = resolve_softmax_scale(options_.softmax_scale, shape_.head_dim);
   device_ = detail::current_device();
-  sm90_ = detail::use_sm90_kernels();
+  const int head_dim = static_cast<int>(shape_.head_dim);
+  const int v_head_dim = static_cast<int>(shape_.value_head_dim());
+  sm90_ = detail::use_sm90_kernels() && detail::sm90_kernels_serve(head_dim, v_head_dim);
   // Hopper at head dim 128 fuses dQ into the dK/dV pass (dkvq_kernel_sm90), in key-tile
   // order in both modes: the ordered pass measured faster than the same pass in any order.
   // It does so without a left window, or on a single-device table with one of at least
@@ -131,12 +133,14 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const AttentionOptions& 
   // 4096, T = 131072, CP efficiency 0.732 (cp 2) and 0.601 (cp 4) in one pass against 0.804
   // and 0.698 in two). Narrower windows, and head dim 64 (branch wip/dkvq-d64), measured
   // slower in one pass than in the two, which Hopper runs there. The portable kernels fuse
-  // dQ only when deterministic = false (with atomics in any order).
+  // dQ only when deterministic = false (with atomics in any order), at the head dims whose
+  // fused pass they have (portable_fuses_dq; the other dims run two passes in either mode).
   // AttentionOptions::separate_dq_pass keeps the two passes on Hopper.
   const int64_t window_left = shape_.table.mask.window_left;
   const bool one_pass_window = window_left < 0 || (shape_.table.kind == TableKind::kSingleDevice &&
                                                      window_left >= kOnePassMinWindowLeft);
-  fused_dq_ = sm90_ ? shape_.head_dim == 128 && one_pass_window && !options_.separate_dq_pass : !options_.deterministic;
+  fused_dq_ = sm90_ ? head_dim == 128 && one_pass_window && !options_.separate_dq_pass
+                   : !options_.deterministic && detail::portable_fuses_dq(head_dim, v_head_dim);
   const int64_t grid_q = dq_grid_tiles(shape_.table);
   const int64_t grid_k = dkv_grid_tiles(shape_.table, dkv_tile_rows(sm90_, fused_dq_));
   THDCP_CHECK(grid_q <= std::numeric_limits<int32_t>::max() && grid_k <= std::numeric_limits<int32_t>::max(),
@@ -151,8 +155,8 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const AttentionOptions& 
                                << " and deterministic=" << options_.deterministic << ": pass a workspace of that size");
   detail::check_device_pointer("workspace", workspace, device_, kWorkspaceAlignment);
   workspace_ = workspace;
-  detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto kHeadDim) {
-    detail::configure_backward<decltype(storage), kHeadDim>(sm90_, fused_dq_);
+  detail::dispatch_instantiation(shape_.dtype, head_dim, v_head_dim, [&](auto storage, auto kDqk, auto kDv) {
+    detail::configure_backward<decltype(storage), kDqk, kDv>(sm90_, fused_dq_);
   });
 }
 
@@ -224,13 +228,14 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   // builds reaches a key row from at most two segments (segments_per_key_row), which keeps
   // the fp32 dK/dV accumulation order-independent.
   const int head_dim = static_cast<int>(shape_.head_dim);
+  const int v_head_dim = static_cast<int>(shape_.value_head_dim());
   if (keys) {
     // (Rows of the direct stores that no block writes stay 0 the same way.)
-    const size_t dkv_bytes = (direct_dkv ? dtype_size(t.dk.dtype) : sizeof(float)) * static_cast<size_t>(t.dk.numel());
-    if (dkv_bytes > 0) {
-      THDCP_CHECK_CUDA(cudaMemsetAsync(direct_dkv ? t.dk.data : params.dk_accum, 0, dkv_bytes, stream));
-      THDCP_CHECK_CUDA(cudaMemsetAsync(direct_dkv ? t.dv.data : params.dv_accum, 0, dkv_bytes, stream));
-    }
+    const size_t element = direct_dkv ? dtype_size(t.dk.dtype) : sizeof(float);
+    const size_t dk_bytes = element * static_cast<size_t>(t.dk.numel());
+    const size_t dv_bytes = element * static_cast<size_t>(t.dv.numel());
+    if (dk_bytes > 0) THDCP_CHECK_CUDA(cudaMemsetAsync(direct_dkv ? t.dk.data : params.dk_accum, 0, dk_bytes, stream));
+    if (dv_bytes > 0) THDCP_CHECK_CUDA(cudaMemsetAsync(direct_dkv ? t.dv.data : params.dv_accum, 0, dv_bytes, stream));
     const size_t dq_bytes = sizeof(float) * static_cast<size_t>(t.dq.numel());
     // (The Hopper pass writes each accumulator tile before it adds to it.)
     if (fused_dq_ && !sm90_ && dq_bytes > 0) THDCP_CHECK_CUDA(cudaMemsetAsync(params.dq_accum, 0, dq_bytes, stream));
@@ -243,7 +248,7 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
                               parts.q_start, dkv_tile_rows(sm90_, fused_dq_),
                               parts.k_start, nullptr, params.q_heads, nullptr, stream);
       detail::launch_delta(t.out.data, strides.out.row, strides.out.head, t.dout.data, strides.dout.row,
-                           strides.dout.head, shape_.dtype, table.q_rows, params.q_heads, head_dim, params.delta,
+                           strides.dout.head, shape_.dtype, table.q_rows, params.q_heads, v_head_dim, params.delta,
                            stream);
       if (t.dsinks) {
         detail::launch_sink_gradient(t.sinks, t.lse, params.delta, table.q_rows, params.q_heads, t.dsinks, stream);
@@ -256,15 +261,15 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   if (table.capacity > 0) {
     const int gq = queries ? static_cast<int>(dq_grid_tiles(table)) : 0;
     const int gk = keys ? static_cast<int>(dkv_grid_tiles(table, dkv_tile_rows(sm90_, fused_dq_))) : 0;
-    detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto kHeadDim) {
-      detail::launch_backward<decltype(storage), kHeadDim>(params, strides, sm90_, gq, gk, stream);
+    detail::dispatch_instantiation(shape_.dtype, head_dim, v_head_dim, [&](auto storage, auto kDqk, auto kDv) {
+      detail::launch_backward<decltype(storage), kDqk, kDv>(params, strides, sm90_, gq, gk, stream);
     });
   }
   if (keys && !fp32_dkv && !direct_dkv) {
     const detail::Strides dk = detail::strides_of(t.dk), dv = detail::strides_of(t.dv);
     detail::launch_cast_strided(params.dk_accum, t.dk.data, t.dk.dtype, table.k_rows, params.kv_heads, head_dim,
                                 dk.row, dk.head, 1.0f, stream);
-    detail::launch_cast_strided(params.dv_accum, t.dv.data, t.dv.dtype, table.k_rows, params.kv_heads, head_dim,
+    detail::launch_cast_strided(params.dv_accum, t.dv.data, t.dv.dtype, table.k_rows, params.kv_heads, v_head_dim,
                                 dv.row, dv.head, 1.0f, stream);
   }
   // The portable fused pass accumulates dS K in the key half; the softmax scale is applied

@@ -50,16 +50,18 @@ __device__ __forceinline__ void store_forward_rows(const ForwardParams& p, const
 }
 
 // The portable dK/dV pass's results: this warp's 32 key rows (from key_row0 of the block's
-// keys, which start at key n0 of the segment's, valid_k of them valid) x kD / 2 columns from
-// `dim_col0`, added into the
-// fp32 accumulators p.dk_accum (scaled by the softmax scale, applied once here) and
-// p.dv_accum, at the row p.dkv_rows maps each key to (or the key's own row). One fp32 addition
-// per (segment, element): with at most two segments reaching a key row and the accumulators
+// keys, which start at key n0 of the segment's, valid_k of them valid) x the columns of dk
+// (kDkColumns of them from dk_col0) and dv (kDvColumns from dv_col0), added
+// into the fp32 accumulators p.dk_accum ([rows, kv_heads, kDqk], row stride dk_stride;
+// scaled by the softmax scale, applied once here) and p.dv_accum ([rows, kv_heads, kDv]), at
+// the row p.dkv_rows maps each key to (or the key's own row). One fp32 addition per
+// (segment, element): with at most two segments reaching a key row and the accumulators
 // starting at zero, the result does not depend on their order.
-template <int kD>
+template <int kDqk, int kDv, int kDkColumns, int kDvColumns>
 __device__ __forceinline__ void add_dkv_rows(const BackwardParams& p, const Segment& seg, int kv_head, int n0,
-                                             int key_row0, int valid_k, int dim_col0, int64_t kv_stride,
-                                             const float (&dk)[2][kD / 16][4], const float (&dv)[2][kD / 16][4]) {
+                                             int key_row0, int valid_k, int dk_col0, int dv_col0, int64_t dk_stride,
+                                             int64_t dv_stride, const float (&dk)[2][kDkColumns / 8][4],
+                                             const float (&dv)[2][kDvColumns / 8][4]) {
   const int lane = threadIdx.x % 32;
   const int group_row = lane >> 2;
   const int pair_col = (lane & 3) * 2;
@@ -70,14 +72,19 @@ __device__ __forceinline__ void add_dkv_rows(const BackwardParams& p, const Segm
       const int key_local = key_row0 + 16 * mi + group_row + half * 8;
       if (key_local >= valid_k) continue;
       const int64_t key = static_cast<int64_t>(seg.k_row) + n0 + key_local;
-      const int64_t offset = (p.dkv_rows ? p.dkv_rows[key] : key) * kv_stride + static_cast<int64_t>(kv_head) * kD +
-                             dim_col0 + pair_col;
+      const int64_t row = p.dkv_rows ? p.dkv_rows[key] : key;
+      const int64_t dk_offset = row * dk_stride + static_cast<int64_t>(kv_head) * kDqk + dk_col0 + pair_col;
+      const int64_t dv_offset = row * dv_stride + static_cast<int64_t>(kv_head) * kDv + dv_col0 + pair_col;
 #pragma unroll
-      for (int df = 0; df < kD / 16; ++df) {
-        atomicAdd(p.dk_accum + offset + df * 8, dk[mi][df][2 * half] * p.scale);
-        atomicAdd(p.dk_accum + offset + df * 8 + 1, dk[mi][df][2 * half + 1] * p.scale);
-        atomicAdd(p.dv_accum + offset + df * 8, dv[mi][df][2 * half]);
-        atomicAdd(p.dv_accum + offset + df * 8 + 1, dv[mi][df][2 * half + 1]);
+      for (int df = 0; df < (kDkColumns > kDvColumns ? kDkColumns : kDvColumns) / 8; ++df) {
+        if (df < kDkColumns / 8) {
+          atomicAdd(p.dk_accum + dk_offset + df * 8, dk[mi][df][2 * half] * p.scale);
+          atomicAdd(p.dk_accum + dk_offset + df * 8 + 1, dk[mi][df][2 * half + 1] * p.scale);
+        }
+        if (df < kDvColumns / 8) {
+          atomicAdd(p.dv_accum + dv_offset + df * 8, dv[mi][df][2 * half]);
+          atomicAdd(p.dv_accum + dv_offset + df * 8 + 1, dv[mi][df][2 * half + 1]);
+        }
       }
     }
   }

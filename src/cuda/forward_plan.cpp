@@ -17,16 +17,18 @@ namespace {
 
 // Query tiles never overlap and lie inside q_rows, so their count is at most
 // ceil(q_rows / tile) plus one partial tile per segment.
-int64_t forward_grid_tiles(const DeviceSegmentTable& table, bool sm90, int head_dim) {
-  return detail::ceil_div(table.q_rows, detail::forward_tile_rows(sm90, head_dim)) + table.capacity;
+int64_t forward_grid_tiles(const DeviceSegmentTable& table, bool sm90, const AttentionShape& shape) {
+  const int tile_rows = detail::forward_tile_rows(sm90, static_cast<int>(shape.head_dim),
+                                                  static_cast<int>(shape.value_head_dim()));
+  return detail::ceil_div(table.q_rows, tile_rows) + table.capacity;
 }
 
 void check_forward_tensors(const AttentionShape& shape, const ForwardTensors& t) {
   const DeviceSegmentTable& table = shape.table;
   detail::check_view("q", t.q, detail::q_shape(shape), shape.dtype);
   detail::check_view("k", t.k, detail::kv_shape(shape), shape.dtype);
-  detail::check_view("v", t.v, detail::kv_shape(shape), shape.dtype);
-  detail::check_view("out", t.out, detail::q_shape(shape), shape.dtype);
+  detail::check_view("v", t.v, detail::kv_value_shape(shape), shape.dtype);
+  detail::check_view("out", t.out, detail::q_value_shape(shape), shape.dtype);
   check_outputs_apart({{"out", t.out}}, {{"q", t.q}, {"k", t.k}, {"v", t.v}});
   detail::check_float_array("lse", t.lse, shape.q_heads * table.q_rows);
   if (t.max_logit) detail::check_float_array("max_logit", t.max_logit, shape.q_heads);
@@ -49,7 +51,9 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const AttentionOptions& op
   THDCP_CHECK(options.sm_margin >= 0, "sm_margin=" << options.sm_margin
                                                    << " must be >= 0 (the SMs the forward leaves free; 0: none)");
   device_ = detail::current_device();
-  sm90_ = detail::use_sm90_kernels();
+  const int head_dim = static_cast<int>(shape_.head_dim);
+  const int v_head_dim = static_cast<int>(shape_.value_head_dim());
+  sm90_ = detail::use_sm90_kernels() && detail::sm90_kernels_serve(head_dim, v_head_dim);
   if (sm90_) {
     tensor_map_encoder_ = reinterpret_cast<void*>(detail::tensor_map_encoder());
     int multiprocessors = 0;
@@ -59,9 +63,8 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const AttentionOptions& op
                              << multiprocessors << "; pass at most " << multiprocessors - 1);
     sm_count_ = multiprocessors - options.sm_margin;  // the persistent kernel's blocks at most
   }
-  const int head_dim = static_cast<int>(shape_.head_dim);
-  THDCP_CHECK(forward_grid_tiles(shape_.table, sm90_, head_dim) <= std::numeric_limits<int32_t>::max(),
-              "too many query tiles: " << forward_grid_tiles(shape_.table, sm90_, head_dim)
+  THDCP_CHECK(forward_grid_tiles(shape_.table, sm90_, shape_) <= std::numeric_limits<int32_t>::max(),
+              "too many query tiles: " << forward_grid_tiles(shape_.table, sm90_, shape_)
                                        << " (q_rows=" << shape_.table.q_rows << ", capacity "
                                        << shape_.table.capacity << ")");
   const size_t needed = workspace_size(shape_);
@@ -71,8 +74,8 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const AttentionOptions& op
                                << ": pass a workspace of that size");
   detail::check_device_pointer("workspace", workspace, device_, kWorkspaceAlignment);
   workspace_ = workspace;
-  detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto kHeadDim) {
-    detail::configure_forward<decltype(storage), kHeadDim>(sm90_);
+  detail::dispatch_instantiation(shape_.dtype, head_dim, v_head_dim, [&](auto storage, auto kDqk, auto kDv) {
+    detail::configure_forward<decltype(storage), kDqk, kDv>(sm90_);
   });
 }
 
@@ -108,11 +111,12 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
 
   // Also sets max_logit to -inf (all that an empty table writes) and zeroes the counter.
   const int head_dim = static_cast<int>(shape_.head_dim);
-  detail::launch_schedule(table.segments, table.capacity, detail::forward_tile_rows(sm90_, head_dim),
+  const int v_head_dim = static_cast<int>(shape_.value_head_dim());
+  detail::launch_schedule(table.segments, table.capacity, detail::forward_tile_rows(sm90_, head_dim, v_head_dim),
                           static_cast<int*>(workspace_), 1, nullptr, t.max_logit,
                           params.q_heads, params.work_counter, stream);
   if (table.capacity == 0) return;
-  const int grid_tiles = static_cast<int>(forward_grid_tiles(table, sm90_, head_dim));
+  const int grid_tiles = static_cast<int>(forward_grid_tiles(table, sm90_, shape_));
   // The Hopper kernel's TMA maps: host arithmetic and a driver call per tensor, no stream
   // work (capture-safe); a graph keeps them with the kernel's parameters.
   detail::ForwardTensorMaps maps;
@@ -123,8 +127,8 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
     maps.v = detail::encode_thd_tensor_map(encode, "v", t.v, detail::kForwardSm90KeyRows);
   }
   const detail::ForwardTensorMaps* sm90_maps = sm90_ ? &maps : nullptr;
-  detail::dispatch_instantiation(shape_.dtype, shape_.head_dim, [&](auto storage, auto kHeadDim) {
-    detail::launch_forward<decltype(storage), kHeadDim>(params, strides, sm90_maps, grid_tiles, sm_count_, stream);
+  detail::dispatch_instantiation(shape_.dtype, head_dim, v_head_dim, [&](auto storage, auto kDqk, auto kDv) {
+    detail::launch_forward<decltype(storage), kDqk, kDv>(params, strides, sm90_maps, grid_tiles, sm_count_, stream);
   });
 }
 

@@ -152,8 +152,9 @@ __device__ __forceinline__ int pass_step(const Strides& strides) {
 }
 
 // Copies rows [0, kRows) of head `head` of a THD tensor, starting at `first_row`, into a
-// swizzled shared tile; rows >= valid_rows are zero-filled (never read).
-template <int kRows, int kHeadDim, int kThreads, typename Element>
+// swizzled shared tile of kRowElements-element rows (kHeadDim of them loaded); rows >=
+// valid_rows are zero-filled (never read).
+template <int kRows, int kHeadDim, int kThreads, int kRowElements = kHeadDim, typename Element>
 __device__ __forceinline__ void load_tile_async(Element* tile, const Element* tensor, int64_t first_row,
                                                 int valid_rows, const Strides& strides, int head) {
   constexpr int kChunks = kHeadDim / 8;
@@ -167,7 +168,7 @@ __device__ __forceinline__ void load_tile_async(Element* tile, const Element* te
     const bool valid = row < valid_rows;
     const Element* src =
         valid ? tensor + row_offset(strides, static_cast<uint32_t>(first_row + row), head, chunk) : tensor;
-    cp_async_16(smem_address(tile + swizzled_offset<kHeadDim>(row, chunk)), src, valid);
+    cp_async_16(smem_address(tile + swizzled_offset<kRowElements>(row, chunk)), src, valid);
   }
 }
 

@@ -21,4 +21,30 @@ constexpr int kDkvFusedTileRows = 128;
 // Key rows per block of the Hopper dK/dV/dQ pass (head dim 128): two consumer warpgroups.
 constexpr int kDkvqTileRows = 128;
 
+// Head dims. D_qk (q, k) and D_v (v, out, dout) are template parameters of the portable
+// kernels, which serve every pair the backend supports (cuda_supports_head_dims); the
+// Hopper kernels serve D_qk = D_v in {64, 128} and the portable ones run the rest on Hopper.
+constexpr bool sm90_kernels_serve(int head_dim, int v_head_dim) {
+  return head_dim == v_head_dim && (head_dim == 64 || head_dim == 128);
+}
+
+// Elements per shared-memory row of a tile of D-element rows: D rounded up to 64 elements, a
+// whole swizzle group of eight 16-byte chunks (96 -> 128: the padding chunks are neither
+// loaded nor read).
+constexpr int smem_row_elements(int head_dim) { return (head_dim + 63) / 64 * 64; }
+
+// Query rows per block of the portable forward: four warps of two 16-row fragments each, or
+// one fragment each above D_v 128 (the O accumulator's registers).
+constexpr int forward_portable_tile_rows(int v_head_dim) { return v_head_dim <= 128 ? kForwardTileRows : 64; }
+
+// Column slices of the portable dK/dV pass (its grid's z): above 128 columns a block's
+// dK and dV registers would spill, so each block owns 1/slices of their columns (and
+// recomputes S^T and dP^T for them).
+constexpr int dkv_column_slices(int head_dim, int v_head_dim) { return head_dim > 128 || v_head_dim > 128 ? 2 : 1; }
+
+// Whether the portable dK/dV pass can fuse the dQ pass (AttentionOptions::deterministic =
+// false): its dQ columns split over the block's warps in 16-column steps, at D_qk = D_v in
+// {64, 128}. Other pairs run the two deterministic passes in either mode.
+constexpr bool portable_fuses_dq(int head_dim, int v_head_dim) { return sm90_kernels_serve(head_dim, v_head_dim); }
+
 }  // namespace thdcp::cuda::detail
