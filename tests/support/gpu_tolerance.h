@@ -21,7 +21,8 @@ void expect_gpu_close(const Outputs& got, const Outputs& reference, DType dtype)
 
 // A GPU d(sink) [Hq] against `reference_dsinks`, the CPU reference's of the call on `b` with
 // `sinks` whose outputs were `reference` (sink_gradient_tolerance).
-::testing::AssertionResult gpu_dsinks_match(const std::vector<float>& dsinks, const std::vector<float>& reference_dsinks,
-                                            const Outputs& reference, const Batch& b, const std::vector<float>& sinks);
+::testing::AssertionResult gpu_dsinks_match(const std::vector<float>& dsinks,
+                                            const std::vector<float>& reference_dsinks, const Outputs& reference,
+                                            const Batch& b, const std::vector<float>& sinks);
 
 }  // namespace thdcp::test
