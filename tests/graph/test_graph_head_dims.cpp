@@ -30,7 +30,7 @@ class GraphHeadDims : public CudaTest, public ::testing::WithParamInterface<Bank
 TEST_P(GraphHeadDims, PackingsReplayedFromOneGraphEqualEagerAndTheReference) {
   const BankCase& c = GetParam();
   const int cp = 2;
-  const Shape s{c.dtype, 8, 2, c.dims.head_dim, c.mask, c.dims.v_head_dim};
+  const Shape s{c.dtype, 4, 1, c.dims.head_dim, c.mask, c.dims.v_head_dim};  // GQA 4
   const Capacity capacity = default_capacity(512, cp);
   const Packings p = make_packings(cp, capacity, s, 6);
   std::vector<How> how;
