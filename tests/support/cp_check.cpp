@@ -1,5 +1,6 @@
 #include "support/cp_check.h"
 
+#include <limits>
 #include <string>
 #include <tuple>
 
@@ -16,8 +17,16 @@ cp::Problem cp_problem(int cp, const Capacity& capacity, const Shape& s) {
 }
 
 Outputs single_device(const Batch& b, const Mask& mask, const AttentionOptions& options) {
+  std::vector<float> no_dsinks;
+  return single_device(b, mask, options, {}, no_dsinks);
+}
+
+Outputs single_device(const Batch& b, const Mask& mask, const AttentionOptions& options,
+                      const std::vector<float>& sinks, std::vector<float>& dsinks) {
   Outputs r = outputs_for(b, b.q.tokens(), b.q.dtype(), b.k.dtype());
-  cpu_reference(build_segment_table(b.layout.view(), mask), b, options, r);
+  dsinks.assign(sinks.size(), std::numeric_limits<float>::quiet_NaN());
+  cpu_reference(build_segment_table(b.layout.view(), mask), b, options, sinks.empty() ? nullptr : sinks.data(),
+                sinks.empty() ? nullptr : dsinks.data(), r);
   return r;
 }
 

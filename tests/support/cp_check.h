@@ -22,6 +22,10 @@ cp::Problem cp_problem(int cp, const Capacity& capacity, const Shape& s);
 // The CPU reference forward and backward of the whole batch (one segment per sequence).
 Outputs single_device(const Batch& b, const Mask& mask, const AttentionOptions& options);
 
+// The same with attention sinks [Hq] (empty: none); d(sink) into `dsinks` (resized to [Hq]).
+Outputs single_device(const Batch& b, const Mask& mask, const AttentionOptions& options,
+                      const std::vector<float>& sinks, std::vector<float>& dsinks);
+
 // The rows of `global` that rank `rank` of `cp` holds (split_for_rank).
 HostTensor local_part(const HostTensor& global, const LayoutView& layout, int cp, int rank);
 

@@ -11,4 +11,11 @@ void expect_gpu_close(const Outputs& got, const Outputs& reference, DType dtype)
   EXPECT_TRUE(matches("max_logit", got.max_logit, reference.max_logit, kGpuFp32ResultTolerance));
 }
 
+::testing::AssertionResult gpu_dsinks_match(const std::vector<float>& dsinks,
+                                            const std::vector<float>& reference_dsinks, const Outputs& reference,
+                                            const Batch& b, const std::vector<float>& sinks) {
+  return matches("dsinks", dsinks, reference_dsinks,
+                 sink_gradient_tolerance(reference.out, b.dout, reference.lse, sinks, reference_dsinks));
+}
+
 }  // namespace thdcp::test

@@ -76,10 +76,19 @@ std::string first_difference(const std::vector<float>& a, const std::vector<floa
 }
 
 void cpu_reference(const SegmentTable& table, const Batch& b, const AttentionOptions& options, Outputs& r) {
-  cpu::attention_forward(table, b.q.view(), b.k.view(), b.v.view(), r.out.view(), r.lse.data(), r.max_logit.data(),
-                         options);
-  cpu::attention_backward(table, b.q.view(), b.k.view(), b.v.view(), r.out.view(), b.dout.view(), r.lse.data(),
-                          r.dq.view(), r.dk.view(), r.dv.view(), options);
+  cpu_reference(table, b, options, nullptr, nullptr, r);
+}
+
+void cpu_reference(const SegmentTable& table, const Batch& b, const AttentionOptions& options, const float* sinks,
+                   float* dsinks, Outputs& r) {
+  cpu::attention_forward(
+      table, ForwardTensors{b.q.view(), b.k.view(), b.v.view(), r.out.view(), r.lse.data(), r.max_logit.data(), sinks},
+      options);
+  BackwardTensors g{b.q.view(), b.k.view(), b.v.view(), r.out.view(), b.dout.view(), r.lse.data(),
+                    r.dq.view(),  r.dk.view(), r.dv.view()};
+  g.sinks = sinks;
+  g.dsinks = dsinks;
+  cpu::attention_backward(table, g, options);
 }
 
 ::testing::AssertionResult all_written(const Outputs& o) {

@@ -39,6 +39,11 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b);
 // The CPU reference forward and backward of `b` over `table` into `r` (sized for it).
 void cpu_reference(const SegmentTable& table, const Batch& b, const AttentionOptions& options, Outputs& r);
 
+// The same with attention sinks: `sinks` [Hq] host fp32 (null: none) in the forward and the
+// backward, and d(sink) into `dsinks` [Hq] (null: not computed; needs sinks).
+void cpu_reference(const SegmentTable& table, const Batch& b, const AttentionOptions& options, const float* sinks,
+                   float* dsinks, Outputs& r);
+
 // No element is NaN (the poison): every output was written. Two NaN-poisoned buffers that no
 // call wrote would otherwise be equal bit for bit.
 ::testing::AssertionResult all_written(const Outputs& o);

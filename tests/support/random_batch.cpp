@@ -27,6 +27,14 @@ std::vector<int64_t> random_lengths(Rng& rng, int count, int64_t max_length) {
   return lengths;
 }
 
+std::vector<float> sink_logits(int64_t heads) {
+  std::vector<float> sinks(static_cast<size_t>(heads));
+  for (size_t h = 0; h < sinks.size(); ++h) sinks[h] = 0.5f * static_cast<float>(h % 5) - 1.0f;
+  sinks[0] = 6.0f;
+  if (heads > 1) sinks[1] = -std::numeric_limits<float>::infinity();
+  return sinks;
+}
+
 void poison(HostTensor& t) {
   for (int64_t i = 0; i < t.numel(); ++i) t.set(i, std::numeric_limits<float>::quiet_NaN());
 }

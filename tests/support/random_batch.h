@@ -33,6 +33,11 @@ Batch make_batch(const BatchLayout& layout, DType dtype, int64_t q_heads, int64_
 // `count` lengths drawn uniformly from [0, max_length].
 std::vector<int64_t> random_lengths(Rng& rng, int count, int64_t max_length);
 
+// Attention sinks [heads] for a test: head 0's far above every score (its rows' out shrinks
+// to almost 0 and the running max starts at the sink), head 1 without one (-inf), the others
+// in [-1, 1].
+std::vector<float> sink_logits(int64_t heads);
+
 // Fills a tensor / float buffer with NaN so that an unwritten element cannot pass.
 void poison(HostTensor& t);
 void poison(std::vector<float>& v);

@@ -1,4 +1,4 @@
-// What a test case runs: the storage dtype, the heads, the head dim and the mask.
+// What a test case runs: the storage dtype, the heads, the head dims and the mask.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +16,9 @@ struct Shape {
   int64_t kv_heads = 2;
   int64_t head_dim = 64;
   Mask mask = Mask::causal();
+  int64_t v_head_dim = 0;  // D_v of v, out, dout, dv; 0: head_dim
 
-  HeadShape heads() const { return HeadShape{q_heads, kv_heads, head_dim}; }
+  HeadShape heads() const { return HeadShape{q_heads, kv_heads, head_dim, v_head_dim}; }
 };
 
 // The shape of `b` (its dtype and heads) with `mask`.

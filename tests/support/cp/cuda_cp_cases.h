@@ -23,8 +23,9 @@ struct EdgeCase {
   Mask mask;
   int q_heads, kv_heads, head_dim;
   DType dtype;
+  int v_head_dim = 0;  // D_v; 0: head_dim
 
-  Shape shape() const { return Shape{dtype, q_heads, kv_heads, head_dim, mask}; }
+  Shape shape() const { return Shape{dtype, q_heads, kv_heads, head_dim, mask, v_head_dim}; }
 };
 
 const std::vector<EdgeCase>& edge_cases();

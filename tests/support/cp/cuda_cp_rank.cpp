@@ -33,9 +33,13 @@ void CudaCpRank::load(const Batch& b) {
   tensors_.poison_outputs(stream_);
 }
 
-void CudaCpRank::step(cudaStream_t stream, cp::KvSource kv) {
-  plan_->forward(layout(), forward_tensors(), stream);
-  plan_->backward(layout(), backward_tensors(), stream, kv);
+void CudaCpRank::step(cudaStream_t stream, cp::KvSource kv, const float* sinks, float* dsinks) {
+  ForwardTensors forward = forward_tensors();
+  BackwardTensors backward = backward_tensors();
+  forward.sinks = backward.sinks = sinks;
+  backward.dsinks = dsinks;
+  plan_->forward(layout(), forward, stream);
+  plan_->backward(layout(), backward, stream, kv);
 }
 
 Outputs CudaCpRank::download() {

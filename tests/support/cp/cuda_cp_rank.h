@@ -36,8 +36,11 @@ class CudaCpRank {
   ForwardTensors forward_tensors() { return tensors_.forward_tensors(); }
   BackwardTensors backward_tensors() { return tensors_.backward_tensors(); }
 
-  // Enqueues forward then backward on `stream` (capture-safe).
-  void step(cudaStream_t stream, cp::KvSource kv = cp::KvSource::kGather);
+  // Enqueues forward then backward on `stream` (capture-safe), with attention sinks where
+  // `sinks` (device [Hq] fp32) is given, and their gradient into `dsinks` (device [Hq] fp32)
+  // where that is given too.
+  void step(cudaStream_t stream, cp::KvSource kv = cp::KvSource::kGather, const float* sinks = nullptr,
+            float* dsinks = nullptr);
 
   Outputs download();
 

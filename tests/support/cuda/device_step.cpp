@@ -7,12 +7,12 @@ namespace thdcp::test {
 DeviceStep::DeviceStep(DType dtype, int64_t q_rows, int64_t k_rows, const HeadShape& heads, DType grad_dtype)
     : q(dtype, q_rows, heads.q_heads, heads.head_dim),
       k(dtype, k_rows, heads.kv_heads, heads.head_dim),
-      v(dtype, k_rows, heads.kv_heads, heads.head_dim),
-      dout(dtype, q_rows, heads.q_heads, heads.head_dim),
-      out(dtype, q_rows, heads.q_heads, heads.head_dim),
+      v(dtype, k_rows, heads.kv_heads, heads.value_head_dim()),
+      dout(dtype, q_rows, heads.q_heads, heads.value_head_dim()),
+      out(dtype, q_rows, heads.q_heads, heads.value_head_dim()),
       dq(grad_dtype, q_rows, heads.q_heads, heads.head_dim),
       dk(grad_dtype, k_rows, heads.kv_heads, heads.head_dim),
-      dv(grad_dtype, k_rows, heads.kv_heads, heads.head_dim),
+      dv(grad_dtype, k_rows, heads.kv_heads, heads.value_head_dim()),
       lse(sizeof(float) * static_cast<size_t>(heads.q_heads * q_rows)),
       max_logit(sizeof(float) * static_cast<size_t>(heads.q_heads)) {}
 

@@ -1,5 +1,7 @@
 // The device tensors of one attention step (forward and backward), as the GPU tests hold
 // them: inputs q, k, v, dout; outputs out, dq, dk, dv, lse [Hq, q_rows], max_logit [Hq].
+// q, k, dq, dk have head dim D_qk (HeadShape::head_dim); v, dout, out, dv D_v
+// (HeadShape::value_head_dim()).
 #pragma once
 
 #include <cuda_runtime_api.h>
