@@ -14,7 +14,7 @@ std::string usage_with_cuda_head_dims(const char* usage);
 
 // Empty when the CUDA kernels take head_dim (--head-dim) with v_head_dim (--v-head-dim; 0:
 // D_v = head_dim); else why not, naming the flags, their values and what the kernels take:
-// "--head-dim 192 --v-head-dim 64: the CUDA kernels take D_qk = D_v in {64, 128}".
+// "--head-dim 192 --v-head-dim 64: the CUDA kernels take " + cuda::cuda_head_dims_text().
 std::string cuda_head_dims_refusal(int64_t head_dim, int64_t v_head_dim);
 
 // Throws UsageError (exit 2) with cuda_head_dims_refusal's reason, when there is one.
