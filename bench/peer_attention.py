@@ -16,7 +16,9 @@ timed on; what fails the check is not timed.
 
 Reads the document lengths written by `thdcp bench --lengths-out FILE`, packs them back to
 back (no padding: every peer takes cu_seqlens of the real tokens), and counts TFLOP/s from the
-same exact allowed (query, key) pairs as thdcp: fwd 4*pairs*D*Hq, bwd 10*pairs*D*Hq.
+same exact allowed (query, key) pairs as thdcp: fwd 2*pairs*Hq*(D_qk+D_v), bwd
+2*pairs*Hq*(3*D_qk+2*D_v) (4*pairs*D*Hq and 10*pairs*D*Hq where D_qk = D_v = D). --head-dim
+and --v-head-dim are thdcp bench's (MLA: --head-dim 192 --v-head-dim 128).
 Peers that are missing or refuse an argument are reported as such, never silently replaced.
 """
 import argparse
@@ -65,8 +67,16 @@ def time_ms(fn, warmup, iters):
     return times[len(times) // 2]
 
 
-def report(peer, mask, what, pairs, ms, flop_factor, args):
-    tflops = flop_factor * pairs * args.head_dim * args.q_heads / (ms * 1e9)
+def pass_flops(what, args):
+    """FLOPs of a pass ("fwd", "bwd" or "fwd+bwd") per allowed pair and query head, as thdcp
+    bench counts them: the matrix products, fwd 2*(D_qk+D_v), bwd 2*(3*D_qk+2*D_v)."""
+    fwd = 2 * (args.head_dim + args.v_head_dim)
+    bwd = 2 * (3 * args.head_dim + 2 * args.v_head_dim)
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[what]
+
+
+def report(peer, mask, what, pairs, ms, args):
+    tflops = pass_flops(what, args) * pairs * args.q_heads / (ms * 1e9)
     print(f"{peer:<12} {mask:<7} {what:<8} {pairs:>12} {ms:>10.3f} {tflops:>9.1f}", flush=True)
 
 
@@ -154,7 +164,7 @@ def bench_varlen(args, lengths, masks):
             dk, dv = kk.grad, vv.grad
             if dk.shape[1] != args.kv_heads:  # repeated K/V heads: sum each K/V head's copies
                 dk = dk.view(T, args.kv_heads, -1, args.head_dim).sum(2)
-                dv = dv.view(T, args.kv_heads, -1, args.head_dim).sum(2)
+                dv = dv.view(T, args.kv_heads, -1, args.v_head_dim).sum(2)
             return dict(o=out.detach(), dq=q.grad, dk=dk, dv=dv)
 
         cu_list = cu.tolist()
@@ -164,14 +174,14 @@ def bench_varlen(args, lengths, masks):
         pairs = allowed_pairs(lengths, window_left)
         with torch.no_grad():
             ms = time_ms(lambda: call(kk, vv), args.warmup, args.iters)
-        report("varlen_attn", mask_name, "fwd", pairs, ms, 4, args)
+        report("varlen_attn", mask_name, "fwd", pairs, ms, args)
 
         def fwd_bwd():
             out = call(kk, vv)
             out.backward(dout)
 
         ms = time_ms(fwd_bwd, args.warmup, args.iters)
-        report("varlen_attn", mask_name, "fwd+bwd", pairs, ms, 14, args)
+        report("varlen_attn", mask_name, "fwd+bwd", pairs, ms, args)
         if gqa_note:
             print(f"varlen_attn {mask_name}:{gqa_note}")
     del q, k, v, dout
@@ -187,8 +197,8 @@ def packed_inputs(args, lengths, dev="cuda"):
     cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
     q = torch.randn(T, args.q_heads, args.head_dim, device=dev, dtype=dtype, requires_grad=True)
     k = torch.randn(T, args.kv_heads, args.head_dim, device=dev, dtype=dtype, requires_grad=True)
-    v = torch.randn(T, args.kv_heads, args.head_dim, device=dev, dtype=dtype, requires_grad=True)
-    dout = torch.randn(T, args.q_heads, args.head_dim, device=dev, dtype=dtype)
+    v = torch.randn(T, args.kv_heads, args.v_head_dim, device=dev, dtype=dtype, requires_grad=True)
+    dout = torch.randn(T, args.q_heads, args.v_head_dim, device=dev, dtype=dtype)
     return cu.to(dev), q, k, v, dout
 
 
@@ -241,12 +251,12 @@ def bench_fa4(args, lengths, masks):
                 if not deterministic:
                     with torch.no_grad():
                         ms = time_ms(call, args.warmup, args.iters)
-                    report(peer, mask_name, "fwd", pairs, ms, 4, args)
+                    report(peer, mask_name, "fwd", pairs, ms, args)
                 out = call()
                 out = out[0] if isinstance(out, tuple) else out
                 ms = time_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
                              args.warmup, args.iters)
-                report(peer, mask_name, "bwd", pairs, ms, 10, args)
+                report(peer, mask_name, "bwd", pairs, ms, args)
                 del out
 
                 def fwd_bwd():
@@ -255,7 +265,7 @@ def bench_fa4(args, lengths, masks):
                     torch.autograd.grad(o, (q, k, v), dout)
 
                 ms = time_ms(fwd_bwd, args.warmup, args.iters)
-                report(peer, mask_name, "fwd+bwd", pairs, ms, 14, args)
+                report(peer, mask_name, "fwd+bwd", pairs, ms, args)
             except Exception as e:  # noqa: BLE001
                 print_failure(f"{peer} {mask_name}: failed", e)
     del q, k, v, dout
@@ -278,8 +288,8 @@ def bench_flex(args, lengths, masks):
     pos = torch.arange(T, device=dev) - starts[doc]
     q = torch.randn(1, args.q_heads, T, args.head_dim, device=dev, dtype=dtype, requires_grad=True)
     k = torch.randn(1, args.kv_heads, T, args.head_dim, device=dev, dtype=dtype, requires_grad=True)
-    v = torch.randn(1, args.kv_heads, T, args.head_dim, device=dev, dtype=dtype, requires_grad=True)
-    dout = torch.randn(1, args.q_heads, T, args.head_dim, device=dev, dtype=dtype)
+    v = torch.randn(1, args.kv_heads, T, args.v_head_dim, device=dev, dtype=dtype, requires_grad=True)
+    dout = torch.randn(1, args.q_heads, T, args.v_head_dim, device=dev, dtype=dtype)
     compiled = torch.compile(flex_attention, dynamic=False)
     for mask_name, window_left in masks:
         if window_left < 0:
@@ -309,14 +319,14 @@ def bench_flex(args, lengths, masks):
             with torch.no_grad():
                 ms = time_ms(lambda: compiled(q, k, v, block_mask=block_mask, enable_gqa=True),
                              args.warmup, args.iters)
-            report("flex", mask_name, "fwd", pairs, ms, 4, args)
+            report("flex", mask_name, "fwd", pairs, ms, args)
 
             def fwd_bwd():
                 out = compiled(q, k, v, block_mask=block_mask, enable_gqa=True)
                 out.backward(dout)
 
             ms = time_ms(fwd_bwd, args.warmup, args.iters)
-            report("flex", mask_name, "fwd+bwd", pairs, ms, 14, args)
+            report("flex", mask_name, "fwd+bwd", pairs, ms, args)
         except Exception as e:  # noqa: BLE001
             print(f"flex {mask_name}: failed: {e}")
 
@@ -344,7 +354,7 @@ def cudnn_graph(cudnn, handle, geo, window_left, backward, deterministic=False):
     """One sdpa (forward, training: stats on) or sdpa_backward graph over the packed batch.
     Returns (graph, {name: graph tensor}); names match the buffers of bench_cudnn."""
     f32, i32, i64 = cudnn.data_type.FLOAT, cudnn.data_type.INT32, cudnn.data_type.INT64
-    b, s, d = geo["b"], geo["s"], geo["d"]
+    b, s, d, d_v = geo["b"], geo["s"], geo["d"], geo["d_v"]
     name = ("thd_bwd" if backward else "thd_fwd") + ("_det" if deterministic else "")
     graph = cudnn.pygraph(name=name, io_data_type=geo["io"], intermediate_data_type=f32,
                           compute_data_type=f32, handle=handle)
@@ -375,21 +385,21 @@ def cudnn_graph(cudnn, handle, geo, window_left, backward, deterministic=False):
                   **cudnn_mask_kwargs(cudnn, window_left))
     q = packed_input("q", geo["hq"])
     k = packed_input("k", geo["hkv"])
-    v = packed_input("v", geo["hkv"])
+    v = packed_input("v", geo["hkv"], width=d_v)
     if not backward:
         o, stats = graph.sdpa(q=q, k=k, v=v, generate_stats=True, name="sdpa", **common)
-        packed_output("o", o, geo["hq"])
+        packed_output("o", o, geo["hq"], width=d_v)
         packed_output("stats", stats, geo["hq"], width=1, dtype=f32)
     else:
-        o = packed_input("o", geo["hq"])
-        do = packed_input("do", geo["hq"])
+        o = packed_input("o", geo["hq"], width=d_v)
+        do = packed_input("do", geo["hq"], width=d_v)
         stats = packed_input("stats", geo["hq"], width=1, dtype=f32)
         dq, dk, dv = graph.sdpa_backward(q=q, k=k, v=v, o=o, dO=do, stats=stats,
                                          use_deterministic_algorithm=deterministic,
                                          name="sdpa_backward", **common)
         packed_output("dq", dq, geo["hq"])
         packed_output("dk", dk, geo["hkv"])
-        packed_output("dv", dv, geo["hkv"])
+        packed_output("dv", dv, geo["hkv"], width=d_v)
     return graph, t
 
 
@@ -438,15 +448,16 @@ def cudnn_build(cudnn, graph):
 
 def attention_reference(q, k, v, dout, window_left, scale, budget=1 << 26):
     """fp32 attention of one document, forward and backward, query rows in chunks of at most
-    `budget` scores: q, dout [n, Hq, D], k, v [n, Hkv, D] (GQA: query head h reads K/V head
-    h // (Hq / Hkv)). Returns o, lse (natural log of the scaled scores), dq, dk, dv."""
+    `budget` scores: q [n, Hq, D_qk], k [n, Hkv, D_qk], v [n, Hkv, D_v], dout [n, Hq, D_v] (GQA:
+    query head h reads K/V head h // (Hq / Hkv)). Returns o, lse (natural log of the scaled
+    scores), dq, dk, dv."""
     n, hq, d = q.shape
     hkv = k.shape[1]
     group = hq // hkv
     qf, dof = q.float().transpose(0, 1), dout.float().transpose(0, 1)
     kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)
     vf = v.float().repeat_interleave(group, dim=1).transpose(0, 1)
-    o = torch.empty_like(qf)
+    o = qf.new_empty(hq, n, vf.shape[-1])
     lse = torch.empty(hq, n, device=q.device)
     dq, dk, dv = torch.empty_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
     pos = torch.arange(n, device=q.device)
@@ -470,7 +481,7 @@ def attention_reference(q, k, v, dout, window_left, scale, budget=1 << 26):
         dk[:, c0:r1] += (ds.transpose(1, 2) @ qf[:, r0:r1]) * scale
         dv[:, c0:r1] += p.transpose(1, 2) @ dof[:, r0:r1]
     dk = dk.view(hkv, group, n, d).sum(1)
-    dv = dv.view(hkv, group, n, d).sum(1)
+    dv = dv.view(hkv, group, n, vf.shape[-1]).sum(1)
     return {"o": o.transpose(0, 1), "lse": lse.transpose(0, 1), "dq": dq.transpose(0, 1),
             "dk": dk.transpose(0, 1), "dv": dv.transpose(0, 1)}
 
@@ -514,12 +525,12 @@ def bench_cudnn(args, lengths, masks):
     print(f"{version}; torch's cuDNN {torch_cudnn}")
     dev = "cuda"
     dtype = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[args.dtype])
-    hq, hkv, d = args.q_heads, args.kv_heads, args.head_dim
+    hq, hkv, d, d_v = args.q_heads, args.kv_heads, args.head_dim, args.v_head_dim
     T = sum(lengths)
     cu = [0]
     for n in lengths:
         cu.append(cu[-1] + n)
-    geo = dict(b=len(lengths), s=max(lengths), d=d, hq=hq, hkv=hkv, T=T, scale=1.0 / math.sqrt(d),
+    geo = dict(b=len(lengths), s=max(lengths), d=d, d_v=d_v, hq=hq, hkv=hkv, T=T, scale=1.0 / math.sqrt(d),
                io={"bf16": cudnn.data_type.BFLOAT16, "fp16": cudnn.data_type.HALF}[args.dtype])
     try:
         handle = cudnn.create_handle()
@@ -528,15 +539,15 @@ def bench_cudnn(args, lengths, masks):
         seq = torch.tensor(lengths, dtype=torch.int32, device=dev).view(-1, 1, 1, 1)
         q = torch.randn(T, hq, d, device=dev, dtype=dtype)
         buf = dict(q=q, k=torch.randn(T, hkv, d, device=dev, dtype=dtype),
-                   v=torch.randn(T, hkv, d, device=dev, dtype=dtype),
-                   do=torch.randn(T, hq, d, device=dev, dtype=dtype),
-                   o=torch.empty_like(q), dq=torch.empty_like(q),
+                   v=torch.randn(T, hkv, d_v, device=dev, dtype=dtype),
+                   do=torch.randn(T, hq, d_v, device=dev, dtype=dtype),
+                   o=torch.empty(T, hq, d_v, device=dev, dtype=dtype), dq=torch.empty_like(q),
                    dk=torch.empty(T, hkv, d, device=dev, dtype=dtype),
-                   dv=torch.empty(T, hkv, d, device=dev, dtype=dtype),
+                   dv=torch.empty(T, hkv, d_v, device=dev, dtype=dtype),
                    stats=torch.empty(T, hq, 1, device=dev, dtype=torch.float32),
                    seq_q=seq, seq_kv=seq)
-        for names, elements in ((("q", "o", "do", "dq"), hq * d), (("k", "v", "dk", "dv"), hkv * d),
-                                (("stats",), hq)):
+        for names, elements in ((("q", "dq"), hq * d), (("o", "do"), hq * d_v), (("k", "dk"), hkv * d),
+                                (("v", "dv"), hkv * d_v), (("stats",), hq)):
             for name in names:
                 buf["off_" + name] = cu_t * elements
     except Exception as e:  # noqa: BLE001
@@ -581,7 +592,7 @@ def bench_cudnn(args, lengths, masks):
                   f"(limit {VERIFY_LIMIT:g})")
             if ok:
                 ms = time_ms(run_fwd, args.warmup, args.iters)
-                report("cudnn", mask_name, "fwd", pairs, ms, 4, args)
+                report("cudnn", mask_name, "fwd", pairs, ms, args)
             else:
                 print(f"cudnn {mask_name}: not timed")
         except Exception as e:  # noqa: BLE001
@@ -634,7 +645,7 @@ def bench_cudnn_bwd(args, runner, buf, mask_name, window_left, pairs, refs, outp
             run_bwd()
 
         ms = time_ms(fwd_bwd, args.warmup, args.iters)
-        report(peer, mask_name, "fwd+bwd", pairs, ms, 14, args)
+        report(peer, mask_name, "fwd+bwd", pairs, ms, args)
     except Exception as e:  # noqa: BLE001
         print_failure(f"{peer} {mask_name} bwd: failed", e)
     finally:
@@ -652,7 +663,9 @@ def main():
     parser.add_argument("--lengths", required=True, help="file of document lengths, one per line")
     parser.add_argument("--q-heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--head-dim", type=int, default=128, help="D_qk, of q and k")
+    parser.add_argument("--v-head-dim", type=int, default=None,
+                        help="D_v, of v and out (default: --head-dim; MLA: --head-dim 192 --v-head-dim 128)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--window", type=int, default=1024)
     parser.add_argument("--warmup", type=int, default=3)
@@ -666,6 +679,8 @@ def main():
                              "(on Hopper with cuDNN >= 9.25 a dP workspace above it takes the "
                              "ordered-dQ deterministic path, workspace linear in length)")
     args = parser.parse_args()
+    if args.v_head_dim is None:
+        args.v_head_dim = args.head_dim
     with open(args.lengths) as f:
         lengths = [int(line) for line in f if line.strip()]
     if not torch.cuda.is_available():

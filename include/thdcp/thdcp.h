@@ -36,7 +36,8 @@
  *  - Backends: THDCP_BACKEND_CPU takes host pointers and computes before returning (the
  *    reference implementation: fp32 arithmetic, bf16/fp16/fp32 storage, head_dim a multiple
  *    of 8 in [8, 256]); THDCP_BACKEND_CUDA takes device pointers of the current device and
- *    enqueues on `stream` (bf16/fp16 storage, head_dim 64 or 128, 16-byte aligned data).
+ *    enqueues on `stream` (bf16/fp16 storage; head_dim = v_head_dim in {64, 96, 128, 192,
+ *    256}, or head_dim 192 with v_head_dim 128 (MLA); 16-byte aligned data).
  *    A library built without CUDA, or a process that sees no GPU, refuses the CUDA backend
  *    with THDCP_ERROR_UNSUPPORTED.
  *  - Ownership: handles are the library's, created by *_create and released by *_destroy

@@ -57,6 +57,10 @@ void check_cuda_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                     " entries but cu_seqlens_padded has ", cu_seqlens_padded.numel(), "; pass one per sequence + 1");
   TORCH_CHECK_VALUE(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, "thdcp: q has dtype ",
                     q.scalar_type(), "; the CUDA backend takes torch.bfloat16 or torch.float16");
+  TORCH_CHECK_VALUE(cuda::cuda_supports_head_dims(q.size(2), v.size(2)), "thdcp: head_dim=", q.size(2),
+                    " (q.shape[-1]) with v_head_dim=", v.size(2),
+                    " (v.shape[-1]) is not supported by the CUDA backend: it takes ", cuda::cuda_head_dims_text(),
+                    " (CPU tensors: any multiples of 8 up to 256)");
 }
 
 // The outputs of a forward ([rows, Hq, D_v] out, [Hq, rows] fp32 lse, [Hq] or [0] max_logit)

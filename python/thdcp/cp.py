@@ -100,12 +100,12 @@ def cp_attention(
     Every rank of the group calls it.
 
     q, k: [T / cp, Hq, D_qk], [T / cp, Hkv, D_qk]; v: [T / cp, Hkv, D_v]: this rank's rows in
-    dual-chunk order (cp_split), bf16 or fp16 CUDA tensors of the communicator's device (the
-    CUDA kernels take D_v = D_qk for now). sinks: as thdcp.attention's, the same on every rank;
+    dual-chunk order (cp_split), bf16 or fp16 CUDA tensors of the communicator's device (head
+    dims as thdcp.attention's on CUDA). sinks: as thdcp.attention's, the same on every rank;
     their gradient is summed over the ranks' rows (every rank gets the whole [Hq]). cu_seqlens,
     cu_seqlens_padded: the global layout, int32 CUDA [B + 1], the same on every rank, every
     padded length a multiple of 2 * cp and the last entry T (cp_layout makes them). Returns
-    this rank's out [T / cp, Hq, D] (and LSE [Hq, T / cp], the max logit per head reduced
+    this rank's out [T / cp, Hq, D_v] (and LSE [Hq, T / cp], the max logit per head reduced
     over the group). The first call for a shape makes the CP plan (collective, on the host):
     run it eagerly before capturing a graph. Calls on one communicator run on one stream.
     """

@@ -55,9 +55,10 @@ def attention(
     """Attention over packed sequences (FlashAttention's varlen semantics on absolute positions).
 
     q, k: [T, Hq, D_qk], [T, Hkv, D_qk]; v: [T, Hkv, D_v] (Hq a multiple of Hkv: GQA/MQA;
-    D_v = v.shape[-1], which may differ from D_qk: MLA's 192/128 on the CPU), bf16 or fp16 on
-    CUDA (D_qk = D_v, 64 or 128), or float32/bf16/fp16 on the CPU (D_qk and D_v multiples of
-    8 up to 256). Any view whose last dimension is
+    D_v = v.shape[-1], which may differ from D_qk: MLA's 192/128), bf16 or fp16 on CUDA
+    (D_qk = D_v in {64, 96, 128, 192, 256}, or D_qk 192 with D_v 128; another pair raises
+    ValueError naming both), or float32/bf16/fp16 on the CPU (D_qk and D_v multiples of 8 up
+    to 256). Any view whose last dimension is
     contiguous is taken as it is, with no copy, on both backends: views of one packed QKV
     buffer [T, Hq + 2 Hkv, D], padded heads, and head-major views x.transpose(0, 1) of
     [H, T, D] memory (K/V as transformers' cache holds them). On CUDA the data pointer and the

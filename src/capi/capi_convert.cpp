@@ -221,12 +221,14 @@ void check_heads(int64_t q_heads, int64_t kv_heads, int64_t head_dim, bool cuda_
   check_head_shape(heads, "params->");
   if (cuda_backend) {
 #if defined(THDCP_HAVE_CUDA)
-    THDCP_CAPI_REQUIRE(cuda::cuda_supports_head_dim(head_dim),
-                       "params->head_dim=" << head_dim
-                                           << " is not supported by the CUDA backend: use 64 or 128 (the CPU "
-                                              "backend takes any multiple of 8 in [8, 256])");
+    THDCP_CAPI_REQUIRE(cuda::cuda_supports_head_dims(head_dim, v_head_dim),
+                       "params->head_dim=" << head_dim << ", params->v_head_dim=" << v_head_dim
+                                           << " is not supported by the CUDA backend: it takes "
+                                           << cuda::cuda_head_dims_text()
+                                           << " (v_head_dim 0: D_v = head_dim; the CPU backend takes any multiple "
+                                              "of 8 in [8, 256] for each)");
 #endif
-    return;  // the CUDA plan checks the pair (head_dim, v_head_dim) it has kernels for
+    return;
   }
   THDCP_CAPI_REQUIRE(cpu_supports_head_dim(head_dim),
                      "params->head_dim=" << head_dim

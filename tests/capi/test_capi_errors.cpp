@@ -158,10 +158,16 @@ TEST(CApiAttentionPlan, CudaBackendWithoutCudaIsUnsupported) {
   EXPECT_C_STATUS(thdcp_attention_plan_create(&p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
                   "THDCP_DTYPE_FP32 is not supported by the CUDA backend");
   p.dtype = THDCP_DTYPE_BF16;
+  // A (head_dim, v_head_dim) pair without CUDA kernels, named with what the kernels take.
   p.head_dim = 32;
   EXPECT_C_STATUS(thdcp_attention_plan_create(&p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
-                  "params->head_dim=32 is not supported by the CUDA backend: use 64 or 128");
+                  "params->head_dim=32, params->v_head_dim=0 is not supported by the CUDA backend: it takes ");
+  p.head_dim = 128;
+  p.v_head_dim = 64;
+  EXPECT_C_STATUS(thdcp_attention_plan_create(&p, nullptr, 0, &plan), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->head_dim=128, params->v_head_dim=64 is not supported by the CUDA backend: it takes ");
   p.head_dim = 64;
+  p.v_head_dim = 0;
   size_t bytes = 0;
   EXPECT_C_OK(thdcp_attention_plan_workspace_size(&p, &bytes));
   EXPECT_GT(bytes, 0u);

@@ -191,6 +191,9 @@ int main() {
     std::printf("CUDA parts, host-only calls (no GPU needed)\n");
     check(thdcp::cuda::cuda_supports_head_dim(64) && !thdcp::cuda::cuda_supports_head_dim(32),
           "thdcp::cuda::cuda_supports_head_dim(64) and not (32)");
+    check(thdcp::cuda::cuda_supports_head_dims(128, 0) && !thdcp::cuda::cuda_supports_head_dims(128, 64) &&
+              thdcp::cuda::cuda_head_dims_text()[0] != '\0',
+          "thdcp::cuda::cuda_supports_head_dims(128, 0), not (128, 64), and cuda_head_dims_text() says which");
     check(thdcp::nccl::built_with_nccl() == (THDCP_CONSUMER_HAVE_NCCL != 0),
           "thdcp::nccl::built_with_nccl() agrees with thdcp_HAVE_NCCL");
 #endif

@@ -4,14 +4,16 @@ the float64 reference of reference.py (softmax over the scores with the sink col
 the column dropped before the values), whose own gradient is checked by finite differences;
 GQA, causal, full and windowed masks; torch.compile and fake tensors (out [T, Hq, D_v],
 dsinks [Hq]); bad sinks refused by name; FlashAttention 4's learnable_sink. The CUDA cases
-compare the CUDA backend with the CPU backend in bf16 (they run on the GPU machine)."""
+compare the CUDA backend with the CPU backend in bf16, check head dims 96, 192/128 and 256
+against the float64 reference and a pair without kernels refused by name (they run on the GPU
+machine)."""
 import math
 
 import pytest
 import torch
 
 import thdcp
-from reference import attention_reference, make_layout
+from reference import assert_close_to_reference, attention_reference, make_layout
 
 WINDOWS = [(-1, 0), (-1, -1), (7, 0), (5, 3)]
 LENGTHS = [37, 1, 0, 20, 13]
@@ -214,9 +216,25 @@ def test_cuda_sinks_match_the_cpu_backend_in_bf16(cuda, window, hq, hkv, d):
                                    msg=lambda m: name + ": " + m)
 
 
-def test_cuda_refuses_a_value_head_dim_of_its_own_naming_it(cuda):
-    q, k, v, _, _, cu, cu_padded = inputs([20, 9], 4, 2, 128, 64, dtype=torch.bfloat16, device=cuda)
-    with pytest.raises(ValueError, match="v_head_dim=64 with head_dim=128 is not supported by the CUDA backend"):
+@pytest.mark.parametrize("window", [(-1, 0), (7, 0)])
+@pytest.mark.parametrize("d_qk,d_v", [(96, 96), (192, 128), (256, 256)])
+def test_cuda_head_dims_match_the_float64_reference(cuda, window, d_qk, d_v):
+    """The CUDA kernels' head dims other than 64 and 128 (MLA's 192/128 among them), forward
+    and backward, against the float64 reference (bf16 tolerances)."""
+    q, k, v, _, dout, cu, cu_padded = inputs(LENGTHS, 4, 2, d_qk, d_v, dtype=torch.bfloat16, seed=d_qk + d_v,
+                                             device=cuda)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = thdcp.attention(*leaves, cu, cu_padded, window=window)
+    out.backward(dout)
+    assert out.shape == (q.shape[0], 4, d_v)
+    assert_close_to_reference(out.detach(), [t.grad for t in leaves], q, k, v, cu, cu_padded, window, dout)
+
+
+@pytest.mark.parametrize("d_qk,d_v", [(128, 64), (32, 32)])
+def test_cuda_refuses_a_head_dim_pair_without_kernels_naming_both(cuda, d_qk, d_v):
+    q, k, v, _, _, cu, cu_padded = inputs([20, 9], 4, 2, d_qk, d_v, dtype=torch.bfloat16, device=cuda)
+    with pytest.raises(ValueError, match=r"head_dim=%d \(q.shape\[-1\]\) with v_head_dim=%d \(v.shape\[-1\]\) is not "
+                                         r"supported by the CUDA backend: it takes " % (d_qk, d_v)):
         thdcp.attention(q, k, v, cu, cu_padded)
 
 

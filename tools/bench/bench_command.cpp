@@ -19,6 +19,7 @@
 #include "bench/harness.h"
 #include "io/args.h"
 #include "io/atomic_file.h"
+#include "step/cuda_head_dims.h"
 #include "step/device_step.h"
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/cpu/attention.h"
@@ -36,14 +37,18 @@ const char* kHelp =
     "Verifies the CUDA attention kernels against the CPU reference on a small batch, then\n"
     "times them (CUDA events, warm-up, median) on a packed batch of lognormal documents,\n"
     "causal and windowed, forward and forward+backward. TFLOP/s count the exact allowed\n"
-    "(query, key) pairs: forward 4*pairs*D*Hq, backward 10*pairs*D*Hq. The device workspace\n"
-    "each pass needs for the timed batch is printed after the table.\n"
+    "(query, key) pairs: forward 2*pairs*Hq*(D_qk+D_v), backward 2*pairs*Hq*(3*D_qk+2*D_v)\n"
+    "(4*pairs*D*Hq and 10*pairs*D*Hq where D_qk = D_v = D). The device workspace each pass\n"
+    "needs for the timed batch is printed after the table.\n"
     "\n"
     "  --tokens N          tokens of the timed batch (65536)\n"
     "  --verify-tokens N   tokens of the verified batch (4096)\n"
     "  --q-heads N         query heads (32)\n"
     "  --kv-heads N        key/value heads (8)\n"
-    "  --head-dim N        64 or 128 (128)\n"
+    "  --head-dim N        head dimension of q and k, D_qk (128)\n"
+    "  --v-head-dim N      head dimension of v and out, D_v (--head-dim; MLA: --head-dim 192\n"
+    "                      --v-head-dim 128). The CUDA kernels take\n"
+    "                      {cuda head dims}\n"
     "  --dtype T           bf16 or fp16 (bf16)\n"
     "  --window L          left window of the windowed mask (1024; right is 0)\n"
     "  --median N          median document length (1500)\n"
@@ -84,16 +89,13 @@ struct Options {
 
 Options parse_options(const std::vector<std::string>& argv) {
   const Args args(argv,
-                  {"tokens", "verify-tokens", "q-heads", "kv-heads", "head-dim", "dtype", "window", "median",
-                   "max-length", "seed", "warmup", "iters", "lengths-out", "cp"},
+                  {"tokens", "verify-tokens", "q-heads", "kv-heads", "head-dim", "v-head-dim", "dtype", "window",
+                   "median", "max-length", "seed", "warmup", "iters", "lengths-out", "cp"},
                   {});
   Options o;
   o.tokens = args.get_int("tokens", 65536, 2, int64_t{1} << 30);
   o.verify_tokens = args.get_int("verify-tokens", 4096, 0, int64_t{1} << 24);
-  o.shape.q_heads = args.get_int("q-heads", 32, 1, 1024);
-  o.shape.kv_heads = args.get_int("kv-heads", 8, 1, 1024);
-  o.shape.head_dim = args.get_int("head-dim", 128, 1, 1024);
-  o.shape.dtype = parse_dtype(args.get("dtype", "bf16"));
+  o.shape = parse_bench_shape(args);
   const int32_t window = static_cast<int32_t>(args.get_int("window", 1024, 0, int64_t{1} << 30));
   o.dist.median = static_cast<double>(args.get_int("median", 1500, 1, int64_t{1} << 30));
   o.dist.max_length = args.get_int("max-length", 16384, 1, int64_t{1} << 30);
@@ -165,7 +167,7 @@ struct DeviceBatch {
 // The CPU reference of the batch with the sinks of `batch`: outputs and dsinks.
 HostOutputs cpu_reference_with_sinks(const DeviceBatch& batch, const HostTensor& q, const HostTensor& k,
                                      const HostTensor& v, const HostTensor& dout, std::vector<float>& dsinks) {
-  HostOutputs ref = host_outputs(StepShape{{q.heads(), k.heads(), q.head_dim()}, q.dtype()}, q.tokens());
+  HostOutputs ref = host_outputs(StepShape{{q.heads(), k.heads(), q.head_dim(), v.head_dim()}, q.dtype()}, q.tokens());
   const float* sinks = batch.host_sinks.data();
   cpu::attention_forward(batch.host_table, ForwardTensors{q.view(), k.view(), v.view(), ref.out.view(),
                                                           ref.lse.data(), ref.max_logit.data(), sinks});
@@ -183,10 +185,10 @@ HostOutputs cpu_reference_with_sinks(const DeviceBatch& batch, const HostTensor&
 bool verify(const std::vector<int64_t>& lengths, const NamedMask& m, const StepShape& s, uint64_t seed) {
   DeviceBatch batch(lengths, m.mask, s);
   const int64_t rows = batch.layout.total_rows();
-  HostTensor q(s.dtype, rows, s.q_heads, s.head_dim), k(s.dtype, rows, s.kv_heads, s.head_dim),
-      v(s.dtype, rows, s.kv_heads, s.head_dim), dout(s.dtype, rows, s.q_heads, s.head_dim);
+  HostInputs in = host_inputs(s, rows);
   uint64_t next_seed = seed;
-  for (HostTensor* t : {&q, &k, &v, &dout}) fill_random(*t, ++next_seed, kInputBlock);
+  for (HostTensor* t : {&in.q, &in.k, &in.v, &in.dout}) fill_random(*t, ++next_seed, kInputBlock);
+  const HostTensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
   batch.tensors.upload_inputs(q, k, v, dout, nullptr);
   batch.tensors.poison_outputs(nullptr);
   batch.forward(nullptr);
@@ -278,14 +280,15 @@ std::vector<SingleTimes> time_kernels(const Options& o, const std::vector<int64_
     DeviceBatch batch(lengths, m.mask, o.shape);
     fill_inputs(batch.tensors, o.seed, kInputBlock, nullptr);
     const double pairs = static_cast<double>(table_pairs(batch.host_table));
-    const double unit = pairs * static_cast<double>(o.shape.head_dim * o.shape.q_heads);
+    const double unit = pairs * static_cast<double>(o.shape.q_heads);
+    const PassFlops flops = pass_flops(o.shape);
     auto row = [&](const std::string& pass, double ms, double flops_per_unit) {
       table.print_row({m.name, pass, format("%.0f", pairs), format("%.3f", ms),
                        format("%.1f", flops_per_unit * unit / (ms * 1e9))});
     };
     SingleTimes times;
     times.fwd_ms = time_median_ms(o.warmup, o.iters, nullptr, [&] { batch.forward(nullptr); });
-    row("fwd", times.fwd_ms, 4);
+    row("fwd", times.fwd_ms, flops.forward);
     for (bool deterministic : {true, false}) {
       const std::string suffix = deterministic ? "" : "(nondet)";
       const double bwd_ms =
@@ -294,23 +297,22 @@ std::vector<SingleTimes> time_kernels(const Options& o, const std::vector<int64_
         batch.forward(nullptr);
         batch.backward(nullptr, deterministic);
       });
-      row("bwd" + suffix, bwd_ms, 10);
-      row("fwd+bwd" + suffix, fwd_bwd_ms, 14);
+      row("bwd" + suffix, bwd_ms, flops.backward);
+      row("fwd+bwd" + suffix, fwd_bwd_ms, flops.forward_backward());
       if (deterministic) times.fwd_bwd_ms = fwd_bwd_ms;
     }
     // The same batch with attention sinks (deterministic backward, dsinks written), each pass
     // timed in rounds alternating with the same pass without sinks: the cost of the sinks is
     // the ratio of the two, on the same clocks.
-    const double fwd_flops = 4, bwd_flops = 10, fwd_bwd_flops = 14;
-    for (auto [pass, flops] : {std::make_pair("fwd", fwd_flops), std::make_pair("bwd", bwd_flops),
-                               std::make_pair("fwd+bwd", fwd_bwd_flops)}) {
+    for (auto [pass, pass_flops] : {std::make_pair("fwd", flops.forward), std::make_pair("bwd", flops.backward),
+                                    std::make_pair("fwd+bwd", flops.forward_backward())}) {
       const std::string name = pass;
       auto run = [&, name](bool with_sinks) {
         if (name != "bwd") batch.forward(nullptr, with_sinks);
         if (name != "fwd") batch.backward(nullptr, true, with_sinks);
       };
       const auto [plain_ms, sinks_ms] = alternating_medians(o, [&] { run(false); }, [&] { run(true); });
-      row(name + "+sinks", sinks_ms, flops);
+      row(name + "+sinks", sinks_ms, pass_flops);
       std::printf("%-7s %-19s %.1f%% over %.3f ms without sinks, in alternating rounds\n", m.name,
                   (name + "+sinks").c_str(), 100.0 * (sinks_ms / plain_ms - 1.0), plain_ms);
     }
@@ -366,7 +368,7 @@ int bench_command(const std::vector<std::string>& argv) {
   if (std::find(argv.begin(), argv.end(), "--scaling") != argv.end()) return bench_scaling_command(argv);
   for (const std::string& a : argv) {
     if (a == "--help" || a == "-h") {
-      std::fputs(kHelp, stdout);
+      std::fputs(usage_with_cuda_head_dims(kHelp).c_str(), stdout);
       return 0;
     }
   }
@@ -376,9 +378,11 @@ int bench_command(const std::vector<std::string>& argv) {
   int device = 0;
   THDCP_CHECK_CUDA(cudaGetDevice(&device));
   std::printf("device: %s\n", device_text(device).c_str());
-  std::printf("problem: Hq=%lld Hkv=%lld D=%lld %s, lengths lognormal median %.0f max %lld, seed %llu\n",
+  const std::string value_dim =
+      o.shape.v_head_dim != 0 ? format(" D_v=%lld", static_cast<long long>(o.shape.v_head_dim)) : "";
+  std::printf("problem: Hq=%lld Hkv=%lld D=%lld%s %s, lengths lognormal median %.0f max %lld, seed %llu\n",
               static_cast<long long>(o.shape.q_heads), static_cast<long long>(o.shape.kv_heads),
-              static_cast<long long>(o.shape.head_dim), dtype_name(o.shape.dtype), o.dist.median,
+              static_cast<long long>(o.shape.head_dim), value_dim.c_str(), dtype_name(o.shape.dtype), o.dist.median,
               static_cast<long long>(o.dist.max_length), static_cast<unsigned long long>(o.seed));
   if (o.verify_tokens > 0) {
     if (!verify_all(o)) {

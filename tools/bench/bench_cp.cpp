@@ -37,12 +37,12 @@ bool verify_cp(int cp, const std::vector<int64_t>& lengths, const Mask& mask, co
   const BatchLayout layout = exact_layout(lengths, cp);
   const LayoutView view = layout.view();
   const int64_t rows = layout.total_rows();
-  HostTensor q(shape.dtype, rows, shape.q_heads, shape.head_dim), k(shape.dtype, rows, shape.kv_heads, shape.head_dim),
-      v(shape.dtype, rows, shape.kv_heads, shape.head_dim), dout(shape.dtype, rows, shape.q_heads, shape.head_dim);
-  fill_normal(q, seed + 1);
-  fill_normal(k, seed + 2);
-  fill_normal(v, seed + 3);
-  fill_normal(dout, seed + 4);
+  HostInputs in = host_inputs(shape, rows);
+  fill_normal(in.q, seed + 1);
+  fill_normal(in.k, seed + 2);
+  fill_normal(in.v, seed + 3);
+  fill_normal(in.dout, seed + 4);
+  const HostTensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
   const HostOutputs ref = cpu_reference(build_segment_table(view, mask), q, k, v, dout);
 
   const cp::Problem p = cp_problem(shape, cp, Capacity{layout.num_seqs(), rows}, mask);

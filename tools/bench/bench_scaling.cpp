@@ -41,6 +41,7 @@
 #include "bench/harness.h"
 #include "bench/scaling_runs.h"
 #include "io/args.h"
+#include "step/cuda_head_dims.h"
 #include "step/visible_gpus.h"
 #include "thdcp/comm/communicator.h"
 #include "thdcp/comm_device/nccl.h"
@@ -75,7 +76,8 @@ const char* kHelp =
     "  --window L          left window of the windowed mask (4096; right is 0)\n"
     "  --q-heads N         query heads (32)\n"
     "  --kv-heads N        key/value heads (8)\n"
-    "  --head-dim N        64 or 128 (128)\n"
+    "  --head-dim N        head dimension of q, k and v (128); the CUDA kernels take\n"
+    "                      {cuda head dims}\n"
     "  --dtype T           bf16 or fp16 (bf16)\n"
     "  --median N          median document length (1500)\n"
     "  --max-length N      longest document (32768)\n"
@@ -209,25 +211,6 @@ std::vector<bool> parse_kv(const std::string& text) {
   return kept;
 }
 
-StepShape parse_shape(const Args& args) {
-  StepShape s;
-  s.q_heads = args.get_int("q-heads", 32, 1, 1024);
-  s.kv_heads = args.get_int("kv-heads", 8, 1, 1024);
-  s.head_dim = args.get_int("head-dim", 128, 1, 1024);
-  s.dtype = parse_dtype(args.get("dtype", "bf16"));
-  if (s.dtype != DType::kBFloat16 && s.dtype != DType::kFloat16) {
-    throw UsageError(std::string("--dtype ") + dtype_name(s.dtype) + ": the CUDA kernels take bf16 or fp16");
-  }
-  if (!cuda::cuda_supports_head_dim(s.head_dim)) {
-    throw UsageError("--head-dim " + std::to_string(s.head_dim) + ": the CUDA kernels take 64 or 128");
-  }
-  if (s.q_heads % s.kv_heads != 0) {
-    throw UsageError("--q-heads " + std::to_string(s.q_heads) + " must be a multiple of --kv-heads " +
-                     std::to_string(s.kv_heads));
-  }
-  return s;
-}
-
 Options parse_options(const Args& args) {
   if (!args.has("gpus")) throw UsageError("--scaling needs --gpus N (the CP sizes, e.g. --gpus 2 or --gpus 2,4)");
   Options o;
@@ -239,7 +222,7 @@ Options parse_options(const Args& args) {
   for (int64_t t : o.tokens_list) check_tokens_multiple(t, o.align, "2*lcm(cp sizes)=" + std::to_string(o.align));
   const int64_t window = args.get_int("window", 4096, 0, int64_t{1} << 30);
   o.masks = parse_masks(args.get("mask", "causal,window"), window);
-  o.shape = parse_shape(args);
+  o.shape = parse_bench_shape(args);
   o.dist.median = static_cast<double>(args.get_int("median", 1500, 1, int64_t{1} << 30));
   o.dist.max_length = args.get_int("max-length", 32768, 1, int64_t{1} << 30);
   o.seed = args.get_seed("seed", 1);
@@ -559,7 +542,7 @@ int bench_scaling_command(const std::vector<std::string>& argv) {
                    "max-length", "seed", "warmup", "iters", "kv", "sm-margin", "dq-pass"},
                   {"scaling", "help"});
   if (args.has("help")) {
-    std::fputs(kHelp, stdout);
+    std::fputs(usage_with_cuda_head_dims(kHelp).c_str(), stdout);
     return 0;
   }
   const Options o = parse_options(args);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "io/args.h"
+#include "step/cuda_head_dims.h"
 #include "step/visible_gpus.h"
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/testing/workload.h"
@@ -15,6 +16,30 @@ namespace thdcp::tools {
 void require_gpu(const char* what) {
   std::string no_gpu;
   if (visible_gpus(&no_gpu) == 0) throw UsageError(std::string(what) + " times CUDA kernels and needs a GPU: " + no_gpu);
+}
+
+StepShape parse_bench_shape(const Args& args) {
+  StepShape s;
+  s.q_heads = args.get_int("q-heads", 32, 1, 1024);
+  s.kv_heads = args.get_int("kv-heads", 8, 1, 1024);
+  s.head_dim = args.get_int("head-dim", 128, 1, 1024);
+  s.v_head_dim = args.get_int("v-head-dim", s.head_dim, 1, 1024);
+  if (s.v_head_dim == s.head_dim) s.v_head_dim = 0;  // the library's "D_v = D_qk"
+  s.dtype = parse_dtype(args.get("dtype", "bf16"));
+  if (s.dtype != DType::kBFloat16 && s.dtype != DType::kFloat16) {
+    throw UsageError(std::string("--dtype ") + dtype_name(s.dtype) + ": the CUDA kernels take bf16 or fp16");
+  }
+  require_cuda_head_dims(s.head_dim, s.v_head_dim);
+  if (s.q_heads % s.kv_heads != 0) {
+    throw UsageError("--q-heads " + std::to_string(s.q_heads) + " must be a multiple of --kv-heads " +
+                     std::to_string(s.kv_heads));
+  }
+  return s;
+}
+
+PassFlops pass_flops(const HeadShape& heads) {
+  const double d_qk = static_cast<double>(heads.head_dim), d_v = static_cast<double>(heads.value_head_dim());
+  return PassFlops{2 * (d_qk + d_v), 2 * (3 * d_qk + 2 * d_v)};
 }
 
 cudaDeviceProp device_properties(int device) {

@@ -34,6 +34,25 @@ std::string device_text(int device, bool with_memory = false);
 // Milliseconds from `start` to `stop` (both recorded and complete).
 float elapsed_ms(const Event& start, const Event& stop);
 
+// ---- the problem ----------------------------------------------------------------------------
+
+class Args;
+
+// The shape flags of the modes that take them: --q-heads (32), --kv-heads (8; dividing
+// --q-heads), --head-dim (128), --v-head-dim (default --head-dim; only where the mode's Args
+// accept it), --dtype (bf16 or fp16). What the CUDA kernels do not take is refused with
+// UsageError (exit 2) naming the flag and its value.
+StepShape parse_bench_shape(const Args& args);
+
+// FLOPs of each pass per allowed (query, key) pair and query head (STYLE.md, Benchmarks): the
+// matrix products, forward 2 * (D_qk + D_v) (S = QK^T, O = PV), backward 2 * (3 D_qk + 2 D_v)
+// (S again, dP, dV, dQ, dK); 4 D and 10 D where D_qk = D_v = D.
+struct PassFlops {
+  double forward = 0, backward = 0;
+  double forward_backward() const { return forward + backward; }
+};
+PassFlops pass_flops(const HeadShape& heads);
+
 // ---- timing -----------------------------------------------------------------------------
 // (median() of io/progress.h gives the median of the runs.)
 

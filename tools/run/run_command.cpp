@@ -15,6 +15,7 @@
 #include "io/progress.h"
 #include "run/run_inputs.h"
 #include "run/run_job.h"
+#include "step/cuda_head_dims.h"
 #include "thdcp/cpu/attention.h"
 #include "thdcp/comm/mpi.h"
 
@@ -43,11 +44,13 @@ const char* kRunHelp =
     "  --mask M          causal (default) or full\n"
     "  --window L,R      sliding window on absolute positions: keys in [i-L, i+R]; -1 = unbounded\n"
     "  --heads HQ:HKV    query and key/value heads (default 8:2)\n"
-    "  --head-dim D      head dimension of q and k (default 64)\n"
-    "  --v-head-dim D    head dimension of v and out (default: --head-dim; e.g. MLA's 192/128 as\n"
-    "                    --head-dim 192 --v-head-dim 128). The CPU backend takes any multiple of 8\n"
-    "                    in [8, 256]; the CUDA kernels take D = --head-dim only (auto picks the CPU;\n"
-    "                    --backend cuda is refused by the library, naming both)\n"
+    "  --head-dim D      head dimension of q and k, D_qk (default 64)\n"
+    "  --v-head-dim D    head dimension of v and out, D_v (default: --head-dim; e.g. MLA's 192/128\n"
+    "                    as --head-dim 192 --v-head-dim 128). The CPU backend takes any multiple of\n"
+    "                    8 in [8, 256] for each; the CUDA kernels take\n"
+    "                    {cuda head dims}\n"
+    "                    (for another pair auto runs the CPU backend, saying why, and --backend\n"
+    "                    cuda is refused)\n"
     "  --sinks           random attention sinks (one logit per query head, gpt-oss), checked with\n"
     "                    their gradient dsinks (CPU and CUDA backends)\n"
     "  --dtype T         bf16 (default), fp16 or fp32\n"
@@ -277,7 +280,7 @@ int run_command(const std::vector<std::string>& argv) {
                    "dtype", "threads", "lengths", "batch", "load", "save", "json", "max-memory"},
                   {"check", "no-check", "quiet", "help", "allow-nonfinite", "sinks"});
   if (args.has("help")) {
-    std::fputs(kRunHelp, stdout);
+    std::fputs(usage_with_cuda_head_dims(kRunHelp).c_str(), stdout);
     return 0;
   }
   RunConfig config = parse_run_config(args);

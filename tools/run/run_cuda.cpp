@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "step/cuda_handles.h"
+#include "step/cuda_head_dims.h"
 #include "step/device_step.h"
 #include "step/visible_gpus.h"
 #include "thdcp/comm/mpi.h"
@@ -35,16 +36,9 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
     *why = "--backend cpu";
     return Backend::kCpu;
   }
-  std::string unsupported;
-  if (c.dtype == DType::kFloat32) unsupported = "fp32 storage";
-  if (!cuda::cuda_supports_head_dim(c.head_dim)) unsupported = "head_dim " + std::to_string(c.head_dim);
-  // D_v != D_qk: auto runs the CPU backend; --backend cuda passes it on to the library, which
-  // says what its kernels take (and runs it once they take it).
-  const int64_t v_head_dim = c.step_shape().value_head_dim();
-  const std::string value_dim = requested == Backend::kAuto && c.gpus == 0 && v_head_dim != c.head_dim
-                                    ? "the CUDA kernels do not support v_head_dim " + std::to_string(v_head_dim) +
-                                          " with head_dim " + std::to_string(c.head_dim)
-                                    : std::string();
+  // What the CUDA kernels cannot run: auto then runs the CPU backend, saying why.
+  std::string unsupported = cuda_head_dims_refusal(c.head_dim, c.v_head_dim);
+  if (c.dtype == DType::kFloat32) unsupported = "the CUDA kernels do not support fp32 storage";
   std::string no_device;
   const int count = visible_gpus(&no_device);
   // Processes of this node that would each need a GPU of their own (NCCL refuses two ranks
@@ -61,15 +55,14 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
     if (!nccl::built_with_nccl()) crowded = "this thdcp was built without NCCL, which the CUDA backend uses across processes";
   }
   if (c.gpus > 0) {
-    if (!unsupported.empty()) throw UsageError("--gpus: the CUDA kernels do not support " + unsupported);
+    if (!unsupported.empty()) throw UsageError("--gpus: " + unsupported);
     if (!no_device.empty()) throw UsageError("--gpus " + std::to_string(c.gpus) + ": " + no_device);
     if (c.gpus > count) {
       throw UsageError("--gpus " + std::to_string(c.gpus) + ": only " + std::to_string(count) + " GPU(s) are visible");
     }
     if (!nccl::built_with_nccl()) throw UsageError("--gpus needs NCCL: this thdcp was built without it");
   }
-  for (const std::string& reason : {unsupported.empty() ? std::string() : "the CUDA kernels do not support " + unsupported,
-                                    value_dim, no_device, crowded}) {
+  for (const std::string& reason : {unsupported, no_device, crowded}) {
     if (reason.empty()) continue;
     if (requested == Backend::kCuda) throw UsageError("--backend cuda: " + reason + ": use --backend cpu");
     *why = reason;

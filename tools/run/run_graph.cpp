@@ -16,6 +16,7 @@
 
 #include "io/args.h"
 #include "commands.h"
+#include "step/cuda_head_dims.h"
 
 #if defined(THDCP_CLI_WITH_CUDA)
 #include <cuda_runtime_api.h>
@@ -54,7 +55,8 @@ const char* kRunGraphHelp =
     "  --layers L         attention layers per step (default 2)\n"
     "  --median N         median document length (default 600)\n"
     "  --heads HQ:HKV     query and key/value heads (default 8:2)\n"
-    "  --head-dim D       64 or 128 (default 64)\n"
+    "  --head-dim D       head dimension of q, k and v (default 64); the CUDA kernels take\n"
+    "                     {cuda head dims}\n"
     "  --dtype T          bf16 (default) or fp16\n"
     "  --mask M           causal (default) or full; --window L,R for a sliding window\n"
     "  --rope R           neox (default), gptj or none\n"
@@ -86,7 +88,7 @@ const char* kRunGraphHelp =
 int run_graph_command(const std::vector<std::string>& argv) {
   for (const std::string& a : argv) {
     if (a == "--help") {
-      std::fputs(kRunGraphHelp, stdout);
+      std::fputs(usage_with_cuda_head_dims(kRunGraphHelp).c_str(), stdout);
       return 0;
     }
   }
@@ -151,9 +153,7 @@ GraphRunConfig parse(const Args& args) {
   c.shape.q_heads = hq;
   c.shape.kv_heads = hkv;
   c.shape.head_dim = args.get_int("head-dim", 64, 1, 1 << 16);
-  if (c.shape.head_dim != 64 && c.shape.head_dim != 128) {
-    throw UsageError("--head-dim " + std::to_string(c.shape.head_dim) + ": the CUDA kernels take 64 or 128");
-  }
+  require_cuda_head_dims(c.shape.head_dim, 0);
   c.shape.dtype = parse_dtype(args.get("dtype", "bf16"));
   if (c.shape.dtype == DType::kFloat32) throw UsageError("--dtype fp32: the CUDA kernels take bf16 or fp16");
   c.shape.mask = parse_mask_flags(args, Mask::causal());
@@ -405,7 +405,7 @@ int run_graph_command(const std::vector<std::string>& argv) {
                    "heads", "head-dim", "dtype", "mask", "window", "rope"},
                   {"quiet", "help"});
   if (args.has("help")) {
-    std::fputs(kRunGraphHelp, stdout);
+    std::fputs(usage_with_cuda_head_dims(kRunGraphHelp).c_str(), stdout);
     return 0;
   }
   const GraphRunConfig c = parse(args);

@@ -20,6 +20,13 @@ BatchLayout exact_layout(const std::vector<int64_t>& lengths, int cp) {
   return make_layout(lengths, cp, Capacity{static_cast<int>(lengths.size()) + 1, make_layout(lengths, cp).total_rows()});
 }
 
+HostInputs host_inputs(const StepShape& shape, int64_t rows) {
+  return HostInputs{HostTensor(shape.dtype, rows, shape.q_heads, shape.head_dim),
+                    HostTensor(shape.dtype, rows, shape.kv_heads, shape.head_dim),
+                    HostTensor(shape.dtype, rows, shape.kv_heads, shape.value_head_dim()),
+                    HostTensor(shape.dtype, rows, shape.q_heads, shape.value_head_dim())};
+}
+
 HostOutputs host_outputs(const StepShape& shape, int64_t rows) {
   HostOutputs outputs;
   outputs.out = HostTensor(shape.dtype, rows, shape.q_heads, shape.value_head_dim());

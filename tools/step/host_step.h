@@ -31,6 +31,15 @@ cp::Problem cp_problem(const StepShape& shape, int cp, const Capacity& capacity,
 // that holds exactly it: max_seqs = documents + 1, max_tokens = its rows.
 BatchLayout exact_layout(const std::vector<int64_t>& lengths, int cp);
 
+// A step's inputs on the host: q [rows, Hq, D_qk], k [rows, Hkv, D_qk], v [rows, Hkv, D_v],
+// dout [rows, Hq, D_v].
+struct HostInputs {
+  HostTensor q, k, v, dout;
+};
+
+// Zeros of the shape of a step's inputs on `rows` rows.
+HostInputs host_inputs(const StepShape& shape, int64_t rows);
+
 // A step's results on the host: out [rows, Hq, D_v], dq [rows, Hq, D_qk], dk [rows, Hkv,
 // D_qk], dv [rows, Hkv, D_v], lse [Hq, rows], max_logit [Hq]; with attention sinks dsinks
 // [Hq] (empty without).

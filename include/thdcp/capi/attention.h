@@ -21,9 +21,10 @@ typedef struct thdcp_attention_params {
   int64_t max_tokens;    /* rows T of every tensor of a run (capacity), >= 0, < 2^31 */
   int64_t q_heads;       /* Hq >= 1 */
   int64_t kv_heads;      /* Hkv >= 1, Hq a multiple of Hkv (GQA/MQA) */
-  int64_t head_dim;      /* D_qk, of q and k. CPU: a multiple of 8 in [8, 256]; CUDA: 64 or
-                            128. max_tokens * q_heads * head_dim < 2^53 (every size the plan
-                            derives then fits 64 bits; larger is refused as an overflow) */
+  int64_t head_dim;      /* D_qk, of q and k. CPU: a multiple of 8 in [8, 256]; CUDA: 64, 96,
+                            128, 192 or 256, with v_head_dim below. max_tokens * q_heads *
+                            head_dim < 2^53 (every size the plan derives then fits 64 bits;
+                            larger is refused as an overflow) */
   int32_t max_seqs;      /* sequences a layout may have (capacity), >= 1 */
   int32_t window_left;   /* mask, see above; >= -1. Default -1 */
   int32_t window_right;  /* >= -1. Default -1 (full attention) */
@@ -41,8 +42,9 @@ typedef struct thdcp_attention_params {
   /* ---- appended in 0.2 (issue 27): struct_size 88 ---- */
   int64_t v_head_dim;    /* D_v, of v, out, dout and dv; 0: D_v = head_dim. Default 0. CPU:
                             a multiple of 8 in [8, 256], any pair with head_dim (MLA: 192 and
-                            128); CUDA: equal to head_dim for now (another value is refused
-                            when the plan is made, until the kernels of issue 27).
+                            128); CUDA: head_dim (or 0) with head_dim in {64, 96, 128, 192,
+                            256}, or 128 with head_dim 192 (MLA); another pair is refused
+                            when the plan is made.
                             max_tokens * q_heads * v_head_dim < 2^53 */
 } thdcp_attention_params;
 

@@ -46,7 +46,8 @@ typedef struct thdcp_cp_params {
   int32_t reserved;      /* 0 */
   /* ---- appended in 0.2 (issue 27): struct_size 96 ---- */
   int64_t v_head_dim;    /* D_v of v, out, dout, dv: as thdcp_attention_params (0: head_dim;
-                            CPU: a multiple of 8 in [8, 256]; CUDA: head_dim for now) */
+                            CPU: a multiple of 8 in [8, 256]; CUDA: the pairs of
+                            thdcp_attention_params) */
 } thdcp_cp_params;
 
 #define THDCP_CP_PARAMS_MIN_SIZE ((size_t)72)

@@ -31,8 +31,9 @@ struct HeadShape {
 
 // Throws thdcp::Error unless 1 <= Hkv, Hq is a multiple of Hkv, Hq < 2^31, D_qk >= 1 and
 // v_head_dim >= 0, naming the fields as `prefix` + "q_heads" (e.g. "params->" at the C
-// boundary). Backends check their own limits on D_qk and D_v (check_cpu_head_dims,
-// cuda_supports_head_dim).
+// boundary). Backends check their own limits on D_qk and D_v: the CPU backend any multiples of
+// 8 in [8, 256] (check_cpu_head_dims), the CUDA backend D_qk = D_v in {64, 96, 128, 192, 256}
+// or D_qk 192 with D_v 128 (cuda::cuda_supports_head_dims).
 void check_head_shape(const HeadShape& heads, const char* prefix = "");
 
 // What a single-device attention call is planned for (cuda::Attention, the C ABI's attention
