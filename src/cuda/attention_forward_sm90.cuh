@@ -1,9 +1,9 @@
 // The forward on Hopper (sm_90a), warp-specialized (the schedule of FlashAttention-3): a work
-// item is a query tile of one head (128 rows at head dim 128, 192 at 64), and a persistent
+// item is a query tile of one head (128 rows at head dim 128, 192 and 256, 192 at 64), and a persistent
 // block (one per SM) of a producer and two or three consumer warpgroups takes items in turn.
 //   - The producer (warpgroup 0; one thread issues every copy) loads each item's Q tile once
 //     (two Q buffers, so the next item's Q can land while the current one is still read) and
-//     the K and V tiles of 128 keys through a two-stage pipeline with TMA
+//     the K and V tiles of 128 keys (64 at D_v 256) through a two-stage pipeline with TMA
 //     (sm90_pipeline.cuh), by coordinates in tensor maps of the whole THD tensors
 //     (tensor_map.h).
 //   - The consumer warpgroups own 64 query rows each and run, per key tile n,
@@ -36,27 +36,33 @@
 
 namespace thdcp::cuda::detail {
 
-template <int kHeadDim>
+// Head dims kDqk (q, k) and kDv (v, out).
+template <int kDqk, int kDv>
 struct ForwardSm90Shape {
-  static constexpr int kTileM = forward_sm90_tile_rows(kHeadDim);  // 64 rows per consumer warpgroup
-  static constexpr int kTileN = kForwardSm90KeyRows;
-  static constexpr int kStages = 2;   // K/V tiles in flight
-  static constexpr int kQStages = 2;  // Q tiles: the current item's and the next one's
+  static constexpr int kTileM = forward_sm90_tile_rows(kDqk);  // 64 rows per consumer warpgroup
+  static constexpr int kTileN = forward_sm90_key_rows(kDv);
+  static constexpr int kStages = 2;  // K/V tiles in flight
+  // Q tiles: the current item's and the next one's; one above D_qk 128 (shared memory).
+  static constexpr int kQStages = kDqk > 128 ? 1 : 2;
   static constexpr int kSlots = 4;    // work item descriptions (ForwardItem), see the kernel
   static constexpr int kConsumers = kTileM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kProducerRegisters = kConsumers == 2 ? 40 : 32;
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 232 : 160;
-  static constexpr int kColumnBlocks = kHeadDim / 64;  // 128-byte swizzle atoms per row
-  static constexpr uint32_t kQBytes = kTileM * kHeadDim * 2;
-  static constexpr uint32_t kKvBytes = kTileN * kHeadDim * 2;
+  // 128-byte swizzle atoms per row of Q and K, and of V.
+  static constexpr int kQkBlocks = kDqk / 64;
+  static constexpr int kVBlocks = kDv / 64;
+  static constexpr uint32_t kQBytes = kTileM * kDqk * 2;
+  static constexpr uint32_t kKBytes = kTileN * kDqk * 2;
+  static constexpr uint32_t kVBytes = kTileN * kDv * 2;
   // kQStages Q tiles, then kStages K tiles, then kStages V tiles (each 1024-byte aligned for
   // the swizzle), then the barriers: Q full and empty per Q stage, K full/empty and V
   // full/empty per stage, then the kSlots slots of work items (ForwardItem, 64 bytes each).
-  static constexpr uint32_t kBarrierOffset = kQStages * kQBytes + 2 * kStages * kKvBytes;
+  static constexpr uint32_t kBarrierOffset = kQStages * kQBytes + kStages * (kKBytes + kVBytes);
   static constexpr uint32_t kItemOffset = kBarrierOffset + 8 * (2 * kQStages + 4 * kStages);
   static constexpr size_t kSmemBytes = kItemOffset + kSlots * 64 + 1024;
   static_assert(kTileM == 64 * kConsumers, "64 query rows per consumer warpgroup");
+  static_assert(kDqk % 64 == 0 && kDv % 64 == 0, "whole swizzle atoms");
   // setmaxnreg moves registers inside the block's allocation (launch bounds: 65536 / kThreads,
   // rounded down to a multiple of 8, per thread); asking for more waits forever.
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumers <=
@@ -143,19 +149,19 @@ struct ForwardItem {
 };
 static_assert(sizeof(ForwardItem) <= 64, "slots of 64 bytes (ForwardSm90Shape::kSmemBytes)");
 
-template <typename Storage, int kHeadDim>
-__global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
+template <typename Storage, int kDqk, int kDv>
+__global__ void __launch_bounds__(ForwardSm90Shape<kDqk, kDv>::kThreads, 1)
     forward_kernel_sm90(const ForwardParams p, const ForwardStrides strides,
                         const __grid_constant__ ForwardTensorMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Shape = ForwardSm90Shape<kHeadDim>;
+  using Shape = ForwardSm90Shape<kDqk, kDv>;
   constexpr int kM = Shape::kTileM;
   constexpr int kN = Shape::kTileN;
-  constexpr int kD = kHeadDim;
   constexpr int kStages = Shape::kStages;
   constexpr int kQStages = Shape::kQStages;
   constexpr int kSlots = Shape::kSlots;
-  constexpr int kBlocks = Shape::kColumnBlocks;
+  constexpr int kQkBlocks = Shape::kQkBlocks;
+  constexpr int kVBlocks = Shape::kVBlocks;
   static_assert(kSlots >= kQStages + 1, "a slot is rewritten only once its item has been read");
 
   const int64_t items = static_cast<int64_t>(__ldg(p.tile_start + p.num_segments)) * p.q_heads;
@@ -165,7 +171,7 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t q_base = (smem_address(smem_raw) + 1023u) & ~1023u;
   const uint32_t k_base = q_base + kQStages * Shape::kQBytes;
-  const uint32_t v_base = k_base + kStages * Shape::kKvBytes;
+  const uint32_t v_base = k_base + kStages * Shape::kKBytes;
   const uint32_t barriers = q_base + Shape::kBarrierOffset;
   const auto q_tile = [&](int q_stage) { return q_base + static_cast<uint32_t>(q_stage) * Shape::kQBytes; };
   const auto q_full = [&](int q_stage) { return barriers + 8u * q_stage; };
@@ -222,7 +228,7 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
         mbarrier_arrive(q_full(q_stage));
       } else {
         mbarrier_arrive_expect_tx(q_full(q_stage), Shape::kQBytes);
-        tma_load_rows<kM, kBlocks>(q_tile(q_stage), maps.q, work.head, work.seg.q_row + work.m0, q_full(q_stage));
+        tma_load_rows<kM, kQkBlocks>(q_tile(q_stage), maps.q, work.head, work.seg.q_row + work.m0, q_full(q_stage));
       }
       // The next item is described once this item's first K/V tiles are on their way (after
       // the first tile's loads, or at once when the item has none), so that its latency
@@ -236,11 +242,11 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
         const uint32_t parity = ((kv_uses / kStages) & 1) ^ 1;
         const int row = work.seg.k_row + n * kN;
         mbarrier_wait(k_empty(stage), parity);
-        mbarrier_arrive_expect_tx(k_full(stage), Shape::kKvBytes);
-        tma_load_rows<kN, kBlocks>(k_base + stage * Shape::kKvBytes, maps.k, work.kv_head, row, k_full(stage));
+        mbarrier_arrive_expect_tx(k_full(stage), Shape::kKBytes);
+        tma_load_rows<kN, kQkBlocks>(k_base + stage * Shape::kKBytes, maps.k, work.kv_head, row, k_full(stage));
         mbarrier_wait(v_empty(stage), parity);
-        mbarrier_arrive_expect_tx(v_full(stage), Shape::kKvBytes);
-        tma_load_rows<kN, kBlocks>(v_base + stage * Shape::kKvBytes, maps.v, work.kv_head, row, v_full(stage));
+        mbarrier_arrive_expect_tx(v_full(stage), Shape::kVBytes);
+        tma_load_rows<kN, kVBlocks>(v_base + stage * Shape::kVBytes, maps.v, work.kv_head, row, v_full(stage));
         if (n == key_tiles.begin) describe_next();
       }
     }
@@ -271,11 +277,11 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
     const int n_begin = key_tiles.begin;
     const int n_end = key_tiles.end;
 
-    float o[kD / 8][4];
+    float o[kDv / 8][4];
     float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) scores
     float row_sum[2] = {0.0f, 0.0f};            // this thread's part of the denominator
 #pragma unroll
-    for (int i = 0; i < kD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    for (int i = 0; i < kDv / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
     if (n_begin < n_end) {
       float s[kN / 8][4];
@@ -294,7 +300,7 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
       mbarrier_wait(k_full(stage_of(n_begin)), parity_of(n_begin));
       turns.wait();
       wgmma_fence();
-      wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_rows, k_base + stage_of(n_begin) * Shape::kKvBytes);
+      wgmma_ss_k_major<Storage, kN, kM, kN, kDqk / 16>(s, q_rows, k_base + stage_of(n_begin) * Shape::kKBytes);
       wgmma_commit();
       turns.pass();
       wgmma_wait<0>();
@@ -311,9 +317,9 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
         mbarrier_wait(v_full(previous), parity_of(n - 1));
         turns.wait();
         wgmma_fence();
-        wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_rows, k_base + stage * Shape::kKvBytes);
+        wgmma_ss_k_major<Storage, kN, kM, kN, kDqk / 16>(s, q_rows, k_base + stage * Shape::kKBytes);
         wgmma_commit();
-        wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(o, pa, v_base + previous * Shape::kKvBytes);
+        wgmma_rs_mn_major<Storage, kDv, kN, kN / 16>(o, pa, v_base + previous * Shape::kVBytes);
         wgmma_commit();
         turns.pass();
 
@@ -325,17 +331,17 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
         wgmma_wait<0>();
         wgmma_fence_operands(flat(o));
         mbarrier_arrive(v_empty(previous));
-        if (raised) rescale_rows<kD>(o, correction);
+        if (raised) rescale_rows<kDv>(o, correction);
         accumulator_to_a_fragments<Storage, kN>(s, pa);
       }
       mbarrier_arrive(q_empty(q_stage));  // every S of this item has landed: its Q buffer is free
 
       const int stage = stage_of(n_end - 1);
-      const uint32_t v_tile = v_base + stage * Shape::kKvBytes;
+      const uint32_t v_tile = v_base + stage * Shape::kVBytes;
       mbarrier_wait(v_full(stage), parity_of(n_end - 1));
       // Only a segment's last key tile reaches past its keys, and it is the last one visited.
       const int valid_keys = seg.k_len - (n_end - 1) * kN;
-      if (valid_keys < kN) zero_tile_rows<kN, kBlocks>(v_tile, valid_keys, thread, 1 + consumer);
+      if (valid_keys < kN) zero_tile_rows<kN, kVBlocks>(v_tile, valid_keys, thread, 1 + consumer);
       // The diagonal half tile: when this warpgroup's last valid row sees no key of the upper
       // half of the last key tile (a causal mask's diagonal tile, for the first 64 rows of a
       // 128-row tile; a warpgroup with no valid row sees none), its P there is 0 and its P V
@@ -349,11 +355,11 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
       turns.wait();
       if (half) {
         wgmma_fence();
-        wgmma_rs_mn_major<Storage, kD, kN, kN / 32>(o, leading<kN / 32>(pa), v_tile);
+        wgmma_rs_mn_major<Storage, kDv, kN, kN / 32>(o, leading<kN / 32>(pa), v_tile);
         wgmma_commit();
       } else {
         wgmma_fence();
-        wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(o, pa, v_tile);
+        wgmma_rs_mn_major<Storage, kDv, kN, kN / 16>(o, pa, v_tile);
         wgmma_commit();
       }
       turns.pass();
@@ -366,7 +372,7 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kHeadDim>::kThreads, 1)
     }
 
     float thread_max = -INFINITY;
-    store_forward_rows<Storage, kD>(p, strides.out, seg, work.head, m0, warp_row0 + group_row, work.span_rows,
+    store_forward_rows<Storage, kDv>(p, strides.out, seg, work.head, m0, warp_row0 + group_row, work.span_rows,
                                     pair_col, o, row_max, row_sum, thread_max);
     reduce_max_logit(p, work.head, thread_max);
   }

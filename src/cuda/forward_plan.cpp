@@ -53,7 +53,7 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const AttentionOptions& op
   device_ = detail::current_device();
   const int head_dim = static_cast<int>(shape_.head_dim);
   const int v_head_dim = static_cast<int>(shape_.value_head_dim());
-  sm90_ = detail::use_sm90_kernels() && detail::sm90_kernels_serve(head_dim, v_head_dim);
+  sm90_ = detail::use_sm90_kernels() && detail::sm90_forward_serves(head_dim, v_head_dim);
   if (sm90_) {
     tensor_map_encoder_ = reinterpret_cast<void*>(detail::tensor_map_encoder());
     int multiprocessors = 0;
@@ -123,8 +123,8 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
   if (sm90_) {
     const auto encode = reinterpret_cast<detail::EncodeTiledFn>(tensor_map_encoder_);
     maps.q = detail::encode_thd_tensor_map(encode, "q", t.q, detail::forward_sm90_tile_rows(head_dim));
-    maps.k = detail::encode_thd_tensor_map(encode, "k", t.k, detail::kForwardSm90KeyRows);
-    maps.v = detail::encode_thd_tensor_map(encode, "v", t.v, detail::kForwardSm90KeyRows);
+    maps.k = detail::encode_thd_tensor_map(encode, "k", t.k, detail::forward_sm90_key_rows(v_head_dim));
+    maps.v = detail::encode_thd_tensor_map(encode, "v", t.v, detail::forward_sm90_key_rows(v_head_dim));
   }
   const detail::ForwardTensorMaps* sm90_maps = sm90_ ? &maps : nullptr;
   detail::dispatch_instantiation(shape_.dtype, head_dim, v_head_dim, [&](auto storage, auto kDqk, auto kDv) {

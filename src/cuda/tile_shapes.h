@@ -14,7 +14,9 @@ constexpr int kForwardTileRows = 128;
 // the GEMMs of a key tile are too short for two warpgroups to hide each other's softmax, so
 // three take turns (as FlashAttention-3's 192 x 128 tiles).
 constexpr int forward_sm90_tile_rows(int head_dim) { return head_dim == 64 ? 192 : 128; }
-constexpr int kForwardSm90KeyRows = 128;
+// Key rows per K/V tile of the Hopper forward: 128, or 64 above D_v 128 (the O accumulator
+// of 256 columns takes the registers that S of 128 keys would).
+constexpr int forward_sm90_key_rows(int v_head_dim) { return v_head_dim > 128 ? 64 : 128; }
 constexpr int kDqTileRows = 64;
 constexpr int kDkvTileRows = 64;
 constexpr int kDkvFusedTileRows = 128;
@@ -22,10 +24,15 @@ constexpr int kDkvFusedTileRows = 128;
 constexpr int kDkvqTileRows = 128;
 
 // Head dims. D_qk (q, k) and D_v (v, out, dout) are template parameters of the portable
-// kernels, which serve every pair the backend supports (cuda_supports_head_dims); the
-// Hopper kernels serve D_qk = D_v in {64, 128} and the portable ones run the rest on Hopper.
+// kernels, which serve every pair the backend supports (cuda_supports_head_dims). The Hopper
+// backward serves D_qk = D_v in {64, 128}, the Hopper forward those and MLA's (192, 128) and
+// 256; the portable kernels run the rest on Hopper.
 constexpr bool sm90_kernels_serve(int head_dim, int v_head_dim) {
   return head_dim == v_head_dim && (head_dim == 64 || head_dim == 128);
+}
+constexpr bool sm90_forward_serves(int head_dim, int v_head_dim) {
+  return sm90_kernels_serve(head_dim, v_head_dim) || (head_dim == 192 && v_head_dim == 128) ||
+         (head_dim == 256 && v_head_dim == 256);
 }
 
 // Elements per shared-memory row of a tile of D-element rows: D rounded up to 64 elements, a

@@ -107,13 +107,23 @@ __device__ __forceinline__ void wgmma_ss_k_major(float (&acc)[kN / 8][4], uint32
 }
 
 // acc += A B over kSteps k-steps: A from registers (accumulator_to_a_fragments), B the rows
-// [16 kk, 16 kk + 16) of an MN-major tile of kRowsB rows, kN columns. Issued, not committed.
+// [16 kk, 16 kk + 16) of an MN-major tile of kRowsB rows, kN columns. Above 128 columns, one
+// instruction per 128 of them (the column blocks 2 h, 2 h + 1 into acc's fragments
+// [16 h, 16 h + 16)). Issued, not committed.
 template <typename Storage, int kN, int kRowsB, int kSteps>
 __device__ __forceinline__ void wgmma_rs_mn_major(float (&acc)[kN / 8][4], const uint32_t (&a)[kSteps][4],
                                                   uint32_t b_tile) {
+  constexpr int kPieceN = kN > 128 ? 128 : kN;
+  static_assert(kN % kPieceN == 0, "whole 128-column pieces");
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
-    WgmmaRs<Storage, kN>::template run<1>(flat(acc), a[kk], wgmma_desc_mn_major<kRowsB>(b_tile, kk), 1);
+#pragma unroll
+    for (int h = 0; h < kN / kPieceN; ++h) {
+      float(&piece)[kPieceN / 8][4] = reinterpret_cast<float(&)[kPieceN / 8][4]>(acc[h * kPieceN / 8]);
+      WgmmaRs<Storage, kPieceN>::template run<1>(
+          flat(piece), a[kk], wgmma_desc_mn_major<kRowsB>(b_tile + static_cast<uint32_t>(h * 2 * kRowsB * 128), kk),
+          1);
+    }
   }
 }
 
