@@ -122,10 +122,11 @@ def test_softmax_types_are_thdcp_sinks_and_softmax_offset_learns(device):
     # "off-by-one": sinks of 0; "learnable": the module's softmax_offset as sinks, its gradient
     # thdcp's d(sinks). Both the bits of thdcp.attention(sinks=...), forward and backward.
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    q, k, v, cu, _ = batch(hq=4, hkv=2, d=32, dtype=dtype, device=device)
+    d = 64 if device == "cuda" else 32  # a head dim the CUDA kernels serve
+    q, k, v, cu, _ = batch(hq=4, hkv=2, d=d, dtype=dtype, device=device)
     g = torch.Generator().manual_seed(3)
     for softmax_type in ("off-by-one", "learnable"):
-        module = te.DotProductAttention(4, 32, num_gqa_groups=2, softmax_type=softmax_type).to(device)
+        module = te.DotProductAttention(4, d, num_gqa_groups=2, softmax_type=softmax_type).to(device)
         if softmax_type == "learnable":
             assert module.softmax_offset.shape == (4,) and module.softmax_offset.dtype == torch.float32
             with torch.no_grad():
@@ -137,9 +138,9 @@ def test_softmax_types_are_thdcp_sinks_and_softmax_offset_learns(device):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         out = module(*leaves, cu_seqlens_q=cu, cu_seqlens_kv=cu)
         same = [t.clone().requires_grad_() for t in (q, k, v)]
-        want = thdcp.attention(*same, cu, softmax_scale=1.0 / math.sqrt(32), sinks=sinks)
+        want = thdcp.attention(*same, cu, softmax_scale=1.0 / math.sqrt(d), sinks=sinks)
         assert torch.equal(out, want.flatten(1))
-        plain = thdcp.attention(*[t.detach() for t in (q, k, v)], cu, softmax_scale=1.0 / math.sqrt(32))
+        plain = thdcp.attention(*[t.detach() for t in (q, k, v)], cu, softmax_scale=1.0 / math.sqrt(d))
         assert not torch.equal(out.detach(), plain.flatten(1)), "the sinks changed nothing"
         dout = torch.randn(out.shape, generator=g).to(dtype).to(device)
         inputs = leaves + ([module.softmax_offset] if softmax_type == "learnable" else [])
