@@ -1,5 +1,5 @@
 // The backward launcher: the dK/dV pass (dkv_kernel, or dkv_kernel_sm90 on Hopper where it
-// serves the head dims) and the dQ pass (dq_kernel, or dq_kernel_sm90), or a fused dK/dV/dQ
+// serves the head dims: sm90_serves) and the dQ pass (dq_kernel, or dq_kernel_sm90), or a fused dK/dV/dQ
 // pass: on Hopper at head dim 128 without a left window, or on single-device tables with one
 // of at least 4096 keys (dkvq_kernel_sm90, then dq_store_kernel; the plan decides), with the
 // portable kernels when AttentionOptions::deterministic is off (dkv_kernel with kFuseDq).
@@ -19,39 +19,37 @@ template <typename Storage, int kDqk, int kDv>
 void configure_backward(bool sm90, bool fused) {
   // Function attributes belong to the device that is current when they are set, so the plan
   // sets them, for the kernels it will launch, on its own device every time it is made.
-  // (The plan runs the Hopper kernels only where sm90_kernels_serve, and fuses the portable
-  // passes only where portable_fuses_dq.)
-  if constexpr (sm90_kernels_serve(kDqk, kDv)) {
-    constexpr int kD = kDqk;
-    if (fused && sm90) {
-      if constexpr (kD == DkvqSm90Shape::kD) {
-        set_dynamic_shared_memory(reinterpret_cast<const void*>(dkvq_kernel_sm90<Storage>), DkvqSm90Shape::kSmemBytes,
-                                  "dkvq_kernel_sm90", kDqk, kDv);
-      }
-      return;
+  // (The plan fuses dQ on Hopper at 128 only, in the portable kernels where portable_fuses_dq,
+  // and runs the Hopper kernels where sm90_serves.)
+  constexpr bool kHopperFused = kDqk == DkvqSm90Shape::kD && kDv == kDqk;
+  if (fused && sm90) {
+    if constexpr (kHopperFused) {
+      set_dynamic_shared_memory(reinterpret_cast<const void*>(dkvq_kernel_sm90<Storage>), DkvqSm90Shape::kSmemBytes,
+                                "dkvq_kernel_sm90", kDqk, kDv);
     }
-    if (fused) {
-      set_dynamic_shared_memory(reinterpret_cast<const void*>(dkv_kernel<Storage, kD, kD, true>),
-                                DkvShape<kD, kD, true>::kSmemBytes, "dkv_kernel", kDqk, kDv);
-      THDCP_CHECK_CUDA(cudaFuncSetAttribute(dkv_kernel<Storage, kD, kD, true>,
+  } else if (fused) {
+    if constexpr (portable_fuses_dq(kDqk, kDv)) {
+      set_dynamic_shared_memory(reinterpret_cast<const void*>(dkv_kernel<Storage, kDqk, kDv, true>),
+                                DkvShape<kDqk, kDv, true>::kSmemBytes, "dkv_kernel", kDqk, kDv);
+      THDCP_CHECK_CUDA(cudaFuncSetAttribute(dkv_kernel<Storage, kDqk, kDv, true>,
                                             cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-      return;
     }
-    if (sm90) {
-      set_dynamic_shared_memory(reinterpret_cast<const void*>(dkv_kernel_sm90<Storage, kD>),
-                                DkvSm90Shape<kD>::kSmemBytes, "dkv_kernel_sm90", kDqk, kDv);
-      set_dynamic_shared_memory(reinterpret_cast<const void*>(dq_kernel_sm90<Storage, kD>),
-                                DqSm90Shape<kD>::kSmemBytes, "dq_kernel_sm90", kDqk, kDv);
-      return;
+  } else if (sm90) {
+    if constexpr (sm90_serves(kDqk, kDv)) {
+      set_dynamic_shared_memory(reinterpret_cast<const void*>(dkv_kernel_sm90<Storage, kDqk, kDv>),
+                                DkvSm90Shape<kDqk, kDv>::kSmemBytes, "dkv_kernel_sm90", kDqk, kDv);
+      set_dynamic_shared_memory(reinterpret_cast<const void*>(dq_kernel_sm90<Storage, kDqk, kDv>),
+                                DqSm90Shape<kDqk, kDv>::kSmemBytes, "dq_kernel_sm90", kDqk, kDv);
     }
+  } else {
+    // Two 64-key blocks per SM need the largest shared-memory carveout.
+    set_dynamic_shared_memory(reinterpret_cast<const void*>(dkv_kernel<Storage, kDqk, kDv, false>),
+                              DkvShape<kDqk, kDv, false>::kSmemBytes, "dkv_kernel", kDqk, kDv);
+    THDCP_CHECK_CUDA(cudaFuncSetAttribute(dkv_kernel<Storage, kDqk, kDv, false>,
+                                          cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    set_dynamic_shared_memory(reinterpret_cast<const void*>(dq_kernel<Storage, kDqk, kDv>),
+                              DqShape<kDqk, kDv>::kSmemBytes, "dq_kernel", kDqk, kDv);
   }
-  // Two 64-key blocks per SM need the largest shared-memory carveout.
-  set_dynamic_shared_memory(reinterpret_cast<const void*>(dkv_kernel<Storage, kDqk, kDv, false>),
-                            DkvShape<kDqk, kDv, false>::kSmemBytes, "dkv_kernel", kDqk, kDv);
-  THDCP_CHECK_CUDA(cudaFuncSetAttribute(dkv_kernel<Storage, kDqk, kDv, false>,
-                                        cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-  set_dynamic_shared_memory(reinterpret_cast<const void*>(dq_kernel<Storage, kDqk, kDv>),
-                            DqShape<kDqk, kDv>::kSmemBytes, "dq_kernel", kDqk, kDv);
 }
 
 template <typename Storage, int kDqk, int kDv>
@@ -59,42 +57,41 @@ void launch_backward(const BackwardParams& params, const BackwardStrides& stride
                      int grid_k_tiles, cudaStream_t stream) {
   using Dq = DqShape<kDqk, kDv>;
   using Dkv = DkvShape<kDqk, kDv, false>;
-  constexpr bool kHopper = sm90_kernels_serve(kDqk, kDv);
-  constexpr int kD = kDqk;
+  constexpr bool kHopperFused = kDqk == DkvqSm90Shape::kD && kDv == kDqk;
   const bool fused = params.dq_accum != nullptr;
   if (grid_k_tiles > 0 && params.kv_heads > 0) {
-    const dim3 grid(static_cast<unsigned>(grid_k_tiles), static_cast<unsigned>(params.kv_heads), Dkv::kSlices);
-    if constexpr (kHopper) {
-      if (fused && sm90) {
-        if constexpr (kD == DkvqSm90Shape::kD) {
-          dkvq_kernel_sm90<Storage>
-              <<<grid, DkvqSm90Shape::kThreads, DkvqSm90Shape::kSmemBytes, stream>>>(params, strides);
-        }
-      } else if (fused) {
-        using DkvFused = DkvShape<kD, kD, true>;
-        dkv_kernel<Storage, kD, kD, true>
-            <<<grid, DkvFused::kThreads, DkvFused::kSmemBytes, stream>>>(params, strides);
-      } else if (sm90) {
-        using DkvSm90 = DkvSm90Shape<kD>;
-        dkv_kernel_sm90<Storage, kD><<<grid, DkvSm90::kThreads, DkvSm90::kSmemBytes, stream>>>(params, strides);
-      } else {
-        dkv_kernel<Storage, kDqk, kDv, false><<<grid, Dkv::kThreads, Dkv::kSmemBytes, stream>>>(params, strides);
+    const unsigned tiles = static_cast<unsigned>(grid_k_tiles), heads = static_cast<unsigned>(params.kv_heads);
+    if (fused && sm90) {
+      if constexpr (kHopperFused) {
+        dkvq_kernel_sm90<Storage>
+            <<<dim3(tiles, heads), DkvqSm90Shape::kThreads, DkvqSm90Shape::kSmemBytes, stream>>>(params, strides);
+      }
+    } else if (fused) {
+      if constexpr (portable_fuses_dq(kDqk, kDv)) {
+        using DkvFused = DkvShape<kDqk, kDv, true>;
+        dkv_kernel<Storage, kDqk, kDv, true>
+            <<<dim3(tiles, heads), DkvFused::kThreads, DkvFused::kSmemBytes, stream>>>(params, strides);
+      }
+    } else if (sm90) {
+      if constexpr (sm90_serves(kDqk, kDv)) {
+        using DkvSm90 = DkvSm90Shape<kDqk, kDv>;
+        dkv_kernel_sm90<Storage, kDqk, kDv><<<dim3(tiles, heads, DkvSm90::kSlices), DkvSm90::kThreads,
+                                              DkvSm90::kSmemBytes, stream>>>(params, strides);
       }
     } else {
-      dkv_kernel<Storage, kDqk, kDv, false><<<grid, Dkv::kThreads, Dkv::kSmemBytes, stream>>>(params, strides);
+      dkv_kernel<Storage, kDqk, kDv, false>
+          <<<dim3(tiles, heads, Dkv::kSlices), Dkv::kThreads, Dkv::kSmemBytes, stream>>>(params, strides);
     }
     THDCP_CHECK_CUDA(cudaGetLastError());
   }
   if ((!fused || sm90) && grid_q_tiles > 0 && params.q_heads > 0) {
     const dim3 grid(static_cast<unsigned>(grid_q_tiles), static_cast<unsigned>(params.q_heads));
-    if constexpr (kHopper) {
-      if (fused) {
-        if constexpr (kD == DkvqSm90Shape::kD) dq_store_kernel<Storage><<<grid, 128, 0, stream>>>(params, strides);
-      } else if (sm90) {
-        using DqSm90 = DqSm90Shape<kD>;
-        dq_kernel_sm90<Storage, kD><<<grid, DqSm90::kThreads, DqSm90::kSmemBytes, stream>>>(params, strides);
-      } else {
-        dq_kernel<Storage, kDqk, kDv><<<grid, Dq::kThreads, Dq::kSmemBytes, stream>>>(params, strides);
+    if (fused) {
+      if constexpr (kHopperFused) dq_store_kernel<Storage><<<grid, 128, 0, stream>>>(params, strides);
+    } else if (sm90) {
+      if constexpr (sm90_serves(kDqk, kDv)) {
+        using DqSm90 = DqSm90Shape<kDqk, kDv>;
+        dq_kernel_sm90<Storage, kDqk, kDv><<<grid, DqSm90::kThreads, DqSm90::kSmemBytes, stream>>>(params, strides);
       }
     } else {
       dq_kernel<Storage, kDqk, kDv><<<grid, Dq::kThreads, Dq::kSmemBytes, stream>>>(params, strides);

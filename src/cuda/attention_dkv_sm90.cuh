@@ -15,15 +15,28 @@
 
 namespace thdcp::cuda::detail {
 
-template <int kHeadDim>
+// Head dims kDqk (q, k, dk) and kDv (v, dout, dv). Above D_qk 128 the dK and dV registers of
+// all columns would not fit: the grid's z has kSlices = 2 column slices, slice s owning dK
+// columns [k_col0(s), +k_columns(s)) (128, then the rest) and dV columns [v_col0(s),
+// +v_columns(s)) (halves), each a whole number of 64-column blocks; each recomputes S^T and
+// dP^T.
+template <int kDqk, int kDv>
 struct DkvSm90Shape {
   static constexpr int kTileN = kDkvTileRows;  // keys per block: one warpgroup, 16 per warp
   static constexpr int kTileM = 64;            // queries per step
   static constexpr int kThreads = 128;
-  static constexpr uint32_t kTileBytes = 64 * kHeadDim * 2;
+  static constexpr uint32_t kQkBytes = 64 * kDqk * 2;  // a K or Q tile
+  static constexpr uint32_t kVBytes = 64 * kDv * 2;    // a V or dO tile
+  static constexpr int kSlices = kDqk > 128 ? 2 : 1;
+  static constexpr int k_col0(int slice) { return 128 * slice; }
+  static constexpr int k_columns(int slice) { return kSlices == 1 ? kDqk : slice == 0 ? 128 : kDqk - 128; }
+  static constexpr int v_col0(int slice) { return slice * kDv / kSlices; }
+  static constexpr int v_columns(int /*slice*/) { return kDv / kSlices; }
+  static_assert(kSlices == 1 || (kDqk <= 256 && kDv / kSlices % 64 == 0), "slices of whole column blocks");
   // K, V, two Q and two dO buffers (wgmma layout), lse and delta of two steps, and the slack
-  // that aligns the tiles to 1024 bytes: 98 KiB at D = 128, two blocks per SM.
-  static constexpr size_t kSmemBytes = 6 * kTileBytes + 4 * kTileM * sizeof(float) + 1024;
+  // that aligns the tiles to 1024 bytes: 98 KiB at D = 128, two blocks per SM; 121 KiB at
+  // 192/128 and 193 KiB at 256, one.
+  static constexpr size_t kSmemBytes = 3 * (kQkBytes + kVBytes) + 4 * kTileM * sizeof(float) + 1024;
 };
 
 // The per-step arithmetic of the Hopper dK/dV warpgroups (dkv_kernel_sm90, and the
@@ -92,9 +105,10 @@ __device__ __forceinline__ void dkv_step_ds(float (&dpt)[kM / 8][4], const float
 // The rest of a step once S^T has landed and dP^T is in flight: P^T, then (after dP^T has
 // landed) dS^T, and dV += P^T dO, dK += dS^T Q issued and committed (not waited for; they
 // read P^T and dS^T from registers: `pt` and `dst` must stay as they are until they land).
-template <typename Storage, int kM, int kD>
+// kD columns of dK (from q_tile's first column), kDvColumns of dV (from do_tile's).
+template <typename Storage, int kM, int kD, int kDvColumns = kD>
 __device__ __forceinline__ void dkv_step_products(float (&st)[kM / 8][4], float (&dpt)[kM / 8][4],
-                                                  float (&dv)[kD / 8][4], float (&dk)[kD / 8][4],
+                                                  float (&dv)[kDvColumns / 8][4], float (&dk)[kD / 8][4],
                                                   uint32_t (&pt)[kM / 16][4], uint32_t (&dst)[kM / 16][4],
                                                   const Segment& seg, const Mask& mask, int key0, int key_row, int m0,
                                                   int pair_col, bool unmasked, const float* lse_tile,
@@ -107,7 +121,7 @@ __device__ __forceinline__ void dkv_step_products(float (&st)[kM / 8][4], float 
   dkv_step_ds<kM>(dpt, st, delta_tile, pair_col);
   accumulator_to_a_fragments<Storage, kM>(dpt, dst);
   wgmma_fence();
-  wgmma_rs_mn_major<Storage, kD, kM, kM / 16>(dv, pt, do_tile);
+  wgmma_rs_mn_major<Storage, kDvColumns, kM, kM / 16>(dv, pt, do_tile);
   wgmma_rs_mn_major<Storage, kD, kM, kM / 16>(dk, dst, q_tile);
   wgmma_commit();
 }
@@ -116,53 +130,79 @@ __device__ __forceinline__ void dkv_step_products(float (&st)[kM / 8][4], float 
 // valid ones) stored into p.dk_out / p.dv_out when the host set them, else added into the
 // fp32 accumulators, one fp32 addition per (segment, element): with at most two segments
 // reaching a key row and the accumulator starting at zero, the result does not depend on
-// their order.
-template <typename Storage, int kD>
-__device__ __forceinline__ void add_dkv_rows(const BackwardParams& p, const Segment& seg, int kv_head, int key0,
-                                             int key_row, int key_rows, int pair_col, const float (&dk)[kD / 8][4],
-                                             const float (&dv)[kD / 8][4]) {
+// their order. The warpgroup holds kKColumns columns of dK from k_col0 (of D_qk = kDqk) and
+// kVColumns of dV from v_col0 (of D_v = kDv).
+template <typename Storage, int kDqk, int kDv, int kKColumns, int kVColumns>
+__device__ __forceinline__ void add_dkv_columns(const BackwardParams& p, const Segment& seg, int kv_head, int key0,
+                                                int key_row, int key_rows, int pair_col, int k_col0, int v_col0,
+                                                const float (&dk)[kKColumns / 8][4],
+                                                const float (&dv)[kVColumns / 8][4]) {
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
-  const int64_t kv_stride = static_cast<int64_t>(p.kv_heads) * kD;  // of the fp32 accumulators (contiguous)
+  // Row strides of the outputs and the fp32 accumulators (contiguous).
+  const int64_t k_stride = static_cast<int64_t>(p.kv_heads) * kDqk;
+  const int64_t v_stride = static_cast<int64_t>(p.kv_heads) * kDv;
+  constexpr int kWider = kKColumns > kVColumns ? kKColumns : kVColumns;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key_local = key_row + 8 * half;
     if (key_local >= key_rows) continue;
     const int64_t key = static_cast<int64_t>(seg.k_row) + key0 + key_local;
     if (p.dk_out != nullptr) {
-      const int64_t offset = key * kv_stride + static_cast<int64_t>(kv_head) * kD + pair_col;
-      Element* dk_row = static_cast<Element*>(p.dk_out) + offset;
-      Element* dv_row = static_cast<Element*>(p.dv_out) + offset;
+      Element* dk_row = static_cast<Element*>(p.dk_out) + key * k_stride + static_cast<int64_t>(kv_head) * kDqk +
+                        k_col0 + pair_col;
+      Element* dv_row = static_cast<Element*>(p.dv_out) + key * v_stride + static_cast<int64_t>(kv_head) * kDv +
+                        v_col0 + pair_col;
 #pragma unroll
-      for (int df = 0; df < kD / 8; ++df) {
-        *reinterpret_cast<uint32_t*>(dk_row + df * 8) =
-            Traits::pack(dk[df][2 * half] * p.scale, dk[df][2 * half + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(dv_row + df * 8) = Traits::pack(dv[df][2 * half], dv[df][2 * half + 1]);
+      for (int df = 0; df < kWider / 8; ++df) {
+        if (df < kKColumns / 8) {
+          *reinterpret_cast<uint32_t*>(dk_row + df * 8) =
+              Traits::pack(dk[df][2 * half] * p.scale, dk[df][2 * half + 1] * p.scale);
+        }
+        if (df < kVColumns / 8) {
+          *reinterpret_cast<uint32_t*>(dv_row + df * 8) = Traits::pack(dv[df][2 * half], dv[df][2 * half + 1]);
+        }
       }
       continue;
     }
-    const int64_t offset =
-        (p.dkv_rows ? p.dkv_rows[key] : key) * kv_stride + static_cast<int64_t>(kv_head) * kD + pair_col;
+    const int64_t row = p.dkv_rows ? p.dkv_rows[key] : key;
+    float* dk_accum = p.dk_accum + row * k_stride + static_cast<int64_t>(kv_head) * kDqk + k_col0 + pair_col;
+    float* dv_accum = p.dv_accum + row * v_stride + static_cast<int64_t>(kv_head) * kDv + v_col0 + pair_col;
 #pragma unroll
-    for (int df = 0; df < kD / 8; ++df) {
-      atomicAdd(p.dk_accum + offset + df * 8, dk[df][2 * half] * p.scale);
-      atomicAdd(p.dk_accum + offset + df * 8 + 1, dk[df][2 * half + 1] * p.scale);
-      atomicAdd(p.dv_accum + offset + df * 8, dv[df][2 * half]);
-      atomicAdd(p.dv_accum + offset + df * 8 + 1, dv[df][2 * half + 1]);
+    for (int df = 0; df < kWider / 8; ++df) {
+      if (df < kKColumns / 8) {
+        atomicAdd(dk_accum + df * 8, dk[df][2 * half] * p.scale);
+        atomicAdd(dk_accum + df * 8 + 1, dk[df][2 * half + 1] * p.scale);
+      }
+      if (df < kVColumns / 8) {
+        atomicAdd(dv_accum + df * 8, dv[df][2 * half]);
+        atomicAdd(dv_accum + df * 8 + 1, dv[df][2 * half + 1]);
+      }
     }
   }
 }
 
-template <typename Storage, int kHeadDim>
-__global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
-    dkv_kernel_sm90(const BackwardParams p, const BackwardStrides strides) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// All kD columns of dK and dV (D_qk = D_v = kD).
+template <typename Storage, int kD>
+__device__ __forceinline__ void add_dkv_rows(const BackwardParams& p, const Segment& seg, int kv_head, int key0,
+                                             int key_row, int key_rows, int pair_col, const float (&dk)[kD / 8][4],
+                                             const float (&dv)[kD / 8][4]) {
+  add_dkv_columns<Storage, kD, kD, kD, kD>(p, seg, kv_head, key0, key_row, key_rows, pair_col, 0, 0, dk, dv);
+}
+
+// The block's work for column slice kSlice (see DkvSm90Shape).
+template <typename Storage, int kDqk, int kDv, int kSlice>
+__device__ __forceinline__ void dkv_sm90_block(const BackwardParams& p, const BackwardStrides& strides) {
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
-  using Shape = DkvSm90Shape<kHeadDim>;
+  using Shape = DkvSm90Shape<kDqk, kDv>;
   constexpr int kN = Shape::kTileN;
   constexpr int kM = Shape::kTileM;
-  constexpr int kD = kHeadDim;
+  constexpr int kKColumns = Shape::k_columns(kSlice);
+  constexpr int kVColumns = Shape::v_columns(kSlice);
+  // The slice's first columns of Q and dO (the B operands of dK and dV) in their tiles.
+  constexpr uint32_t kQColumnBytes = Shape::k_col0(kSlice) / 64 * kM * 128;
+  constexpr uint32_t kDoColumnBytes = Shape::v_col0(kSlice) / 64 * kM * 128;
   constexpr int kThreads = Shape::kThreads;
   static_assert(kN == 64 && kM == 64 && kThreads == 128, "one warpgroup of 64 keys, 64 queries per step");
 
@@ -179,28 +219,29 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_address = smem_address(smem_raw);
   const uint32_t k_tile = (raw_address + 1023u) & ~1023u;
-  const uint32_t v_tile = k_tile + Shape::kTileBytes;
-  const uint32_t q_tiles = v_tile + Shape::kTileBytes;      // two buffers
-  const uint32_t do_tiles = q_tiles + 2 * Shape::kTileBytes;  // two buffers
-  float* lse_rows = reinterpret_cast<float*>(smem_raw + (do_tiles + 2 * Shape::kTileBytes - raw_address));
+  const uint32_t v_tile = k_tile + Shape::kQkBytes;
+  const uint32_t q_tiles = v_tile + Shape::kVBytes;           // two buffers
+  const uint32_t do_tiles = q_tiles + 2 * Shape::kQkBytes;  // two buffers
+  float* lse_rows = reinterpret_cast<float*>(smem_raw + (do_tiles + 2 * Shape::kVBytes - raw_address));
   float* delta_rows = lse_rows + 2 * kM;
 
   const Element* q = static_cast<const Element*>(p.q);
   const Element* dout = static_cast<const Element*>(p.dout);
 
-  load_wgmma_tile_async<kN, kD, kThreads>(k_tile, static_cast<const Element*>(p.k), seg.k_row + n0, valid_k,
-                                          strides.k, kv_head);
-  load_wgmma_tile_async<kN, kD, kThreads>(v_tile, static_cast<const Element*>(p.v), seg.k_row + n0, valid_k,
-                                          strides.v, kv_head);
+  load_wgmma_tile_async<kN, kDqk, kThreads>(k_tile, static_cast<const Element*>(p.k), seg.k_row + n0, valid_k,
+                                            strides.k, kv_head);
+  load_wgmma_tile_async<kN, kDv, kThreads>(v_tile, static_cast<const Element*>(p.v), seg.k_row + n0, valid_k,
+                                           strides.v, kv_head);
   // Step s covers query tile m_begin + s % m_count of head kv_head * group + s / m_count,
   // kept as two counters (m_index, head_index) instead of a division per step.
   auto load_q = [&](int m_index, int head_index, int buffer) {
     const int head = kv_head * group + head_index;
     const int m0 = (m_begin + m_index) * kM;
     const int rows = max(0, min(kM, seg.q_len - m0));
-    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer) * Shape::kTileBytes;
-    load_wgmma_tile_async<kM, kD, kThreads>(q_tiles + buffer_bytes, q, seg.q_row + m0, rows, strides.q, head);
-    load_wgmma_tile_async<kM, kD, kThreads>(do_tiles + buffer_bytes, dout, seg.q_row + m0, rows, strides.dout, head);
+    const uint32_t q_bytes = static_cast<uint32_t>(buffer) * Shape::kQkBytes;
+    const uint32_t do_bytes = static_cast<uint32_t>(buffer) * Shape::kVBytes;
+    load_wgmma_tile_async<kM, kDqk, kThreads>(q_tiles + q_bytes, q, seg.q_row + m0, rows, strides.q, head);
+    load_wgmma_tile_async<kM, kDv, kThreads>(do_tiles + do_bytes, dout, seg.q_row + m0, rows, strides.dout, head);
     load_row_statistics_async<kM, false>(p, seg, head, m0, rows, lse_rows, delta_rows, buffer);
   };
   load_q(0, 0, 0);
@@ -212,12 +253,12 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
   const int pair_col = (lane & 3) * 2;
   const int key_row = 16 * warp + group_row;  // this thread's key rows: key_row, key_row + 8
 
-  float dk[kD / 8][4];
-  float dv[kD / 8][4];
+  float dk[kKColumns / 8][4];
+  float dv[kVColumns / 8][4];
 #pragma unroll
-  for (int i = 0; i < kD / 8; ++i) {
-    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
-    dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+  for (int i = 0; i < (kKColumns > kVColumns ? kKColumns : kVColumns) / 8; ++i) {
+    if (i < kKColumns / 8) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+    if (i < kVColumns / 8) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
   }
 
   // The steps are software-pipelined by one: step s's dV/dK products run on the tensor cores
@@ -238,8 +279,8 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
     cp_async_wait<0>();          // this step's Q/dO (and on step 0 K/V): loaded during the last one
     fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
     __syncthreads();
-    const uint32_t q_tile = q_tiles + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
-    const uint32_t do_tile = do_tiles + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
+    const uint32_t q_tile = q_tiles + static_cast<uint32_t>(buffer) * Shape::kQkBytes;
+    const uint32_t do_tile = do_tiles + static_cast<uint32_t>(buffer) * Shape::kVBytes;
     const float* lse_tile = lse_rows + buffer * kM;
     const float* delta_tile = delta_rows + buffer * kM;
     const int m0 = (m_begin + m_index) * kM;
@@ -247,9 +288,9 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
     float st[kM / 8][4];
     float dpt[kM / 8][4];
     wgmma_fence();
-    wgmma_ss_k_major<Storage, kM, kN, kM, kD / 16>(st, k_tile, q_tile);
+    wgmma_ss_k_major<Storage, kM, kN, kM, kDqk / 16>(st, k_tile, q_tile);
     wgmma_commit();
-    wgmma_ss_k_major<Storage, kM, kN, kM, kD / 16>(dpt, v_tile, do_tile);
+    wgmma_ss_k_major<Storage, kM, kN, kM, kDv / 16>(dpt, v_tile, do_tile);
     wgmma_commit();
     wgmma_wait<1>();  // the last step's dV/dK and this step's S^T have landed
     wgmma_fence_operands(flat(st));
@@ -261,9 +302,10 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
 
     uint32_t pt[kM / 16][4];
     uint32_t dst[kM / 16][4];
-    dkv_step_products<Storage, kM, kD>(st, dpt, dv, dk, pt, dst, seg, mask, n0, key_row, m0, pair_col,
-                                       dkv_step_unmasked(seg, mask, n0, valid_k, kN, m0, kM), lse_tile, delta_tile,
-                                       p.scale_log2, q_tile, do_tile);
+    dkv_step_products<Storage, kM, kKColumns, kVColumns>(
+        st, dpt, dv, dk, pt, dst, seg, mask, n0, key_row, m0, pair_col,
+        dkv_step_unmasked(seg, mask, n0, valid_k, kN, m0, kM), lse_tile, delta_tile, p.scale_log2,
+        q_tile + kQColumnBytes, do_tile + kDoColumnBytes);
     m_index = next_m;
     head_index = next_head;
   }
@@ -271,7 +313,21 @@ __global__ void __launch_bounds__(DkvSm90Shape<kHeadDim>::kThreads, 2)
   wgmma_fence_operands(flat(dv));
   wgmma_fence_operands(flat(dk));
 
-  add_dkv_rows<Storage, kD>(p, seg, kv_head, n0, key_row, valid_k, pair_col, dk, dv);
+  add_dkv_columns<Storage, kDqk, kDv, kKColumns, kVColumns>(p, seg, kv_head, n0, key_row, valid_k, pair_col,
+                                                            Shape::k_col0(kSlice), Shape::v_col0(kSlice), dk, dv);
+}
+
+template <typename Storage, int kDqk, int kDv>
+__global__ void __launch_bounds__(DkvSm90Shape<kDqk, kDv>::kThreads, 2)
+    dkv_kernel_sm90(const BackwardParams p, const BackwardStrides strides) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (DkvSm90Shape<kDqk, kDv>::kSlices == 1) {
+    dkv_sm90_block<Storage, kDqk, kDv, 0>(p, strides);
+  } else if (blockIdx.z == 0) {
+    dkv_sm90_block<Storage, kDqk, kDv, 0>(p, strides);
+  } else {
+    dkv_sm90_block<Storage, kDqk, kDv, 1>(p, strides);
+  }
 #endif
 }
 

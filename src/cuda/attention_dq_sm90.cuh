@@ -20,30 +20,31 @@
 
 namespace thdcp::cuda::detail {
 
-template <int kHeadDim>
+// Head dims kDqk (q, k, dq) and kDv (v, dout).
+template <int kDqk, int kDv>
 struct DqSm90Shape {
   static constexpr int kTileM = kDqTileRows;  // one warpgroup: 16 rows per warp
   static constexpr int kTileN = 64;
   static constexpr int kThreads = 128;
-  static constexpr uint32_t kTileBytes = 64 * kHeadDim * 2;
+  static constexpr uint32_t kQkBytes = 64 * kDqk * 2;  // a Q or K tile
+  static constexpr uint32_t kVBytes = 64 * kDv * 2;    // a dO or V tile
   // Q, dO, two K and two V buffers (wgmma layout), and the slack that aligns them to 1024
-  // bytes: 97 KiB at D = 128.
-  static constexpr size_t kSmemBytes = 6 * kTileBytes + 1024;
+  // bytes: 97 KiB at D = 128, 193 KiB at 256.
+  static constexpr size_t kSmemBytes = 3 * (kQkBytes + kVBytes) + 1024;
   // Blocks per SM the registers are bounded for: at D = 64 three fit (49 KiB of shared memory
-  // and up to 170 registers each); at D = 128 shared memory allows two.
-  static constexpr int kMinBlocks = kHeadDim == 64 ? 3 : 2;
+  // and up to 170 registers each); at D = 128 shared memory allows two; above, one.
+  static constexpr int kMinBlocks = kDqk == 64 ? 3 : kDqk + kDv <= 256 ? 2 : 1;
 };
 
-template <typename Storage, int kHeadDim>
-__global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, DqSm90Shape<kHeadDim>::kMinBlocks)
+template <typename Storage, int kDqk, int kDv>
+__global__ void __launch_bounds__(DqSm90Shape<kDqk, kDv>::kThreads, DqSm90Shape<kDqk, kDv>::kMinBlocks)
     dq_kernel_sm90(const BackwardParams p, const BackwardStrides strides) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
-  using Shape = DqSm90Shape<kHeadDim>;
+  using Shape = DqSm90Shape<kDqk, kDv>;
   constexpr int kM = Shape::kTileM;
   constexpr int kN = Shape::kTileN;
-  constexpr int kD = kHeadDim;
   constexpr int kThreads = Shape::kThreads;
   static_assert(kM == 64 && kThreads == 128, "one warpgroup of 64 query rows");
 
@@ -59,23 +60,24 @@ __global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, DqSm90Shape<k
   static_assert(kN == 64, "64-row wgmma tiles");
   extern __shared__ unsigned char smem_raw[];
   const uint32_t q_tile = (smem_address(smem_raw) + 1023u) & ~1023u;
-  const uint32_t do_tile = q_tile + Shape::kTileBytes;
-  const uint32_t k_base = do_tile + Shape::kTileBytes;  // two K buffers, then two V buffers
-  const uint32_t v_base = k_base + 2 * Shape::kTileBytes;
+  const uint32_t do_tile = q_tile + Shape::kQkBytes;
+  const uint32_t k_base = do_tile + Shape::kVBytes;  // two K buffers, then two V buffers
+  const uint32_t v_base = k_base + 2 * Shape::kQkBytes;
 
   const Element* k = static_cast<const Element*>(p.k);
   const Element* v = static_cast<const Element*>(p.v);
 
   // Rows past q_len and k_len are zero-filled: padding rows of dout may hold anything.
-  load_wgmma_tile_async<kM, kD, kThreads>(q_tile, static_cast<const Element*>(p.q), seg.q_row + m0, valid_q,
-                                          strides.q, head);
-  load_wgmma_tile_async<kM, kD, kThreads>(do_tile, static_cast<const Element*>(p.dout), seg.q_row + m0, valid_q,
-                                          strides.dout, head);
+  load_wgmma_tile_async<kM, kDqk, kThreads>(q_tile, static_cast<const Element*>(p.q), seg.q_row + m0, valid_q,
+                                            strides.q, head);
+  load_wgmma_tile_async<kM, kDv, kThreads>(do_tile, static_cast<const Element*>(p.dout), seg.q_row + m0, valid_q,
+                                           strides.dout, head);
   auto load_kv = [&](int n, int buffer) {
     const int rows = min(kN, seg.k_len - n * kN);
-    const uint32_t buffer_bytes = static_cast<uint32_t>(buffer) * Shape::kTileBytes;
-    load_wgmma_tile_async<kN, kD, kThreads>(k_base + buffer_bytes, k, seg.k_row + n * kN, rows, strides.k, kv_head);
-    load_wgmma_tile_async<kN, kD, kThreads>(v_base + buffer_bytes, v, seg.k_row + n * kN, rows, strides.v, kv_head);
+    const uint32_t k_bytes = static_cast<uint32_t>(buffer) * Shape::kQkBytes;
+    const uint32_t v_bytes = static_cast<uint32_t>(buffer) * Shape::kVBytes;
+    load_wgmma_tile_async<kN, kDqk, kThreads>(k_base + k_bytes, k, seg.k_row + n * kN, rows, strides.k, kv_head);
+    load_wgmma_tile_async<kN, kDv, kThreads>(v_base + v_bytes, v, seg.k_row + n * kN, rows, strides.v, kv_head);
   };
   if (n_begin < n_end) load_kv(n_begin, 0);
   cp_async_commit();
@@ -90,24 +92,24 @@ __global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, DqSm90Shape<k
   float delta[2];
   load_row_statistics(p, seg, head, m0, warp_row0 + group_row, valid_q, lse_log2, delta);
 
-  float dq[kD / 8][4];
+  float dq[kDqk / 8][4];
 #pragma unroll
-  for (int i = 0; i < kD / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+  for (int i = 0; i < kDqk / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
 
   for (int n = n_begin; n < n_end; ++n) {
     const int buffer = (n - n_begin) & 1;
     prefetch_next_and_wait(n + 1 < n_end, [&] { load_kv(n + 1, buffer ^ 1); });
     fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
     __syncthreads();
-    const uint32_t k_tile = k_base + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
-    const uint32_t v_tile = v_base + static_cast<uint32_t>(buffer) * Shape::kTileBytes;
+    const uint32_t k_tile = k_base + static_cast<uint32_t>(buffer) * Shape::kQkBytes;
+    const uint32_t v_tile = v_base + static_cast<uint32_t>(buffer) * Shape::kVBytes;
 
     float s[kN / 8][4];
     float dp[kN / 8][4];
     wgmma_fence();
-    wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(s, q_tile, k_tile);
+    wgmma_ss_k_major<Storage, kN, kM, kN, kDqk / 16>(s, q_tile, k_tile);
     wgmma_commit();
-    wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(dp, do_tile, v_tile);
+    wgmma_ss_k_major<Storage, kN, kM, kN, kDv / 16>(dp, do_tile, v_tile);
     wgmma_commit();
     wgmma_wait<1>();  // S; dP is still in flight while P is computed
     wgmma_fence_operands(flat(s));
@@ -134,14 +136,14 @@ __global__ void __launch_bounds__(DqSm90Shape<kHeadDim>::kThreads, DqSm90Shape<k
     uint32_t ds[kN / 16][4];
     accumulator_to_a_fragments<Storage, kN>(s, ds);
     wgmma_fence();
-    wgmma_rs_mn_major<Storage, kD, kN, kN / 16>(dq, ds, k_tile);
+    wgmma_rs_mn_major<Storage, kDqk, kN, kN / 16>(dq, ds, k_tile);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(flat(dq));
     __syncthreads();  // the buffer is refilled by the next step's prefetch
   }
   cp_async_wait<0>();
-  store_dq_rows<Storage, kD>(p, strides.dq, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
+  store_dq_rows<Storage, kDqk>(p, strides.dq, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
 #endif
 }
 

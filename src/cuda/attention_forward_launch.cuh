@@ -1,5 +1,5 @@
 // The forward launcher: forward_kernel_sm90 on Hopper where it serves the head dims
-// (sm90_forward_serves), forward_kernel elsewhere.
+// (sm90_serves), forward_kernel elsewhere.
 #pragma once
 
 #include "attention_forward.cuh"
@@ -12,7 +12,7 @@ template <typename Storage, int kDqk, int kDv>
 void configure_forward(bool sm90) {
   // Function attributes belong to the device that is current when they are set, so the plan
   // sets them for its own device, every time it is made (a cheap host call).
-  if constexpr (sm90_forward_serves(kDqk, kDv)) {
+  if constexpr (sm90_serves(kDqk, kDv)) {
     if (sm90) {
       set_dynamic_shared_memory(reinterpret_cast<const void*>(forward_kernel_sm90<Storage, kDqk, kDv>),
                                 ForwardSm90Shape<kDqk, kDv>::kSmemBytes, "forward_kernel_sm90", kDqk, kDv);
@@ -30,7 +30,7 @@ void launch_forward(const ForwardParams& params, const ForwardStrides& strides, 
   if (grid_tiles == 0 || params.q_heads == 0) return;
   // grid_tiles and the tile schedule were sized with forward_tile_rows(maps != nullptr, kDqk, kDv).
   const dim3 grid(static_cast<unsigned>(grid_tiles), static_cast<unsigned>(params.q_heads));
-  if constexpr (sm90_forward_serves(kDqk, kDv)) {
+  if constexpr (sm90_serves(kDqk, kDv)) {
     using Sm90 = ForwardSm90Shape<kDqk, kDv>;
     if (maps != nullptr) {
       // Persistent: a block per SM, or per work item when there are fewer (the real count is

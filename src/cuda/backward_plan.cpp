@@ -124,7 +124,7 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const AttentionOptions& 
   device_ = detail::current_device();
   const int head_dim = static_cast<int>(shape_.head_dim);
   const int v_head_dim = static_cast<int>(shape_.value_head_dim());
-  sm90_ = detail::use_sm90_kernels() && detail::sm90_kernels_serve(head_dim, v_head_dim);
+  sm90_ = detail::use_sm90_kernels() && detail::sm90_serves(head_dim, v_head_dim);
   // Hopper at head dim 128 fuses dQ into the dK/dV pass (dkvq_kernel_sm90), in key-tile
   // order in both modes: the ordered pass measured faster than the same pass in any order.
   // It does so without a left window, or on a single-device table with one of at least
@@ -139,7 +139,7 @@ BackwardPlan::BackwardPlan(const AttentionShape& shape, const AttentionOptions& 
   const int64_t window_left = shape_.table.mask.window_left;
   const bool one_pass_window = window_left < 0 || (shape_.table.kind == TableKind::kSingleDevice &&
                                                      window_left >= kOnePassMinWindowLeft);
-  fused_dq_ = sm90_ ? head_dim == 128 && one_pass_window && !options_.separate_dq_pass
+  fused_dq_ = sm90_ ? head_dim == 128 && v_head_dim == 128 && one_pass_window && !options_.separate_dq_pass
                    : !options_.deterministic && detail::portable_fuses_dq(head_dim, v_head_dim);
   const int64_t grid_q = dq_grid_tiles(shape_.table);
   const int64_t grid_k = dkv_grid_tiles(shape_.table, dkv_tile_rows(sm90_, fused_dq_));

@@ -53,7 +53,7 @@ ForwardPlan::ForwardPlan(const AttentionShape& shape, const AttentionOptions& op
   device_ = detail::current_device();
   const int head_dim = static_cast<int>(shape_.head_dim);
   const int v_head_dim = static_cast<int>(shape_.value_head_dim());
-  sm90_ = detail::use_sm90_kernels() && detail::sm90_forward_serves(head_dim, v_head_dim);
+  sm90_ = detail::use_sm90_kernels() && detail::sm90_serves(head_dim, v_head_dim);
   if (sm90_) {
     tensor_map_encoder_ = reinterpret_cast<void*>(detail::tensor_map_encoder());
     int multiprocessors = 0;

@@ -25,14 +25,10 @@ constexpr int kDkvqTileRows = 128;
 
 // Head dims. D_qk (q, k) and D_v (v, out, dout) are template parameters of the portable
 // kernels, which serve every pair the backend supports (cuda_supports_head_dims). The Hopper
-// backward serves D_qk = D_v in {64, 128}, the Hopper forward those and MLA's (192, 128) and
-// 256; the portable kernels run the rest on Hopper.
-constexpr bool sm90_kernels_serve(int head_dim, int v_head_dim) {
-  return head_dim == v_head_dim && (head_dim == 64 || head_dim == 128);
-}
-constexpr bool sm90_forward_serves(int head_dim, int v_head_dim) {
-  return sm90_kernels_serve(head_dim, v_head_dim) || (head_dim == 192 && v_head_dim == 128) ||
-         (head_dim == 256 && v_head_dim == 256);
+// kernels serve 64, 128, MLA's (192, 128) and 256; the portable ones run 96 and 192 on Hopper.
+constexpr bool sm90_serves(int head_dim, int v_head_dim) {
+  return (head_dim == v_head_dim && (head_dim == 64 || head_dim == 128 || head_dim == 256)) ||
+         (head_dim == 192 && v_head_dim == 128);
 }
 
 // Elements per shared-memory row of a tile of D-element rows: D rounded up to 64 elements, a
@@ -52,6 +48,8 @@ constexpr int dkv_column_slices(int head_dim, int v_head_dim) { return head_dim 
 // Whether the portable dK/dV pass can fuse the dQ pass (AttentionOptions::deterministic =
 // false): its dQ columns split over the block's warps in 16-column steps, at D_qk = D_v in
 // {64, 128}. Other pairs run the two deterministic passes in either mode.
-constexpr bool portable_fuses_dq(int head_dim, int v_head_dim) { return sm90_kernels_serve(head_dim, v_head_dim); }
+constexpr bool portable_fuses_dq(int head_dim, int v_head_dim) {
+  return head_dim == v_head_dim && (head_dim == 64 || head_dim == 128);
+}
 
 }  // namespace thdcp::cuda::detail

@@ -30,22 +30,39 @@ __device__ __forceinline__ int wgmma_tile_offset(int row, int chunk) {
 // tile at shared address `tile`; rows >= valid_rows are zero-filled (never read). Addresses
 // as load_tile_async's (row_offset, pass_step). `thread` = 0 .. kThreads - 1: the kThreads
 // threads that share the copy.
+// Where the chunks of a row do not tile the threads in row passes that keep the swizzle
+// phase (D 192, 256 at 128 threads), each thread copies chunks thread, thread + kThreads, ...
+// of the tile in row-major order.
 template <int kRows, int kHeadDim, int kThreads, typename Element>
 __device__ __forceinline__ void load_wgmma_tile_async_from(uint32_t tile, const Element* tensor, int64_t first_row,
                                                            int valid_rows, const Strides& strides, int head,
                                                            int thread) {
   constexpr int kChunks = kHeadDim / 8;
   constexpr int kRowStep = kThreads / kChunks;
-  static_assert(kRows * kChunks % kThreads == 0 && kRowStep % 8 == 0, "row passes keep the swizzle phase");
-  const int chunk = thread % kChunks;
-  const int row0 = thread / kChunks;
-  const uint32_t dst0 = tile + static_cast<uint32_t>(wgmma_tile_offset<kRows>(row0, chunk) * 2);
-  const Element* src = tensor + row_offset(strides, static_cast<uint32_t>(first_row) + row0, head, chunk);
+  if constexpr (kThreads % kChunks != 0 || kRowStep % 8 != 0) {
+    static_assert(kRows * kChunks % kThreads == 0, "chunks split evenly over the threads");
 #pragma unroll
-  for (int i = 0; i < kRows / kRowStep; ++i) {
-    const bool valid = row0 + kRowStep * i < valid_rows;
-    cp_async_16(dst0 + static_cast<uint32_t>(kRowStep * i * 128), valid ? src : tensor, valid);
-    src += pass_step<kRowStep>(strides);
+    for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+      const int index = i * kThreads + thread;
+      const int row = index / kChunks;
+      const int chunk = index % kChunks;
+      const bool valid = row < valid_rows;
+      const Element* src =
+          valid ? tensor + row_offset(strides, static_cast<uint32_t>(first_row + row), head, chunk) : tensor;
+      cp_async_16(tile + static_cast<uint32_t>(wgmma_tile_offset<kRows>(row, chunk) * 2), src, valid);
+    }
+  } else {
+    static_assert(kRows * kChunks % kThreads == 0, "row passes cover the tile");
+    const int chunk = thread % kChunks;
+    const int row0 = thread / kChunks;
+    const uint32_t dst0 = tile + static_cast<uint32_t>(wgmma_tile_offset<kRows>(row0, chunk) * 2);
+    const Element* src = tensor + row_offset(strides, static_cast<uint32_t>(first_row) + row0, head, chunk);
+#pragma unroll
+    for (int i = 0; i < kRows / kRowStep; ++i) {
+      const bool valid = row0 + kRowStep * i < valid_rows;
+      cp_async_16(dst0 + static_cast<uint32_t>(kRowStep * i * 128), valid ? src : tensor, valid);
+      src += pass_step<kRowStep>(strides);
+    }
   }
 }
 
@@ -108,21 +125,22 @@ __device__ __forceinline__ void wgmma_ss_k_major(float (&acc)[kN / 8][4], uint32
 
 // acc += A B over kSteps k-steps: A from registers (accumulator_to_a_fragments), B the rows
 // [16 kk, 16 kk + 16) of an MN-major tile of kRowsB rows, kN columns. Above 128 columns, one
-// instruction per 128 of them (the column blocks 2 h, 2 h + 1 into acc's fragments
-// [16 h, 16 h + 16)). Issued, not committed.
+// instruction per piece of 128 columns (64 where kN is not a multiple of 128), piece h from
+// the column block h kPieceN / 64 into acc's fragments [h kPieceN / 8, +kPieceN / 8).
+// Issued, not committed.
 template <typename Storage, int kN, int kRowsB, int kSteps>
 __device__ __forceinline__ void wgmma_rs_mn_major(float (&acc)[kN / 8][4], const uint32_t (&a)[kSteps][4],
                                                   uint32_t b_tile) {
-  constexpr int kPieceN = kN > 128 ? 128 : kN;
-  static_assert(kN % kPieceN == 0, "whole 128-column pieces");
+  constexpr int kPieceN = kN <= 128 ? kN : kN % 128 == 0 ? 128 : 64;
+  static_assert(kN % kPieceN == 0, "whole pieces of 128 or 64 columns");
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
 #pragma unroll
     for (int h = 0; h < kN / kPieceN; ++h) {
       float(&piece)[kPieceN / 8][4] = reinterpret_cast<float(&)[kPieceN / 8][4]>(acc[h * kPieceN / 8]);
       WgmmaRs<Storage, kPieceN>::template run<1>(
-          flat(piece), a[kk], wgmma_desc_mn_major<kRowsB>(b_tile + static_cast<uint32_t>(h * 2 * kRowsB * 128), kk),
-          1);
+          flat(piece), a[kk],
+          wgmma_desc_mn_major<kRowsB>(b_tile + static_cast<uint32_t>(h * (kPieceN / 64) * kRowsB * 128), kk), 1);
     }
   }
 }
