@@ -12,7 +12,8 @@
 // Attention (below) puts a table plan and both plans over one workspace: the single-device
 // call of every front door.
 //
-// Supported: bf16 and fp16 storage, head_dim 64 and 128, Hq a multiple of Hkv (GQA/MQA),
+// Supported: bf16 and fp16 storage, the head dims of cuda_supports_head_dims (D_qk = D_v in
+// {64, 96, 128, 192, 256}, MLA's D_qk 192 with D_v 128), Hq a multiple of Hkv (GQA/MQA),
 // fp32 arithmetic on tensor cores (Hopper: wgmma for the forward and the deterministic
 // backward, see kernel_family). All pointers are device pointers of the plan's device,
 // 16-byte aligned.
@@ -58,7 +59,7 @@ const char* cuda_head_dims_text();
 // capture.
 const char* kernel_family();
 
-// Everything about a call except the data: the heads (Hq, Hkv, D: 64 or 128), the table and
+// Everything about a call except the data: the heads (Hq, Hkv, D_qk, D_v), the table and
 // the dtypes. `table` gives capacity, q_rows, k_rows, mask and kind; its `segments` pointer
 // may be null at plan time (run() takes the table again).
 struct AttentionShape : HeadShape {
@@ -171,7 +172,7 @@ class BackwardPlan {
 // Every row of out, lse, dq, dk and dv is written: padding rows and rows that see no key get
 // 0 (and lse -inf); key rows no query saw get exactly 0. dk and dv are accumulated in fp32
 // over every query head of the KV group and rounded once when stored in 16 bits. The problem
-// (thdcp/plan/attention_shape.h) takes dtype bf16 or fp16 and head_dim 64 or 128 here.
+// (thdcp/plan/attention_shape.h) takes dtype bf16 or fp16 and the head dims of cuda_supports_head_dims here.
 class Attention {
  public:
   // Bytes of device workspace: the segment table, the forward's and the backward's. Depends
