@@ -149,41 +149,34 @@ struct ForwardItem {
 };
 static_assert(sizeof(ForwardItem) <= 64, "slots of 64 bytes (ForwardSm90Shape::kSmemBytes)");
 
-template <typename Storage, int kDqk, int kDv>
-__global__ void __launch_bounds__(ForwardSm90Shape<kDqk, kDv>::kThreads, 1)
-    forward_kernel_sm90(const ForwardParams p, const ForwardStrides strides,
-                        const __grid_constant__ ForwardTensorMaps maps) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The shared memory of forward_kernel_sm90 (ForwardSm90Shape's layout): the Q, K and V tiles,
+// their barriers, and the slots of work items.
+template <int kDqk, int kDv>
+struct ForwardSm90Buffers {
   using Shape = ForwardSm90Shape<kDqk, kDv>;
-  constexpr int kM = Shape::kTileM;
-  constexpr int kN = Shape::kTileN;
-  constexpr int kStages = Shape::kStages;
-  constexpr int kQStages = Shape::kQStages;
-  constexpr int kSlots = Shape::kSlots;
-  constexpr int kQkBlocks = Shape::kQkBlocks;
-  constexpr int kVBlocks = Shape::kVBlocks;
-  static_assert(kSlots >= kQStages + 1, "a slot is rewritten only once its item has been read");
+  static constexpr int kQStages = Shape::kQStages;
+  static constexpr int kStages = Shape::kStages;
 
-  const int64_t items = static_cast<int64_t>(__ldg(p.tile_start + p.num_segments)) * p.q_heads;
-  if (blockIdx.x >= items) return;
-  const Mask mask{p.window_left, p.window_right};
+  __device__ __forceinline__ explicit ForwardSm90Buffers(unsigned char* smem_raw)
+      : q_base((smem_address(smem_raw) + 1023u) & ~1023u),
+        k_base(q_base + kQStages * Shape::kQBytes),
+        v_base(k_base + kStages * Shape::kKBytes),
+        barriers(q_base + Shape::kBarrierOffset),
+        kv_barriers(barriers + 8u * 2 * kQStages),
+        slots(reinterpret_cast<ForwardItem*>(smem_raw + (q_base + Shape::kItemOffset - smem_address(smem_raw)))) {}
 
-  extern __shared__ unsigned char smem_raw[];
-  const uint32_t q_base = (smem_address(smem_raw) + 1023u) & ~1023u;
-  const uint32_t k_base = q_base + kQStages * Shape::kQBytes;
-  const uint32_t v_base = k_base + kStages * Shape::kKBytes;
-  const uint32_t barriers = q_base + Shape::kBarrierOffset;
-  const auto q_tile = [&](int q_stage) { return q_base + static_cast<uint32_t>(q_stage) * Shape::kQBytes; };
-  const auto q_full = [&](int q_stage) { return barriers + 8u * q_stage; };
-  const auto q_empty = [&](int q_stage) { return barriers + 8u * (kQStages + q_stage); };
-  const uint32_t kv_barriers = barriers + 8u * 2 * kQStages;
-  const auto k_full = [&](int stage) { return kv_barriers + 8u * stage; };
-  const auto k_empty = [&](int stage) { return kv_barriers + 8u * (kStages + stage); };
-  const auto v_full = [&](int stage) { return kv_barriers + 8u * (2 * kStages + stage); };
-  const auto v_empty = [&](int stage) { return kv_barriers + 8u * (3 * kStages + stage); };
-  ForwardItem* slots = reinterpret_cast<ForwardItem*>(smem_raw + (q_base + Shape::kItemOffset - smem_address(smem_raw)));
+  __device__ __forceinline__ uint32_t q_tile(int q_stage) const {
+    return q_base + static_cast<uint32_t>(q_stage) * Shape::kQBytes;
+  }
+  __device__ __forceinline__ uint32_t q_full(int q_stage) const { return barriers + 8u * q_stage; }
+  __device__ __forceinline__ uint32_t q_empty(int q_stage) const { return barriers + 8u * (kQStages + q_stage); }
+  __device__ __forceinline__ uint32_t k_full(int stage) const { return kv_barriers + 8u * stage; }
+  __device__ __forceinline__ uint32_t k_empty(int stage) const { return kv_barriers + 8u * (kStages + stage); }
+  __device__ __forceinline__ uint32_t v_full(int stage) const { return kv_barriers + 8u * (2 * kStages + stage); }
+  __device__ __forceinline__ uint32_t v_empty(int stage) const { return kv_barriers + 8u * (3 * kStages + stage); }
 
-  if (threadIdx.x == 0) {
+  // Thread 0, before the block's barrier.
+  __device__ __forceinline__ void init_barriers() const {
 #pragma unroll
     for (int q_stage = 0; q_stage < kQStages; ++q_stage) {
       mbarrier_init(q_full(q_stage), 1);
@@ -198,63 +191,91 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kDqk, kDv>::kThreads, 1)
     }
     mbarrier_init_fence();
   }
-  __syncthreads();
 
-  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
-  if (warpgroup == 0) {
-    setmaxnreg_dec<Shape::kProducerRegisters>();
-    if (threadIdx.x != 0) return;
-    prefetch_tensor_map(&maps.q.map);
-    prefetch_tensor_map(&maps.k.map);
-    prefetch_tensor_map(&maps.v.map);
-    const auto describe = [&](int64_t item, ForwardItem& slot) {
-      slot.valid = item < items;
-      if (slot.valid) slot.work.assign_item<kM>(item, p.tile_start, p.num_segments, p.segments, p.q_heads, p.kv_heads);
-    };
-    describe(blockIdx.x, slots[0]);
-    int kv_uses = 0;
-    for (int q_uses = 0;; ++q_uses) {
-      const int q_stage = q_uses % kQStages;
-      // Both consumers are done with the Q of item q_uses - kQStages.
-      mbarrier_wait(q_empty(q_stage), ((q_uses / kQStages) & 1) ^ 1);
-      const ForwardItem& slot = slots[q_uses % kSlots];
-      if (!slot.valid) {
-        mbarrier_arrive(q_full(q_stage));
-        break;
-      }
-      const QueryTileWork work = slot.work;
-      const VisibleKeyTiles<kN> key_tiles(work.seg, mask, work.m0, work.valid_q, kM);
-      if (key_tiles.begin == key_tiles.end) {
-        mbarrier_arrive(q_full(q_stage));
-      } else {
-        mbarrier_arrive_expect_tx(q_full(q_stage), Shape::kQBytes);
-        tma_load_rows<kM, kQkBlocks>(q_tile(q_stage), maps.q, work.head, work.seg.q_row + work.m0, q_full(q_stage));
-      }
-      // The next item is described once this item's first K/V tiles are on their way (after
-      // the first tile's loads, or at once when the item has none), so that its latency
-      // (global loads) is neither in front of them nor at the end of a long item.
-      const auto describe_next = [&] {
-        describe(gridDim.x + static_cast<int64_t>(atomicAdd(p.work_counter, 1)), slots[(q_uses + 1) % kSlots]);
-      };
-      if (key_tiles.begin == key_tiles.end) describe_next();
-      for (int n = key_tiles.begin; n < key_tiles.end; ++n, ++kv_uses) {
-        const int stage = kv_uses % kStages;
-        const uint32_t parity = ((kv_uses / kStages) & 1) ^ 1;
-        const int row = work.seg.k_row + n * kN;
-        mbarrier_wait(k_empty(stage), parity);
-        mbarrier_arrive_expect_tx(k_full(stage), Shape::kKBytes);
-        tma_load_rows<kN, kQkBlocks>(k_base + stage * Shape::kKBytes, maps.k, work.kv_head, row, k_full(stage));
-        mbarrier_wait(v_empty(stage), parity);
-        mbarrier_arrive_expect_tx(v_full(stage), Shape::kVBytes);
-        tma_load_rows<kN, kVBlocks>(v_base + stage * Shape::kVBytes, maps.v, work.kv_head, row, v_full(stage));
-        if (n == key_tiles.begin) describe_next();
-      }
+  uint32_t q_base;
+  uint32_t k_base;
+  uint32_t v_base;
+  uint32_t barriers;
+  uint32_t kv_barriers;
+  ForwardItem* slots;
+};
+
+// The producer (one thread): each item's Q tile and its K/V tiles, and the next item's
+// description (see above).
+template <int kDqk, int kDv>
+__device__ __forceinline__ void forward_sm90_produce(const ForwardParams& p, const ForwardTensorMaps& maps,
+                                                     const ForwardSm90Buffers<kDqk, kDv>& b, int64_t items,
+                                                     const Mask& mask) {
+  using Shape = ForwardSm90Shape<kDqk, kDv>;
+  constexpr int kM = Shape::kTileM;
+  constexpr int kN = Shape::kTileN;
+  constexpr int kStages = Shape::kStages;
+  constexpr int kQStages = Shape::kQStages;
+  constexpr int kSlots = Shape::kSlots;
+  prefetch_tensor_map(&maps.q.map);
+  prefetch_tensor_map(&maps.k.map);
+  prefetch_tensor_map(&maps.v.map);
+  const auto describe = [&](int64_t item, ForwardItem& slot) {
+    slot.valid = item < items;
+    if (slot.valid) slot.work.assign_item<kM>(item, p.tile_start, p.num_segments, p.segments, p.q_heads, p.kv_heads);
+  };
+  describe(blockIdx.x, b.slots[0]);
+  int kv_uses = 0;
+  for (int q_uses = 0;; ++q_uses) {
+    const int q_stage = q_uses % kQStages;
+    // Both consumers are done with the Q of item q_uses - kQStages.
+    mbarrier_wait(b.q_empty(q_stage), ((q_uses / kQStages) & 1) ^ 1);
+    const ForwardItem& slot = b.slots[q_uses % kSlots];
+    if (!slot.valid) {
+      mbarrier_arrive(b.q_full(q_stage));
+      break;
     }
-    return;
+    const QueryTileWork work = slot.work;
+    const VisibleKeyTiles<kN> key_tiles(work.seg, mask, work.m0, work.valid_q, kM);
+    if (key_tiles.begin == key_tiles.end) {
+      mbarrier_arrive(b.q_full(q_stage));
+    } else {
+      mbarrier_arrive_expect_tx(b.q_full(q_stage), Shape::kQBytes);
+      tma_load_rows<kM, Shape::kQkBlocks>(b.q_tile(q_stage), maps.q, work.head, work.seg.q_row + work.m0,
+                                          b.q_full(q_stage));
+    }
+    // The next item is described once this item's first K/V tiles are on their way (after
+    // the first tile's loads, or at once when the item has none), so that its latency
+    // (global loads) is neither in front of them nor at the end of a long item.
+    const auto describe_next = [&] {
+      describe(gridDim.x + static_cast<int64_t>(atomicAdd(p.work_counter, 1)), b.slots[(q_uses + 1) % kSlots]);
+    };
+    if (key_tiles.begin == key_tiles.end) describe_next();
+    for (int n = key_tiles.begin; n < key_tiles.end; ++n, ++kv_uses) {
+      const int stage = kv_uses % kStages;
+      const uint32_t parity = ((kv_uses / kStages) & 1) ^ 1;
+      const int row = work.seg.k_row + n * kN;
+      mbarrier_wait(b.k_empty(stage), parity);
+      mbarrier_arrive_expect_tx(b.k_full(stage), Shape::kKBytes);
+      tma_load_rows<kN, Shape::kQkBlocks>(b.k_base + stage * Shape::kKBytes, maps.k, work.kv_head, row,
+                                          b.k_full(stage));
+      mbarrier_wait(b.v_empty(stage), parity);
+      mbarrier_arrive_expect_tx(b.v_full(stage), Shape::kVBytes);
+      tma_load_rows<kN, Shape::kVBlocks>(b.v_base + stage * Shape::kVBytes, maps.v, work.kv_head, row,
+                                         b.v_full(stage));
+      if (n == key_tiles.begin) describe_next();
+    }
   }
-  setmaxnreg_inc<Shape::kConsumerRegisters>();
+}
 
-  const int consumer = warpgroup - 1;
+// The consumer warpgroups: each item's products, then its out rows, lse and max_logit.
+template <typename Storage, int kDqk, int kDv>
+__device__ __forceinline__ void forward_sm90_consume(const ForwardParams& p, const ForwardStrides& strides,
+                                                     const ForwardSm90Buffers<kDqk, kDv>& b, const Mask& mask,
+                                                     int consumer) {
+  using Shape = ForwardSm90Shape<kDqk, kDv>;
+  constexpr int kM = Shape::kTileM;
+  constexpr int kN = Shape::kTileN;
+  constexpr int kStages = Shape::kStages;
+  constexpr int kQStages = Shape::kQStages;
+  constexpr int kSlots = Shape::kSlots;
+  constexpr int kVBlocks = Shape::kVBlocks;
+
   const int thread = static_cast<int>(threadIdx.x) % 128;
   const int lane = thread % 32;
   const int group_row = lane >> 2;
@@ -266,11 +287,11 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kDqk, kDv>::kThreads, 1)
 
   for (int q_uses = 0;; ++q_uses) {
     const int q_stage = q_uses % kQStages;
-    mbarrier_wait(q_full(q_stage), (q_uses / kQStages) & 1);
-    if (!slots[q_uses % kSlots].valid) break;
-    const QueryTileWork work = slots[q_uses % kSlots].work;
+    mbarrier_wait(b.q_full(q_stage), (q_uses / kQStages) & 1);
+    if (!b.slots[q_uses % kSlots].valid) break;
+    const QueryTileWork work = b.slots[q_uses % kSlots].work;
     // This warpgroup's 64 rows of the Q tile: the tile's column blocks stay kM rows apart.
-    const uint32_t q_rows = q_tile(q_stage) + static_cast<uint32_t>(consumer * 64 * 128);
+    const uint32_t q_rows = b.q_tile(q_stage) + static_cast<uint32_t>(consumer * 64 * 128);
     const Segment& seg = work.seg;
     const int m0 = work.m0;
     const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, work.valid_q, kM);
@@ -297,15 +318,15 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kDqk, kDv>::kThreads, 1)
       const auto stage_of = [&](int n) { return (kv_uses + n - n_begin) % kStages; };
       const auto parity_of = [&](int n) { return static_cast<uint32_t>(((kv_uses + n - n_begin) / kStages) & 1); };
 
-      mbarrier_wait(k_full(stage_of(n_begin)), parity_of(n_begin));
+      mbarrier_wait(b.k_full(stage_of(n_begin)), parity_of(n_begin));
       turns.wait();
       wgmma_fence();
-      wgmma_ss_k_major<Storage, kN, kM, kN, kDqk / 16>(s, q_rows, k_base + stage_of(n_begin) * Shape::kKBytes);
+      wgmma_ss_k_major<Storage, kN, kM, kN, kDqk / 16>(s, q_rows, b.k_base + stage_of(n_begin) * Shape::kKBytes);
       wgmma_commit();
       turns.pass();
       wgmma_wait<0>();
       wgmma_fence_operands(flat(s));
-      mbarrier_arrive(k_empty(stage_of(n_begin)));
+      mbarrier_arrive(b.k_empty(stage_of(n_begin)));
       mask_scores(n_begin);
       online_softmax_scores<kN>(s, row_max, row_sum, p.scale_log2, correction);  // O is still 0
       accumulator_to_a_fragments<Storage, kN>(s, pa);
@@ -313,32 +334,32 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kDqk, kDv>::kThreads, 1)
       for (int n = n_begin + 1; n < n_end; ++n) {
         const int stage = stage_of(n);
         const int previous = stage_of(n - 1);
-        mbarrier_wait(k_full(stage), parity_of(n));
-        mbarrier_wait(v_full(previous), parity_of(n - 1));
+        mbarrier_wait(b.k_full(stage), parity_of(n));
+        mbarrier_wait(b.v_full(previous), parity_of(n - 1));
         turns.wait();
         wgmma_fence();
-        wgmma_ss_k_major<Storage, kN, kM, kN, kDqk / 16>(s, q_rows, k_base + stage * Shape::kKBytes);
+        wgmma_ss_k_major<Storage, kN, kM, kN, kDqk / 16>(s, q_rows, b.k_base + stage * Shape::kKBytes);
         wgmma_commit();
-        wgmma_rs_mn_major<Storage, kDv, kN, kN / 16>(o, pa, v_base + previous * Shape::kVBytes);
+        wgmma_rs_mn_major<Storage, kDv, kN, kN / 16>(o, pa, b.v_base + previous * Shape::kVBytes);
         wgmma_commit();
         turns.pass();
 
         wgmma_wait<1>();  // S has landed; P V of the previous tile may still run
         wgmma_fence_operands(flat(s));
-        mbarrier_arrive(k_empty(stage));
+        mbarrier_arrive(b.k_empty(stage));
         mask_scores(n);
         const bool raised = online_softmax_scores<kN>(s, row_max, row_sum, p.scale_log2, correction);
         wgmma_wait<0>();
         wgmma_fence_operands(flat(o));
-        mbarrier_arrive(v_empty(previous));
+        mbarrier_arrive(b.v_empty(previous));
         if (raised) rescale_rows<kDv>(o, correction);
         accumulator_to_a_fragments<Storage, kN>(s, pa);
       }
-      mbarrier_arrive(q_empty(q_stage));  // every S of this item has landed: its Q buffer is free
+      mbarrier_arrive(b.q_empty(q_stage));  // every S of this item has landed: its Q buffer is free
 
       const int stage = stage_of(n_end - 1);
-      const uint32_t v_tile = v_base + stage * Shape::kVBytes;
-      mbarrier_wait(v_full(stage), parity_of(n_end - 1));
+      const uint32_t v_tile = b.v_base + stage * Shape::kVBytes;
+      mbarrier_wait(b.v_full(stage), parity_of(n_end - 1));
       // Only a segment's last key tile reaches past its keys, and it is the last one visited.
       const int valid_keys = seg.k_len - (n_end - 1) * kN;
       if (valid_keys < kN) zero_tile_rows<kN, kVBlocks>(v_tile, valid_keys, thread, 1 + consumer);
@@ -365,10 +386,10 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kDqk, kDv>::kThreads, 1)
       turns.pass();
       wgmma_wait<0>();
       wgmma_fence_operands(flat(o));
-      mbarrier_arrive(v_empty(stage));
+      mbarrier_arrive(b.v_empty(stage));
       kv_uses += n_end - n_begin;
     } else {
-      mbarrier_arrive(q_empty(q_stage));  // no Q was loaded; the item's slot has been read
+      mbarrier_arrive(b.q_empty(q_stage));  // no Q was loaded; the item's slot has been read
     }
 
     float thread_max = -INFINITY;
@@ -377,6 +398,34 @@ __global__ void __launch_bounds__(ForwardSm90Shape<kDqk, kDv>::kThreads, 1)
     reduce_max_logit(p, work.head, thread_max);
   }
   if (consumer == 0) turns.wait();  // the last consumer's final hand-over: every arrive is matched
+}
+
+template <typename Storage, int kDqk, int kDv>
+__global__ void __launch_bounds__(ForwardSm90Shape<kDqk, kDv>::kThreads, 1)
+    forward_kernel_sm90(const ForwardParams p, const ForwardStrides strides,
+                        const __grid_constant__ ForwardTensorMaps maps) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Shape = ForwardSm90Shape<kDqk, kDv>;
+  static_assert(Shape::kSlots >= Shape::kQStages + 1, "a slot is rewritten only once its item has been read");
+
+  const int64_t items = static_cast<int64_t>(__ldg(p.tile_start + p.num_segments)) * p.q_heads;
+  if (blockIdx.x >= items) return;
+  const Mask mask{p.window_left, p.window_right};
+
+  extern __shared__ unsigned char smem_raw[];
+  const ForwardSm90Buffers<kDqk, kDv> buffers(smem_raw);
+  if (threadIdx.x == 0) buffers.init_barriers();
+  __syncthreads();
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  if (warpgroup == 0) {
+    setmaxnreg_dec<Shape::kProducerRegisters>();
+    if (threadIdx.x != 0) return;
+    forward_sm90_produce(p, maps, buffers, items, mask);
+    return;
+  }
+  setmaxnreg_inc<Shape::kConsumerRegisters>();
+  forward_sm90_consume<Storage>(p, strides, buffers, mask, warpgroup - 1);
 #endif
 }
 
