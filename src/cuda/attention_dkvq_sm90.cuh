@@ -78,84 +78,99 @@ __device__ __forceinline__ int dq_half_offset(int row, int column) {
   return row * 64 + ((((column >> 3) ^ (row & 7))) << 3) + (column & 7);
 }
 
-template <typename Storage>
-__global__ void __launch_bounds__(DkvqSm90Shape::kThreads, 1)
-    dkvq_kernel_sm90(const BackwardParams p, const BackwardStrides strides) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The writer (warp 0 of warpgroup 0; lane 0 issues): each step's staged dQ_part, added to the
+// fp32 accumulator tile of its (query tile, head) in key-tile order (see above).
+template <typename StepTile, typename StepHead>
+__device__ __forceinline__ void dkvq_sm90_write(const BackwardParams& p, const Segment& seg, const Mask& mask,
+                                                int segment_index, int n_tile, int steps, uint32_t base,
+                                                const StepTile& step_tile, const StepHead& step_head) {
+  using Shape = DkvqSm90Shape;
+  constexpr int kD = Shape::kD;
+  constexpr int kM = Shape::kTileM;
+  constexpr int kKeys = Shape::kKeys;
+  const int q_tile_base = __ldg(p.q_tile_start + segment_index);
+  for (int step = 0; step < steps; ++step) {
+    named_barrier_sync(Shape::kDqFull, Shape::kHandOverThreads);
+    int* order = nullptr;
+    if (threadIdx.x == 0) {
+      const int m_tile = step_tile(step);
+      const int64_t q_tile = static_cast<int64_t>(q_tile_base) + m_tile;
+      const int64_t slot = q_tile * p.q_heads + step_head(step);
+      float* accum = p.dq_accum + slot * (64 * kD);
+      order = p.dq_order + slot;
+      const int rank = n_tile - static_cast<int>(first_key_tile_reaching(seg, mask, m_tile, kM, kKeys));
+      wait_for_count(order, rank);
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the acquire, before the async proxy
+      const uint32_t src = base + Shape::kDq;
+      if (rank == 0) {  // the first key tile writes the tile (never zeroed), the others add
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(accum), "r"(src),
+                     "r"(2 * Shape::kDqHalfBytes)
+                     : "memory");
+      } else {
+        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(accum),
+                     "r"(src), "r"(2 * Shape::kDqHalfBytes)
+                     : "memory");
+      }
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    }
+    __syncwarp();
+    if (step + 1 < steps) {
+      asm volatile("bar.arrive %0, %1;\n" ::"r"(Shape::kDqEmpty), "r"(Shape::kHandOverThreads) : "memory");
+    }
+    if (order) {  // the next key tile's addition starts after this one has completed
+      asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+      asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(order) : "memory");
+    }
+  }
+  if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
+// A consumer thread's dS^T fragments (rows key_row, key_row + 8 of its warpgroup's tile) to
+// the tile at ds_row (this thread's first row and column, wgmma_tile_offset<64> without the
+// XOR by row % 8 = group_row, which ds_swizzle applies at the store).
+__device__ __forceinline__ void store_ds_rows(const uint32_t (&dst)[4][4], uint32_t ds_row, uint32_t ds_swizzle) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int chunk = 2 * j + (i >> 1);
+      uint32_t offset;
+      asm volatile("xor.b32 %0, %1, %2;\n" : "=r"(offset) : "r"(ds_swizzle), "r"(chunk << 4));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_row + (i & 1) * 8 * 128 + offset), "r"(dst[j][i]) : "memory");
+    }
+  }
+}
+
+// A consumer thread's dQ_part rows to the staging tile at dq_row0 (dq_half_offset without its
+// XOR by row % 8, which dq_swizzle applies at the store).
+__device__ __forceinline__ void stage_dq_rows(const float (&dq)[8][4], uint32_t dq_row0, uint32_t dq_swizzle) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int df = 0; df < 8; ++df) {
+      uint32_t offset;
+      asm volatile("xor.b32 %0, %1, %2;\n" : "=r"(offset) : "r"(dq_swizzle), "r"(df << 5));
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_row0 + half * 8 * 64 * 4 + offset),
+                   "f"(dq[df][2 * half]), "f"(dq[df][2 * half + 1])
+                   : "memory");
+    }
+  }
+}
+
+// The consumer warpgroups (w = 0, 1: keys n0 + 64 w .. n0 + 64 w + 63): each step's S^T, dP^T,
+// dV, dK of their keys, the dS^T tiles, and dQ_part staged for the writer; then their dK/dV.
+template <typename Storage, typename StepTile, typename StepHead>
+__device__ __forceinline__ void dkvq_sm90_consume(const BackwardParams& p, const BackwardStrides& strides,
+                                                  const Segment& seg, const Mask& mask, int kv_head, int n0,
+                                                  int valid_k, int steps, uint32_t base, float* stats, int w,
+                                                  const StepTile& step_tile, const StepHead& step_head) {
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
   using Shape = DkvqSm90Shape;
   constexpr int kD = Shape::kD;
   constexpr int kM = Shape::kTileM;
-  constexpr int kKeys = Shape::kKeys;
-
-  const Mask mask{p.window_left, p.window_right};
-  KeyTileWork work;
-  if (!work.assign<kKeys, kM>(p.k_tile_start, p.num_segments, p.segments, p.kv_heads, mask)) return;
-  const Segment& seg = work.seg;
-  const int segment_index = work.segment_index, kv_head = work.kv_head, n_tile = work.n_tile, n0 = work.n0,
-            valid_k = work.valid_k, m_begin = work.m_begin, m_count = work.m_count;
-  const int group = p.q_heads / p.kv_heads;
-  const int steps = m_count * group;
-  if (steps == 0) return;  // no query sees these keys: their gradients stay 0
-
-  extern __shared__ unsigned char smem_raw[];
-  const uint32_t raw_address = smem_address(smem_raw);
-  const uint32_t base = (raw_address + 1023u) & ~1023u;
-  float* stats = reinterpret_cast<float*>(smem_raw + (base + Shape::kStats - raw_address));  // lse[2][64], delta[2][64]
-
-  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
-  // Step s covers query tile m_begin + m_count - 1 - s / group of head kv_head * group + s %
-  // group.
-  const auto step_tile = [&](int step) { return m_begin + m_count - 1 - step / group; };
-  const auto step_head = [&](int step) { return kv_head * group + step % group; };
-
-  if (warpgroup == 0) {
-    // The writer: warp 0, lane 0 issues; the other warps of the warpgroup leave.
-    setmaxnreg_dec<Shape::kWriterRegisters>();
-    if (threadIdx.x >= 32) return;
-    const int q_tile_base = __ldg(p.q_tile_start + segment_index);
-    for (int step = 0; step < steps; ++step) {
-      named_barrier_sync(Shape::kDqFull, Shape::kHandOverThreads);
-      int* order = nullptr;
-      if (threadIdx.x == 0) {
-        const int m_tile = step_tile(step);
-        const int64_t q_tile = static_cast<int64_t>(q_tile_base) + m_tile;
-        const int64_t slot = q_tile * p.q_heads + step_head(step);
-        float* accum = p.dq_accum + slot * (64 * kD);
-        order = p.dq_order + slot;
-        const int rank = n_tile - static_cast<int>(first_key_tile_reaching(seg, mask, m_tile, kM, kKeys));
-        wait_for_count(order, rank);
-        asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the acquire, before the async proxy
-        const uint32_t src = base + Shape::kDq;
-        if (rank == 0) {  // the first key tile writes the tile (never zeroed), the others add
-          asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(accum), "r"(src),
-                       "r"(2 * Shape::kDqHalfBytes)
-                       : "memory");
-        } else {
-          asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(accum),
-                       "r"(src), "r"(2 * Shape::kDqHalfBytes)
-                       : "memory");
-        }
-        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-      }
-      __syncwarp();
-      if (step + 1 < steps) {
-        asm volatile("bar.arrive %0, %1;\n" ::"r"(Shape::kDqEmpty), "r"(Shape::kHandOverThreads) : "memory");
-      }
-      if (order) {  // the next key tile's addition starts after this one has completed
-        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-        asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(order) : "memory");
-      }
-    }
-    if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-    return;
-  }
-
-  setmaxnreg_inc<Shape::kConsumerRegisters>();
-  const int w = warpgroup - 1;           // this consumer's keys: n0 + 64 w .. n0 + 64 w + 63
   const int ct = static_cast<int>(threadIdx.x) - 128;  // 0..255 over both consumers
   const int t = ct % 128;                // in this warpgroup
   const int key0 = n0 + 64 * w;
@@ -268,16 +283,7 @@ __global__ void __launch_bounds__(DkvqSm90Shape::kThreads, 1)
       // 16 j + pair_col + {0, 1} and 16 j + 8 + ...: accumulator_to_a_fragments' order).
       // Byte address: ds_row + 8 x 128 (i & 1) + ((chunk ^ group_row) << 4) (wgmma_tile_offset),
       // the XOR computed at the store rather than kept in registers across the loop.
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int chunk = 2 * j + (i >> 1);
-          uint32_t offset;
-          asm volatile("xor.b32 %0, %1, %2;\n" : "=r"(offset) : "r"(ds_swizzle), "r"(chunk << 4));
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_row + (i & 1) * 8 * 128 + offset), "r"(dst[j][i]) : "memory");
-        }
-      }
+      store_ds_rows(dst, ds_row, ds_swizzle);
     }
     fence_proxy_async_shared();  // (the dS^T stores)
     named_barrier_sync(Shape::kConsumerBarrier, Shape::kConsumerThreads);  // both dS^T tiles
@@ -313,22 +319,54 @@ __global__ void __launch_bounds__(DkvqSm90Shape::kThreads, 1)
     wgmma_fence_operands(flat(dq));
 
     if (step > 0) named_barrier_sync(Shape::kDqEmpty, Shape::kHandOverThreads);  // the writer read the last one
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-#pragma unroll
-      for (int df = 0; df < 8; ++df) {
-        uint32_t offset;
-        asm volatile("xor.b32 %0, %1, %2;\n" : "=r"(offset) : "r"(dq_swizzle), "r"(df << 5));
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(dq_row0 + half * 8 * 64 * 4 + offset),
-                     "f"(dq[df][2 * half]), "f"(dq[df][2 * half + 1])
-                     : "memory");
-      }
-    }
+    stage_dq_rows(dq, dq_row0, dq_swizzle);
     fence_proxy_async_shared();  // the staged partial, visible to the bulk reduction
     asm volatile("bar.arrive %0, %1;\n" ::"r"(Shape::kDqFull), "r"(Shape::kHandOverThreads) : "memory");
   }
 
   add_dkv_rows<Storage, kD>(p, seg, kv_head, key0, key_row, valid_keys, pair_col, dk, dv);
+}
+
+template <typename Storage>
+__global__ void __launch_bounds__(DkvqSm90Shape::kThreads, 1)
+    dkvq_kernel_sm90(const BackwardParams p, const BackwardStrides strides) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Shape = DkvqSm90Shape;
+  constexpr int kM = Shape::kTileM;
+  constexpr int kKeys = Shape::kKeys;
+
+  const Mask mask{p.window_left, p.window_right};
+  KeyTileWork work;
+  if (!work.assign<kKeys, kM>(p.k_tile_start, p.num_segments, p.segments, p.kv_heads, mask)) return;
+  const Segment& seg = work.seg;
+  const int segment_index = work.segment_index, kv_head = work.kv_head, n_tile = work.n_tile, n0 = work.n0,
+            valid_k = work.valid_k, m_begin = work.m_begin, m_count = work.m_count;
+  const int group = p.q_heads / p.kv_heads;
+  const int steps = m_count * group;
+  if (steps == 0) return;  // no query sees these keys: their gradients stay 0
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_address = smem_address(smem_raw);
+  const uint32_t base = (raw_address + 1023u) & ~1023u;
+  float* stats = reinterpret_cast<float*>(smem_raw + (base + Shape::kStats - raw_address));  // lse[2][64], delta[2][64]
+
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  // Step s covers query tile m_begin + m_count - 1 - s / group of head kv_head * group + s %
+  // group.
+  const auto step_tile = [&](int step) { return m_begin + m_count - 1 - step / group; };
+  const auto step_head = [&](int step) { return kv_head * group + step % group; };
+
+  if (warpgroup == 0) {
+    // The writer: warp 0, lane 0 issues; the other warps of the warpgroup leave.
+    setmaxnreg_dec<Shape::kWriterRegisters>();
+    if (threadIdx.x >= 32) return;
+    dkvq_sm90_write(p, seg, mask, segment_index, n_tile, steps, base, step_tile, step_head);
+    return;
+  }
+
+  setmaxnreg_inc<Shape::kConsumerRegisters>();
+  dkvq_sm90_consume<Storage>(p, strides, seg, mask, kv_head, n0, valid_k, steps, base, stats, warpgroup - 1,
+                             step_tile, step_head);
 #endif
 }
 
