@@ -159,6 +159,35 @@ __device__ __forceinline__ void stage_dq_rows(const float (&dq)[8][4], uint32_t 
   }
 }
 
+// dQ_part[:, 64 w .. 64 w + 63] = dS K over the block's 128 keys (0 where no consumer's keys
+// are visible): A = dS^T tile j read M-major, B = column block w of consumer j's K tile,
+// MN-major. Issued, committed and waited for.
+template <typename Storage>
+__device__ __forceinline__ void dkvq_dq_part(float (&dq)[8][4], const bool (&visible)[2], uint32_t ds_tiles,
+                                             uint32_t base, int w) {
+  using Shape = DkvqSm90Shape;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;  // no visible keys: 0
+  wgmma_fence();
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    if (!visible[j]) continue;
+    const uint32_t a_tile = ds_tiles + static_cast<uint32_t>(j) * Shape::kDsBytes;
+    const uint32_t b_tile =
+        base + Shape::kK + static_cast<uint32_t>(j) * Shape::kTileBytes + static_cast<uint32_t>(w) * 64 * 128;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      // Accumulate from the second product on (the first visible consumer's first k-step
+      // overwrites the zeros).
+      WgmmaSs<Storage, 64>::template run<1, 1>(flat(dq), wgmma_desc_mn_major<64>(a_tile, kk),
+                                               wgmma_desc_mn_major<64>(b_tile, kk), kk > 0 || (j == 1 && visible[0]));
+    }
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(flat(dq));
+}
+
 // The consumer warpgroups (w = 0, 1: keys n0 + 64 w .. n0 + 64 w + 63): each step's S^T, dP^T,
 // dV, dK of their keys, the dS^T tiles, and dQ_part staged for the writer; then their dK/dV.
 template <typename Storage, typename StepTile, typename StepHead>
@@ -293,30 +322,9 @@ __device__ __forceinline__ void dkvq_sm90_consume(const BackwardParams& p, const
     wgmma_fence_operands(flat(dv));
     wgmma_fence_operands(flat(dk));
 
-    // dQ_part[:, 64 w .. 64 w + 63] = dS K over the block's 128 keys: A = dS^T tile j read
-    // M-major, B = column block w of consumer j's K tile, MN-major.
+    // dQ_part of this warpgroup's columns over the block's 128 keys.
     float dq[8][4];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;  // no visible keys: 0
-    wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (!visible[j]) continue;
-      const uint32_t a_tile = ds_tiles + static_cast<uint32_t>(j) * Shape::kDsBytes;
-      const uint32_t b_tile =
-          base + Shape::kK + static_cast<uint32_t>(j) * Shape::kTileBytes + static_cast<uint32_t>(w) * 64 * 128;
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        // Accumulate from the second product on (the first visible consumer's first k-step
-        // overwrites the zeros).
-        WgmmaSs<Storage, 64>::template run<1, 1>(flat(dq), wgmma_desc_mn_major<64>(a_tile, kk),
-                                                 wgmma_desc_mn_major<64>(b_tile, kk),
-                                                 kk > 0 || (j == 1 && visible[0]));
-      }
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(flat(dq));
+    dkvq_dq_part<Storage>(dq, visible, ds_tiles, base, w);
 
     if (step > 0) named_barrier_sync(Shape::kDqEmpty, Shape::kHandOverThreads);  // the writer read the last one
     stage_dq_rows(dq, dq_row0, dq_swizzle);
