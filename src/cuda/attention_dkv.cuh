@@ -8,6 +8,61 @@
 
 namespace thdcp::cuda::detail {
 
+// The portable dK/dV pass's per-step pieces, on a warp's 32 keys x 32 queries of S^T and dP^T
+// (m16n8 layout: this thread's key rows key_row + 16 mi + group_row + {0, 8} of the segment,
+// query columns 8 nf + {0, 1} from query index query).
+
+// S^T -> P^T and dP^T -> dS^T = P^T (dP^T - delta) in place; `column0`: this thread's first
+// query column of the step in lse_tile / delta_tile. A query row with lse = -inf (it saw no
+// key) gets the offset +inf, hence P = 0.
+__device__ __forceinline__ void dkv_probabilities(float (&st)[2][4][4], float (&dpt)[2][4][4], const float* lse_tile,
+                                                  const float* delta_tile, int column0, float scale_log2) {
+#pragma unroll
+  for (int nf = 0; nf < 4; ++nf) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int column = column0 + nf * 8 + c;
+      const float lse = lse_tile[column];
+      const float offset = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+      const float row_delta = delta_tile[column];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int e = 2 * half + c;
+          const float prob = fast_exp2(fmaf(st[mi][nf][e], scale_log2, -offset));
+          st[mi][nf][e] = prob;
+          dpt[mi][nf][e] = prob * (dpt[mi][nf][e] - row_delta);
+        }
+      }
+    }
+  }
+}
+
+// P^T and dS^T rounded to the storage type, into the swizzled stages (dS^T ds_bytes past
+// P^T) that the block's products read across warps: this thread's rows at byte
+// stage_row_bytes of pt_bytes, its 8-column blocks (query_col0 / 8 + nf) swizzled by group_row.
+template <typename Storage, int kM>
+__device__ __forceinline__ void stage_pt_ds(const float (&st)[2][4][4], const float (&dpt)[2][4][4],
+                                            char* pt_bytes, int stage_row_bytes, int query_col0, int group_row,
+                                            int ds_bytes) {
+  using Traits = StorageTraits<Storage>;
+#pragma unroll
+  for (int nf = 0; nf < 4; ++nf) {
+    const int chunk_bytes = ((((query_col0 >> 3) + nf) ^ group_row) & 7) << 4;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int offset = stage_row_bytes + chunk_bytes + (16 * mi + 8 * half) * kM * 2;
+        *reinterpret_cast<uint32_t*>(pt_bytes + offset) = Traits::pack(st[mi][nf][2 * half], st[mi][nf][2 * half + 1]);
+        *reinterpret_cast<uint32_t*>(pt_bytes + ds_bytes + offset) =
+            Traits::pack(dpt[mi][nf][2 * half], dpt[mi][nf][2 * half + 1]);
+      }
+    }
+  }
+}
+
 // kFuseDq: also accumulate dQ += dS K into p.dq_accum with fp32 atomics (the order of the
 // additions, hence the last bits, varies between runs). Without it dq_kernel computes dQ.
 template <typename Storage, int kDqk, int kDv, bool kFuseDq>
@@ -254,43 +309,9 @@ __global__ void __launch_bounds__(DkvShape<kDqk, kDv, kFuseDq>::kThreads, DkvSha
       }
 
       // P^T and dS^T = P^T (dP^T - delta), staged in the storage type for the products
-      // below (which read them across warps). A query row with lse = -inf (it saw no key)
-      // gets the offset +inf, hence P = 0.
-#pragma unroll
-      for (int nf = 0; nf < 4; ++nf) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int column = query_col0 + nf * 8 + pair_col + c;
-          const float lse = lse_tile[column];
-          const float offset = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
-          const float row_delta = delta_tile[column];
-#pragma unroll
-          for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int e = 2 * half + c;
-              const float prob = fast_exp2(fmaf(st[mi][nf][e], p.scale_log2, -offset));
-              st[mi][nf][e] = prob;
-              dpt[mi][nf][e] = prob * (dpt[mi][nf][e] - row_delta);
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int nf = 0; nf < 4; ++nf) {
-        const int chunk_bytes = ((((query_col0 >> 3) + nf) ^ group_row) & 7) << 4;
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int offset = stage_row_bytes + chunk_bytes + (16 * mi + 8 * half) * kM * 2;
-            *reinterpret_cast<uint32_t*>(pt_bytes + offset) =
-                Traits::pack(st[mi][nf][2 * half], st[mi][nf][2 * half + 1]);
-            *reinterpret_cast<uint32_t*>(pt_bytes + kDsBytes + offset) =
-                Traits::pack(dpt[mi][nf][2 * half], dpt[mi][nf][2 * half + 1]);
-          }
-        }
-      }
+      // below (which read them across warps).
+      dkv_probabilities(st, dpt, lse_tile, delta_tile, query_col0 + pair_col, p.scale_log2);
+      stage_pt_ds<Storage, kM>(st, dpt, pt_bytes, stage_row_bytes, query_col0, group_row, kDsBytes);
     }
     __syncthreads();  // every warp's P^T and dS^T rows are staged
 
