@@ -63,6 +63,31 @@ __device__ __forceinline__ void stage_pt_ds(const float (&st)[2][4][4], const fl
   }
 }
 
+// The fused pass's dQ share of a step: this warp's 32 query rows from query index m0 of the
+// segment (this thread's rows 16 mi + group_row + {0, 8}) x kCols columns from `column`, added
+// into the fp32 accumulator p.dq_accum ([q_rows, q_heads, kDqk], row stride q_stride) with
+// atomics (their order varies between runs); rows past q_len are left alone.
+template <int kDqk, int kCols>
+__device__ __forceinline__ void add_dq_rows(const BackwardParams& p, const Segment& seg, int head, int m0,
+                                            int group_row, int column, int64_t q_stride,
+                                            const float (&dq_part)[2][kCols / 8][4]) {
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int q_index = m0 + mi * 16 + group_row + half * 8;
+      if (q_index >= seg.q_len) continue;
+      float* dst = p.dq_accum + (static_cast<int64_t>(seg.q_row) + q_index) * q_stride +
+                   static_cast<int64_t>(head) * kDqk + column;
+#pragma unroll
+      for (int nf = 0; nf < kCols / 8; ++nf) {
+        atomicAdd(dst + nf * 8, dq_part[mi][nf][2 * half]);
+        atomicAdd(dst + nf * 8 + 1, dq_part[mi][nf][2 * half + 1]);
+      }
+    }
+  }
+}
+
 // kFuseDq: also accumulate dQ += dS K into p.dq_accum with fp32 atomics (the order of the
 // additions, hence the last bits, varies between runs). Without it dq_kernel computes dQ.
 template <typename Storage, int kDqk, int kDv, bool kFuseDq>
@@ -394,22 +419,8 @@ __global__ void __launch_bounds__(DkvShape<kDqk, kDv, kFuseDq>::kThreads, DkvSha
           }
         }
       }
-      const int head = kv_head * group + head_index;
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int q_index = m0 + q_row0 + mi * 16 + group_row + half * 8;
-          if (q_index >= seg.q_len) continue;
-          float* dst = p.dq_accum + (static_cast<int64_t>(seg.q_row) + q_index) * q_stride +
-                       static_cast<int64_t>(head) * kDqk + col0 + pair_col;
-#pragma unroll
-          for (int nf = 0; nf < kCols / 8; ++nf) {
-            atomicAdd(dst + nf * 8, dq_part[mi][nf][2 * half]);
-            atomicAdd(dst + nf * 8 + 1, dq_part[mi][nf][2 * half + 1]);
-          }
-        }
-      }
+      add_dq_rows<kDqk, kCols>(p, seg, kv_head * group + head_index, m0 + q_row0, group_row, col0 + pair_col, q_stride,
+                               dq_part);
     }
     m_index = next_m;
     head_index = next_head;
