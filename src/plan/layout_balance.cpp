@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <limits>
 
 #include "thdcp/core/error.h"
 #include "thdcp/plan/layout.h"
@@ -12,8 +11,6 @@
 namespace thdcp {
 
 namespace {
-
-constexpr int64_t kMaxBatchRows = std::numeric_limits<int32_t>::max();
 
 // Checks the arguments and returns the batch's rows under `layout`.
 int64_t checked_rows(const std::vector<int64_t>& lengths, int cp, CpLayout layout) {

@@ -35,9 +35,6 @@ int64_t padded_to(int64_t length, int64_t alignment) {
   return (length + (alignment - 1)) / alignment * alignment;
 }
 
-// The most rows a batch has: layouts' offsets are int32.
-constexpr int64_t kMaxBatchRows = std::numeric_limits<int32_t>::max();
-
 // The rows of a batch with its documents padded to multiples of `alignment`, or
 // kMaxBatchRows + 1 when they are more than any batch holds: a sum that cannot overflow,
 // whatever the lengths of a C++ caller's batches.
