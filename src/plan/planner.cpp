@@ -35,9 +35,6 @@ int64_t padded_to(int64_t length, int64_t alignment) {
   return (length + (alignment - 1)) / alignment * alignment;
 }
 
-// The most rows a batch has: layouts' offsets are int32.
-constexpr int64_t kMaxBatchRows = std::numeric_limits<int32_t>::max();
-
 // The rows of a batch with its documents padded to multiples of `alignment`, or
 // kMaxBatchRows + 1 when they are more than any batch holds: a sum that cannot overflow,
 // whatever the lengths of a C++ caller's batches.
@@ -97,38 +94,6 @@ CapacityCandidate candidate(const std::string& label, int64_t real_sequences, co
   c.fallback_fraction = static_cast<double>(c.fallback_batches) / static_cast<double>(counts.size());
   c.metadata_bytes = capacity_metadata_bytes(c.max_seqs);
   return c;
-}
-
-RankBalance rank_balance(const DocumentBatches& input, int cp, const Mask& mask) {
-  RankBalance balance;
-  balance.rank_pairs.assign(cp, 0);
-  double busiest_sum = 0;
-  double mean_sum = 0;
-  for (size_t b = 0; b < input.batches.size(); ++b) {
-    const BatchLayout layout = make_layout(input.batches[b], cp);
-    int64_t busiest = 0;
-    int64_t batch_total = 0;
-    for (int rank = 0; rank < cp; ++rank) {
-      const int64_t pairs = table_pairs(build_cp_segment_table(layout.view(), cp, rank, mask));
-      balance.rank_pairs[rank] += pairs;
-      busiest = std::max(busiest, pairs);
-      batch_total += pairs;
-    }
-    balance.total_pairs += batch_total;
-    const double mean = static_cast<double>(batch_total) / cp;
-    busiest_sum += static_cast<double>(busiest);
-    mean_sum += mean;
-    const double ratio = mean > 0 ? busiest / mean : 1.0;
-    if (ratio > balance.worst_batch_max_over_mean) {
-      balance.worst_batch_max_over_mean = ratio;
-      balance.worst_batch = static_cast<int64_t>(b);
-    }
-  }
-  const double mean = static_cast<double>(balance.total_pairs) / cp;
-  const int64_t busiest = *std::max_element(balance.rank_pairs.begin(), balance.rank_pairs.end());
-  balance.total_max_over_mean = mean > 0 ? busiest / mean : 1.0;
-  balance.step_max_over_mean = mean_sum > 0 ? busiest_sum / mean_sum : 1.0;
-  return balance;
 }
 
 void recommend(CpPlan& plan, double fallback_budget) {
@@ -420,6 +385,7 @@ CapacityPlan plan_capacity(const DocumentBatches& input, const PlanOptions& opti
   plan.tokens = options.tokens;
   plan.packing_alignment = alignment;
   plan.docs_per_batch = docs_per_batch(input);
+  plan.layout_masks = options.layout_masks;
   const DocsPerBatch& d = plan.docs_per_batch;
   for (int cp : options.cp_sizes) {
     CpPlan p;
@@ -438,7 +404,8 @@ CapacityPlan plan_capacity(const DocumentBatches& input, const PlanOptions& opti
     p.longest_rows_per_rank = padded_to(p.longest_document, two_cp) / cp;
     p.candidates = {candidate("P90", d.p90, d.counts), candidate("P99", d.p99, d.counts),
                     candidate("max", d.max, d.counts), candidate("T/(2cp)", options.tokens / two_cp, d.counts)};
-    p.balance = rank_balance(input, cp, options.mask);
+    p.balance = rank_balance(input.batches, cp, CpLayout::kDualChunk, options.mask);
+    p.layouts = compare_layouts(input.batches, cp, options.layout_masks);
     recommend(p, options.fallback_budget);
     plan.per_cp.push_back(std::move(p));
   }

@@ -23,7 +23,10 @@ const char* kPlanHelp =
     "Recommends the capacity (max_seqs) of fixed-shape metadata for CUDA graphs, per CP size:\n"
     "padding overhead of the 2*cp alignment, documents per batch (P50/P90/P99/max), the\n"
     "fraction of batches that would fall back to eager for each candidate max_seqs, the\n"
-    "metadata memory, and the causal (query,key) balance of the dual-chunk split.\n"
+    "metadata memory, and the causal (query,key) balance of the dual-chunk split. Then, per CP\n"
+    "size, the CP layouts (dual_chunk, contiguous): the padding each adds, the busiest rank's\n"
+    "(query,key) pairs over the mean per step for each mask (causal, full, each --window), and\n"
+    "the layout recommended for each mask.\n"
     "\n"
     "options:\n"
     "  --lengths FILE    document lengths, one per line ('#' comments allowed), packed in order\n"
@@ -36,6 +39,8 @@ const char* kPlanHelp =
     "                    with --batches the smallest that holds every batch)\n"
     "  --cp LIST         CP sizes, e.g. 1,2,4,8 (default)\n"
     "  --budget PCT      largest fallback rate the recommendation accepts, in % (default 1)\n"
+    "  --window L[,L...] left windows (keys in [q-L, q]) to compare the CP layouts under, besides\n"
+    "                    causal and full, e.g. 4096\n"
     "  --plot FILE.svg   histogram of documents per batch with the candidates, and rank balance\n"
     "  --json FILE       machine-readable results\n"
     "  --max-memory SIZE host memory the plan may take (e.g. 8G, 512M; default: the machine's, or\n"
@@ -89,6 +94,30 @@ void print_plan(const CapacityPlan& plan, const DocumentBatches& batches) {
   }
 }
 
+// The CP layouts section: per CP size, each layout's padding and balance under each mask, and
+// the layout recommended for each mask.
+void print_layouts(const CapacityPlan& plan) {
+  std::printf("\nCP layouts: padding rows each adds, and the busiest rank's (query,key) pairs over the mean\n"
+              "per step (1.0000 = balanced; the same batches as above)\n");
+  std::vector<std::string> labels;
+  for (const Mask& m : plan.layout_masks) labels.push_back(layout_mask_label(m));
+  for (const CpPlan& p : plan.per_cp) {
+    std::printf("\ncp=%d\n  %-12s %14s %9s", p.cp, "layout", "padding rows", "% tokens");
+    for (const std::string& label : labels) std::printf(" %12s", label.c_str());
+    std::printf("\n");
+    for (const LayoutPlan& l : p.layouts.layouts) {
+      std::printf("  %-12s %14lld %8.3f%%", cp_layout_name(l.layout), static_cast<long long>(l.padding_rows),
+                  100.0 * l.padding_fraction);
+      for (const RankBalance& b : l.balance) std::printf(" %12.4f", b.step_max_over_mean);
+      std::printf("\n");
+    }
+    for (size_t m = 0; m < p.layouts.choices.size(); ++m) {
+      std::printf("  recommended for %s: %s (%s)\n", labels[m].c_str(), cp_layout_name(p.layouts.choices[m].layout),
+                  p.layouts.choices[m].reason.c_str());
+    }
+  }
+}
+
 // Before the batches are built: what planning `size` holds at its peak (the planner's
 // structures, and the per-batch entries of --json and --plot) against the memory budget.
 void check_plan_memory(const Args& args, double max_memory, const PackingSize& size, double read_bytes,
@@ -117,7 +146,8 @@ void check_plan_memory(const Args& args, double max_memory, const PackingSize& s
 }  // namespace
 
 int plan_command(const std::vector<std::string>& argv) {
-  const Args args(argv, {"lengths", "batches", "tokens", "cp", "budget", "plot", "json", "long-docs", "max-memory"},
+  const Args args(argv, {"lengths", "batches", "tokens", "cp", "budget", "plot", "json", "long-docs", "max-memory",
+                   "window"},
                   {"help"});
   if (args.has("help")) {
     std::fputs(kPlanHelp, stdout);
@@ -135,6 +165,11 @@ int plan_command(const std::vector<std::string>& argv) {
   PlanOptions options;
   options.cp_sizes = args.has("cp") ? parse_cp_list(args.get("cp", "")) : std::vector<int>{1, 2, 4, 8};
   options.fallback_budget = static_cast<double>(args.get_int("budget", 1, 0, 100)) / 100.0;
+  if (args.has("window")) {
+    for (int64_t left : parse_int_list("window", args.get("window", ""), 0, INT32_MAX)) {
+      options.layout_masks.push_back(Mask::window(static_cast<int32_t>(left), 0));
+    }
+  }
   if (args.has("long-docs") && !args.has("lengths")) throw UsageError("--long-docs applies to --lengths: give --lengths");
   DocumentBatches batches;
   std::string long_docs_note;
@@ -184,6 +219,7 @@ int plan_command(const std::vector<std::string>& argv) {
     out.commit();
   }
   print_plan(plan, batches);
+  print_layouts(plan);
   if (!long_docs_note.empty()) std::printf("\n%s\n", long_docs_note.c_str());
   if (args.has("plot")) {
     std::printf("\nplot written to %s\n", quote_excerpt(args.get("plot", ""), kPathExcerptChars).c_str());

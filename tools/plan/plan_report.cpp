@@ -13,7 +13,46 @@ std::string fixed(double v, int digits) {
   return text;
 }
 
+Json balance_json(const RankBalance& b) {
+  Json balance = Json::object();
+  balance.set("rank_pairs", Json::array_of(b.rank_pairs)).set("total_pairs", b.total_pairs);
+  balance.set("total_max_over_mean", b.total_max_over_mean).set("step_max_over_mean", b.step_max_over_mean);
+  balance.set("worst_batch_max_over_mean", b.worst_batch_max_over_mean).set("worst_batch", b.worst_batch);
+  return balance;
+}
+
+// Both layouts under every mask, and the layout recommended for each.
+Json layouts_json(const LayoutComparison& comparison, const std::vector<Mask>& masks) {
+  Json layouts = Json::array();
+  for (const LayoutPlan& l : comparison.layouts) {
+    Json balance = Json::array();
+    for (size_t m = 0; m < l.balance.size() && m < masks.size(); ++m) {
+      balance.push(balance_json(l.balance[m]).set("mask", layout_mask_label(masks[m])));
+    }
+    layouts.push(Json::object()
+                     .set("layout", cp_layout_name(l.layout))
+                     .set("padding_rows", l.padding_rows)
+                     .set("padding_fraction_of_tokens", l.padding_fraction)
+                     .set("balance", balance));
+  }
+  Json choices = Json::array();
+  for (size_t m = 0; m < comparison.choices.size() && m < masks.size(); ++m) {
+    choices.push(Json::object()
+                     .set("mask", layout_mask_label(masks[m]))
+                     .set("layout", cp_layout_name(comparison.choices[m].layout))
+                     .set("reason", comparison.choices[m].reason));
+  }
+  return Json::object().set("layouts", layouts).set("recommended", choices);
+}
+
 }  // namespace
+
+std::string layout_mask_label(const Mask& mask) {
+  if (mask.window_left < 0 && mask.window_right < 0) return "full";
+  if (mask.window_left < 0 && mask.window_right == 0) return "causal";
+  if (mask.window_right == 0) return "window " + std::to_string(mask.window_left);
+  return "window(" + std::to_string(mask.window_left) + "," + std::to_string(mask.window_right) + ")";
+}
 
 std::string plan_svg(const CapacityPlan& plan) {
   const DocsPerBatch& d = plan.docs_per_batch;
@@ -72,11 +111,7 @@ Json plan_json(const CapacityPlan& plan) {
                           .set("fallback_fraction", c.fallback_fraction)
                           .set("metadata_bytes_per_rank", c.metadata_bytes));
     }
-    const RankBalance& b = p.balance;
-    Json balance = Json::object();
-    balance.set("rank_pairs", Json::array_of(b.rank_pairs)).set("total_pairs", b.total_pairs);
-    balance.set("total_max_over_mean", b.total_max_over_mean).set("step_max_over_mean", b.step_max_over_mean);
-    balance.set("worst_batch_max_over_mean", b.worst_batch_max_over_mean).set("worst_batch", b.worst_batch);
+    const Json balance = balance_json(p.balance);
     Json entry = Json::object();
     entry.set("cp", p.cp).set("valid_tokens", p.valid_tokens).set("padded_rows", p.padded_rows);
     entry.set("padding_fraction", p.padding_fraction).set("slack_fraction", p.slack_fraction);
@@ -84,6 +119,7 @@ Json plan_json(const CapacityPlan& plan) {
     entry.set("candidates", candidates).set("pair_balance", balance);
     entry.set("recommended_max_seqs", p.candidates.empty() ? 0 : p.candidates[p.recommended].max_seqs);
     entry.set("recommended", p.candidates.empty() ? "" : p.candidates[p.recommended].label).set("reason", p.reason);
+    entry.set("cp_layouts", layouts_json(p.layouts, plan.layout_masks));
     per_cp.push(entry);
   }
   Json out = Json::object();

@@ -16,6 +16,10 @@ namespace thdcp::tools {
 // RankBalance::step_max_over_mean. Both panels in one document.
 std::string plan_svg(const CapacityPlan& plan);
 
+// A mask of the layout comparison as the report names it: "causal", "full", "window W" (a left
+// window W with causal), or "window(L,R)".
+std::string layout_mask_label(const Mask& mask);
+
 // Everything in the plan, keyed by what it means (tokens, docs_per_batch, per_cp[...]).
 Json plan_json(const CapacityPlan& plan);
 

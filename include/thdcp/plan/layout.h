@@ -50,6 +50,9 @@ struct DeviceLayout {
   Capacity capacity;
 };
 
+// The most rows a batch has: layouts' offsets are int32.
+constexpr int64_t kMaxBatchRows = INT32_MAX;
+
 // Smallest multiple of 2*cp that holds `length` tokens (0 stays 0).
 int64_t cp_padded_length(int64_t length, int cp);
 

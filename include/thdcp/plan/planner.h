@@ -1,7 +1,8 @@
 // Capacity planning for CUDA graphs over packed batches (DESIGN.md section 7): from the
 // documents of many batches, which `max_seqs` should graphs be captured for, how often would
 // a batch fall back to eager, what does the fixed-capacity metadata cost, how much padding
-// does the 2*cp alignment add, and how evenly does the dual-chunk split share causal work.
+// does the 2*cp alignment add, how evenly does the dual-chunk split share causal work, and
+// which CP layout (dual_chunk or contiguous) costs less padding and balances each mask better.
 //
 // Definitions used throughout (and printed by `thdcp plan`):
 // - Packing (pack_documents): documents are taken in file order and appended to the current
@@ -27,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "thdcp/plan/layout_balance.h"
 #include "thdcp/plan/mask.h"
 
 namespace thdcp {
@@ -138,6 +140,8 @@ struct PlanOptions {
   int64_t tokens = 0;                   // rows per batch (max_tokens), in [1, 2^31-1] (int32 offsets)
   std::vector<int> cp_sizes{1, 2, 4, 8};  // CP sizes to plan for, each >= 1, no duplicates
   Mask mask = Mask::causal();           // mask of the pair balance (causal by default)
+  // Masks the CP layouts are compared under (CpPlan::layouts), each checked by check_mask.
+  std::vector<Mask> layout_masks{Mask::causal(), Mask::full()};
   double fallback_budget = 0.01;        // largest fallback fraction the recommendation accepts
 };
 
@@ -158,20 +162,6 @@ struct CapacityCandidate {
   int64_t metadata_bytes = 0;    // capacity_metadata_bytes(max_seqs), per rank
 };
 
-// (query, key) pairs per rank of the dual-chunk split under PlanOptions::mask.
-struct RankBalance {
-  std::vector<int64_t> rank_pairs;  // pairs of each rank summed over all batches (cp entries)
-  int64_t total_pairs = 0;          // sum over ranks and batches
-  // max/mean across ranks of rank_pairs: the imbalance left after many batches.
-  double total_max_over_mean = 1.0;
-  // sum over batches of the busiest rank's pairs / sum over batches of the mean: the slowdown
-  // of a synchronous step, which waits for its busiest rank every batch (>= total_max_over_mean).
-  double step_max_over_mean = 1.0;
-  // The largest per-batch max/mean, and the batch it occurs in.
-  double worst_batch_max_over_mean = 1.0;
-  int64_t worst_batch = 0;
-};
-
 struct CpPlan {
   int cp = 1;
   int64_t valid_tokens = 0;         // sum of document lengths over all batches
@@ -181,7 +171,10 @@ struct CpPlan {
   int64_t longest_document = 0;     // tokens
   int64_t longest_rows_per_rank = 0;  // its padded length / cp: rows it puts on every rank
   std::vector<CapacityCandidate> candidates;  // P90, P99, max, T/(2cp), in this order
-  RankBalance balance;
+  RankBalance balance;              // the dual-chunk split under PlanOptions::mask
+  // Both CP layouts' padding and balance under each of PlanOptions::layout_masks, over the
+  // same batches, and the layout recommended for each mask (layout_balance.h).
+  LayoutComparison layouts;
   // Index into candidates of the recommendation: the smallest candidate whose fallback
   // fraction is <= PlanOptions::fallback_budget; but T/(2cp) when it is at most twice that
   // one, because it never falls back whatever the data and costs little more.
@@ -193,6 +186,7 @@ struct CapacityPlan {
   int64_t tokens = 0;
   int64_t packing_alignment = 0;  // informational: lcm(2*cp), what pack_documents used for lengths
   DocsPerBatch docs_per_batch;    // the same for every CP size (the batches are shared)
+  std::vector<Mask> layout_masks;  // PlanOptions::layout_masks: what CpPlan::layouts' balances are under
   std::vector<CpPlan> per_cp;     // in the order of PlanOptions::cp_sizes
 };
 
