@@ -32,11 +32,7 @@ class HeadExchange {
   ConstThdTensor to_heads(const ConstThdTensor& local, std::vector<unsigned char>& seq) {
     const int64_t heads = local.heads / cp_;
     const size_t element = dtype_size(local.dtype);
-    const size_t head_bytes = static_cast<size_t>(local.head_dim) * element;
-    const size_t row_bytes = static_cast<size_t>(heads) * head_bytes;
-    const size_t block = static_cast<size_t>(local_rows_) * row_bytes;
-    unsigned char* send = grown(b_.send, block * cp_);
-    unsigned char* recv = grown(b_.recv, block * cp_);
+    const auto [head_bytes, row_bytes, block, send, recv] = blocks(heads, local.head_dim, element);
     const auto* from = static_cast<const unsigned char*>(local.data);
     for (int r = 0; r < cp_; ++r) {
       for (int64_t row = 0; row < local_rows_; ++row) {
@@ -58,12 +54,7 @@ class HeadExchange {
   void to_rows(const ConstThdTensor& seq, ThdTensor local) {
     THDCP_CHECK(seq.dtype == local.dtype || seq.dtype == DType::kFloat32, "to_rows: an fp32 or same-dtype source");
     const int64_t heads = seq.heads;
-    const size_t element = dtype_size(seq.dtype);
-    const size_t head_bytes = static_cast<size_t>(seq.head_dim) * element;
-    const size_t row_bytes = static_cast<size_t>(heads) * head_bytes;
-    const size_t block = static_cast<size_t>(local_rows_) * row_bytes;
-    unsigned char* send = grown(b_.send, block * cp_);
-    unsigned char* recv = grown(b_.recv, block * cp_);
+    const auto [head_bytes, row_bytes, block, send, recv] = blocks(heads, seq.head_dim, dtype_size(seq.dtype));
     for (int r = 0; r < cp_; ++r) gather_rows(seq.data, send + r * block, maps_[static_cast<size_t>(r)], row_bytes);
     comm_.all_to_all(send, recv, block);
     const size_t local_element = dtype_size(local.dtype);
@@ -117,6 +108,19 @@ class HeadExchange {
   }
 
  private:
+  // One all-to-all of `heads` heads of head_dim elements per row: a block per rank of the
+  // local rows, and the send and receive buffers sized for cp blocks.
+  struct Blocks {
+    size_t head_bytes, row_bytes, block;
+    unsigned char *send, *recv;
+  };
+  Blocks blocks(int64_t heads, int64_t head_dim, size_t element) {
+    const size_t head_bytes = static_cast<size_t>(head_dim) * element;
+    const size_t row_bytes = static_cast<size_t>(heads) * head_bytes;
+    const size_t block = static_cast<size_t>(local_rows_) * row_bytes;
+    return Blocks{head_bytes, row_bytes, block, grown(b_.send, block * cp_), grown(b_.recv, block * cp_)};
+  }
+
   Communicator& comm_;
   int cp_;
   int64_t local_rows_, rows_;
@@ -134,15 +138,35 @@ ThdTensor dense(std::vector<float>& storage, int64_t rows, int64_t heads, int64_
                    head_dim};
 }
 
+// What both passes start with, timed as the table phase: the exchange, the single-device
+// table (attention runs over whole documents), this rank's query heads and the first of them.
+struct Pass {
+  Pass(Communicator& comm, const Problem& p, AllToAllBuffers& b, const LayoutView& layout, Timings* timings)
+      : clock(started(timings)),
+        exchange(comm, p, b, layout),
+        table(build_segment_table(layout, p.mask)),
+        heads(p.q_heads / p.cp),
+        first_head(comm.rank() * heads) {}
+
+  static PhaseClock started(Timings* timings) {
+    PhaseClock clock(timings);
+    clock.phase(Phase::kTable);
+    return clock;
+  }
+
+  PhaseClock clock;
+  HeadExchange exchange;
+  SegmentTable table;
+  int64_t heads, first_head;
+};
+
 }  // namespace
 
 void all_to_all_forward(Communicator& comm, const Problem& p, const AttentionOptions& options, AllToAllBuffers& b,
                         const LayoutView& layout, const ForwardTensors& t, Timings* timings) {
-  PhaseClock clock(timings);
-  clock.phase(Phase::kTable);
-  HeadExchange exchange(comm, p, b, layout);
-  const SegmentTable table = build_segment_table(layout, p.mask);
-  const int64_t heads = p.q_heads / p.cp, rows = p.capacity.max_tokens;
+  Pass pass(comm, p, b, layout, timings);
+  auto& [clock, exchange, table, heads, first_head] = pass;
+  const int64_t rows = p.capacity.max_tokens;
   clock.phase(Phase::kGather);
   const ConstThdTensor q = exchange.to_heads(t.q, b.q), k = exchange.to_heads(t.k, b.k),
                        v = exchange.to_heads(t.v, b.v);
@@ -150,7 +174,7 @@ void all_to_all_forward(Communicator& comm, const Problem& p, const AttentionOpt
   const ThdTensor out = dense(b.out, p.dtype, rows, heads, p.value_head_dim());
   float* lse = grown(b.lse, static_cast<size_t>(heads * rows));
   float* max_logit = t.max_logit ? grown(b.max_logit, static_cast<size_t>(heads)) : nullptr;
-  const float* sinks = t.sinks ? t.sinks + comm.rank() * heads : nullptr;
+  const float* sinks = t.sinks ? t.sinks + first_head : nullptr;
   cpu::attention_forward(table, ForwardTensors{q, k, v, out, lse, max_logit, sinks}, options);
   clock.phase(Phase::kReduce);
   exchange.to_rows(out, t.out);
@@ -162,11 +186,9 @@ void all_to_all_forward(Communicator& comm, const Problem& p, const AttentionOpt
 
 void all_to_all_backward(Communicator& comm, const Problem& p, const AttentionOptions& options, AllToAllBuffers& b,
                          const LayoutView& layout, const BackwardTensors& t, Timings* timings) {
-  PhaseClock clock(timings);
-  clock.phase(Phase::kTable);
-  HeadExchange exchange(comm, p, b, layout);
-  const SegmentTable table = build_segment_table(layout, p.mask);
-  const int64_t heads = p.q_heads / p.cp, kv_heads = p.kv_heads / p.cp, rows = p.capacity.max_tokens;
+  Pass pass(comm, p, b, layout, timings);
+  auto& [clock, exchange, table, heads, first_head] = pass;
+  const int64_t kv_heads = p.kv_heads / p.cp, rows = p.capacity.max_tokens;
   clock.phase(Phase::kGather);
   BackwardTensors s{exchange.to_heads(t.q, b.q),
                     exchange.to_heads(t.k, b.k),
@@ -177,7 +199,7 @@ void all_to_all_backward(Communicator& comm, const Problem& p, const AttentionOp
                     dense(b.dq, rows, heads, p.head_dim),
                     dense(b.dk, rows, kv_heads, p.head_dim),
                     dense(b.dv, rows, kv_heads, p.value_head_dim())};
-  s.sinks = t.sinks ? t.sinks + comm.rank() * heads : nullptr;
+  s.sinks = t.sinks ? t.sinks + first_head : nullptr;
   s.dsinks = t.dsinks ? grown(b.dsinks, static_cast<size_t>(heads)) : nullptr;
   clock.phase(Phase::kAttention);
   cpu::attention_backward(table, s, options);
