@@ -166,7 +166,7 @@ TEST(CpModesErrors, AllToAllNeedsHeadsDivisibleByCp) {
   const cp::Problem kv = problem_of(4, 32, 8, 2, CpLayout::kDualChunk, cp::CpComm::kAllToAll);
   expect_every_rank_says(plan_messages(kv, kv),
                          "all_to_all with kv_heads=2 and cp=4: kv_heads must be a multiple of cp (each rank takes "
-                         "kv_heads/cp heads); use comm=all_gather");
+                         "kv_heads/cp heads); use comm=all_gather, or a cp that divides q_heads and kv_heads");
   const cp::Problem q = problem_of(3, 30, 6, 3, CpLayout::kContiguous, cp::CpComm::kAllToAll);
   expect_planned(q);
   const cp::Problem q4 = problem_of(4, 32, 6, 2, CpLayout::kContiguous, cp::CpComm::kAllToAll);
