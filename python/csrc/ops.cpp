@@ -124,7 +124,7 @@ at::Tensor rope_cpu(const at::Tensor& x, const at::Tensor& cu_seqlens, const at:
     at::Tensor y = x.clone(at::MemoryFormat::Contiguous);
     const int32_t* offsets = start_offsets ? start_offsets->data_ptr<int32_t>() : nullptr;
     (backward ? cpu::rope_backward : cpu::rope_forward)(layout, static_cast<int>(cp), static_cast<int>(rank), config,
-                                                        view(y, "x"), offsets, RopeTable{});
+                                                        view(y, "x"), offsets, RopeTable{}, CpLayout::kDualChunk);
     return y;
   });
 }

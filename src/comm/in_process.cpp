@@ -103,6 +103,17 @@ class InProcessCommunicator final : public Communicator {
     std::memcpy(data, result.data(), count * sizeof(float));
   }
 
+  void all_to_all(const void* send, void* recv, size_t bytes) override {
+    group_.publish(rank_, send, recv);
+    group_.barrier();
+    const size_t offset = static_cast<size_t>(rank_) * bytes;
+    for (int r = 0; r < size(); ++r) {
+      std::memcpy(static_cast<unsigned char*>(recv) + r * bytes,
+                  static_cast<const unsigned char*>(group_.send_of(r)) + offset, bytes);
+    }
+    group_.barrier();
+  }
+
  private:
   GroupState& group_;
   int rank_;

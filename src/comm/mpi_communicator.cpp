@@ -23,6 +23,30 @@ namespace thdcp::mpi {
 
 namespace {
 
+// `bytes` per rank as an MPI count and type: MPI counts are int, so buffers over 2 GiB move
+// as blocks of a contiguous type.
+struct Blocks {
+  Blocks(const char* collective, size_t bytes) {
+    if (bytes <= static_cast<size_t>(INT32_MAX)) {
+      count = static_cast<int>(bytes);
+      return;
+    }
+    THDCP_CHECK(bytes % 4096 == 0,
+                collective << " of " << bytes << " bytes: buffers over 2 GiB must be a multiple of 4096 bytes");
+    THDCP_CHECK_MPI(MPI_Type_contiguous(4096, MPI_BYTE, &type));
+    THDCP_CHECK_MPI(MPI_Type_commit(&type));
+    count = static_cast<int>(bytes / 4096);
+  }
+  ~Blocks() {
+    if (type != MPI_BYTE) MPI_Type_free(&type);
+  }
+  Blocks(const Blocks&) = delete;
+  Blocks& operator=(const Blocks&) = delete;
+
+  MPI_Datatype type = MPI_BYTE;
+  int count = 0;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
@@ -35,18 +59,13 @@ class MpiCommunicator final : public Communicator {
   const char* kind() const override { return "mpi"; }
 
   void all_gather(const void* send, void* recv, size_t bytes) override {
-    // MPI counts are int: move large buffers as blocks of a contiguous type.
-    MPI_Datatype type = MPI_BYTE;
-    size_t count = bytes;
-    const bool blocked = bytes > static_cast<size_t>(INT32_MAX);
-    if (blocked) {
-      THDCP_CHECK(bytes % 4096 == 0, "all_gather of " << bytes << " bytes: buffers over 2 GiB must be a multiple of 4096 bytes");
-      THDCP_CHECK_MPI(MPI_Type_contiguous(4096, MPI_BYTE, &type));
-      THDCP_CHECK_MPI(MPI_Type_commit(&type));
-      count = bytes / 4096;
-    }
-    THDCP_CHECK_MPI(MPI_Allgather(send, static_cast<int>(count), type, recv, static_cast<int>(count), type, comm_));
-    if (blocked) MPI_Type_free(&type);
+    const Blocks blocks("all_gather", bytes);
+    THDCP_CHECK_MPI(MPI_Allgather(send, blocks.count, blocks.type, recv, blocks.count, blocks.type, comm_));
+  }
+
+  void all_to_all(const void* send, void* recv, size_t bytes) override {
+    const Blocks blocks("all_to_all", bytes);
+    THDCP_CHECK_MPI(MPI_Alltoall(send, blocks.count, blocks.type, recv, blocks.count, blocks.type, comm_));
   }
 
   void reduce_scatter_sum(const float* send, float* recv, size_t count) override {

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "thdcp/core/error.h"
@@ -19,6 +20,7 @@ struct Descriptor {
   int32_t dtype;
   int64_t max_tokens;
   int32_t window_left, window_right;
+  int32_t layout, comm;
   int64_t q_heads, kv_heads, head_dim, v_head_dim;
   uint64_t options_fingerprint;
   uint64_t layout_fingerprint;
@@ -32,15 +34,36 @@ void validate_problem(const Problem& p) {
   THDCP_CHECK(p.cp >= 1, "cp=" << p.cp << " must be >= 1");
   THDCP_CHECK(p.capacity.max_seqs >= 1,
               "capacity.max_seqs=" << p.capacity.max_seqs << " must be >= 1 (layouts have max_seqs + 1 entries)");
-  THDCP_CHECK(p.capacity.max_tokens >= 0 && p.capacity.max_tokens % (2 * static_cast<int64_t>(p.cp)) == 0,
-              "capacity.max_tokens=" << p.capacity.max_tokens << " is not a multiple of 2*cp=" << 2 * static_cast<int64_t>(p.cp)
-                                     << ": pad the batch to a multiple of 2*cp rows");
+  THDCP_CHECK(p.layout == CpLayout::kDualChunk || p.layout == CpLayout::kContiguous,
+              "layout=" << static_cast<int>(p.layout) << " is not a CP layout: use dual_chunk or contiguous");
+  THDCP_CHECK(p.comm == CpComm::kAllGather || p.comm == CpComm::kAllToAll,
+              "comm=" << static_cast<int>(p.comm) << " is not a CP communication: use all_gather or all_to_all");
+  if (p.layout == CpLayout::kDualChunk) {
+    THDCP_CHECK(p.capacity.max_tokens >= 0 && p.capacity.max_tokens % (2 * static_cast<int64_t>(p.cp)) == 0,
+                "capacity.max_tokens=" << p.capacity.max_tokens << " is not a multiple of 2*cp="
+                                       << 2 * static_cast<int64_t>(p.cp)
+                                       << " (layout=dual_chunk): pad the batch to a multiple of 2*cp rows, or use "
+                                          "layout=contiguous, which needs only a multiple of cp");
+  } else {
+    THDCP_CHECK(p.capacity.max_tokens >= 0 && p.capacity.max_tokens % p.cp == 0,
+                "capacity.max_tokens=" << p.capacity.max_tokens << " is not a multiple of cp=" << p.cp
+                                       << " (layout=contiguous cuts the rows into cp equal pieces): pad the batch "
+                                          "to a multiple of cp rows");
+  }
   THDCP_CHECK(p.capacity.max_tokens <= INT32_MAX, "capacity.max_tokens=" << p.capacity.max_tokens
                                                                          << " must fit int32 offsets");
   THDCP_CHECK(p.mask.window_left >= -1 && p.mask.window_right >= -1,
               "mask (" << p.mask.window_left << "," << p.mask.window_right
                        << ") is invalid: each window is >= 0, or -1 for unbounded");
   check_head_shape(p);
+  if (p.comm == CpComm::kAllToAll) {
+    for (auto [name, heads] : {std::make_pair("q_heads", p.q_heads), std::make_pair("kv_heads", p.kv_heads)}) {
+      THDCP_CHECK(heads % p.cp == 0, "all_to_all with " << name << "=" << heads << " and cp=" << p.cp << ": " << name
+                                                        << " must be a multiple of cp (each rank takes " << name
+                                                        << "/cp heads); use comm=all_gather, or a cp that divides "
+                                                           "q_heads and kv_heads");
+    }
+  }
 }
 
 namespace {
@@ -114,6 +137,8 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
   mine.max_tokens = p.capacity.max_tokens;
   mine.window_left = p.mask.window_left;
   mine.window_right = p.mask.window_right;
+  mine.layout = static_cast<int32_t>(p.layout);
+  mine.comm = static_cast<int32_t>(p.comm);
   mine.q_heads = p.q_heads;
   mine.kv_heads = p.kv_heads;
   mine.head_dim = p.head_dim;
@@ -129,10 +154,17 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
     if (!all[r].ok) throw Error((r == in.rank ? "" : "rank " + std::to_string(r) + ": ") + all[r].message);
   }
   const Descriptor& ref = all[0];
-  const char* fix = ": every rank must plan the same problem (cp, capacity, mask, heads, head_dim, v_head_dim, dtype, options)";
+  const char* fix =
+      ": every rank must plan the same problem (cp, capacity, mask, heads, head_dim, v_head_dim, dtype, layout, comm, "
+      "options)";
   for (int r = 1; r < in.size; ++r) {
     const Descriptor& d = all[r];
     THDCP_CHECK(d.cp == ref.cp, "rank " << r << " passed cp=" << d.cp << " but rank 0 passed cp=" << ref.cp << fix);
+    THDCP_CHECK(d.layout == ref.layout && d.comm == ref.comm,
+                "rank " << r << " passed layout=" << cp_layout_name(static_cast<CpLayout>(d.layout))
+                        << " comm=" << cp_comm_name(static_cast<CpComm>(d.comm)) << " but rank 0 passed layout="
+                        << cp_layout_name(static_cast<CpLayout>(ref.layout))
+                        << " comm=" << cp_comm_name(static_cast<CpComm>(ref.comm)) << fix);
     THDCP_CHECK(d.layout_fingerprint == ref.layout_fingerprint,
                 "rank " << r << " passed a different layout than rank 0"
                         << ": every rank must pass the same global cu_seqlens and cu_seqlens_padded");

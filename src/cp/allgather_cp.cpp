@@ -1,4 +1,5 @@
-// The CPU step set of AllGather CP, the CpuPlan and the one-shot calls.
+// The CPU step set of AllGather CP, the CpuPlan (which runs all-to-all CP from
+// alltoall_cpu.cpp) and the one-shot calls.
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -6,6 +7,8 @@
 
 #include "agreement.h"
 #include "allgather_steps.h"
+#include "alltoall_cpu.h"
+#include "phase_clock.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cp/cp.h"
 #include "thdcp/plan/rank_split.h"
@@ -26,6 +29,14 @@ const char* phase_name(Phase phase) {
   return "?";
 }
 
+const char* cp_comm_name(CpComm comm) {
+  switch (comm) {
+    case CpComm::kAllGather: return "all_gather";
+    case CpComm::kAllToAll: return "all_to_all";
+  }
+  return "?";
+}
+
 double Timings::total() const {
   double sum = 0;
   for (double s : seconds) sum += s;
@@ -37,6 +48,7 @@ struct CpuPlan::Buffers {
   std::vector<unsigned char> packed[2];                 // K, V: a strided local view's rows, dense (sized on first use)
   std::vector<unsigned char> gathered[2], sequence[2];  // K, V: rank order, sequence order
   std::vector<float> grad_seq[2], grad_ranked[2], grad_local[2];
+  detail::AllToAllBuffers all_to_all;
 };
 
 struct CpuPlan::OneShot {
@@ -69,7 +81,7 @@ class CpuSteps {
  public:
   CpuSteps(Communicator& comm, const Problem& problem, const AttentionOptions& options, CpuPlan::Buffers& buffers,
            const LayoutView& layout, Timings* timings)
-      : comm_(comm), p_(problem), options_(options), b_(buffers), layout_(layout), timings_(timings) {}
+      : comm_(comm), p_(problem), options_(options), b_(buffers), layout_(layout), clock_(timings) {}
 
   // Everything runs in program order on the calling thread: one lane.
   void fork() {}
@@ -78,17 +90,12 @@ class CpuSteps {
   void signal(detail::Ready) {}
   void await(detail::Ready) {}
 
-  void phase(Phase next) {
-    const Clock::time_point now = Clock::now();
-    if (timings_ && current_ != Phase::kCount) (*timings_)[current_] += std::chrono::duration<double>(now - start_).count();
-    current_ = next;
-    start_ = now;
-  }
+  void phase(Phase next) { clock_.phase(next); }
 
   void build_table() {
-    table_ = build_cp_segment_table(layout_, p_.cp, comm_.rank(), p_.mask);
+    table_ = build_cp_segment_table(layout_, p_.cp, comm_.rank(), p_.mask, p_.layout);
     maps_.clear();
-    for (int r = 0; r < p_.cp; ++r) maps_.push_back(rank_row_map(layout_, p_.cp, r));
+    for (int r = 0; r < p_.cp; ++r) maps_.push_back(rank_row_map(layout_, p_.cp, r, p_.layout));
   }
 
   // `local`: this rank's K or V, any view; a strided one is packed into dense rows first.
@@ -200,13 +207,11 @@ class CpuSteps {
   const AttentionOptions& options_;
   CpuPlan::Buffers& b_;
   LayoutView layout_;
-  Timings* timings_;
+  detail::PhaseClock clock_;
   SegmentTable table_;
   std::vector<std::vector<int32_t>> maps_;
   const float* sinks_ = nullptr;
   float* dsinks_ = nullptr;
-  Phase current_ = Phase::kCount;
-  Clock::time_point start_;
 };
 
 void check_layout(const LayoutView& layout, const Problem& p) {
@@ -215,7 +220,7 @@ void check_layout(const LayoutView& layout, const Problem& p) {
   THDCP_CHECK(layout.num_seqs <= p.capacity.max_seqs,
               "the layout has " << layout.num_seqs << " sequences but the plan's capacity is max_seqs="
                                 << p.capacity.max_seqs);
-  validate_layout(layout, p.capacity.max_tokens, p.cp);
+  validate_cp_layout(layout, p.capacity.max_tokens, p.cp, p.layout);
 }
 
 // What a CPU step checks besides every plan's checks (shapes, dtypes, strides, overlap:
@@ -254,6 +259,7 @@ CpuPlan::CpuPlan(Communicator& comm, const Problem& problem, const AttentionOpti
       [&](const void* send, void* recv, size_t bytes) { comm.all_gather(send, recv, bytes); });
 
   buffers_ = std::make_shared<Buffers>();
+  if (problem.comm == CpComm::kAllToAll) return;  // its buffers grow on first use
   for (int i = 0; i < 2; ++i) {
     const size_t bytes = slot_elements(problem, i) * dtype_size(problem.dtype);
     buffers_->gathered[i].resize(bytes);
@@ -264,6 +270,10 @@ CpuPlan::CpuPlan(Communicator& comm, const Problem& problem, const AttentionOpti
 void CpuPlan::forward(const LayoutView& layout, const ForwardTensors& tensors, Timings* timings) {
   check_layout(layout, problem_);
   detail::check_forward_tensors(problem_, tensors);
+  if (problem_.comm == CpComm::kAllToAll) {
+    detail::all_to_all_forward(comm_, problem_, options_, buffers_->all_to_all, layout, tensors, timings);
+    return;
+  }
   CpuSteps steps(comm_, problem_, options_, *buffers_, layout, timings);
   steps.use_sinks(tensors.sinks, nullptr);
   detail::run_forward(steps, tensors);
@@ -272,6 +282,10 @@ void CpuPlan::forward(const LayoutView& layout, const ForwardTensors& tensors, T
 void CpuPlan::backward(const LayoutView& layout, const BackwardTensors& tensors, Timings* timings) {
   check_layout(layout, problem_);
   check_cpu_backward(problem_, tensors);
+  if (problem_.comm == CpComm::kAllToAll) {
+    detail::all_to_all_backward(comm_, problem_, options_, buffers_->all_to_all, layout, tensors, timings);
+    return;
+  }
   // The fp32 gradient buffers are the largest; only a backward needs them.
   for (int i = 0; i < 2; ++i) {
     const size_t kv_elements = slot_elements(problem_, i);

@@ -394,6 +394,10 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
   agree_on_device(comm, problem, options, [&] {
     THDCP_CHECK(problem.cp == comm.size(),
                 "problem.cp=" << problem.cp << " but the communicator has " << comm.size() << " ranks");
+    THDCP_CHECK(problem.layout == CpLayout::kDualChunk && problem.comm == CpComm::kAllGather,
+                "layout=" << cp_layout_name(problem.layout) << " comm=" << cp_comm_name(problem.comm)
+                          << ": the CUDA backend runs layout=dual_chunk, comm=all_gather; the CPU backend "
+                             "(cp::CpuPlan) runs every mode");
     const size_t needed = cuda_workspace_size(problem, options);
     THDCP_CHECK(workspace_bytes >= needed,
                 "workspace has " << workspace_bytes << " bytes; cuda_workspace_size gives " << needed);

@@ -6,6 +6,7 @@
 
 #include "thdcp/core/error.h"
 #include "thdcp/core/overlap.h"
+#include "thdcp/plan/rank_split.h"
 
 namespace thdcp::cpu {
 
@@ -39,7 +40,7 @@ void check_view(const ThdTensor& x) {
 }
 
 void rotate(const LayoutView& layout, int cp, int rank, const RopeConfig& config, ThdTensor x,
-            const int32_t* start_offsets, const RopeTable& table, float sin_sign) {
+            const int32_t* start_offsets, const RopeTable& table, CpLayout cp_layout, float sin_sign) {
   THDCP_CHECK(cp >= 1, "cp=" << cp << " must be >= 1 (1 means no context parallelism)");
   THDCP_CHECK(rank >= 0 && rank < cp, "rank=" << rank << " must be in [0, cp=" << cp << ")");
   THDCP_CHECK(layout.num_seqs >= 1 && layout.cu_seqlens != nullptr && layout.cu_seqlens_padded != nullptr,
@@ -51,7 +52,11 @@ void rotate(const LayoutView& layout, int cp, int rank, const RopeConfig& config
               "x has " << x.tokens << " rows but rank " << rank << " of cp=" << cp << " holds "
                        << layout.total_rows() << "/" << cp << " rows of the layout (cu_seqlens_padded["
                        << layout.num_seqs << "]=" << layout.total_rows() << "): pass the rank's local tensor");
-  validate_layout(layout, layout.total_rows(), cp == 1 ? 0 : cp);
+  if (cp == 1) {
+    validate_layout(layout, layout.total_rows(), 0);  // one rank holds the rows as they are, any padding
+  } else {
+    validate_cp_layout(layout, layout.total_rows(), cp, cp_layout);
+  }
   validate_rope_table(table);
 
   const int64_t rotary_dim = rope_rotary_dim(config, x.head_dim);
@@ -59,9 +64,9 @@ void rotate(const LayoutView& layout, int cp, int rank, const RopeConfig& config
   std::vector<int64_t> positions(static_cast<size_t>(x.tokens));
   for (int64_t row = 0; row < x.tokens; ++row) {
     const int64_t position = rope_position(layout.cu_seqlens, layout.cu_seqlens_padded, layout.num_seqs, cp, rank,
-                                           row, start_offsets);
+                                           row, start_offsets, cp_layout);
     if (table.present()) {
-      const int b = dual_chunk_row(layout.cu_seqlens_padded, layout.num_seqs, cp, rank, row).sequence;
+      const int b = cp_layout_row(cp_layout, layout.cu_seqlens_padded, layout.num_seqs, cp, rank, row).sequence;
       THDCP_CHECK(position >= 0 && position < table.rows,
                   "local row " << row << " of rank " << rank << " (sequence " << b << ", start_offsets[" << b
                                << "]=" << (start_offsets ? start_offsets[b] : 0) << ") has position " << position
@@ -103,13 +108,13 @@ void rotate(const LayoutView& layout, int cp, int rank, const RopeConfig& config
 }  // namespace
 
 void rope_forward(const LayoutView& layout, int cp, int rank, const RopeConfig& config, ThdTensor x,
-                  const int32_t* start_offsets, const RopeTable& table) {
-  rotate(layout, cp, rank, config, x, start_offsets, table, 1.0f);
+                  const int32_t* start_offsets, const RopeTable& table, CpLayout cp_layout) {
+  rotate(layout, cp, rank, config, x, start_offsets, table, cp_layout, 1.0f);
 }
 
 void rope_backward(const LayoutView& layout, int cp, int rank, const RopeConfig& config, ThdTensor x,
-                   const int32_t* start_offsets, const RopeTable& table) {
-  rotate(layout, cp, rank, config, x, start_offsets, table, -1.0f);
+                   const int32_t* start_offsets, const RopeTable& table, CpLayout cp_layout) {
+  rotate(layout, cp, rank, config, x, start_offsets, table, cp_layout, -1.0f);
 }
 
 void rope_table(const RopeConfig& config, int64_t head_dim, int64_t rows, float* cos, float* sin) {

@@ -49,6 +49,17 @@ BatchLayout make_layout(const std::vector<int64_t>& lengths, int cp) {
   return layout;
 }
 
+BatchLayout make_contiguous_layout(const std::vector<int64_t>& lengths, int cp) {
+  check_cp(cp, "make_contiguous_layout");
+  THDCP_CHECK(!lengths.empty(), "make_contiguous_layout needs at least one length (the last one absorbs the padding)");
+  BatchLayout layout = make_layout(lengths, 1);
+  layout.cu_seqlens_padded = layout.cu_seqlens;
+  const int64_t rows = (static_cast<int64_t>(layout.cu_seqlens.back()) + cp - 1) / cp * cp;
+  THDCP_CHECK(rows <= kInt32Max, "the batch has " << rows << " rows, more than int32 offsets hold (2^31-1)");
+  layout.cu_seqlens_padded.back() = static_cast<int32_t>(rows);
+  return layout;
+}
+
 BatchLayout make_layout(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity) {
   check_cp(cp, "make_layout");
   const int64_t align = 2 * static_cast<int64_t>(cp);

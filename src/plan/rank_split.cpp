@@ -7,11 +7,31 @@
 
 namespace thdcp {
 
-std::vector<int32_t> rank_row_map(const LayoutView& layout, int cp, int rank) {
+void validate_cp_layout(const LayoutView& layout, int64_t total_rows, int cp, CpLayout cp_layout) {
+  THDCP_CHECK(cp >= 1, "cp=" << cp << " must be >= 1");
+  THDCP_CHECK(cp_layout == CpLayout::kDualChunk || cp_layout == CpLayout::kContiguous,
+              "CpLayout " << static_cast<int>(cp_layout) << " is not a layout: use kDualChunk or kContiguous");
+  if (cp_layout == CpLayout::kDualChunk) {
+    validate_layout(layout, total_rows, cp);
+    return;
+  }
+  validate_layout(layout, total_rows, 0);
+  THDCP_CHECK(total_rows % cp == 0, "the batch has " << total_rows << " rows, not a multiple of cp=" << cp
+                                                     << ": the contiguous layout cuts the rows into cp equal "
+                                                        "pieces; pad the last sequence to a multiple of cp rows");
+}
+
+std::vector<int32_t> rank_row_map(const LayoutView& layout, int cp, int rank, CpLayout cp_layout) {
   THDCP_CHECK(cp >= 1, "cp=" << cp << " must be >= 1");
   THDCP_CHECK(rank >= 0 && rank < cp, "rank=" << rank << " must be in [0, cp=" << cp << ")");
-  validate_layout(layout, layout.total_rows(), cp);
+  validate_cp_layout(layout, layout.total_rows(), cp, cp_layout);
   std::vector<int32_t> map(static_cast<size_t>(layout.total_rows() / cp));
+  if (cp_layout == CpLayout::kContiguous) {
+    for (size_t j = 0; j < map.size(); ++j) {
+      map[j] = static_cast<int32_t>(contiguous_global_row(layout.total_rows(), cp, rank, static_cast<int64_t>(j)));
+    }
+    return map;
+  }
   for (int b = 0; b < layout.num_seqs; ++b) {
     const int64_t start = layout.padded_start(b);
     const int64_t chunk_rows = dual_chunk_rows(layout.padded_length(b), cp);
@@ -40,13 +60,13 @@ void scatter_rows(const void* src, void* dst, const std::vector<int32_t>& map, s
 }
 
 void split_for_rank(const void* global, void* local, size_t row_bytes, const LayoutView& layout, int cp,
-                    int rank) {
-  gather_rows(global, local, rank_row_map(layout, cp, rank), row_bytes);
+                    int rank, CpLayout cp_layout) {
+  gather_rows(global, local, rank_row_map(layout, cp, rank, cp_layout), row_bytes);
 }
 
 void merge_from_rank(const void* local, void* global, size_t row_bytes, const LayoutView& layout, int cp,
-                     int rank) {
-  scatter_rows(local, global, rank_row_map(layout, cp, rank), row_bytes);
+                     int rank, CpLayout cp_layout) {
+  scatter_rows(local, global, rank_row_map(layout, cp, rank, cp_layout), row_bytes);
 }
 
 }  // namespace thdcp

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "thdcp/core/error.h"
+#include "thdcp/plan/rank_split.h"
 
 namespace thdcp {
 
@@ -28,15 +29,25 @@ SegmentTable build_segment_table(const LayoutView& layout, const Mask& mask) {
   return table;
 }
 
-SegmentTable build_cp_segment_table(const LayoutView& layout, int cp, int rank, const Mask& mask) {
+SegmentTable build_cp_segment_table(const LayoutView& layout, int cp, int rank, const Mask& mask,
+                                    CpLayout cp_layout) {
   check_mask(mask);
   THDCP_CHECK(cp >= 1, "cp=" << cp << " must be >= 1");
   THDCP_CHECK(rank >= 0 && rank < cp, "rank=" << rank << " must be in [0, cp=" << cp << ")");
-  validate_layout(layout, layout.total_rows(), cp);
+  validate_cp_layout(layout, layout.total_rows(), cp, cp_layout);
   SegmentTable table;
   table.mask = mask;
   table.q_rows = layout.total_rows() / cp;
   table.k_rows = layout.total_rows();
+  if (cp_layout == CpLayout::kContiguous) {
+    const int64_t rank_begin = contiguous_global_row(layout.total_rows(), cp, rank, 0);
+    table.segments.reserve(static_cast<size_t>(layout.num_seqs));
+    for (int b = 0; b < layout.num_seqs; ++b) {
+      table.segments.push_back(contiguous_segment(layout.padded_start(b), layout.padded_length(b), layout.length(b),
+                                                  rank_begin, rank_begin + table.q_rows, mask));
+    }
+    return table;
+  }
   table.segments.reserve(2 * static_cast<size_t>(layout.num_seqs));
   for (int b = 0; b < layout.num_seqs; ++b) {
     for (int slot = 0; slot < 2; ++slot) {

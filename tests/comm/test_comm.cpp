@@ -14,7 +14,7 @@ namespace {
 
 TEST(InProcessComm, Collectives) {
   const int size = 4;
-  std::vector<std::vector<float>> gathered(size), scattered(size), maxima(size);
+  std::vector<std::vector<float>> gathered(size), scattered(size), maxima(size), exchanged(size);
   run_in_process(size, [&](Communicator& comm) {
     const int r = comm.rank();
     EXPECT_EQ(comm.size(), size);
@@ -33,12 +33,24 @@ TEST(InProcessComm, Collectives) {
     std::vector<float> m = {static_cast<float>(r), static_cast<float>(-r), r == 2 ? 100.0f : -1.0f};
     comm.all_reduce_max(m.data(), m.size());
     maxima[r] = m;
+    // Rank r sends 100 * r + b, 100 * r + b + 0.5 to rank b.
+    std::vector<float> outgoing(2 * size), incoming(2 * size);
+    for (int b = 0; b < size; ++b) {
+      outgoing[2 * b] = static_cast<float>(100 * r + b);
+      outgoing[2 * b + 1] = static_cast<float>(100 * r + b) + 0.5f;
+    }
+    comm.all_to_all(outgoing.data(), incoming.data(), 2 * sizeof(float));
+    exchanged[r] = incoming;
   });
   for (int r = 0; r < size; ++r) {
     EXPECT_EQ(gathered[r], (std::vector<float>{0, 0, 1, 10, 2, 20, 3, 30}));
     const float rank_sum = 1 + 2 + 3 + 4;
     EXPECT_EQ(scattered[r], (std::vector<float>{rank_sum * (r + 1), rank_sum * (r + 2), rank_sum * (r + 3)}));
     EXPECT_EQ(maxima[r], (std::vector<float>{3, 0, 100}));
+    for (int from = 0; from < size; ++from) {
+      EXPECT_EQ(exchanged[r][2 * from], static_cast<float>(100 * from + r));
+      EXPECT_EQ(exchanged[r][2 * from + 1], static_cast<float>(100 * from + r) + 0.5f);
+    }
   }
 }
 

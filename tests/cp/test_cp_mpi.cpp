@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 #include <tuple>
 
 #include "support/cp_check.h"
@@ -42,6 +44,32 @@ INSTANTIATE_TEST_SUITE_P(Matrix, CpOverMpi,
                                   std::to_string(std::get<1>(param_info.param)) + "_" +
                                   dtype_name(std::get<2>(param_info.param));
                          });
+
+// The contiguous layout and all-to-all over MPI (MPI_Alltoall), with sinks: each against the
+// single device.
+TEST(CpModesOverMpi, EqualSingleDevice) {
+  Communicator& comm = world();
+  const int cp = comm.size();
+  AttentionOptions options;
+  options.num_threads = 1;
+  for (CpLayout layout : {CpLayout::kDualChunk, CpLayout::kContiguous}) {
+    for (cp::CpComm exchange : {cp::CpComm::kAllGather, cp::CpComm::kAllToAll}) {
+      SCOPED_TRACE(std::string(cp_layout_name(layout)) + " " + cp::cp_comm_name(exchange));
+      const std::vector<int64_t> lengths = {37, 0, 1, 2 * static_cast<int64_t>(cp) + 1, 150};
+      const BatchLayout batch_layout =
+          layout == CpLayout::kDualChunk ? make_layout(lengths, cp) : make_contiguous_layout(lengths, cp);
+      const test::Batch b = test::make_batch(batch_layout, DType::kFloat32, 4 * cp, cp, 16, 91);
+      const std::vector<float> sinks(static_cast<size_t>(4 * cp), 0.5f);
+      std::vector<float> reference_dsinks;
+      const test::Outputs reference = test::single_device(b, Mask::window(40, 0), options, sinks, reference_dsinks);
+      cp::Problem problem = test::cp_problem(cp, Capacity{batch_layout.num_seqs(), batch_layout.total_rows()},
+                                             test::batch_shape(b, Mask::window(40, 0)));
+      problem.layout = layout;
+      problem.comm = exchange;
+      EXPECT_TRUE(test::check_cp_plan_rank(comm, b, problem, reference, options, sinks, reference_dsinks));
+    }
+  }
+}
 
 TEST(CpOverMpiErrors, OneBadRankMakesEveryRankThrow) {
   Communicator& comm = world();

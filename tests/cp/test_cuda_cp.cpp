@@ -414,6 +414,23 @@ TEST_F(CudaCpFaults, BadPlanArgumentsAreRefusedOnEveryRank) {
   });
   EXPECT_NE(messages[1].find("workspace"), std::string::npos) << messages[1];
   EXPECT_NE(messages[0].find("rank 1: "), std::string::npos) << messages[0];
+  // A CP mode this backend does not run (the CPU backend runs every mode).
+  for (bool contiguous : {true, false}) {
+    const std::vector<std::string> refused = errors_of_two_ranks([&](DeviceCommunicator& comm) {
+      cp::Problem p = small_problem(2);
+      if (contiguous) {
+        p.layout = CpLayout::kContiguous;
+      } else {
+        p.comm = cp::CpComm::kAllToAll;
+      }
+      const size_t bytes = cp::cuda_workspace_size(p);
+      test::DeviceBuffer device(bytes);
+      cp::CudaPlan plan(comm, p, AttentionOptions{}, device.data(), bytes);
+    });
+    for (const std::string& message : refused) {
+      EXPECT_NE(message.find("the CUDA backend runs layout=dual_chunk, comm=all_gather"), std::string::npos) << message;
+    }
+  }
 }
 
 // Tensors in host memory (or on another device) are refused at plan time, on every rank.

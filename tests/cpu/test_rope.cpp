@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "support/expect_error.h"
@@ -242,31 +243,40 @@ TEST(CpuRope, HeadMajorAndInterleavedViewsEqualContiguousTensors) {
   }
 }
 
+void expect_ranks_equal_the_split(const BatchLayout& layout, int cp, CpLayout cp_layout) {
+  const std::vector<int32_t> offsets = test_offsets(layout.num_seqs());
+  for (RopeLayout pairs : {RopeLayout::kInterleaved, RopeLayout::kHalfSplit}) {
+    const RopeConfig config{pairs, 0, 10000.0f};
+    const HostTensor input = random_tensor(DType::kBFloat16, layout.total_rows(), 2, 16, 100 + cp);
+    HostTensor global = copy_of(input);
+    cpu::rope_forward(layout.view(), 1, 0, config, global.view(), offsets.data());
+    for (int rank = 0; rank < cp; ++rank) {
+      HostTensor local(DType::kBFloat16, layout.total_rows() / cp, 2, 16), expected = copy_of(local);
+      split_for_rank(input.data(), local.data(), input.row_bytes(), layout.view(), cp, rank, cp_layout);
+      split_for_rank(global.data(), expected.data(), global.row_bytes(), layout.view(), cp, rank, cp_layout);
+      cpu::rope_forward(layout.view(), cp, rank, config, local.view(), offsets.data(), {}, cp_layout);
+      EXPECT_TRUE(same_bits(local, expected)) << "rank " << rank;
+    }
+    // Rows of empty sequences (placeholders and the slack at the end) keep their values.
+    for (int b = 0; b < layout.num_seqs(); ++b) {
+      if (layout.cu_seqlens[b + 1] != layout.cu_seqlens[b]) continue;
+      for (int64_t row = layout.cu_seqlens_padded[b]; row < layout.cu_seqlens_padded[b + 1]; ++row) {
+        for (int64_t e = 0; e < 32; ++e) ASSERT_EQ(global.get(row * 32 + e), input.get(row * 32 + e)) << row;
+      }
+    }
+  }
+}
+
 // Every rank's rotation of its local rows equals its rows of the single-device rotation of
-// the whole batch, bit for bit; rows of empty sequences stay as they were.
+// the whole batch, bit for bit, under either CP layout (a contiguous piece may start inside a
+// document); rows of empty sequences stay as they were.
 TEST(CpuRope, RanksEqualTheSplitOfTheSingleDeviceResult) {
   for (int cp : {1, 2, 3, 4}) {
-    const BatchLayout layout = test_layout(cp);
-    const std::vector<int32_t> offsets = test_offsets(layout.num_seqs());
-    for (RopeLayout pairs : {RopeLayout::kInterleaved, RopeLayout::kHalfSplit}) {
-      const RopeConfig config{pairs, 0, 10000.0f};
-      const HostTensor input = random_tensor(DType::kBFloat16, layout.total_rows(), 2, 16, 100 + cp);
-      HostTensor global = copy_of(input);
-      cpu::rope_forward(layout.view(), 1, 0, config, global.view(), offsets.data());
-      for (int rank = 0; rank < cp; ++rank) {
-        HostTensor local(DType::kBFloat16, layout.total_rows() / cp, 2, 16), expected = copy_of(local);
-        split_for_rank(input.data(), local.data(), input.row_bytes(), layout.view(), cp, rank);
-        split_for_rank(global.data(), expected.data(), global.row_bytes(), layout.view(), cp, rank);
-        cpu::rope_forward(layout.view(), cp, rank, config, local.view(), offsets.data());
-        EXPECT_TRUE(same_bits(local, expected)) << "cp " << cp << " rank " << rank;
-      }
-      // Rows of empty sequences (placeholders and the slack at the end) keep their values.
-      for (int b = 0; b < layout.num_seqs(); ++b) {
-        if (layout.cu_seqlens[b + 1] != layout.cu_seqlens[b]) continue;
-        for (int64_t row = layout.cu_seqlens_padded[b]; row < layout.cu_seqlens_padded[b + 1]; ++row) {
-          for (int64_t e = 0; e < 32; ++e) ASSERT_EQ(global.get(row * 32 + e), input.get(row * 32 + e)) << row;
-        }
-      }
+    for (CpLayout cp_layout : {CpLayout::kDualChunk, CpLayout::kContiguous}) {
+      SCOPED_TRACE("cp " + std::to_string(cp) + " " + cp_layout_name(cp_layout));
+      const BatchLayout layout =
+          cp_layout == CpLayout::kDualChunk ? test_layout(cp) : make_contiguous_layout({13, 0, 1, 40, 7, 0}, cp);
+      expect_ranks_equal_the_split(layout, cp, cp_layout);
     }
   }
 }

@@ -190,8 +190,10 @@ struct RankSetup {
   // The CPU reference, in place on host buffers laid out as the device ones.
   void reference(QkBuffers& b, bool backward) const {
     const auto rotate = backward ? cpu::rope_backward : cpu::rope_forward;
-    rotate(layout.view(), c.cp, rank, rope_config(), b.q(false), host_offsets(), host_table());
-    if (c.kv_heads > 0) rotate(layout.view(), c.cp, rank, rope_config(), b.k(false), host_offsets(), host_table());
+    rotate(layout.view(), c.cp, rank, rope_config(), b.q(false), host_offsets(), host_table(), CpLayout::kDualChunk);
+    if (c.kv_heads > 0) {
+      rotate(layout.view(), c.cp, rank, rope_config(), b.k(false), host_offsets(), host_table(), CpLayout::kDualChunk);
+    }
   }
 };
 

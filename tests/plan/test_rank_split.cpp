@@ -34,6 +34,37 @@ TEST(Dispatch, SplitThenMergeRestoresTheTensor) {
   }
 }
 
+// Contiguous: rank r holds rows [r T/cp, (r+1) T/cp); split then merge restores the tensor,
+// and a layout whose rows are not a multiple of cp is refused, naming the rule.
+TEST(Dispatch, ContiguousPiecesAreInOrder) {
+  Rng rng(12);
+  for (int cp = 1; cp <= 8; ++cp) {
+    const BatchLayout layout = make_contiguous_layout(test::random_lengths(rng, 7, 40), cp);
+    const int64_t local_rows = layout.total_rows() / cp;
+    ASSERT_EQ(layout.total_rows() % cp, 0);
+    HostTensor global(DType::kFloat32, layout.total_rows(), 2, 4);
+    fill_normal(global, 200 + cp);
+    HostTensor merged(DType::kFloat32, layout.total_rows(), 2, 4);
+    for (int rank = 0; rank < cp; ++rank) {
+      HostTensor local(DType::kFloat32, local_rows, 2, 4);
+      split_for_rank(global.data(), local.data(), global.row_bytes(), layout.view(), cp, rank, CpLayout::kContiguous);
+      ASSERT_EQ(0, std::memcmp(local.data(), static_cast<const char*>(global.data()) + rank * local_rows * global.row_bytes(),
+                               local_rows * global.row_bytes()));
+      merge_from_rank(local.data(), merged.data(), global.row_bytes(), layout.view(), cp, rank, CpLayout::kContiguous);
+    }
+    EXPECT_EQ(0, std::memcmp(global.data(), merged.data(), global.numel() * dtype_size(global.dtype())));
+  }
+  BatchLayout odd;
+  odd.cu_seqlens = {0, 3, 8};
+  odd.cu_seqlens_padded = {0, 3, 9};
+  try {
+    rank_row_map(odd.view(), 2, 0, CpLayout::kContiguous);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("9 rows, not a multiple of cp=2"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Dispatch, RejectsBadRank) {
   const BatchLayout layout = make_layout({5, 3}, 2);
   try {

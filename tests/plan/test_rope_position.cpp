@@ -15,11 +15,12 @@
 namespace thdcp {
 namespace {
 
-std::vector<int64_t> positions_of(const BatchLayout& layout, int cp, int rank, const int32_t* offsets = nullptr) {
+std::vector<int64_t> positions_of(const BatchLayout& layout, int cp, int rank, const int32_t* offsets = nullptr,
+                                  CpLayout cp_layout = CpLayout::kDualChunk) {
   std::vector<int64_t> positions;
   for (int64_t row = 0; row < layout.total_rows() / cp; ++row) {
     positions.push_back(rope_position(layout.cu_seqlens.data(), layout.cu_seqlens_padded.data(), layout.num_seqs(),
-                                      cp, rank, row, offsets));
+                                      cp, rank, row, offsets, cp_layout));
   }
   return positions;
 }
@@ -41,6 +42,20 @@ TEST(RopePosition, SingleDeviceAcceptsAnyPadding) {
   layout.cu_seqlens = {0, 3, 8};
   layout.cu_seqlens_padded = {0, 3, 8};
   EXPECT_EQ(positions_of(layout, 1, 0), (std::vector<int64_t>{0, 1, 2, 0, 1, 2, 3, 4}));
+}
+
+TEST(RopePosition, ContiguousPiecesKeepTheirDocumentPositions) {
+  // Lengths 5, 0, 4 with no padding but the last document's (9 rows -> 12 for cp 4): rank 1
+  // holds document 0's last two rows and document 2's first; rank 3 document 2's padding
+  // rows, which keep their positions.
+  const BatchLayout layout = make_contiguous_layout({5, 0, 4}, 4);
+  ASSERT_EQ(layout.cu_seqlens_padded, (std::vector<int32_t>{0, 5, 5, 12}));
+  const std::vector<std::vector<int64_t>> want = {{0, 1, 2}, {3, 4, 0}, {1, 2, 3}, {4, 5, 6}};
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(positions_of(layout, 4, rank, nullptr, CpLayout::kContiguous), want[static_cast<size_t>(rank)]);
+  }
+  const std::vector<int32_t> offsets = {100, 7, 1000};
+  EXPECT_EQ(positions_of(layout, 4, 1, offsets.data(), CpLayout::kContiguous), (std::vector<int64_t>{103, 104, 1000}));
 }
 
 TEST(RopePosition, TwoRanks) {

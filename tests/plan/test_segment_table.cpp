@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "support/random_batch.h"
@@ -57,34 +58,39 @@ TEST_P(SegmentTablePairs, SingleDeviceAndEveryCpSizeMatchTheMask) {
   const Mask mask = GetParam();
   Rng rng(static_cast<uint64_t>(mask.window_left * 7919 + mask.window_right + 17));
   for (int cp = 1; cp <= 8; ++cp) {
-    const BatchLayout layout = make_layout(test_lengths(rng, cp), cp);
-    const LayoutView view = layout.view();
-    const int64_t rows = layout.total_rows();
-    const std::vector<int64_t> expected = global_pairs(view, mask);
+    for (CpLayout cp_layout : {CpLayout::kDualChunk, CpLayout::kContiguous}) {
+      const std::vector<int64_t> lengths = test_lengths(rng, cp);
+      const BatchLayout layout =
+          cp_layout == CpLayout::kDualChunk ? make_layout(lengths, cp) : make_contiguous_layout(lengths, cp);
+      const LayoutView view = layout.view();
+      const int64_t rows = layout.total_rows();
+      const std::vector<int64_t> expected = global_pairs(view, mask);
 
-    std::vector<int32_t> identity(static_cast<size_t>(rows));
-    for (int64_t i = 0; i < rows; ++i) identity[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-    std::vector<int64_t> single;
-    const SegmentTable single_table = build_segment_table(view, mask);
-    table_pairs_into(single_table, identity, rows, single);
-    std::sort(single.begin(), single.end());
-    EXPECT_EQ(single, expected) << "single device, " << test::mask_label(mask);
-    EXPECT_EQ(table_pairs(single_table), static_cast<int64_t>(expected.size()));
+      std::vector<int32_t> identity(static_cast<size_t>(rows));
+      for (int64_t i = 0; i < rows; ++i) identity[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      std::vector<int64_t> single;
+      const SegmentTable single_table = build_segment_table(view, mask);
+      table_pairs_into(single_table, identity, rows, single);
+      std::sort(single.begin(), single.end());
+      EXPECT_EQ(single, expected) << "single device, " << test::mask_label(mask);
+      EXPECT_EQ(table_pairs(single_table), static_cast<int64_t>(expected.size()));
 
-    std::vector<int64_t> union_of_ranks;
-    int64_t counted = 0;
-    for (int rank = 0; rank < cp; ++rank) {
-      const SegmentTable table = build_cp_segment_table(view, cp, rank, mask);
-      EXPECT_EQ(table.q_rows, rows / cp);
-      EXPECT_EQ(table.k_rows, rows);
-      validate_segment_table(table);
-      table_pairs_into(table, rank_row_map(view, cp, rank), rows, union_of_ranks);
-      counted += table_pairs(table);
+      std::vector<int64_t> union_of_ranks;
+      int64_t counted = 0;
+      for (int rank = 0; rank < cp; ++rank) {
+        const SegmentTable table = build_cp_segment_table(view, cp, rank, mask, cp_layout);
+        EXPECT_EQ(table.q_rows, rows / cp);
+        EXPECT_EQ(table.k_rows, rows);
+        validate_segment_table(table);
+        table_pairs_into(table, rank_row_map(view, cp, rank, cp_layout), rows, union_of_ranks);
+        counted += table_pairs(table);
+      }
+      std::sort(union_of_ranks.begin(), union_of_ranks.end());
+      // Equality of sorted lists also shows no pair is produced by two ranks.
+      EXPECT_EQ(union_of_ranks, expected) << "cp " << cp << ", " << cp_layout_name(cp_layout) << ", "
+                                          << test::mask_label(mask);
+      EXPECT_EQ(counted, static_cast<int64_t>(expected.size()));
     }
-    std::sort(union_of_ranks.begin(), union_of_ranks.end());
-    // Equality of sorted lists also shows no pair is produced by two ranks.
-    EXPECT_EQ(union_of_ranks, expected) << "cp " << cp << ", " << test::mask_label(mask);
-    EXPECT_EQ(counted, static_cast<int64_t>(expected.size()));
   }
 }
 
@@ -154,16 +160,41 @@ TEST(SegmentPairs, LongestSegmentMatchesTheTextbookCounts) {
 
 TEST(SegmentTable, CpQueryBlocksTileTheLocalTensor) {
   // With q_span, the segments of a rank cover every local row exactly once, so a kernel
-  // that writes its segments writes every row (padding included).
-  const BatchLayout layout = make_layout({13, 0, 5, 64}, 4, Capacity{6, 160});
-  for (int rank = 0; rank < 4; ++rank) {
-    const SegmentTable table = build_cp_segment_table(layout.view(), 4, rank, Mask::causal());
-    std::vector<int> covered(static_cast<size_t>(table.q_rows), 0);
-    for (const Segment& s : table.segments) {
-      for (int64_t r = s.q_row; r < s.q_row + s.q_span; ++r) ++covered[static_cast<size_t>(r)];
+  // that writes its segments writes every row (padding included), under either layout.
+  const BatchLayout dual = make_layout({13, 0, 5, 64}, 4, Capacity{6, 160});
+  const BatchLayout contiguous = make_contiguous_layout({13, 0, 5, 1, 64, 2}, 4);
+  for (const auto& [layout, cp_layout] : {std::make_pair(&dual, CpLayout::kDualChunk),
+                                          std::make_pair(&contiguous, CpLayout::kContiguous)}) {
+    for (int rank = 0; rank < 4; ++rank) {
+      const SegmentTable table = build_cp_segment_table(layout->view(), 4, rank, Mask::causal(), cp_layout);
+      std::vector<int> covered(static_cast<size_t>(table.q_rows), 0);
+      for (const Segment& s : table.segments) {
+        for (int64_t r = s.q_row; r < s.q_row + s.q_span; ++r) ++covered[static_cast<size_t>(r)];
+      }
+      for (int c : covered) EXPECT_EQ(c, 1) << cp_layout_name(cp_layout) << " rank " << rank;
     }
-    for (int c : covered) EXPECT_EQ(c, 1);
   }
+}
+
+// A contiguous split cuts a document across ranks: the second rank's piece starts at its
+// position within the document, and a window reaches back into the first rank's rows.
+TEST(SegmentTable, ContiguousPiecesKeepTheirPositions) {
+  const BatchLayout layout = make_contiguous_layout({10, 7}, 2);  // 17 rows padded to 18
+  ASSERT_EQ(layout.cu_seqlens_padded, (std::vector<int32_t>{0, 10, 18}));
+  const SegmentTable table = build_cp_segment_table(layout.view(), 2, 1, Mask::window(4, 0), CpLayout::kContiguous);
+  ASSERT_EQ(table.segments.size(), 2u);
+  const Segment& tail = table.segments[0];  // rows 9..9 of document 0
+  EXPECT_EQ(tail.q_row, 0);
+  EXPECT_EQ(tail.q_pos, 9);
+  EXPECT_EQ(tail.q_len, 1);
+  EXPECT_EQ(tail.k_pos, 5);
+  EXPECT_EQ(tail.k_len, 5);
+  const Segment& second = table.segments[1];  // document 1: 7 valid rows and 1 of padding
+  EXPECT_EQ(second.q_row, 1);
+  EXPECT_EQ(second.q_pos, 0);
+  EXPECT_EQ(second.q_len, 7);
+  EXPECT_EQ(second.q_span, 8);
+  EXPECT_EQ(second.k_row, 10);
 }
 
 TEST(SegmentTable, KeyRangeIsRestrictedToTheWindow) {

@@ -30,32 +30,57 @@ Outputs single_device(const Batch& b, const Mask& mask, const AttentionOptions& 
   return r;
 }
 
-HostTensor local_part(const HostTensor& global, const LayoutView& layout, int cp, int rank) {
+HostTensor local_part(const HostTensor& global, const LayoutView& layout, int cp, int rank, CpLayout cp_layout) {
   HostTensor local(global.dtype(), global.tokens() / cp, global.heads(), global.head_dim());
-  split_for_rank(global.data(), local.data(), global.row_bytes(), layout, cp, rank);
+  split_for_rank(global.data(), local.data(), global.row_bytes(), layout, cp, rank, cp_layout);
   return local;
 }
 
 std::vector<float> local_lse(const std::vector<float>& global, int64_t heads, const LayoutView& layout, int cp,
-                             int rank) {
+                             int rank, CpLayout cp_layout) {
   const int64_t rows = layout.total_rows(), local_rows = rows / cp;
   std::vector<float> local(static_cast<size_t>(heads * local_rows));
   for (int64_t h = 0; h < heads; ++h) {
-    split_for_rank(global.data() + h * rows, local.data() + h * local_rows, sizeof(float), layout, cp, rank);
+    split_for_rank(global.data() + h * rows, local.data() + h * local_rows, sizeof(float), layout, cp, rank,
+                   cp_layout);
   }
   return local;
 }
 
-Outputs local_outputs(const Outputs& global, const LayoutView& layout, int cp, int rank) {
+Outputs local_outputs(const Outputs& global, const LayoutView& layout, int cp, int rank, CpLayout cp_layout) {
   Outputs local;
-  local.out = local_part(global.out, layout, cp, rank);
-  local.dq = local_part(global.dq, layout, cp, rank);
-  local.dk = local_part(global.dk, layout, cp, rank);
-  local.dv = local_part(global.dv, layout, cp, rank);
-  local.lse = local_lse(global.lse, global.out.heads(), layout, cp, rank);
+  local.out = local_part(global.out, layout, cp, rank, cp_layout);
+  local.dq = local_part(global.dq, layout, cp, rank, cp_layout);
+  local.dk = local_part(global.dk, layout, cp, rank, cp_layout);
+  local.dv = local_part(global.dv, layout, cp, rank, cp_layout);
+  local.lse = local_lse(global.lse, global.out.heads(), layout, cp, rank, cp_layout);
   local.max_logit = global.max_logit;
   return local;
 }
+
+namespace {
+
+// Every output of a rank's step against the reference rows it owns. Both sides use fp32
+// arithmetic and round to storage once; dK/dV may be summed in another order (per rank, then
+// across ranks).
+::testing::AssertionResult compare_rank(const Outputs& got, const Outputs& expected, DType dtype,
+                                        const AttentionOptions& options, const std::string& where) {
+  const Tolerance storage = derive_tolerance(dtype, options.accumulate, 2);
+  const Tolerance fp32 = derive_tolerance(DType::kFloat32, options.accumulate, 2);
+  for (auto [name, actual, wanted] :
+       {std::make_tuple("out", &got.out, &expected.out), std::make_tuple("dq", &got.dq, &expected.dq),
+        std::make_tuple("dk", &got.dk, &expected.dk), std::make_tuple("dv", &got.dv, &expected.dv)}) {
+    auto r = matches(name, *actual, *wanted, storage);
+    if (!r) return ::testing::AssertionFailure() << where << r.message();
+  }
+  auto r = matches("lse", got.lse, expected.lse, fp32);
+  if (!r) return ::testing::AssertionFailure() << where << r.message();
+  r = matches("max_logit", got.max_logit, expected.max_logit, fp32);
+  if (!r) return ::testing::AssertionFailure() << where << r.message();
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace
 
 ::testing::AssertionResult check_cp_rank(Communicator& comm, const Batch& b, const Mask& mask,
                                          const Outputs& reference, const AttentionOptions& options) {
@@ -69,23 +94,41 @@ Outputs local_outputs(const Outputs& global, const LayoutView& layout, int cp, i
   cp::backward(comm, layout, mask, q.view(), k.view(), v.view(), got.out.view(), dout.view(), got.lse.data(),
                got.dq.view(), got.dk.view(), got.dv.view(), options);
 
-  // Both sides use fp32 arithmetic and round to storage once; dK/dV are summed in another
-  // order (per rank, then across ranks).
-  const Tolerance storage = derive_tolerance(b.q.dtype(), options.accumulate, 2);
-  const Tolerance fp32 = derive_tolerance(DType::kFloat32, options.accumulate, 2);
   const std::string where = "cp " + std::to_string(cp) + " rank " + std::to_string(rank) + ": ";
-  const Outputs expected = local_outputs(reference, layout, cp, rank);
-  for (auto [name, actual, wanted] :
-       {std::make_tuple("out", &got.out, &expected.out), std::make_tuple("dq", &got.dq, &expected.dq),
-        std::make_tuple("dk", &got.dk, &expected.dk), std::make_tuple("dv", &got.dv, &expected.dv)}) {
-    auto r = matches(name, *actual, *wanted, storage);
-    if (!r) return ::testing::AssertionFailure() << where << r.message();
+  return compare_rank(got, local_outputs(reference, layout, cp, rank), b.q.dtype(), options, where);
+}
+
+::testing::AssertionResult check_cp_plan_rank(Communicator& comm, const Batch& b, const cp::Problem& problem,
+                                              const Outputs& reference, const AttentionOptions& options,
+                                              const std::vector<float>& sinks,
+                                              const std::vector<float>& reference_dsinks, std::vector<float>* dsinks) {
+  const LayoutView layout = b.layout.view();
+  const int cp = comm.size(), rank = comm.rank();
+  const CpLayout split = problem.layout;
+  const HostTensor q = local_part(b.q, layout, cp, rank, split), k = local_part(b.k, layout, cp, rank, split),
+                   v = local_part(b.v, layout, cp, rank, split), dout = local_part(b.dout, layout, cp, rank, split);
+  Outputs got = poisoned_outputs(b, q.tokens(), q.dtype(), k.dtype());
+  std::vector<float> got_dsinks(sinks.size(), std::numeric_limits<float>::quiet_NaN());
+  const float* sink_values = sinks.empty() ? nullptr : sinks.data();
+  cp::CpuPlan plan(comm, problem, options);
+  plan.forward(layout,
+               ForwardTensors{q.view(), k.view(), v.view(), got.out.view(), got.lse.data(), got.max_logit.data(),
+                              sink_values});
+  BackwardTensors t{q.view(),      k.view(),      v.view(),      got.out.view(), dout.view(), got.lse.data(),
+                    got.dq.view(), got.dk.view(), got.dv.view()};
+  t.sinks = sink_values;
+  t.dsinks = sinks.empty() ? nullptr : got_dsinks.data();
+  plan.backward(layout, t);
+
+  const std::string where = std::string(cp_layout_name(split)) + " " + cp::cp_comm_name(problem.comm) + " cp " +
+                            std::to_string(cp) + " rank " + std::to_string(rank) + ": ";
+  auto r = compare_rank(got, local_outputs(reference, layout, cp, rank, split), b.q.dtype(), options, where);
+  if (r && !sinks.empty()) {
+    r = matches("dsinks", got_dsinks, reference_dsinks, derive_tolerance(DType::kFloat32, options.accumulate, 2));
+    if (!r) r = ::testing::AssertionFailure() << where << r.message();
   }
-  auto r = matches("lse", got.lse, expected.lse, fp32);
-  if (!r) return ::testing::AssertionFailure() << where << r.message();
-  r = matches("max_logit", got.max_logit, expected.max_logit, fp32);
-  if (!r) return ::testing::AssertionFailure() << where << r.message();
-  return ::testing::AssertionSuccess();
+  if (dsinks) *dsinks = got_dsinks;
+  return r;
 }
 
 }  // namespace thdcp::test

@@ -26,20 +26,31 @@ Outputs single_device(const Batch& b, const Mask& mask, const AttentionOptions& 
 Outputs single_device(const Batch& b, const Mask& mask, const AttentionOptions& options,
                       const std::vector<float>& sinks, std::vector<float>& dsinks);
 
-// The rows of `global` that rank `rank` of `cp` holds (split_for_rank).
-HostTensor local_part(const HostTensor& global, const LayoutView& layout, int cp, int rank);
+// The rows of `global` that rank `rank` of `cp` holds under `cp_layout` (split_for_rank).
+HostTensor local_part(const HostTensor& global, const LayoutView& layout, int cp, int rank,
+                      CpLayout cp_layout = CpLayout::kDualChunk);
 
 // The same for lse [heads, rows]: each head's plane split on its own.
 std::vector<float> local_lse(const std::vector<float>& global, int64_t heads, const LayoutView& layout, int cp,
-                             int rank);
+                             int rank, CpLayout cp_layout = CpLayout::kDualChunk);
 
 // The rows of every output of `global` that `rank` holds (lse plane by plane; max_logit,
 // max-reduced over the group, whole).
-Outputs local_outputs(const Outputs& global, const LayoutView& layout, int cp, int rank);
+Outputs local_outputs(const Outputs& global, const LayoutView& layout, int cp, int rank,
+                      CpLayout cp_layout = CpLayout::kDualChunk);
 
 // Runs CP forward and backward on this rank and compares every output with the rows of
 // `reference` the rank owns. Outputs are poisoned with NaN first.
 ::testing::AssertionResult check_cp_rank(Communicator& comm, const Batch& b, const Mask& mask,
                                          const Outputs& reference, const AttentionOptions& options);
+
+// The same through a CpuPlan of `problem` (any layout and comm; its mask and shapes those of
+// `b`), with attention sinks when `sinks` is not empty: d(sink) into `dsinks`, compared with
+// `reference_dsinks`.
+::testing::AssertionResult check_cp_plan_rank(Communicator& comm, const Batch& b, const cp::Problem& problem,
+                                              const Outputs& reference, const AttentionOptions& options,
+                                              const std::vector<float>& sinks = {},
+                                              const std::vector<float>& reference_dsinks = {},
+                                              std::vector<float>* dsinks = nullptr);
 
 }  // namespace thdcp::test

@@ -11,7 +11,9 @@
 //  - reduce_scatter_sum: send holds size() blocks of `count` floats; rank r receives the
 //    element-wise sum over ranks of block r. The in-process implementation sums in rank
 //    order, so its result is deterministic;
-//  - all_reduce_max: element-wise max over ranks, in place.
+//  - all_reduce_max: element-wise max over ranks, in place;
+//  - all_to_all: send holds size() blocks of `bytes`, block r for rank r; recv receives
+//    size() blocks, block r from rank r (send and recv must not overlap).
 // A collective that cannot complete (another rank failed) throws thdcp::Error instead of
 // hanging.
 #pragma once
@@ -33,6 +35,7 @@ class Communicator {
   virtual void all_gather(const void* send, void* recv, size_t bytes) = 0;
   virtual void reduce_scatter_sum(const float* send, float* recv, size_t count) = 0;
   virtual void all_reduce_max(float* data, size_t count) = 0;
+  virtual void all_to_all(const void* send, void* recv, size_t bytes) = 0;
 };
 
 // Runs body(communicator) on `size` threads of this process, one per rank, connected by an

@@ -9,8 +9,15 @@
 // buffers by the capacity. Running a step then moves no descriptors between ranks.
 //
 // Every rank passes the same global layout (cu_seqlens / cu_seqlens_padded of the whole
-// batch, each P_b a multiple of 2*cp) and its local tensors in the dual-chunk order of
-// thdcp/plan/dual_chunk.h (T/cp rows; thdcp/plan/rank_split.h makes them).
+// batch) and its local tensors (T/cp rows) in the order of the problem's CP layout:
+// dual-chunk (thdcp/plan/dual_chunk.h, each P_b a multiple of 2*cp) or contiguous
+// (thdcp/plan/contiguous.h, T a multiple of cp); thdcp/plan/rank_split.h makes them.
+//
+// Communication (Problem::comm): all_gather gathers K/V (and reduce-scatters dK/dV);
+// all_to_all (Ulysses) turns the sequence-sharded [T/cp, H, D] into head-sharded
+// [T, H/cp, D], runs attention over whole documents with H/cp heads, and turns the output
+// (backward: dQ/dK/dV) back, so it needs q_heads and kv_heads multiples of cp. The CPU
+// backend runs every layout and communication; the CUDA one dual_chunk with all_gather.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +27,20 @@
 #include "thdcp/core/tensor.h"
 #include "thdcp/cpu/attention.h"
 #include "thdcp/plan/attention_shape.h"
+#include "thdcp/plan/contiguous.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/mask.h"
 
 namespace thdcp::cp {
+
+using thdcp::CpLayout;  // how the rows are split over the ranks (thdcp/plan/contiguous.h)
+
+// How the ranks exchange what attention needs.
+enum class CpComm : int {
+  kAllGather = 0,  // gather K/V over the group; reduce-scatter dK/dV (DESIGN.md section 5)
+  kAllToAll = 1,   // Ulysses: sequence-sharded to head-sharded and back; heads % cp == 0
+};
+const char* cp_comm_name(CpComm comm);  // "all_gather", "all_to_all"
 
 // What every rank of a CP group must agree on, fixed for the life of a plan: the heads
 // (q_heads, kv_heads, head_dim of HeadShape) and the following.
@@ -32,6 +49,11 @@ struct Problem : HeadShape {
   Capacity capacity;   // max_seqs: sequences of the layouts (entries - 1); max_tokens: global rows T
   Mask mask;
   DType dtype = DType::kBFloat16;  // q, k, v, out, dout
+  // The rows of the local tensors: dual_chunk needs max_tokens and every P_b multiples of
+  // 2*cp; contiguous only max_tokens % cp == 0.
+  CpLayout layout = CpLayout::kDualChunk;
+  // all_to_all needs q_heads % cp == 0 and kv_heads % cp == 0, and works with either layout.
+  CpComm comm = CpComm::kAllGather;
 
   int64_t local_rows() const { return capacity.max_tokens / cp; }
 };
@@ -64,7 +86,9 @@ struct Timings {
 // CUDA backends): every rank passes the same [Hq] sinks, or none. A
 // rank computes each of its query rows whole, over every gathered key, so each row counts
 // its head's sink once (no partial rows are merged across ranks). dsinks is the sum over
-// every rank's rows, added in rank order: the same bits on every rank and every run.
+// every rank's rows, added in rank order: the same bits on every rank and every run. Under
+// all_to_all a rank computes whole rows of its H/cp heads; each head's dsinks comes from the
+// one rank that owns it, and every rank receives them all.
 
 // The CPU backend: host tensors, any host Communicator (in-process threads, MPI).
 class CpuPlan {
@@ -75,8 +99,9 @@ class CpuPlan {
 
   // One step on this rank. `layout` is this batch's global layout: at most
   // problem.capacity.max_seqs sequences, total rows problem.capacity.max_tokens, every P_b a
-  // multiple of 2*cp (checked here, on this rank: every rank must pass the same layout, as
-  // every NCCL rank must pass the same counts). Outputs are written only after every check.
+  // multiple of 2*cp under the dual-chunk layout (checked here, on this rank: every rank must
+  // pass the same layout, as every NCCL rank must pass the same counts). Outputs are written
+  // only after every check.
   void forward(const LayoutView& layout, const ForwardTensors& tensors, Timings* timings = nullptr);
   void backward(const LayoutView& layout, const BackwardTensors& tensors, Timings* timings = nullptr);
 

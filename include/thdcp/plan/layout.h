@@ -60,6 +60,11 @@ int64_t cp_padded_length(int64_t length, int cp);
 // (cp = 1 still pads to even lengths, so that the dual-chunk split of cp = 1 is defined).
 BatchLayout make_layout(const std::vector<int64_t>& lengths, int cp);
 
+// Layout of documents packed back to back with no padding, for the contiguous CP layout
+// (contiguous.h): P_b = L_b but for the last document, padded so that the rows are a
+// multiple of cp.
+BatchLayout make_contiguous_layout(const std::vector<int64_t>& lengths, int cp);
+
 // The same, padded out to a fixed capacity: trailing entries repeat the last offset
 // (zero-length placeholders) and the last placeholder absorbs rows up to max_tokens.
 // Throws when the documents do not fit, naming the limit that was exceeded.

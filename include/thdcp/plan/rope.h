@@ -23,7 +23,7 @@
 
 #include "thdcp/core/error.h"
 #include "thdcp/core/host_device.h"
-#include "thdcp/plan/dual_chunk.h"
+#include "thdcp/plan/contiguous.h"
 
 namespace thdcp {
 
@@ -87,18 +87,19 @@ THDCP_HD RopeRotated rope_rotate(float x1, float x2, float c, float s) {
   return RopeRotated{fmaf(x1, c, -(x2 * s)), fmaf(x2, c, x1 * s)};
 }
 
-// RoPE position of local row `local_row` of `rank` of `cp`, from the *global* layout
-// (cu_seqlens and cu_seqlens_padded, max_seqs + 1 entries each, in capacity form: DESIGN.md
-// section 1):
-//   * the row's position within its sequence from the dual-chunk map (dual_chunk.h), plus
+// RoPE position of local row `local_row` of `rank` of `cp` under `cp_layout`, from the
+// *global* layout (cu_seqlens and cu_seqlens_padded, max_seqs + 1 entries each, in capacity
+// form: DESIGN.md section 1):
+//   * the row's position within its sequence from the layout's map (cp_layout_row), plus
 //     start_offsets[b] when start_offsets is not null (max_seqs entries, one per sequence);
 //   * 0 for every row of a sequence with no valid token (placeholders, including the last
 //     one, which absorbs the slack rows up to max_tokens), whatever its offset;
 //   * padding rows of a real sequence keep their computed position (past the valid ones).
 // cp = 1 gives the single-device position local_row - cu_seqlens_padded[b] (any padding).
 THDCP_HD int64_t rope_position(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs, int cp,
-                               int rank, int64_t local_row, const int32_t* start_offsets) {
-  const DualChunkRow row = dual_chunk_row(cu_seqlens_padded, max_seqs, cp, rank, local_row);
+                               int rank, int64_t local_row, const int32_t* start_offsets,
+                               CpLayout cp_layout = CpLayout::kDualChunk) {
+  const DualChunkRow row = cp_layout_row(cp_layout, cu_seqlens_padded, max_seqs, cp, rank, local_row);
   if (cu_seqlens[row.sequence + 1] == cu_seqlens[row.sequence]) return 0;
   return row.position + (start_offsets != nullptr ? start_offsets[row.sequence] : 0);
 }

@@ -39,36 +39,59 @@ THDCP_HD Segment single_device_segment(int64_t padded_start, int64_t padded_len,
   return s;
 }
 
-// AllGather CP on `rank`: the segment of `slot` (0 or 1) of a sequence. Queries are the
-// rank's local rows; keys are rows of the gathered K/V in sequence order (the global padded
-// layout), restricted to the positions the mask can reach from this chunk. The restriction
-// only saves work: the mask is still applied inside the kernels.
+// Keys (as positions, [begin, end)) that a block of q_len queries from position q_pos of a
+// sequence of `length` valid tokens may reach under the mask; empty when q_len is 0.
+THDCP_HD PositionRange reachable_keys(int64_t q_pos, int64_t q_len, int64_t length, const Mask& mask) {
+  if (q_len == 0) return PositionRange{0, 0};
+  int64_t k_pos = 0;
+  int64_t k_end = length;
+  if (mask.window_left >= 0 && q_pos - mask.window_left > 0) k_pos = q_pos - mask.window_left;
+  if (mask.window_right >= 0 && q_pos + q_len + mask.window_right < length) k_end = q_pos + q_len + mask.window_right;
+  return PositionRange{k_pos, k_end};
+}
+
+// A segment of q_len valid rows (q_span in memory) at q_row, from position q_pos of a
+// sequence, whose keys are rows of K/V in sequence order (the global padded layout),
+// restricted to the positions the mask can reach from it. The restriction only saves work:
+// the mask is still applied inside the kernels.
+THDCP_HD Segment gathered_keys_segment(int64_t q_row, int64_t q_len, int64_t q_pos, int64_t q_span,
+                                       int64_t padded_start, int64_t length, const Mask& mask) {
+  const PositionRange keys = reachable_keys(q_pos, q_len, length, mask);
+  Segment s;
+  s.q_row = static_cast<int32_t>(q_row);
+  s.q_len = static_cast<int32_t>(q_len);
+  s.q_pos = static_cast<int32_t>(q_pos);
+  s.q_span = static_cast<int32_t>(q_span);
+  s.k_row = static_cast<int32_t>(padded_start + keys.begin);
+  s.k_len = static_cast<int32_t>(keys.size());
+  s.k_pos = static_cast<int32_t>(keys.begin);
+  s.reserved = 0;
+  return s;
+}
+
+// AllGather CP on `rank`, dual-chunk layout: the segment of `slot` (0 or 1) of a sequence.
+// Queries are the rank's local rows.
 THDCP_HD Segment cp_segment(int64_t padded_start, int64_t padded_len, int64_t length, int cp,
                             int rank, int slot, const Mask& mask) {
   const int64_t chunk_rows = dual_chunk_rows(padded_len, cp);
   const int chunk = dual_chunk_index(cp, rank, slot);
-  const int64_t q_len = dual_chunk_valid_rows(length, chunk_rows, chunk);
-  const int64_t q_pos = static_cast<int64_t>(chunk) * chunk_rows;
-  int64_t k_pos = 0;
-  int64_t k_end = length;
-  if (q_len == 0) {
-    k_end = 0;
-  } else {
-    if (mask.window_left >= 0 && q_pos - mask.window_left > 0) k_pos = q_pos - mask.window_left;
-    if (mask.window_right >= 0 && q_pos + q_len + mask.window_right < length) {
-      k_end = q_pos + q_len + mask.window_right;
-    }
-  }
-  Segment s;
-  s.q_row = static_cast<int32_t>(padded_start / cp + slot * chunk_rows);
-  s.q_len = static_cast<int32_t>(q_len);
-  s.q_pos = static_cast<int32_t>(q_pos);
-  s.q_span = static_cast<int32_t>(chunk_rows);
-  s.k_row = static_cast<int32_t>(padded_start + k_pos);
-  s.k_len = static_cast<int32_t>(k_end > k_pos ? k_end - k_pos : 0);
-  s.k_pos = static_cast<int32_t>(k_pos);
-  s.reserved = 0;
-  return s;
+  return gathered_keys_segment(padded_start / cp + slot * chunk_rows, dual_chunk_valid_rows(length, chunk_rows, chunk),
+                               static_cast<int64_t>(chunk) * chunk_rows, chunk_rows, padded_start, length, mask);
+}
+
+// AllGather CP on a rank whose local rows are the global rows [rank_begin, rank_end)
+// (contiguous layout, contiguous.h): the segment of the sequence's rows on that rank. A
+// sequence with no row there gets an empty segment (q_span 0) at the nearer end of the
+// rank's rows, so that query blocks stay ordered.
+THDCP_HD Segment contiguous_segment(int64_t padded_start, int64_t padded_len, int64_t length, int64_t rank_begin,
+                                    int64_t rank_end, const Mask& mask) {
+  const int64_t first = padded_start > rank_begin ? (padded_start < rank_end ? padded_start : rank_end) : rank_begin;
+  const int64_t end = padded_start + padded_len < rank_end ? padded_start + padded_len : rank_end;
+  const int64_t span = end > first ? end - first : 0;
+  const int64_t q_pos = span > 0 ? first - padded_start : 0;
+  const int64_t valid = length - q_pos;  // the rank's rows are valid up to the sequence's length
+  const int64_t q_len = valid < 0 ? 0 : (valid > span ? span : valid);
+  return gathered_keys_segment(first - rank_begin, q_len, q_pos, span, padded_start, length, mask);
 }
 
 // Keys (as positions) that query row `q_index` (0-based within the segment) sees.

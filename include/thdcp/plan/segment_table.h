@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "thdcp/plan/contiguous.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/mask.h"
 #include "thdcp/plan/segment.h"
@@ -21,10 +22,12 @@ struct SegmentTable {
 // One segment per sequence; Q and K/V share the layout.
 SegmentTable build_segment_table(const LayoutView& layout, const Mask& mask);
 
-// AllGather CP, rank `rank` of `cp`: two segments per sequence. `layout` is the global
-// layout (aligned to 2*cp); queries address the rank's local tensor (T / cp rows), keys the
-// gathered K/V in sequence order (T rows).
-SegmentTable build_cp_segment_table(const LayoutView& layout, int cp, int rank, const Mask& mask);
+// AllGather CP, rank `rank` of `cp`. `layout` is the global layout (validate_cp_layout);
+// queries address the rank's local tensor (T / cp rows), keys the gathered K/V in sequence
+// order (T rows). Dual chunk: two segments per sequence, one per chunk; contiguous: one per
+// sequence (empty for the sequences with no row on the rank).
+SegmentTable build_cp_segment_table(const LayoutView& layout, int cp, int rank, const Mask& mask,
+                                    CpLayout cp_layout = CpLayout::kDualChunk);
 
 // Checks that every segment lies inside the tensors, that q_len <= q_span and that query
 // blocks do not overlap (each output row has one writer). Throws thdcp::Error.

@@ -1,0 +1,188 @@
+// Every CP mode of the CPU backend (layout dual_chunk or contiguous, communication all_gather
+// or all_to_all) equals the single-device CPU result, forward and backward, with and without
+// sinks, on the edge-case table: lengths 0, 1, not multiples of cp, one sequence filling the
+// batch, windows wider than a rank's piece, full / causal / windowed masks, GQA 1/4/8, cp in
+// {1, 2, 3, 4, 8}. Problems a mode cannot run are refused at plan time on every rank.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "support/cp_check.h"
+
+namespace thdcp {
+namespace {
+
+struct Mode {
+  CpLayout layout;
+  cp::CpComm comm;
+};
+
+std::string mode_label(const Mode& m) { return std::string(cp_layout_name(m.layout)) + "_" + cp::cp_comm_name(m.comm); }
+
+std::vector<Mode> all_modes() {
+  return {{CpLayout::kDualChunk, cp::CpComm::kAllGather},
+          {CpLayout::kContiguous, cp::CpComm::kAllGather},
+          {CpLayout::kDualChunk, cp::CpComm::kAllToAll},
+          {CpLayout::kContiguous, cp::CpComm::kAllToAll}};
+}
+
+// The layout of `lengths` for a mode: padded to 2*cp per document (dual chunk) or packed
+// with no padding but the last document's (contiguous).
+BatchLayout layout_for(const Mode& mode, const std::vector<int64_t>& lengths, int cp) {
+  return mode.layout == CpLayout::kDualChunk ? make_layout(lengths, cp) : make_contiguous_layout(lengths, cp);
+}
+
+// Runs `b` under `mode` on cp in-process ranks and checks every rank against the single
+// device, with sinks when `with_sinks`; every rank's dsinks must be the same bits.
+void expect_mode_matches_single_device(const Mode& mode, const test::Batch& b, int cp, const Mask& mask,
+                                       bool with_sinks) {
+  AttentionOptions options;
+  options.num_threads = 1;
+  std::vector<float> sinks;
+  for (int64_t h = 0; with_sinks && h < b.q.heads(); ++h) sinks.push_back(0.75f * static_cast<float>(h % 5) - 1.0f);
+  std::vector<float> reference_dsinks;
+  const test::Outputs reference = test::single_device(b, mask, options, sinks, reference_dsinks);
+  cp::Problem problem = test::cp_problem(cp, Capacity{b.layout.num_seqs(), b.layout.total_rows()},
+                                         test::batch_shape(b, mask));
+  problem.layout = mode.layout;
+  problem.comm = mode.comm;
+  std::vector<::testing::AssertionResult> results(static_cast<size_t>(cp), ::testing::AssertionSuccess());
+  std::vector<std::vector<float>> dsinks(static_cast<size_t>(cp));
+  run_in_process(cp, [&](Communicator& comm) {
+    const size_t rank = static_cast<size_t>(comm.rank());
+    results[rank] = test::check_cp_plan_rank(comm, b, problem, reference, options, sinks, reference_dsinks, &dsinks[rank]);
+  });
+  for (const auto& r : results) EXPECT_TRUE(r);
+  for (int r = 1; r < cp; ++r) EXPECT_TRUE(test::same_bits(dsinks[static_cast<size_t>(r)], dsinks[0])) << "rank " << r;
+}
+
+// Heads for a mode: all_to_all needs both counts to be multiples of cp.
+std::pair<int64_t, int64_t> heads_for(const Mode& mode, int cp, int ratio) {
+  const int64_t kv_heads = mode.comm == cp::CpComm::kAllToAll ? cp : 2;
+  return {kv_heads * ratio, kv_heads};
+}
+
+using ModeCase = std::tuple<Mode, int /*cp*/, Mask>;
+
+class CpModes : public ::testing::TestWithParam<ModeCase> {};
+
+// A varlen batch with lengths 0, 1 and 2*cp + 1 among random ones; the GQA ratio, the dtype
+// and the sinks vary with the case so that the matrix covers each of them with every mode.
+TEST_P(CpModes, VarlenBatchEqualsSingleDevice) {
+  const auto [mode, cp, mask] = GetParam();
+  const int index = cp + (mask.window_left + 1) + 3 * (mask.window_right + 1) + static_cast<int>(mode.comm);
+  const int ratio = std::vector<int>{1, 4, 8}[static_cast<size_t>(index % 3)];
+  const bool with_sinks = (index / 3 + static_cast<int>(mode.layout)) % 2 == 1;
+  const DType dtype = index % 2 == 0 ? DType::kBFloat16 : DType::kFloat32;
+  Rng rng(static_cast<uint64_t>(index * 131 + static_cast<int>(mode.layout) * 17 + 5));
+  std::vector<int64_t> lengths = test::random_lengths(rng, 4, 60);
+  for (int64_t extra : {int64_t{0}, int64_t{1}, int64_t{2 * cp + 1}, int64_t{97}}) lengths.push_back(extra);
+  const auto [q_heads, kv_heads] = heads_for(mode, cp, ratio);
+  const test::Batch b = test::make_batch(layout_for(mode, lengths, cp), dtype, q_heads, kv_heads, 16, rng.next());
+  SCOPED_TRACE("gqa " + std::to_string(ratio) + (with_sinks ? " sinks " : " no sinks ") + dtype_name(dtype));
+  expect_mode_matches_single_device(mode, b, cp, mask, with_sinks);
+}
+
+std::string mode_case_name(const ::testing::TestParamInfo<ModeCase>& info) {
+  const auto& [mode, cp, mask] = info.param;
+  return mode_label(mode) + "_cp" + std::to_string(cp) + "_" + test::mask_label(mask);
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, CpModes,
+                         ::testing::Combine(::testing::ValuesIn(all_modes()), ::testing::Values(1, 2, 3, 4, 8),
+                                            ::testing::Values(Mask::full(), Mask::causal(), Mask::window(40, 0),
+                                                              Mask::window(7, 3))),
+                         mode_case_name);
+
+using LongCase = std::tuple<Mode, int /*cp*/>;
+class CpModesLong : public ::testing::TestWithParam<LongCase> {};
+
+// One sequence fills the batch; windows wider than a rank's piece (150 > 500 / cp for cp 8
+// and 3's pieces cut mid-window), sinks on.
+TEST_P(CpModesLong, OneSequenceFillsTheBatch) {
+  const auto [mode, cp] = GetParam();
+  const auto [q_heads, kv_heads] = heads_for(mode, cp, 1);
+  const test::Batch b = test::make_batch(layout_for(mode, {500}, cp), DType::kBFloat16, q_heads, kv_heads, 16,
+                                         static_cast<uint64_t>(cp * 3 + static_cast<int>(mode.comm)));
+  for (const Mask& mask : {Mask::causal(), Mask::window(150, 0), Mask::window(20, 90)}) {
+    SCOPED_TRACE(test::mask_label(mask));
+    expect_mode_matches_single_device(mode, b, cp, mask, /*with_sinks=*/true);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Long, CpModesLong, ::testing::Combine(::testing::ValuesIn(all_modes()), ::testing::Values(3, 8)),
+                         [](const ::testing::TestParamInfo<LongCase>& param_info) {
+                           return mode_label(std::get<0>(param_info.param)) + "_cp" + std::to_string(std::get<1>(param_info.param));
+                         });
+
+// A plan of `problem` on every rank of an in-process group (rank 1 may plan `other`); the
+// message every rank threw, or "" where it did not.
+std::vector<std::string> plan_messages(const cp::Problem& problem, const cp::Problem& other) {
+  std::vector<std::string> messages(static_cast<size_t>(problem.cp));
+  try {
+    run_in_process(problem.cp, [&](Communicator& comm) {
+      try {
+        cp::CpuPlan plan(comm, comm.rank() == 1 ? other : problem);
+      } catch (const Error& e) {
+        messages[static_cast<size_t>(comm.rank())] = e.what();
+        throw;
+      }
+    });
+  } catch (const Error&) {
+  }
+  return messages;
+}
+
+cp::Problem problem_of(int cp, int64_t rows, int64_t q_heads, int64_t kv_heads, CpLayout layout, cp::CpComm comm) {
+  cp::Problem p = test::cp_problem(cp, Capacity{4, rows}, test::Shape{DType::kBFloat16, q_heads, kv_heads, 16});
+  p.layout = layout;
+  p.comm = comm;
+  return p;
+}
+
+void expect_every_rank_says(const std::vector<std::string>& messages, const std::string& wanted) {
+  for (size_t r = 0; r < messages.size(); ++r) {
+    EXPECT_NE(messages[r].find(wanted), std::string::npos) << "rank " << r << ": " << messages[r];
+  }
+}
+
+void expect_planned(const cp::Problem& problem) {
+  for (const std::string& message : plan_messages(problem, problem)) EXPECT_EQ(message, "");
+}
+
+TEST(CpModesErrors, ContiguousRowsMustBeAMultipleOfCp) {
+  const cp::Problem p = problem_of(4, 18, 4, 4, CpLayout::kContiguous, cp::CpComm::kAllGather);
+  expect_every_rank_says(plan_messages(p, p), "capacity.max_tokens=18 is not a multiple of cp=4 (layout=contiguous");
+  // 20 rows: a multiple of cp but not of 2*cp, which only the dual-chunk layout needs.
+  cp::Problem fits = problem_of(4, 20, 4, 4, CpLayout::kContiguous, cp::CpComm::kAllGather);
+  expect_planned(fits);
+  fits.layout = CpLayout::kDualChunk;
+  expect_every_rank_says(plan_messages(fits, fits), "is not a multiple of 2*cp=8 (layout=dual_chunk)");
+}
+
+TEST(CpModesErrors, AllToAllNeedsHeadsDivisibleByCp) {
+  const cp::Problem kv = problem_of(4, 32, 8, 2, CpLayout::kDualChunk, cp::CpComm::kAllToAll);
+  expect_every_rank_says(plan_messages(kv, kv),
+                         "all_to_all with kv_heads=2 and cp=4: kv_heads must be a multiple of cp (each rank takes "
+                         "kv_heads/cp heads); use comm=all_gather, or a cp that divides q_heads and kv_heads");
+  const cp::Problem q = problem_of(3, 30, 6, 3, CpLayout::kContiguous, cp::CpComm::kAllToAll);
+  expect_planned(q);
+  const cp::Problem q4 = problem_of(4, 32, 6, 2, CpLayout::kContiguous, cp::CpComm::kAllToAll);
+  expect_every_rank_says(plan_messages(q4, q4), "all_to_all with q_heads=6 and cp=4");
+}
+
+TEST(CpModesErrors, RanksMustAgreeOnTheMode) {
+  const cp::Problem p = problem_of(2, 16, 2, 2, CpLayout::kDualChunk, cp::CpComm::kAllGather);
+  cp::Problem other = p;
+  other.comm = cp::CpComm::kAllToAll;
+  expect_every_rank_says(plan_messages(p, other), "rank 1 passed layout=dual_chunk comm=all_to_all but rank 0 passed "
+                                                  "layout=dual_chunk comm=all_gather");
+  other = p;
+  other.layout = CpLayout::kContiguous;
+  expect_every_rank_says(plan_messages(p, other), "rank 1 passed layout=contiguous comm=all_gather");
+}
+
+}  // namespace
+}  // namespace thdcp
