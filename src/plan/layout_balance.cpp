@@ -55,10 +55,6 @@ std::string fixed(double value, int digits) {
 
 }  // namespace
 
-const char* cp_layout_name(CpLayout layout) {
-  return layout == CpLayout::kContiguous ? "contiguous" : "dual_chunk";
-}
-
 int64_t cp_layout_padding(const std::vector<int64_t>& lengths, int cp, CpLayout layout) {
   int64_t tokens = 0;
   for (int64_t length : lengths) tokens += length;

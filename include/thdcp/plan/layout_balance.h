@@ -19,17 +19,14 @@
 #include <string>
 #include <vector>
 
+#include "thdcp/plan/contiguous.h"
 #include "thdcp/plan/mask.h"
 
 namespace thdcp {
 
-enum class CpLayout : int { kDualChunk = 0, kContiguous = 1 };
-
-// Both layouts, in the order reports list them (the default first).
+// Both layouts (CpLayout, cp_layout_name: thdcp/plan/contiguous.h), in the order reports
+// list them (the default first).
 constexpr CpLayout kCpLayouts[] = {CpLayout::kDualChunk, CpLayout::kContiguous};
-
-// "dual_chunk" or "contiguous".
-const char* cp_layout_name(CpLayout layout);
 
 // One layout applied to one batch.
 struct CpLayoutReport {
