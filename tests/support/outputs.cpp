@@ -33,11 +33,13 @@ Outputs poisoned_outputs(const Batch& b, int64_t rows, DType dq_dtype, DType dkv
 
 bool same_bits(const HostTensor& a, const HostTensor& b) {
   const size_t bytes = static_cast<size_t>(a.numel()) * dtype_size(a.dtype());
-  return a.numel() == b.numel() && a.dtype() == b.dtype() && std::memcmp(a.data(), b.data(), bytes) == 0;
+  // (an empty tensor's data() may be null, which memcmp does not take)
+  return a.numel() == b.numel() && a.dtype() == b.dtype() &&
+         (bytes == 0 || std::memcmp(a.data(), b.data(), bytes) == 0);
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 namespace {
