@@ -18,8 +18,8 @@ namespace thdcp::cuda::detail {
 // Head dims kDqk (q, k, dk) and kDv (v, dout, dv). Above D_qk 128 the dK and dV registers of
 // all columns would not fit: the grid's z has kSlices = 2 column slices, slice s owning dK
 // columns [k_col0(s), +k_columns(s)) (128, then the rest) and dV columns [v_col0(s),
-// +v_columns(s)) (halves), each a whole number of 64-column blocks; each recomputes S^T and
-// dP^T.
+// +v_columns(s)) (halves where they are whole 64-column blocks, else 128 and the rest); each
+// recomputes S^T and dP^T.
 template <int kDqk, int kDv>
 struct DkvSm90Shape {
   static constexpr int kTileN = kDkvTileRows;  // keys per block: one warpgroup, 16 per warp
@@ -30,12 +30,13 @@ struct DkvSm90Shape {
   static constexpr int kSlices = kDqk > 128 ? 2 : 1;
   static constexpr int k_col0(int slice) { return 128 * slice; }
   static constexpr int k_columns(int slice) { return kSlices == 1 ? kDqk : slice == 0 ? 128 : kDqk - 128; }
-  static constexpr int v_col0(int slice) { return slice * kDv / kSlices; }
-  static constexpr int v_columns(int /*slice*/) { return kDv / kSlices; }
-  static_assert(kSlices == 1 || (kDqk <= 256 && kDv / kSlices % 64 == 0), "slices of whole column blocks");
+  static constexpr int kVSplit = kSlices == 1 ? kDv : kDv / 2 % 64 == 0 ? kDv / 2 : 128;
+  static constexpr int v_col0(int slice) { return slice * kVSplit; }
+  static constexpr int v_columns(int slice) { return slice == 0 ? kVSplit : kDv - kVSplit; }
+  static_assert(kSlices == 1 || (kDqk <= 256 && kDv <= 256 && kDv % 64 == 0), "slices of whole column blocks");
   // K, V, two Q and two dO buffers (wgmma layout), lse and delta of two steps, and the slack
   // that aligns the tiles to 1024 bytes: 98 KiB at D = 128, two blocks per SM; 121 KiB at
-  // 192/128 and 193 KiB at 256, one.
+  // 192/128, 145 KiB at 192 and 193 KiB at 256, one.
   static constexpr size_t kSmemBytes = 3 * (kQkBytes + kVBytes) + 4 * kTileM * sizeof(float) + 1024;
 };
 

@@ -25,9 +25,10 @@ constexpr int kDkvqTileRows = 128;
 
 // Head dims. D_qk (q, k) and D_v (v, out, dout) are template parameters of the portable
 // kernels, which serve every pair the backend supports (cuda_supports_head_dims). The Hopper
-// kernels serve 64, 128, MLA's (192, 128) and 256; the portable ones run 96 and 192 on Hopper.
+// kernels serve 64, 128, 192, MLA's (192, 128) and 256 (whole 64-column swizzle atoms); the
+// portable ones run 96 on Hopper.
 constexpr bool sm90_serves(int head_dim, int v_head_dim) {
-  return (head_dim == v_head_dim && (head_dim == 64 || head_dim == 128 || head_dim == 256)) ||
+  return (head_dim == v_head_dim && head_dim % 64 == 0 && head_dim >= 64 && head_dim <= 256) ||
          (head_dim == 192 && v_head_dim == 128);
 }
 
