@@ -80,6 +80,26 @@ def report(peer, mask, what, pairs, ms, args):
     print(f"{peer:<12} {mask:<7} {what:<8} {pairs:>12} {ms:>10.3f} {tflops:>9.1f}", flush=True)
 
 
+def gemm_rate(dtype, n=8192, iters=10):
+    """The card's dense GEMM rate in TFLOP/s: n^3 torch.matmul in `dtype`, median of `iters`;
+    a pass's floor is its FLOPs at this rate."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    ms = time_ms(lambda: torch.matmul(a, b), 3, iters)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n**3 / (ms * 1e9)
+
+
+def print_floors(args, lengths, masks, rate):
+    """The floor of every pass: its FLOPs (exact pairs) at the GEMM rate."""
+    for mask_name, window_left in masks:
+        pairs = allowed_pairs(lengths, window_left)
+        for what in ("fwd", "bwd", "fwd+bwd"):
+            ms = pass_flops(what, args) * pairs * args.q_heads / (rate * 1e9)
+            print(f"{'floor':<12} {mask_name:<7} {what:<8} {pairs:>12} {ms:>10.3f} {rate:>9.1f}", flush=True)
+
+
 def checked_documents(lengths):
     """The documents a peer is checked on: the three shortest and the longest (all of them
     when there are few), shortest first."""
@@ -672,6 +692,10 @@ def main():
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--peers", default="varlen,flex,cudnn,fa4",
                         help="comma list of the peers to run: varlen, flex, cudnn, fa4")
+    parser.add_argument("--floor", action="store_true",
+                        help="first measure the card's GEMM rate (8192^3 torch.matmul in --dtype, median "
+                             "of 10) and print each pass's floor: its FLOPs at that rate ('floor' rows, "
+                             "ms and the rate in TFLOP/s)")
     parser.add_argument("--cudnn-det", action="store_true",
                         help="cudnn: also time the deterministic backward (a cudnn-det row)")
     parser.add_argument("--cudnn-det-dp-limit", type=int, default=None, metavar="BYTES",
@@ -690,17 +714,21 @@ def main():
           f"{sum(lengths)} tokens, longest {max(lengths)}")
     print(f"{'peer':<12} {'mask':<7} {'pass':<8} {'pairs':>12} {'ms':>10} {'TFLOP/s':>9}")
     masks = [("causal", -1), ("window", args.window)]
+    if args.floor:
+        dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+        print_floors(args, lengths, masks, gemm_rate(dtype))
     peers = [p for p in args.peers.split(",") if p]
     for unknown in sorted(set(peers) - {"varlen", "flex", "cudnn", "fa4"}):
         print(f"{unknown}: unknown peer (known: varlen, flex, cudnn, fa4)")
-    if "varlen" in peers:
-        bench_varlen(args, lengths, masks)
-    if "flex" in peers:
-        bench_flex(args, lengths, masks)
-    if "cudnn" in peers:
-        bench_cudnn(args, lengths, masks)
-    if "fa4" in peers:
-        bench_fa4(args, lengths, masks)
+    benches = dict(varlen=bench_varlen, flex=bench_flex, cudnn=bench_cudnn, fa4=bench_fa4)
+    for peer in ("varlen", "flex", "cudnn", "fa4"):
+        if peer not in peers:
+            continue
+        try:
+            benches[peer](args, lengths, masks)
+        except Exception as e:  # noqa: BLE001 - a peer that refuses the shape is reported, not fatal
+            print(f"{peer}: refused or failed on this shape: {type(e).__name__}: {str(e).splitlines()[0]}")
+        torch.cuda.empty_cache()
     return 0
 
 
