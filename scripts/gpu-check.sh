@@ -83,8 +83,24 @@ if [ -s "$LENGTHS" ]; then
   else
     say "skipped cudnn frontend wheel (no .whl/nvidia_cudnn_frontend-*.whl: the cuDNN peer is not available)"
   fi
+  # FlashAttention-4 is the fourth: its wheels, packed by ../shared/tools/fa4_wheels.py into
+  # .whl-fa4/ (with the script), are joined and installed to /tmp/site the same way; its CuTe
+  # DSL also needs dsl_packages on the path. Without them the peer reports itself missing.
+  if [ -f "$ROOT/.whl-fa4/fa4_wheels.py" ]; then
+    echo "== flash-attn-4: join and pip install --target /tmp/site $ROOT/.whl-fa4/*.whl" >> "$OUTDIR/peers.log"
+    if (cd "$ROOT" && python3 .whl-fa4/fa4_wheels.py join) >> "$OUTDIR/peers.log" 2>&1 &&
+        PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --no-index --no-deps --no-compile \
+          --no-cache-dir --upgrade --target /tmp/site "$ROOT"/.whl-fa4/*.whl >> "$OUTDIR/peers.log" 2>&1; then
+      say "ok      flash-attn-4 wheels installed to /tmp/site"
+      PEERS_PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages${PEERS_PYTHONPATH:+:$PEERS_PYTHONPATH}
+    else
+      say "skipped flash-attn-4 wheels (join or pip install failed; see peers.log)"
+    fi
+  else
+    say "skipped flash-attn-4 wheels (no .whl-fa4/: the FA4 peer is not available)"
+  fi
   step peers peers.log env PYTHONUNBUFFERED=1 PYTHONPATH="$PEERS_PYTHONPATH" \
-    python3 "$ROOT/bench/peer_attention.py" --lengths "$LENGTHS" --cudnn-det
+    python3 "$ROOT/bench/peer_attention.py" --lengths "$LENGTHS" --cudnn-det --floor
 else
   say "skipped peers (the bench wrote no lengths)"
 fi
