@@ -116,14 +116,14 @@ std::string dashed(const std::string& flag) { return flag.rfind("--", 0) == 0 ? 
 
 }  // namespace
 
-void check_tokens_multiple(int64_t tokens, int64_t multiple, const std::string& what) {
+void check_tokens_multiple(int64_t tokens, int64_t multiple, const std::string& what, const std::string& why) {
   if (multiple < 1 || (tokens >= multiple && tokens % multiple == 0)) return;
   const std::string given = "--tokens " + std::to_string(tokens);
   if (tokens < multiple) {
     throw UsageError(given + ": a batch needs at least " + what + " rows: give --tokens " + std::to_string(multiple));
   }
   const int64_t below = tokens / multiple * multiple;
-  throw UsageError(given + " is not a multiple of " + what + " (every rank holds two chunks of T/(2*cp) rows): give --tokens " +
+  throw UsageError(given + " is not a multiple of " + what + " (" + why + "): give --tokens " +
                    std::to_string(below) + " or " + std::to_string(below + multiple));
 }
 

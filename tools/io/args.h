@@ -47,11 +47,13 @@ std::vector<std::string> without(const std::vector<std::string>& argv, const std
 // --mask full the window applies as given. Without either: `fallback`.
 Mask parse_mask_flags(const Args& args, const Mask& fallback);
 
-// --tokens T of a batch split over CP ranks: each rank holds two chunks of T/(2*cp) rows, so
-// T must be a positive multiple of `multiple` (2*cp, or 2*lcm over several CP sizes), which
-// `what` names ("2*cp=128"). Throws UsageError naming the nearest valid values below and
-// above: a count of rows is never rounded in silence.
-void check_tokens_multiple(int64_t tokens, int64_t multiple, const std::string& what);
+// --tokens T of a batch split over CP ranks: under the dual-chunk layout each rank holds two
+// chunks of T/(2*cp) rows, so T must be a positive multiple of `multiple` (2*cp, or 2*lcm
+// over several CP sizes; cp for the contiguous layout), which `what` names ("2*cp=128") and
+// `why` explains. Throws UsageError naming the nearest valid values below and above: a count
+// of rows is never rounded in silence.
+void check_tokens_multiple(int64_t tokens, int64_t multiple, const std::string& what,
+                           const std::string& why = "every rank holds two chunks of T/(2*cp) rows");
 
 // `flag` with or without its leading "--". Values are quoted in messages (quote_excerpt).
 int64_t parse_int(const std::string& flag, const std::string& text, int64_t min, int64_t max);

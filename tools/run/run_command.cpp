@@ -27,7 +27,7 @@ const char* kRunHelp =
     "usage: thdcp run [options]\n"
     "\n"
     "Builds a packed batch (document lengths lognormal: median 1500, sigma 1, max 16384),\n"
-    "splits it over --cp ranks with the dual-chunk partition, runs AllGather CP forward and\n"
+    "splits it over --cp ranks (the dual-chunk partition by default), runs CP forward and\n"
     "backward, and checks out, lse, max_logit, dq, dk, dv (and dsinks) against the single-device\n"
     "reference. Exits 0 only when every check passes. The ranks are threads of this process\n"
     "(--cp), or a thread per GPU (--gpus), or under mpirun/srun one process each (cp = the\n"
@@ -38,8 +38,16 @@ const char* kRunHelp =
     "  --cp N            context-parallel size (default 4; under mpirun: the process count)\n"
     "  --gpus N          CP over N GPUs of this machine, a thread per GPU, NCCL between them\n"
     "                    (cp = N; the CUDA backend; not under mpirun)\n"
-    "  --tokens T        rows of the packed batch, a multiple of 2*cp (default 16384, or the\n"
-    "                    largest multiple of 2*cp below it)\n"
+    "  --tokens T        rows of the packed batch, a multiple of 2*cp (contiguous: of cp)\n"
+    "                    (default 16384, or the largest such multiple below it)\n"
+    "  --cp-layout L     how the rows are split over the ranks: dual_chunk (default: each\n"
+    "                    document padded to a multiple of 2*cp, rank r holding its chunks r and\n"
+    "                    2cp-1-r) or contiguous (cp equal pieces of the packed buffer, no\n"
+    "                    per-document padding)\n"
+    "  --cp-comm C       all_gather (default: K/V gathered, dK/dV reduce-scattered) or all_to_all\n"
+    "                    (Ulysses: heads sharded for attention; HQ and HKV multiples of cp).\n"
+    "                    The CPU backend runs every layout and communication, the CUDA backend\n"
+    "                    dual_chunk with all_gather (for another, auto runs the CPU backend)\n"
     "  --seed S          seed of lengths and tensor values (default 1234)\n"
     "  --mask M          causal (default) or full\n"
     "  --window L,R      sliding window on absolute positions: keys in [i-L, i+R]; -1 = unbounded\n"
@@ -59,7 +67,8 @@ const char* kRunHelp =
     "\n"
     "input and output:\n"
     "  --lengths FILE    document lengths, one per line ('#' comments allowed), packed in order\n"
-    "                    into batches of --tokens rows (each padded to a multiple of 2*cp)\n"
+    "                    into batches of --tokens rows (each padded to a multiple of 2*cp under\n"
+    "                    the dual-chunk layout)\n"
     "  --batch K         which packed batch of --lengths to run (default 0)\n"
     "  --load DIR        q.npy, k.npy, v.npy, cu_seqlens.npy [, cu_seqlens_padded.npy, dout.npy]\n"
     "                    ([T, H, D]; float32, float16, or bfloat16 stored as uint16 with\n"
@@ -136,7 +145,33 @@ RunConfig parse_run_config(const Args& args) {
     throw UsageError("--backend " + quote_excerpt(backend) + ": use auto, cpu or cuda");
   }
   c.threads = static_cast<int>(args.get_int("threads", 0, 0, 4096));
+  const std::string layout = args.get("cp-layout", "dual_chunk");
+  if (layout == "dual_chunk") {
+    c.cp_layout = CpLayout::kDualChunk;
+  } else if (layout == "contiguous") {
+    c.cp_layout = CpLayout::kContiguous;
+  } else {
+    throw UsageError("--cp-layout " + quote_excerpt(layout) + ": use dual_chunk or contiguous");
+  }
+  const std::string comm = args.get("cp-comm", "all_gather");
+  if (comm == "all_gather") {
+    c.cp_comm = cp::CpComm::kAllGather;
+  } else if (comm == "all_to_all") {
+    c.cp_comm = cp::CpComm::kAllToAll;
+  } else {
+    throw UsageError("--cp-comm " + quote_excerpt(comm) + ": use all_gather or all_to_all");
+  }
   return c;
+}
+
+// Once cp is known (--cp, --gpus or the MPI process count): all_to_all shards the heads.
+void check_cp_comm(const RunConfig& c) {
+  if (c.cp_comm != cp::CpComm::kAllToAll) return;
+  if (c.q_heads % c.cp != 0 || c.kv_heads % c.cp != 0) {
+    throw UsageError("--cp-comm all_to_all shards the heads over the ranks, but --heads " + std::to_string(c.q_heads) +
+                     ":" + std::to_string(c.kv_heads) + " is not a multiple of cp=" + std::to_string(c.cp) +
+                     " for both: use --cp-comm all_gather, or heads that cp divides");
+  }
 }
 
 std::string mask_name(const Mask& m) {
@@ -149,8 +184,9 @@ const char* backend_name(Backend b) { return b == Backend::kCuda ? "CUDA" : "CPU
 
 void print_report(const RunReport& r, const GlobalBatch& batch, const std::string& device) {
   const RunConfig& c = r.config;
-  std::printf("thdcp run: AllGather CP, %s backend (%s), %s communicator\n", backend_name(c.backend), device.c_str(),
-              r.communicator.c_str());
+  std::printf("thdcp run: %s CP (%s layout), %s backend (%s), %s communicator\n",
+              c.cp_comm == cp::CpComm::kAllToAll ? "all-to-all" : "AllGather", cp_layout_name(c.cp_layout),
+              backend_name(c.backend), device.c_str(), r.communicator.c_str());
   std::printf("  cp=%d  mask=%s  heads=%lld:%lld  head_dim=%lld", c.cp, mask_name(c.mask).c_str(),
               static_cast<long long>(c.q_heads), static_cast<long long>(c.kv_heads), static_cast<long long>(c.head_dim));
   if (c.v_head_dim != 0) std::printf("  v_head_dim=%lld", static_cast<long long>(c.v_head_dim));
@@ -162,7 +198,11 @@ void print_report(const RunReport& r, const GlobalBatch& batch, const std::strin
   std::printf("  %-22s %lld\n", "valid tokens", static_cast<long long>(r.valid_tokens));
   std::printf("  %-22s %lld (longest %lld)\n", "documents", static_cast<long long>(r.documents),
               static_cast<long long>(r.longest));
-  std::printf("  %-22s %.2f%% (lengths padded to multiples of 2*cp=%d)\n", "padding overhead", padding, 2 * c.cp);
+  if (c.cp_layout == CpLayout::kDualChunk) {
+    std::printf("  %-22s %.2f%% (lengths padded to multiples of 2*cp=%d)\n", "padding overhead", padding, 2 * c.cp);
+  } else {
+    std::printf("  %-22s %.2f%% (the buffer padded to a multiple of cp=%d)\n", "padding overhead", padding, c.cp);
+  }
   std::printf("  %-22s %lld\n", "(query,key) pairs", static_cast<long long>(r.total_pairs));
 
   std::printf("\nper rank      rows    valid tokens   (query,key) pairs   share\n");
@@ -215,6 +255,8 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
   const RunConfig& c = r.config;
   Json config = Json::object();
   config.set("cp", c.cp)
+      .set("cp_layout", cp_layout_name(c.cp_layout))
+      .set("cp_comm", cp::cp_comm_name(c.cp_comm))
       .set("communicator", r.communicator)
       .set("backend", c.backend == Backend::kCuda ? "cuda" : "cpu")
       .set("window_left", c.mask.window_left)
@@ -277,7 +319,7 @@ int run_command(const std::vector<std::string>& argv) {
   if (std::find(argv.begin(), argv.end(), "--graph") != argv.end()) return run_graph_command(argv);
   const Args args(argv,
                   {"backend", "cp", "gpus", "tokens", "seed", "mask", "window", "heads", "head-dim", "v-head-dim",
-                   "dtype", "threads", "lengths", "batch", "load", "save", "json", "max-memory"},
+                   "dtype", "threads", "lengths", "batch", "load", "save", "json", "max-memory", "cp-layout", "cp-comm"},
                   {"check", "no-check", "quiet", "help", "allow-nonfinite", "sinks"});
   if (args.has("help")) {
     std::fputs(usage_with_cuda_head_dims(kRunHelp).c_str(), stdout);
@@ -301,12 +343,18 @@ int run_command(const std::vector<std::string>& argv) {
     }
     config.cp = config.gpus;
   }
+  check_cp_comm(config);
   if (config.load_dir.empty()) {
     // The default is the largest batch of at most 16384 rows that splits over cp; a --tokens
     // that does not split is refused, naming the nearest values that do.
-    const int64_t multiple = 2 * static_cast<int64_t>(config.cp);
+    const int64_t multiple = config.row_multiple();
     if (!args.has("tokens")) config.tokens = std::max(config.tokens / multiple, int64_t{1}) * multiple;
-    check_tokens_multiple(config.tokens, multiple, "2*cp=" + std::to_string(multiple));
+    if (config.cp_layout == CpLayout::kDualChunk) {
+      check_tokens_multiple(config.tokens, multiple, "2*cp=" + std::to_string(multiple));
+    } else {
+      check_tokens_multiple(config.tokens, multiple, "cp=" + std::to_string(multiple),
+                            "the contiguous layout gives every rank T/cp rows");
+    }
   }
   // Until the ranks agree (run_rank_job, before its first collective: run/rank_agreement.h),
   // an error on one rank (a file, rank 0's output checks) stops every rank without a
@@ -337,10 +385,10 @@ int run_command(const std::vector<std::string>& argv) {
     size = load_size(files, batch);
   } else {
     // Before anything is allocated: the batch has --tokens rows, and at most one document per
-    // 2*cp of them.
+    // 2*cp of them (dual chunk; contiguous: per row).
     config.backend = resolve_backend(config, &device);
     size.rows = config.tokens;
-    size.sequences = config.tokens / (2 * config.cp) + 1;
+    size.sequences = config.cp_layout == CpLayout::kDualChunk ? config.tokens / (2 * config.cp) + 1 : config.tokens + 1;
     check_host_memory(config, size, process_per_rank, "--tokens " + std::to_string(config.tokens));
     batch = config.lengths_file.empty() ? make_default_batch(config) : make_batch_from_lengths(config);
     size.rows = batch.layout.total_rows();

@@ -27,12 +27,19 @@ std::vector<int32_t> identity_rows(int64_t rows) {
   return user_rows;
 }
 
+// The layout the job runs `lengths` on: each document padded to a multiple of 2*cp (dual
+// chunk), or the documents back to back and the buffer padded once to a multiple of cp
+// (contiguous).
+BatchLayout job_layout(const RunConfig& c, const std::vector<int64_t>& lengths) {
+  return c.cp_layout == CpLayout::kDualChunk ? make_layout(lengths, c.cp) : make_contiguous_layout(lengths, c.cp);
+}
+
 // Random tensors for a layout the job runs on, seeded from the config.
 GlobalBatch random_batch(const RunConfig& c, std::vector<int64_t> lengths, std::string source) {
   GlobalBatch batch;
   batch.source = std::move(source);
   batch.lengths = std::move(lengths);
-  batch.layout = make_layout(batch.lengths, c.cp);
+  batch.layout = job_layout(c, batch.lengths);
   const int64_t rows = batch.layout.total_rows();
   batch.q = HostTensor(c.dtype, rows, c.q_heads, c.head_dim);
   batch.k = HostTensor(c.dtype, rows, c.kv_heads, c.head_dim);
@@ -173,7 +180,8 @@ GlobalBatch make_batch_from_lengths(const RunConfig& c) {
   // Only the batch asked for is built (a file of many short documents packs into many).
   int64_t count = 0;
   std::vector<int64_t> lengths =
-      packed_batch(documents, c.tokens, 2 * static_cast<int64_t>(c.cp), c.batch_index, &count);
+      packed_batch(documents, c.tokens, c.cp_layout == CpLayout::kDualChunk ? c.row_multiple() : 1, c.batch_index,
+                   &count);
   if (c.batch_index >= count) {
     throw UsageError("--batch " + std::to_string(c.batch_index) + ": " + quote_path(c.lengths_file) + " packs into " +
                      std::to_string(count) + " batches of " + std::to_string(c.tokens) +
@@ -291,15 +299,18 @@ GlobalBatch load_layout(const RunConfig& c, const LoadFiles& f) {
   for (int b = 0; b < user.num_seqs; ++b) batch.lengths.push_back(user.length(b));
 
   // The layout the CP size can run: the user's when every padded length is already a
-  // multiple of 2*cp, else each sequence re-padded, remembering where every row came from.
-  bool aligned = true;
-  for (int b = 0; b < user.num_seqs; ++b) aligned = aligned && user.padded_length(b) % (2 * c.cp) == 0;
+  // multiple of 2*cp (dual chunk; contiguous: when its rows are a multiple of cp), else each
+  // sequence re-padded, remembering where every row came from.
+  bool aligned = c.cp_layout == CpLayout::kDualChunk || user.total_rows() % c.cp == 0;
+  for (int b = 0; b < user.num_seqs && c.cp_layout == CpLayout::kDualChunk; ++b) {
+    aligned = aligned && user.padded_length(b) % (2 * c.cp) == 0;
+  }
   if (aligned) {
     batch.layout = batch.user_layout;
     batch.user_rows = identity_rows(user.total_rows());
     return batch;
   }
-  batch.layout = make_layout(batch.lengths, c.cp);
+  batch.layout = job_layout(c, batch.lengths);
   const LayoutView job = batch.layout.view();
   batch.user_rows.assign(static_cast<size_t>(job.total_rows()), -1);
   for (int b = 0; b < job.num_seqs; ++b) {
@@ -307,7 +318,9 @@ GlobalBatch load_layout(const RunConfig& c, const LoadFiles& f) {
       batch.user_rows[static_cast<size_t>(job.padded_start(b) + i)] = static_cast<int32_t>(user.padded_start(b) + i);
     }
   }
-  batch.source += " (re-padded to multiples of 2*cp=" + std::to_string(2 * c.cp) + ")";
+  batch.source += c.cp_layout == CpLayout::kDualChunk
+                      ? " (re-padded to multiples of 2*cp=" + std::to_string(2 * c.cp) + ")"
+                      : " (packed back to back, padded to a multiple of cp=" + std::to_string(c.cp) + ")";
   return batch;
 }
 

@@ -135,14 +135,17 @@ GlobalOutputs run_reference(const RunConfig& c, const GlobalBatch& batch, RunRep
   return ref;
 }
 
-// Brings every rank's local rows of a [T/cp, ...] tensor (rows of row_bytes) into the
-// global tensor, on every rank.
-void assemble(Communicator& comm, const LayoutView& layout, const void* local, void* global, size_t row_bytes) {
+// Brings every rank's local rows of a [T/cp, ...] tensor (rows of row_bytes, in the order of
+// `cp_layout`) into the global tensor, on every rank.
+void assemble(Communicator& comm, const LayoutView& layout, CpLayout cp_layout, const void* local, void* global,
+              size_t row_bytes) {
   const int cp = comm.size();
   const size_t local_bytes = static_cast<size_t>(layout.total_rows() / cp) * row_bytes;
   std::vector<unsigned char> gathered(local_bytes * cp);
   comm.all_gather(local, gathered.data(), local_bytes);
-  for (int r = 0; r < cp; ++r) thdcp::merge_from_rank(gathered.data() + r * local_bytes, global, row_bytes, layout, cp, r);
+  for (int r = 0; r < cp; ++r) {
+    thdcp::merge_from_rank(gathered.data() + r * local_bytes, global, row_bytes, layout, cp, r, cp_layout);
+  }
 }
 
 // Folds one rank's times into the report: the slowest rank sets each number.
@@ -167,13 +170,16 @@ RankResult run_rank_cpu(Communicator& comm, const RunConfig& c, const GlobalBatc
   const int64_t local_rows = layout.total_rows() / cp;
   struct {
     HostTensor q, k, v, dout;
-  } local{split_for_rank(batch.q, layout, cp, rank), split_for_rank(batch.k, layout, cp, rank),
-          split_for_rank(batch.v, layout, cp, rank), split_for_rank(batch.dout, layout, cp, rank)};
+  } local{split_for_rank(batch.q, layout, cp, rank, c.cp_layout), split_for_rank(batch.k, layout, cp, rank, c.cp_layout),
+          split_for_rank(batch.v, layout, cp, rank, c.cp_layout),
+          split_for_rank(batch.dout, layout, cp, rank, c.cp_layout)};
   static_cast<HostOutputs&>(r) = host_outputs(c.step_shape(), local_rows);
   r.dsinks.assign(batch.sinks.size(), 0.0f);
   const AttentionOptions options = attention_options(c, threads);
   // The plan's tensor forms take the sinks (the one-shot cp::forward does not).
-  cp::CpuPlan plan(comm, cp_problem(c.step_shape(), cp, Capacity{layout.num_seqs, layout.total_rows()}, c.mask),
+  cp::CpuPlan plan(comm,
+                   cp_problem(c.step_shape(), cp, Capacity{layout.num_seqs, layout.total_rows()}, c.mask, c.cp_layout,
+                              c.cp_comm),
                    options);
 
   auto start = Clock::now();
@@ -206,23 +212,24 @@ RankResult run_rank(Communicator& comm, const RunConfig& c, const GlobalBatch& b
   const int64_t local_rows = layout.total_rows() / comm.size();
   if (how == Assemble::kShared) {
     const int cp = comm.size(), rank = comm.rank();
-    merge_from_rank(r.out, outputs.out, layout, cp, rank);
-    merge_from_rank(r.dq, outputs.dq, layout, cp, rank);
-    merge_from_rank(r.dk, outputs.dk, layout, cp, rank);
-    merge_from_rank(r.dv, outputs.dv, layout, cp, rank);
-    merge_lse_from_rank(r.lse, outputs.lse, c.q_heads, layout, cp, rank);
+    merge_from_rank(r.out, outputs.out, layout, cp, rank, c.cp_layout);
+    merge_from_rank(r.dq, outputs.dq, layout, cp, rank, c.cp_layout);
+    merge_from_rank(r.dk, outputs.dk, layout, cp, rank, c.cp_layout);
+    merge_from_rank(r.dv, outputs.dv, layout, cp, rank, c.cp_layout);
+    merge_lse_from_rank(r.lse, outputs.lse, c.q_heads, layout, cp, rank, c.cp_layout);
     if (rank == 0) {
       outputs.max_logit = r.max_logit;  // the same on every rank (max-reduced)
       outputs.dsinks = r.dsinks;        // the same on every rank (summed in rank order)
     }
     return r;
   }
-  assemble(comm, layout, r.out.data(), outputs.out.data(), r.out.row_bytes());
-  assemble(comm, layout, r.dq.data(), outputs.dq.data(), r.dq.row_bytes());
-  assemble(comm, layout, r.dk.data(), outputs.dk.data(), r.dk.row_bytes());
-  assemble(comm, layout, r.dv.data(), outputs.dv.data(), r.dv.row_bytes());
+  assemble(comm, layout, c.cp_layout, r.out.data(), outputs.out.data(), r.out.row_bytes());
+  assemble(comm, layout, c.cp_layout, r.dq.data(), outputs.dq.data(), r.dq.row_bytes());
+  assemble(comm, layout, c.cp_layout, r.dk.data(), outputs.dk.data(), r.dk.row_bytes());
+  assemble(comm, layout, c.cp_layout, r.dv.data(), outputs.dv.data(), r.dv.row_bytes());
   for (int64_t h = 0; h < c.q_heads; ++h) {
-    assemble(comm, layout, r.lse.data() + h * local_rows, outputs.lse.data() + h * layout.total_rows(), sizeof(float));
+    assemble(comm, layout, c.cp_layout, r.lse.data() + h * local_rows, outputs.lse.data() + h * layout.total_rows(),
+             sizeof(float));
   }
   outputs.max_logit = r.max_logit;
   outputs.dsinks = r.dsinks;
@@ -239,9 +246,12 @@ void fill_layout_stats(const RunConfig& c, const GlobalBatch& batch, RunReport& 
   report.total_pairs = table_pairs(build_segment_table(layout, c.mask));
   report.reference_flops = 14.0 * static_cast<double>(report.total_pairs) * c.head_dim * c.q_heads;
   for (int r = 0; r < c.cp; ++r) {
-    report.rank_pairs.push_back(table_pairs(build_cp_segment_table(layout, c.cp, r, c.mask)));
+    // Its rows under the layout; its pairs per head: those of its rows (all_gather), or
+    // every pair of the batch for Hq/cp of the heads (all_to_all: counted as 1/cp of them).
+    const SegmentTable table = build_cp_segment_table(layout, c.cp, r, c.mask, c.cp_layout);
+    report.rank_pairs.push_back(c.cp_comm == cp::CpComm::kAllToAll ? report.total_pairs / c.cp : table_pairs(table));
     int64_t valid = 0;
-    for (const Segment& s : build_cp_segment_table(layout, c.cp, r, c.mask).segments) valid += s.q_len;
+    for (const Segment& s : table.segments) valid += s.q_len;
     report.rank_valid_tokens.push_back(valid);
   }
 }

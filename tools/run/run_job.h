@@ -48,6 +48,12 @@ struct RunConfig {
   double max_memory = 0;     // --max-memory in bytes; 0: the machine's physical memory
   bool allow_nonfinite = false;  // --allow-nonfinite: skip the finiteness check of --load
   double loaded_max_v = 0;       // (set by load_batch)
+  CpLayout cp_layout = CpLayout::kDualChunk;    // --cp-layout
+  cp::CpComm cp_comm = cp::CpComm::kAllGather;  // --cp-comm
+
+  // The batch's rows split over cp in multiples of this: each document's padded length under
+  // the dual-chunk layout (2*cp), the whole buffer under the contiguous one (cp).
+  int64_t row_multiple() const { return cp_layout == CpLayout::kDualChunk ? 2 * int64_t{cp} : int64_t{cp}; }
 
   StepShape step_shape() const { return StepShape{{q_heads, kv_heads, head_dim, v_head_dim}, dtype}; }
 };

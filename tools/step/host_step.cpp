@@ -12,8 +12,9 @@ AttentionProblem attention_problem(const StepShape& shape, const Capacity& capac
   return AttentionProblem{shape.heads(), capacity, mask, shape.dtype, shape.dtype, shape.dtype};
 }
 
-cp::Problem cp_problem(const StepShape& shape, int cp, const Capacity& capacity, const Mask& mask) {
-  return cp::Problem{shape.heads(), cp, capacity, mask, shape.dtype};
+cp::Problem cp_problem(const StepShape& shape, int cp, const Capacity& capacity, const Mask& mask, CpLayout layout,
+                       cp::CpComm comm) {
+  return cp::Problem{shape.heads(), cp, capacity, mask, shape.dtype, layout, comm};
 }
 
 BatchLayout exact_layout(const std::vector<int64_t>& lengths, int cp) {
