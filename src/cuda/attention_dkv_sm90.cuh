@@ -34,10 +34,18 @@ struct DkvSm90Shape {
   static constexpr int v_col0(int slice) { return slice * kVSplit; }
   static constexpr int v_columns(int slice) { return slice == 0 ? kVSplit : kDv - kVSplit; }
   static_assert(kSlices == 1 || (kDqk <= 256 && kDv <= 256 && kDv % 64 == 0), "slices of whole column blocks");
-  // K, V, two Q and two dO buffers (wgmma layout), lse and delta of two steps, and the slack
-  // that aligns the tiles to 1024 bytes: 98 KiB at D = 128, two blocks per SM; 121 KiB at
-  // 192/128, 145 KiB at 192 and 193 KiB at 256, one.
-  static constexpr size_t kSmemBytes = 3 * (kQkBytes + kVBytes) + 4 * kTileM * sizeof(float) + 1024;
+  // K, V, kStages Q and dO buffers (wgmma layout), lse and delta of kStages steps, and the
+  // slack that aligns the tiles to 1024 bytes. Two stages (the next step's Q/dO loads while
+  // this one computes) where two blocks still share an SM (98 KiB at D = 128) or where one
+  // stage would not make room for a second block (193 KiB at 256); one stage where that
+  // lets two blocks share the SM, each hiding the other's loads and waits: 81 KiB at 192/128
+  // and 97 KiB at 192 (two stages: 121 and 145 KiB, one block of four warps per SM).
+  static constexpr size_t smem_bytes(int stages) {
+    return (1 + stages) * (kQkBytes + kVBytes) + 2 * stages * kTileM * sizeof(float) + 1024;
+  }
+  static constexpr size_t kTwoBlocksBytes = 227 * 1024 / 2 - 1024;  // per block, with the driver's reserve
+  static constexpr int kStages = smem_bytes(2) > kTwoBlocksBytes && smem_bytes(1) <= kTwoBlocksBytes ? 1 : 2;
+  static constexpr size_t kSmemBytes = smem_bytes(kStages);
 };
 
 // The per-step arithmetic of the Hopper dK/dV warpgroups (dkv_kernel_sm90, and the
@@ -219,12 +227,13 @@ __device__ __forceinline__ void dkv_sm90_block(const BackwardParams& p, const Ba
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_address = smem_address(smem_raw);
+  constexpr int kStages = Shape::kStages;
   const uint32_t k_tile = (raw_address + 1023u) & ~1023u;
   const uint32_t v_tile = k_tile + Shape::kQkBytes;
-  const uint32_t q_tiles = v_tile + Shape::kVBytes;           // two buffers
-  const uint32_t do_tiles = q_tiles + 2 * Shape::kQkBytes;  // two buffers
-  float* lse_rows = reinterpret_cast<float*>(smem_raw + (do_tiles + 2 * Shape::kVBytes - raw_address));
-  float* delta_rows = lse_rows + 2 * kM;
+  const uint32_t q_tiles = v_tile + Shape::kVBytes;                 // kStages buffers
+  const uint32_t do_tiles = q_tiles + kStages * Shape::kQkBytes;  // kStages buffers
+  float* lse_rows = reinterpret_cast<float*>(smem_raw + (do_tiles + kStages * Shape::kVBytes - raw_address));
+  float* delta_rows = lse_rows + kStages * kM;
 
   const Element* q = static_cast<const Element*>(p.q);
   const Element* dout = static_cast<const Element*>(p.dout);
@@ -262,15 +271,17 @@ __device__ __forceinline__ void dkv_sm90_block(const BackwardParams& p, const Ba
     if (i < kVColumns / 8) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
   }
 
-  // The steps are software-pipelined by one: step s's dV/dK products run on the tensor cores
-  // while step s + 1 waits for its tiles and issues its S^T and dP^T, and P^T = exp(S^T -
-  // lse) is computed while dP^T is still in flight. wgmma groups in flight at step s's
-  // wait<1>: [dV/dK of s - 1, S^T of s, dP^T of s]; it returns when the first two have
+  // Two stages: the steps are software-pipelined by one: step s's dV/dK products run on the
+  // tensor cores while step s + 1 waits for its tiles and issues its S^T and dP^T, and P^T =
+  // exp(S^T - lse) is computed while dP^T is still in flight. wgmma groups in flight at step
+  // s's wait<1>: [dV/dK of s - 1, S^T of s, dP^T of s]; it returns when the first two have
   // landed, which also frees the other Q/dO buffer for the prefetch of step s + 1.
+  // One stage: step s + 1's Q/dO load once step s's dV/dK have landed (the block on the
+  // same SM runs meanwhile).
   int m_index = 0;
   int head_index = 0;
   for (int step = 0; step < steps; ++step) {
-    const int buffer = step & 1;
+    const int buffer = kStages == 2 ? step & 1 : 0;
     int next_m = m_index + 1;
     int next_head = head_index;
     if (next_m == m_count) {
@@ -297,9 +308,11 @@ __device__ __forceinline__ void dkv_sm90_block(const BackwardParams& p, const Ba
     wgmma_fence_operands(flat(st));
     wgmma_fence_operands(flat(dv));
     wgmma_fence_operands(flat(dk));
-    __syncthreads();  // every warp's: the other Q/dO buffer is free
-    if (step + 1 < steps) load_q(next_m, next_head, buffer ^ 1);
-    cp_async_commit();
+    if constexpr (kStages == 2) {
+      __syncthreads();  // every warp's: the other Q/dO buffer is free
+      if (step + 1 < steps) load_q(next_m, next_head, buffer ^ 1);
+      cp_async_commit();
+    }
 
     uint32_t pt[kM / 16][4];
     uint32_t dst[kM / 16][4];
@@ -307,6 +320,14 @@ __device__ __forceinline__ void dkv_sm90_block(const BackwardParams& p, const Ba
         st, dpt, dv, dk, pt, dst, seg, mask, n0, key_row, m0, pair_col,
         dkv_step_unmasked(seg, mask, n0, valid_k, kN, m0, kM), lse_tile, delta_tile, p.scale_log2,
         q_tile + kQColumnBytes, do_tile + kDoColumnBytes);
+    if constexpr (kStages == 1) {
+      wgmma_wait<0>();  // dV/dK of this step have read its Q/dO
+      wgmma_fence_operands(flat(dv));
+      wgmma_fence_operands(flat(dk));
+      __syncthreads();  // every warp's
+      if (step + 1 < steps) load_q(next_m, next_head, 0);
+      cp_async_commit();
+    }
     m_index = next_m;
     head_index = next_head;
   }
