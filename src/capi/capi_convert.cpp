@@ -22,7 +22,10 @@ static_assert(sizeof(thdcp_graph_bank_params) == THDCP_GRAPH_BANK_PARAMS_MIN_SIZ
 static_assert(sizeof(thdcp_attention_extras) == THDCP_ATTENTION_EXTRAS_MIN_SIZE);
 // The second version of thdcp_attention_params (v_head_dim) starts on the first one's 8-byte end.
 static_assert(offsetof(thdcp_attention_params, v_head_dim) == 80 && sizeof(thdcp_attention_params) == 88);
-static_assert(offsetof(thdcp_cp_params, v_head_dim) == 88 && sizeof(thdcp_cp_params) == 96);
+static_assert(offsetof(thdcp_cp_params, v_head_dim) == 88);
+// The third version of thdcp_cp_params (cp_layout, cp_comm) starts on the second one's end.
+static_assert(offsetof(thdcp_cp_params, cp_layout) == 96 && offsetof(thdcp_cp_params, cp_comm) == 100 &&
+              sizeof(thdcp_cp_params) == 104);
 static_assert(sizeof(thdcp_attention_params) % 8 == 0 && sizeof(thdcp_cp_params) % 8 == 0 &&
               sizeof(thdcp_capacity_plan_params) % 8 == 0 && sizeof(thdcp_static_batch_info) % 8 == 0);
 
@@ -118,6 +121,18 @@ thdcp_backend_t backend_of(int backend, const char* argument) {
                      argument << "=" << backend
                               << " is not a thdcp_backend_t: use THDCP_BACKEND_CPU (0) or THDCP_BACKEND_CUDA (1)");
   return backend == THDCP_BACKEND_CPU ? THDCP_BACKEND_CPU : THDCP_BACKEND_CUDA;
+}
+
+const char* cp_layout_c_name(CpLayout layout) {
+  return layout == CpLayout::kDualChunk ? "THDCP_CP_LAYOUT_DUAL_CHUNK" : "THDCP_CP_LAYOUT_CONTIGUOUS";
+}
+
+CpLayout cp_layout_of(int cp_layout, const char* argument) {
+  THDCP_CAPI_REQUIRE(cp_layout == THDCP_CP_LAYOUT_DUAL_CHUNK || cp_layout == THDCP_CP_LAYOUT_CONTIGUOUS,
+                     argument << "=" << cp_layout
+                              << " is not a thdcp_cp_layout_t: use THDCP_CP_LAYOUT_DUAL_CHUNK (0) or "
+                                 "THDCP_CP_LAYOUT_CONTIGUOUS (1)");
+  return cp_layout == THDCP_CP_LAYOUT_DUAL_CHUNK ? CpLayout::kDualChunk : CpLayout::kContiguous;
 }
 
 namespace {

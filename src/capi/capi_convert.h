@@ -12,6 +12,7 @@
 #include "capi_status.h"
 #include "thdcp/plan/attention_shape.h"
 #include "thdcp/core/tensor.h"
+#include "thdcp/plan/contiguous.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/mask.h"
 #include "thdcp/thdcp.h"
@@ -66,6 +67,12 @@ DType gradient_dtype(int given, DType dtype, const char* argument);
 
 // The backend field of a params struct: CPU or CUDA, else refused.
 thdcp_backend_t backend_of(int backend, const char* argument);
+
+// A CP layout (a thdcp_cp_layout_t read by raw_enum): dual chunk or contiguous, else
+// refused naming `argument`.
+CpLayout cp_layout_of(int cp_layout, const char* argument);
+// "THDCP_CP_LAYOUT_DUAL_CHUNK" or "THDCP_CP_LAYOUT_CONTIGUOUS".
+const char* cp_layout_c_name(CpLayout layout);
 
 // The C descriptor as a view; checks that it is not NULL, its dtype, that its dimensions
 // and strides are >= 0, that data is not NULL for a non-empty tensor, and that the byte

@@ -1,5 +1,5 @@
-// AllGather CP plans of the C ABI: thdcp::cp::CpuPlan over a host communicator,
-// thdcp::cp::CudaPlan over a device communicator. Every call that is collective aborts an
+// CP plans of the C ABI: thdcp::cp::CpuPlan over a host communicator (every CP layout and
+// communication), thdcp::cp::CudaPlan over a device communicator (dual chunk, all-gather). Every call that is collective aborts an
 // in-process or shared-GPU group when it fails on this rank (handles.h).
 #include <cstdint>
 #include <limits>
@@ -31,35 +31,86 @@ namespace {
 
 const thdcp_cp_params kDefaults = THDCP_CP_PARAMS_INIT;
 
+const char* cp_comm_c_name(cp::CpComm comm) {
+  return comm == cp::CpComm::kAllGather ? "THDCP_CP_COMM_ALL_GATHER" : "THDCP_CP_COMM_ALL_TO_ALL";
+}
+
+cp::CpComm cp_comm_of(int cp_comm) {
+  THDCP_CAPI_REQUIRE(cp_comm == THDCP_CP_COMM_ALL_GATHER || cp_comm == THDCP_CP_COMM_ALL_TO_ALL,
+                     "params->cp_comm=" << cp_comm
+                                        << " is not a thdcp_cp_comm_t: use THDCP_CP_COMM_ALL_GATHER (0) or "
+                                           "THDCP_CP_COMM_ALL_TO_ALL (1)");
+  return cp_comm == THDCP_CP_COMM_ALL_GATHER ? cp::CpComm::kAllGather : cp::CpComm::kAllToAll;
+}
+
+// max_tokens under the problem's CP layout: the global rows, in [0, 2^31), cut into 2*cp
+// chunks per sequence (dual chunk) or into cp pieces (contiguous).
+void check_max_tokens(int64_t max_tokens, const cp::Problem& problem) {
+  const int64_t cp = problem.cp;
+  const bool dual_chunk = problem.layout == CpLayout::kDualChunk;
+  const int64_t multiple = dual_chunk ? 2 * cp : cp;
+  THDCP_CAPI_REQUIRE(max_tokens >= 0 && max_tokens <= std::numeric_limits<int32_t>::max() &&
+                         max_tokens % multiple == 0,
+                     "params->max_tokens=" << max_tokens << " must be a multiple of " << (dual_chunk ? "2*" : "")
+                                           << "cp_size=" << multiple
+                                           << " in [0, 2^31): the global rows of the layouts, which params->cp_layout="
+                                           << cp_layout_c_name(problem.layout)
+                                           << (dual_chunk ? " cuts into 2*cp_size chunks per sequence; round it up, "
+                                                            "or use THDCP_CP_LAYOUT_CONTIGUOUS, which needs a "
+                                                            "multiple of cp_size"
+                                                          : " cuts into cp_size equal pieces; round it up to a "
+                                                            "multiple of cp_size"));
+}
+
+// The heads all-to-all deals out: each rank takes heads/cp of the query and of the key heads.
+void check_all_to_all_heads(const cp::Problem& problem) {
+  if (problem.comm != cp::CpComm::kAllToAll) return;
+  for (auto [name, heads] : {std::make_pair("q_heads", problem.q_heads), std::make_pair("kv_heads", problem.kv_heads)}) {
+    THDCP_CAPI_REQUIRE(heads % problem.cp == 0,
+                       "params->" << name << "=" << heads << " is not a multiple of cp_size=" << problem.cp
+                                  << ", which params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL needs (each rank takes "
+                                  << name << "/cp_size heads): use THDCP_CP_COMM_ALL_GATHER, or a cp_size that "
+                                              "divides q_heads and kv_heads");
+  }
+}
+
 CpConfig config_of(const thdcp_cp_params* given) {
   const thdcp_cp_params p = read_params(given, THDCP_CP_PARAMS_MIN_SIZE, kDefaults, "params", "thdcp_cp_params",
                                         "THDCP_CP_PARAMS_INIT or thdcp_cp_params_init()");
   const thdcp_backend_t backend = backend_of(raw_enum(p.backend), "params->backend");
-  if (backend == THDCP_BACKEND_CUDA) require_cuda_build("params->backend=THDCP_BACKEND_CUDA");
   CpConfig c;
   c.backend = backend;
   cp::Problem& problem = c.problem;
+  problem.layout = cp_layout_of(p.cp_layout, "params->cp_layout");
+  problem.comm = cp_comm_of(p.cp_comm);
+  // Before the build is asked for CUDA, so that every build gives the same answer.
+  THDCP_CAPI_REQUIRE(backend == THDCP_BACKEND_CPU ||
+                         (problem.layout == CpLayout::kDualChunk && problem.comm == cp::CpComm::kAllGather),
+                     "params->cp_layout=" << cp_layout_c_name(problem.layout)
+                                          << ", params->cp_comm=" << cp_comm_c_name(problem.comm)
+                                          << " is not supported by the CUDA backend: it runs "
+                                             "THDCP_CP_LAYOUT_DUAL_CHUNK with THDCP_CP_COMM_ALL_GATHER only; use "
+                                             "those, or THDCP_BACKEND_CPU, which runs every pair");
+  if (backend == THDCP_BACKEND_CUDA) require_cuda_build("params->backend=THDCP_BACKEND_CUDA");
   problem.dtype = storage_dtype(raw_enum(p.dtype), "params->dtype");
   THDCP_CAPI_REQUIRE(backend == THDCP_BACKEND_CPU || problem.dtype != DType::kFloat32,
                      "params->dtype=THDCP_DTYPE_FP32 is not supported by the CUDA backend: use THDCP_DTYPE_BF16 or "
                      "THDCP_DTYPE_FP16 (or THDCP_BACKEND_CPU for fp32)");
   THDCP_CAPI_REQUIRE(p.cp_size >= 1, "params->cp_size=" << p.cp_size << " must be >= 1: the ranks of the group");
+  problem.cp = p.cp_size;
   THDCP_CAPI_REQUIRE(p.max_seqs >= 1, "params->max_seqs=" << p.max_seqs
                                                           << " must be >= 1: the most sequences a layout may have");
-  THDCP_CAPI_REQUIRE(p.max_tokens >= 0 && p.max_tokens <= std::numeric_limits<int32_t>::max() &&
-                         p.max_tokens % (2 * static_cast<int64_t>(p.cp_size)) == 0,
-                     "params->max_tokens=" << p.max_tokens << " must be a multiple of 2*cp_size=" << 2 * static_cast<int64_t>(p.cp_size)
-                                           << " in [0, 2^31): the global rows of the layouts");
+  check_max_tokens(p.max_tokens, problem);
   check_heads(p.q_heads, p.kv_heads, p.head_dim, backend == THDCP_BACKEND_CUDA, p.v_head_dim);
   check_plan_elements(p.max_tokens, p.q_heads, p.head_dim, "params");
   check_plan_elements(p.max_tokens, p.q_heads, p.v_head_dim, "params", "v_head_dim");
-  problem.cp = p.cp_size;
   problem.capacity = Capacity{p.max_seqs, p.max_tokens};
   problem.mask = mask_of(p.window_left, p.window_right, "params");
   problem.q_heads = p.q_heads;
   problem.kv_heads = p.kv_heads;
   problem.head_dim = p.head_dim;
   problem.v_head_dim = p.v_head_dim;
+  check_all_to_all_heads(problem);
   check_softmax_scale(p.softmax_scale, "params");
   c.softmax_scale = p.softmax_scale;
   c.deterministic = p.deterministic != 0;

@@ -1,4 +1,4 @@
-// Host arithmetic of the C ABI: the dual-chunk split (plan/rank_split.h), capacities and
+// Host arithmetic of the C ABI: the rank split of either CP layout (plan/rank_split.h), capacities and
 // layouts (plan/capacity.h, plan/layout.h) and capacity planning (plan/planner.h).
 #include <algorithm>
 #include <cstddef>
@@ -21,12 +21,14 @@ namespace thdcp::capi {
 
 namespace {
 
-// A host layout for the split helpers (rank_row_map validates its values: every padded
-// length a multiple of 2 * cp).
-LayoutView split_layout(const thdcp_layout_t* layout, int cp, int rank) {
+// A host layout for the split helpers, its values checked for `cp_layout` (every padded
+// length a multiple of 2 * cp, or the rows a multiple of cp).
+LayoutView split_layout(const thdcp_layout_t* layout, int cp, int rank, CpLayout cp_layout) {
   THDCP_CAPI_REQUIRE(cp >= 1, "cp=" << cp << " must be >= 1");
   THDCP_CAPI_REQUIRE(rank >= 0 && rank < cp, "rank=" << rank << " must be in [0, cp=" << cp << ")");
-  return layout_view(layout, "layout");
+  const LayoutView batch = layout_view(layout, "layout");
+  validate_cp_layout(batch, batch.total_rows(), cp, cp_layout);
+  return batch;
 }
 
 // Which way rows move between a global tensor and a rank's local one.
@@ -37,15 +39,14 @@ enum class Move { kSplit /* global -> local */, kMerge /* local -> global */ };
 // valid byte count, and the two buffers apart (neither operation works in place: rows are
 // read and written in different orders).
 std::vector<int32_t> move_map(Move move, const void* global, const void* local, size_t row_bytes,
-                              const thdcp_layout_t* layout, int cp, int rank) {
+                              const thdcp_layout_t* layout, int cp, int rank, CpLayout cp_layout) {
   const bool split = move == Move::kSplit;
   const char* read = split ? "global" : "local";
   const char* written = split ? "local" : "global";
   THDCP_CAPI_REQUIRE((split ? global : local) != nullptr, read << " is NULL: pass its host memory");
   THDCP_CAPI_REQUIRE((split ? local : global) != nullptr, written << " is NULL: pass its host memory");
   THDCP_CAPI_REQUIRE(row_bytes >= 1, "row_bytes=0: pass the bytes of one row (heads * head_dim * element size)");
-  const LayoutView batch = split_layout(layout, cp, rank);
-  validate_layout(batch, batch.total_rows(), cp);
+  const LayoutView batch = split_layout(layout, cp, rank, cp_layout);
   const int64_t rows = batch.total_rows();
   size_t global_bytes = 0;
   THDCP_CAPI_REQUIRE(row_bytes <= static_cast<size_t>(std::numeric_limits<ptrdiff_t>::max()) &&
@@ -68,8 +69,37 @@ std::vector<int32_t> move_map(Move move, const void* global, const void* local, 
                                  << (split ? local_bytes : global_bytes) << " bytes) overlap: rows are read from "
                                  << read << " while others are written to " << written
                                  << ", so the two may not share memory; pass separate buffers");
-  return rank_row_map(batch, cp, rank);
+  return rank_row_map(batch, cp, rank, cp_layout);
 }
+
+void local_rows(const thdcp_layout_t* layout, int cp, int rank, int32_t* global_rows, int64_t num_rows,
+                CpLayout cp_layout) {
+  // The layout's values first, then the output's size, then the map: nothing is allocated
+  // for a count the caller's array does not have.
+  const LayoutView batch = split_layout(layout, cp, rank, cp_layout);
+  const int64_t rows = batch.total_rows() / cp;
+  THDCP_CAPI_NOT_NULL(global_rows, "num_rows = T / cp = " << rows << " int32 entries");
+  THDCP_CAPI_REQUIRE(num_rows == rows, "num_rows=" << num_rows << " but rank " << rank << " of cp=" << cp
+                                                   << " holds T / cp = " << rows << " rows of this layout (T = "
+                                                   << batch.total_rows() << ")");
+  const std::vector<int32_t> map = rank_row_map(batch, cp, rank, cp_layout);
+  std::copy(map.begin(), map.end(), global_rows);
+}
+
+void split(const void* global, void* local, size_t row_bytes, const thdcp_layout_t* layout, int cp, int rank,
+           CpLayout cp_layout) {
+  gather_rows(global, local, move_map(Move::kSplit, global, local, row_bytes, layout, cp, rank, cp_layout),
+              row_bytes);
+}
+
+void merge(const void* local, void* global, size_t row_bytes, const thdcp_layout_t* layout, int cp, int rank,
+           CpLayout cp_layout) {
+  scatter_rows(local, global, move_map(Move::kMerge, global, local, row_bytes, layout, cp, rank, cp_layout),
+               row_bytes);
+}
+
+// The trailing thdcp_cp_layout_t of the _ex helpers.
+CpLayout layout_argument(thdcp_cp_layout_t cp_layout) { return cp_layout_of(raw_enum(cp_layout), "cp_layout"); }
 
 Capacity capacity_of(const thdcp_capacity_t* capacity) {
   THDCP_CAPI_NOT_NULL(capacity, "a thdcp_capacity_t (max_tokens, max_seqs)");
@@ -106,36 +136,42 @@ extern "C" {
 thdcp_status_t thdcp_cp_local_rows(const thdcp_layout_t* layout, int cp, int rank, int32_t* global_rows,
                                    int64_t num_rows) {
   return guarded(__func__, [&] {
-    const thdcp::LayoutView batch = thdcp::capi::split_layout(layout, cp, rank);
-    // The layout's values first, then the output's size, then the map: nothing is allocated
-    // for a count the caller's array does not have.
-    thdcp::validate_layout(batch, batch.total_rows(), cp);
-    const int64_t local_rows = batch.total_rows() / cp;
-    THDCP_CAPI_NOT_NULL(global_rows, "num_rows = T / cp = " << local_rows << " int32 entries");
-    THDCP_CAPI_REQUIRE(num_rows == local_rows, "num_rows=" << num_rows << " but rank " << rank << " of cp=" << cp
-                                                            << " holds T / cp = " << local_rows
-                                                            << " rows of this layout (T = " << batch.total_rows()
-                                                            << ")");
-    const std::vector<int32_t> map = thdcp::rank_row_map(batch, cp, rank);
-    std::copy(map.begin(), map.end(), global_rows);
+    thdcp::capi::local_rows(layout, cp, rank, global_rows, num_rows, thdcp::CpLayout::kDualChunk);
+  });
+}
+
+thdcp_status_t thdcp_cp_local_rows_ex(const thdcp_layout_t* layout, int cp, int rank, int32_t* global_rows,
+                                      int64_t num_rows, thdcp_cp_layout_t cp_layout) {
+  return guarded(__func__, [&] {
+    thdcp::capi::local_rows(layout, cp, rank, global_rows, num_rows, thdcp::capi::layout_argument(cp_layout));
   });
 }
 
 thdcp_status_t thdcp_cp_split(const void* global, void* local, size_t row_bytes, const thdcp_layout_t* layout,
                               int cp, int rank) {
   return guarded(__func__, [&] {
-    const std::vector<int32_t> map =
-        thdcp::capi::move_map(thdcp::capi::Move::kSplit, global, local, row_bytes, layout, cp, rank);
-    thdcp::gather_rows(global, local, map, row_bytes);
+    thdcp::capi::split(global, local, row_bytes, layout, cp, rank, thdcp::CpLayout::kDualChunk);
+  });
+}
+
+thdcp_status_t thdcp_cp_split_ex(const void* global, void* local, size_t row_bytes, const thdcp_layout_t* layout,
+                                 int cp, int rank, thdcp_cp_layout_t cp_layout) {
+  return guarded(__func__, [&] {
+    thdcp::capi::split(global, local, row_bytes, layout, cp, rank, thdcp::capi::layout_argument(cp_layout));
   });
 }
 
 thdcp_status_t thdcp_cp_merge(const void* local, void* global, size_t row_bytes, const thdcp_layout_t* layout,
                               int cp, int rank) {
   return guarded(__func__, [&] {
-    const std::vector<int32_t> map =
-        thdcp::capi::move_map(thdcp::capi::Move::kMerge, global, local, row_bytes, layout, cp, rank);
-    thdcp::scatter_rows(local, global, map, row_bytes);
+    thdcp::capi::merge(local, global, row_bytes, layout, cp, rank, thdcp::CpLayout::kDualChunk);
+  });
+}
+
+thdcp_status_t thdcp_cp_merge_ex(const void* local, void* global, size_t row_bytes, const thdcp_layout_t* layout,
+                                 int cp, int rank, thdcp_cp_layout_t cp_layout) {
+  return guarded(__func__, [&] {
+    thdcp::capi::merge(local, global, row_bytes, layout, cp, rank, thdcp::capi::layout_argument(cp_layout));
   });
 }
 
@@ -179,6 +215,22 @@ thdcp_status_t thdcp_make_layout(const int64_t* lengths, int64_t num_documents, 
     THDCP_CAPI_NOT_NULL(cu_seqlens, "num_documents + 1 = " << num_documents + 1 << " int32 entries");
     THDCP_CAPI_NOT_NULL(cu_seqlens_padded, "num_documents + 1 = " << num_documents + 1 << " int32 entries");
     thdcp::capi::copy_layout(thdcp::make_layout(docs, cp), cu_seqlens, cu_seqlens_padded);
+  });
+}
+
+thdcp_status_t thdcp_make_contiguous_layout(const int64_t* lengths, int64_t num_documents, int cp,
+                                            int32_t* cu_seqlens, int32_t* cu_seqlens_padded) {
+  return guarded(__func__, [&] {
+    const std::vector<int64_t> docs = thdcp::capi::lengths_of(lengths, num_documents, "lengths");
+    // Padding to 2*cp bounds the rows of any layout of these documents: past it, no sum overflows.
+    thdcp::capi::checked_padded_rows(docs, cp, "lengths");
+    THDCP_CAPI_REQUIRE(num_documents >= 1,
+                       "num_documents=0: pass at least one document (the last one takes the padding to a multiple "
+                       "of cp rows)");
+    const thdcp::BatchLayout made = thdcp::make_contiguous_layout(docs, cp);
+    THDCP_CAPI_NOT_NULL(cu_seqlens, "num_documents + 1 = " << num_documents + 1 << " int32 entries");
+    THDCP_CAPI_NOT_NULL(cu_seqlens_padded, "num_documents + 1 = " << num_documents + 1 << " int32 entries");
+    thdcp::capi::copy_layout(made, cu_seqlens, cu_seqlens_padded);
   });
 }
 

@@ -30,6 +30,30 @@ static thdcp_tensor_t tensor(float* data) {
   return t;
 }
 
+/* The CP layouts from C: documents of 3 and 2 tokens packed with no padding but the last's
+ * (6 rows at cp 2); rank 1 of the contiguous layout holds global rows 3, 4, 5, and a CP
+ * params struct starts at the dual-chunk, all-gather defaults. */
+static void cp_layouts(void) {
+  const int64_t lengths[2] = {3, 2};
+  int32_t cu_seqlens[3], cu_seqlens_padded[3], rows[3] = {-1, -1, -1};
+  thdcp_layout_t layout;
+  const thdcp_cp_params params = THDCP_CP_PARAMS_INIT;
+  const thdcp_cp_layout_t contiguous = THDCP_CP_LAYOUT_CONTIGUOUS;
+  const thdcp_cp_comm_t all_gather = THDCP_CP_COMM_ALL_GATHER;
+
+  check(params.cp_layout == THDCP_CP_LAYOUT_DUAL_CHUNK && params.cp_comm == all_gather, "CP params defaults");
+  check(thdcp_make_contiguous_layout(lengths, 2, 2, cu_seqlens, cu_seqlens_padded) == THDCP_SUCCESS,
+        "contiguous layout");
+  check(cu_seqlens[2] == 5 && cu_seqlens_padded[1] == 3 && cu_seqlens_padded[2] == 6, "only the last is padded");
+  layout.cu_seqlens = cu_seqlens;
+  layout.cu_seqlens_padded = cu_seqlens_padded;
+  layout.num_seqs = 2;
+  check(thdcp_cp_local_rows_ex(&layout, 2, 1, rows, 3, contiguous) == THDCP_SUCCESS, "contiguous rows");
+  check(rows[0] == 3 && rows[1] == 4 && rows[2] == 5, "rank 1 holds the second half");
+  check(thdcp_cp_local_rows(&layout, 2, 1, rows, 3) == THDCP_ERROR_INVALID_ARGUMENT,
+        "the dual-chunk split refuses unpadded documents");
+}
+
 int main(void) {
   /* Row 0 is the token; row 1 is padding, filled with values that must never be read. */
   float q[2 * HEAD_DIM] = {1, 2, 3, 4, 5, 6, 7, 8, 99, 99, 99, 99, 99, 99, 99, 99};
@@ -95,6 +119,7 @@ int main(void) {
   for (i = 0; i < HEAD_DIM; ++i) check(fabsf(out[i] - share * v[i]) <= 1e-5f * fabsf(v[i]), "out = share * v");
   check(fabsf(lse[0] - logf(expf(scale * qk) + expf(sink))) <= 1e-5f * fabsf(lse[0]), "lse includes the sink");
   check(thdcp_attention_plan_destroy(plan) == THDCP_SUCCESS, "plan destroy");
+  cp_layouts();
   if (failures == 0) printf("C header test (libthdcp %s, ABI %d): PASS\n", thdcp_version_string(), thdcp_abi_version());
   return failures == 0 ? 0 : 1;
 }

@@ -234,6 +234,8 @@ static void struct_sizes(void) {
   const int64_t lengths[2] = {5, 9};
   size_t bytes = 0;
   unsigned char* extra;
+  thdcp_cp_params good_cp;
+  thdcp_cp_params* cp;
 
   guarded_pages = mmap(NULL, 2 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   check(guarded_pages != MAP_FAILED && mprotect(guarded_pages + 4096, 4096, PROT_NONE) == 0, "guarded pages");
@@ -286,6 +288,14 @@ static void struct_sizes(void) {
   expect("a garbage result struct_size", thdcp_plan_capacity(lengths, 2, &plan_params, result),
          THDCP_ERROR_INVALID_ARGUMENT, "result->struct_size=", "THDCP_MAX_STRUCT_SIZE", NULL);
   check(result->batches == -1, "a refused call writes no result");
+
+  /* CP params of the version before cp_layout and cp_comm (96 bytes) at the end of the page:
+   * the two fields are not read, and the plan gets dual chunk and all-gather. */
+  good_cp = cp_params();
+  cp = end_of_page(96);
+  memcpy(cp, &good_cp, 96);
+  cp->struct_size = 96;
+  check(thdcp_cp_plan_workspace_size(cp, &bytes) == THDCP_SUCCESS, "the CP params before cp_layout");
   munmap(guarded_pages, 2 * 4096);
 }
 

@@ -32,7 +32,8 @@ if(NOT foreign STREQUAL "")
                       "check src/capi/thdcp.map and the visibility flags:\n${foreign}")
 endif()
 foreach(required thdcp_version_string thdcp_abi_version thdcp_last_error thdcp_attention_forward
-                 thdcp_cp_forward thdcp_graph_bank_run)
+                 thdcp_cp_forward thdcp_graph_bank_run thdcp_cp_local_rows_ex thdcp_cp_split_ex
+                 thdcp_cp_merge_ex thdcp_make_contiguous_layout)
   if(NOT symbols MATCHES "[ \n]${required}(@|\n|$)")
     message(FATAL_ERROR "${LIBRARY} does not export ${required}")
   endif()

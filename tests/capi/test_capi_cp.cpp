@@ -1,12 +1,16 @@
-// AllGather CP through the C ABI, CPU backend: an in-process group whose ranks are threads of
-// the test, each splitting the global tensors with thdcp_cp_split, running a CP plan, and
-// merging its rows back with thdcp_cp_merge; the merged result equals the single-device
-// C ABI result within the tolerance of a sum in another order (as tests/cp does). With a value
-// head dim of its own and attention sinks (thdcp_cp_forward_ex / _backward_ex) too: dsinks, the
-// same bits on every rank, within that tolerance of the single device's (issue 27).
+// CP through the C ABI, CPU backend: an in-process group whose ranks are threads of the test,
+// each splitting the global tensors with thdcp_cp_split_ex, running a CP plan, and merging its
+// rows back with thdcp_cp_merge_ex; the merged result equals the single-device C ABI result
+// within the tolerance of a sum in another order (as tests/cp does). With a value head dim of
+// its own and attention sinks (thdcp_cp_forward_ex / _backward_ex) too: dsinks, the same bits
+// on every rank, within that tolerance of the single device's (issue 27). Every CP layout and
+// communication (params->cp_layout, cp_comm) at cp 1 to 4, the rank split of both layouts,
+// and the refusals of what a layout or communication cannot run (issue 31).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -66,22 +70,30 @@ Outputs single_device(const test::Batch& b, const Mask& mask, Sinks& s) {
   return r;
 }
 
+// How a plan splits rows and exchanges them (thdcp_cp_params::cp_layout, cp_comm).
+struct Modes {
+  thdcp_cp_layout_t layout = THDCP_CP_LAYOUT_DUAL_CHUNK;
+  thdcp_cp_comm_t comm = THDCP_CP_COMM_ALL_GATHER;
+};
+
 // One rank: split, plan, forward, backward, merge its rows into `merged` (disjoint rows per
 // rank, so the ranks write it at the same time without a race).
 // `s`: the rank's own sinks and dsinks (every rank passes the same sinks).
-void run_rank(thdcp_communicator_t comm, const test::Batch& b, const Mask& mask, int cp, Sinks s, Outputs& merged,
-              std::vector<float>& rank_dsinks) {
+void run_rank(thdcp_communicator_t comm, const test::Batch& b, const Mask& mask, int cp, Modes modes, Sinks s,
+              Outputs& merged, std::vector<float>& rank_dsinks) {
   int rank = -1;
   EXPECT_C_OK(thdcp_communicator_rank(comm, &rank));
   const thdcp_layout_t layout = c_layout(b.layout);
   const int64_t rows = b.q.tokens(), local_rows = rows / cp;
-  const HostTensor q = c_local_rows(b.q, layout, cp, rank), k = c_local_rows(b.k, layout, cp, rank),
-                   v = c_local_rows(b.v, layout, cp, rank), dout = c_local_rows(b.dout, layout, cp, rank);
+  const auto split = [&](const HostTensor& global) { return c_local_rows(global, layout, cp, rank, modes.layout); };
+  const HostTensor q = split(b.q), k = split(b.k), v = split(b.v), dout = split(b.dout);
   Outputs local = test::poisoned_outputs(b, local_rows, b.q.dtype(), b.k.dtype());
 
   thdcp_cp_params p;
   thdcp_cp_params_init(&p);
   p.cp_size = cp;
+  p.cp_layout = modes.layout;
+  p.cp_comm = modes.comm;
   // Fewer sequences than the capacity.
   test::set_shape(p, test::batch_shape(b, mask), Capacity{b.layout.num_seqs() + 2, rows});
   p.v_head_dim = b.v.head_dim() == b.q.head_dim() ? 0 : b.v.head_dim();
@@ -102,24 +114,20 @@ void run_rank(thdcp_communicator_t comm, const test::Batch& b, const Mask& mask,
   EXPECT_C_OK(thdcp_cp_plan_destroy(plan));
   rank_dsinks = s.dsinks;
 
-  test::c_merge_rows(local, merged, layout, cp, rank);
+  test::c_merge_rows(local, merged, layout, cp, rank, modes.layout);
   if (rank == 0) merged.max_logit = local.max_logit;  // the same on every rank (max-reduced)
 
-  // thdcp_cp_local_rows is the map the C++ split uses.
+  // thdcp_cp_local_rows_ex is the map the C++ split uses.
   std::vector<int32_t> global_rows(static_cast<size_t>(local_rows), -1);
-  EXPECT_C_OK(thdcp_cp_local_rows(&layout, cp, rank, global_rows.data(), local_rows));
-  EXPECT_EQ(global_rows, rank_row_map(b.layout.view(), cp, rank));
+  EXPECT_C_OK(thdcp_cp_local_rows_ex(&layout, cp, rank, global_rows.data(), local_rows, modes.layout));
+  EXPECT_EQ(global_rows, rank_row_map(b.layout.view(), cp, rank, static_cast<CpLayout>(modes.layout)));
 }
 
-using Case = std::tuple<int /*cp*/, Mask, int /*q_heads*/, int /*kv_heads*/, DType, int /*D_v*/, bool /*sinks*/>;
-
-class CApiCpEqualsSingleDevice : public ::testing::TestWithParam<Case> {};
-
-TEST_P(CApiCpEqualsSingleDevice, InProcessGroupOfThreads) {
-  const auto& [cp, mask, q_heads, kv_heads, dtype, v_head_dim, with_sinks] = GetParam();
-  // An empty document, one of length 1 and lengths that are not multiples of 2*cp.
-  const test::Batch b = test::make_batch(make_layout({37, 0, 64, 1, 90, 13}, cp), dtype, q_heads, kv_heads, 16,
-                                         100 + cp + q_heads, v_head_dim);
+// The whole batch over `cp` ranks, each a thread of an in-process group (run_rank), against
+// the single-device result: out, lse, max_logit, dq, dk, dv and (with sinks) dsinks, the same
+// bits on every rank.
+void expect_cp_equals_single_device(const test::Batch& b, const Mask& mask, int cp, Modes modes, bool with_sinks) {
+  const int64_t q_heads = b.q.heads();
   Sinks reference_sinks = sinks_for(q_heads, with_sinks);
   const Outputs reference = single_device(b, mask, reference_sinks);
 
@@ -130,7 +138,7 @@ TEST_P(CApiCpEqualsSingleDevice, InProcessGroupOfThreads) {
   std::vector<std::thread> ranks;
   for (int r = 0; r < cp; ++r) {
     ranks.emplace_back([&, r] {
-      run_rank(comms[static_cast<size_t>(r)], b, mask, cp, sinks_for(q_heads, with_sinks), merged,
+      run_rank(comms[static_cast<size_t>(r)], b, mask, cp, modes, sinks_for(q_heads, with_sinks), merged,
                rank_dsinks[static_cast<size_t>(r)]);
     });
   }
@@ -139,7 +147,7 @@ TEST_P(CApiCpEqualsSingleDevice, InProcessGroupOfThreads) {
 
   // Both sides round to storage once after fp32 arithmetic; dK/dV are summed in another
   // order (per rank, then across ranks).
-  const Tolerance storage = derive_tolerance(dtype, Accumulate::kFloat32, 2);
+  const Tolerance storage = derive_tolerance(b.q.dtype(), Accumulate::kFloat32, 2);
   const Tolerance fp32 = derive_tolerance(DType::kFloat32, Accumulate::kFloat32, 2);
   EXPECT_TRUE(test::matches("out", merged.out, reference.out, storage));
   EXPECT_TRUE(test::matches("dq", merged.dq, reference.dq, storage));
@@ -152,6 +160,18 @@ TEST_P(CApiCpEqualsSingleDevice, InProcessGroupOfThreads) {
   for (int r = 1; r < cp; ++r) {
     EXPECT_TRUE(test::same_bits(rank_dsinks[static_cast<size_t>(r)], rank_dsinks[0])) << "rank " << r;
   }
+}
+
+using Case = std::tuple<int /*cp*/, Mask, int /*q_heads*/, int /*kv_heads*/, DType, int /*D_v*/, bool /*sinks*/>;
+
+class CApiCpEqualsSingleDevice : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CApiCpEqualsSingleDevice, InProcessGroupOfThreads) {
+  const auto& [cp, mask, q_heads, kv_heads, dtype, v_head_dim, with_sinks] = GetParam();
+  // An empty document, one of length 1 and lengths that are not multiples of 2*cp.
+  const test::Batch b = test::make_batch(make_layout({37, 0, 64, 1, 90, 13}, cp), dtype, q_heads, kv_heads, 16,
+                                         100 + cp + q_heads, v_head_dim);
+  expect_cp_equals_single_device(b, mask, cp, Modes{}, with_sinks);
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& param_info) {
@@ -170,6 +190,256 @@ INSTANTIATE_TEST_SUITE_P(Cases, CApiCpEqualsSingleDevice,
                                            Case{3, Mask::window(12, 0), 4, 1, DType::kFloat32, 32, true},
                                            Case{2, Mask::full(), 2, 2, DType::kBFloat16, 8, false}),
                          case_name);
+
+// ---- CP layouts and communications (issue 31) -----------------------------------------
+
+const std::vector<int64_t> kModeLengths = {37, 0, 64, 1, 90, 13};
+
+// The batch of a mode case: an empty document, one of length 1; under the contiguous layout
+// the documents are packed with no padding but the last's, so documents span ranks.
+BatchLayout mode_layout(thdcp_cp_layout_t cp_layout, int cp) {
+  return cp_layout == THDCP_CP_LAYOUT_CONTIGUOUS ? make_contiguous_layout(kModeLengths, cp)
+                                                 : make_layout(kModeLengths, cp);
+}
+
+const char* layout_label(thdcp_cp_layout_t cp_layout) {
+  return cp_layout == THDCP_CP_LAYOUT_CONTIGUOUS ? "contiguous" : "dual_chunk";
+}
+
+using ModeCase = std::tuple<thdcp_cp_layout_t, thdcp_cp_comm_t, int /*cp*/, Mask>;
+
+class CApiCpModesEqualSingleDevice : public ::testing::TestWithParam<ModeCase> {};
+
+TEST_P(CApiCpModesEqualSingleDevice, InProcessGroupOfThreads) {
+  const auto& [cp_layout, cp_comm, cp, mask] = GetParam();
+  // GQA 2:1 with heads that all_to_all deals out whole (q_heads 2*cp, kv_heads cp); sinks at cp 3.
+  const test::Batch b = test::make_batch(mode_layout(cp_layout, cp), DType::kBFloat16, 2 * cp, cp, 16,
+                                         300 + 10 * cp + 2 * cp_layout + cp_comm);
+  expect_cp_equals_single_device(b, mask, cp, Modes{cp_layout, cp_comm}, /*with_sinks=*/cp == 3);
+}
+
+std::string mode_case_name(const ::testing::TestParamInfo<ModeCase>& param_info) {
+  const auto& [cp_layout, cp_comm, cp, mask] = param_info.param;
+  return std::string(layout_label(cp_layout)) + (cp_comm == THDCP_CP_COMM_ALL_TO_ALL ? "_all_to_all" : "_all_gather") +
+         "_cp" + std::to_string(cp) + "_" + test::mask_label(mask);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CApiCpModesEqualSingleDevice,
+                         ::testing::Combine(::testing::Values(THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_LAYOUT_CONTIGUOUS),
+                                            ::testing::Values(THDCP_CP_COMM_ALL_GATHER, THDCP_CP_COMM_ALL_TO_ALL),
+                                            ::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(Mask::causal(), Mask::window(12, 6))),
+                         mode_case_name);
+
+// Every rank's rows out of a global tensor and back, for both layouts: each local row is the
+// global row the map names (contiguous: rank * T/cp + i, written out here), the ranks' rows
+// merged back give the global tensor byte for byte, and the plain helpers are the _ex ones
+// with the dual-chunk layout.
+TEST(CApiCpSplit, RoundTripsBothLayouts) {
+  constexpr size_t kRowBytes = 8;
+  for (thdcp_cp_layout_t cp_layout : {THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_LAYOUT_CONTIGUOUS}) {
+    for (int cp = 1; cp <= 4; ++cp) {
+      SCOPED_TRACE(std::string(layout_label(cp_layout)) + " cp=" + std::to_string(cp));
+      const BatchLayout made = mode_layout(cp_layout, cp);
+      const thdcp_layout_t layout = c_layout(made);
+      const int64_t rows = made.total_rows(), local_rows = rows / cp;
+      std::vector<unsigned char> global(static_cast<size_t>(rows) * kRowBytes);
+      for (size_t i = 0; i < global.size(); ++i) global[i] = static_cast<unsigned char>(i * 37 + i / kRowBytes);
+      std::vector<unsigned char> merged(global.size(), 0xAB);
+      for (int rank = 0; rank < cp; ++rank) {
+        std::vector<unsigned char> local(static_cast<size_t>(local_rows) * kRowBytes, 0xCD);
+        ASSERT_C_OK(thdcp_cp_split_ex(global.data(), local.data(), kRowBytes, &layout, cp, rank, cp_layout));
+        std::vector<int32_t> map(static_cast<size_t>(local_rows), -1);
+        ASSERT_C_OK(thdcp_cp_local_rows_ex(&layout, cp, rank, map.data(), local_rows, cp_layout));
+        for (int64_t i = 0; i < local_rows; ++i) {
+          const auto row = static_cast<size_t>(i);
+          if (cp_layout == THDCP_CP_LAYOUT_CONTIGUOUS) {
+            ASSERT_EQ(map[row], rank * local_rows + i);
+          }
+          ASSERT_EQ(std::memcmp(&local[row * kRowBytes], &global[static_cast<size_t>(map[row]) * kRowBytes], kRowBytes),
+                    0)
+              << "rank " << rank << " local row " << i;
+        }
+        ASSERT_C_OK(thdcp_cp_merge_ex(local.data(), merged.data(), kRowBytes, &layout, cp, rank, cp_layout));
+        if (cp_layout != THDCP_CP_LAYOUT_DUAL_CHUNK) continue;
+        std::vector<unsigned char> plain(local.size(), 0xEF), plain_merged = merged;
+        std::vector<int32_t> plain_map(map.size(), -1);
+        EXPECT_C_OK(thdcp_cp_split(global.data(), plain.data(), kRowBytes, &layout, cp, rank));
+        EXPECT_C_OK(thdcp_cp_local_rows(&layout, cp, rank, plain_map.data(), local_rows));
+        EXPECT_C_OK(thdcp_cp_merge(local.data(), plain_merged.data(), kRowBytes, &layout, cp, rank));
+        EXPECT_EQ(plain, local);
+        EXPECT_EQ(plain_map, map);
+        EXPECT_EQ(plain_merged, merged);
+      }
+      EXPECT_EQ(merged, global);
+    }
+  }
+}
+
+// A layout the split's CP layout cannot cut, or a value that is no thdcp_cp_layout_t:
+// refused naming it, nothing written.
+TEST(CApiCpSplit, RefusesWhatTheLayoutCannotCut) {
+  const BatchLayout contiguous = make_contiguous_layout(kModeLengths, 3);  // 207 rows
+  const thdcp_layout_t layout = c_layout(contiguous);
+  std::vector<unsigned char> global(207, 1), local(207, 0x5A);
+  std::vector<int32_t> map(69, -7);
+  const test::Snapshot untouched = test::Snapshot().add(local.data(), local.size()).add(map.data(), map.size() * 4);
+  // 207 rows do not cut into 2 pieces; the documents' lengths are no multiples of 2*cp.
+  EXPECT_C_STATUS(thdcp_cp_split_ex(global.data(), local.data(), 1, &layout, 2, 0, THDCP_CP_LAYOUT_CONTIGUOUS),
+                  THDCP_ERROR_INVALID_ARGUMENT, "thdcp_cp_split_ex:", "207 rows, not a multiple of cp=2");
+  EXPECT_C_STATUS(thdcp_cp_local_rows_ex(&layout, 3, 0, map.data(), 69, THDCP_CP_LAYOUT_DUAL_CHUNK),
+                  THDCP_ERROR_INVALID_ARGUMENT, "thdcp_cp_local_rows_ex:", "=37 is not a multiple of 2*cp=6");
+  EXPECT_C_STATUS(thdcp_cp_merge(global.data(), local.data(), 1, &layout, 3, 0), THDCP_ERROR_INVALID_ARGUMENT,
+                  "thdcp_cp_merge:", "is not a multiple of 2*cp=6");
+  thdcp_cp_layout_t bad = THDCP_CP_LAYOUT_DUAL_CHUNK;
+  test::set_raw(bad, 5);
+  const char* named = "cp_layout=5 is not a thdcp_cp_layout_t: use THDCP_CP_LAYOUT_DUAL_CHUNK (0) or "
+                      "THDCP_CP_LAYOUT_CONTIGUOUS (1)";
+  EXPECT_C_STATUS(thdcp_cp_split_ex(global.data(), local.data(), 1, &layout, 3, 0, bad), THDCP_ERROR_INVALID_ARGUMENT,
+                  named);
+  EXPECT_C_STATUS(thdcp_cp_merge_ex(local.data(), global.data(), 1, &layout, 3, 0, bad),
+                  THDCP_ERROR_INVALID_ARGUMENT, named);
+  EXPECT_C_STATUS(thdcp_cp_local_rows_ex(&layout, 3, 0, map.data(), 69, bad), THDCP_ERROR_INVALID_ARGUMENT, named);
+  EXPECT_TRUE(untouched.unchanged());
+  EXPECT_TRUE(std::all_of(global.begin(), global.end(), [](unsigned char x) { return x == 1; }));
+  // The same layout cut by the contiguous layout at cp 3 is accepted.
+  EXPECT_C_OK(thdcp_cp_local_rows_ex(&layout, 3, 2, map.data(), 69, THDCP_CP_LAYOUT_CONTIGUOUS));
+  EXPECT_EQ(map.front(), 138);
+  EXPECT_EQ(map.back(), 206);
+}
+
+// thdcp_make_contiguous_layout: no padding but the last document's; refusals write nothing.
+TEST(CApiCpSplit, MakeContiguousLayout) {
+  std::vector<int32_t> cu(7, -1), padded(7, -1);
+  ASSERT_C_OK(thdcp_make_contiguous_layout(kModeLengths.data(), 6, 4, cu.data(), padded.data()));
+  EXPECT_EQ(cu, (std::vector<int32_t>{0, 37, 37, 101, 102, 192, 205}));
+  EXPECT_EQ(padded, (std::vector<int32_t>{0, 37, 37, 101, 102, 192, 208}));  // 205 up to a multiple of 4
+  ASSERT_C_OK(thdcp_make_contiguous_layout(kModeLengths.data(), 6, 1, cu.data(), padded.data()));
+  EXPECT_EQ(padded, cu);
+  std::vector<int32_t> untouched_cu(7, -1), untouched_padded(7, -1);
+  const test::Snapshot untouched =
+      test::Snapshot().add(untouched_cu.data(), 28).add(untouched_padded.data(), 28);
+  EXPECT_C_STATUS(thdcp_make_contiguous_layout(kModeLengths.data(), 0, 2, untouched_cu.data(),
+                                               untouched_padded.data()),
+                  THDCP_ERROR_INVALID_ARGUMENT, "thdcp_make_contiguous_layout: num_documents=0");
+  EXPECT_C_STATUS(thdcp_make_contiguous_layout(kModeLengths.data(), 6, 0, untouched_cu.data(),
+                                               untouched_padded.data()),
+                  THDCP_ERROR_INVALID_ARGUMENT, "cp=0 must be >= 1");
+  const int64_t negative[2] = {4, -3};
+  EXPECT_C_STATUS(thdcp_make_contiguous_layout(negative, 2, 2, untouched_cu.data(), untouched_padded.data()),
+                  THDCP_ERROR_INVALID_ARGUMENT, "lengths[1]=-3 is negative");
+  EXPECT_C_STATUS(thdcp_make_contiguous_layout(kModeLengths.data(), 6, 2, nullptr, untouched_padded.data()),
+                  THDCP_ERROR_INVALID_ARGUMENT, "cu_seqlens is NULL");
+  EXPECT_TRUE(untouched.unchanged());
+}
+
+// Params of a mode case: bf16, heads 4:2, head_dim 16, causal; capacity 4 sequences, 48 rows.
+thdcp_cp_params mode_params(int cp, thdcp_cp_layout_t cp_layout, thdcp_cp_comm_t cp_comm) {
+  thdcp_cp_params p;
+  thdcp_cp_params_init(&p);
+  p.cp_size = cp;
+  test::set_shape(p, test::Shape{DType::kBFloat16, 4, 2, 16, Mask::causal()}, Capacity{4, 48});
+  p.cp_layout = cp_layout;
+  p.cp_comm = cp_comm;
+  return p;
+}
+
+struct ModeParams {
+  const char* what;
+  thdcp_cp_params params;
+  std::vector<std::string> message;  // empty: accepted
+};
+
+// What a layout or communication cannot run is refused when the workspace is sized and when
+// the plan is made, with the field, its value and what to change; the pairs just inside each
+// rule are accepted. Nothing is written on a refusal.
+TEST(CApiCpModes, RefusedNamingTheValue) {
+  const auto with = [](thdcp_cp_params p, void (*change)(thdcp_cp_params&)) {
+    change(p);
+    return p;
+  };
+  const thdcp_cp_params ag = mode_params(3, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_GATHER);
+  const thdcp_cp_params a2a = mode_params(3, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_TO_ALL);
+  const thdcp_cp_params contiguous = mode_params(5, THDCP_CP_LAYOUT_CONTIGUOUS, THDCP_CP_COMM_ALL_GATHER);
+  const ModeParams cases[] = {
+      {"cp_layout 2", with(ag, [](thdcp_cp_params& p) { p.cp_layout = 2; }),
+       {"params->cp_layout=2 is not a thdcp_cp_layout_t: use THDCP_CP_LAYOUT_DUAL_CHUNK (0) or "
+        "THDCP_CP_LAYOUT_CONTIGUOUS (1)"}},
+      {"cp_comm -1", with(ag, [](thdcp_cp_params& p) { p.cp_comm = -1; }),
+       {"params->cp_comm=-1 is not a thdcp_cp_comm_t: use THDCP_CP_COMM_ALL_GATHER (0) or "
+        "THDCP_CP_COMM_ALL_TO_ALL (1)"}},
+      {"all_to_all, q_heads 4 at cp 3", a2a,
+       {"params->q_heads=4 is not a multiple of cp_size=3, which params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL needs",
+        "use THDCP_CP_COMM_ALL_GATHER, or a cp_size that divides q_heads and kv_heads"}},
+      {"all_to_all, kv_heads 2 at cp 3", with(a2a, [](thdcp_cp_params& p) { p.q_heads = 6; }),
+       {"params->kv_heads=2 is not a multiple of cp_size=3", "THDCP_CP_COMM_ALL_GATHER"}},
+      {"all_to_all, heads 6:3 at cp 3", with(a2a, [](thdcp_cp_params& p) { p.q_heads = 6, p.kv_heads = 3; }), {}},
+      {"all_gather, heads 4:2 at cp 3", ag, {}},
+      {"contiguous, max_tokens 48 at cp 5", contiguous,
+       {"params->max_tokens=48 must be a multiple of cp_size=5",
+        "params->cp_layout=THDCP_CP_LAYOUT_CONTIGUOUS cuts into cp_size equal pieces"}},
+      {"contiguous, max_tokens 55 at cp 5", with(contiguous, [](thdcp_cp_params& p) { p.max_tokens = 55; }), {}},
+      {"dual_chunk, max_tokens 55 at cp 5",
+       with(contiguous, [](thdcp_cp_params& p) { p.max_tokens = 55, p.cp_layout = THDCP_CP_LAYOUT_DUAL_CHUNK; }),
+       {"params->max_tokens=55 must be a multiple of 2*cp_size=10",
+        "params->cp_layout=THDCP_CP_LAYOUT_DUAL_CHUNK cuts into 2*cp_size chunks per sequence",
+        "or use THDCP_CP_LAYOUT_CONTIGUOUS, which needs a multiple of cp_size"}},
+      {"CUDA, contiguous",
+       with(ag, [](thdcp_cp_params& p) { p.backend = THDCP_BACKEND_CUDA, p.cp_layout = THDCP_CP_LAYOUT_CONTIGUOUS; }),
+       {"params->cp_layout=THDCP_CP_LAYOUT_CONTIGUOUS, params->cp_comm=THDCP_CP_COMM_ALL_GATHER is not supported by "
+        "the CUDA backend: it runs THDCP_CP_LAYOUT_DUAL_CHUNK with THDCP_CP_COMM_ALL_GATHER only",
+        "or THDCP_BACKEND_CPU"}},
+      {"CUDA, all_to_all",
+       with(ag, [](thdcp_cp_params& p) { p.backend = THDCP_BACKEND_CUDA, p.cp_comm = THDCP_CP_COMM_ALL_TO_ALL; }),
+       {"params->cp_layout=THDCP_CP_LAYOUT_DUAL_CHUNK, params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL is not supported by "
+        "the CUDA backend"}},
+  };
+  thdcp_communicator_t comm = nullptr;
+  ASSERT_C_OK(thdcp_communicator_create_in_process_group(1, &comm));
+  for (const ModeParams& c : cases) {
+    SCOPED_TRACE(c.what);
+    size_t bytes = 77;
+    if (c.message.empty()) {
+      EXPECT_C_OK(thdcp_cp_plan_workspace_size(&c.params, &bytes));
+      EXPECT_EQ(bytes, 0u);
+      continue;
+    }
+    EXPECT_TRUE(test::status_is(thdcp_cp_plan_workspace_size(&c.params, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                                c.message));
+    EXPECT_EQ(bytes, 77u);
+    // Checked before the communicator's size (1 here): the same refusal, no handle written.
+    thdcp_cp_plan_t plan = reinterpret_cast<thdcp_cp_plan_t>(0x1);
+    EXPECT_TRUE(test::status_is(thdcp_cp_plan_create(comm, &c.params, nullptr, 0, &plan),
+                                THDCP_ERROR_INVALID_ARGUMENT, c.message));
+    EXPECT_EQ(plan, reinterpret_cast<thdcp_cp_plan_t>(0x1));
+  }
+  EXPECT_C_OK(thdcp_communicator_destroy(comm));
+}
+
+// A caller built against the 96-byte struct (before cp_layout and cp_comm) gets dual chunk
+// and all-gather, whatever lies past its struct_size: max_tokens 66 at cp 2 is refused as a
+// dual-chunk capacity, and kv_heads 1 at cp 2 is accepted as all-gather; the whole struct
+// with the same bytes is read as contiguous and all-to-all.
+TEST(CApiCpModes, OlderStructGetsTheDefaults) {
+  thdcp_cp_params p = mode_params(2, THDCP_CP_LAYOUT_CONTIGUOUS, THDCP_CP_COMM_ALL_TO_ALL);
+  p.max_tokens = 66;
+  p.struct_size = 96;
+  size_t bytes = 0;
+  EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->max_tokens=66 must be a multiple of 2*cp_size=4",
+                  "params->cp_layout=THDCP_CP_LAYOUT_DUAL_CHUNK");
+  p.struct_size = sizeof(thdcp_cp_params);
+  p.kv_heads = 1;
+  EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->kv_heads=1 is not a multiple of cp_size=2");
+  p.struct_size = 96;
+  p.max_tokens = 64;
+  EXPECT_C_OK(thdcp_cp_plan_workspace_size(&p, &bytes));
+  const thdcp_cp_params defaults = THDCP_CP_PARAMS_INIT;
+  EXPECT_EQ(sizeof(thdcp_cp_params), 104u);
+  EXPECT_EQ(defaults.cp_layout, THDCP_CP_LAYOUT_DUAL_CHUNK);
+  EXPECT_EQ(defaults.cp_comm, THDCP_CP_COMM_ALL_GATHER);
+}
 
 }  // namespace
 }  // namespace thdcp

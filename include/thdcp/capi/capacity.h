@@ -43,6 +43,13 @@ THDCP_API thdcp_status_t thdcp_padded_rows(const int64_t* lengths, int64_t num_d
 THDCP_API thdcp_status_t thdcp_make_layout(const int64_t* lengths, int64_t num_documents, int cp,
                                           int32_t* cu_seqlens, int32_t* cu_seqlens_padded);
 
+/* The layout of documents packed back to back with no padding, for
+ * THDCP_CP_LAYOUT_CONTIGUOUS: padded lengths equal the lengths except the last document's,
+ * padded so that the rows are a multiple of cp. cu_seqlens and cu_seqlens_padded receive
+ * num_documents + 1 entries each; num_documents >= 1 (the last document takes the padding). */
+THDCP_API thdcp_status_t thdcp_make_contiguous_layout(const int64_t* lengths, int64_t num_documents, int cp,
+                                                     int32_t* cu_seqlens, int32_t* cu_seqlens_padded);
+
 /* The capacity form of a batch that fits `capacity` (zero-length documents dropped, unused
  * entries repeating the last offset, cu_seqlens_padded[max_seqs] = max_tokens): the layout
  * the CUDA backend and graphs read. cu_seqlens and cu_seqlens_padded receive

@@ -1,4 +1,5 @@
-/* AllGather context parallelism in the C ABI: CP plans and the dual-chunk split.
+/* Context parallelism in the C ABI: CP plans, their layouts and communications, and the
+ * rank split.
  * Part of the C ABI: include <thdcp/thdcp.h>, whose conventions hold here. Pure C99. */
 #ifndef THDCP_CAPI_CP_H_
 #define THDCP_CAPI_CP_H_
@@ -10,20 +11,47 @@
 extern "C" {
 #endif
 
-/* ---- AllGather context parallelism ------------------------------------------------- */
-/* Every rank holds T/cp rows of each tensor in the dual-chunk order (DESIGN.md section 3:
- * of every sequence, chunk `rank` followed by chunk 2*cp-1-rank); thdcp_cp_split and
- * thdcp_cp_merge move rows between the global tensor and a rank's local one. Every rank
- * passes the same global layout. */
+/* ---- context parallelism ------------------------------------------------------------ */
+/* Every rank holds T/cp rows of each tensor in the order of the plan's CP layout;
+ * thdcp_cp_split_ex and thdcp_cp_merge_ex move rows between the global tensor and a rank's
+ * local one. Every rank passes the same global layout. */
+
+/* How the rows of a batch are split over the ranks (thdcp_cp_params::cp_layout and the
+ * trailing argument of the _ex split helpers). */
+typedef enum thdcp_cp_layout_t {
+  THDCP_CP_LAYOUT_DUAL_CHUNK = 0, /* DESIGN.md section 3: every sequence is cut into 2*cp
+                                     chunks and rank r holds chunk r followed by chunk
+                                     2*cp-1-r (balances causal masks). Every padded length
+                                     P_b, and so max_tokens, a multiple of 2*cp
+                                     (thdcp_make_layout pads them). The default */
+  THDCP_CP_LAYOUT_CONTIGUOUS = 1  /* the packed buffer of T rows cut into cp equal pieces:
+                                     rank r holds rows [r*T/cp, (r+1)*T/cp). Only T, and so
+                                     max_tokens, a multiple of cp; documents need no padding
+                                     and may span ranks (thdcp_make_contiguous_layout) */
+} thdcp_cp_layout_t;
+
+/* How the ranks exchange what attention needs (thdcp_cp_params::cp_comm). */
+typedef enum thdcp_cp_comm_t {
+  THDCP_CP_COMM_ALL_GATHER = 0, /* gather K/V over the group, reduce-scatter dK/dV
+                                   (DESIGN.md section 5). Any heads. The default */
+  THDCP_CP_COMM_ALL_TO_ALL = 1  /* Ulysses: an all-to-all turns the rank's rows of every head
+                                   into every row of q_heads/cp query and kv_heads/cp key
+                                   heads, attention runs over whole documents, and a second
+                                   all-to-all turns the results back. q_heads and kv_heads
+                                   multiples of cp */
+} thdcp_cp_comm_t;
 
 typedef struct thdcp_cp_params {
   size_t struct_size;    /* sizeof(thdcp_cp_params) */
   thdcp_backend_t backend; /* CPU: a host communicator; CUDA: a device communicator.
                               Default CPU */
   thdcp_dtype_t dtype;   /* q, k, v, out, dout; as thdcp_attention_params. Default bf16 */
-  int64_t max_tokens;    /* global rows T of the layouts (capacity), a multiple of 2 * cp */
+  int64_t max_tokens;    /* global rows T of the layouts (capacity), in [0, 2^31): a
+                            multiple of 2 * cp under THDCP_CP_LAYOUT_DUAL_CHUNK, of cp
+                            under THDCP_CP_LAYOUT_CONTIGUOUS (cp_layout below) */
   int64_t q_heads;       /* Hq >= 1 */
-  int64_t kv_heads;      /* Hkv >= 1, Hq a multiple of Hkv */
+  int64_t kv_heads;      /* Hkv >= 1, Hq a multiple of Hkv. THDCP_CP_COMM_ALL_TO_ALL: Hq and
+                            Hkv multiples of cp */
   int64_t head_dim;      /* D_qk: as thdcp_attention_params (max_tokens * q_heads * head_dim
                             < 2^53) */
   int32_t cp_size;       /* ranks cp >= 1: must equal the communicator's size (it sizes the
@@ -48,12 +76,22 @@ typedef struct thdcp_cp_params {
   int64_t v_head_dim;    /* D_v of v, out, dout, dv: as thdcp_attention_params (0: head_dim;
                             CPU: a multiple of 8 in [8, 256]; CUDA: the pairs of
                             thdcp_attention_params) */
+  /* ---- appended in 0.2 (issue 31): struct_size 104 ---- */
+  int32_t cp_layout;     /* a thdcp_cp_layout_t: how rows are split over the ranks; it sets
+                            the rule for max_tokens and the layouts above. Default
+                            THDCP_CP_LAYOUT_DUAL_CHUNK (0), also what an older, shorter
+                            struct gets */
+  int32_t cp_comm;       /* a thdcp_cp_comm_t. Default THDCP_CP_COMM_ALL_GATHER (0).
+                            THDCP_BACKEND_CPU runs every (cp_layout, cp_comm) pair;
+                            THDCP_BACKEND_CUDA only the defaults, and refuses another pair
+                            (THDCP_ERROR_INVALID_ARGUMENT naming it) in every build, before
+                            it asks for CUDA */
 } thdcp_cp_params;
 
 #define THDCP_CP_PARAMS_MIN_SIZE ((size_t)72)
 #define THDCP_CP_PARAMS_INIT                                                                   \
   {sizeof(thdcp_cp_params), THDCP_BACKEND_CPU, THDCP_DTYPE_BF16, 0, 0, 0, 0, 1, 0, -1, -1, 0.0f, \
-   1, 0, 0, 0, 0, 0}
+   1, 0, 0, 0, 0, 0, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_GATHER}
 
 static inline void thdcp_cp_params_init(thdcp_cp_params* params) {
   const thdcp_cp_params defaults = THDCP_CP_PARAMS_INIT;
@@ -81,10 +119,14 @@ THDCP_API thdcp_status_t thdcp_cp_plan_create(thdcp_communicator_t comm, const t
 THDCP_API thdcp_status_t thdcp_cp_plan_destroy(thdcp_cp_plan_t plan);
 
 /* One CP forward step of this rank. Collective over the plan's communicator.
- *   layout     the global layout (as thdcp_attention_forward's; every padded length a
- *              multiple of 2 * cp; cu_seqlens_padded[num_seqs] == max_tokens), the same on
- *              every rank. CPU: host, num_seqs <= max_seqs; CUDA: device, capacity form
- *   q          [max_tokens / cp, Hq, D_qk] this rank's rows; k [max_tokens / cp, Hkv, D_qk]
+ *   layout     the global layout (as thdcp_attention_forward's;
+ *              cu_seqlens_padded[num_seqs] == max_tokens; under THDCP_CP_LAYOUT_DUAL_CHUNK
+ *              every padded length a multiple of 2 * cp, under THDCP_CP_LAYOUT_CONTIGUOUS
+ *              any padding), the same on every rank. CPU: host, num_seqs <= max_seqs;
+ *              CUDA: device, capacity form
+ *   q          [max_tokens / cp, Hq, D_qk] this rank's rows, in the order of
+ *              params->cp_layout (thdcp_cp_split_ex makes them), as are those of every
+ *              tensor and of lse; k [max_tokens / cp, Hkv, D_qk]
  *   v          [max_tokens / cp, Hkv, D_v]; out [max_tokens / cp, Hq, D_v]
  *   lse        Hq * (max_tokens / cp) floats, [Hq, T/cp]
  *   max_logit  Hq floats (max-reduced over the group), or NULL
@@ -124,16 +166,22 @@ THDCP_API thdcp_status_t thdcp_cp_backward_ex(thdcp_cp_plan_t plan, const thdcp_
                                              const thdcp_tensor_t* dv, const thdcp_attention_extras* extras,
                                              thdcp_stream_t stream);
 
-/* ---- the dual-chunk split (host memory) --------------------------------------------- */
+/* ---- the rank split (host memory) ----------------------------------------------------- */
+/* The plain functions split by THDCP_CP_LAYOUT_DUAL_CHUNK; their _ex twins take the layout
+ * as a trailing argument (any other value is refused, naming it). */
 
 /* The global padded row of every local row of `rank`: global_rows[i] is the row of the
  * global tensor that local row i of `rank` holds.
- *   layout        the global host layout, every padded length a multiple of 2 * cp
+ *   layout        the global host layout: every padded length a multiple of 2 * cp
+ *                 (dual chunk), or T = cu_seqlens_padded[num_seqs] a multiple of cp
+ *                 (contiguous)
  *   cp, rank      cp >= 1, 0 <= rank < cp
  *   global_rows   num_rows int32 entries, written
- *   num_rows      must be T / cp (T = cu_seqlens_padded[num_seqs]) */
+ *   num_rows      must be T / cp */
 THDCP_API thdcp_status_t thdcp_cp_local_rows(const thdcp_layout_t* layout, int cp, int rank, int32_t* global_rows,
                                             int64_t num_rows);
+THDCP_API thdcp_status_t thdcp_cp_local_rows_ex(const thdcp_layout_t* layout, int cp, int rank,
+                                               int32_t* global_rows, int64_t num_rows, thdcp_cp_layout_t cp_layout);
 
 /* Copies the rows of `rank` out of a global tensor: local[i] = global[global_rows[i]], rows
  * of row_bytes bytes (e.g. heads * head_dim * element size of a contiguous THD tensor; an
@@ -141,14 +189,21 @@ THDCP_API thdcp_status_t thdcp_cp_local_rows(const thdcp_layout_t* layout, int c
  *   global     T * row_bytes bytes; local (T / cp) * row_bytes bytes, written. Host memory.
  *              They may not overlap: overlapping buffers are refused
  *              (THDCP_ERROR_INVALID_ARGUMENT naming both), as the copy is not in place
- *   row_bytes  >= 1; T * row_bytes must be at most 2^63-1 (else refused, naming row_bytes) */
+ *   row_bytes  >= 1; T * row_bytes must be at most 2^63-1 (else refused, naming row_bytes)
+ *   layout     as for thdcp_cp_local_rows */
 THDCP_API thdcp_status_t thdcp_cp_split(const void* global, void* local, size_t row_bytes,
                                        const thdcp_layout_t* layout, int cp, int rank);
+THDCP_API thdcp_status_t thdcp_cp_split_ex(const void* global, void* local, size_t row_bytes,
+                                          const thdcp_layout_t* layout, int cp, int rank,
+                                          thdcp_cp_layout_t cp_layout);
 
 /* The inverse: writes the local rows of `rank` into their rows of `global` (other rows are
  * left as they are). The same checks: the buffers apart, T * row_bytes at most 2^63-1. */
 THDCP_API thdcp_status_t thdcp_cp_merge(const void* local, void* global, size_t row_bytes,
                                        const thdcp_layout_t* layout, int cp, int rank);
+THDCP_API thdcp_status_t thdcp_cp_merge_ex(const void* local, void* global, size_t row_bytes,
+                                          const thdcp_layout_t* layout, int cp, int rank,
+                                          thdcp_cp_layout_t cp_layout);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -83,21 +83,23 @@ void c_attention_on_host(const thdcp_attention_params* params, const Batch& b, O
   EXPECT_C_OK(thdcp_attention_plan_destroy(plan));
 }
 
-HostTensor c_local_rows(const HostTensor& global, const thdcp_layout_t& layout, int cp, int rank) {
+HostTensor c_local_rows(const HostTensor& global, const thdcp_layout_t& layout, int cp, int rank,
+                        thdcp_cp_layout_t cp_layout) {
   HostTensor local(global.dtype(), global.tokens() / cp, global.heads(), global.head_dim());
-  EXPECT_C_OK(thdcp_cp_split(global.data(), local.data(), global.row_bytes(), &layout, cp, rank));
+  EXPECT_C_OK(thdcp_cp_split_ex(global.data(), local.data(), global.row_bytes(), &layout, cp, rank, cp_layout));
   return local;
 }
 
-void c_merge_rows(const Outputs& local, Outputs& global, const thdcp_layout_t& layout, int cp, int rank) {
+void c_merge_rows(const Outputs& local, Outputs& global, const thdcp_layout_t& layout, int cp, int rank,
+                  thdcp_cp_layout_t cp_layout) {
   for (auto [from, to] : {std::make_pair(&local.out, &global.out), std::make_pair(&local.dq, &global.dq),
                           std::make_pair(&local.dk, &global.dk), std::make_pair(&local.dv, &global.dv)}) {
-    EXPECT_C_OK(thdcp_cp_merge(from->data(), to->data(), from->row_bytes(), &layout, cp, rank));
+    EXPECT_C_OK(thdcp_cp_merge_ex(from->data(), to->data(), from->row_bytes(), &layout, cp, rank, cp_layout));
   }
   const int64_t local_rows = local.out.tokens(), rows = global.out.tokens();
   for (int64_t h = 0; h < global.out.heads(); ++h) {
-    EXPECT_C_OK(thdcp_cp_merge(local.lse.data() + h * local_rows, global.lse.data() + h * rows, sizeof(float),
-                               &layout, cp, rank));
+    EXPECT_C_OK(thdcp_cp_merge_ex(local.lse.data() + h * local_rows, global.lse.data() + h * rows, sizeof(float),
+                                  &layout, cp, rank, cp_layout));
   }
 }
 

@@ -1,6 +1,6 @@
 // Test support for the C ABI: C descriptors of host tensors and layouts, params of a shape,
 // status checks that also read thdcp_last_error(), byte snapshots that prove a refused call
-// wrote nothing, and a rank's rows split and merged through thdcp_cp_split / thdcp_cp_merge.
+// wrote nothing, and a rank's rows split and merged through thdcp_cp_split_ex / thdcp_cp_merge_ex.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -81,11 +81,13 @@ class Snapshot {
 // the CPU backend (no workspace, no stream), into `r`.
 void c_attention_on_host(const thdcp_attention_params* params, const Batch& b, Outputs& r);
 
-// The rows of `rank` of a global host tensor (thdcp_cp_split).
-HostTensor c_local_rows(const HostTensor& global, const thdcp_layout_t& layout, int cp, int rank);
+// The rows of `rank` of a global host tensor under `cp_layout` (thdcp_cp_split_ex).
+HostTensor c_local_rows(const HostTensor& global, const thdcp_layout_t& layout, int cp, int rank,
+                        thdcp_cp_layout_t cp_layout = THDCP_CP_LAYOUT_DUAL_CHUNK);
 
-// Writes the rows of `rank`'s outputs into `global` (thdcp_cp_merge; lse plane by plane);
+// Writes the rows of `rank`'s outputs into `global` (thdcp_cp_merge_ex; lse plane by plane);
 // max_logit is left to the caller (max-reduced, the same on every rank).
-void c_merge_rows(const Outputs& local, Outputs& global, const thdcp_layout_t& layout, int cp, int rank);
+void c_merge_rows(const Outputs& local, Outputs& global, const thdcp_layout_t& layout, int cp, int rank,
+                  thdcp_cp_layout_t cp_layout = THDCP_CP_LAYOUT_DUAL_CHUNK);
 
 }  // namespace thdcp::test
