@@ -108,7 +108,8 @@ def cp_attention(
     Every rank of the group calls it.
 
     q, k: [T / cp, Hq, D_qk], [T / cp, Hkv, D_qk]; v: [T / cp, Hkv, D_v]: this rank's rows in
-    dual-chunk order (cp_split), bf16 or fp16 CUDA tensors of the communicator's device (head
+    dual-chunk order (cp_split's default layout; the contiguous layout and all-to-all CP run on
+    the C++ CPU backend, thdcp::cp::CpuPlan, not here), bf16 or fp16 CUDA tensors of the communicator's device (head
     dims as thdcp.attention's on CUDA). sinks: as thdcp.attention's, the same on every rank;
     their gradient is summed over the ranks' rows (every rank gets the whole [Hq]). cu_seqlens,
     cu_seqlens_padded: the global layout, int32 CUDA [B + 1], the same on every rank, every
