@@ -13,6 +13,7 @@
 #include "thdcp/cpu/rope.h"
 #include "thdcp/plan/capacity.h"
 #include "thdcp/plan/layout.h"
+#include "thdcp/plan/layout_balance.h"
 #include "thdcp/plan/planner.h"
 #include "thdcp/plan/rank_split.h"
 #include "thdcp/plan/segment_table.h"
@@ -129,6 +130,31 @@ at::Tensor rope_cpu(const at::Tensor& x, const at::Tensor& cu_seqlens, const at:
   });
 }
 
+// A layout as the layout ops return it: cu_seqlens then cu_seqlens_padded, in one list.
+std::vector<int64_t> offsets_back_to_back(const BatchLayout& layout) {
+  std::vector<int64_t> both(layout.cu_seqlens.begin(), layout.cu_seqlens.end());
+  both.insert(both.end(), layout.cu_seqlens_padded.begin(), layout.cu_seqlens_padded.end());
+  return both;
+}
+
+// The CP layout a schema string names (cp_layout_name of one of kCpLayouts). The Python doors
+// check it first, naming their own function; this guards direct torch.ops.thdcp calls.
+CpLayout cp_layout_argument(const std::string& name) {
+  std::string choices;
+  for (const CpLayout layout : kCpLayouts) {
+    if (name == cp_layout_name(layout)) return layout;
+    choices += std::string(choices.empty() ? "'" : ", '") + cp_layout_name(layout) + "'";
+  }
+  TORCH_CHECK_VALUE(false, "thdcp: layout='", name, "' is not a CP layout: pass one of ", choices);
+}
+
+// The names of the CP layouts, the default first.
+std::vector<std::string> cp_layouts_op() {
+  std::vector<std::string> names;
+  for (const CpLayout layout : kCpLayouts) names.emplace_back(cp_layout_name(layout));
+  return names;
+}
+
 // (max_tokens, max_seqs) of the zero-fallback capacity for a global batch of max_tokens
 // rows at CP size cp (thdcp/plan/capacity.h).
 std::vector<int64_t> default_capacity_op(int64_t max_tokens, int64_t cp) {
@@ -176,28 +202,29 @@ std::vector<int64_t> capacity_layout_op(const std::vector<int64_t>& lengths, int
     Capacity c;
     c.max_tokens = max_tokens;
     c.max_seqs = to_int(max_seqs, "max_seqs");
-    const BatchLayout layout = capacity_layout(lengths, to_int(cp, "cp"), c);
-    std::vector<int64_t> both(layout.cu_seqlens.begin(), layout.cu_seqlens.end());
-    both.insert(both.end(), layout.cu_seqlens_padded.begin(), layout.cu_seqlens_padded.end());
-    return both;
+    return offsets_back_to_back(capacity_layout(lengths, to_int(cp, "cp"), c));
   });
 }
 
-// Global padded row of every local row of `rank` of `cp` (int64 [T / cp], local order), from
-// the global layout's cu_seqlens_padded (CPU int32, every P_b a multiple of 2*cp).
-at::Tensor cp_rank_rows_op(const at::Tensor& cu_seqlens_padded, int64_t cp, int64_t rank) {
+// Global padded row of every local row of `rank` of `cp` (int64 [T / cp], local order) under
+// the CP layout named `layout`, from the global layout's cu_seqlens_padded (CPU int32; dual
+// chunk: every P_b a multiple of 2*cp; contiguous: T a multiple of cp).
+at::Tensor cp_rank_rows_op(const at::Tensor& cu_seqlens_padded, int64_t cp, int64_t rank,
+                           const std::string& layout) {
   return translate_errors("cp_rank_rows", [&] {
     TORCH_CHECK_VALUE(cu_seqlens_padded.device().is_cpu(), "thdcp: cu_seqlens_padded is on ",
                       cu_seqlens_padded.device(), "; cp_rank_rows reads it on the host: pass a CPU tensor");
     check_metadata(cu_seqlens_padded, "cu_seqlens_padded", at::Device(at::kCPU));
     TORCH_CHECK_VALUE(cp >= 1 && cp <= INT32_MAX && rank >= 0 && rank < cp, "thdcp: cp=", cp, ", rank=", rank,
                       "; pass cp in [1, ", INT32_MAX, "] and a rank in [0, cp)");
-    LayoutView layout;
-    layout.cu_seqlens = cu_seqlens_padded.data_ptr<int32_t>();  // only the padded offsets matter here
-    layout.cu_seqlens_padded = cu_seqlens_padded.data_ptr<int32_t>();
-    layout.num_seqs = static_cast<int>(cu_seqlens_padded.numel() - 1);
-    validate_layout(layout, layout.total_rows(), static_cast<int>(cp));
-    const std::vector<int32_t> map = rank_row_map(layout, static_cast<int>(cp), static_cast<int>(rank));
+    const CpLayout cp_layout = cp_layout_argument(layout);
+    LayoutView offsets;
+    offsets.cu_seqlens = cu_seqlens_padded.data_ptr<int32_t>();  // only the padded offsets matter here
+    offsets.cu_seqlens_padded = cu_seqlens_padded.data_ptr<int32_t>();
+    offsets.num_seqs = static_cast<int>(cu_seqlens_padded.numel() - 1);
+    // rank_row_map checks the offsets against the layout's rule (validate_cp_layout).
+    const std::vector<int32_t> map =
+        rank_row_map(offsets, static_cast<int>(cp), static_cast<int>(rank), cp_layout);
     at::Tensor rows = at::empty({static_cast<int64_t>(map.size())}, at::TensorOptions().dtype(at::kLong));
     int64_t* out = rows.data_ptr<int64_t>();
     for (size_t i = 0; i < map.size(); ++i) out[i] = map[i];
@@ -237,14 +264,16 @@ std::tuple<int64_t, double, std::string> plan_capacity_op(const std::vector<int6
   });
 }
 
-// The layout of documents of `lengths` packed back to back, each padded to a multiple of 2*cp
-// (cu_seqlens then cu_seqlens_padded, B + 1 entries each).
-std::vector<int64_t> make_layout_op(const std::vector<int64_t>& lengths, int64_t cp) {
+// The layout of documents of `lengths` packed back to back for the CP layout named `layout`
+// (cu_seqlens then cu_seqlens_padded, B + 1 entries each): dual chunk, each padded to a
+// multiple of 2*cp (make_layout); contiguous, no padding of their own, the last one padded so
+// that the rows are a multiple of cp (make_contiguous_layout).
+std::vector<int64_t> make_layout_op(const std::vector<int64_t>& lengths, int64_t cp, const std::string& layout) {
   return translate_errors("make_layout", [&] {
-    const BatchLayout layout = make_layout(lengths, to_int(cp, "cp"));
-    std::vector<int64_t> both(layout.cu_seqlens.begin(), layout.cu_seqlens.end());
-    both.insert(both.end(), layout.cu_seqlens_padded.begin(), layout.cu_seqlens_padded.end());
-    return both;
+    const int ranks = to_int(cp, "cp");
+    return offsets_back_to_back(cp_layout_argument(layout) == CpLayout::kContiguous
+                                    ? make_contiguous_layout(lengths, ranks)
+                                    : make_layout(lengths, ranks));
   });
 }
 
@@ -290,11 +319,13 @@ TORCH_LIBRARY(thdcp, m) {
   m.def("check_fit(int[] lengths, int cp, int max_tokens, int max_seqs) -> int", &check_fit_op);
   m.def("capacity_layout(int[] lengths, int cp, int max_tokens, int max_seqs) -> int[]", &capacity_layout_op);
   m.def("choose_capacity(int[] lengths, int cp, int[] max_tokens, int[] max_seqs) -> int[]", &choose_capacity_op);
-  m.def("cp_rank_rows(Tensor cu_seqlens_padded, int cp, int rank) -> Tensor", &cp_rank_rows_op);
+  m.def("cp_layouts() -> str[]", &cp_layouts_op);
+  m.def("cp_rank_rows(Tensor cu_seqlens_padded, int cp, int rank, str layout='dual_chunk') -> Tensor",
+        &cp_rank_rows_op);
   m.def("plan_capacity(int[] lengths, int[] batch_sizes, int tokens, int cp, float fallback_budget) "
         "-> (int, float, str)",
         &plan_capacity_op);
-  m.def("make_layout(int[] lengths, int cp) -> int[]", &make_layout_op);
+  m.def("make_layout(int[] lengths, int cp, str layout='dual_chunk') -> int[]", &make_layout_op);
   m.def("choose_cp_size(int[] lengths, int[] sizes, int rows_per_rank) -> int", &choose_cp_size_op);
   m.def("built_with_cuda() -> bool", [] {
 #ifdef THDCP_TORCH_WITH_CUDA

@@ -89,6 +89,16 @@ def lengths(op: str, values: Iterable, name: str = "lengths") -> List[int]:
     return integers(op, name, values, 0, INT64_MAX)
 
 
+def cp_layout(op: str, value, name: str = "layout") -> str:
+    """The name of a CP layout (how the rows are split over the ranks): one of the names the
+    C++ library gives (torch.ops.thdcp.cp_layouts(): "dual_chunk", "contiguous")."""
+    choices = torch.ops.thdcp.cp_layouts()
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError("thdcp.%s: %s=%r is not a CP layout: pass one of %s"
+                         % (op, name, value, ", ".join(repr(choice) for choice in choices)))
+    return value
+
+
 def window(op: str, value: Sequence[int]) -> Tuple[int, int]:
     """(left, right) keys visible around each query, -1 unbounded."""
     if not isinstance(value, (tuple, list)) or len(value) != 2:

@@ -1,10 +1,18 @@
-"""AllGather context parallelism over a torch.distributed group.
+"""AllGather context parallelism over a torch.distributed group, and the CP layouts.
 
-Each sequence (padded to a multiple of 2 * cp) is cut into 2 * cp chunks; rank r holds chunks
-r and 2cp - 1 - r (one early, one late: the causal work is balanced). Every rank passes the
-*global* layout and its own rows; cp_attention all-gathers K/V over NCCL, attends, and in the
-backward reduce-scatters dK/dV. cp_split / cp_merge move a global tensor (tokens, labels,
-activations) to and from a rank's rows.
+A CP layout says which rows of the global batch each rank holds:
+
+- "dual_chunk" (the default, and cp_attention's): each sequence (padded to a multiple of
+  2 * cp) is cut into 2 * cp chunks; rank r holds chunks r and 2cp - 1 - r (one early, one
+  late: the causal work is balanced).
+- "contiguous": the packed buffer (documents with no padding of their own, T a multiple of
+  cp) cut into cp equal pieces; rank r holds rows [r T / cp, (r + 1) T / cp). The C++ CPU
+  backend (thdcp::cp::CpuPlan) attends in it; cp_attention (CUDA) does not.
+
+Every rank passes the *global* layout and its own rows; cp_attention all-gathers K/V over
+NCCL, attends, and in the backward reduce-scatters dK/dV. cp_layout makes a layout;
+cp_split / cp_merge move a global tensor (tokens, labels, activations) to and from a rank's
+rows under either.
 
     comm = thdcp.Communicator(group)                   # once: NCCL over the group's ranks
     cu, cu_padded = thdcp.cp_layout(lengths, comm.size)
@@ -100,7 +108,8 @@ def cp_attention(
     Every rank of the group calls it.
 
     q, k: [T / cp, Hq, D_qk], [T / cp, Hkv, D_qk]; v: [T / cp, Hkv, D_v]: this rank's rows in
-    dual-chunk order (cp_split), bf16 or fp16 CUDA tensors of the communicator's device (head
+    dual-chunk order (cp_split's default layout; the contiguous layout and all-to-all CP run on
+    the C++ CPU backend, thdcp::cp::CpuPlan, not here), bf16 or fp16 CUDA tensors of the communicator's device (head
     dims as thdcp.attention's on CUDA). sinks: as thdcp.attention's, the same on every rank;
     their gradient is summed over the ranks' rows (every rank gets the whole [Hq]). cu_seqlens,
     cu_seqlens_padded: the global layout, int32 CUDA [B + 1], the same on every rank, every
@@ -161,46 +170,68 @@ def _cp_backward(ctx, dout, dlse, dmax_logit):
 torch.library.register_autograd("thdcp::cp_attention_forward", _cp_backward, setup_context=_cp_setup)
 
 
-def cp_layout(lengths: Sequence[int], cp: int, max_seqs: Optional[int] = None,
-              max_tokens: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(cu_seqlens, cu_seqlens_padded) as CPU int32 tensors for documents of `lengths`, each
-    padded to a multiple of 2 * cp. With max_seqs / max_tokens, the capacity form: max_seqs + 1
-    entries, trailing zero-length placeholders, the last absorbing rows up to max_tokens (what
-    a CUDA graph of that capacity takes)."""
-    lengths = arguments.lengths("cp_layout", lengths)
-    cp = arguments.cp_size("cp_layout", cp)
+def cp_layout(lengths: Sequence[int], cp: int, max_seqs: Optional[int] = None, max_tokens: Optional[int] = None,
+              *, layout: str = "dual_chunk") -> Tuple[torch.Tensor, torch.Tensor]:
+    """(cu_seqlens, cu_seqlens_padded) as CPU int32 tensors [B + 1] for documents of `lengths`
+    packed back to back, split over cp ranks by `layout`:
+
+    - "dual_chunk": each document padded to a multiple of 2 * cp (cp_attention's layout).
+      With max_seqs / max_tokens, the capacity form: max_seqs + 1 entries, trailing
+      zero-length placeholders, the last absorbing rows up to max_tokens (what a CUDA graph
+      of that capacity takes).
+    - "contiguous": no padding of their own; only the last document is padded so that the
+      rows are a multiple of cp. It has no capacity form (ValueError with max_seqs /
+      max_tokens).
+    """
+    op = "cp_layout"
+    lengths = arguments.lengths(op, lengths)
+    cp = arguments.cp_size(op, cp)
+    layout = arguments.cp_layout(op, layout)
     if max_seqs is None and max_tokens is None:
-        both = torch.tensor(_ops.make_layout(lengths, cp), dtype=torch.int32)
+        both = torch.tensor(_ops.make_layout(lengths, cp, layout), dtype=torch.int32)
         return both[: len(lengths) + 1].clone(), both[len(lengths) + 1:].clone()
     if max_seqs is None or max_tokens is None:
         raise ValueError("thdcp.cp_layout: pass both max_seqs and max_tokens (the capacity form), or neither")
-    return _capacity_layout("cp_layout", lengths, cp, max_tokens, max_seqs)
+    if layout != "dual_chunk":
+        raise ValueError("thdcp.cp_layout: layout=%r has no capacity form (max_seqs=%s, max_tokens=%s): the "
+                         "capacities of CUDA graphs are dual-chunk layouts; pass layout='dual_chunk' or leave "
+                         "max_seqs and max_tokens out" % (layout, max_seqs, max_tokens))
+    return _capacity_layout(op, lengths, cp, max_tokens, max_seqs)
 
 
-def cp_rank_rows(cu_seqlens_padded: torch.Tensor, cp: int, rank: int) -> torch.Tensor:
-    """Global row of each of `rank`'s rows (int64 [T / cp], in its local order)."""
-    return _rank_rows("cp_rank_rows", cu_seqlens_padded, cp, rank)
+def cp_rank_rows(cu_seqlens_padded: torch.Tensor, cp: int, rank: int, *, layout: str = "dual_chunk") -> torch.Tensor:
+    """Global row of each of `rank`'s rows (int64 [T / cp], in its local order) under `layout`:
+    "dual_chunk" (chunks rank and 2 cp - 1 - rank of each document, every padded length a
+    multiple of 2 * cp) or "contiguous" (rows [rank T / cp, (rank + 1) T / cp), T a multiple
+    of cp)."""
+    return _rank_rows("cp_rank_rows", cu_seqlens_padded, cp, rank, layout)
 
 
-def _rank_rows(op: str, cu_seqlens_padded: torch.Tensor, cp: int, rank: int) -> torch.Tensor:
+def _rank_rows(op: str, cu_seqlens_padded: torch.Tensor, cp: int, rank: int, layout: str) -> torch.Tensor:
     arguments.check_host_tensor(op, "cu_seqlens_padded", cu_seqlens_padded)
     cp = arguments.cp_size(op, cp)
     rank = arguments.integer(op, "rank", rank, 0, arguments.INT32_MAX)
-    return _ops.cp_rank_rows(cu_seqlens_padded.to(device="cpu", dtype=torch.int32).contiguous(), cp, rank)
+    layout = arguments.cp_layout(op, layout)
+    return _ops.cp_rank_rows(cu_seqlens_padded.to(device="cpu", dtype=torch.int32).contiguous(), cp, rank, layout)
 
 
-def cp_split(x: torch.Tensor, cu_seqlens_padded: torch.Tensor, cp: int, rank: int) -> torch.Tensor:
-    """The rows of the global tensor x ([T, ...]: tokens, labels, activations) that `rank` holds."""
-    rows = _rank_rows("cp_split", cu_seqlens_padded, cp, rank).to(x.device)
+def cp_split(x: torch.Tensor, cu_seqlens_padded: torch.Tensor, cp: int, rank: int, *,
+             layout: str = "dual_chunk") -> torch.Tensor:
+    """The rows of the global tensor x ([T, ...]: tokens, labels, activations) that `rank`
+    holds under `layout` (cp_rank_rows)."""
+    rows = _rank_rows("cp_split", cu_seqlens_padded, cp, rank, layout).to(x.device)
     return x.index_select(0, rows)
 
 
-def cp_merge(parts: List[torch.Tensor], cu_seqlens_padded: torch.Tensor) -> torch.Tensor:
-    """The global tensor from every rank's rows (parts[r]: rank r's tensor, [T / cp, ...])."""
+def cp_merge(parts: List[torch.Tensor], cu_seqlens_padded: torch.Tensor, *, layout: str = "dual_chunk") -> torch.Tensor:
+    """The global tensor from every rank's rows under `layout` (parts[r]: rank r's tensor,
+    [T / cp, ...]; cp is len(parts))."""
+    if len(parts) == 0:
+        raise ValueError("thdcp.cp_merge: parts is empty: pass one tensor per rank (parts[r]: rank r's rows)")
     cp = len(parts)
     first = parts[0]
     merged = first.new_empty((first.shape[0] * cp,) + tuple(first.shape[1:]))
     for rank, part in enumerate(parts):
         arguments.check_devices("cp_merge", (("parts[0]", first), ("parts[%d]" % rank, part)))
-        merged.index_copy_(0, _rank_rows("cp_merge", cu_seqlens_padded, cp, rank).to(part.device), part)
+        merged.index_copy_(0, _rank_rows("cp_merge", cu_seqlens_padded, cp, rank, layout).to(part.device), part)
     return merged
