@@ -99,7 +99,9 @@ void merge(const void* local, void* global, size_t row_bytes, const thdcp_layout
 }
 
 // The trailing thdcp_cp_layout_t of the _ex helpers.
-CpLayout layout_argument(thdcp_cp_layout_t cp_layout) { return cp_layout_of(raw_enum(cp_layout), "cp_layout"); }
+// By reference: the argument's bytes are read (raw_enum), never loaded as the enum, which a C
+// caller may have given any int.
+CpLayout layout_argument(const thdcp_cp_layout_t& cp_layout) { return cp_layout_of(raw_enum(cp_layout), "cp_layout"); }
 
 Capacity capacity_of(const thdcp_capacity_t* capacity) {
   THDCP_CAPI_NOT_NULL(capacity, "a thdcp_capacity_t (max_tokens, max_seqs)");

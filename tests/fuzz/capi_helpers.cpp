@@ -120,6 +120,27 @@ void make_layout(Program& p, const Lengths& l, int cp) {
   }
 }
 
+// The contiguous twin: documents back to back with no padding of their own, the last one
+// padded so that the rows are a multiple of cp.
+void make_contiguous_layout(Program& p, const Lengths& l, int cp) {
+  LayoutOut out(p, l.count);
+  const thdcp_status_t status =
+      CALL(thdcp_make_contiguous_layout, l.data(), l.count, cp, out.cu_arg(), out.padded_arg());
+  if (status != THDCP_SUCCESS) {
+    FUZZ_CHECK(out.untouched(), "a refused thdcp_make_contiguous_layout wrote its arrays");
+    return;
+  }
+  FUZZ_CHECK(l.count >= 1 && out.cu[0] == 0 && out.padded[0] == 0, "layouts start at 0");
+  for (int64_t i = 0; i < l.count; ++i) {
+    const size_t b = static_cast<size_t>(i);
+    FUZZ_CHECK(int64_t{out.cu[b + 1]} - out.cu[b] == l.values[b], "cu_seqlens are the lengths' prefix sums");
+    if (i + 1 < l.count) FUZZ_CHECK(out.padded[b + 1] == out.cu[b + 1], "no document but the last is padded");
+  }
+  const size_t last = static_cast<size_t>(l.count);
+  FUZZ_CHECK(out.padded[last] == round_up(out.cu[last], static_cast<__int128>(cp)),
+             "the rows are the tokens rounded up to a multiple of cp");
+}
+
 void capacity_default(Program& p) {
   const int64_t max_tokens = p.u8() < 240 ? 16 * p.u8() : p.value_i64();
   const int cp = decode_cp(p);
@@ -261,9 +282,10 @@ void capacity_helpers(Program& p) {
   const uint8_t which = p.u8();
   const Lengths lengths = decode_lengths(p);
   const int cp = decode_cp(p);
-  switch (which % 7) {
+  switch (which % 8) {
     case 0: padded_rows(p, lengths, cp); break;
     case 1: make_layout(p, lengths, cp); break;
+    case 7: make_contiguous_layout(p, lengths, cp); break;
     case 2: capacity_default(p); break;
     case 3: check_fit(p, lengths, cp); break;
     case 4: capacity_layout(p, lengths, cp); break;
@@ -281,15 +303,26 @@ void fill_pattern(unsigned char* bytes, size_t n, unsigned seed) {
 
 }  // namespace
 
-// thdcp_cp_local_rows, thdcp_cp_split and thdcp_cp_merge on a layout with buffers of its
-// rows (T * row_bytes global, T / cp * row_bytes local), apart, overlapping or adjacent.
-// A split or merge that succeeds moved exactly the rows thdcp_cp_local_rows names.
+// thdcp_cp_local_rows_ex, thdcp_cp_split_ex and thdcp_cp_merge_ex (the plain ones are
+// these with the dual-chunk layout) on a layout with buffers of its rows (T * row_bytes
+// global, T / cp * row_bytes local), apart, overlapping or adjacent, for either CP layout or
+// a value that is none. A split or merge that succeeds moved exactly the rows
+// thdcp_cp_local_rows_ex names.
 void split_merge(Program& p) {
   const int cp = decode_cp(p);
   const uint8_t r = p.u8();
   const int rank = r < 240 ? r % std::max(cp, 1) : p.value_i32();
+  const uint8_t choice = p.u8();
+  const int32_t raw_layout = choice < 112 ? THDCP_CP_LAYOUT_DUAL_CHUNK
+                             : choice < 240 ? THDCP_CP_LAYOUT_CONTIGUOUS
+                                            : p.value_i32();
+  // Kept as an int and passed as a prvalue: a variable of the enum type holding a value
+  // outside it would be undefined behaviour in this C++ harness (the library reads the
+  // argument's bytes, as C callers may pass any int).
+  const auto cp_layout = [raw_layout] { return static_cast<thdcp_cp_layout_t>(raw_layout); };
+  const bool contiguous = raw_layout == THDCP_CP_LAYOUT_CONTIGUOUS;
   Layout layout;
-  decode_layout(p, 2 * std::clamp(cp, 1, 1 << 20), 0, layout);
+  decode_layout(p, (contiguous ? 1 : 2) * std::clamp(cp, 1, 1 << 20), 0, layout);
   const uint8_t which = p.u8() % 3, row = p.u8();
   size_t row_bytes = 1 + row % 16;
   if (row >= 240) {
@@ -314,7 +347,7 @@ void split_merge(Program& p) {
                                                                          : static_cast<size_t>(local_rows);
     std::vector<int32_t> map(std::max<size_t>(entries, 1), -7);
     const thdcp_status_t status =
-        CALL(thdcp_cp_local_rows, &layout.c, cp, rank, p.u8() == 255 ? nullptr : map.data(), num_rows);
+        CALL(thdcp_cp_local_rows_ex, &layout.c, cp, rank, p.u8() == 255 ? nullptr : map.data(), num_rows, cp_layout());
     if (status != THDCP_SUCCESS) {
       FUZZ_CHECK(std::all_of(map.begin(), map.end(), [](int32_t x) { return x == -7; }),
                  "a refused thdcp_cp_local_rows wrote its array");
@@ -346,15 +379,16 @@ void split_merge(Program& p) {
   fill_pattern(memory.data(), memory.size(), 7);
   const bool overlap = local < global + global_size && global < local + local_size && global_size > 0 && local_size > 0;
   const std::vector<unsigned char> before = memory;
-  const thdcp_status_t status = which == 1 ? CALL(thdcp_cp_split, global, local, row_bytes, &layout.c, cp, rank)
-                                           : CALL(thdcp_cp_merge, local, global, row_bytes, &layout.c, cp, rank);
+  const thdcp_status_t status =
+      which == 1 ? CALL(thdcp_cp_split_ex, global, local, row_bytes, &layout.c, cp, rank, cp_layout())
+                 : CALL(thdcp_cp_merge_ex, local, global, row_bytes, &layout.c, cp, rank, cp_layout());
   if (status != THDCP_SUCCESS) {
     FUZZ_CHECK(memory == before, "a refused split or merge wrote its output");
     return;
   }
   FUZZ_CHECK(backed && !overlap, "a split or merge of overlapping buffers or a byte count past 2^63-1 succeeded");
   std::vector<int32_t> map(static_cast<size_t>(std::max<int64_t>(local_rows, 1)));
-  expect(CALL(thdcp_cp_local_rows, &layout.c, cp, rank, map.data(), local_rows), THDCP_SUCCESS,
+  expect(CALL(thdcp_cp_local_rows_ex, &layout.c, cp, rank, map.data(), local_rows, cp_layout()), THDCP_SUCCESS,
          "local_rows of a layout that split or merge accepted");
   std::vector<unsigned char> expected = before;
   for (int64_t i = 0; i < local_rows; ++i) {
