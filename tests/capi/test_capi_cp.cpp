@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "c_raw_enums.h"
 #include "support/capi/capi_support.h"
 #include "support/outputs.h"
 #include "support/random_batch.h"
@@ -291,15 +292,15 @@ TEST(CApiCpSplit, RefusesWhatTheLayoutCannotCut) {
                   THDCP_ERROR_INVALID_ARGUMENT, "thdcp_cp_local_rows_ex:", "=37 is not a multiple of 2*cp=6");
   EXPECT_C_STATUS(thdcp_cp_merge(global.data(), local.data(), 1, &layout, 3, 0), THDCP_ERROR_INVALID_ARGUMENT,
                   "thdcp_cp_merge:", "is not a multiple of 2*cp=6");
-  thdcp_cp_layout_t bad = THDCP_CP_LAYOUT_DUAL_CHUNK;
-  test::set_raw(bad, 5);
+  // A layout value that is none, passed from C (c_raw_enums.h).
+  const int bad = 5;
   const char* named = "cp_layout=5 is not a thdcp_cp_layout_t: use THDCP_CP_LAYOUT_DUAL_CHUNK (0) or "
                       "THDCP_CP_LAYOUT_CONTIGUOUS (1)";
-  EXPECT_C_STATUS(thdcp_cp_split_ex(global.data(), local.data(), 1, &layout, 3, 0, bad), THDCP_ERROR_INVALID_ARGUMENT,
+  EXPECT_C_STATUS(raw_cp_split_ex(global.data(), local.data(), 1, &layout, 3, 0, bad), THDCP_ERROR_INVALID_ARGUMENT,
                   named);
-  EXPECT_C_STATUS(thdcp_cp_merge_ex(local.data(), global.data(), 1, &layout, 3, 0, bad),
-                  THDCP_ERROR_INVALID_ARGUMENT, named);
-  EXPECT_C_STATUS(thdcp_cp_local_rows_ex(&layout, 3, 0, map.data(), 69, bad), THDCP_ERROR_INVALID_ARGUMENT, named);
+  EXPECT_C_STATUS(raw_cp_merge_ex(local.data(), global.data(), 1, &layout, 3, 0, bad), THDCP_ERROR_INVALID_ARGUMENT,
+                  named);
+  EXPECT_C_STATUS(raw_cp_local_rows_ex(&layout, 3, 0, map.data(), 69, bad), THDCP_ERROR_INVALID_ARGUMENT, named);
   EXPECT_TRUE(untouched.unchanged());
   EXPECT_TRUE(std::all_of(global.begin(), global.end(), [](unsigned char x) { return x == 1; }));
   // The same layout cut by the contiguous layout at cp 3 is accepted.
