@@ -175,6 +175,14 @@ struct ForwardSm90Buffers {
   __device__ __forceinline__ uint32_t v_full(int stage) const { return kv_barriers + 8u * (2 * kStages + stage); }
   __device__ __forceinline__ uint32_t v_empty(int stage) const { return kv_barriers + 8u * (3 * kStages + stage); }
 
+  // The buffers of use `uses` (counted on across items) and the phase parity its full
+  // barrier completes: Q buffers by item, K/V stages by key tile; the item's slot.
+  static __device__ __forceinline__ int q_stage(int uses) { return uses % kQStages; }
+  static __device__ __forceinline__ uint32_t q_parity(int uses) { return (uses / kQStages) & 1; }
+  static __device__ __forceinline__ int kv_stage(int uses) { return uses % kStages; }
+  static __device__ __forceinline__ uint32_t kv_parity(int uses) { return (uses / kStages) & 1; }
+  __device__ __forceinline__ ForwardItem& slot(int uses) const { return slots[uses % Shape::kSlots]; }
+
   // Thread 0, before the block's barrier.
   __device__ __forceinline__ void init_barriers() const {
 #pragma unroll
@@ -209,9 +217,6 @@ __device__ __forceinline__ void forward_sm90_produce(const ForwardParams& p, con
   using Shape = ForwardSm90Shape<kDqk, kDv>;
   constexpr int kM = Shape::kTileM;
   constexpr int kN = Shape::kTileN;
-  constexpr int kStages = Shape::kStages;
-  constexpr int kQStages = Shape::kQStages;
-  constexpr int kSlots = Shape::kSlots;
   prefetch_tensor_map(&maps.q.map);
   prefetch_tensor_map(&maps.k.map);
   prefetch_tensor_map(&maps.v.map);
@@ -222,10 +227,10 @@ __device__ __forceinline__ void forward_sm90_produce(const ForwardParams& p, con
   describe(blockIdx.x, b.slots[0]);
   int kv_uses = 0;
   for (int q_uses = 0;; ++q_uses) {
-    const int q_stage = q_uses % kQStages;
+    const int q_stage = b.q_stage(q_uses);
     // Both consumers are done with the Q of item q_uses - kQStages.
-    mbarrier_wait(b.q_empty(q_stage), ((q_uses / kQStages) & 1) ^ 1);
-    const ForwardItem& slot = b.slots[q_uses % kSlots];
+    mbarrier_wait(b.q_empty(q_stage), b.q_parity(q_uses) ^ 1);
+    const ForwardItem& slot = b.slot(q_uses);
     if (!slot.valid) {
       mbarrier_arrive(b.q_full(q_stage));
       break;
@@ -243,12 +248,12 @@ __device__ __forceinline__ void forward_sm90_produce(const ForwardParams& p, con
     // the first tile's loads, or at once when the item has none), so that its latency
     // (global loads) is neither in front of them nor at the end of a long item.
     const auto describe_next = [&] {
-      describe(gridDim.x + static_cast<int64_t>(atomicAdd(p.work_counter, 1)), b.slots[(q_uses + 1) % kSlots]);
+      describe(gridDim.x + static_cast<int64_t>(atomicAdd(p.work_counter, 1)), b.slot(q_uses + 1));
     };
     if (key_tiles.begin == key_tiles.end) describe_next();
     for (int n = key_tiles.begin; n < key_tiles.end; ++n, ++kv_uses) {
-      const int stage = kv_uses % kStages;
-      const uint32_t parity = ((kv_uses / kStages) & 1) ^ 1;
+      const int stage = b.kv_stage(kv_uses);
+      const uint32_t parity = b.kv_parity(kv_uses) ^ 1;
       const int row = work.seg.k_row + n * kN;
       mbarrier_wait(b.k_empty(stage), parity);
       mbarrier_arrive_expect_tx(b.k_full(stage), Shape::kKBytes);
@@ -271,9 +276,6 @@ __device__ __forceinline__ void forward_sm90_consume(const ForwardParams& p, con
   using Shape = ForwardSm90Shape<kDqk, kDv>;
   constexpr int kM = Shape::kTileM;
   constexpr int kN = Shape::kTileN;
-  constexpr int kStages = Shape::kStages;
-  constexpr int kQStages = Shape::kQStages;
-  constexpr int kSlots = Shape::kSlots;
   constexpr int kVBlocks = Shape::kVBlocks;
 
   const int thread = static_cast<int>(threadIdx.x) % 128;
@@ -286,10 +288,10 @@ __device__ __forceinline__ void forward_sm90_consume(const ForwardParams& p, con
   int kv_uses = 0;
 
   for (int q_uses = 0;; ++q_uses) {
-    const int q_stage = q_uses % kQStages;
-    mbarrier_wait(b.q_full(q_stage), (q_uses / kQStages) & 1);
-    if (!b.slots[q_uses % kSlots].valid) break;
-    const QueryTileWork work = b.slots[q_uses % kSlots].work;
+    const int q_stage = b.q_stage(q_uses);
+    mbarrier_wait(b.q_full(q_stage), b.q_parity(q_uses));
+    if (!b.slot(q_uses).valid) break;
+    const QueryTileWork work = b.slot(q_uses).work;
     // This warpgroup's 64 rows of the Q tile: the tile's column blocks stay kM rows apart.
     const uint32_t q_rows = b.q_tile(q_stage) + static_cast<uint32_t>(consumer * 64 * 128);
     const Segment& seg = work.seg;
@@ -315,8 +317,8 @@ __device__ __forceinline__ void forward_sm90_consume(const ForwardParams& p, con
         }
       };
       // K/V stage use u of this item's tile n: kv_uses + n - n_begin.
-      const auto stage_of = [&](int n) { return (kv_uses + n - n_begin) % kStages; };
-      const auto parity_of = [&](int n) { return static_cast<uint32_t>(((kv_uses + n - n_begin) / kStages) & 1); };
+      const auto stage_of = [&](int n) { return b.kv_stage(kv_uses + n - n_begin); };
+      const auto parity_of = [&](int n) { return b.kv_parity(kv_uses + n - n_begin); };
 
       mbarrier_wait(b.k_full(stage_of(n_begin)), parity_of(n_begin));
       turns.wait();
