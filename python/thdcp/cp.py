@@ -212,7 +212,14 @@ def _rank_rows(op: str, cu_seqlens_padded: torch.Tensor, cp: int, rank: int, lay
     cp = arguments.cp_size(op, cp)
     rank = arguments.integer(op, "rank", rank, 0, arguments.INT32_MAX)
     layout = arguments.cp_layout(op, layout)
-    return _ops.cp_rank_rows(cu_seqlens_padded.to(device="cpu", dtype=torch.int32).contiguous(), cp, rank, layout)
+    try:
+        return _ops.cp_rank_rows(cu_seqlens_padded.to(device="cpu", dtype=torch.int32).contiguous(), cp, rank, layout)
+    except ValueError as e:
+        # The op names itself; a refusal met through cp_split or cp_merge names the call made.
+        prefix, text = "thdcp.cp_rank_rows: ", str(e)
+        if op == "cp_rank_rows" or not text.startswith(prefix):
+            raise
+        raise ValueError("thdcp.%s: %s" % (op, text[len(prefix):])) from None
 
 
 def cp_split(x: torch.Tensor, cu_seqlens_padded: torch.Tensor, cp: int, rank: int, *,

@@ -139,9 +139,11 @@ def test_an_unknown_layout_is_refused_by_name(case):
 def test_a_layout_that_does_not_fit_is_refused_with_its_rule():
     # Contiguous: 11 rows do not cut into 4 equal pieces.
     odd_rows = torch.tensor([0, 5, 11], dtype=torch.int32)
-    for call in (lambda: thdcp.cp_rank_rows(odd_rows, 4, 0, layout="contiguous"),
-                 lambda: thdcp.cp_split(torch.zeros(11), odd_rows, 4, 1, layout="contiguous")):
-        with pytest.raises(ValueError, match=r"11 rows, not a multiple of cp=4"):
+    for name, call in (("cp_rank_rows", lambda: thdcp.cp_rank_rows(odd_rows, 4, 0, layout="contiguous")),
+                       ("cp_split", lambda: thdcp.cp_split(torch.zeros(11), odd_rows, 4, 1, layout="contiguous")),
+                       ("cp_merge", lambda: thdcp.cp_merge([torch.zeros(2)] * 4, odd_rows, layout="contiguous"))):
+        # Named by the call made, not by the op underneath.
+        with pytest.raises(ValueError, match=r"^thdcp\.%s: the batch has 11 rows, not a multiple of cp=4" % name):
             call()
     # Dual chunk: a padded length of 6 is not a multiple of 2*cp = 4 (contiguous takes it).
     padded_six = torch.tensor([0, 6, 14], dtype=torch.int32)
