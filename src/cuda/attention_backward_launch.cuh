@@ -1,14 +1,16 @@
-// The backward launcher: the dK/dV pass (dkv_kernel, or dkv_kernel_sm90 on Hopper where it
-// serves the head dims: sm90_serves) and the dQ pass (dq_kernel, or dq_kernel_sm90), or a fused dK/dV/dQ
-// pass: on Hopper at head dim 128 without a left window, or on single-device tables with one
-// of at least 4096 keys (dkvq_kernel_sm90, then dq_store_kernel; the plan decides), with the
-// portable kernels when AttentionOptions::deterministic is off (dkv_kernel with kFuseDq).
+// The backward launcher: the dK/dV pass (dkv_kernel; on Hopper where it serves the head dims,
+// sm90_serves, dkv_kernel_sm90, or dkv_wide_kernel_sm90 above 128 columns) and the dQ pass
+// (dq_kernel, or dq_kernel_sm90), or a fused dK/dV/dQ pass: on Hopper at head dim 128
+// without a left window, or on single-device tables with one of at least 4096 keys
+// (dkvq_kernel_sm90, then dq_store_kernel; the plan decides), with the portable kernels
+// when AttentionOptions::deterministic is off (dkv_kernel with kFuseDq).
 #pragma once
 
 #include "attention_backward.cuh"
 #include "attention_dq.cuh"
 #include "attention_dkv.cuh"
 #include "attention_dkv_sm90.cuh"
+#include "attention_dkv_wide_sm90.cuh"
 #include "attention_dkvq_sm90.cuh"
 #include "attention_dq_sm90.cuh"
 #include "launch.h"
@@ -22,6 +24,7 @@ void configure_backward(bool sm90, bool fused) {
   // (The plan fuses dQ on Hopper at 128 only, in the portable kernels where portable_fuses_dq,
   // and runs the Hopper kernels where sm90_serves.)
   constexpr bool kHopperFused = kDqk == DkvqSm90Shape::kD && kDv == kDqk;
+  constexpr bool kDkvWide = sm90_dkv_wide(kDqk, kDv);
   if (fused && sm90) {
     if constexpr (kHopperFused) {
       set_dynamic_shared_memory(reinterpret_cast<const void*>(dkvq_kernel_sm90<Storage>), DkvqSm90Shape::kSmemBytes,
@@ -35,9 +38,14 @@ void configure_backward(bool sm90, bool fused) {
                                             cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     }
   } else if (sm90) {
-    if constexpr (sm90_serves(kDqk, kDv)) {
+    if constexpr (sm90_serves(kDqk, kDv) && kDkvWide) {
+      set_dynamic_shared_memory(reinterpret_cast<const void*>(dkv_wide_kernel_sm90<Storage, kDqk, kDv>),
+                                DkvWideSm90Shape<kDqk, kDv>::kSmemBytes, "dkv_wide_kernel_sm90", kDqk, kDv);
+    } else if constexpr (sm90_serves(kDqk, kDv)) {
       set_dynamic_shared_memory(reinterpret_cast<const void*>(dkv_kernel_sm90<Storage, kDqk, kDv>),
                                 DkvSm90Shape<kDqk, kDv>::kSmemBytes, "dkv_kernel_sm90", kDqk, kDv);
+    }
+    if constexpr (sm90_serves(kDqk, kDv)) {
       set_dynamic_shared_memory(reinterpret_cast<const void*>(dq_kernel_sm90<Storage, kDqk, kDv>),
                                 DqSm90Shape<kDqk, kDv>::kSmemBytes, "dq_kernel_sm90", kDqk, kDv);
     }
@@ -73,10 +81,14 @@ void launch_backward(const BackwardParams& params, const BackwardStrides& stride
             <<<dim3(tiles, heads), DkvFused::kThreads, DkvFused::kSmemBytes, stream>>>(params, strides);
       }
     } else if (sm90) {
-      if constexpr (sm90_serves(kDqk, kDv)) {
+      if constexpr (sm90_serves(kDqk, kDv) && sm90_dkv_wide(kDqk, kDv)) {
+        using DkvWide = DkvWideSm90Shape<kDqk, kDv>;
+        dkv_wide_kernel_sm90<Storage, kDqk, kDv>
+            <<<dim3(tiles, heads), DkvWide::kThreads, DkvWide::kSmemBytes, stream>>>(params, strides);
+      } else if constexpr (sm90_serves(kDqk, kDv)) {
         using DkvSm90 = DkvSm90Shape<kDqk, kDv>;
-        dkv_kernel_sm90<Storage, kDqk, kDv><<<dim3(tiles, heads, DkvSm90::kSlices), DkvSm90::kThreads,
-                                              DkvSm90::kSmemBytes, stream>>>(params, strides);
+        dkv_kernel_sm90<Storage, kDqk, kDv>
+            <<<dim3(tiles, heads), DkvSm90::kThreads, DkvSm90::kSmemBytes, stream>>>(params, strides);
       }
     } else {
       dkv_kernel<Storage, kDqk, kDv, false>

@@ -8,6 +8,7 @@
 // with dK/dV in registers for the whole loop and added once into fp32 dK/dV at the end.
 // dkv_kernel stages P^T and dS^T through shared memory so that its warps can share them;
 // here the accumulator layout of S^T is already the A-operand layout of the next products.
+// Head dims up to 128; above, dkv_wide_kernel_sm90 (attention_dkv_wide_sm90.cuh).
 #pragma once
 
 #include "attention_backward.cuh"
@@ -15,11 +16,8 @@
 
 namespace thdcp::cuda::detail {
 
-// Head dims kDqk (q, k, dk) and kDv (v, dout, dv). Above D_qk 128 the dK and dV registers of
-// all columns would not fit: the grid's z has kSlices = 2 column slices, slice s owning dK
-// columns [k_col0(s), +k_columns(s)) (128, then the rest) and dV columns [v_col0(s),
-// +v_columns(s)) (halves where they are whole 64-column blocks, else 128 and the rest); each
-// recomputes S^T and dP^T.
+// Head dims kDqk (q, k, dk) and kDv (v, dout, dv), at most 128 (one warpgroup holds dK and
+// dV of every column; above, dkv_wide_kernel_sm90 splits them between two warpgroups).
 template <int kDqk, int kDv>
 struct DkvSm90Shape {
   static constexpr int kTileN = kDkvTileRows;  // keys per block: one warpgroup, 16 per warp
@@ -27,25 +25,11 @@ struct DkvSm90Shape {
   static constexpr int kThreads = 128;
   static constexpr uint32_t kQkBytes = 64 * kDqk * 2;  // a K or Q tile
   static constexpr uint32_t kVBytes = 64 * kDv * 2;    // a V or dO tile
-  static constexpr int kSlices = kDqk > 128 ? 2 : 1;
-  static constexpr int k_col0(int slice) { return 128 * slice; }
-  static constexpr int k_columns(int slice) { return kSlices == 1 ? kDqk : slice == 0 ? 128 : kDqk - 128; }
-  static constexpr int kVSplit = kSlices == 1 ? kDv : kDv / 2 % 64 == 0 ? kDv / 2 : 128;
-  static constexpr int v_col0(int slice) { return slice * kVSplit; }
-  static constexpr int v_columns(int slice) { return slice == 0 ? kVSplit : kDv - kVSplit; }
-  static_assert(kSlices == 1 || (kDqk <= 256 && kDv <= 256 && kDv % 64 == 0), "slices of whole column blocks");
-  // K, V, kStages Q and dO buffers (wgmma layout), lse and delta of kStages steps, and the
-  // slack that aligns the tiles to 1024 bytes. Two stages (the next step's Q/dO loads while
-  // this one computes) where two blocks still share an SM (98 KiB at D = 128) or where one
-  // stage would not make room for a second block (193 KiB at 256); one stage where that
-  // lets two blocks share the SM, each hiding the other's loads and waits: 81 KiB at 192/128
-  // and 97 KiB at 192 (two stages: 121 and 145 KiB, one block of four warps per SM).
-  static constexpr size_t smem_bytes(int stages) {
-    return (1 + stages) * (kQkBytes + kVBytes) + 2 * stages * kTileM * sizeof(float) + 1024;
-  }
-  static constexpr size_t kTwoBlocksBytes = 227 * 1024 / 2 - 1024;  // per block, with the driver's reserve
-  static constexpr int kStages = smem_bytes(2) > kTwoBlocksBytes && smem_bytes(1) <= kTwoBlocksBytes ? 1 : 2;
-  static constexpr size_t kSmemBytes = smem_bytes(kStages);
+  static_assert(kDqk == kDv && kDqk <= 128, "dK and dV of every column in one warpgroup's registers");
+  // K, V, two Q and two dO buffers (wgmma layout; the next step's Q/dO load while this one
+  // computes), lse and delta of two steps, and the slack that aligns the tiles to 1024
+  // bytes: 98 KiB at D = 128, two blocks per SM.
+  static constexpr size_t kSmemBytes = 3 * (kQkBytes + kVBytes) + 4 * kTileM * sizeof(float) + 1024;
 };
 
 // The per-step arithmetic of the Hopper dK/dV warpgroups (dkv_kernel_sm90, and the
@@ -135,83 +119,87 @@ __device__ __forceinline__ void dkv_step_products(float (&st)[kM / 8][4], float 
   wgmma_commit();
 }
 
-// The end of a warpgroup's loop: its dK (times the softmax scale) and dV rows (of key_rows
-// valid ones) stored into p.dk_out / p.dv_out when the host set them, else added into the
-// fp32 accumulators, one fp32 addition per (segment, element): with at most two segments
-// reaching a key row and the accumulator starting at zero, the result does not depend on
-// their order. The warpgroup holds kKColumns columns of dK from k_col0 (of D_qk = kDqk) and
-// kVColumns of dV from v_col0 (of D_v = kDv).
-template <typename Storage, int kDqk, int kDv, int kKColumns, int kVColumns>
-__device__ __forceinline__ void add_dkv_columns(const BackwardParams& p, const Segment& seg, int kv_head, int key0,
-                                                int key_row, int key_rows, int pair_col, int k_col0, int v_col0,
-                                                const float (&dk)[kKColumns / 8][4],
-                                                const float (&dv)[kVColumns / 8][4]) {
+// The end of a warpgroup's loop for one gradient, dK (times the softmax scale) or dV: its
+// rows (of key_rows valid ones) stored into `out` (p.dk_out / p.dv_out) when the host set
+// it, else added into the fp32 accumulator `accum` (p.dk_accum / p.dv_accum), one fp32
+// addition per (segment, element): with at most two segments reaching a key row and the
+// accumulator starting at zero, the result does not depend on their order. kD columns.
+template <typename Storage, int kD>
+__device__ __forceinline__ void add_key_gradient_rows(const BackwardParams& p, void* out, float* accum, float scale,
+                                                      const Segment& seg, int kv_head, int key0, int key_row,
+                                                      int key_rows, int pair_col, const float (&g)[kD / 8][4]) {
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
-  // Row strides of the outputs and the fp32 accumulators (contiguous).
-  const int64_t k_stride = static_cast<int64_t>(p.kv_heads) * kDqk;
-  const int64_t v_stride = static_cast<int64_t>(p.kv_heads) * kDv;
-  constexpr int kWider = kKColumns > kVColumns ? kKColumns : kVColumns;
+  const int64_t row_stride = static_cast<int64_t>(p.kv_heads) * kD;  // the output's and the accumulator's
+  const int64_t column0 = static_cast<int64_t>(kv_head) * kD + pair_col;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key_local = key_row + 8 * half;
+    if (key_local >= key_rows) continue;
+    const int64_t key = static_cast<int64_t>(seg.k_row) + key0 + key_local;
+    if (out != nullptr) {
+      Element* row = static_cast<Element*>(out) + key * row_stride + column0;
+#pragma unroll
+      for (int df = 0; df < kD / 8; ++df) {
+        *reinterpret_cast<uint32_t*>(row + df * 8) = Traits::pack(g[df][2 * half] * scale, g[df][2 * half + 1] * scale);
+      }
+      continue;
+    }
+    float* row = accum + (p.dkv_rows ? p.dkv_rows[key] : key) * row_stride + column0;
+#pragma unroll
+    for (int df = 0; df < kD / 8; ++df) {
+      atomicAdd(row + df * 8, g[df][2 * half] * scale);
+      atomicAdd(row + df * 8 + 1, g[df][2 * half + 1] * scale);
+    }
+  }
+}
+
+// Both, D_qk = D_v = kD, in one pass over the rows: dK's and dV's stores of a row together.
+template <typename Storage, int kD>
+__device__ __forceinline__ void add_dkv_rows(const BackwardParams& p, const Segment& seg, int kv_head, int key0,
+                                             int key_row, int key_rows, int pair_col, const float (&dk)[kD / 8][4],
+                                             const float (&dv)[kD / 8][4]) {
+  using Traits = StorageTraits<Storage>;
+  using Element = typename Traits::Element;
+  const int64_t stride = static_cast<int64_t>(p.kv_heads) * kD;  // of the outputs and the accumulators
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key_local = key_row + 8 * half;
     if (key_local >= key_rows) continue;
     const int64_t key = static_cast<int64_t>(seg.k_row) + key0 + key_local;
     if (p.dk_out != nullptr) {
-      Element* dk_row = static_cast<Element*>(p.dk_out) + key * k_stride + static_cast<int64_t>(kv_head) * kDqk +
-                        k_col0 + pair_col;
-      Element* dv_row = static_cast<Element*>(p.dv_out) + key * v_stride + static_cast<int64_t>(kv_head) * kDv +
-                        v_col0 + pair_col;
+      Element* dk_row = static_cast<Element*>(p.dk_out) + key * stride + static_cast<int64_t>(kv_head) * kD + pair_col;
+      Element* dv_row = static_cast<Element*>(p.dv_out) + key * stride + static_cast<int64_t>(kv_head) * kD + pair_col;
 #pragma unroll
-      for (int df = 0; df < kWider / 8; ++df) {
-        if (df < kKColumns / 8) {
-          *reinterpret_cast<uint32_t*>(dk_row + df * 8) =
-              Traits::pack(dk[df][2 * half] * p.scale, dk[df][2 * half + 1] * p.scale);
-        }
-        if (df < kVColumns / 8) {
-          *reinterpret_cast<uint32_t*>(dv_row + df * 8) = Traits::pack(dv[df][2 * half], dv[df][2 * half + 1]);
-        }
+      for (int df = 0; df < kD / 8; ++df) {
+        *reinterpret_cast<uint32_t*>(dk_row + df * 8) =
+            Traits::pack(dk[df][2 * half] * p.scale, dk[df][2 * half + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dv_row + df * 8) = Traits::pack(dv[df][2 * half], dv[df][2 * half + 1]);
       }
       continue;
     }
     const int64_t row = p.dkv_rows ? p.dkv_rows[key] : key;
-    float* dk_accum = p.dk_accum + row * k_stride + static_cast<int64_t>(kv_head) * kDqk + k_col0 + pair_col;
-    float* dv_accum = p.dv_accum + row * v_stride + static_cast<int64_t>(kv_head) * kDv + v_col0 + pair_col;
+    float* dk_accum = p.dk_accum + row * stride + static_cast<int64_t>(kv_head) * kD + pair_col;
+    float* dv_accum = p.dv_accum + row * stride + static_cast<int64_t>(kv_head) * kD + pair_col;
 #pragma unroll
-    for (int df = 0; df < kWider / 8; ++df) {
-      if (df < kKColumns / 8) {
-        atomicAdd(dk_accum + df * 8, dk[df][2 * half] * p.scale);
-        atomicAdd(dk_accum + df * 8 + 1, dk[df][2 * half + 1] * p.scale);
-      }
-      if (df < kVColumns / 8) {
-        atomicAdd(dv_accum + df * 8, dv[df][2 * half]);
-        atomicAdd(dv_accum + df * 8 + 1, dv[df][2 * half + 1]);
-      }
+    for (int df = 0; df < kD / 8; ++df) {
+      atomicAdd(dk_accum + df * 8, dk[df][2 * half] * p.scale);
+      atomicAdd(dk_accum + df * 8 + 1, dk[df][2 * half + 1] * p.scale);
+      atomicAdd(dv_accum + df * 8, dv[df][2 * half]);
+      atomicAdd(dv_accum + df * 8 + 1, dv[df][2 * half + 1]);
     }
   }
 }
 
-// All kD columns of dK and dV (D_qk = D_v = kD).
-template <typename Storage, int kD>
-__device__ __forceinline__ void add_dkv_rows(const BackwardParams& p, const Segment& seg, int kv_head, int key0,
-                                             int key_row, int key_rows, int pair_col, const float (&dk)[kD / 8][4],
-                                             const float (&dv)[kD / 8][4]) {
-  add_dkv_columns<Storage, kD, kD, kD, kD>(p, seg, kv_head, key0, key_row, key_rows, pair_col, 0, 0, dk, dv);
-}
-
-// The block's work for column slice kSlice (see DkvSm90Shape).
-template <typename Storage, int kDqk, int kDv, int kSlice>
-__device__ __forceinline__ void dkv_sm90_block(const BackwardParams& p, const BackwardStrides& strides) {
+template <typename Storage, int kDqk, int kDv>
+__global__ void __launch_bounds__(DkvSm90Shape<kDqk, kDv>::kThreads, 2)
+    dkv_kernel_sm90(const BackwardParams p, const BackwardStrides strides) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Traits = StorageTraits<Storage>;
   using Element = typename Traits::Element;
   using Shape = DkvSm90Shape<kDqk, kDv>;
   constexpr int kN = Shape::kTileN;
   constexpr int kM = Shape::kTileM;
-  constexpr int kKColumns = Shape::k_columns(kSlice);
-  constexpr int kVColumns = Shape::v_columns(kSlice);
-  // The slice's first columns of Q and dO (the B operands of dK and dV) in their tiles.
-  constexpr uint32_t kQColumnBytes = Shape::k_col0(kSlice) / 64 * kM * 128;
-  constexpr uint32_t kDoColumnBytes = Shape::v_col0(kSlice) / 64 * kM * 128;
   constexpr int kThreads = Shape::kThreads;
   static_assert(kN == 64 && kM == 64 && kThreads == 128, "one warpgroup of 64 keys, 64 queries per step");
 
@@ -227,13 +215,12 @@ __device__ __forceinline__ void dkv_sm90_block(const BackwardParams& p, const Ba
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_address = smem_address(smem_raw);
-  constexpr int kStages = Shape::kStages;
   const uint32_t k_tile = (raw_address + 1023u) & ~1023u;
   const uint32_t v_tile = k_tile + Shape::kQkBytes;
-  const uint32_t q_tiles = v_tile + Shape::kVBytes;                 // kStages buffers
-  const uint32_t do_tiles = q_tiles + kStages * Shape::kQkBytes;  // kStages buffers
-  float* lse_rows = reinterpret_cast<float*>(smem_raw + (do_tiles + kStages * Shape::kVBytes - raw_address));
-  float* delta_rows = lse_rows + kStages * kM;
+  const uint32_t q_tiles = v_tile + Shape::kVBytes;          // two buffers
+  const uint32_t do_tiles = q_tiles + 2 * Shape::kQkBytes;  // two buffers
+  float* lse_rows = reinterpret_cast<float*>(smem_raw + (do_tiles + 2 * Shape::kVBytes - raw_address));
+  float* delta_rows = lse_rows + 2 * kM;
 
   const Element* q = static_cast<const Element*>(p.q);
   const Element* dout = static_cast<const Element*>(p.dout);
@@ -263,25 +250,22 @@ __device__ __forceinline__ void dkv_sm90_block(const BackwardParams& p, const Ba
   const int pair_col = (lane & 3) * 2;
   const int key_row = 16 * warp + group_row;  // this thread's key rows: key_row, key_row + 8
 
-  float dk[kKColumns / 8][4];
-  float dv[kVColumns / 8][4];
+  float dk[kDqk / 8][4];
+  float dv[kDv / 8][4];
 #pragma unroll
-  for (int i = 0; i < (kKColumns > kVColumns ? kKColumns : kVColumns) / 8; ++i) {
-    if (i < kKColumns / 8) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
-    if (i < kVColumns / 8) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
-  }
+  for (int i = 0; i < kDqk / 8; ++i) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kDv / 8; ++i) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
 
-  // Two stages: the steps are software-pipelined by one: step s's dV/dK products run on the
-  // tensor cores while step s + 1 waits for its tiles and issues its S^T and dP^T, and P^T =
-  // exp(S^T - lse) is computed while dP^T is still in flight. wgmma groups in flight at step
-  // s's wait<1>: [dV/dK of s - 1, S^T of s, dP^T of s]; it returns when the first two have
-  // landed, which also frees the other Q/dO buffer for the prefetch of step s + 1.
-  // One stage: step s + 1's Q/dO load once step s's dV/dK have landed (the block on the
-  // same SM runs meanwhile).
+  // The steps are software-pipelined by one: step s's dV/dK products run on the tensor cores
+  // while step s + 1 waits for its tiles and issues its S^T and dP^T, and P^T = exp(S^T - lse)
+  // is computed while dP^T is still in flight. wgmma groups in flight at step s's wait<1>:
+  // [dV/dK of s - 1, S^T of s, dP^T of s]; it returns when the first two have landed, which
+  // also frees the other Q/dO buffer for the prefetch of step s + 1.
   int m_index = 0;
   int head_index = 0;
   for (int step = 0; step < steps; ++step) {
-    const int buffer = kStages == 2 ? step & 1 : 0;
+    const int buffer = step & 1;
     int next_m = m_index + 1;
     int next_head = head_index;
     if (next_m == m_count) {
@@ -308,26 +292,15 @@ __device__ __forceinline__ void dkv_sm90_block(const BackwardParams& p, const Ba
     wgmma_fence_operands(flat(st));
     wgmma_fence_operands(flat(dv));
     wgmma_fence_operands(flat(dk));
-    if constexpr (kStages == 2) {
-      __syncthreads();  // every warp's: the other Q/dO buffer is free
-      if (step + 1 < steps) load_q(next_m, next_head, buffer ^ 1);
-      cp_async_commit();
-    }
+    __syncthreads();  // every warp's: the other Q/dO buffer is free
+    if (step + 1 < steps) load_q(next_m, next_head, buffer ^ 1);
+    cp_async_commit();
 
     uint32_t pt[kM / 16][4];
     uint32_t dst[kM / 16][4];
-    dkv_step_products<Storage, kM, kKColumns, kVColumns>(
-        st, dpt, dv, dk, pt, dst, seg, mask, n0, key_row, m0, pair_col,
-        dkv_step_unmasked(seg, mask, n0, valid_k, kN, m0, kM), lse_tile, delta_tile, p.scale_log2,
-        q_tile + kQColumnBytes, do_tile + kDoColumnBytes);
-    if constexpr (kStages == 1) {
-      wgmma_wait<0>();  // dV/dK of this step have read its Q/dO
-      wgmma_fence_operands(flat(dv));
-      wgmma_fence_operands(flat(dk));
-      __syncthreads();  // every warp's
-      if (step + 1 < steps) load_q(next_m, next_head, 0);
-      cp_async_commit();
-    }
+    dkv_step_products<Storage, kM, kDqk, kDv>(st, dpt, dv, dk, pt, dst, seg, mask, n0, key_row, m0, pair_col,
+                                              dkv_step_unmasked(seg, mask, n0, valid_k, kN, m0, kM), lse_tile,
+                                              delta_tile, p.scale_log2, q_tile, do_tile);
     m_index = next_m;
     head_index = next_head;
   }
@@ -335,21 +308,7 @@ __device__ __forceinline__ void dkv_sm90_block(const BackwardParams& p, const Ba
   wgmma_fence_operands(flat(dv));
   wgmma_fence_operands(flat(dk));
 
-  add_dkv_columns<Storage, kDqk, kDv, kKColumns, kVColumns>(p, seg, kv_head, n0, key_row, valid_k, pair_col,
-                                                            Shape::k_col0(kSlice), Shape::v_col0(kSlice), dk, dv);
-}
-
-template <typename Storage, int kDqk, int kDv>
-__global__ void __launch_bounds__(DkvSm90Shape<kDqk, kDv>::kThreads, 2)
-    dkv_kernel_sm90(const BackwardParams p, const BackwardStrides strides) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (DkvSm90Shape<kDqk, kDv>::kSlices == 1) {
-    dkv_sm90_block<Storage, kDqk, kDv, 0>(p, strides);
-  } else if (blockIdx.z == 0) {
-    dkv_sm90_block<Storage, kDqk, kDv, 0>(p, strides);
-  } else {
-    dkv_sm90_block<Storage, kDqk, kDv, 1>(p, strides);
-  }
+  add_dkv_rows<Storage, kDqk>(p, seg, kv_head, n0, key_row, valid_k, pair_col, dk, dv);
 #endif
 }
 

@@ -70,6 +70,37 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// A hand-over of registers between two warpgroups through shared memory: thread t of one
+// stores kVectors 16-byte vectors, thread t of the other loads them (both at slot = area +
+// 16 t); vector i at slot + i * 128 * 16, so that a warp's accesses cover 512 contiguous
+// bytes. The two sides synchronise around it with named_barrier_sync_across.
+template <int kVectors>
+__device__ __forceinline__ void store_hand_over(uint32_t slot, const uint32_t (&x)[kVectors][4]) {
+#pragma unroll
+  for (int i = 0; i < kVectors; ++i) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(slot + i * 128 * 16), "r"(x[i][0]),
+                 "r"(x[i][1]), "r"(x[i][2]), "r"(x[i][3])
+                 : "memory");
+  }
+}
+template <int kVectors>
+__device__ __forceinline__ void load_hand_over(uint32_t slot, uint32_t (&x)[kVectors][4]) {
+#pragma unroll
+  for (int i = 0; i < kVectors; ++i) {
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(x[i][0]), "=r"(x[i][1]), "=r"(x[i][2]), "=r"(x[i][3])
+                 : "r"(slot + i * 128 * 16)
+                 : "memory");
+  }
+}
+
+// The same over warps that reach it from different instructions (two warpgroups, each in its
+// own code): bar.sync is barrier.sync.aligned, which the PTX ISA allows only where every
+// participating thread executes the same instruction; this is the unaligned form.
+__device__ __forceinline__ void named_barrier_sync_across(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Register reallocation: every warp of a warpgroup executes the same one.
 template <int kRegisters>
 __device__ __forceinline__ void setmaxnreg_dec() {

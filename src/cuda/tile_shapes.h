@@ -32,6 +32,11 @@ constexpr bool sm90_serves(int head_dim, int v_head_dim) {
          (head_dim == 192 && v_head_dim == 128);
 }
 
+// Whether the Hopper dK/dV pass splits each step's products between two warpgroups by
+// operand (dkv_wide_kernel_sm90): above 128 columns, where one warpgroup's registers cannot
+// hold dK and dV beside the step's S^T and dP^T.
+constexpr bool sm90_dkv_wide(int head_dim, int v_head_dim) { return head_dim > 128 || v_head_dim > 128; }
+
 // Elements per shared-memory row of a tile of D-element rows: D rounded up to 64 elements, a
 // whole swizzle group of eight 16-byte chunks (96 -> 128: the padding chunks are neither
 // loaded nor read).
