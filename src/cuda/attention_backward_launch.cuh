@@ -1,9 +1,9 @@
 // The backward launcher: the dK/dV pass (dkv_kernel; on Hopper where it serves the head dims,
 // sm90_serves, dkv_kernel_sm90, or dkv_wide_kernel_sm90 above 128 columns) and the dQ pass
-// (dq_kernel, or dq_kernel_sm90), or a fused dK/dV/dQ pass: on Hopper at head dim 128
-// without a left window, or on single-device tables with one of at least 4096 keys
-// (dkvq_kernel_sm90, then dq_store_kernel; the plan decides), with the portable kernels
-// when AttentionOptions::deterministic is off (dkv_kernel with kFuseDq).
+// (dq_kernel; dq_kernel_sm90, or dq_wide_kernel_sm90 at 256), or a fused dK/dV/dQ pass: on
+// Hopper at head dim 128 without a left window, or on single-device tables with one of at
+// least 4096 keys (dkvq_kernel_sm90, then dq_store_kernel; the plan decides), with the
+// portable kernels when AttentionOptions::deterministic is off (dkv_kernel with kFuseDq).
 #pragma once
 
 #include "attention_backward.cuh"
@@ -13,6 +13,7 @@
 #include "attention_dkv_wide_sm90.cuh"
 #include "attention_dkvq_sm90.cuh"
 #include "attention_dq_sm90.cuh"
+#include "attention_dq_wide_sm90.cuh"
 #include "launch.h"
 
 namespace thdcp::cuda::detail {
@@ -25,6 +26,7 @@ void configure_backward(bool sm90, bool fused) {
   // and runs the Hopper kernels where sm90_serves.)
   constexpr bool kHopperFused = kDqk == DkvqSm90Shape::kD && kDv == kDqk;
   constexpr bool kDkvWide = sm90_dkv_wide(kDqk, kDv);
+  constexpr bool kDqWide = sm90_dq_wide(kDqk, kDv);
   if (fused && sm90) {
     if constexpr (kHopperFused) {
       set_dynamic_shared_memory(reinterpret_cast<const void*>(dkvq_kernel_sm90<Storage>), DkvqSm90Shape::kSmemBytes,
@@ -45,7 +47,10 @@ void configure_backward(bool sm90, bool fused) {
       set_dynamic_shared_memory(reinterpret_cast<const void*>(dkv_kernel_sm90<Storage, kDqk, kDv>),
                                 DkvSm90Shape<kDqk, kDv>::kSmemBytes, "dkv_kernel_sm90", kDqk, kDv);
     }
-    if constexpr (sm90_serves(kDqk, kDv)) {
+    if constexpr (sm90_serves(kDqk, kDv) && kDqWide) {
+      set_dynamic_shared_memory(reinterpret_cast<const void*>(dq_wide_kernel_sm90<Storage, kDqk, kDv>),
+                                DqWideSm90Shape<kDqk, kDv>::kSmemBytes, "dq_wide_kernel_sm90", kDqk, kDv);
+    } else if constexpr (sm90_serves(kDqk, kDv)) {
       set_dynamic_shared_memory(reinterpret_cast<const void*>(dq_kernel_sm90<Storage, kDqk, kDv>),
                                 DqSm90Shape<kDqk, kDv>::kSmemBytes, "dq_kernel_sm90", kDqk, kDv);
     }
@@ -101,7 +106,10 @@ void launch_backward(const BackwardParams& params, const BackwardStrides& stride
     if (fused) {
       if constexpr (kHopperFused) dq_store_kernel<Storage><<<grid, 128, 0, stream>>>(params, strides);
     } else if (sm90) {
-      if constexpr (sm90_serves(kDqk, kDv)) {
+      if constexpr (sm90_serves(kDqk, kDv) && sm90_dq_wide(kDqk, kDv)) {
+        using DqWide = DqWideSm90Shape<kDqk, kDv>;
+        dq_wide_kernel_sm90<Storage, kDqk, kDv><<<grid, DqWide::kThreads, DqWide::kSmemBytes, stream>>>(params, strides);
+      } else if constexpr (sm90_serves(kDqk, kDv)) {
         using DqSm90 = DqSm90Shape<kDqk, kDv>;
         dq_kernel_sm90<Storage, kDqk, kDv><<<grid, DqSm90::kThreads, DqSm90::kSmemBytes, stream>>>(params, strides);
       }

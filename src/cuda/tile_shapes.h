@@ -36,6 +36,11 @@ constexpr bool sm90_serves(int head_dim, int v_head_dim) {
 // operand (dkv_wide_kernel_sm90): above 128 columns, where one warpgroup's registers cannot
 // hold dK and dV beside the step's S^T and dP^T.
 constexpr bool sm90_dkv_wide(int head_dim, int v_head_dim) { return head_dim > 128 || v_head_dim > 128; }
+// The same for the dQ pass (dq_wide_kernel_sm90): at 256, where one warpgroup's tiles take
+// 193 KiB and its registers spill. At 192 and 192/128 the one-warpgroup pass measured
+// faster (one H200, bwd TFLOP/s 282.2 against 261.2 at 192, 288.3 against 246.9 at MLA's;
+// 271.3 against 282.0 at 256; bench/RESULTS.md).
+constexpr bool sm90_dq_wide(int head_dim, int v_head_dim) { return head_dim > 192 || v_head_dim > 192; }
 
 // Elements per shared-memory row of a tile of D-element rows: D rounded up to 64 elements, a
 // whole swizzle group of eight 16-byte chunks (96 -> 128: the padding chunks are neither
