@@ -2,12 +2,16 @@
 """Writes src/cuda/wgmma_ops.cuh: the wgmma.mma_async wrappers (sm_90a) the kernels use.
 
 Each wrapper is one inline-asm statement with N/2 fp32 accumulator operands, which is why it
-is generated rather than written by hand. Run from the repository root:
+is generated rather than written by hand. Inline asm takes its instruction as a string literal
+only, so each form's statement is written once, as a macro over the PTX type of A and B (spliced
+in by string-literal concatenation), and expanded once per storage tag. Run from the repository
+root:
     python3 scripts/gen_wgmma.py > src/cuda/wgmma_ops.cuh
 """
 
+# The storage tags and the PTX type of their elements.
 TYPES = [("Bf16Tag", "bf16"), ("Fp16Tag", "f16")]
-# (A from shared memory?, N): the forms the kernels issue.
+# (A from shared memory?, N): the forms the kernels issue; a new form is one line here.
 FORMS = [(False, 64), (False, 128), (True, 64), (True, 128)]
 
 
@@ -19,47 +23,97 @@ def operand_list(first, count, per_line):
     return rows
 
 
-def wrapper(tag, ptx_type, shared_a, n):
+def wrapper_name(shared_a):
+    return "WgmmaSs" if shared_a else "WgmmaRs"
+
+
+def instruction_macro(shared_a, n):
+    return f"THDCP_WGMMA_{'SS' if shared_a else 'RS'}_M64N{n}K16"
+
+
+def macro_lines(lines):
+    """lines joined as the body of a #define, the line continuations aligned."""
+    width = max(len(line) for line in lines) + 1
+    return "\n".join(line.ljust(width) + "\\" for line in lines[:-1]) + "\n" + lines[-1]
+
+
+def instruction(shared_a, n):
+    """The #define of the asm statement of form (shared_a, n) over the PTX type PTX_TYPE."""
     regs = n // 2
-    name = "WgmmaSs" if shared_a else "WgmmaRs"
     if shared_a:
-        a_operand, inputs = f"%{regs}", '"l"(desc_a)'
+        source, a_operand, inputs = "shared memory", f"%{regs}", '"l"(desc_a)'
         desc_b, accumulate = regs + 1, regs + 2
         transposes = f"%{regs + 3}, %{regs + 4}"
-        params = "uint64_t desc_a"
-        template = "template <int kTransposeA, int kTransposeB>"
         immediates = '"n"(kTransposeA), "n"(kTransposeB)'
     else:
+        source = "registers"
         a_operand = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
         inputs = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])'
         desc_b, accumulate = regs + 4, regs + 5
         transposes = f"%{regs + 6}"
-        params = "const uint32_t (&a)[4]"
-        template = "template <int kTransposeB>"
         immediates = '"n"(kTransposeB)'
     d_rows = operand_list(0, regs, 16)
-    d_lines = [f'        "{"{" if i == 0 else ""}{row}{"}, " if i == len(d_rows) - 1 else ", "}"'
+    d_lines = [f'      "{"{" if i == 0 else ""}{row}{"}, " if i == len(d_rows) - 1 else ", "}"'
                for i, row in enumerate(d_rows)]
-    outs = ",\n          ".join(
-        ", ".join(f'"+f"(d[{i}])' for i in range(row, row + 8)) for row in range(0, regs, 8))
-    return "\n".join([
-        "template <>",
-        f"struct {name}<{tag}, {n}> {{",
-        f"  {template}",
-        f"  static __device__ __forceinline__ void run(float (&d)[{regs}], {params}, uint64_t desc_b,",
-        "                                             int accumulate) {",
-        "    asm volatile(",
-        '        "{\\n.reg .pred p;\\n"',
-        f'        "setp.ne.b32 p, %{accumulate}, 0;\\n"',
-        f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "',
+    outs = [", ".join(f'"+f"(d[{i}])' for i in range(row, row + 8)) for row in range(0, regs, 8)]
+    out_lines = [f"      {':' if i == 0 else ' '} {row}{',' if i < len(outs) - 1 else ''}"
+                 for i, row in enumerate(outs)]
+    return f"// wgmma.mma_async m64n{n}k16, A from {source}.\n" + macro_lines([
+        f"#define {instruction_macro(shared_a, n)}(PTX_TYPE)",
+        "  asm volatile(",
+        '      "{\\n.reg .pred p;\\n"',
+        f'      "setp.ne.b32 p, %{accumulate}, 0;\\n"',
+        f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." PTX_TYPE "." PTX_TYPE " "',
         *d_lines,
-        f'        "{a_operand}, %{desc_b}, p, 1, 1, {transposes};\\n}}\\n"',
-        f"        : {outs}",
-        f'        : {inputs}, "l"(desc_b), "r"(accumulate), {immediates});',
+        f'      "{a_operand}, %{desc_b}, p, 1, 1, {transposes};\\n}}\\n"',
+        *out_lines,
+        f'      : {inputs}, "l"(desc_b), "r"(accumulate), {immediates})',
+    ]) + "\n"
+
+
+def wrapper(shared_a):
+    """The struct template whose run issues the form of N, one branch a form of FORMS."""
+    forms = [n for a, n in FORMS if a == shared_a]
+    if shared_a:
+        template = "template <int kTransposeA, int kTransposeB>"
+        params = "uint64_t desc_a"
+    else:
+        template = "template <int kTransposeB>"
+        params = "const uint32_t (&a)[4]"
+    branches = []
+    for i, n in enumerate(forms):
+        branches.append(f"    {'if' if i == 0 else '} else if'} constexpr (N == {n}) {{")
+        branches.append(f"      THDCP_WGMMA_FOR_STORAGE(Storage, {instruction_macro(shared_a, n)})")
+    return "\n".join([
+        "template <typename Storage, int N>",
+        f"struct {wrapper_name(shared_a)} {{",
+        f"  static_assert({' || '.join(f'N == {n}' for n in forms)}, \"N: a form of scripts/gen_wgmma.py\");",
+        f"  {template}",
+        f"  static __device__ __forceinline__ void run(float (&d)[N / 2], {params}, uint64_t desc_b,",
+        "                                             int accumulate) {",
+        *branches,
+        "    }",
         "  }",
         "};",
         "",
     ])
+
+
+def for_storage():
+    """The #define that expands an instruction macro for the PTX type of Storage."""
+    lines = ["#define THDCP_WGMMA_FOR_STORAGE(Storage, INSTRUCTION)"]
+    for i, (tag, ptx_type) in enumerate(TYPES):
+        if i == 0:
+            lines.append(f"  if constexpr (std::is_same_v<Storage, {tag}>) {{")
+        elif i < len(TYPES) - 1:
+            lines.append(f"  }} else if constexpr (std::is_same_v<Storage, {tag}>) {{")
+        else:
+            lines.append("  } else {")
+            lines.append(f'    static_assert(std::is_same_v<Storage, {tag}>, "a storage tag of scripts/gen_wgmma.py");')
+        lines.append(f'    INSTRUCTION("{ptx_type}");')
+    lines.append("  }")
+    return ("// INSTRUCTION (one of the macros below) for the PTX type of Storage's elements.\n" +
+            macro_lines(lines) + "\n")
 
 
 def main():
@@ -72,21 +126,29 @@ def main():
 // WgmmaSs<Storage, N>::run<kTransposeA, kTransposeB>(d, desc_a, desc_b, accumulate): the same
 // with A from shared memory too (kTransposeA: 0 for K-major, 1 for M-major).
 // Only for sm_90a device code; the caller fences, commits and waits (wgmma.cuh).
+//
+// Inline asm takes its instruction as a string literal only, so each form's asm statement is
+// a macro over the PTX type of A and B ("bf16", "f16"), spliced in by string-literal
+// concatenation, and run expands it once per storage tag. The statements name run's
+// parameters (d, a or desc_a, desc_b, accumulate, kTransposeA, kTransposeB).
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#include "storage_tags.h"
 
 namespace thdcp::cuda::detail {
-
-template <typename Storage, int N>
-struct WgmmaRs;
-
-template <typename Storage, int N>
-struct WgmmaSs;
 """)
+    print(for_storage())
     for shared_a, n in FORMS:
-        for tag, ptx_type in TYPES:
-            print(wrapper(tag, ptx_type, shared_a, n))
+        print(instruction(shared_a, n))
+    for shared_a in sorted({a for a, _ in FORMS}):
+        print(wrapper(shared_a))
+    print("#undef THDCP_WGMMA_FOR_STORAGE")
+    for shared_a, n in FORMS:
+        print(f"#undef {instruction_macro(shared_a, n)}")
+    print()
     print("}  // namespace thdcp::cuda::detail")
 
 
