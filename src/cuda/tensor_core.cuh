@@ -10,36 +10,48 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_params.h"
 #include "storage_tags.h"
 
 namespace thdcp::cuda::detail {
 
+// The 32 bits of a pair of 16-bit elements (the first in the low half): how mma fragments
+// and packed stores hold them.
+template <typename Pair>
+__device__ __forceinline__ uint32_t pair_bits(const Pair& pair) {
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// Element: the storage element type; pack(lo, hi): two fp32 values rounded to a pair of them.
 template <typename Storage>
 struct StorageTraits;
 
 template <>
 struct StorageTraits<Bf16Tag> {
   using Element = __nv_bfloat16;
-  using Pair = __nv_bfloat162;
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const Pair p = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&p);
+    return pair_bits(__floats2bfloat162_rn(lo, hi));
   }
-  static __device__ __forceinline__ float to_float(Element x) { return __bfloat162float(x); }
 };
 
 template <>
 struct StorageTraits<Fp16Tag> {
   using Element = __half;
-  using Pair = __half2;
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const Pair p = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&p);
-  }
-  static __device__ __forceinline__ float to_float(Element x) { return __half2float(x); }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return pair_bits(__floats2half2_rn(lo, hi)); }
 };
+
+// Inline asm takes its instruction as a string literal only, so an instruction on 16-bit
+// operands is written as a macro ASM over their PTX type, and this expands it with the type
+// of Storage ("bf16" for Bf16Tag, "f16" for Fp16Tag). Used here and in wgmma_ops.cuh.
+#define THDCP_ASM_FOR_STORAGE(Storage, ASM)                                  \
+  if constexpr (std::is_same_v<Storage, Bf16Tag>) {                          \
+    ASM("bf16");                                                             \
+  } else {                                                                   \
+    static_assert(std::is_same_v<Storage, Fp16Tag>, "bf16 or fp16 storage"); \
+    ASM("f16");                                                              \
+  }
 
 // The m16n8 accumulator of a warp's 16 rows x kColumns (fp32) as the A fragments (storage
 // type) of the kColumns / 16 k-steps of a product that reduces over those columns: two
@@ -58,26 +70,16 @@ __device__ __forceinline__ void accumulator_to_a_fragments(const float (&acc)[kC
 }
 
 // c += a * b for one m16n8k16 tile (row-major A, column-major B).
+#define THDCP_MMA_M16N8K16(PTX_TYPE)                                          \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTX_TYPE "." PTX_TYPE \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])               \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
 template <typename Storage>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<Bf16Tag>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  THDCP_ASM_FOR_STORAGE(Storage, THDCP_MMA_M16N8K16)
 }
-
-template <>
-__device__ __forceinline__ void mma_16816<Fp16Tag>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+#undef THDCP_MMA_M16N8K16
 
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

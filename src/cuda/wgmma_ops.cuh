@@ -10,25 +10,16 @@
 //
 // Inline asm takes its instruction as a string literal only, so each form's asm statement is
 // a macro over the PTX type of A and B ("bf16", "f16"), spliced in by string-literal
-// concatenation, and run expands it once per storage tag. The statements name run's
-// parameters (d, a or desc_a, desc_b, accumulate, kTransposeA, kTransposeB).
+// concatenation, that run expands for its storage tag (THDCP_ASM_FOR_STORAGE,
+// tensor_core.cuh). The statements name run's parameters (d, a or desc_a, desc_b,
+// accumulate, kTransposeA, kTransposeB).
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
-#include "storage_tags.h"
+#include "tensor_core.cuh"
 
 namespace thdcp::cuda::detail {
-
-// INSTRUCTION (one of the macros below) for the PTX type of Storage's elements.
-#define THDCP_WGMMA_FOR_STORAGE(Storage, INSTRUCTION)                                         \
-  if constexpr (std::is_same_v<Storage, Bf16Tag>) {                                           \
-    INSTRUCTION("bf16");                                                                      \
-  } else {                                                                                    \
-    static_assert(std::is_same_v<Storage, Fp16Tag>, "a storage tag of scripts/gen_wgmma.py"); \
-    INSTRUCTION("f16");                                                                       \
-  }
 
 // wgmma.mma_async m64n64k16, A from registers.
 #define THDCP_WGMMA_RS_M64N64K16(PTX_TYPE)                                                                      \
@@ -109,9 +100,9 @@ struct WgmmaRs {
   static __device__ __forceinline__ void run(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                              int accumulate) {
     if constexpr (N == 64) {
-      THDCP_WGMMA_FOR_STORAGE(Storage, THDCP_WGMMA_RS_M64N64K16)
+      THDCP_ASM_FOR_STORAGE(Storage, THDCP_WGMMA_RS_M64N64K16)
     } else if constexpr (N == 128) {
-      THDCP_WGMMA_FOR_STORAGE(Storage, THDCP_WGMMA_RS_M64N128K16)
+      THDCP_ASM_FOR_STORAGE(Storage, THDCP_WGMMA_RS_M64N128K16)
     }
   }
 };
@@ -123,14 +114,13 @@ struct WgmmaSs {
   static __device__ __forceinline__ void run(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                              int accumulate) {
     if constexpr (N == 64) {
-      THDCP_WGMMA_FOR_STORAGE(Storage, THDCP_WGMMA_SS_M64N64K16)
+      THDCP_ASM_FOR_STORAGE(Storage, THDCP_WGMMA_SS_M64N64K16)
     } else if constexpr (N == 128) {
-      THDCP_WGMMA_FOR_STORAGE(Storage, THDCP_WGMMA_SS_M64N128K16)
+      THDCP_ASM_FOR_STORAGE(Storage, THDCP_WGMMA_SS_M64N128K16)
     }
   }
 };
 
-#undef THDCP_WGMMA_FOR_STORAGE
 #undef THDCP_WGMMA_RS_M64N64K16
 #undef THDCP_WGMMA_RS_M64N128K16
 #undef THDCP_WGMMA_SS_M64N64K16
