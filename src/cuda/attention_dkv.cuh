@@ -446,10 +446,7 @@ __global__ void __launch_bounds__(DkvShape<kDqk, kDv, kFuseDq>::kThreads, DkvSha
   qdo.load(0, 0, 0);
   cp_async_commit();
 
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int group_row = lane >> 2;
-  const int pair_col = (lane & 3) * 2;
+  const auto [warp, lane, group_row, pair_col] = FragmentLane{};
   const int key_row0 = (warp >> 1) * 32;   // the warp's 32 keys (every product)
   const int query_col0 = (warp & 1) * 32;  // its 32 queries of S^T and dP^T
   // Its columns of dK and dV: half of the block's slice of each.

@@ -22,10 +22,9 @@ __global__ void __launch_bounds__(DqShape<kDqk, kDv>::kThreads)
   QueryTileWork work;
   if (!work.assign<kM>(p.q_tile_start, p.num_segments, p.segments, p.q_heads, p.kv_heads)) return;
   const Segment& seg = work.seg;
-  const int head = work.head, kv_head = work.kv_head, m0 = work.m0, span_rows = work.span_rows, valid_q = work.valid_q;
   const Mask mask{p.window_left, p.window_right};
 
-  const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
+  const VisibleKeyTiles<kN> key_tiles(seg, mask, work.m0, work.valid_q, kM);
   const int n_begin = key_tiles.begin;
   const int n_end = key_tiles.end;
   const int unmasked_begin = key_tiles.unmasked_begin;
@@ -43,16 +42,14 @@ __global__ void __launch_bounds__(DqShape<kDqk, kDv>::kThreads)
   const Element* v = static_cast<const Element*>(p.v);
 
   // Rows past q_len are zero-filled: padding rows of dout may hold anything.
-  load_tile_async<kM, kDqk, kThreads, kQkRow>(q_tile, q, seg.q_row + m0, valid_q, strides.q, head);
-  load_tile_async<kM, kDv, kThreads, kVRow>(do_tile, dout, seg.q_row + m0, valid_q, strides.dout, head);
-  const KvTileLoader<Element, kN, kDqk, kDv, kThreads> kv(k, v, strides.k, strides.v, seg, kv_head, k_tiles, v_tiles);
+  load_tile_async<kM, kDqk, kThreads, kQkRow>(q_tile, q, seg.q_row + work.m0, work.valid_q, strides.q, work.head);
+  load_tile_async<kM, kDv, kThreads, kVRow>(do_tile, dout, seg.q_row + work.m0, work.valid_q, strides.dout, work.head);
+  const KvTileLoader<Element, kN, kDqk, kDv, kThreads> kv(k, v, strides.k, strides.v, seg, work.kv_head, k_tiles,
+                                                          v_tiles);
   if (n_begin < n_end) kv.load(n_begin, 0);
   cp_async_commit();
 
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int group_row = lane >> 2;
-  const int pair_col = (lane & 3) * 2;
+  const auto [warp, lane, group_row, pair_col] = FragmentLane{};
   const int warp_row0 = warp * 16;
 
   // ldmatrix addresses (bwd_step_addresses): Q and dO A-fragments, K and V B-fragments read
@@ -83,7 +80,7 @@ __global__ void __launch_bounds__(DqShape<kDqk, kDv>::kThreads)
 
   float lse_log2[2];
   float delta[2];
-  load_row_statistics(p, seg, head, m0, warp_row0 + group_row, valid_q, lse_log2, delta);
+  load_row_statistics(p, seg, work.head, work.m0, warp_row0 + group_row, work.valid_q, lse_log2, delta);
 
   float dq[kDqk / 8][4];
 #pragma unroll
@@ -129,7 +126,7 @@ __global__ void __launch_bounds__(DqShape<kDqk, kDv>::kThreads)
     }
 
     const bool needs_mask = n < unmasked_begin || n >= unmasked_end;
-    dq_softmax_gradient<kN>(s, dp, needs_mask, seg, mask, m0 + warp_row0 + group_row, n * kN, pair_col, lse_log2,
+    dq_softmax_gradient<kN>(s, dp, needs_mask, seg, mask, work.m0 + warp_row0 + group_row, n * kN, pair_col, lse_log2,
                             delta, p.scale_log2);
 
     // dQ += dS K (dS rounded to the storage type for the tensor cores).
@@ -149,7 +146,8 @@ __global__ void __launch_bounds__(DqShape<kDqk, kDv>::kThreads)
     __syncthreads();
   }
   cp_async_wait<0>();
-  store_dq_rows<Storage, kDqk>(p, strides.dq, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
+  store_dq_rows<Storage, kDqk>(p, strides.dq, seg, work.head, work.m0, warp_row0 + group_row, work.span_rows, pair_col,
+                               dq);
 }
 
 }  // namespace thdcp::cuda::detail

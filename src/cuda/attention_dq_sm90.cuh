@@ -51,9 +51,8 @@ __global__ void __launch_bounds__(DqSm90Shape<kDqk, kDv>::kThreads, DqSm90Shape<
   QueryTileWork work;
   if (!work.assign<kM>(p.q_tile_start, p.num_segments, p.segments, p.q_heads, p.kv_heads)) return;
   const Segment& seg = work.seg;
-  const int head = work.head, kv_head = work.kv_head, m0 = work.m0, span_rows = work.span_rows, valid_q = work.valid_q;
   const Mask mask{p.window_left, p.window_right};
-  const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
+  const VisibleKeyTiles<kN> key_tiles(seg, mask, work.m0, work.valid_q, kM);
   const int n_begin = key_tiles.begin;
   const int n_end = key_tiles.end;
 
@@ -68,16 +67,16 @@ __global__ void __launch_bounds__(DqSm90Shape<kDqk, kDv>::kThreads, DqSm90Shape<
   const Element* v = static_cast<const Element*>(p.v);
 
   // Rows past q_len and k_len are zero-filled: padding rows of dout may hold anything.
-  load_wgmma_tile_async<kM, kDqk, kThreads>(q_tile, static_cast<const Element*>(p.q), seg.q_row + m0, valid_q,
-                                            strides.q, head);
-  load_wgmma_tile_async<kM, kDv, kThreads>(do_tile, static_cast<const Element*>(p.dout), seg.q_row + m0, valid_q,
-                                           strides.dout, head);
+  load_wgmma_tile_async<kM, kDqk, kThreads>(q_tile, static_cast<const Element*>(p.q), seg.q_row + work.m0, work.valid_q,
+                                            strides.q, work.head);
+  load_wgmma_tile_async<kM, kDv, kThreads>(do_tile, static_cast<const Element*>(p.dout), seg.q_row + work.m0,
+                                           work.valid_q, strides.dout, work.head);
   auto load_kv = [&](int n, int buffer) {
     const int rows = min(kN, seg.k_len - n * kN);
     const uint32_t k_bytes = static_cast<uint32_t>(buffer) * Shape::kQkBytes;
     const uint32_t v_bytes = static_cast<uint32_t>(buffer) * Shape::kVBytes;
-    load_wgmma_tile_async<kN, kDqk, kThreads>(k_base + k_bytes, k, seg.k_row + n * kN, rows, strides.k, kv_head);
-    load_wgmma_tile_async<kN, kDv, kThreads>(v_base + v_bytes, v, seg.k_row + n * kN, rows, strides.v, kv_head);
+    load_wgmma_tile_async<kN, kDqk, kThreads>(k_base + k_bytes, k, seg.k_row + n * kN, rows, strides.k, work.kv_head);
+    load_wgmma_tile_async<kN, kDv, kThreads>(v_base + v_bytes, v, seg.k_row + n * kN, rows, strides.v, work.kv_head);
   };
   if (n_begin < n_end) load_kv(n_begin, 0);
   cp_async_commit();
@@ -90,7 +89,7 @@ __global__ void __launch_bounds__(DqSm90Shape<kDqk, kDv>::kThreads, DqSm90Shape<
 
   float lse_log2[2];
   float delta[2];
-  load_row_statistics(p, seg, head, m0, warp_row0 + group_row, valid_q, lse_log2, delta);
+  load_row_statistics(p, seg, work.head, work.m0, warp_row0 + group_row, work.valid_q, lse_log2, delta);
 
   float dq[kDqk / 8][4];
 #pragma unroll
@@ -114,7 +113,7 @@ __global__ void __launch_bounds__(DqSm90Shape<kDqk, kDv>::kThreads, DqSm90Shape<
     wgmma_wait<1>();  // S; dP is still in flight while P is computed
     wgmma_fence_operands(flat(s));
     if (n < key_tiles.unmasked_begin || n >= key_tiles.unmasked_end) {
-      mask_row_keys<kN>(seg, mask, m0 + warp_row0 + group_row, n * kN, pair_col,
+      mask_row_keys<kN>(seg, mask, work.m0 + warp_row0 + group_row, n * kN, pair_col,
                         [&](int nf, int e) { s[nf][e] = -INFINITY; });
     }
 #pragma unroll
@@ -143,7 +142,8 @@ __global__ void __launch_bounds__(DqSm90Shape<kDqk, kDv>::kThreads, DqSm90Shape<
     __syncthreads();  // the buffer is refilled by the next step's prefetch
   }
   cp_async_wait<0>();
-  store_dq_rows<Storage, kDqk>(p, strides.dq, seg, head, m0, warp_row0 + group_row, span_rows, pair_col, dq);
+  store_dq_rows<Storage, kDqk>(p, strides.dq, seg, work.head, work.m0, warp_row0 + group_row, work.span_rows, pair_col,
+                               dq);
 #endif
 }
 

@@ -74,10 +74,9 @@ __global__ void __launch_bounds__(ForwardShape<kDqk, kDv>::kThreads)
   QueryTileWork work;
   if (!work.assign<kM>(p.tile_start, p.num_segments, p.segments, p.q_heads, p.kv_heads)) return;
   const Segment& seg = work.seg;
-  const int head = work.head, kv_head = work.kv_head, m0 = work.m0, span_rows = work.span_rows, valid_q = work.valid_q;
   const Mask mask{p.window_left, p.window_right};
   // Key tiles that some row of this tile sees, and those every row sees whole.
-  const VisibleKeyTiles<kN> key_tiles(seg, mask, m0, valid_q, kM);
+  const VisibleKeyTiles<kN> key_tiles(seg, mask, work.m0, work.valid_q, kM);
   const int n_begin = key_tiles.begin;
   const int n_end = key_tiles.end;
 
@@ -90,15 +89,13 @@ __global__ void __launch_bounds__(ForwardShape<kDqk, kDv>::kThreads)
   const Element* k = static_cast<const Element*>(p.k);
   const Element* v = static_cast<const Element*>(p.v);
 
-  load_tile_async<kM, kDqk, kThreads, kQkRow>(q_tile, q, seg.q_row + m0, valid_q, strides.q, head);
-  const KvTileLoader<Element, kN, kDqk, kDv, kThreads> kv(k, v, strides.k, strides.v, seg, kv_head, k_tiles, v_tiles);
+  load_tile_async<kM, kDqk, kThreads, kQkRow>(q_tile, q, seg.q_row + work.m0, work.valid_q, strides.q, work.head);
+  const KvTileLoader<Element, kN, kDqk, kDv, kThreads> kv(k, v, strides.k, strides.v, seg, work.kv_head, k_tiles,
+                                                          v_tiles);
   if (n_begin < n_end) kv.load(n_begin, 0);
   cp_async_commit();
 
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int group_row = lane >> 2;  // row within an 8-row half of a fragment
-  const int pair_col = (lane & 3) * 2;
+  const auto [warp, lane, group_row, pair_col] = FragmentLane{};
   const int warp_row0 = warp * 16 * kMF;
 
   // ldmatrix addresses (see swizzled_step_addresses): Q A-fragments (rows warp_row0 +
@@ -162,7 +159,7 @@ __global__ void __launch_bounds__(ForwardShape<kDqk, kDv>::kThreads)
     if (n < key_tiles.unmasked_begin || n >= key_tiles.unmasked_end) {
 #pragma unroll
       for (int mi = 0; mi < kMF; ++mi) {
-        mask_row_keys<kN>(seg, mask, m0 + warp_row0 + 16 * mi + group_row, n * kN, pair_col,
+        mask_row_keys<kN>(seg, mask, work.m0 + warp_row0 + 16 * mi + group_row, n * kN, pair_col,
                           [&](int nf, int e) { s[mi][nf][e] = -INFINITY; });
       }
     }
@@ -200,10 +197,10 @@ __global__ void __launch_bounds__(ForwardShape<kDqk, kDv>::kThreads)
   float thread_max = -INFINITY;
 #pragma unroll
   for (int mi = 0; mi < kMF; ++mi) {
-    store_forward_rows<Storage, kDv>(p, strides.out, seg, head, m0, warp_row0 + 16 * mi + group_row, span_rows,
-                                    pair_col, o[mi], row_max[mi], row_sum[mi], thread_max);
+    store_forward_rows<Storage, kDv>(p, strides.out, seg, work.head, work.m0, warp_row0 + 16 * mi + group_row,
+                                     work.span_rows, pair_col, o[mi], row_max[mi], row_sum[mi], thread_max);
   }
-  reduce_max_logit(p, head, thread_max);
+  reduce_max_logit(p, work.head, thread_max);
 }
 
 }  // namespace thdcp::cuda::detail

@@ -81,6 +81,16 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 }
 #undef THDCP_MMA_M16N8K16
 
+// This thread's warp and lane, and its elements of the m16n8 accumulator layout of the
+// warp's fragments: rows group_row and group_row + 8 of each 16-row fragment (a row within
+// each 8-row half), columns pair_col and pair_col + 1 of each 8-column block.
+struct FragmentLane {
+  int warp = threadIdx.x / 32;
+  int lane = threadIdx.x % 32;
+  int group_row = lane >> 2;
+  int pair_col = (lane & 3) * 2;
+};
+
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
