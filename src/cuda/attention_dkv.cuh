@@ -241,11 +241,8 @@ __device__ __forceinline__ void dkv_scores(float (&st)[2][4][4], float (&dpt)[2]
   constexpr int kVRow = Addresses::kVRow;
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      st[mi][i][0] = st[mi][i][1] = st[mi][i][2] = st[mi][i][3] = 0.0f;
-      dpt[mi][i][0] = dpt[mi][i][1] = dpt[mi][i][2] = dpt[mi][i][3] = 0.0f;
-    }
+    zero_fragments(st[mi]);
+    zero_fragments(dpt[mi]);
   }
 #pragma unroll
   for (int kk = 0; kk < (kQkSteps > kVSteps ? kQkSteps : kVSteps); ++kk) {
@@ -375,12 +372,7 @@ __device__ __forceinline__ void dkv_fused_dq(const BackwardParams& p, const Segm
                              lane >> 4);
   float dq_part[2][kCols / 8][4];
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-    for (int nf = 0; nf < kCols / 8; ++nf) {
-      dq_part[mi][nf][0] = dq_part[mi][nf][1] = dq_part[mi][nf][2] = dq_part[mi][nf][3] = 0.0f;
-    }
-  }
+  for (int mi = 0; mi < 2; ++mi) zero_fragments(dq_part[mi]);
 #pragma unroll
   for (int kk = 0; kk < kN / 16; ++kk) {
     uint32_t a[2][4];
@@ -461,10 +453,8 @@ __global__ void __launch_bounds__(DkvShape<kDqk, kDv, kFuseDq>::kThreads, DkvSha
   float dv[2][kDvCols / 8][4];
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi) {
-#pragma unroll
-    for (int i = 0; i < kDkCols / 8; ++i) dk[mi][i][0] = dk[mi][i][1] = dk[mi][i][2] = dk[mi][i][3] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kDvCols / 8; ++i) dv[mi][i][0] = dv[mi][i][1] = dv[mi][i][2] = dv[mi][i][3] = 0.0f;
+    zero_fragments(dk[mi]);
+    zero_fragments(dv[mi]);
   }
 
   // Step s covers query tile m_begin + s % m_count of head kv_head * group + s / m_count,

@@ -83,8 +83,7 @@ __global__ void __launch_bounds__(DqShape<kDqk, kDv>::kThreads)
   load_row_statistics(p, seg, work.head, work.m0, warp_row0 + group_row, work.valid_q, lse_log2, delta);
 
   float dq[kDqk / 8][4];
-#pragma unroll
-  for (int i = 0; i < kDqk / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+  zero_fragments(dq);
 
   for (int n = n_begin; n < n_end; ++n) {
     const int buffer = (n - n_begin) & 1;
@@ -95,11 +94,8 @@ __global__ void __launch_bounds__(DqShape<kDqk, kDv>::kThreads)
 
     float s[kN / 8][4];
     float dp[kN / 8][4];
-#pragma unroll
-    for (int i = 0; i < kN / 8; ++i) {
-      s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-      dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
-    }
+    zero_fragments(s);
+    zero_fragments(dp);
     // S = Q K^T over D_qk and dP = dO V^T over D_v, in one loop over the wider.
 #pragma unroll
     for (int kk = 0; kk < (kDqk > kDv ? kDqk : kDv) / 16; ++kk) {

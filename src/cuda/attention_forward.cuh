@@ -117,8 +117,7 @@ __global__ void __launch_bounds__(ForwardShape<kDqk, kDv>::kThreads)
   float row_sum[kMF][2];  // this thread's part of the denominator
 #pragma unroll
   for (int mi = 0; mi < kMF; ++mi) {
-#pragma unroll
-    for (int i = 0; i < kDv / 8; ++i) o[mi][i][0] = o[mi][i][1] = o[mi][i][2] = o[mi][i][3] = 0.0f;
+    zero_fragments(o[mi]);
     row_max[mi][0] = row_max[mi][1] = -INFINITY;
     row_sum[mi][0] = row_sum[mi][1] = 0.0f;
   }
@@ -133,10 +132,7 @@ __global__ void __launch_bounds__(ForwardShape<kDqk, kDv>::kThreads)
     // S = Q K^T; each K fragment serves the warp's kMF query fragments.
     float s[kMF][kN / 8][4];
 #pragma unroll
-    for (int mi = 0; mi < kMF; ++mi) {
-#pragma unroll
-      for (int i = 0; i < kN / 8; ++i) s[mi][i][0] = s[mi][i][1] = s[mi][i][2] = s[mi][i][3] = 0.0f;
-    }
+    for (int mi = 0; mi < kMF; ++mi) zero_fragments(s[mi]);
 #pragma unroll
     for (int kk = 0; kk < kDqk / 16; ++kk) {
       uint32_t a[kMF][4];
@@ -144,16 +140,9 @@ __global__ void __launch_bounds__(ForwardShape<kDqk, kDv>::kThreads)
       for (int mi = 0; mi < kMF; ++mi) {
         ldmatrix_x4(a[mi], q_address[kk & 3] + (kk >> 2) * 128 + mi * 16 * kQkRow * 2);
       }
-#pragma unroll
-      for (int np = 0; np < kN / 16; ++np) {
-        uint32_t b[4];
+      mma_k_step<Storage>(s, a, [&](uint32_t(&b)[4], int np) {
         ldmatrix_x4(b, k_address[kk & 3] + k_buffer_bytes + (kk >> 2) * 128 + np * 16 * kQkRow * 2);
-#pragma unroll
-        for (int mi = 0; mi < kMF; ++mi) {
-          mma_16816<Storage>(s[mi][2 * np], a[mi], b[0], b[1]);
-          mma_16816<Storage>(s[mi][2 * np + 1], a[mi], b[2], b[3]);
-        }
-      }
+      });
     }
 
     if (n < key_tiles.unmasked_begin || n >= key_tiles.unmasked_end) {
@@ -179,16 +168,9 @@ __global__ void __launch_bounds__(ForwardShape<kDqk, kDv>::kThreads)
         a[mi][2] = Traits::pack(s[mi][2 * j + 1][0], s[mi][2 * j + 1][1]);
         a[mi][3] = Traits::pack(s[mi][2 * j + 1][2], s[mi][2 * j + 1][3]);
       }
-#pragma unroll
-      for (int dp = 0; dp < kDv / 16; ++dp) {
-        uint32_t b[4];
+      mma_k_step<Storage>(o, a, [&](uint32_t(&b)[4], int dp) {
         ldmatrix_x4_trans(b, v_address[dp & 3] + v_buffer_bytes + (dp >> 2) * 128 + j * 16 * kVRow * 2);
-#pragma unroll
-        for (int mi = 0; mi < kMF; ++mi) {
-          mma_16816<Storage>(o[mi][2 * dp], a[mi], b[0], b[1]);
-          mma_16816<Storage>(o[mi][2 * dp + 1], a[mi], b[2], b[3]);
-        }
-      }
+      });
     }
     __syncthreads();  // the buffer is refilled by the next iteration
   }

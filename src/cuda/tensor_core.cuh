@@ -91,6 +91,31 @@ struct FragmentLane {
   int pair_col = (lane & 3) * 2;
 };
 
+// Sets every element of an array of m16n8 accumulator fragments to 0.
+template <int kFragments>
+__device__ __forceinline__ void zero_fragments(float (&acc)[kFragments][4]) {
+#pragma unroll
+  for (int i = 0; i < kFragments; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+}
+
+// c[mi] += a[mi] B for one 16-deep k-step of a warp's kMF 16-row A fragments, with B's
+// kFragments n8 blocks read as kFragments / 2 ldmatrix_x4 fragments, each read once for all
+// kMF products: load_b(b, np) reads the one of columns [16 np, 16 np + 16).
+template <typename Storage, int kMF, int kFragments, typename LoadB>
+__device__ __forceinline__ void mma_k_step(float (&c)[kMF][kFragments][4], const uint32_t (&a)[kMF][4],
+                                           LoadB&& load_b) {
+#pragma unroll
+  for (int np = 0; np < kFragments / 2; ++np) {
+    uint32_t b[4];
+    load_b(b, np);
+#pragma unroll
+    for (int mi = 0; mi < kMF; ++mi) {
+      mma_16816<Storage>(c[mi][2 * np], a[mi], b[0], b[1]);
+      mma_16816<Storage>(c[mi][2 * np + 1], a[mi], b[2], b[3]);
+    }
+  }
+}
+
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
