@@ -28,6 +28,16 @@ constexpr int64_t kStrideBytes = 16;
 // The heads of one row are addressed with 32-bit offsets (row_offset in tensor_core.cuh).
 constexpr int64_t kMaxHeadSpan = int64_t{1} << 31;
 
+// The stride of a `dimension` ("row" or "head") of tensor `name`, `step` elements, is a
+// multiple of `quantum`, the elements of kStrideBytes.
+void check_whole_pieces(const char* name, const char* dimension, int64_t step, int64_t quantum, DType dtype) {
+  THDCP_CHECK(step % quantum == 0, name << "." << dimension << "_stride=" << step << " is not a multiple of " << quantum
+                                        << " elements (" << kStrideBytes << " bytes of " << dtype_name(dtype)
+                                        << "): the CUDA kernels move " << dimension
+                                        << "s in 16-byte pieces (cp.async, TMA); pad the " << dimension
+                                        << "s to a multiple of " << quantum << " elements");
+}
+
 }  // namespace
 
 int current_device() {
@@ -112,24 +122,14 @@ void check_view(const char* name, const ConstThdTensor& t, const ThdShape& shape
   // others are checked.
   if (t.tokens > 1) {
     const int64_t row_step = t.row_step();
-    THDCP_CHECK(row_step % quantum == 0,
-                name << ".row_stride=" << row_step << " is not a multiple of " << quantum << " elements ("
-                     << kStrideBytes << " bytes of " << dtype_name(t.dtype)
-                     << "): the CUDA kernels move rows in 16-byte pieces (cp.async, TMA); pad the rows to a multiple "
-                        "of "
-                     << quantum << " elements");
+    check_whole_pieces(name, "row", row_step, quantum, t.dtype);
     THDCP_CHECK(row_step < kMaxRowStride, name << ".row_stride=" << row_step
                                                 << " is not below 2^26 elements: the CUDA kernels step over rows "
                                                    "with 32-bit offsets");
   }
   if (t.heads > 1) {
     const int64_t head_step = t.head_step();
-    THDCP_CHECK(head_step % quantum == 0,
-                name << ".head_stride=" << head_step << " is not a multiple of " << quantum << " elements ("
-                     << kStrideBytes << " bytes of " << dtype_name(t.dtype)
-                     << "): the CUDA kernels move heads in 16-byte pieces (cp.async, TMA); pad the heads to a "
-                        "multiple of "
-                     << quantum << " elements");
+    check_whole_pieces(name, "head", head_step, quantum, t.dtype);
     const int64_t span = (t.heads - 1) * head_step + t.head_dim;
     THDCP_CHECK(head_step < kMaxHeadSpan && span <= kMaxHeadSpan,
                 name << " has " << t.heads << " heads " << head_step
