@@ -399,8 +399,7 @@ __device__ __forceinline__ void dkv_fused_dq(const BackwardParams& p, const Segm
 template <typename Storage, int kDqk, int kDv, bool kFuseDq>
 __global__ void __launch_bounds__(DkvShape<kDqk, kDv, kFuseDq>::kThreads, DkvShape<kDqk, kDv, kFuseDq>::kMinBlocks)
     dkv_kernel(const BackwardParams p, const BackwardStrides strides) {
-  using Traits = StorageTraits<Storage>;
-  using Element = typename Traits::Element;
+  using Element = typename StorageTraits<Storage>::Element;
   using Shape = DkvShape<kDqk, kDv, kFuseDq>;
   constexpr int kN = Shape::kTileN;
   constexpr int kM = Shape::kTileM;

@@ -10,8 +10,7 @@ namespace thdcp::cuda::detail {
 template <typename Storage, int kDqk, int kDv>
 __global__ void __launch_bounds__(DqShape<kDqk, kDv>::kThreads)
     dq_kernel(const BackwardParams p, const BackwardStrides strides) {
-  using Traits = StorageTraits<Storage>;
-  using Element = typename Traits::Element;
+  using Element = typename StorageTraits<Storage>::Element;
   using Shape = DqShape<kDqk, kDv>;
   constexpr int kM = Shape::kTileM;
   constexpr int kN = Shape::kTileN;
@@ -128,9 +127,8 @@ __global__ void __launch_bounds__(DqShape<kDqk, kDv>::kThreads)
     // dQ += dS K (dS rounded to the storage type for the tensor cores).
 #pragma unroll
     for (int j = 0; j < kN / 16; ++j) {
-      const uint32_t a[4] = {Traits::pack(s[2 * j][0], s[2 * j][1]), Traits::pack(s[2 * j][2], s[2 * j][3]),
-                             Traits::pack(s[2 * j + 1][0], s[2 * j + 1][1]),
-                             Traits::pack(s[2 * j + 1][2], s[2 * j + 1][3])};
+      uint32_t a[4];
+      accumulator_to_a_fragment<Storage>(s[2 * j], s[2 * j + 1], a);
 #pragma unroll
       for (int dp_col = 0; dp_col < kDqk / 16; ++dp_col) {
         uint32_t b[4];

@@ -40,8 +40,7 @@ template <typename Storage, int kDqk, int kDv>
 __global__ void __launch_bounds__(DqSm90Shape<kDqk, kDv>::kThreads, DqSm90Shape<kDqk, kDv>::kMinBlocks)
     dq_kernel_sm90(const BackwardParams p, const BackwardStrides strides) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Traits = StorageTraits<Storage>;
-  using Element = typename Traits::Element;
+  using Element = typename StorageTraits<Storage>::Element;
   using Shape = DqSm90Shape<kDqk, kDv>;
   constexpr int kM = Shape::kTileM;
   constexpr int kN = Shape::kTileN;

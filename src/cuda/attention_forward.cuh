@@ -61,8 +61,7 @@ struct ForwardShape {
 template <typename Storage, int kDqk, int kDv>
 __global__ void __launch_bounds__(ForwardShape<kDqk, kDv>::kThreads)
     forward_kernel(const ForwardParams p, const ForwardStrides strides) {
-  using Traits = StorageTraits<Storage>;
-  using Element = typename Traits::Element;
+  using Element = typename StorageTraits<Storage>::Element;
   using Shape = ForwardShape<kDqk, kDv>;
   constexpr int kM = Shape::kTileM;
   constexpr int kN = Shape::kTileN;
@@ -162,12 +161,7 @@ __global__ void __launch_bounds__(ForwardShape<kDqk, kDv>::kThreads)
     for (int j = 0; j < kN / 16; ++j) {
       uint32_t a[kMF][4];
 #pragma unroll
-      for (int mi = 0; mi < kMF; ++mi) {
-        a[mi][0] = Traits::pack(s[mi][2 * j][0], s[mi][2 * j][1]);
-        a[mi][1] = Traits::pack(s[mi][2 * j][2], s[mi][2 * j][3]);
-        a[mi][2] = Traits::pack(s[mi][2 * j + 1][0], s[mi][2 * j + 1][1]);
-        a[mi][3] = Traits::pack(s[mi][2 * j + 1][2], s[mi][2 * j + 1][3]);
-      }
+      for (int mi = 0; mi < kMF; ++mi) accumulator_to_a_fragment<Storage>(s[mi][2 * j], s[mi][2 * j + 1], a[mi]);
       mma_k_step<Storage>(o, a, [&](uint32_t(&b)[4], int dp) {
         ldmatrix_x4_trans(b, v_address[dp & 3] + v_buffer_bytes + (dp >> 2) * 128 + j * 16 * kVRow * 2);
       });

@@ -53,20 +53,24 @@ struct StorageTraits<Fp16Tag> {
     ASM("f16");                                                              \
   }
 
-// The m16n8 accumulator of a warp's 16 rows x kColumns (fp32) as the A fragments (storage
-// type) of the kColumns / 16 k-steps of a product that reduces over those columns: two
-// neighbouring n8 accumulator blocks make one m16n8k16 A fragment (as for P V in
+// Two neighbouring n8 blocks of an m16n8 accumulator (fp32), lo and hi, as the m16n8k16 A
+// fragment (storage type) of the k-step that reduces over their 16 columns (as for P V in
 // FlashAttention-2, and for the wgmma A operand from registers).
+template <typename Storage>
+__device__ __forceinline__ void accumulator_to_a_fragment(const float (&lo)[4], const float (&hi)[4],
+                                                          uint32_t (&a)[4]) {
+  a[0] = StorageTraits<Storage>::pack(lo[0], lo[1]);
+  a[1] = StorageTraits<Storage>::pack(lo[2], lo[3]);
+  a[2] = StorageTraits<Storage>::pack(hi[0], hi[1]);
+  a[3] = StorageTraits<Storage>::pack(hi[2], hi[3]);
+}
+
+// The same for a warp's 16 rows x kColumns: the A fragments of the kColumns / 16 k-steps.
 template <typename Storage, int kColumns>
 __device__ __forceinline__ void accumulator_to_a_fragments(const float (&acc)[kColumns / 8][4],
                                                            uint32_t (&a)[kColumns / 16][4]) {
 #pragma unroll
-  for (int j = 0; j < kColumns / 16; ++j) {
-    a[j][0] = StorageTraits<Storage>::pack(acc[2 * j][0], acc[2 * j][1]);
-    a[j][1] = StorageTraits<Storage>::pack(acc[2 * j][2], acc[2 * j][3]);
-    a[j][2] = StorageTraits<Storage>::pack(acc[2 * j + 1][0], acc[2 * j + 1][1]);
-    a[j][3] = StorageTraits<Storage>::pack(acc[2 * j + 1][2], acc[2 * j + 1][3]);
-  }
+  for (int j = 0; j < kColumns / 16; ++j) accumulator_to_a_fragment<Storage>(acc[2 * j], acc[2 * j + 1], a[j]);
 }
 
 // c += a * b for one m16n8k16 tile (row-major A, column-major B).
