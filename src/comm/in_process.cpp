@@ -8,6 +8,7 @@
 
 #include "thdcp/comm/communicator.h"
 
+#include "block_sizes.h"
 #include "thdcp/comm/rank_threads.h"
 #include "thdcp/comm/thread_barrier.h"
 #include "thdcp/core/error.h"
@@ -18,15 +19,27 @@ namespace thdcp {
 // every rank publishes its pointers, a barrier, every rank reads what it needs from the
 // others, a second barrier so nobody returns (and frees its buffers) while being read.
 struct InProcessGroup::State {
-  explicit State(int size) : size_(size), sends_(size), recvs_(size) {}
+  explicit State(int size) : size_(size), sends_(size), recvs_(size), send_bytes_(size), recv_bytes_(size) {}
 
   int size() const { return size_; }
 
-  void publish(int rank, const void* send, void* recv) {
+  // `send_bytes` and `recv_bytes`: the block sizes of all_to_all_v (size() entries each).
+  void publish(int rank, const void* send, void* recv, const size_t* send_bytes = nullptr,
+               const size_t* recv_bytes = nullptr) {
     sends_[rank] = send;
     recvs_[rank] = recv;
+    send_bytes_[rank] = send_bytes;
+    recv_bytes_[rank] = recv_bytes;
   }
   const void* send_of(int rank) const { return sends_[rank]; }
+  const size_t* send_bytes_of(int rank) const { return send_bytes_[rank]; }
+
+  // The first pair of ranks whose all_to_all_v block sizes disagree ("" when none).
+  std::string block_size_mismatch() const {
+    return detail::block_size_mismatch(
+        size_, [&](int from, int to) { return send_bytes_[from][to]; },
+        [&](int to, int from) { return recv_bytes_[to][from]; });
+  }
 
   void barrier() {
     if (!barrier_.wait()) throw abandoned();
@@ -51,6 +64,7 @@ struct InProcessGroup::State {
   int size_;
   std::vector<const void*> sends_;
   std::vector<void*> recvs_;
+  std::vector<const size_t*> send_bytes_, recv_bytes_;
   ThreadBarrier barrier_{size_};
   mutable std::mutex reason_mutex_;
   std::string reason_;  // the first abort's reason
@@ -112,6 +126,27 @@ class InProcessCommunicator final : public Communicator {
                   static_cast<const unsigned char*>(group_.send_of(r)) + offset, bytes);
     }
     group_.barrier();
+  }
+
+  void all_to_all_v(const void* send, const size_t* send_bytes, void* recv, const size_t* recv_bytes) override {
+    group_.publish(rank_, send, recv, send_bytes, recv_bytes);
+    group_.barrier();
+    // Checked by every rank, thrown only after the second barrier: no rank leaves (and frees
+    // its buffers) while another may still read them.
+    const std::string mismatch = group_.block_size_mismatch();
+    if (mismatch.empty()) {
+      auto* to = static_cast<unsigned char*>(recv);
+      for (int from = 0; from < size(); ++from) {
+        const size_t* theirs = group_.send_bytes_of(from);
+        size_t offset = 0;
+        for (int r = 0; r < rank_; ++r) offset += theirs[r];
+        const size_t bytes = recv_bytes[from];
+        if (bytes > 0) std::memcpy(to, static_cast<const unsigned char*>(group_.send_of(from)) + offset, bytes);
+        to += bytes;
+      }
+    }
+    group_.barrier();
+    THDCP_CHECK(mismatch.empty(), mismatch);
   }
 
  private:

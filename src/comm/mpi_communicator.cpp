@@ -1,8 +1,14 @@
 // MPI implementation of the communicator (built with THDCP_WITH_MPI).
 #include <mpi.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
+
+#include "block_sizes.h"
 
 #include "thdcp/core/error.h"
 #include "thdcp/comm/mpi.h"
@@ -68,9 +74,61 @@ class MpiCommunicator final : public Communicator {
     THDCP_CHECK_MPI(MPI_Alltoall(send, blocks.count, blocks.type, recv, blocks.count, blocks.type, comm_));
   }
 
+  // MPI_Reduce_scatter_block may add the blocks in any order (MPI_SUM is commutative, float
+  // addition is not associative): the blocks move by an all-to-all and are added here in rank
+  // order, the order the communicator promises.
   void reduce_scatter_sum(const float* send, float* recv, size_t count) override {
     THDCP_CHECK(count <= static_cast<size_t>(INT32_MAX), "reduce_scatter of " << count << " floats per rank exceeds MPI's int counts");
-    THDCP_CHECK_MPI(MPI_Reduce_scatter_block(send, recv, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_));
+    blocks_.resize(count * static_cast<size_t>(size_));
+    THDCP_CHECK_MPI(MPI_Alltoall(send, static_cast<int>(count), MPI_FLOAT, blocks_.data(), static_cast<int>(count),
+                                 MPI_FLOAT, comm_));
+    for (size_t i = 0; i < count; ++i) {
+      float sum = 0.0f;
+      for (int r = 0; r < size_; ++r) sum += blocks_[static_cast<size_t>(r) * count + i];
+      recv[i] = sum;
+    }
+  }
+
+  // Every rank's block sizes first (one all-gather), so that a mismatch throws on every rank;
+  // then a receive and a send per peer, in pieces of at most 1 GiB (MPI counts are int).
+  void all_to_all_v(const void* send, const size_t* send_bytes, void* recv, const size_t* recv_bytes) override {
+    const size_t n = static_cast<size_t>(size_);
+    std::vector<uint64_t> mine(2 * n), all(2 * n * n);
+    for (size_t r = 0; r < n; ++r) {
+      mine[r] = send_bytes[r];
+      mine[n + r] = recv_bytes[r];
+    }
+    THDCP_CHECK_MPI(MPI_Allgather(mine.data(), static_cast<int>(2 * n), MPI_UINT64_T, all.data(),
+                                  static_cast<int>(2 * n), MPI_UINT64_T, comm_));
+    const std::string mismatch = detail::block_size_mismatch(
+        size_, [&](int from, int to) { return static_cast<size_t>(all[from * 2 * n + to]); },
+        [&](int to, int from) { return static_cast<size_t>(all[to * 2 * n + n + from]); });
+    THDCP_CHECK(mismatch.empty(), mismatch);
+
+    constexpr size_t kPiece = size_t{1} << 30;
+    const auto* from = static_cast<const unsigned char*>(send);
+    auto* to = static_cast<unsigned char*>(recv);
+    std::vector<MPI_Request> requests;
+    for (int peer = 0; peer < size_; ++peer) {
+      const size_t in = recv_bytes[peer], out = send_bytes[peer];
+      if (peer == rank_) {
+        if (in > 0) std::memcpy(to, from, in);
+      } else {
+        for (size_t done = 0; done < in; done += kPiece) {
+          requests.emplace_back();
+          THDCP_CHECK_MPI(MPI_Irecv(to + done, static_cast<int>(std::min(kPiece, in - done)), MPI_BYTE, peer,
+                                    kAllToAllVTag, comm_, &requests.back()));
+        }
+        for (size_t done = 0; done < out; done += kPiece) {
+          requests.emplace_back();
+          THDCP_CHECK_MPI(MPI_Isend(from + done, static_cast<int>(std::min(kPiece, out - done)), MPI_BYTE, peer,
+                                    kAllToAllVTag, comm_, &requests.back()));
+        }
+      }
+      to += in;
+      from += out;
+    }
+    THDCP_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
   }
 
   void all_reduce_max(float* data, size_t count) override {
@@ -79,9 +137,12 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  static constexpr int kAllToAllVTag = 3101;
+
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<float> blocks_;  // reduce_scatter_sum's received blocks
 };
 
 }  // namespace

@@ -54,6 +54,72 @@ TEST(InProcessComm, Collectives) {
   }
 }
 
+// all_to_all_v: rank f sends (f + t) % 3 floats to rank t (empty blocks included), each
+// float naming its sender, receiver and index; every block lands at its place.
+TEST(InProcessComm, AllToAllVMovesBlocksOfAnySize) {
+  const int size = 4;
+  auto count = [](int from, int to) { return static_cast<size_t>((from + to) % 3); };
+  auto value = [](int from, int to, size_t i) { return static_cast<float>(100 * from + 10 * to) + static_cast<float>(i); };
+  std::vector<std::vector<float>> received(size);
+  run_in_process(size, [&](Communicator& comm) {
+    const int r = comm.rank();
+    std::vector<size_t> send_bytes, recv_bytes;
+    std::vector<float> outgoing;
+    for (int to = 0; to < size; ++to) {
+      send_bytes.push_back(count(r, to) * sizeof(float));
+      recv_bytes.push_back(count(to, r) * sizeof(float));
+      for (size_t i = 0; i < count(r, to); ++i) outgoing.push_back(value(r, to, i));
+    }
+    std::vector<float> incoming(8, -1.0f);
+    comm.all_to_all_v(outgoing.data(), send_bytes.data(), incoming.data(), recv_bytes.data());
+    received[static_cast<size_t>(r)] = incoming;
+  });
+  for (int r = 0; r < size; ++r) {
+    std::vector<float> wanted;
+    for (int from = 0; from < size; ++from) {
+      for (size_t i = 0; i < count(from, r); ++i) wanted.push_back(value(from, r, i));
+    }
+    wanted.resize(8, -1.0f);  // nothing written past the blocks
+    EXPECT_EQ(received[static_cast<size_t>(r)], wanted) << "rank " << r;
+  }
+}
+
+// Block sizes that disagree throw the same error on every rank: no truncation, no hang.
+TEST(InProcessComm, AllToAllVRefusesBlockSizesThatDisagree) {
+  const int size = 3;
+  std::vector<std::string> messages(size);
+  EXPECT_THDCP_ERROR(run_in_process(size,
+                                    [&](Communicator& comm) {
+                                      // Rank 2 sends 8 bytes to rank 1, which expects 4.
+                                      std::vector<size_t> send_bytes(size, 4), recv_bytes(size, 4);
+                                      if (comm.rank() == 2) send_bytes[1] = 8;
+                                      std::vector<unsigned char> out(16), in(16);
+                                      try {
+                                        comm.all_to_all_v(out.data(), send_bytes.data(), in.data(), recv_bytes.data());
+                                      } catch (const Error& e) {
+                                        messages[static_cast<size_t>(comm.rank())] = e.what();
+                                        throw;
+                                      }
+                                    }),
+                     "all_to_all_v: rank 2 sends 8 bytes to rank 1 but rank 1 expects 4 from it");
+  for (int r = 0; r < size; ++r) {
+    EXPECT_NE(messages[static_cast<size_t>(r)].find("rank 2 sends 8 bytes to rank 1"), std::string::npos)
+        << "rank " << r << ": " << messages[static_cast<size_t>(r)];
+  }
+}
+
+// reduce_scatter_sum adds in rank order from +0.0f: ((0 + 1e8) + 1) + -1e8 is 0 in fp32
+// (1e8 + 1 rounds to 1e8), where another order would give 1.
+TEST(InProcessComm, ReduceScatterAddsInRankOrder) {
+  std::vector<float> result(3);
+  run_in_process(3, [&](Communicator& comm) {
+    const float mine = std::vector<float>{1e8f, 1.0f, -1e8f}[static_cast<size_t>(comm.rank())];
+    const std::vector<float> blocks(3, mine);
+    comm.reduce_scatter_sum(blocks.data(), &result[static_cast<size_t>(comm.rank())], 1);
+  });
+  EXPECT_EQ(result, (std::vector<float>{0.0f, 0.0f, 0.0f}));
+}
+
 TEST(InProcessComm, FailingRankReleasesTheOthers) {
   // Rank 0 throws before its collective; the others must not hang in theirs.
   EXPECT_THDCP_ERROR(run_in_process(3,
@@ -63,6 +129,13 @@ TEST(InProcessComm, FailingRankReleasesTheOthers) {
                                       comm.all_reduce_max(&x, 1);
                                     }),
                      "rank 0 gives up");
+  EXPECT_THDCP_ERROR(run_in_process(3,
+                                    [](Communicator& comm) {
+                                      if (comm.rank() == 1) THDCP_FAIL("rank 1 gives up");
+                                      const std::vector<size_t> bytes(3, 0);
+                                      comm.all_to_all_v(nullptr, bytes.data(), nullptr, bytes.data());
+                                    }),
+                     "rank 1 gives up");
 }
 
 // An InProcessGroup is run_in_process without the threads: the caller starts them.

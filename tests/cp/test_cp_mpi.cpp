@@ -71,6 +71,42 @@ TEST(CpModesOverMpi, EqualSingleDevice) {
   }
 }
 
+// The MPI communicator's all_to_all_v (blocks of any size, empty ones included) and its
+// reduce_scatter_sum's rank order (the halo gathers' sums reproduce its bits).
+TEST(MpiCommunicator, AllToAllVAndRankOrderSums) {
+  Communicator& comm = world();
+  const int size = comm.size(), r = comm.rank();
+  auto count = [](int from, int to) { return static_cast<size_t>((from + 2 * to) % 3); };
+  auto value = [](int from, int to, size_t i) { return static_cast<float>(100 * from + 10 * to) + static_cast<float>(i); };
+  std::vector<size_t> send_bytes, recv_bytes;
+  std::vector<float> outgoing, wanted;
+  for (int peer = 0; peer < size; ++peer) {
+    send_bytes.push_back(count(r, peer) * sizeof(float));
+    recv_bytes.push_back(count(peer, r) * sizeof(float));
+    for (size_t i = 0; i < count(r, peer); ++i) outgoing.push_back(value(r, peer, i));
+    for (size_t i = 0; i < count(peer, r); ++i) wanted.push_back(value(peer, r, i));
+  }
+  std::vector<float> incoming(wanted.size() + 1, -1.0f);
+  comm.all_to_all_v(outgoing.data(), send_bytes.data(), incoming.data(), recv_bytes.data());
+  wanted.push_back(-1.0f);
+  EXPECT_EQ(incoming, wanted);
+
+  // Rank 0 sends 1e8, rank 1 -1e8, the others 1: in rank order ((0 + 1e8) - 1e8) + 1 + ... is
+  // size - 2 exactly.
+  const float mine = r == 0 ? 1e8f : (r == 1 ? -1e8f : 1.0f);
+  const std::vector<float> blocks(static_cast<size_t>(size), mine);
+  float sum = -1.0f;
+  comm.reduce_scatter_sum(blocks.data(), &sum, 1);
+  EXPECT_EQ(sum, static_cast<float>(size - 2));
+
+  // Sizes that disagree throw on every rank.
+  send_bytes.assign(static_cast<size_t>(size), 0);
+  recv_bytes.assign(static_cast<size_t>(size), 0);
+  if (r == size - 1) send_bytes[0] = 4;
+  EXPECT_THDCP_ERROR(comm.all_to_all_v(outgoing.data(), send_bytes.data(), incoming.data(), recv_bytes.data()),
+                     "all_to_all_v: rank " + std::to_string(size - 1) + " sends 4 bytes to rank 0 but rank 0 expects 0");
+}
+
 TEST(CpOverMpiErrors, OneBadRankMakesEveryRankThrow) {
   Communicator& comm = world();
   const BatchLayout layout = make_layout({10, 7}, comm.size());

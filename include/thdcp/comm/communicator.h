@@ -9,11 +9,17 @@
 //    input may be reused (it blocks);
 //  - all_gather: recv holds the `bytes` of every rank, rank-major (rank r at r * bytes);
 //  - reduce_scatter_sum: send holds size() blocks of `count` floats; rank r receives the
-//    element-wise sum over ranks of block r. The in-process implementation sums in rank
-//    order, so its result is deterministic;
+//    element-wise sum over ranks of block r, added in rank order from +0.0f
+//    (((0 + x_0) + x_1) + ...) by every implementation, so its result is deterministic and a
+//    caller can reproduce its bits;
 //  - all_reduce_max: element-wise max over ranks, in place;
 //  - all_to_all: send holds size() blocks of `bytes`, block r for rank r; recv receives
-//    size() blocks, block r from rank r (send and recv must not overlap).
+//    size() blocks, block r from rank r (send and recv must not overlap);
+//  - all_to_all_v: the same with blocks of any size, packed back to back in rank order:
+//    send_bytes[r] bytes go to rank r, recv_bytes[r] bytes come from rank r (each array has
+//    size() entries; a block may be empty). Every rank's send_bytes[r] must equal rank r's
+//    recv_bytes[rank()]: a mismatch throws thdcp::Error (in-process: on every rank, naming
+//    both ranks and counts). The halo gathers of AllGather CP use it.
 // A collective that cannot complete (another rank failed) throws thdcp::Error instead of
 // hanging.
 #pragma once
@@ -36,6 +42,7 @@ class Communicator {
   virtual void reduce_scatter_sum(const float* send, float* recv, size_t count) = 0;
   virtual void all_reduce_max(float* data, size_t count) = 0;
   virtual void all_to_all(const void* send, void* recv, size_t bytes) = 0;
+  virtual void all_to_all_v(const void* send, const size_t* send_bytes, void* recv, const size_t* recv_bytes) = 0;
 };
 
 // Runs body(communicator) on `size` threads of this process, one per rank, connected by an
