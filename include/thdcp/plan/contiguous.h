@@ -34,6 +34,14 @@ THDCP_HD int64_t contiguous_global_row(int64_t total_rows, int cp, int rank, int
   return static_cast<int64_t>(rank) * (total_rows / cp) + local_row;
 }
 
+// Rank and local row that hold global row `global_row` under the contiguous layout: the
+// inverse of contiguous_global_row.
+THDCP_HD DualChunkLocation contiguous_locate_row(int64_t total_rows, int cp, int64_t global_row) {
+  const int64_t piece = total_rows / cp;
+  const int64_t rank = global_row / piece;
+  return DualChunkLocation{static_cast<int>(rank), global_row - rank * piece};
+}
+
 // The sequence and position (within it, from its first padded row) of local row `local_row`
 // of `rank` under `layout`, from the global cu_seqlens_padded (num_seqs + 1 entries).
 THDCP_HD DualChunkRow cp_layout_row(CpLayout layout, const int32_t* cu_seqlens_padded, int num_seqs, int cp,
