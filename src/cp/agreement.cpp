@@ -20,7 +20,7 @@ struct Descriptor {
   int32_t dtype;
   int64_t max_tokens;
   int32_t window_left, window_right;
-  int32_t layout, comm;
+  int32_t layout, comm, kv_gather;
   int64_t q_heads, kv_heads, head_dim, v_head_dim;
   uint64_t options_fingerprint;
   uint64_t layout_fingerprint;
@@ -38,6 +38,12 @@ void validate_problem(const Problem& p) {
               "layout=" << static_cast<int>(p.layout) << " is not a CP layout: use dual_chunk or contiguous");
   THDCP_CHECK(p.comm == CpComm::kAllGather || p.comm == CpComm::kAllToAll,
               "comm=" << static_cast<int>(p.comm) << " is not a CP communication: use all_gather or all_to_all");
+  THDCP_CHECK(p.kv_gather == KvGather::kAuto || p.kv_gather == KvGather::kWhole || p.kv_gather == KvGather::kHalo,
+              "kv_gather=" << static_cast<int>(p.kv_gather) << " is not a K/V gather: use auto, whole or halo");
+  THDCP_CHECK(p.kv_gather != KvGather::kHalo || p.comm == CpComm::kAllGather,
+              "kv_gather=halo with comm=" << cp_comm_name(p.comm)
+                                          << ": all_to_all moves heads, not K/V rows, so there is no halo to gather; "
+                                             "use kv_gather=auto or whole, or comm=all_gather");
   if (p.layout == CpLayout::kDualChunk) {
     THDCP_CHECK(p.capacity.max_tokens >= 0 && p.capacity.max_tokens % (2 * static_cast<int64_t>(p.cp)) == 0,
                 "capacity.max_tokens=" << p.capacity.max_tokens << " is not a multiple of 2*cp="
@@ -139,6 +145,7 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
   mine.window_right = p.mask.window_right;
   mine.layout = static_cast<int32_t>(p.layout);
   mine.comm = static_cast<int32_t>(p.comm);
+  mine.kv_gather = static_cast<int32_t>(p.kv_gather);
   mine.q_heads = p.q_heads;
   mine.kv_heads = p.kv_heads;
   mine.head_dim = p.head_dim;
@@ -156,7 +163,7 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
   const Descriptor& ref = all[0];
   const char* fix =
       ": every rank must plan the same problem (cp, capacity, mask, heads, head_dim, v_head_dim, dtype, layout, comm, "
-      "options)";
+      "kv_gather, options)";
   for (int r = 1; r < in.size; ++r) {
     const Descriptor& d = all[r];
     THDCP_CHECK(d.cp == ref.cp, "rank " << r << " passed cp=" << d.cp << " but rank 0 passed cp=" << ref.cp << fix);
@@ -165,6 +172,10 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
                         << " comm=" << cp_comm_name(static_cast<CpComm>(d.comm)) << " but rank 0 passed layout="
                         << cp_layout_name(static_cast<CpLayout>(ref.layout))
                         << " comm=" << cp_comm_name(static_cast<CpComm>(ref.comm)) << fix);
+    THDCP_CHECK(d.kv_gather == ref.kv_gather,
+                "rank " << r << " passed kv_gather=" << kv_gather_name(static_cast<KvGather>(d.kv_gather))
+                        << " but rank 0 passed kv_gather=" << kv_gather_name(static_cast<KvGather>(ref.kv_gather))
+                        << fix);
     THDCP_CHECK(d.layout_fingerprint == ref.layout_fingerprint,
                 "rank " << r << " passed a different layout than rank 0"
                         << ": every rank must pass the same global cu_seqlens and cu_seqlens_padded");

@@ -3,11 +3,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "agreement.h"
 #include "allgather_steps.h"
 #include "alltoall_cpu.h"
+#include "halo_exchange.h"
 #include "phase_clock.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cp/cp.h"
@@ -37,6 +39,15 @@ const char* cp_comm_name(CpComm comm) {
   return "?";
 }
 
+const char* kv_gather_name(KvGather gather) {
+  switch (gather) {
+    case KvGather::kAuto: return "auto";
+    case KvGather::kWhole: return "whole";
+    case KvGather::kHalo: return "halo";
+  }
+  return "?";
+}
+
 double Timings::total() const {
   double sum = 0;
   for (double s : seconds) sum += s;
@@ -48,6 +59,8 @@ struct CpuPlan::Buffers {
   std::vector<unsigned char> packed[2];                 // K, V: a strided local view's rows, dense (sized on first use)
   std::vector<unsigned char> gathered[2], sequence[2];  // K, V: rank order, sequence order
   std::vector<float> grad_seq[2], grad_ranked[2], grad_local[2];
+  std::vector<unsigned char> halo_send[2];  // halo gathers: the rows this rank sends (grown on use)
+  std::vector<float> halo_returned[2];      // halo gathers: the dK/dV rows the others return
   detail::AllToAllBuffers all_to_all;
 };
 
@@ -77,6 +90,20 @@ uint64_t options_fingerprint(const AttentionOptions& options) {
   return (static_cast<uint64_t>(scale_bits) << 8) | static_cast<uint64_t>(options.accumulate);
 }
 
+// The CPU step set. With a halo exchange (kv_gather), gather brings this rank's rows and its
+// halo instead of every rank's, and reduce_scatter returns the halo's dK/dV to their ranks;
+// the segment table and the sequence-order buffers are the whole gather's either way.
+// The halo exchange a step of `layout` runs, or none (the whole gather): kv_gather halo, or
+// auto where the halo rows of every rank add up to fewer than the whole gather's. Both moves
+// of a step (K/V out, dK/dV back) carry those rows, so fewer rows is fewer bytes both ways.
+std::optional<detail::HaloExchange> halo_for(const LayoutView& layout, const Problem& p, int rank) {
+  if (p.comm != CpComm::kAllGather || p.kv_gather == KvGather::kWhole) return std::nullopt;
+  detail::HaloExchange halo(layout, p, rank);
+  const int64_t whole = static_cast<int64_t>(p.cp) * (p.cp - 1) * p.local_rows();
+  if (p.kv_gather == KvGather::kAuto && halo.total_halo_rows() >= whole) return std::nullopt;
+  return halo;
+}
+
 class CpuSteps {
  public:
   CpuSteps(Communicator& comm, const Problem& problem, const AttentionOptions& options, CpuPlan::Buffers& buffers,
@@ -96,6 +123,7 @@ class CpuSteps {
     table_ = build_cp_segment_table(layout_, p_.cp, comm_.rank(), p_.mask, p_.layout);
     maps_.clear();
     for (int r = 0; r < p_.cp; ++r) maps_.push_back(rank_row_map(layout_, p_.cp, r, p_.layout));
+    halo_ = halo_for(layout_, p_, comm_.rank());
   }
 
   // `local`: this rank's K or V, any view; a strided one is packed into dense rows first.
@@ -109,6 +137,12 @@ class CpuSteps {
       pack(local, packed.data());
       send = packed.data();
     }
+    if (halo_) {
+      halo_->gather(comm_, static_cast<const unsigned char*>(send), local.row_bytes(), b_.halo_send[index_of(slot)],
+                    gathered.data());
+      return ConstThdTensor(gathered.data(), local.dtype, local.tokens + halo_->halo_rows(comm_.rank()), local.heads,
+                            local.head_dim);
+    }
     comm_.all_gather(send, gathered.data(), local_bytes);
     return ConstThdTensor(gathered.data(), local.dtype, local.tokens * p_.cp, local.heads, local.head_dim);
   }
@@ -116,6 +150,11 @@ class CpuSteps {
   ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot) {
     std::vector<unsigned char>& ordered = b_.sequence[index_of(slot)];
     const size_t row_bytes = gathered.row_bytes();
+    if (halo_) {
+      halo_->to_sequence_order(static_cast<const unsigned char*>(gathered.data), row_bytes,
+                               maps_[static_cast<size_t>(comm_.rank())], ordered.data());
+      return sequence_order(slot);
+    }
     const size_t local_bytes = static_cast<size_t>(p_.local_rows()) * row_bytes;
     const auto* src = static_cast<const unsigned char*>(gathered.data);
     for (int r = 0; r < p_.cp; ++r) scatter_rows(src + r * local_bytes, ordered.data(), maps_[r], row_bytes);
@@ -159,6 +198,12 @@ class CpuSteps {
   ThdTensor to_rank_order(const ThdTensor& seq, Slot slot) {
     std::vector<float>& ranked = b_.grad_ranked[index_of(slot)];
     const size_t row_bytes = seq.row_bytes();
+    if (halo_) {
+      halo_->pack_gradients(static_cast<const float*>(seq.data), seq.heads * seq.head_dim,
+                            maps_[static_cast<size_t>(comm_.rank())], ranked.data());
+      return ThdTensor{ranked.data(), DType::kFloat32, p_.local_rows() + halo_->halo_rows(comm_.rank()), seq.heads,
+                       seq.head_dim};
+    }
     const size_t local_count = static_cast<size_t>(p_.local_rows() * seq.heads * seq.head_dim);
     for (int r = 0; r < p_.cp; ++r) gather_rows(seq.data, ranked.data() + r * local_count, maps_[r], row_bytes);
     return fp32_view(ranked, seq);
@@ -167,6 +212,11 @@ class CpuSteps {
   ThdTensor reduce_scatter(const ThdTensor& ranked, Slot slot) {
     std::vector<float>& local = b_.grad_local[index_of(slot)];
     const int64_t rows = p_.local_rows();
+    if (halo_) {
+      halo_->sum_gradients(comm_, static_cast<const float*>(ranked.data), ranked.heads * ranked.head_dim,
+                           b_.halo_returned[index_of(slot)], local.data());
+      return ThdTensor{local.data(), DType::kFloat32, rows, ranked.heads, ranked.head_dim};
+    }
     comm_.reduce_scatter_sum(static_cast<const float*>(ranked.data), local.data(),
                              static_cast<size_t>(rows * ranked.heads * ranked.head_dim));
     return ThdTensor{local.data(), DType::kFloat32, rows, ranked.heads, ranked.head_dim};
@@ -207,6 +257,7 @@ class CpuSteps {
   const AttentionOptions& options_;
   CpuPlan::Buffers& b_;
   LayoutView layout_;
+  std::optional<detail::HaloExchange> halo_;  // none: the whole gather
   detail::PhaseClock clock_;
   SegmentTable table_;
   std::vector<std::vector<int32_t>> maps_;
@@ -309,6 +360,27 @@ void CpuPlan::backward(const LayoutView& layout, const BackwardTensors& tensors,
       tensors.dsinks[h] = static_cast<float>(sum);
     }
   }
+}
+
+KvTraffic CpuPlan::kv_traffic(const LayoutView& layout) const {
+  THDCP_CHECK(problem_.comm == CpComm::kAllGather,
+              "kv_traffic: comm=" << cp_comm_name(problem_.comm) << " gathers no K/V rows (it moves heads); ask a plan "
+                                  "of comm=all_gather");
+  check_layout(layout, problem_);
+  const Problem& p = problem_;
+  const std::optional<detail::HaloExchange> halo = halo_for(layout, p, comm_.rank());
+  const int64_t width = p.kv_heads * (p.head_dim + p.value_head_dim());  // a K row and a V row
+  const int64_t kv_row_bytes = width * static_cast<int64_t>(dtype_size(p.dtype));
+  const int64_t grad_row_bytes = width * static_cast<int64_t>(sizeof(float));
+  KvTraffic traffic;
+  traffic.gather = halo ? KvGather::kHalo : KvGather::kWhole;
+  for (int r = 0; r < p.cp; ++r) {
+    const int64_t others = (p.cp - 1) * p.local_rows();
+    const int64_t in = halo ? halo->halo_rows(r) : others, back = halo ? halo->returned_rows(r) : others;
+    traffic.forward_bytes.push_back(in * kv_row_bytes);
+    traffic.backward_bytes.push_back(in * kv_row_bytes + back * grad_row_bytes);
+  }
+  return traffic;
 }
 
 namespace {

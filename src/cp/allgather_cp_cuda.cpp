@@ -398,6 +398,9 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
                 "layout=" << cp_layout_name(problem.layout) << " comm=" << cp_comm_name(problem.comm)
                           << ": the CUDA backend runs layout=dual_chunk, comm=all_gather; the CPU backend "
                              "(cp::CpuPlan) runs every mode");
+    THDCP_CHECK(problem.kv_gather != KvGather::kHalo,
+                "kv_gather=halo: the CUDA backend does not do halo gathers yet (it gathers every rank's K/V); use "
+                "kv_gather=auto or whole, or the CPU backend (cp::CpuPlan)");
     const size_t needed = cuda_workspace_size(problem, options);
     THDCP_CHECK(workspace_bytes >= needed,
                 "workspace has " << workspace_bytes << " bytes; cuda_workspace_size gives " << needed);

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "support/cp_check.h"
+#include "support/cp_halo_step.h"
 #include "support/mpi_main.h"
 #include "thdcp/comm/mpi.h"
 
@@ -105,6 +106,36 @@ TEST(MpiCommunicator, AllToAllVAndRankOrderSums) {
   if (r == size - 1) send_bytes[0] = 4;
   EXPECT_THDCP_ERROR(comm.all_to_all_v(outgoing.data(), send_bytes.data(), incoming.data(), recv_bytes.data()),
                      "all_to_all_v: rank " + std::to_string(size - 1) + " sends 4 bytes to rank 0 but rank 0 expects 0");
+}
+
+// Halo gathers over MPI (all_to_all_v, and the rank-order sums of the dK/dV it returns):
+// every output the whole gather's bits, the bytes the plan's count, both layouts, with sinks.
+TEST(HaloOverMpi, EqualsTheWholeGatherBitForBit) {
+  Communicator& comm = world();
+  const int cp = comm.size();
+  for (CpLayout layout : {CpLayout::kDualChunk, CpLayout::kContiguous}) {
+    SCOPED_TRACE(cp_layout_name(layout));
+    const std::vector<int64_t> lengths = {37, 0, 1, 2 * static_cast<int64_t>(cp) + 1, 400};
+    const BatchLayout batch_layout =
+        layout == CpLayout::kDualChunk ? make_layout(lengths, cp) : make_contiguous_layout(lengths, cp);
+    const test::Batch b = test::make_batch(batch_layout, DType::kBFloat16, 8, 2, 16, 92);
+    const std::vector<float> sinks(8, 0.25f);
+    cp::Problem problem = test::cp_problem(cp, Capacity{batch_layout.num_seqs(), batch_layout.total_rows()},
+                                           test::batch_shape(b, Mask::window(30, 0)));
+    problem.layout = layout;
+    problem.kv_gather = cp::KvGather::kWhole;
+    const test::RankStep whole = test::run_counted_step(comm, b, problem, sinks);
+    problem.kv_gather = cp::KvGather::kHalo;
+    const test::RankStep halo = test::run_counted_step(comm, b, problem, sinks);
+    EXPECT_TRUE(test::all_written(halo.outputs));
+    EXPECT_TRUE(test::identical(halo.outputs, whole.outputs));
+    EXPECT_TRUE(test::same_bits(halo.dsinks, whole.dsinks));
+    const size_t rank = static_cast<size_t>(comm.rank());
+    EXPECT_EQ(halo.forward_bytes, halo.traffic.forward_bytes[rank]);
+    EXPECT_EQ(halo.backward_bytes, halo.traffic.backward_bytes[rank]);
+    EXPECT_EQ(whole.forward_bytes, whole.traffic.forward_bytes[rank]);
+    EXPECT_LT(halo.forward_bytes, whole.forward_bytes);
+  }
 }
 
 TEST(CpOverMpiErrors, OneBadRankMakesEveryRankThrow) {

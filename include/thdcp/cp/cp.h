@@ -18,10 +18,22 @@
 // [T, H/cp, D], runs attention over whole documents with H/cp heads, and turns the output
 // (backward: dQ/dK/dV) back, so it needs q_heads and kv_heads multiples of cp. The CPU
 // backend runs every layout and communication; the CUDA one dual_chunk with all_gather.
+//
+// K/V gather (Problem::kv_gather, all_gather only). A whole gather brings every rank's K/V to
+// every rank and reduce-scatters dK/dV. A halo gather brings a rank only the key rows its
+// queries can reach (thdcp/plan/halo.h: with a left window, the rows just before each of its
+// pieces; with documents that stay on their rank, none) through Communicator::all_to_all_v,
+// and in the backward returns only those rows' fp32 dK/dV to the ranks that hold them, where
+// they are added in rank order from +0.0f: the order reduce_scatter_sum adds in. The ranks
+// that do not reach a row would add exactly +0.0f there, which leaves such a sum unchanged, so
+// every output (out, lse, max_logit, dq, dk, dv, dsinks) has the bits of the whole gather.
+// auto takes the halo for a step when it moves fewer bytes (CpuPlan::kv_traffic). The CUDA
+// backend gathers whole; it takes auto and whole and refuses halo.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "thdcp/comm/communicator.h"
 #include "thdcp/core/tensor.h"
@@ -42,6 +54,14 @@ enum class CpComm : int {
 };
 const char* cp_comm_name(CpComm comm);  // "all_gather", "all_to_all"
 
+// Which K/V rows an all_gather step moves (see the top of this header).
+enum class KvGather : int {
+  kAuto = 0,   // the halo where it moves fewer bytes than the whole gather, per step (CUDA: whole)
+  kWhole = 1,  // every rank's K/V to every rank; dK/dV reduce-scattered
+  kHalo = 2,   // only the key rows a rank's queries can reach; their dK/dV back to their ranks
+};
+const char* kv_gather_name(KvGather gather);  // "auto", "whole", "halo"
+
 // What every rank of a CP group must agree on, fixed for the life of a plan: the heads
 // (q_heads, kv_heads, head_dim of HeadShape) and the following.
 struct Problem : HeadShape {
@@ -54,6 +74,8 @@ struct Problem : HeadShape {
   CpLayout layout = CpLayout::kDualChunk;
   // all_to_all needs q_heads % cp == 0 and kv_heads % cp == 0, and works with either layout.
   CpComm comm = CpComm::kAllGather;
+  // all_gather's K/V rows; halo only with comm=all_gather and on the CPU backend.
+  KvGather kv_gather = KvGather::kAuto;
 
   int64_t local_rows() const { return capacity.max_tokens / cp; }
 };
@@ -90,6 +112,16 @@ struct Timings {
 // all_to_all a rank computes whole rows of its H/cp heads; each head's dsinks comes from the
 // one rank that owns it, and every rank receives them all.
 
+// The bytes a rank receives from the other ranks in one all_gather step of a layout: K and V
+// (the problem's dtype) in the forward; K and V again, then dK and dV (fp32 partial sums) in
+// the backward. Whole: (cp - 1) * T/cp rows of each; halo: the rank's halo rows, then the rows
+// of the others' halos that it holds. Sinks' gradients and max_logit are not counted.
+struct KvTraffic {
+  KvGather gather = KvGather::kWhole;  // what the step runs: whole or halo, never auto
+  std::vector<int64_t> forward_bytes;  // [cp], by rank
+  std::vector<int64_t> backward_bytes;  // [cp], by rank
+};
+
 // The CPU backend: host tensors, any host Communicator (in-process threads, MPI).
 class CpuPlan {
  public:
@@ -106,6 +138,12 @@ class CpuPlan {
   void backward(const LayoutView& layout, const BackwardTensors& tensors, Timings* timings = nullptr);
 
   const Problem& problem() const { return problem_; }
+
+  // What a step of `layout` moves between the ranks, and whether it gathers whole or the halo
+  // (kv_gather auto: the halo when its bytes over all ranks are fewer; the same choice on every
+  // rank, from the layout alone). Host arithmetic only; every rank may call it, collective or
+  // not. Throws thdcp::Error for comm=all_to_all (no K/V gather) or a layout the plan refuses.
+  KvTraffic kv_traffic(const LayoutView& layout) const;
 
   struct Buffers;  // host workspace, sized by the capacity
   // What a one-shot call (cp::forward/backward below) also agrees on: its layout, the rows
