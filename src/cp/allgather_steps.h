@@ -22,7 +22,11 @@
 //                                            the current lane waits for them
 //   void phase(Phase p)                      subsequent work belongs to p (timing)
 //   void build_table()                       this rank's segment table for the batch
-//   ConstThdTensor gather(local, Slot)       all-gather of a local K or V, rank order
+//   ConstThdTensor gather(local, Slot)       all-gather of a local K or V, rank order; a step
+//                                            set may bring only the halo instead (the CPU
+//                                            one: Problem::kv_gather; its own rows, then
+//                                            the halo's) and return its dK/dV in
+//                                            to_rank_order / reduce_scatter
 //   ConstThdTensor to_sequence_order(gathered, Slot)   the K or V in sequence order
 //   ConstThdTensor sequence_order(Slot)      the sequence-order K or V, as the last
 //                                            to_sequence_order call left it

@@ -48,6 +48,10 @@ const char* kRunHelp =
     "                    (Ulysses: heads sharded for attention; HQ and HKV multiples of cp).\n"
     "                    The CPU backend runs every layout and communication, the CUDA backend\n"
     "                    dual_chunk with all_gather (for another, auto runs the CPU backend)\n"
+    "  --cp-kv-gather G  all_gather's K/V rows: auto (default: the halo when it moves fewer\n"
+    "                    bytes), whole (every rank's K/V to every rank) or halo (only the key\n"
+    "                    rows a rank's queries reach, e.g. within a left window; the CPU\n"
+    "                    backend). The summary gives the bytes each rank received\n"
     "  --seed S          seed of lengths and tensor values (default 1234)\n"
     "  --mask M          causal (default) or full\n"
     "  --window L,R      sliding window on absolute positions: keys in [i-L, i+R]; -1 = unbounded\n"
@@ -161,6 +165,20 @@ RunConfig parse_run_config(const Args& args) {
   } else {
     throw UsageError("--cp-comm " + quote_excerpt(comm) + ": use all_gather or all_to_all");
   }
+  const std::string kv_gather = args.get("cp-kv-gather", "auto");
+  if (kv_gather == "auto") {
+    c.kv_gather = cp::KvGather::kAuto;
+  } else if (kv_gather == "whole") {
+    c.kv_gather = cp::KvGather::kWhole;
+  } else if (kv_gather == "halo") {
+    c.kv_gather = cp::KvGather::kHalo;
+  } else {
+    throw UsageError("--cp-kv-gather " + quote_excerpt(kv_gather) + ": use auto, whole or halo");
+  }
+  if (c.kv_gather == cp::KvGather::kHalo && c.cp_comm == cp::CpComm::kAllToAll) {
+    throw UsageError("--cp-kv-gather halo gathers K/V rows, which --cp-comm all_to_all does not (it moves heads): "
+                     "use --cp-comm all_gather, or --cp-kv-gather auto or whole");
+  }
   return c;
 }
 
@@ -212,6 +230,15 @@ void print_report(const RunReport& r, const GlobalBatch& batch, const std::strin
                 static_cast<long long>(r.rank_valid_tokens[rank]), static_cast<long long>(r.rank_pairs[rank]), share);
   }
 
+  if (!r.kv_traffic.forward_bytes.empty()) {
+    std::printf("\n%-18s %8s %12s   (%s gather, --cp-kv-gather %s)\n", "K/V bytes received", "forward",
+                "backward", cp::kv_gather_name(r.kv_traffic.gather), cp::kv_gather_name(c.kv_gather));
+    for (size_t rank = 0; rank < r.kv_traffic.forward_bytes.size(); ++rank) {
+      std::printf("  rank %-4zu %15lld %12lld\n", rank, static_cast<long long>(r.kv_traffic.forward_bytes[rank]),
+                  static_cast<long long>(r.kv_traffic.backward_bytes[rank]));
+    }
+  }
+
   std::printf("\ntime (s)              forward   backward\n");
   const cp::Timings& f = r.forward_phases;
   const cp::Timings& b = r.backward_phases;
@@ -257,6 +284,7 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
   config.set("cp", c.cp)
       .set("cp_layout", cp_layout_name(c.cp_layout))
       .set("cp_comm", cp::cp_comm_name(c.cp_comm))
+      .set("cp_kv_gather", cp::kv_gather_name(c.kv_gather))
       .set("communicator", r.communicator)
       .set("backend", c.backend == Backend::kCuda ? "cuda" : "cpu")
       .set("window_left", c.mask.window_left)
@@ -307,6 +335,12 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
   root.set("host_memory_bytes", Json::object()
                                     .set("peak", static_cast<int64_t>(r.host_bytes_peak))
                                     .set("estimated", static_cast<int64_t>(r.host_bytes_estimated)));
+  if (!r.kv_traffic.forward_bytes.empty()) {
+    root.set("kv_bytes_received", Json::object()
+                                      .set("gather", cp::kv_gather_name(r.kv_traffic.gather))
+                                      .set("forward", Json::array_of(r.kv_traffic.forward_bytes))
+                                      .set("backward", Json::array_of(r.kv_traffic.backward_bytes)));
+  }
   root.set("checked", r.checked);
   if (!r.checked) root.set("check_note", r.check_note);
   root.set("checks", checks).set("passed", r.passed());
@@ -319,7 +353,8 @@ int run_command(const std::vector<std::string>& argv) {
   if (std::find(argv.begin(), argv.end(), "--graph") != argv.end()) return run_graph_command(argv);
   const Args args(argv,
                   {"backend", "cp", "gpus", "tokens", "seed", "mask", "window", "heads", "head-dim", "v-head-dim",
-                   "dtype", "threads", "lengths", "batch", "load", "save", "json", "max-memory", "cp-layout", "cp-comm"},
+                   "dtype", "threads", "lengths", "batch", "load", "save", "json", "max-memory", "cp-layout", "cp-comm",
+                   "cp-kv-gather"},
                   {"check", "no-check", "quiet", "help", "allow-nonfinite", "sinks"});
   if (args.has("help")) {
     std::fputs(usage_with_cuda_head_dims(kRunHelp).c_str(), stdout);

@@ -43,6 +43,9 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
     unsupported = std::string("the CUDA CP backend runs --cp-layout dual_chunk with --cp-comm all_gather, not ") +
                   cp_layout_name(c.cp_layout) + " with " + cp::cp_comm_name(c.cp_comm);
   }
+  if (c.kv_gather == cp::KvGather::kHalo) {
+    unsupported = "the CUDA CP backend does not do halo gathers yet (--cp-kv-gather halo)";
+  }
   std::string no_device;
   const int count = visible_gpus(&no_device);
   // Processes of this node that would each need a GPU of their own (NCCL refuses two ranks

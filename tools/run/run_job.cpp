@@ -158,6 +158,7 @@ void add_rank_times(RunReport& report, const RankResult& t) {
   }
   report.cp_forward_s = std::max(report.cp_forward_s, t.forward_wall);
   report.cp_backward_s = std::max(report.cp_backward_s, t.backward_wall);
+  if (!t.kv_traffic.forward_bytes.empty()) report.kv_traffic = t.kv_traffic;  // the same on every rank
 }
 
 // One rank's share of the job on the CPU backend.
@@ -179,8 +180,9 @@ RankResult run_rank_cpu(Communicator& comm, const RunConfig& c, const GlobalBatc
   // The plan's tensor forms take the sinks (the one-shot cp::forward does not).
   cp::CpuPlan plan(comm,
                    cp_problem(c.step_shape(), cp, Capacity{layout.num_seqs, layout.total_rows()}, c.mask, c.cp_layout,
-                              c.cp_comm),
+                              c.cp_comm, c.kv_gather),
                    options);
+  if (c.cp_comm == cp::CpComm::kAllGather) r.kv_traffic = plan.kv_traffic(layout);
 
   auto start = Clock::now();
   plan.forward(layout,

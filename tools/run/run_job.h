@@ -50,6 +50,7 @@ struct RunConfig {
   double loaded_max_v = 0;       // (set by load_batch)
   CpLayout cp_layout = CpLayout::kDualChunk;    // --cp-layout
   cp::CpComm cp_comm = cp::CpComm::kAllGather;  // --cp-comm
+  cp::KvGather kv_gather = cp::KvGather::kAuto; // --cp-kv-gather
 
   // The batch's rows split over cp in multiples of this: each document's padded length under
   // the dual-chunk layout (2*cp), the whole buffer under the contiguous one (cp).
@@ -100,6 +101,7 @@ struct RunReport {
   std::string check_note;      // why the check was skipped, if it was
   double host_bytes_estimated = 0;  // estimate_host_bytes, checked before the run
   double host_bytes_peak = 0;       // this process's peak resident memory (getrusage)
+  cp::KvTraffic kv_traffic;         // the CPU backend's all_gather: what each rank received
   bool passed() const;
 };
 
@@ -108,6 +110,7 @@ class Progress;
 // One rank's local results (T/cp rows, the rank's dual-chunk order) and its times.
 struct RankResult : HostOutputs {
   cp::Timings forward, backward;  // phases (CPU backend; the CUDA backend reports totals only)
+  cp::KvTraffic kv_traffic;       // CPU backend, all_gather: the plan's count (every rank's; empty otherwise)
   double forward_wall = 0, backward_wall = 0;
 };
 

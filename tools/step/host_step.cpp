@@ -13,8 +13,8 @@ AttentionProblem attention_problem(const StepShape& shape, const Capacity& capac
 }
 
 cp::Problem cp_problem(const StepShape& shape, int cp, const Capacity& capacity, const Mask& mask, CpLayout layout,
-                       cp::CpComm comm) {
-  return cp::Problem{shape.heads(), cp, capacity, mask, shape.dtype, layout, comm};
+                       cp::CpComm comm, cp::KvGather kv_gather) {
+  return cp::Problem{shape.heads(), cp, capacity, mask, shape.dtype, layout, comm, kv_gather};
 }
 
 BatchLayout exact_layout(const std::vector<int64_t>& lengths, int cp) {

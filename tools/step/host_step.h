@@ -26,7 +26,8 @@ struct StepShape : HeadShape {
 // the CP step of `cp` ranks.
 AttentionProblem attention_problem(const StepShape& shape, const Capacity& capacity, const Mask& mask);
 cp::Problem cp_problem(const StepShape& shape, int cp, const Capacity& capacity, const Mask& mask,
-                       CpLayout layout = CpLayout::kDualChunk, cp::CpComm comm = cp::CpComm::kAllGather);
+                       CpLayout layout = CpLayout::kDualChunk, cp::CpComm comm = cp::CpComm::kAllGather,
+                       cp::KvGather kv_gather = cp::KvGather::kAuto);
 
 // The batch of `lengths` (each padded to a multiple of 2*cp) in capacity form, a capacity
 // that holds exactly it: max_seqs = documents + 1, max_tokens = its rows.
