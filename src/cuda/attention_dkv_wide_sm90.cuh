@@ -102,73 +102,115 @@ struct DkvWideBlock {
   int pair_col = 0;        // and query columns 8 nf + pair_col + {0, 1}
 };
 
-// The score warpgroup: S^T, P^T handed over, dS^T from the handed-over dP^T - delta, dK.
+// One warpgroup's side of the block: the key tile it holds (K or V: kD columns), the step's
+// query tile it reads (Q or dO, double-buffered), the row statistic it needs (lse or delta)
+// and the gradient it accumulates (dK or dV).
+struct DkvWideSide {
+  const void* keys;
+  Strides key_strides;
+  const void* queries;
+  Strides query_strides;
+  const float* statistic;
+  uint32_t key_tile;
+  uint32_t query_tiles;  // two buffers of query_tile_bytes
+  uint32_t query_tile_bytes;
+  float* statistic_rows;  // two steps of 64
+  int barrier;            // the warpgroup's own named barrier
+  void* out;              // p.dk_out / p.dv_out
+  float* accum;           // p.dk_accum / p.dv_accum
+  float scale;            // the softmax scale for dK, 1 for dV
+};
+
+// A warpgroup's loop: each step's X = (key tile) (query tile)^T (S^T or dP^T), then `middle`
+// (the hand-over) turns X into the A fragments of gradient += A (query tile) (dS^T Q or P^T
+// dO); the gradient's rows are added at the end. wgmma groups in flight at step s's wait:
+// [the product of s - 1, X of s]; once both have landed the other query buffer is free for the
+// prefetch of step s + 1.
+template <typename Storage, int kD, typename Middle>
+__device__ __forceinline__ void dkv_wide_side(const BackwardParams& p, const DkvWideBlock& b, const DkvWideSide& side,
+                                              Middle&& middle) {
+  using Element = typename StorageTraits<Storage>::Element;
+  constexpr int kN = kDkvTileRows;
+  constexpr int kM = 64;
+  const Segment& seg = b.work.seg;
+  const KeyTileWork& w = b.work;
+
+  load_wgmma_tile_async_from<kN, kD, 128>(side.key_tile, static_cast<const Element*>(side.keys), seg.k_row + w.n0,
+                                          w.valid_k, side.key_strides, w.kv_head, b.t);
+  const auto load_queries = [&](const DkvStepWalk& at, int buffer) {
+    const int head = w.kv_head * b.group + at.head_index;
+    const int m0 = (w.m_begin + at.m_index) * kM;
+    const int rows = max(0, min(kM, seg.q_len - m0));
+    load_wgmma_tile_async_from<kM, kD, 128>(side.query_tiles + static_cast<uint32_t>(buffer) * side.query_tile_bytes,
+                                            static_cast<const Element*>(side.queries), seg.q_row + m0, rows,
+                                            side.query_strides, head, b.t);
+    load_statistic_rows_async<kM>(side.statistic, p.q_rows, seg, head, m0, rows, side.statistic_rows + buffer * kM,
+                                  b.t);
+  };
+  DkvStepWalk at(w.m_count);
+  load_queries(at, 0);
+  cp_async_commit();
+
+  float gradient[kD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) gradient[i][0] = gradient[i][1] = gradient[i][2] = gradient[i][3] = 0.0f;
+
+  for (int step = 0; step < b.steps; ++step) {
+    const int buffer = step & 1;
+    const DkvStepWalk next = at.next();
+    cp_async_wait<0>();          // this step's query tile and statistic (and on step 0 the keys)
+    fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
+    named_barrier_sync(side.barrier, 128);
+    const uint32_t query_tile = side.query_tiles + static_cast<uint32_t>(buffer) * side.query_tile_bytes;
+
+    float x[kM / 8][4];
+    wgmma_fence();
+    wgmma_ss_k_major<Storage, kM, kN, kM, kD / 16>(x, side.key_tile, query_tile);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(flat(x));
+    wgmma_fence_operands(flat(gradient));
+    named_barrier_sync(side.barrier, 128);  // every warp's: the other query buffer is free
+    if (step + 1 < b.steps) load_queries(next, buffer ^ 1);
+    cp_async_commit();
+
+    uint32_t a[kM / 16][4];
+    middle(x, a, side.statistic_rows + buffer * kM, (w.m_begin + at.m_index) * kM);
+    wgmma_fence();
+    wgmma_rs_mn_major<Storage, kD, kM, kM / 16>(gradient, a, query_tile);
+    wgmma_commit();
+    at = next;
+  }
+  wgmma_wait<0>();
+  wgmma_fence_operands(flat(gradient));
+  add_key_gradient_rows<Storage, kD>(p, side.out, side.accum, side.scale, seg, w.kv_head, w.n0, b.key_row, w.valid_k,
+                                     b.pair_col, gradient);
+}
+
+// The score warpgroup: S^T -> P^T, handed over; dS^T = P^T (dP^T - delta) from the
+// handed-over dP^T - delta; dK.
 template <typename Storage, int kDqk, int kDv>
 __device__ __forceinline__ void dkv_wide_score(const BackwardParams& p, const BackwardStrides& strides,
                                                const DkvWideBlock& b) {
-  using Element = typename StorageTraits<Storage>::Element;
   using Shape = DkvWideSm90Shape<kDqk, kDv>;
   constexpr int kN = Shape::kTileN;
   constexpr int kM = Shape::kTileM;
   const Segment& seg = b.work.seg;
   const KeyTileWork& w = b.work;
   const Mask mask{p.window_left, p.window_right};
-  const uint32_t k_tile = b.base + Shape::kK;
-  const uint32_t q_tiles = b.base + Shape::kQ;
-  float* lse_rows = b.stats;
-
-  load_wgmma_tile_async_from<kN, kDqk, 128>(k_tile, static_cast<const Element*>(p.k), seg.k_row + w.n0, w.valid_k,
-                                            strides.k, w.kv_head, b.t);
-  const auto load_q = [&](const DkvStepWalk& at, int buffer) {
-    const int head = w.kv_head * b.group + at.head_index;
-    const int m0 = (w.m_begin + at.m_index) * kM;
-    const int rows = max(0, min(kM, seg.q_len - m0));
-    load_wgmma_tile_async_from<kM, kDqk, 128>(q_tiles + static_cast<uint32_t>(buffer) * Shape::kQkBytes,
-                                              static_cast<const Element*>(p.q), seg.q_row + m0, rows, strides.q, head,
-                                              b.t);
-    load_statistic_rows_async<kM>(p.lse, p.q_rows, seg, head, m0, rows, lse_rows + buffer * kM, b.t);
-  };
-  DkvStepWalk at(w.m_count);
-  load_q(at, 0);
-  cp_async_commit();
-
-  float dk[kDqk / 8][4];
-#pragma unroll
-  for (int i = 0; i < kDqk / 8; ++i) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+  const DkvWideSide side{p.k,       strides.k,    p.q,      strides.q, p.lse,      b.base + Shape::kK,
+                         b.base + Shape::kQ,      Shape::kQkBytes,     b.stats,   Shape::kScoreBarrier,
+                         p.dk_out,  p.dk_accum,   p.scale};
   const uint32_t pt_slot = b.base + Shape::kPt + static_cast<uint32_t>(b.t) * 16;
   const uint32_t dpt_slot = b.base + Shape::kDpt + static_cast<uint32_t>(b.t) * 16;
-
-  // wgmma groups in flight at step s's wait: [dK of s - 1, S^T of s]; once both have landed
-  // the other Q buffer is free for the prefetch of step s + 1.
-  for (int step = 0; step < b.steps; ++step) {
-    const int buffer = step & 1;
-    const DkvStepWalk next = at.next();
-    cp_async_wait<0>();          // this step's Q and lse (and on step 0 K)
-    fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
-    named_barrier_sync(Shape::kScoreBarrier, 128);
-    const uint32_t q_tile = q_tiles + static_cast<uint32_t>(buffer) * Shape::kQkBytes;
-    const float* lse_tile = lse_rows + buffer * kM;
-    const int m0 = (w.m_begin + at.m_index) * kM;
-
-    float st[kM / 8][4];
-    wgmma_fence();
-    wgmma_ss_k_major<Storage, kM, kN, kM, kDqk / 16>(st, k_tile, q_tile);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(flat(st));
-    wgmma_fence_operands(flat(dk));
-    named_barrier_sync(Shape::kScoreBarrier, 128);  // every warp's: the other Q buffer is free
-    if (step + 1 < b.steps) load_q(next, buffer ^ 1);
-    cp_async_commit();
-
+  dkv_wide_side<Storage, kDqk>(p, b, side, [&](float(&st)[kM / 8][4], uint32_t(&dst)[kM / 16][4],
+                                               const float* lse_tile, int m0) {
     dkv_step_probabilities<kM>(st, seg, mask, w.n0, b.key_row, m0, b.pair_col,
                                dkv_step_unmasked(seg, mask, w.n0, w.valid_k, kN, m0, kM), lse_tile, p.scale_log2);
     uint32_t pt[kM / 16][4];
     accumulator_to_a_fragments<Storage, kM>(st, pt);
     store_hand_over(pt_slot, pt);
     named_barrier_sync_across(Shape::kPtReady, 256);
-
-    // dS^T = P^T (dP^T - delta), P^T in fp32 from st.
     named_barrier_sync_across(Shape::kDptReady, 256);
     uint32_t dpt[kM / 8][4];
     load_hand_over(dpt_slot, dpt);
@@ -177,74 +219,28 @@ __device__ __forceinline__ void dkv_wide_score(const BackwardParams& p, const Ba
 #pragma unroll
       for (int e = 0; e < 4; ++e) st[nf][e] *= __uint_as_float(dpt[nf][e]);
     }
-    uint32_t dst[kM / 16][4];
     accumulator_to_a_fragments<Storage, kM>(st, dst);
-    wgmma_fence();
-    wgmma_rs_mn_major<Storage, kDqk, kM, kM / 16>(dk, dst, q_tile);
-    wgmma_commit();
-    at = next;
-  }
-  wgmma_wait<0>();
-  wgmma_fence_operands(flat(dk));
-  add_key_gradient_rows<Storage, kDqk>(p, p.dk_out, p.dk_accum, p.scale, seg, w.kv_head, w.n0, b.key_row, w.valid_k,
-                                       b.pair_col, dk);
+  });
 }
 
-// The gradient warpgroup: dP^T - delta handed over, P^T taken over, dV.
+// The gradient warpgroup: dP^T - delta, handed over; P^T taken over; dV. The hand-over,
+// both barriers over both warpgroups: P^T is read here between kPtReady and kDptReady, and
+// the score warpgroup writes the next one after kDptReady; dP^T - delta is read there between
+// kDptReady and the next kPtReady, after which this one writes the next. So one buffer of
+// each suffices. (The score warpgroup waits at kPtReady for what it would wait for at
+// kDptReady anyway, and this one at kDptReady for a warpgroup that is already there.)
 template <typename Storage, int kDqk, int kDv>
 __device__ __forceinline__ void dkv_wide_gradient(const BackwardParams& p, const BackwardStrides& strides,
                                                   const DkvWideBlock& b) {
-  using Element = typename StorageTraits<Storage>::Element;
   using Shape = DkvWideSm90Shape<kDqk, kDv>;
-  constexpr int kN = Shape::kTileN;
   constexpr int kM = Shape::kTileM;
-  const Segment& seg = b.work.seg;
-  const KeyTileWork& w = b.work;
-  const uint32_t v_tile = b.base + Shape::kV;
-  const uint32_t do_tiles = b.base + Shape::kDo;
-  float* delta_rows = b.stats + 2 * kM;
-
-  load_wgmma_tile_async_from<kN, kDv, 128>(v_tile, static_cast<const Element*>(p.v), seg.k_row + w.n0, w.valid_k,
-                                           strides.v, w.kv_head, b.t);
-  const auto load_do = [&](const DkvStepWalk& at, int buffer) {
-    const int head = w.kv_head * b.group + at.head_index;
-    const int m0 = (w.m_begin + at.m_index) * kM;
-    const int rows = max(0, min(kM, seg.q_len - m0));
-    load_wgmma_tile_async_from<kM, kDv, 128>(do_tiles + static_cast<uint32_t>(buffer) * Shape::kVBytes,
-                                             static_cast<const Element*>(p.dout), seg.q_row + m0, rows, strides.dout,
-                                             head, b.t);
-    load_statistic_rows_async<kM>(p.delta, p.q_rows, seg, head, m0, rows, delta_rows + buffer * kM, b.t);
-  };
-  DkvStepWalk at(w.m_count);
-  load_do(at, 0);
-  cp_async_commit();
-
-  float dv[kDv / 8][4];
-#pragma unroll
-  for (int i = 0; i < kDv / 8; ++i) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+  const DkvWideSide side{p.v,        strides.v,     p.dout,   strides.dout, p.delta, b.base + Shape::kV,
+                         b.base + Shape::kDo,       Shape::kVBytes,         b.stats + 2 * kM, Shape::kGradientBarrier,
+                         p.dv_out,   p.dv_accum,    1.0f};
   const uint32_t pt_slot = b.base + Shape::kPt + static_cast<uint32_t>(b.t) * 16;
   const uint32_t dpt_slot = b.base + Shape::kDpt + static_cast<uint32_t>(b.t) * 16;
-
-  for (int step = 0; step < b.steps; ++step) {
-    const int buffer = step & 1;
-    const DkvStepWalk next = at.next();
-    cp_async_wait<0>();          // this step's dO and delta (and on step 0 V)
-    fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
-    named_barrier_sync(Shape::kGradientBarrier, 128);
-    const uint32_t do_tile = do_tiles + static_cast<uint32_t>(buffer) * Shape::kVBytes;
-    const float* delta_tile = delta_rows + buffer * kM;
-
-    float dpt[kM / 8][4];
-    wgmma_fence();
-    wgmma_ss_k_major<Storage, kM, kN, kM, kDv / 16>(dpt, v_tile, do_tile);
-    wgmma_commit();
-    wgmma_wait<0>();  // dP^T, and the last step's dV (the other dO buffer is free)
-    wgmma_fence_operands(flat(dpt));
-    wgmma_fence_operands(flat(dv));
-    named_barrier_sync(Shape::kGradientBarrier, 128);
-    if (step + 1 < b.steps) load_do(next, buffer ^ 1);
-    cp_async_commit();
-
+  dkv_wide_side<Storage, kDv>(p, b, side, [&](float(&dpt)[kM / 8][4], uint32_t(&pt)[kM / 16][4],
+                                              const float* delta_tile, int /*m0*/) {
 #pragma unroll
     for (int nf = 0; nf < kM / 8; ++nf) {
 #pragma unroll
@@ -254,27 +250,11 @@ __device__ __forceinline__ void dkv_wide_gradient(const BackwardParams& p, const
         dpt[nf][2 + c] -= row_delta;
       }
     }
-    // The hand-over, both barriers over both warpgroups: P^T is read here between kPtReady
-    // and kDptReady, and the score warpgroup writes the next one after kDptReady; dP^T -
-    // delta is read there between kDptReady and the next kPtReady, after which this one
-    // writes the next. So one buffer of each suffices. (The score warpgroup waits at
-    // kPtReady for what it would wait for at kDptReady anyway, and this one at kDptReady
-    // for a warpgroup that is already there.)
     named_barrier_sync_across(Shape::kPtReady, 256);
-    uint32_t pt[kM / 16][4];
     load_hand_over(pt_slot, pt);
     store_hand_over(dpt_slot, reinterpret_cast<const uint32_t(&)[kM / 8][4]>(dpt));
     named_barrier_sync_across(Shape::kDptReady, 256);
-
-    wgmma_fence();
-    wgmma_rs_mn_major<Storage, kDv, kM, kM / 16>(dv, pt, do_tile);
-    wgmma_commit();
-    at = next;
-  }
-  wgmma_wait<0>();
-  wgmma_fence_operands(flat(dv));
-  add_key_gradient_rows<Storage, kDv>(p, p.dv_out, p.dv_accum, 1.0f, seg, w.kv_head, w.n0, b.key_row, w.valid_k,
-                                      b.pair_col, dv);
+  });
 }
 
 template <typename Storage, int kDqk, int kDv>

@@ -57,61 +57,93 @@ struct DqWideBlock {
   int pair_col = 0;  // and key columns 8 nf + pair_col + {0, 1}
 };
 
-// The score warpgroup: S, P, dS from the handed-over dP - delta, dQ; stores dQ.
-template <typename Storage, int kDqk, int kDv>
-__device__ __forceinline__ void dq_wide_score(const BackwardParams& p, const BackwardStrides& strides,
-                                              const DqWideBlock& b) {
+// One warpgroup's side of the block: the query tile it holds (Q or dO: kD columns) and the
+// key tiles it reads (K or V, double-buffered).
+struct DqWideSide {
+  const void* queries;
+  Strides query_strides;
+  const void* keys;
+  Strides key_strides;
+  uint32_t query_tile;
+  uint32_t key_tiles;  // two buffers of key_tile_bytes
+  uint32_t key_tile_bytes;
+  int barrier;  // the warpgroup's own named barrier
+};
+
+// A warpgroup's loop: each step's X = (query tile) (key tile)^T (S or dP), handed to
+// `middle` with the step's key tile; `drain` runs before the step's barrier (the score
+// warpgroup waits there for its last dQ product, which read the buffer the prefetch refills).
+// lse (log2) and delta of this thread's rows go to middle too.
+template <typename Storage, int kD, typename Drain, typename Middle>
+__device__ __forceinline__ void dq_wide_side(const BackwardParams& p, const DqWideBlock& b, const DqWideSide& side,
+                                             Drain&& drain, Middle&& middle) {
   using Element = typename StorageTraits<Storage>::Element;
-  using Shape = DqWideSm90Shape<kDqk, kDv>;
-  constexpr int kM = Shape::kTileM;
-  constexpr int kN = Shape::kTileN;
+  constexpr int kM = kDqTileRows;
+  constexpr int kN = 64;
   const QueryTileWork& w = b.work;
   const Segment& seg = w.seg;
-  const Mask mask{p.window_left, p.window_right};
-  const uint32_t q_tile = b.base + Shape::kQ;
-  const uint32_t k_base = b.base + Shape::kK;
 
-  // Rows past q_len and k_len are zero-filled.
-  load_wgmma_tile_async_from<kM, kDqk, 128>(q_tile, static_cast<const Element*>(p.q), seg.q_row + w.m0, w.valid_q,
-                                            strides.q, w.head, b.t);
-  const auto load_k = [&](int n, int buffer) {
-    load_wgmma_tile_async_from<kN, kDqk, 128>(k_base + static_cast<uint32_t>(buffer) * Shape::kQkBytes,
-                                              static_cast<const Element*>(p.k), seg.k_row + n * kN,
-                                              min(kN, seg.k_len - n * kN), strides.k, w.kv_head, b.t);
+  // Rows past q_len and k_len are zero-filled (padding rows of dout may hold anything).
+  load_wgmma_tile_async_from<kM, kD, 128>(side.query_tile, static_cast<const Element*>(side.queries),
+                                          seg.q_row + w.m0, w.valid_q, side.query_strides, w.head, b.t);
+  const auto load_keys = [&](int n, int buffer) {
+    load_wgmma_tile_async_from<kN, kD, 128>(side.key_tiles + static_cast<uint32_t>(buffer) * side.key_tile_bytes,
+                                            static_cast<const Element*>(side.keys), seg.k_row + n * kN,
+                                            min(kN, seg.k_len - n * kN), side.key_strides, w.kv_head, b.t);
   };
-  if (b.n_begin < b.n_end) load_k(b.n_begin, 0);
+  if (b.n_begin < b.n_end) load_keys(b.n_begin, 0);
   cp_async_commit();
 
   float lse_log2[2];
   float delta[2];
   load_row_statistics(p, seg, w.head, w.m0, b.row, w.valid_q, lse_log2, delta);
 
-  float dq[kDqk / 8][4];
-#pragma unroll
-  for (int i = 0; i < kDqk / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
-  const uint32_t dp_slot = b.base + Shape::kDp + static_cast<uint32_t>(b.t) * 16;
-
-  // Step n waits for dQ of step n - 1 before it issues S: then the other K buffer is free
-  // and the prefetch of step n + 1 has the whole step to land (issued after S had landed,
-  // it arrived late at 192 columns).
   for (int n = b.n_begin; n < b.n_end; ++n) {
     const int buffer = (n - b.n_begin) & 1;
-    cp_async_wait<0>();          // this step's K (and on the first Q)
+    cp_async_wait<0>();          // this step's key tile (and on the first the query tile)
     fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
-    wgmma_wait<0>();             // dQ of the last step
-    wgmma_fence_operands(flat(dq));
-    named_barrier_sync(Shape::kScoreBarrier, 128);  // every warp's: K is in, the other K buffer free
-    if (n + 1 < b.n_end) load_k(n + 1, buffer ^ 1);
+    drain();
+    // Every warp's: the key tile is in, and the last step's products (which read the other
+    // buffer) have landed in each.
+    named_barrier_sync(side.barrier, 128);
+    if (n + 1 < b.n_end) load_keys(n + 1, buffer ^ 1);
     cp_async_commit();
-    const uint32_t k_tile = k_base + static_cast<uint32_t>(buffer) * Shape::kQkBytes;
+    const uint32_t key_tile = side.key_tiles + static_cast<uint32_t>(buffer) * side.key_tile_bytes;
 
-    float s[kN / 8][4];
+    float x[kN / 8][4];
     wgmma_fence();
-    wgmma_ss_k_major<Storage, kN, kM, kN, kDqk / 16>(s, q_tile, k_tile);
+    wgmma_ss_k_major<Storage, kN, kM, kN, kD / 16>(x, side.query_tile, key_tile);
     wgmma_commit();
     wgmma_wait<0>();
-    wgmma_fence_operands(flat(s));
+    wgmma_fence_operands(flat(x));
+    middle(x, n, buffer, key_tile, lse_log2, delta);
+  }
+}
 
+// The score warpgroup: S -> P, dS = P (dP - delta) from the handed-over dP - delta, dQ;
+// stores dQ. It waits for dQ of step n - 1 before it issues S: then the other K buffer is
+// free and the prefetch of step n + 1 has the whole step to land (issued after S had landed,
+// it arrived late at 192 columns).
+template <typename Storage, int kDqk, int kDv>
+__device__ __forceinline__ void dq_wide_score(const BackwardParams& p, const BackwardStrides& strides,
+                                              const DqWideBlock& b) {
+  using Shape = DqWideSm90Shape<kDqk, kDv>;
+  constexpr int kN = Shape::kTileN;
+  const QueryTileWork& w = b.work;
+  const Segment& seg = w.seg;
+  const Mask mask{p.window_left, p.window_right};
+  const DqWideSide side{p.q,         strides.q,          p.k,        strides.k, b.base + Shape::kQ,
+                        b.base + Shape::kK, Shape::kQkBytes, Shape::kScoreBarrier};
+  float dq[kDqk / 8][4];
+  zero_fragments(dq);
+  const uint32_t dp_slot = b.base + Shape::kDp + static_cast<uint32_t>(b.t) * 16;
+
+  const auto drain = [&] {
+    wgmma_wait<0>();  // dQ of the last step
+    wgmma_fence_operands(flat(dq));
+  };
+  dq_wide_side<Storage, kDqk>(p, b, side, drain, [&](float(&s)[kN / 8][4], int n, int buffer, uint32_t k_tile,
+                                                     const float(&lse_log2)[2], const float(&)[2]) {
     if (n < b.unmasked_begin || n >= b.unmasked_end) {
       mask_row_keys<kN>(seg, mask, w.m0 + b.row, n * kN, b.pair_col, [&](int nf, int e) { s[nf][e] = -INFINITY; });
     }
@@ -129,16 +161,14 @@ __device__ __forceinline__ void dq_wide_score(const BackwardParams& p, const Bac
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nf][e] *= __uint_as_float(dp[nf][e]);
     }
-
     // dQ += dS K (dS rounded to the storage type for the tensor cores).
     uint32_t ds[kN / 16][4];
     accumulator_to_a_fragments<Storage, kN>(s, ds);
     wgmma_fence();
     wgmma_rs_mn_major<Storage, kDqk, kN, kN / 16>(dq, ds, k_tile);
     wgmma_commit();
-  }
-  wgmma_wait<0>();
-  wgmma_fence_operands(flat(dq));
+  });
+  drain();
   cp_async_wait<0>();
   store_dq_rows<Storage, kDqk>(p, strides.dq, seg, w.head, w.m0, b.row, w.span_rows, b.pair_col, dq);
 }
@@ -147,48 +177,13 @@ __device__ __forceinline__ void dq_wide_score(const BackwardParams& p, const Bac
 template <typename Storage, int kDqk, int kDv>
 __device__ __forceinline__ void dq_wide_gradient(const BackwardParams& p, const BackwardStrides& strides,
                                                  const DqWideBlock& b) {
-  using Element = typename StorageTraits<Storage>::Element;
   using Shape = DqWideSm90Shape<kDqk, kDv>;
-  constexpr int kM = Shape::kTileM;
   constexpr int kN = Shape::kTileN;
-  const QueryTileWork& w = b.work;
-  const Segment& seg = w.seg;
-  const uint32_t do_tile = b.base + Shape::kDo;
-  const uint32_t v_base = b.base + Shape::kV;
-
-  // Padding rows of dout may hold anything: rows past q_len are zero-filled.
-  load_wgmma_tile_async_from<kM, kDv, 128>(do_tile, static_cast<const Element*>(p.dout), seg.q_row + w.m0, w.valid_q,
-                                           strides.dout, w.head, b.t);
-  const auto load_v = [&](int n, int buffer) {
-    load_wgmma_tile_async_from<kN, kDv, 128>(v_base + static_cast<uint32_t>(buffer) * Shape::kVBytes,
-                                             static_cast<const Element*>(p.v), seg.k_row + n * kN,
-                                             min(kN, seg.k_len - n * kN), strides.v, w.kv_head, b.t);
-  };
-  if (b.n_begin < b.n_end) load_v(b.n_begin, 0);
-  cp_async_commit();
-
-  float lse_log2[2];
-  float delta[2];
-  load_row_statistics(p, seg, w.head, w.m0, b.row, w.valid_q, lse_log2, delta);
+  const DqWideSide side{p.dout,      strides.dout,       p.v,       strides.v, b.base + Shape::kDo,
+                        b.base + Shape::kV, Shape::kVBytes, Shape::kGradientBarrier};
   const uint32_t dp_slot = b.base + Shape::kDp + static_cast<uint32_t>(b.t) * 16;
-
-  for (int n = b.n_begin; n < b.n_end; ++n) {
-    const int buffer = (n - b.n_begin) & 1;
-    cp_async_wait<0>();          // this step's V (and on the first dO)
-    fence_proxy_async_shared();  // this thread's cp.async data, visible to wgmma
-    // Every warp's: this step's V is in, and the last step's dP (which read the other
-    // buffer) has landed in each.
-    named_barrier_sync(Shape::kGradientBarrier, 128);
-    if (n + 1 < b.n_end) load_v(n + 1, buffer ^ 1);
-    cp_async_commit();
-    const uint32_t v_tile = v_base + static_cast<uint32_t>(buffer) * Shape::kVBytes;
-
-    float dp[kN / 8][4];
-    wgmma_fence();
-    wgmma_ss_k_major<Storage, kN, kM, kN, kDv / 16>(dp, do_tile, v_tile);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(flat(dp));
+  dq_wide_side<Storage, kDv>(p, b, side, [] {}, [&](float(&dp)[kN / 8][4], int, int buffer, uint32_t,
+                                                   const float(&)[2], const float(&delta)[2]) {
 #pragma unroll
     for (int nf = 0; nf < kN / 8; ++nf) {
 #pragma unroll
@@ -197,7 +192,7 @@ __device__ __forceinline__ void dq_wide_gradient(const BackwardParams& p, const 
     store_hand_over(dp_slot + static_cast<uint32_t>(buffer) * Shape::kDpBytes,
                     reinterpret_cast<const uint32_t(&)[kN / 8][4]>(dp));
     named_barrier_sync_across(Shape::kDpReady, 256);
-  }
+  });
   cp_async_wait<0>();
 }
 
