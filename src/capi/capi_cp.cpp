@@ -1,6 +1,7 @@
-// CP plans of the C ABI: thdcp::cp::CpuPlan over a host communicator (every CP layout and
-// communication), thdcp::cp::CudaPlan over a device communicator (dual chunk, all-gather). Every call that is collective aborts an
-// in-process or shared-GPU group when it fails on this rank (handles.h).
+// CP plans of the C ABI: thdcp::cp::CpuPlan over a host communicator (every CP layout,
+// communication and K/V gather), thdcp::cp::CudaPlan over a device communicator (dual chunk,
+// all-gather, whole gathers). Every call that is collective aborts an in-process or
+// shared-GPU group when it fails on this rank (handles.h).
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -43,6 +44,27 @@ cp::CpComm cp_comm_of(int cp_comm) {
   return cp_comm == THDCP_CP_COMM_ALL_GATHER ? cp::CpComm::kAllGather : cp::CpComm::kAllToAll;
 }
 
+cp::KvGather kv_gather_of(int kv_gather) {
+  THDCP_CAPI_REQUIRE(kv_gather == THDCP_CP_KV_GATHER_AUTO || kv_gather == THDCP_CP_KV_GATHER_WHOLE ||
+                         kv_gather == THDCP_CP_KV_GATHER_HALO,
+                     "params->kv_gather=" << kv_gather
+                                          << " is not a thdcp_cp_kv_gather_t: use THDCP_CP_KV_GATHER_AUTO (0), "
+                                             "THDCP_CP_KV_GATHER_WHOLE (1) or THDCP_CP_KV_GATHER_HALO (2)");
+  return static_cast<cp::KvGather>(kv_gather);
+}
+
+// Halo gathers: the CPU backend's, with the all-gather communication only.
+void check_kv_gather(const CpConfig& c) {
+  if (c.problem.kv_gather != cp::KvGather::kHalo) return;
+  THDCP_CAPI_REQUIRE(c.backend == THDCP_BACKEND_CPU,
+                     "params->kv_gather=THDCP_CP_KV_GATHER_HALO is not supported by the CUDA backend: it gathers "
+                     "every rank's K/V; use THDCP_CP_KV_GATHER_AUTO or _WHOLE, or THDCP_BACKEND_CPU");
+  THDCP_CAPI_REQUIRE(c.problem.comm == cp::CpComm::kAllGather,
+                     "params->kv_gather=THDCP_CP_KV_GATHER_HALO with params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL: "
+                     "the all-to-all moves heads, not key rows; use THDCP_CP_KV_GATHER_AUTO, or "
+                     "THDCP_CP_COMM_ALL_GATHER");
+}
+
 // max_tokens under the problem's CP layout: the global rows, in [0, 2^31), cut into 2*cp
 // chunks per sequence (dual chunk) or into cp pieces (contiguous).
 void check_max_tokens(int64_t max_tokens, const cp::Problem& problem) {
@@ -83,6 +105,8 @@ CpConfig config_of(const thdcp_cp_params* given) {
   cp::Problem& problem = c.problem;
   problem.layout = cp_layout_of(p.cp_layout, "params->cp_layout");
   problem.comm = cp_comm_of(p.cp_comm);
+  problem.kv_gather = kv_gather_of(p.kv_gather);
+  check_kv_gather(c);
   // Before the build is asked for CUDA, so that every build gives the same answer.
   THDCP_CAPI_REQUIRE(backend == THDCP_BACKEND_CPU ||
                          (problem.layout == CpLayout::kDualChunk && problem.comm == cp::CpComm::kAllGather),
@@ -121,6 +145,7 @@ CpConfig config_of(const thdcp_cp_params* given) {
                      "params->reserved_head_groups=" << p.reserved_head_groups
                                                      << " must be 0 or 1 (head groups were removed in 0.2)");
   THDCP_CAPI_REQUIRE(p.reserved == 0, "params->reserved=" << p.reserved << " must be 0");
+  THDCP_CAPI_REQUIRE(p.reserved_kv == 0, "params->reserved_kv=" << p.reserved_kv << " must be 0");
   return c;
 }
 
@@ -259,6 +284,25 @@ void backward(CpPlan& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* 
 #endif
 }
 
+void kv_traffic(const CpPlan& plan, const thdcp_layout_t* layout, thdcp_cp_kv_gather_t* gather,
+                int64_t* forward_bytes, int64_t* backward_bytes) {
+  const CpConfig& c = plan.config;
+  THDCP_CAPI_REQUIRE(c.backend == THDCP_BACKEND_CPU && c.problem.comm == cp::CpComm::kAllGather,
+                     "plan is a " << (c.backend == THDCP_BACKEND_CPU ? "THDCP_CP_COMM_ALL_TO_ALL" : "THDCP_BACKEND_CUDA")
+                                  << " plan: thdcp_cp_plan_kv_traffic reports the K/V rows of a THDCP_BACKEND_CPU, "
+                                     "THDCP_CP_COMM_ALL_GATHER plan (the CUDA backend always gathers whole)");
+  const LayoutView batch = step_layout(c, layout);
+  THDCP_CAPI_NOT_NULL(gather, "a thdcp_cp_kv_gather_t to receive the gather the step runs");
+  THDCP_CAPI_NOT_NULL(forward_bytes, "an array of cp_size=" << c.problem.cp << " int64_t for the forward's bytes");
+  THDCP_CAPI_NOT_NULL(backward_bytes, "an array of cp_size=" << c.problem.cp << " int64_t for the backward's bytes");
+  const cp::KvTraffic traffic = plan.cpu->kv_traffic(batch);  // checks the layout
+  *gather = traffic.gather == cp::KvGather::kHalo ? THDCP_CP_KV_GATHER_HALO : THDCP_CP_KV_GATHER_WHOLE;
+  for (size_t r = 0; r < traffic.forward_bytes.size(); ++r) {
+    forward_bytes[r] = traffic.forward_bytes[r];
+    backward_bytes[r] = traffic.backward_bytes[r];
+  }
+}
+
 }  // namespace
 
 }  // namespace thdcp::capi
@@ -286,6 +330,15 @@ thdcp_status_t thdcp_cp_plan_create(thdcp_communicator_t comm, const thdcp_cp_pa
 
 thdcp_status_t thdcp_cp_plan_destroy(thdcp_cp_plan_t plan) {
   return thdcp::capi::guarded(__func__, [&] { thdcp::capi::retire<thdcp::capi::CpPlan>(plan, "plan"); });
+}
+
+thdcp_status_t thdcp_cp_plan_kv_traffic(thdcp_cp_plan_t plan, const thdcp_layout_t* layout,
+                                        thdcp_cp_kv_gather_t* gather, int64_t* forward_bytes,
+                                        int64_t* backward_bytes) {
+  return thdcp::capi::guarded(__func__, [&] {
+    const auto live = thdcp::capi::lookup<thdcp::capi::CpPlan>(plan, "plan");
+    thdcp::capi::kv_traffic(*live, layout, gather, forward_bytes, backward_bytes);
+  });
 }
 
 thdcp_status_t thdcp_cp_forward(thdcp_cp_plan_t plan, const thdcp_layout_t* layout, const thdcp_tensor_t* q,

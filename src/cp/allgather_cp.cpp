@@ -90,9 +90,6 @@ uint64_t options_fingerprint(const AttentionOptions& options) {
   return (static_cast<uint64_t>(scale_bits) << 8) | static_cast<uint64_t>(options.accumulate);
 }
 
-// The CPU step set. With a halo exchange (kv_gather), gather brings this rank's rows and its
-// halo instead of every rank's, and reduce_scatter returns the halo's dK/dV to their ranks;
-// the segment table and the sequence-order buffers are the whole gather's either way.
 // The halo exchange a step of `layout` runs, or none (the whole gather): kv_gather halo, or
 // auto where the halo rows of every rank add up to fewer than the whole gather's. Both moves
 // of a step (K/V out, dK/dV back) carry those rows, so fewer rows is fewer bytes both ways.
@@ -104,6 +101,9 @@ std::optional<detail::HaloExchange> halo_for(const LayoutView& layout, const Pro
   return halo;
 }
 
+// The CPU step set. With a halo exchange (kv_gather), gather brings this rank's rows and its
+// halo instead of every rank's, and reduce_scatter returns the halo's dK/dV to their ranks;
+// the segment table and the sequence-order buffers are the whole gather's either way.
 class CpuSteps {
  public:
   CpuSteps(Communicator& comm, const Problem& problem, const AttentionOptions& options, CpuPlan::Buffers& buffers,

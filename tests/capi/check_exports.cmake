@@ -33,7 +33,7 @@ if(NOT foreign STREQUAL "")
 endif()
 foreach(required thdcp_version_string thdcp_abi_version thdcp_last_error thdcp_attention_forward
                  thdcp_cp_forward thdcp_graph_bank_run thdcp_cp_local_rows_ex thdcp_cp_split_ex
-                 thdcp_cp_merge_ex thdcp_make_contiguous_layout)
+                 thdcp_cp_merge_ex thdcp_make_contiguous_layout thdcp_cp_plan_kv_traffic)
   if(NOT symbols MATCHES "[ \n]${required}(@|\n|$)")
     message(FATAL_ERROR "${LIBRARY} does not export ${required}")
   endif()

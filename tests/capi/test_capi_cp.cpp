@@ -71,10 +71,11 @@ Outputs single_device(const test::Batch& b, const Mask& mask, Sinks& s) {
   return r;
 }
 
-// How a plan splits rows and exchanges them (thdcp_cp_params::cp_layout, cp_comm).
+// How a plan splits rows and exchanges them (thdcp_cp_params::cp_layout, cp_comm, kv_gather).
 struct Modes {
   thdcp_cp_layout_t layout = THDCP_CP_LAYOUT_DUAL_CHUNK;
   thdcp_cp_comm_t comm = THDCP_CP_COMM_ALL_GATHER;
+  thdcp_cp_kv_gather_t kv_gather = THDCP_CP_KV_GATHER_AUTO;
 };
 
 // One rank: split, plan, forward, backward, merge its rows into `merged` (disjoint rows per
@@ -95,6 +96,7 @@ void run_rank(thdcp_communicator_t comm, const test::Batch& b, const Mask& mask,
   p.cp_size = cp;
   p.cp_layout = modes.layout;
   p.cp_comm = modes.comm;
+  p.kv_gather = modes.kv_gather;
   // Fewer sequences than the capacity.
   test::set_shape(p, test::batch_shape(b, mask), Capacity{b.layout.num_seqs() + 2, rows});
   p.v_head_dim = b.v.head_dim() == b.q.head_dim() ? 0 : b.v.head_dim();
@@ -124,27 +126,39 @@ void run_rank(thdcp_communicator_t comm, const test::Batch& b, const Mask& mask,
   EXPECT_EQ(global_rows, rank_row_map(b.layout.view(), cp, rank, static_cast<CpLayout>(modes.layout)));
 }
 
-// The whole batch over `cp` ranks, each a thread of an in-process group (run_rank), against
-// the single-device result: out, lse, max_logit, dq, dk, dv and (with sinks) dsinks, the same
-// bits on every rank.
-void expect_cp_equals_single_device(const test::Batch& b, const Mask& mask, int cp, Modes modes, bool with_sinks) {
-  const int64_t q_heads = b.q.heads();
-  Sinks reference_sinks = sinks_for(q_heads, with_sinks);
-  const Outputs reference = single_device(b, mask, reference_sinks);
+// The whole batch over `cp` ranks, each a thread of an in-process group (run_rank): the
+// merged outputs and each rank's dsinks.
+struct CpRun {
+  Outputs merged;
+  std::vector<std::vector<float>> rank_dsinks;
+};
 
+CpRun run_cp(const test::Batch& b, const Mask& mask, int cp, Modes modes, bool with_sinks) {
+  CpRun run{test::poisoned_outputs(b, b.q.tokens(), b.q.dtype(), b.k.dtype()),
+            std::vector<std::vector<float>>(static_cast<size_t>(cp))};
   std::vector<thdcp_communicator_t> comms(static_cast<size_t>(cp), nullptr);
-  ASSERT_C_OK(thdcp_communicator_create_in_process_group(cp, comms.data()));
-  Outputs merged = test::poisoned_outputs(b, b.q.tokens(), b.q.dtype(), b.k.dtype());
-  std::vector<std::vector<float>> rank_dsinks(static_cast<size_t>(cp));
+  EXPECT_C_OK(thdcp_communicator_create_in_process_group(cp, comms.data()));
   std::vector<std::thread> ranks;
   for (int r = 0; r < cp; ++r) {
     ranks.emplace_back([&, r] {
-      run_rank(comms[static_cast<size_t>(r)], b, mask, cp, modes, sinks_for(q_heads, with_sinks), merged,
-               rank_dsinks[static_cast<size_t>(r)]);
+      run_rank(comms[static_cast<size_t>(r)], b, mask, cp, modes, sinks_for(b.q.heads(), with_sinks), run.merged,
+               run.rank_dsinks[static_cast<size_t>(r)]);
     });
   }
   for (auto& t : ranks) t.join();
   for (thdcp_communicator_t c : comms) EXPECT_C_OK(thdcp_communicator_destroy(c));
+  return run;
+}
+
+// run_cp against the single-device result: out, lse, max_logit, dq, dk, dv and (with sinks)
+// dsinks, the same bits on every rank.
+void expect_cp_equals_single_device(const test::Batch& b, const Mask& mask, int cp, Modes modes, bool with_sinks) {
+  const int64_t q_heads = b.q.heads();
+  Sinks reference_sinks = sinks_for(q_heads, with_sinks);
+  const Outputs reference = single_device(b, mask, reference_sinks);
+  const CpRun run = run_cp(b, mask, cp, modes, with_sinks);
+  const Outputs& merged = run.merged;
+  const std::vector<std::vector<float>>& rank_dsinks = run.rank_dsinks;
 
   // Both sides round to storage once after fp32 arithmetic; dK/dV are summed in another
   // order (per rank, then across ranks).
@@ -231,6 +245,88 @@ INSTANTIATE_TEST_SUITE_P(Modes, CApiCpModesEqualSingleDevice,
                                             ::testing::Values(1, 2, 3, 4),
                                             ::testing::Values(Mask::causal(), Mask::window(12, 6))),
                          mode_case_name);
+
+// ---- Halo gathers (params->kv_gather, issue 31) ------------------------------------------
+
+// A halo gather gives the whole gather's bits: out, lse, max_logit, dq, dk, dv and dsinks.
+class CApiCpHaloGather : public ::testing::TestWithParam<std::tuple<thdcp_cp_layout_t, int /*cp*/>> {};
+
+TEST_P(CApiCpHaloGather, EqualsTheWholeGatherBitForBit) {
+  const auto& [cp_layout, cp] = GetParam();
+  const Mask mask = Mask::window(12, 0);
+  const test::Batch b = test::make_batch(mode_layout(cp_layout, cp), DType::kBFloat16, 4, 2, 16, 500 + cp);
+  const CpRun whole = run_cp(b, mask, cp, Modes{cp_layout, THDCP_CP_COMM_ALL_GATHER, THDCP_CP_KV_GATHER_WHOLE}, true);
+  const CpRun halo = run_cp(b, mask, cp, Modes{cp_layout, THDCP_CP_COMM_ALL_GATHER, THDCP_CP_KV_GATHER_HALO}, true);
+  EXPECT_TRUE(test::same_bits(halo.merged.out, whole.merged.out));
+  EXPECT_TRUE(test::same_bits(halo.merged.lse, whole.merged.lse));
+  EXPECT_TRUE(test::same_bits(halo.merged.max_logit, whole.merged.max_logit));
+  EXPECT_TRUE(test::same_bits(halo.merged.dq, whole.merged.dq));
+  EXPECT_TRUE(test::same_bits(halo.merged.dk, whole.merged.dk));
+  EXPECT_TRUE(test::same_bits(halo.merged.dv, whole.merged.dv));
+  EXPECT_TRUE(test::same_bits(halo.rank_dsinks[0], whole.rank_dsinks[0]));
+}
+
+std::string halo_case_name(const ::testing::TestParamInfo<std::tuple<thdcp_cp_layout_t, int>>& param_info) {
+  return std::string(layout_label(std::get<0>(param_info.param))) + "_cp" + std::to_string(std::get<1>(param_info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, CApiCpHaloGather,
+                         ::testing::Combine(::testing::Values(THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_LAYOUT_CONTIGUOUS),
+                                            ::testing::Values(2, 3, 4)),
+                         halo_case_name);
+
+// thdcp_cp_plan_kv_traffic: the whole gather's bytes are (cp - 1) ranks' rows of K and V (and
+// in the backward as many fp32 dK/dV rows); a narrow window's halo is fewer, and auto takes
+// it; a full mask over one document needs every other rank's rows, and auto keeps the whole
+// gather.
+TEST(CApiCpKvTraffic, WholeHaloAndAuto) {
+  constexpr int kCp = 2;
+  const BatchLayout made = make_contiguous_layout({512}, kCp);  // one document over both ranks
+  const thdcp_layout_t layout = c_layout(made);
+  std::vector<thdcp_communicator_t> comms(kCp, nullptr);
+  ASSERT_C_OK(thdcp_communicator_create_in_process_group(kCp, comms.data()));
+  const auto traffic = [&](thdcp_cp_kv_gather_t kv_gather, int32_t window_left, thdcp_cp_kv_gather_t& gather,
+                           std::vector<int64_t>& forward, std::vector<int64_t>& backward) {
+    thdcp_cp_params p;
+    thdcp_cp_params_init(&p);
+    p.cp_size = kCp;
+    p.cp_layout = THDCP_CP_LAYOUT_CONTIGUOUS;
+    p.kv_gather = kv_gather;
+    p.max_tokens = made.total_rows();
+    p.max_seqs = 1;
+    p.q_heads = 4;
+    p.kv_heads = 2;
+    p.head_dim = 16;
+    p.window_left = window_left;
+    p.window_right = window_left < 0 ? -1 : 0;
+    std::vector<thdcp_cp_plan_t> plans(kCp, nullptr);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < kCp; ++r) {
+      ranks.emplace_back([&, r] { EXPECT_C_OK(thdcp_cp_plan_create(comms[r], &p, nullptr, 0, &plans[r])); });
+    }
+    for (auto& t : ranks) t.join();
+    forward.assign(kCp, -1);
+    backward.assign(kCp, -1);
+    EXPECT_C_OK(thdcp_cp_plan_kv_traffic(plans[1], &layout, &gather, forward.data(), backward.data()));
+    for (thdcp_cp_plan_t plan : plans) EXPECT_C_OK(thdcp_cp_plan_destroy(plan));
+  };
+  const int64_t kv_row = 2 * (16 + 16) * 2, grad_row = 2 * (16 + 16) * 4;  // bf16 K+V, fp32 dK+dV of a row
+  const int64_t other_rows = 256;                                         // (cp - 1) * T / cp
+  thdcp_cp_kv_gather_t gather = THDCP_CP_KV_GATHER_AUTO;
+  std::vector<int64_t> forward, backward;
+  traffic(THDCP_CP_KV_GATHER_WHOLE, 8, gather, forward, backward);
+  EXPECT_EQ(gather, THDCP_CP_KV_GATHER_WHOLE);
+  EXPECT_EQ(forward, std::vector<int64_t>(kCp, other_rows * kv_row));
+  EXPECT_EQ(backward, std::vector<int64_t>(kCp, other_rows * (kv_row + grad_row)));
+  // Window 8 (causal): rank 1's first rows (256..263) reach the 8 rows before them, rank 0 nothing.
+  traffic(THDCP_CP_KV_GATHER_AUTO, 8, gather, forward, backward);
+  EXPECT_EQ(gather, THDCP_CP_KV_GATHER_HALO);
+  EXPECT_EQ(forward, (std::vector<int64_t>{0, 8 * kv_row}));
+  EXPECT_EQ(backward, (std::vector<int64_t>{8 * grad_row, 8 * kv_row}));
+  traffic(THDCP_CP_KV_GATHER_AUTO, -1, gather, forward, backward);  // full mask: every row of the other rank
+  EXPECT_EQ(gather, THDCP_CP_KV_GATHER_WHOLE);
+  for (thdcp_communicator_t c : comms) EXPECT_C_OK(thdcp_communicator_destroy(c));
+}
 
 // Every rank's rows out of a global tensor and back, for both layouts: each local row is the
 // global row the map names (contiguous: rank * T/cp + i, written out here), the ranks' rows
@@ -394,6 +490,22 @@ TEST(CApiCpModes, RefusedNamingTheValue) {
        with(ag, [](thdcp_cp_params& p) { p.backend = THDCP_BACKEND_CUDA, p.cp_comm = THDCP_CP_COMM_ALL_TO_ALL; }),
        {"params->cp_layout=THDCP_CP_LAYOUT_DUAL_CHUNK, params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL is not supported by "
         "the CUDA backend"}},
+      {"kv_gather 3", with(ag, [](thdcp_cp_params& p) { p.kv_gather = 3; }),
+       {"params->kv_gather=3 is not a thdcp_cp_kv_gather_t: use THDCP_CP_KV_GATHER_AUTO (0), "
+        "THDCP_CP_KV_GATHER_WHOLE (1) or THDCP_CP_KV_GATHER_HALO (2)"}},
+      {"halo with all_to_all",
+       with(a2a, [](thdcp_cp_params& p) { p.q_heads = 6, p.kv_heads = 3, p.kv_gather = THDCP_CP_KV_GATHER_HALO; }),
+       {"params->kv_gather=THDCP_CP_KV_GATHER_HALO with params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL",
+        "use THDCP_CP_KV_GATHER_AUTO, or THDCP_CP_COMM_ALL_GATHER"}},
+      {"CUDA, halo",
+       with(ag, [](thdcp_cp_params& p) { p.backend = THDCP_BACKEND_CUDA, p.kv_gather = THDCP_CP_KV_GATHER_HALO; }),
+       {"params->kv_gather=THDCP_CP_KV_GATHER_HALO is not supported by the CUDA backend",
+        "use THDCP_CP_KV_GATHER_AUTO or _WHOLE, or THDCP_BACKEND_CPU"}},
+      {"reserved_kv 1", with(ag, [](thdcp_cp_params& p) { p.reserved_kv = 1; }), {"params->reserved_kv=1 must be 0"}},
+      {"halo, all_gather", with(ag, [](thdcp_cp_params& p) { p.kv_gather = THDCP_CP_KV_GATHER_HALO; }), {}},
+      {"whole, all_to_all",
+       with(a2a, [](thdcp_cp_params& p) { p.q_heads = 6, p.kv_heads = 3, p.kv_gather = THDCP_CP_KV_GATHER_WHOLE; }),
+       {}},
   };
   thdcp_communicator_t comm = nullptr;
   ASSERT_C_OK(thdcp_communicator_create_in_process_group(1, &comm));
@@ -437,9 +549,58 @@ TEST(CApiCpModes, OlderStructGetsTheDefaults) {
   p.max_tokens = 64;
   EXPECT_C_OK(thdcp_cp_plan_workspace_size(&p, &bytes));
   const thdcp_cp_params defaults = THDCP_CP_PARAMS_INIT;
-  EXPECT_EQ(sizeof(thdcp_cp_params), 104u);
+  EXPECT_EQ(sizeof(thdcp_cp_params), 112u);
   EXPECT_EQ(defaults.cp_layout, THDCP_CP_LAYOUT_DUAL_CHUNK);
   EXPECT_EQ(defaults.cp_comm, THDCP_CP_COMM_ALL_GATHER);
+  EXPECT_EQ(defaults.kv_gather, THDCP_CP_KV_GATHER_AUTO);
+}
+
+// A caller built against the 104-byte struct (before kv_gather) gets auto, whatever lies past
+// its struct_size: halo with all-to-all is refused only when the struct holds kv_gather.
+TEST(CApiCpModes, StructBeforeKvGatherGetsAuto) {
+  thdcp_cp_params p = mode_params(2, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_TO_ALL);
+  p.max_tokens = 64;
+  p.q_heads = 4;
+  p.kv_heads = 2;
+  p.kv_gather = THDCP_CP_KV_GATHER_HALO;
+  p.reserved_kv = 9;
+  p.struct_size = 104;
+  size_t bytes = 1;
+  EXPECT_C_OK(thdcp_cp_plan_workspace_size(&p, &bytes));
+  p.struct_size = sizeof(thdcp_cp_params);
+  EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->kv_gather=THDCP_CP_KV_GATHER_HALO with params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL");
+}
+
+// thdcp_cp_plan_kv_traffic refuses what it cannot report, naming the argument.
+TEST(CApiCpKvTraffic, RefusedNamingTheArgument) {
+  thdcp_communicator_t comm = nullptr;
+  ASSERT_C_OK(thdcp_communicator_create_in_process_group(1, &comm));
+  thdcp_cp_params p = mode_params(1, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_TO_ALL);
+  p.max_tokens = 64;
+  thdcp_cp_plan_t plan = nullptr;
+  ASSERT_C_OK(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan));
+  const BatchLayout made = make_layout({64}, 1);
+  const thdcp_layout_t layout = c_layout(made);
+  thdcp_cp_kv_gather_t gather = THDCP_CP_KV_GATHER_AUTO;
+  int64_t forward = -1, backward = -1;
+  EXPECT_C_STATUS(thdcp_cp_plan_kv_traffic(plan, &layout, &gather, &forward, &backward), THDCP_ERROR_INVALID_ARGUMENT,
+                  "plan is a THDCP_CP_COMM_ALL_TO_ALL plan");
+  EXPECT_C_OK(thdcp_cp_plan_destroy(plan));
+  p.cp_comm = THDCP_CP_COMM_ALL_GATHER;
+  ASSERT_C_OK(thdcp_cp_plan_create(comm, &p, nullptr, 0, &plan));
+  EXPECT_C_STATUS(thdcp_cp_plan_kv_traffic(plan, &layout, nullptr, &forward, &backward), THDCP_ERROR_INVALID_ARGUMENT,
+                  "gather is NULL");
+  EXPECT_C_STATUS(thdcp_cp_plan_kv_traffic(plan, &layout, &gather, &forward, nullptr), THDCP_ERROR_INVALID_ARGUMENT,
+                  "backward_bytes is NULL");
+  EXPECT_C_STATUS(thdcp_cp_plan_kv_traffic(nullptr, &layout, &gather, &forward, &backward),
+                  THDCP_ERROR_INVALID_ARGUMENT, "plan is NULL");
+  EXPECT_EQ(forward, -1);
+  EXPECT_C_OK(thdcp_cp_plan_kv_traffic(plan, &layout, &gather, &forward, &backward));
+  EXPECT_EQ(gather, THDCP_CP_KV_GATHER_WHOLE);  // one rank: nothing to gather either way
+  EXPECT_EQ(forward, 0);
+  EXPECT_C_OK(thdcp_cp_plan_destroy(plan));
+  EXPECT_C_OK(thdcp_communicator_destroy(comm));
 }
 
 }  // namespace

@@ -324,6 +324,10 @@ class Harness {
       v.reserved_head_groups = reserved < 250 ? reserved % 2 : p_.value_i32();
       v.reserved = reserved == 255 ? p_.value_i32() : 0;
     }
+    if (p_.flag()) {  // K/V gathers: the three values, or any int (refused)
+      const uint8_t gather = p_.u8();
+      v.kv_gather = gather < 240 ? gather % 3 : p_.value_i32();
+    }
     return v;
   }
 

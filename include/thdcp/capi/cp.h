@@ -41,6 +41,18 @@ typedef enum thdcp_cp_comm_t {
                                    multiples of cp */
 } thdcp_cp_comm_t;
 
+/* Which K/V rows THDCP_CP_COMM_ALL_GATHER moves (thdcp_cp_params::kv_gather). */
+typedef enum thdcp_cp_kv_gather_t {
+  THDCP_CP_KV_GATHER_AUTO = 0,  /* the halo where it moves fewer bytes than the whole gather,
+                                   decided per step from the layout (every rank decides the
+                                   same); the CUDA backend gathers whole. The default */
+  THDCP_CP_KV_GATHER_WHOLE = 1, /* every rank's K/V to every rank, dK/dV reduce-scattered */
+  THDCP_CP_KV_GATHER_HALO = 2   /* only the key rows this rank's queries can reach under the
+                                   mask (its halo), and their dK/dV back to the ranks that
+                                   hold them. The same bits as the whole gather. CPU backend,
+                                   THDCP_CP_COMM_ALL_GATHER only */
+} thdcp_cp_kv_gather_t;
+
 typedef struct thdcp_cp_params {
   size_t struct_size;    /* sizeof(thdcp_cp_params) */
   thdcp_backend_t backend; /* CPU: a host communicator; CUDA: a device communicator.
@@ -86,12 +98,18 @@ typedef struct thdcp_cp_params {
                             THDCP_BACKEND_CUDA only the defaults, and refuses another pair
                             (THDCP_ERROR_INVALID_ARGUMENT naming it) in every build, before
                             it asks for CUDA */
+  /* ---- appended in 0.2 (issue 31, halo gathers): struct_size 112 ---- */
+  int32_t kv_gather;     /* a thdcp_cp_kv_gather_t. Default THDCP_CP_KV_GATHER_AUTO (0), also
+                            what an older, shorter struct gets. THDCP_CP_KV_GATHER_HALO is
+                            refused by the CUDA backend and with THDCP_CP_COMM_ALL_TO_ALL */
+  int32_t reserved_kv;   /* 0 */
 } thdcp_cp_params;
 
 #define THDCP_CP_PARAMS_MIN_SIZE ((size_t)72)
 #define THDCP_CP_PARAMS_INIT                                                                   \
   {sizeof(thdcp_cp_params), THDCP_BACKEND_CPU, THDCP_DTYPE_BF16, 0, 0, 0, 0, 1, 0, -1, -1, 0.0f, \
-   1, 0, 0, 0, 0, 0, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_GATHER}
+   1, 0, 0, 0, 0, 0, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_GATHER,                    \
+   THDCP_CP_KV_GATHER_AUTO, 0}
 
 static inline void thdcp_cp_params_init(thdcp_cp_params* params) {
   const thdcp_cp_params defaults = THDCP_CP_PARAMS_INIT;
@@ -117,6 +135,16 @@ THDCP_API thdcp_status_t thdcp_cp_plan_create(thdcp_communicator_t comm, const t
 
 /* Releases the plan (not its workspace or communicator). NULL is accepted. Not collective. */
 THDCP_API thdcp_status_t thdcp_cp_plan_destroy(thdcp_cp_plan_t plan);
+
+/* The K/V traffic of a step of `layout` (host arrays, as thdcp_cp_forward's on the CPU
+ * backend) under a THDCP_BACKEND_CPU, THDCP_CP_COMM_ALL_GATHER plan: which gather the step
+ * runs (*gather: THDCP_CP_KV_GATHER_WHOLE or _HALO, never _AUTO) and, for every rank r of
+ * the group, the bytes r receives in the forward (K and V rows) and in the backward (K and V
+ * rows, then the fp32 dK/dV rows other ranks return): forward_bytes and backward_bytes hold
+ * cp_size entries each. Not collective: every rank computes every rank's figures. */
+THDCP_API thdcp_status_t thdcp_cp_plan_kv_traffic(thdcp_cp_plan_t plan, const thdcp_layout_t* layout,
+                                                 thdcp_cp_kv_gather_t* gather, int64_t* forward_bytes,
+                                                 int64_t* backward_bytes);
 
 /* One CP forward step of this rank. Collective over the plan's communicator.
  *   layout     the global layout (as thdcp_attention_forward's;
