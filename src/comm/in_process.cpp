@@ -1,4 +1,7 @@
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -45,10 +48,32 @@ struct InProcessGroup::State {
     if (!barrier_.wait()) throw abandoned();
   }
 
+  // Releases this group and every group split from it (their collectives throw too).
   void abort(const std::string& reason = {}) {
-    std::lock_guard<std::mutex> lock(reason_mutex_);
-    if (!barrier_.aborted()) reason_ = reason;
-    barrier_.abort();
+    std::vector<std::shared_ptr<State>> children;
+    std::string first_reason;
+    {
+      std::lock_guard<std::mutex> lock(reason_mutex_);
+      if (!barrier_.aborted()) reason_ = reason;
+      barrier_.abort();
+      for (const auto& child : children_) {
+        if (auto alive = child.lock()) children.push_back(std::move(alive));
+      }
+      first_reason = reason_;
+    }
+    for (const auto& child : children) child->abort(first_reason);
+  }
+
+  // A group split from this one: aborted with it (at once if this one already is).
+  void adopt(const std::shared_ptr<State>& child) {
+    {
+      std::lock_guard<std::mutex> lock(reason_mutex_);
+      if (!barrier_.aborted()) {
+        children_.push_back(child);
+        return;
+      }
+    }
+    child->abort(reason_);
   }
 
  private:
@@ -68,6 +93,7 @@ struct InProcessGroup::State {
   ThreadBarrier barrier_{size_};
   mutable std::mutex reason_mutex_;
   std::string reason_;  // the first abort's reason
+  std::vector<std::weak_ptr<State>> children_;  // groups split from this one
 };
 
 namespace {
@@ -149,10 +175,36 @@ class InProcessCommunicator final : public Communicator {
     THDCP_CHECK(mismatch.empty(), mismatch);
   }
 
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    const int32_t mine[2] = {color, key};
+    std::vector<int32_t> all(2 * static_cast<size_t>(size()));
+    all_gather(mine, all.data(), sizeof(mine));
+    std::vector<std::pair<int32_t, int>> members;  // (key, rank) of this color, in sub-group order
+    for (int r = 0; color >= 0 && r < size(); ++r) {
+      if (all[2 * static_cast<size_t>(r)] == color) members.emplace_back(all[2 * static_cast<size_t>(r) + 1], r);
+    }
+    std::sort(members.begin(), members.end());
+    const int leader = members.empty() ? -1 : members.front().second;
+    std::shared_ptr<GroupState> sub;
+    if (leader == rank_) {
+      sub = std::make_shared<GroupState>(static_cast<int>(members.size()));
+      group_.adopt(sub);
+    }
+    // The leader of each color publishes its group's state and the other members copy it; the
+    // second barrier keeps the leader (and its `sub`) here until every copy is made.
+    group_.publish(rank_, &sub, nullptr);
+    group_.barrier();
+    if (leader >= 0 && leader != rank_) sub = *static_cast<const std::shared_ptr<GroupState>*>(group_.send_of(leader));
+    group_.barrier();
+    if (color < 0) return nullptr;
+    const auto me = std::find_if(members.begin(), members.end(), [&](const auto& m) { return m.second == rank_; });
+    return std::make_unique<InProcessCommunicator>(*sub, static_cast<int>(me - members.begin()), sub);
+  }
+
  private:
   GroupState& group_;
   int rank_;
-  std::shared_ptr<GroupState> keep_;  // the group's owner, for communicators of an InProcessGroup
+  std::shared_ptr<GroupState> keep_;  // the group's owner: of an InProcessGroup, or of a split
 };
 
 }  // namespace

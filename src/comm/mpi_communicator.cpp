@@ -55,10 +55,18 @@ struct Blocks {
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  // `owned`: a communicator of split(), freed with this object (unless MPI is finalized).
+  explicit MpiCommunicator(MPI_Comm comm, bool owned = false) : comm_(comm), owned_(owned) {
     THDCP_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
     THDCP_CHECK_MPI(MPI_Comm_size(comm_, &size_));
   }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owned_ && !finalized) MPI_Comm_free(&comm_);
+  }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -131,6 +139,13 @@ class MpiCommunicator final : public Communicator {
     THDCP_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
   }
 
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    THDCP_CHECK_MPI(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
+    if (sub == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<MpiCommunicator>(sub, /*owned=*/true);
+  }
+
   void all_reduce_max(float* data, size_t count) override {
     THDCP_CHECK(count <= static_cast<size_t>(INT32_MAX), "all_reduce of " << count << " floats exceeds MPI's int counts");
     THDCP_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_MAX, comm_));
@@ -140,6 +155,7 @@ class MpiCommunicator final : public Communicator {
   static constexpr int kAllToAllVTag = 3101;
 
   MPI_Comm comm_;
+  bool owned_ = false;
   int rank_ = 0;
   int size_ = 1;
   std::vector<float> blocks_;  // reduce_scatter_sum's received blocks

@@ -138,6 +138,55 @@ TEST(InProcessComm, FailingRankReleasesTheOthers) {
                      "rank 1 gives up");
 }
 
+// split: ranks of one color form a sub-group ranked by (key, rank); color < 0 gets none.
+// Six ranks: colors rank % 2 with keys that reverse the order, and rank 5 left out.
+TEST(InProcessComm, SplitMakesSubGroupsRankedByKey) {
+  const int size = 6;
+  std::vector<int> sub_rank(size, -2), sub_size(size, -2);
+  std::vector<std::vector<int>> gathered(size);
+  run_in_process(size, [&](Communicator& comm) {
+    const int r = comm.rank();
+    const int color = r == 5 ? -1 : r % 2;
+    std::unique_ptr<Communicator> sub = comm.split(color, /*key=*/-r);
+    sub_rank[r] = sub ? sub->rank() : -1;
+    if (sub) {
+      sub_size[r] = sub->size();
+      std::vector<int> all(static_cast<size_t>(sub->size()));
+      sub->all_gather(&r, all.data(), sizeof(int));
+      gathered[r] = all;
+    }
+    // The parent still works alongside.
+    float x = static_cast<float>(r);
+    comm.all_reduce_max(&x, 1);
+    EXPECT_EQ(x, 5.0f);
+  });
+  EXPECT_EQ(sub_rank, (std::vector<int>{2, 1, 1, 0, 0, -1}));
+  EXPECT_EQ(sub_size, (std::vector<int>{3, 2, 3, 2, 3, -2}));
+  for (int r : {0, 2, 4}) EXPECT_EQ(gathered[r], (std::vector<int>{4, 2, 0}));
+  for (int r : {1, 3}) EXPECT_EQ(gathered[r], (std::vector<int>{3, 1}));
+}
+
+// A rank that fails releases the ranks waiting in a group split from the one it fails in.
+TEST(InProcessComm, FailingRankReleasesSplitGroups) {
+  EXPECT_THDCP_ERROR(run_in_process(4,
+                                    [](Communicator& comm) {
+                                      std::unique_ptr<Communicator> sub = comm.split(comm.rank() / 2, 0);
+                                      if (comm.rank() == 0) THDCP_FAIL("rank 0 gives up");
+                                      float x = 1.0f;
+                                      sub->all_reduce_max(&x, 1);  // rank 1 waits for rank 0 here
+                                    }),
+                     "rank 0 gives up");
+  InProcessGroup group(2);
+  std::unique_ptr<Communicator> sub;
+  std::thread rank0([&] { sub = group.communicator(0)->split(0, 0); });
+  std::unique_ptr<Communicator> other = group.communicator(1)->split(1, 0);
+  rank0.join();
+  group.abort("the parent was aborted");
+  float y = 0.0f;
+  EXPECT_THDCP_ERROR(sub->all_reduce_max(&y, 1), "the parent was aborted");
+  EXPECT_THDCP_ERROR(other->all_reduce_max(&y, 1), "another rank failed");
+}
+
 // An InProcessGroup is run_in_process without the threads: the caller starts them.
 TEST(InProcessGroup, CallerThreadsRunTheCollectives) {
   const int size = 3;

@@ -28,6 +28,8 @@ class CountingCommunicator final : public Communicator {
   void all_reduce_max(float* data, size_t count) override { inner_.all_reduce_max(data, count); }
   void all_to_all(const void* send, void* recv, size_t bytes) override { inner_.all_to_all(send, recv, bytes); }
   void all_to_all_v(const void* send, const size_t* send_bytes, void* recv, const size_t* recv_bytes) override;
+  // The sub-group's collectives are not counted.
+  std::unique_ptr<Communicator> split(int color, int key) override { return inner_.split(color, key); }
 
   int64_t received = 0;
 

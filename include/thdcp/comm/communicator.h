@@ -19,7 +19,14 @@
 //    send_bytes[r] bytes go to rank r, recv_bytes[r] bytes come from rank r (each array has
 //    size() entries; a block may be empty). Every rank's send_bytes[r] must equal rank r's
 //    recv_bytes[rank()]: a mismatch throws thdcp::Error (in-process: on every rank, naming
-//    both ranks and counts). The halo gathers of AllGather CP use it.
+//    both ranks and counts). The halo gathers of AllGather CP use it;
+//  - split(color, key): like MPI_Comm_split and DeviceCommunicator::split. Collective over
+//    this group; the ranks that pass the same color (>= 0) form a sub-group, ranked by
+//    (key, rank in this group); a rank that passes color < 0 takes part and gets nullptr.
+//    The sub-communicator is used by its rank's thread only and may outlive this object.
+//    In-process: a failure that releases this group (a rank throws under run_in_process,
+//    InProcessGroup::abort) releases every group split from it too. The a2a+ag CP mode makes
+//    its all-to-all and AllGather groups with it.
 // A collective that cannot complete (another rank failed) throws thdcp::Error instead of
 // hanging.
 #pragma once
@@ -43,6 +50,7 @@ class Communicator {
   virtual void all_reduce_max(float* data, size_t count) = 0;
   virtual void all_to_all(const void* send, void* recv, size_t bytes) = 0;
   virtual void all_to_all_v(const void* send, const size_t* send_bytes, void* recv, const size_t* recv_bytes) = 0;
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 };
 
 // Runs body(communicator) on `size` threads of this process, one per rank, connected by an
