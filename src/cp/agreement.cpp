@@ -20,13 +20,50 @@ struct Descriptor {
   int32_t dtype;
   int64_t max_tokens;
   int32_t window_left, window_right;
-  int32_t layout, comm, kv_gather;
+  int32_t layout, comm, kv_gather, a2a_size;
   int64_t q_heads, kv_heads, head_dim, v_head_dim;
   uint64_t options_fingerprint;
   uint64_t layout_fingerprint;
   int64_t local_rows[3];
   char message[400];
 };
+
+// The a2a_size values that would do for `p`: divisors of cp (that divide both head counts).
+std::string a2a_sizes_for(const Problem& p, bool heads_too) {
+  std::string list;
+  for (int a = 1; a <= p.cp; ++a) {
+    if (p.cp % a != 0 || (heads_too && (p.q_heads % a != 0 || p.kv_heads % a != 0))) continue;
+    list += (list.empty() ? "" : ", ") + std::to_string(a);
+  }
+  return "{" + list + "}";
+}
+
+// a2a+ag factors cp into a2a_size * ag_size; other comms leave a2a_size at 1.
+void check_a2a_size(const Problem& p) {
+  if (p.comm != CpComm::kA2aAg) {
+    THDCP_CHECK(p.a2a_size == 1, "a2a_size=" << p.a2a_size << " with comm=" << cp_comm_name(p.comm)
+                                             << ": a2a_size is the all-to-all group of comm=a2a+ag; use comm=a2a+ag, "
+                                                "or leave a2a_size=1");
+    return;
+  }
+  THDCP_CHECK(p.a2a_size >= 1 && p.cp >= 1 && p.cp % p.a2a_size == 0,
+              "a2a+ag with a2a_size=" << p.a2a_size << " and cp=" << p.cp
+                                      << ": the group sizes do not multiply to cp (cp = a2a_size * ag_size ranks); "
+                                         "use an a2a_size that divides cp: "
+                                      << a2a_sizes_for(p, false));
+}
+
+// Each rank of an all-to-all group takes heads/a2a_size of the query and of the key heads.
+void check_a2a_heads(const Problem& p) {
+  for (auto [name, heads] : {std::make_pair("q_heads", p.q_heads), std::make_pair("kv_heads", p.kv_heads)}) {
+    THDCP_CHECK(heads % p.a2a_size == 0,
+                "a2a+ag with " << name << "=" << heads << " and a2a_size=" << p.a2a_size << ": " << name
+                               << " must be a multiple of a2a_size (each rank of an all-to-all group takes " << name
+                               << "/a2a_size heads); use an a2a_size that divides cp=" << p.cp
+                               << ", q_heads=" << p.q_heads << " and kv_heads=" << p.kv_heads << ": "
+                               << a2a_sizes_for(p, true) << ", or comm=all_gather");
+  }
+}
 
 }  // namespace
 
@@ -36,14 +73,16 @@ void validate_problem(const Problem& p) {
               "capacity.max_seqs=" << p.capacity.max_seqs << " must be >= 1 (layouts have max_seqs + 1 entries)");
   THDCP_CHECK(p.layout == CpLayout::kDualChunk || p.layout == CpLayout::kContiguous,
               "layout=" << static_cast<int>(p.layout) << " is not a CP layout: use dual_chunk or contiguous");
-  THDCP_CHECK(p.comm == CpComm::kAllGather || p.comm == CpComm::kAllToAll,
-              "comm=" << static_cast<int>(p.comm) << " is not a CP communication: use all_gather or all_to_all");
+  THDCP_CHECK(p.comm == CpComm::kAllGather || p.comm == CpComm::kAllToAll || p.comm == CpComm::kA2aAg,
+              "comm=" << static_cast<int>(p.comm)
+                      << " is not a CP communication: use all_gather, all_to_all or a2a+ag");
   THDCP_CHECK(p.kv_gather == KvGather::kAuto || p.kv_gather == KvGather::kWhole || p.kv_gather == KvGather::kHalo,
               "kv_gather=" << static_cast<int>(p.kv_gather) << " is not a K/V gather: use auto, whole or halo");
-  THDCP_CHECK(p.kv_gather != KvGather::kHalo || p.comm == CpComm::kAllGather,
+  THDCP_CHECK(p.kv_gather != KvGather::kHalo || p.comm != CpComm::kAllToAll,
               "kv_gather=halo with comm=" << cp_comm_name(p.comm)
                                           << ": all_to_all moves heads, not K/V rows, so there is no halo to gather; "
-                                             "use kv_gather=auto or whole, or comm=all_gather");
+                                             "use kv_gather=auto or whole, or comm=all_gather or a2a+ag");
+  check_a2a_size(p);
   if (p.layout == CpLayout::kDualChunk) {
     THDCP_CHECK(p.capacity.max_tokens >= 0 && p.capacity.max_tokens % (2 * static_cast<int64_t>(p.cp)) == 0,
                 "capacity.max_tokens=" << p.capacity.max_tokens << " is not a multiple of 2*cp="
@@ -62,6 +101,7 @@ void validate_problem(const Problem& p) {
               "mask (" << p.mask.window_left << "," << p.mask.window_right
                        << ") is invalid: each window is >= 0, or -1 for unbounded");
   check_head_shape(p);
+  if (p.comm == CpComm::kA2aAg) check_a2a_heads(p);
   if (p.comm == CpComm::kAllToAll) {
     for (auto [name, heads] : {std::make_pair("q_heads", p.q_heads), std::make_pair("kv_heads", p.kv_heads)}) {
       THDCP_CHECK(heads % p.cp == 0, "all_to_all with " << name << "=" << heads << " and cp=" << p.cp << ": " << name
@@ -146,6 +186,7 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
   mine.layout = static_cast<int32_t>(p.layout);
   mine.comm = static_cast<int32_t>(p.comm);
   mine.kv_gather = static_cast<int32_t>(p.kv_gather);
+  mine.a2a_size = p.a2a_size;
   mine.q_heads = p.q_heads;
   mine.kv_heads = p.kv_heads;
   mine.head_dim = p.head_dim;
@@ -163,7 +204,7 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
   const Descriptor& ref = all[0];
   const char* fix =
       ": every rank must plan the same problem (cp, capacity, mask, heads, head_dim, v_head_dim, dtype, layout, comm, "
-      "kv_gather, options)";
+      "kv_gather, a2a_size, options)";
   for (int r = 1; r < in.size; ++r) {
     const Descriptor& d = all[r];
     THDCP_CHECK(d.cp == ref.cp, "rank " << r << " passed cp=" << d.cp << " but rank 0 passed cp=" << ref.cp << fix);
@@ -175,6 +216,9 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
     THDCP_CHECK(d.kv_gather == ref.kv_gather,
                 "rank " << r << " passed kv_gather=" << kv_gather_name(static_cast<KvGather>(d.kv_gather))
                         << " but rank 0 passed kv_gather=" << kv_gather_name(static_cast<KvGather>(ref.kv_gather))
+                        << fix);
+    THDCP_CHECK(d.a2a_size == ref.a2a_size,
+                "rank " << r << " passed a2a_size=" << d.a2a_size << " but rank 0 passed a2a_size=" << ref.a2a_size
                         << fix);
     THDCP_CHECK(d.layout_fingerprint == ref.layout_fingerprint,
                 "rank " << r << " passed a different layout than rank 0"

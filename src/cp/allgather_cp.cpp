@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "a2a_ag_cpu.h"
 #include "agreement.h"
 #include "allgather_steps.h"
 #include "alltoall_cpu.h"
@@ -35,6 +36,7 @@ const char* cp_comm_name(CpComm comm) {
   switch (comm) {
     case CpComm::kAllGather: return "all_gather";
     case CpComm::kAllToAll: return "all_to_all";
+    case CpComm::kA2aAg: return "a2a+ag";
   }
   return "?";
 }
@@ -62,6 +64,7 @@ struct CpuPlan::Buffers {
   std::vector<unsigned char> halo_send[2];  // halo gathers: the rows this rank sends (grown on use)
   std::vector<float> halo_returned[2];      // halo gathers: the dK/dV rows the others return
   detail::AllToAllBuffers all_to_all;
+  std::unique_ptr<detail::A2aAgCpu> a2a_ag;  // comm=a2a+ag: its groups and AllGather plan
 };
 
 struct CpuPlan::OneShot {
@@ -310,7 +313,8 @@ CpuPlan::CpuPlan(Communicator& comm, const Problem& problem, const AttentionOpti
       [&](const void* send, void* recv, size_t bytes) { comm.all_gather(send, recv, bytes); });
 
   buffers_ = std::make_shared<Buffers>();
-  if (problem.comm == CpComm::kAllToAll) return;  // its buffers grow on first use
+  if (problem.comm == CpComm::kA2aAg) buffers_->a2a_ag = std::make_unique<detail::A2aAgCpu>(comm, problem, options);
+  if (problem.comm != CpComm::kAllGather) return;  // their buffers grow on first use
   for (int i = 0; i < 2; ++i) {
     const size_t bytes = slot_elements(problem, i) * dtype_size(problem.dtype);
     buffers_->gathered[i].resize(bytes);
@@ -325,6 +329,10 @@ void CpuPlan::forward(const LayoutView& layout, const ForwardTensors& tensors, T
     detail::all_to_all_forward(comm_, problem_, options_, buffers_->all_to_all, layout, tensors, timings);
     return;
   }
+  if (problem_.comm == CpComm::kA2aAg) {
+    buffers_->a2a_ag->forward(layout, tensors, timings);
+    return;
+  }
   CpuSteps steps(comm_, problem_, options_, *buffers_, layout, timings);
   steps.use_sinks(tensors.sinks, nullptr);
   detail::run_forward(steps, tensors);
@@ -335,6 +343,10 @@ void CpuPlan::backward(const LayoutView& layout, const BackwardTensors& tensors,
   check_cpu_backward(problem_, tensors);
   if (problem_.comm == CpComm::kAllToAll) {
     detail::all_to_all_backward(comm_, problem_, options_, buffers_->all_to_all, layout, tensors, timings);
+    return;
+  }
+  if (problem_.comm == CpComm::kA2aAg) {
+    buffers_->a2a_ag->backward(layout, tensors, timings);
     return;
   }
   // The fp32 gradient buffers are the largest; only a backward needs them.
@@ -363,10 +375,11 @@ void CpuPlan::backward(const LayoutView& layout, const BackwardTensors& tensors,
 }
 
 KvTraffic CpuPlan::kv_traffic(const LayoutView& layout) const {
-  THDCP_CHECK(problem_.comm == CpComm::kAllGather,
+  THDCP_CHECK(problem_.comm != CpComm::kAllToAll,
               "kv_traffic: comm=" << cp_comm_name(problem_.comm) << " gathers no K/V rows (it moves heads); ask a plan "
-                                  "of comm=all_gather");
+                                  "of comm=all_gather or a2a+ag");
   check_layout(layout, problem_);
+  if (problem_.comm == CpComm::kA2aAg) return buffers_->a2a_ag->kv_traffic(layout);
   const Problem& p = problem_;
   const std::optional<detail::HaloExchange> halo = halo_for(layout, p, comm_.rank());
   const int64_t width = p.kv_heads * (p.head_dim + p.value_head_dim());  // a K row and a V row

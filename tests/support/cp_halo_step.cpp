@@ -39,7 +39,7 @@ RankStep run_counted_step(Communicator& comm, const Batch& b, const cp::Problem&
   options.num_threads = 1;
   CountingCommunicator counting(comm);
   cp::CpuPlan plan(counting, problem, options);
-  step.traffic = plan.kv_traffic(layout);
+  if (problem.comm != cp::CpComm::kAllToAll) step.traffic = plan.kv_traffic(layout);  // all_to_all gathers no K/V
   const float* sink_values = sinks.empty() ? nullptr : sinks.data();
   counting.received = 0;
   plan.forward(layout, ForwardTensors{q.view(), k.view(), v.view(), o.out.view(), o.lse.data(), o.max_logit.data(),

@@ -16,10 +16,22 @@
 // Communication (Problem::comm): all_gather gathers K/V (and reduce-scatters dK/dV);
 // all_to_all (Ulysses) turns the sequence-sharded [T/cp, H, D] into head-sharded
 // [T, H/cp, D], runs attention over whole documents with H/cp heads, and turns the output
-// (backward: dQ/dK/dV) back, so it needs q_heads and kv_heads multiples of cp. The CPU
-// backend runs every layout and communication; the CUDA one dual_chunk with all_gather.
+// (backward: dQ/dK/dV) back, so it needs q_heads and kv_heads multiples of cp. a2a+ag
+// (TransformerEngine's a2a+p2p with an AllGather for the ring) factors cp = a2a_size * ag_size:
+// rank r is member m = r % a2a_size of group g = r / a2a_size (the a2a_size consecutive ranks
+// [g a2a_size, (g+1) a2a_size)); an all-to-all inside each group turns the group's rows into
+// its rows of H/a2a_size heads (q_heads and kv_heads multiples of a2a_size), AllGather CP
+// runs across the ag_size groups (the ranks of one member index, ranked by g; the problem's
+// layout, mask and kv_gather at ag_size ranks) on that head shard, and the reverse
+// all-to-all returns out and lse (backward: dQ, dK, dV). A rank's local rows are the layout's
+// at cp, as in every mode: the rows of a group's ranks together are exactly rank g's rows of
+// the same layout at ag_size (dual_chunk: the fine chunks [g a, (g+1) a) and their mirror
+// are the coarse chunks g and 2 ag_size-1-g), so one split (thdcp/plan/rank_split.h at cp)
+// serves every mode. a2a_size 1 gives the bits of all_gather, a2a_size cp those of
+// all_to_all (src/cp/a2a_ag_cpu.h). The CPU backend runs every layout and communication; the
+// CUDA one dual_chunk with all_gather.
 //
-// K/V gather (Problem::kv_gather, all_gather only). A whole gather brings every rank's K/V to
+// K/V gather (Problem::kv_gather: all_gather, and a2a+ag's AllGather across the groups). A whole gather brings every rank's K/V to
 // every rank and reduce-scatters dK/dV. A halo gather brings a rank only the key rows its
 // queries can reach (thdcp/plan/halo.h: with a left window, the rows just before each of its
 // pieces; with documents that stay on their rank, none) through Communicator::all_to_all_v,
@@ -51,8 +63,9 @@ using thdcp::CpLayout;  // how the rows are split over the ranks (thdcp/plan/con
 enum class CpComm : int {
   kAllGather = 0,  // gather K/V over the group; reduce-scatter dK/dV (DESIGN.md section 5)
   kAllToAll = 1,   // Ulysses: sequence-sharded to head-sharded and back; heads % cp == 0
+  kA2aAg = 2,      // all-to-all in groups of Problem::a2a_size, AllGather across the groups
 };
-const char* cp_comm_name(CpComm comm);  // "all_gather", "all_to_all"
+const char* cp_comm_name(CpComm comm);  // "all_gather", "all_to_all", "a2a+ag"
 
 // Which K/V rows an all_gather step moves (see the top of this header).
 enum class KvGather : int {
@@ -74,8 +87,13 @@ struct Problem : HeadShape {
   CpLayout layout = CpLayout::kDualChunk;
   // all_to_all needs q_heads % cp == 0 and kv_heads % cp == 0, and works with either layout.
   CpComm comm = CpComm::kAllGather;
-  // all_gather's K/V rows; halo only with comm=all_gather and on the CPU backend.
+  // all_gather's (and a2a+ag's across the groups) K/V rows; halo only on the CPU backend and
+  // not with comm=all_to_all.
   KvGather kv_gather = KvGather::kAuto;
+  // a2a+ag only (other comms: leave it 1): the ranks of an all-to-all group, a divisor of cp
+  // that divides q_heads and kv_heads; ag_size = cp / a2a_size groups. 1 is all_gather, cp
+  // all_to_all.
+  int a2a_size = 1;
 
   int64_t local_rows() const { return capacity.max_tokens / cp; }
 };
@@ -110,7 +128,9 @@ struct Timings {
 // its head's sink once (no partial rows are merged across ranks). dsinks is the sum over
 // every rank's rows, added in rank order: the same bits on every rank and every run. Under
 // all_to_all a rank computes whole rows of its H/cp heads; each head's dsinks comes from the
-// one rank that owns it, and every rank receives them all.
+// one rank that owns it, and every rank receives them all. Under a2a+ag each head's dsinks is
+// summed over the groups in rank order by its member's AllGather, and every rank receives
+// them all.
 
 // The bytes a rank receives from the other ranks in one all_gather step of a layout: K and V
 // (the problem's dtype) in the forward; K and V again, then dK and dV (fp32 partial sums) in
@@ -143,6 +163,8 @@ class CpuPlan {
   // (kv_gather auto: the halo when its bytes over all ranks are fewer; the same choice on every
   // rank, from the layout alone). Host arithmetic only; every rank may call it, collective or
   // not. Throws thdcp::Error for comm=all_to_all (no K/V gather) or a layout the plan refuses.
+  // a2a+ag: the AllGather across the groups (each rank's kv_heads/a2a_size heads, the bytes
+  // of rank r those of its group r / a2a_size); the all-to-alls are not counted.
   KvTraffic kv_traffic(const LayoutView& layout) const;
 
   struct Buffers;  // host workspace, sized by the capacity
