@@ -46,7 +46,7 @@ INSTANTIATE_TEST_SUITE_P(Matrix, CpOverMpi,
                                   dtype_name(std::get<2>(param_info.param));
                          });
 
-// The contiguous layout and all-to-all over MPI (MPI_Alltoall), with sinks: each against the
+// The contiguous layout, all-to-all (MPI_Alltoall) and a2a+ag over MPI, with sinks: each against the
 // single device.
 TEST(CpModesOverMpi, EqualSingleDevice) {
   Communicator& comm = world();
@@ -54,7 +54,7 @@ TEST(CpModesOverMpi, EqualSingleDevice) {
   AttentionOptions options;
   options.num_threads = 1;
   for (CpLayout layout : {CpLayout::kDualChunk, CpLayout::kContiguous}) {
-    for (cp::CpComm exchange : {cp::CpComm::kAllGather, cp::CpComm::kAllToAll}) {
+    for (cp::CpComm exchange : {cp::CpComm::kAllGather, cp::CpComm::kAllToAll, cp::CpComm::kA2aAg}) {
       SCOPED_TRACE(std::string(cp_layout_name(layout)) + " " + cp::cp_comm_name(exchange));
       const std::vector<int64_t> lengths = {37, 0, 1, 2 * static_cast<int64_t>(cp) + 1, 150};
       const BatchLayout batch_layout =
@@ -67,6 +67,8 @@ TEST(CpModesOverMpi, EqualSingleDevice) {
                                              test::batch_shape(b, Mask::window(40, 0)));
       problem.layout = layout;
       problem.comm = exchange;
+      // a2a+ag: all-to-all in pairs of ranks (MPI_Comm_split), AllGather across cp/2 pairs.
+      if (exchange == cp::CpComm::kA2aAg) problem.a2a_size = 2;
       EXPECT_TRUE(test::check_cp_plan_rank(comm, b, problem, reference, options, sinks, reference_dsinks));
     }
   }

@@ -44,11 +44,15 @@ const char* kRunHelp =
     "                    document padded to a multiple of 2*cp, rank r holding its chunks r and\n"
     "                    2cp-1-r) or contiguous (cp equal pieces of the packed buffer, no\n"
     "                    per-document padding)\n"
-    "  --cp-comm C       all_gather (default: K/V gathered, dK/dV reduce-scattered) or all_to_all\n"
-    "                    (Ulysses: heads sharded for attention; HQ and HKV multiples of cp).\n"
+    "  --cp-comm C       all_gather (default: K/V gathered, dK/dV reduce-scattered), all_to_all\n"
+    "                    (Ulysses: heads sharded for attention; HQ and HKV multiples of cp) or\n"
+    "                    a2a+ag (all-to-all in groups of --cp-a2a-size consecutive ranks,\n"
+    "                    AllGather across the cp/N groups; HQ and HKV multiples of N).\n"
     "                    The CPU backend runs every layout and communication, the CUDA backend\n"
     "                    dual_chunk with all_gather (for another, auto runs the CPU backend)\n"
-    "  --cp-kv-gather G  all_gather's K/V rows: auto (default: the halo when it moves fewer\n"
+    "  --cp-a2a-size N   a2a+ag's all-to-all group: N ranks, N dividing cp (1 is all_gather, cp\n"
+    "                    all_to_all)\n"
+    "  --cp-kv-gather G  all_gather's (a2a+ag's across the groups) K/V rows: auto (default: the halo when it moves fewer\n"
     "                    bytes), whole (every rank's K/V to every rank) or halo (only the key\n"
     "                    rows a rank's queries reach, e.g. within a left window; the CPU\n"
     "                    backend). The summary gives the bytes each rank received\n"
@@ -162,9 +166,19 @@ RunConfig parse_run_config(const Args& args) {
     c.cp_comm = cp::CpComm::kAllGather;
   } else if (comm == "all_to_all") {
     c.cp_comm = cp::CpComm::kAllToAll;
+  } else if (comm == "a2a+ag") {
+    c.cp_comm = cp::CpComm::kA2aAg;
   } else {
-    throw UsageError("--cp-comm " + quote_excerpt(comm) + ": use all_gather or all_to_all");
+    throw UsageError("--cp-comm " + quote_excerpt(comm) + ": use all_gather, all_to_all or a2a+ag");
   }
+  if (c.cp_comm == cp::CpComm::kA2aAg && !args.has("cp-a2a-size")) {
+    throw UsageError("--cp-comm a2a+ag needs --cp-a2a-size N: the ranks of an all-to-all group, a divisor of cp");
+  }
+  if (c.cp_comm != cp::CpComm::kA2aAg && args.has("cp-a2a-size")) {
+    throw UsageError("--cp-a2a-size is the all-to-all group of --cp-comm a2a+ag, not of " + comm +
+                     ": add --cp-comm a2a+ag, or drop --cp-a2a-size");
+  }
+  c.a2a_size = static_cast<int>(args.get_int("cp-a2a-size", 1, 1, 64));
   const std::string kv_gather = args.get("cp-kv-gather", "auto");
   if (kv_gather == "auto") {
     c.kv_gather = cp::KvGather::kAuto;
@@ -182,8 +196,23 @@ RunConfig parse_run_config(const Args& args) {
   return c;
 }
 
-// Once cp is known (--cp, --gpus or the MPI process count): all_to_all shards the heads.
+// Once cp is known (--cp, --gpus or the MPI process count): all_to_all shards the heads over
+// cp, a2a+ag over the a2a_size ranks of a group (which must divide cp).
 void check_cp_comm(const RunConfig& c) {
+  if (c.cp_comm == cp::CpComm::kA2aAg) {
+    if (c.cp % c.a2a_size != 0) {
+      throw UsageError("--cp-a2a-size " + std::to_string(c.a2a_size) + " does not divide cp=" + std::to_string(c.cp) +
+                       ": a2a+ag runs cp = a2a_size x ag_size ranks; use an --cp-a2a-size that divides cp");
+    }
+    if (c.q_heads % c.a2a_size != 0 || c.kv_heads % c.a2a_size != 0) {
+      throw UsageError("--cp-comm a2a+ag shards the heads over the " + std::to_string(c.a2a_size) +
+                       " ranks of a group, but --heads " + std::to_string(c.q_heads) + ":" +
+                       std::to_string(c.kv_heads) + " is not a multiple of --cp-a2a-size " +
+                       std::to_string(c.a2a_size) + " for both: use an --cp-a2a-size that divides cp and both head "
+                       "counts, or --cp-comm all_gather");
+    }
+    return;
+  }
   if (c.cp_comm != cp::CpComm::kAllToAll) return;
   if (c.q_heads % c.cp != 0 || c.kv_heads % c.cp != 0) {
     throw UsageError("--cp-comm all_to_all shards the heads over the ranks, but --heads " + std::to_string(c.q_heads) +
@@ -202,9 +231,14 @@ const char* backend_name(Backend b) { return b == Backend::kCuda ? "CUDA" : "CPU
 
 void print_report(const RunReport& r, const GlobalBatch& batch, const std::string& device) {
   const RunConfig& c = r.config;
-  std::printf("thdcp run: %s CP (%s layout), %s backend (%s), %s communicator\n",
-              c.cp_comm == cp::CpComm::kAllToAll ? "all-to-all" : "AllGather", cp_layout_name(c.cp_layout),
-              backend_name(c.backend), device.c_str(), r.communicator.c_str());
+  const std::string mode = c.cp_comm == cp::CpComm::kAllToAll ? "all-to-all"
+                           : c.cp_comm == cp::CpComm::kA2aAg
+                               ? "a2a+ag (" + std::to_string(c.a2a_size) + " x " + std::to_string(c.cp / c.a2a_size) +
+                                     ": all-to-all in groups of " + std::to_string(c.a2a_size) + ", AllGather across " +
+                                     std::to_string(c.cp / c.a2a_size) + ")"
+                               : "AllGather";
+  std::printf("thdcp run: %s CP (%s layout), %s backend (%s), %s communicator\n", mode.c_str(),
+              cp_layout_name(c.cp_layout), backend_name(c.backend), device.c_str(), r.communicator.c_str());
   std::printf("  cp=%d  mask=%s  heads=%lld:%lld  head_dim=%lld", c.cp, mask_name(c.mask).c_str(),
               static_cast<long long>(c.q_heads), static_cast<long long>(c.kv_heads), static_cast<long long>(c.head_dim));
   if (c.v_head_dim != 0) std::printf("  v_head_dim=%lld", static_cast<long long>(c.v_head_dim));
@@ -285,6 +319,7 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
       .set("cp_layout", cp_layout_name(c.cp_layout))
       .set("cp_comm", cp::cp_comm_name(c.cp_comm))
       .set("cp_kv_gather", cp::kv_gather_name(c.kv_gather))
+      .set("cp_a2a_size", c.a2a_size)
       .set("communicator", r.communicator)
       .set("backend", c.backend == Backend::kCuda ? "cuda" : "cpu")
       .set("window_left", c.mask.window_left)
@@ -353,7 +388,7 @@ int run_command(const std::vector<std::string>& argv) {
   if (std::find(argv.begin(), argv.end(), "--graph") != argv.end()) return run_graph_command(argv);
   const Args args(argv,
                   {"backend", "cp", "gpus", "tokens", "seed", "mask", "window", "heads", "head-dim", "v-head-dim",
-                   "dtype", "threads", "lengths", "batch", "load", "save", "json", "max-memory", "cp-layout", "cp-comm",
+                   "dtype", "threads", "lengths", "batch", "load", "save", "json", "max-memory", "cp-layout", "cp-comm", "cp-a2a-size",
                    "cp-kv-gather"},
                   {"check", "no-check", "quiet", "help", "allow-nonfinite", "sinks"});
   if (args.has("help")) {

@@ -180,9 +180,9 @@ RankResult run_rank_cpu(Communicator& comm, const RunConfig& c, const GlobalBatc
   // The plan's tensor forms take the sinks (the one-shot cp::forward does not).
   cp::CpuPlan plan(comm,
                    cp_problem(c.step_shape(), cp, Capacity{layout.num_seqs, layout.total_rows()}, c.mask, c.cp_layout,
-                              c.cp_comm, c.kv_gather),
+                              c.cp_comm, c.kv_gather, c.a2a_size),
                    options);
-  if (c.cp_comm == cp::CpComm::kAllGather) r.kv_traffic = plan.kv_traffic(layout);
+  if (c.cp_comm != cp::CpComm::kAllToAll) r.kv_traffic = plan.kv_traffic(layout);
 
   auto start = Clock::now();
   plan.forward(layout,
@@ -248,10 +248,17 @@ void fill_layout_stats(const RunConfig& c, const GlobalBatch& batch, RunReport& 
   report.total_pairs = table_pairs(build_segment_table(layout, c.mask));
   report.reference_flops = 14.0 * static_cast<double>(report.total_pairs) * c.head_dim * c.q_heads;
   for (int r = 0; r < c.cp; ++r) {
-    // Its rows under the layout; its pairs per head: those of its rows (all_gather), or
-    // every pair of the batch for Hq/cp of the heads (all_to_all: counted as 1/cp of them).
+    // Its rows under the layout; its pairs per head: those of its rows (all_gather), every
+    // pair of the batch for Hq/cp of the heads (all_to_all: counted as 1/cp of them), or its
+    // group's pairs (rank r / a2a_size at cp / a2a_size) for Hq/a2a_size heads (a2a+ag).
     const SegmentTable table = build_cp_segment_table(layout, c.cp, r, c.mask, c.cp_layout);
-    report.rank_pairs.push_back(c.cp_comm == cp::CpComm::kAllToAll ? report.total_pairs / c.cp : table_pairs(table));
+    int64_t pairs = table_pairs(table);
+    if (c.cp_comm == cp::CpComm::kAllToAll) pairs = report.total_pairs / c.cp;
+    if (c.cp_comm == cp::CpComm::kA2aAg) {
+      const int ag_size = c.cp / c.a2a_size;
+      pairs = table_pairs(build_cp_segment_table(layout, ag_size, r / c.a2a_size, c.mask, c.cp_layout)) / c.a2a_size;
+    }
+    report.rank_pairs.push_back(pairs);
     int64_t valid = 0;
     for (const Segment& s : table.segments) valid += s.q_len;
     report.rank_valid_tokens.push_back(valid);

@@ -51,6 +51,7 @@ struct RunConfig {
   CpLayout cp_layout = CpLayout::kDualChunk;    // --cp-layout
   cp::CpComm cp_comm = cp::CpComm::kAllGather;  // --cp-comm
   cp::KvGather kv_gather = cp::KvGather::kAuto; // --cp-kv-gather
+  int a2a_size = 1;                              // --cp-a2a-size (--cp-comm a2a+ag)
 
   // The batch's rows split over cp in multiples of this: each document's padded length under
   // the dual-chunk layout (2*cp), the whole buffer under the contiguous one (cp).
