@@ -1,5 +1,5 @@
 // CP plans of the C ABI: thdcp::cp::CpuPlan over a host communicator (every CP layout,
-// communication and K/V gather), thdcp::cp::CudaPlan over a device communicator (dual chunk,
+// communication, a2a+ag included, and K/V gather), thdcp::cp::CudaPlan over a device communicator (dual chunk,
 // all-gather, whole gathers). Every call that is collective aborts an in-process or
 // shared-GPU group when it fails on this rank (handles.h).
 #include <cstdint>
@@ -33,15 +33,44 @@ namespace {
 const thdcp_cp_params kDefaults = THDCP_CP_PARAMS_INIT;
 
 const char* cp_comm_c_name(cp::CpComm comm) {
-  return comm == cp::CpComm::kAllGather ? "THDCP_CP_COMM_ALL_GATHER" : "THDCP_CP_COMM_ALL_TO_ALL";
+  switch (comm) {
+    case cp::CpComm::kAllGather: return "THDCP_CP_COMM_ALL_GATHER";
+    case cp::CpComm::kAllToAll: return "THDCP_CP_COMM_ALL_TO_ALL";
+    case cp::CpComm::kA2aAg: return "THDCP_CP_COMM_A2A_AG";
+  }
+  return "?";
 }
 
 cp::CpComm cp_comm_of(int cp_comm) {
-  THDCP_CAPI_REQUIRE(cp_comm == THDCP_CP_COMM_ALL_GATHER || cp_comm == THDCP_CP_COMM_ALL_TO_ALL,
+  THDCP_CAPI_REQUIRE(cp_comm == THDCP_CP_COMM_ALL_GATHER || cp_comm == THDCP_CP_COMM_ALL_TO_ALL ||
+                         cp_comm == THDCP_CP_COMM_A2A_AG,
                      "params->cp_comm=" << cp_comm
-                                        << " is not a thdcp_cp_comm_t: use THDCP_CP_COMM_ALL_GATHER (0) or "
-                                           "THDCP_CP_COMM_ALL_TO_ALL (1)");
-  return cp_comm == THDCP_CP_COMM_ALL_GATHER ? cp::CpComm::kAllGather : cp::CpComm::kAllToAll;
+                                        << " is not a thdcp_cp_comm_t: use THDCP_CP_COMM_ALL_GATHER (0), "
+                                           "THDCP_CP_COMM_ALL_TO_ALL (1) or THDCP_CP_COMM_A2A_AG (2)");
+  return static_cast<cp::CpComm>(cp_comm);
+}
+
+// a2a_size: the all-to-all group of a2a+ag, a divisor of cp, q_heads and kv_heads; 0 or 1
+// in the other modes (0, the default, is 1).
+int a2a_size_of(int a2a_size, const cp::Problem& problem) {
+  if (problem.comm != cp::CpComm::kA2aAg) {
+    THDCP_CAPI_REQUIRE(a2a_size == 0 || a2a_size == 1,
+                       "params->a2a_size=" << a2a_size << " is set but params->cp_comm="
+                                           << cp_comm_c_name(problem.comm)
+                                           << " has no all-to-all groups: leave it 0, or use THDCP_CP_COMM_A2A_AG");
+    return 1;
+  }
+  THDCP_CAPI_REQUIRE(a2a_size >= 1 && problem.cp % a2a_size == 0,
+                     "params->a2a_size=" << a2a_size << " does not divide cp_size=" << problem.cp
+                                         << ": THDCP_CP_COMM_A2A_AG groups cp_size ranks into all-to-all groups of "
+                                            "a2a_size; use a divisor of cp_size (1: all-gather, cp_size: all-to-all)");
+  for (auto [name, heads] : {std::make_pair("q_heads", problem.q_heads), std::make_pair("kv_heads", problem.kv_heads)}) {
+    THDCP_CAPI_REQUIRE(heads % a2a_size == 0,
+                       "params->" << name << "=" << heads << " is not a multiple of a2a_size=" << a2a_size
+                                  << ", which params->cp_comm=THDCP_CP_COMM_A2A_AG needs (each rank of a group takes "
+                                  << name << "/a2a_size heads): use an a2a_size that divides q_heads and kv_heads");
+  }
+  return a2a_size;
 }
 
 cp::KvGather kv_gather_of(int kv_gather) {
@@ -59,10 +88,10 @@ void check_kv_gather(const CpConfig& c) {
   THDCP_CAPI_REQUIRE(c.backend == THDCP_BACKEND_CPU,
                      "params->kv_gather=THDCP_CP_KV_GATHER_HALO is not supported by the CUDA backend: it gathers "
                      "every rank's K/V; use THDCP_CP_KV_GATHER_AUTO or _WHOLE, or THDCP_BACKEND_CPU");
-  THDCP_CAPI_REQUIRE(c.problem.comm == cp::CpComm::kAllGather,
+  THDCP_CAPI_REQUIRE(c.problem.comm != cp::CpComm::kAllToAll,
                      "params->kv_gather=THDCP_CP_KV_GATHER_HALO with params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL: "
                      "the all-to-all moves heads, not key rows; use THDCP_CP_KV_GATHER_AUTO, or "
-                     "THDCP_CP_COMM_ALL_GATHER");
+                     "THDCP_CP_COMM_ALL_GATHER or _A2A_AG");
 }
 
 // max_tokens under the problem's CP layout: the global rows, in [0, 2^31), cut into 2*cp
@@ -135,6 +164,7 @@ CpConfig config_of(const thdcp_cp_params* given) {
   problem.head_dim = p.head_dim;
   problem.v_head_dim = p.v_head_dim;
   check_all_to_all_heads(problem);
+  problem.a2a_size = a2a_size_of(p.a2a_size, problem);
   check_softmax_scale(p.softmax_scale, "params");
   c.softmax_scale = p.softmax_scale;
   c.deterministic = p.deterministic != 0;
@@ -145,7 +175,6 @@ CpConfig config_of(const thdcp_cp_params* given) {
                      "params->reserved_head_groups=" << p.reserved_head_groups
                                                      << " must be 0 or 1 (head groups were removed in 0.2)");
   THDCP_CAPI_REQUIRE(p.reserved == 0, "params->reserved=" << p.reserved << " must be 0");
-  THDCP_CAPI_REQUIRE(p.reserved_kv == 0, "params->reserved_kv=" << p.reserved_kv << " must be 0");
   return c;
 }
 
@@ -287,10 +316,10 @@ void backward(CpPlan& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* 
 void kv_traffic(const CpPlan& plan, const thdcp_layout_t* layout, thdcp_cp_kv_gather_t* gather,
                 int64_t* forward_bytes, int64_t* backward_bytes) {
   const CpConfig& c = plan.config;
-  THDCP_CAPI_REQUIRE(c.backend == THDCP_BACKEND_CPU && c.problem.comm == cp::CpComm::kAllGather,
+  THDCP_CAPI_REQUIRE(c.backend == THDCP_BACKEND_CPU && c.problem.comm != cp::CpComm::kAllToAll,
                      "plan is a " << (c.backend == THDCP_BACKEND_CPU ? "THDCP_CP_COMM_ALL_TO_ALL" : "THDCP_BACKEND_CUDA")
-                                  << " plan: thdcp_cp_plan_kv_traffic reports the K/V rows of a THDCP_BACKEND_CPU, "
-                                     "THDCP_CP_COMM_ALL_GATHER plan (the CUDA backend always gathers whole)");
+                                  << " plan: thdcp_cp_plan_kv_traffic reports the K/V rows of a THDCP_BACKEND_CPU plan "
+                                     "of THDCP_CP_COMM_ALL_GATHER or _A2A_AG (the CUDA backend always gathers whole)");
   const LayoutView batch = step_layout(c, layout);
   THDCP_CAPI_NOT_NULL(gather, "a thdcp_cp_kv_gather_t to receive the gather the step runs");
   THDCP_CAPI_NOT_NULL(forward_bytes, "an array of cp_size=" << c.problem.cp << " int64_t for the forward's bytes");

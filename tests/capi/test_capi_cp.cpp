@@ -76,6 +76,7 @@ struct Modes {
   thdcp_cp_layout_t layout = THDCP_CP_LAYOUT_DUAL_CHUNK;
   thdcp_cp_comm_t comm = THDCP_CP_COMM_ALL_GATHER;
   thdcp_cp_kv_gather_t kv_gather = THDCP_CP_KV_GATHER_AUTO;
+  int a2a_size = 0;  // THDCP_CP_COMM_A2A_AG's all-to-all groups
 };
 
 // One rank: split, plan, forward, backward, merge its rows into `merged` (disjoint rows per
@@ -97,6 +98,7 @@ void run_rank(thdcp_communicator_t comm, const test::Batch& b, const Mask& mask,
   p.cp_layout = modes.layout;
   p.cp_comm = modes.comm;
   p.kv_gather = modes.kv_gather;
+  p.a2a_size = modes.a2a_size;
   // Fewer sequences than the capacity.
   test::set_shape(p, test::batch_shape(b, mask), Capacity{b.layout.num_seqs() + 2, rows});
   p.v_head_dim = b.v.head_dim() == b.q.head_dim() ? 0 : b.v.head_dim();
@@ -245,6 +247,58 @@ INSTANTIATE_TEST_SUITE_P(Modes, CApiCpModesEqualSingleDevice,
                                             ::testing::Values(1, 2, 3, 4),
                                             ::testing::Values(Mask::causal(), Mask::window(12, 6))),
                          mode_case_name);
+
+// ---- a2a+ag (params->cp_comm = THDCP_CP_COMM_A2A_AG, a2a_size; issue 31) -----------------
+
+using A2aAgCase = std::tuple<thdcp_cp_layout_t, int /*cp*/, int /*a2a_size*/>;
+
+class CApiCpA2aAg : public ::testing::TestWithParam<A2aAgCase> {};
+
+// Against the single device; with halo gathers across the groups, the bits of the whole gather.
+TEST_P(CApiCpA2aAg, EqualsSingleDevice) {
+  const auto& [cp_layout, cp, a2a_size] = GetParam();
+  const Mask mask = Mask::window(12, 6);
+  const test::Batch b = test::make_batch(mode_layout(cp_layout, cp), DType::kBFloat16, 2 * cp, cp, 16, 700 + cp);
+  const Modes whole{cp_layout, THDCP_CP_COMM_A2A_AG, THDCP_CP_KV_GATHER_WHOLE, a2a_size};
+  expect_cp_equals_single_device(b, mask, cp, whole, /*with_sinks=*/true);
+  Modes halo = whole;
+  halo.kv_gather = THDCP_CP_KV_GATHER_HALO;
+  const CpRun a = run_cp(b, mask, cp, whole, true), h = run_cp(b, mask, cp, halo, true);
+  EXPECT_TRUE(test::same_bits(h.merged.out, a.merged.out));
+  EXPECT_TRUE(test::same_bits(h.merged.dq, a.merged.dq));
+  EXPECT_TRUE(test::same_bits(h.merged.dk, a.merged.dk));
+  EXPECT_TRUE(test::same_bits(h.merged.dv, a.merged.dv));
+}
+
+// a2a_size 1 is all-gather and a2a_size cp all-to-all, bit for bit.
+TEST(CApiCpA2aAgDegenerate, EqualsAllGatherAndAllToAllBitForBit) {
+  constexpr int kCp = 4;
+  const Mask mask = Mask::causal();
+  const test::Batch b = test::make_batch(mode_layout(THDCP_CP_LAYOUT_DUAL_CHUNK, kCp), DType::kBFloat16, 8, 4, 16, 777);
+  for (const auto& [a2a_size, comm] : {std::make_pair(1, THDCP_CP_COMM_ALL_GATHER), std::make_pair(kCp, THDCP_CP_COMM_ALL_TO_ALL)}) {
+    SCOPED_TRACE("a2a_size " + std::to_string(a2a_size));
+    const CpRun hybrid = run_cp(b, mask, kCp, Modes{THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_A2A_AG,
+                                                    THDCP_CP_KV_GATHER_WHOLE, a2a_size}, false);
+    const CpRun plain = run_cp(b, mask, kCp, Modes{THDCP_CP_LAYOUT_DUAL_CHUNK, comm, THDCP_CP_KV_GATHER_WHOLE, 0}, false);
+    EXPECT_TRUE(test::same_bits(hybrid.merged.out, plain.merged.out));
+    EXPECT_TRUE(test::same_bits(hybrid.merged.lse, plain.merged.lse));
+    EXPECT_TRUE(test::same_bits(hybrid.merged.dq, plain.merged.dq));
+    EXPECT_TRUE(test::same_bits(hybrid.merged.dk, plain.merged.dk));
+    EXPECT_TRUE(test::same_bits(hybrid.merged.dv, plain.merged.dv));
+  }
+}
+
+std::string a2a_ag_case_name(const ::testing::TestParamInfo<A2aAgCase>& param_info) {
+  const auto& [cp_layout, cp, a2a_size] = param_info.param;
+  return std::string(layout_label(cp_layout)) + "_cp" + std::to_string(cp) + "_a2a" + std::to_string(a2a_size);
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, CApiCpA2aAg,
+                         ::testing::Values(A2aAgCase{THDCP_CP_LAYOUT_DUAL_CHUNK, 4, 2},
+                                           A2aAgCase{THDCP_CP_LAYOUT_CONTIGUOUS, 4, 2},
+                                           A2aAgCase{THDCP_CP_LAYOUT_DUAL_CHUNK, 6, 3},
+                                           A2aAgCase{THDCP_CP_LAYOUT_CONTIGUOUS, 6, 2}),
+                         a2a_ag_case_name);
 
 // ---- Halo gathers (params->kv_gather, issue 31) ------------------------------------------
 
@@ -463,8 +517,24 @@ TEST(CApiCpModes, RefusedNamingTheValue) {
        {"params->cp_layout=2 is not a thdcp_cp_layout_t: use THDCP_CP_LAYOUT_DUAL_CHUNK (0) or "
         "THDCP_CP_LAYOUT_CONTIGUOUS (1)"}},
       {"cp_comm -1", with(ag, [](thdcp_cp_params& p) { p.cp_comm = -1; }),
-       {"params->cp_comm=-1 is not a thdcp_cp_comm_t: use THDCP_CP_COMM_ALL_GATHER (0) or "
-        "THDCP_CP_COMM_ALL_TO_ALL (1)"}},
+       {"params->cp_comm=-1 is not a thdcp_cp_comm_t: use THDCP_CP_COMM_ALL_GATHER (0), "
+        "THDCP_CP_COMM_ALL_TO_ALL (1) or THDCP_CP_COMM_A2A_AG (2)"}},
+      {"a2a+ag, a2a_size 2 at cp 3",
+       with(ag, [](thdcp_cp_params& p) { p.cp_comm = THDCP_CP_COMM_A2A_AG, p.a2a_size = 2; }),
+       {"params->a2a_size=2 does not divide cp_size=3", "use a divisor of cp_size"}},
+      {"a2a+ag, a2a_size 0", with(ag, [](thdcp_cp_params& p) { p.cp_comm = THDCP_CP_COMM_A2A_AG; }),
+       {"params->a2a_size=0 does not divide cp_size=3"}},
+      {"a2a+ag, kv_heads 2 at a2a_size 3",
+       with(ag, [](thdcp_cp_params& p) { p.cp_comm = THDCP_CP_COMM_A2A_AG, p.a2a_size = 3, p.q_heads = 6; }),
+       {"params->kv_heads=2 is not a multiple of a2a_size=3", "THDCP_CP_COMM_A2A_AG"}},
+      {"a2a_size with all_gather", with(ag, [](thdcp_cp_params& p) { p.a2a_size = 3; }),
+       {"params->a2a_size=3 is set but params->cp_comm=THDCP_CP_COMM_ALL_GATHER has no all-to-all groups"}},
+      {"a2a+ag 3 at cp 3, heads 6:3",
+       with(ag, [](thdcp_cp_params& p) { p.cp_comm = THDCP_CP_COMM_A2A_AG, p.a2a_size = 3, p.q_heads = 6, p.kv_heads = 3; }),
+       {}},
+      {"CUDA, a2a+ag",
+       with(ag, [](thdcp_cp_params& p) { p.backend = THDCP_BACKEND_CUDA, p.cp_comm = THDCP_CP_COMM_A2A_AG, p.a2a_size = 1; }),
+       {"params->cp_comm=THDCP_CP_COMM_A2A_AG is not supported by the CUDA backend"}},
       {"all_to_all, q_heads 4 at cp 3", a2a,
        {"params->q_heads=4 is not a multiple of cp_size=3, which params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL needs",
         "use THDCP_CP_COMM_ALL_GATHER, or a cp_size that divides q_heads and kv_heads"}},
@@ -496,12 +566,11 @@ TEST(CApiCpModes, RefusedNamingTheValue) {
       {"halo with all_to_all",
        with(a2a, [](thdcp_cp_params& p) { p.q_heads = 6, p.kv_heads = 3, p.kv_gather = THDCP_CP_KV_GATHER_HALO; }),
        {"params->kv_gather=THDCP_CP_KV_GATHER_HALO with params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL",
-        "use THDCP_CP_KV_GATHER_AUTO, or THDCP_CP_COMM_ALL_GATHER"}},
+        "use THDCP_CP_KV_GATHER_AUTO, or THDCP_CP_COMM_ALL_GATHER or _A2A_AG"}},
       {"CUDA, halo",
        with(ag, [](thdcp_cp_params& p) { p.backend = THDCP_BACKEND_CUDA, p.kv_gather = THDCP_CP_KV_GATHER_HALO; }),
        {"params->kv_gather=THDCP_CP_KV_GATHER_HALO is not supported by the CUDA backend",
         "use THDCP_CP_KV_GATHER_AUTO or _WHOLE, or THDCP_BACKEND_CPU"}},
-      {"reserved_kv 1", with(ag, [](thdcp_cp_params& p) { p.reserved_kv = 1; }), {"params->reserved_kv=1 must be 0"}},
       {"halo, all_gather", with(ag, [](thdcp_cp_params& p) { p.kv_gather = THDCP_CP_KV_GATHER_HALO; }), {}},
       {"whole, all_to_all",
        with(a2a, [](thdcp_cp_params& p) { p.q_heads = 6, p.kv_heads = 3, p.kv_gather = THDCP_CP_KV_GATHER_WHOLE; }),
@@ -555,15 +624,16 @@ TEST(CApiCpModes, OlderStructGetsTheDefaults) {
   EXPECT_EQ(defaults.kv_gather, THDCP_CP_KV_GATHER_AUTO);
 }
 
-// A caller built against the 104-byte struct (before kv_gather) gets auto, whatever lies past
-// its struct_size: halo with all-to-all is refused only when the struct holds kv_gather.
+// A caller built against the 104-byte struct (before kv_gather and a2a_size) gets auto and no
+// groups, whatever lies past its struct_size: halo with all-to-all is refused only when the
+// struct holds kv_gather.
 TEST(CApiCpModes, StructBeforeKvGatherGetsAuto) {
   thdcp_cp_params p = mode_params(2, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_TO_ALL);
   p.max_tokens = 64;
   p.q_heads = 4;
   p.kv_heads = 2;
   p.kv_gather = THDCP_CP_KV_GATHER_HALO;
-  p.reserved_kv = 9;
+  p.a2a_size = 9;
   p.struct_size = 104;
   size_t bytes = 1;
   EXPECT_C_OK(thdcp_cp_plan_workspace_size(&p, &bytes));

@@ -324,9 +324,11 @@ class Harness {
       v.reserved_head_groups = reserved < 250 ? reserved % 2 : p_.value_i32();
       v.reserved = reserved == 255 ? p_.value_i32() : 0;
     }
-    if (p_.flag()) {  // K/V gathers: the three values, or any int (refused)
+    if (p_.flag()) {  // K/V gathers: the three values, or any int (refused); a2a_size (0, 1, or refused)
       const uint8_t gather = p_.u8();
       v.kv_gather = gather < 240 ? gather % 3 : p_.value_i32();
+      const uint8_t groups = p_.u8();
+      v.a2a_size = groups < 240 ? groups % 2 : p_.value_i32();
     }
     return v;
   }

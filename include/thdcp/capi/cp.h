@@ -34,11 +34,16 @@ typedef enum thdcp_cp_layout_t {
 typedef enum thdcp_cp_comm_t {
   THDCP_CP_COMM_ALL_GATHER = 0, /* gather K/V over the group, reduce-scatter dK/dV
                                    (DESIGN.md section 5). Any heads. The default */
-  THDCP_CP_COMM_ALL_TO_ALL = 1  /* Ulysses: an all-to-all turns the rank's rows of every head
+  THDCP_CP_COMM_ALL_TO_ALL = 1, /* Ulysses: an all-to-all turns the rank's rows of every head
                                    into every row of q_heads/cp query and kv_heads/cp key
                                    heads, attention runs over whole documents, and a second
                                    all-to-all turns the results back. q_heads and kv_heads
                                    multiples of cp */
+  THDCP_CP_COMM_A2A_AG = 2      /* a2a+ag: an all-to-all inside each group of a2a_size
+                                   consecutive ranks (rank r: member r % a2a_size of group
+                                   r / a2a_size), AllGather CP across the cp / a2a_size groups
+                                   (the ranks of one member index). a2a_size divides cp,
+                                   q_heads and kv_heads. CPU backend */
 } thdcp_cp_comm_t;
 
 /* Which K/V rows THDCP_CP_COMM_ALL_GATHER moves (thdcp_cp_params::kv_gather). */
@@ -98,11 +103,15 @@ typedef struct thdcp_cp_params {
                             THDCP_BACKEND_CUDA only the defaults, and refuses another pair
                             (THDCP_ERROR_INVALID_ARGUMENT naming it) in every build, before
                             it asks for CUDA */
-  /* ---- appended in 0.2 (issue 31, halo gathers): struct_size 112 ---- */
+  /* ---- appended in 0.2 (issue 31, halo gathers and a2a+ag): struct_size 112 ---- */
   int32_t kv_gather;     /* a thdcp_cp_kv_gather_t. Default THDCP_CP_KV_GATHER_AUTO (0), also
                             what an older, shorter struct gets. THDCP_CP_KV_GATHER_HALO is
-                            refused by the CUDA backend and with THDCP_CP_COMM_ALL_TO_ALL */
-  int32_t reserved_kv;   /* 0 */
+                            refused by the CUDA backend and with THDCP_CP_COMM_ALL_TO_ALL
+                            (with THDCP_CP_COMM_A2A_AG it is the AllGather's across the
+                            groups) */
+  int32_t a2a_size;      /* THDCP_CP_COMM_A2A_AG: the ranks of an all-to-all group, >= 1 and
+                            dividing cp_size, q_heads and kv_heads (1: all_gather's bits,
+                            cp_size: all_to_all's). Other modes: 0 or 1. Default 0 */
 } thdcp_cp_params;
 
 #define THDCP_CP_PARAMS_MIN_SIZE ((size_t)72)
@@ -137,9 +146,10 @@ THDCP_API thdcp_status_t thdcp_cp_plan_create(thdcp_communicator_t comm, const t
 THDCP_API thdcp_status_t thdcp_cp_plan_destroy(thdcp_cp_plan_t plan);
 
 /* The K/V traffic of a step of `layout` (host arrays, as thdcp_cp_forward's on the CPU
- * backend) under a THDCP_BACKEND_CPU, THDCP_CP_COMM_ALL_GATHER plan: which gather the step
- * runs (*gather: THDCP_CP_KV_GATHER_WHOLE or _HALO, never _AUTO) and, for every rank r of
- * the group, the bytes r receives in the forward (K and V rows) and in the backward (K and V
+ * backend) under a THDCP_BACKEND_CPU plan of THDCP_CP_COMM_ALL_GATHER or _A2A_AG (its
+ * AllGather across the groups; the all-to-alls are not counted): which gather the step runs
+ * (*gather: THDCP_CP_KV_GATHER_WHOLE or _HALO, never _AUTO) and, for every rank r of the
+ * group, the bytes r receives in the forward (K and V rows) and in the backward (K and V
  * rows, then the fp32 dK/dV rows other ranks return): forward_bytes and backward_bytes hold
  * cp_size entries each. Not collective: every rank computes every rank's figures. */
 THDCP_API thdcp_status_t thdcp_cp_plan_kv_traffic(thdcp_cp_plan_t plan, const thdcp_layout_t* layout,
