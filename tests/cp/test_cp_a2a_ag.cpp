@@ -175,23 +175,6 @@ TEST(A2aAgDegenerate, EqualsAllGatherAndAllToAllBitForBit) {
   }
 }
 
-// A plan of `problem` on every rank (rank 1 may plan `other`); each rank's message, or "".
-std::vector<std::string> plan_messages(const cp::Problem& problem, const cp::Problem& other) {
-  std::vector<std::string> messages(static_cast<size_t>(problem.cp));
-  try {
-    run_in_process(problem.cp, [&](Communicator& comm) {
-      try {
-        cp::CpuPlan plan(comm, comm.rank() == 1 ? other : problem);
-      } catch (const Error& e) {
-        messages[static_cast<size_t>(comm.rank())] = e.what();
-        throw;
-      }
-    });
-  } catch (const Error&) {
-  }
-  return messages;
-}
-
 cp::Problem problem_of(int cp, int a2a_size, int64_t q_heads, int64_t kv_heads) {
   cp::Problem p = test::cp_problem(cp, Capacity{4, 16 * cp}, test::Shape{DType::kBFloat16, q_heads, kv_heads, 16});
   p.comm = cp::CpComm::kA2aAg;
@@ -199,46 +182,40 @@ cp::Problem problem_of(int cp, int a2a_size, int64_t q_heads, int64_t kv_heads) 
   return p;
 }
 
-void expect_every_rank_says(const std::vector<std::string>& messages, const std::string& wanted) {
-  for (size_t r = 0; r < messages.size(); ++r) {
-    EXPECT_NE(messages[r].find(wanted), std::string::npos) << "rank " << r << ": " << messages[r];
-  }
-}
-
 TEST(A2aAgErrors, GroupSizesMustMultiplyToCp) {
   for (int a2a_size : {3, 0, 8, -2}) {
     const cp::Problem p = problem_of(4, a2a_size, 8, 8);
-    expect_every_rank_says(plan_messages(p, p), "a2a+ag with a2a_size=" + std::to_string(a2a_size) +
+    test::expect_every_rank_says(test::plan_messages(p, p), "a2a+ag with a2a_size=" + std::to_string(a2a_size) +
                                                     " and cp=4: the group sizes do not multiply to cp (cp = a2a_size "
                                                     "* ag_size ranks); use an a2a_size that divides cp: {1, 2, 4}");
   }
   const cp::Problem fits = problem_of(6, 3, 6, 3);
-  for (const std::string& message : plan_messages(fits, fits)) EXPECT_EQ(message, "");
+  for (const std::string& message : test::plan_messages(fits, fits)) EXPECT_EQ(message, "");
 }
 
 TEST(A2aAgErrors, HeadsMustBeMultiplesOfA2aSize) {
   const cp::Problem kv = problem_of(8, 4, 8, 2);
-  expect_every_rank_says(plan_messages(kv, kv),
+  test::expect_every_rank_says(test::plan_messages(kv, kv),
                          "a2a+ag with kv_heads=2 and a2a_size=4: kv_heads must be a multiple of a2a_size (each rank of "
                          "an all-to-all group takes kv_heads/a2a_size heads); use an a2a_size that divides cp=8, "
                          "q_heads=8 and kv_heads=2: {1, 2}, or comm=all_gather");
   const cp::Problem q = problem_of(6, 3, 4, 1);
-  expect_every_rank_says(plan_messages(q, q), "a2a+ag with q_heads=4 and a2a_size=3");
+  test::expect_every_rank_says(test::plan_messages(q, q), "a2a+ag with q_heads=4 and a2a_size=3");
 }
 
 TEST(A2aAgErrors, A2aSizeBelongsToA2aAgAndRanksAgreeOnIt) {
   cp::Problem p = problem_of(4, 2, 4, 4);
   p.comm = cp::CpComm::kAllGather;
-  expect_every_rank_says(plan_messages(p, p), "a2a_size=2 with comm=all_gather: a2a_size is the all-to-all group of "
+  test::expect_every_rank_says(test::plan_messages(p, p), "a2a_size=2 with comm=all_gather: a2a_size is the all-to-all group of "
                                               "comm=a2a+ag; use comm=a2a+ag, or leave a2a_size=1");
   p = problem_of(4, 2, 4, 4);
   cp::Problem other = p;
   other.a2a_size = 4;
-  expect_every_rank_says(plan_messages(p, other), "rank 1 passed a2a_size=4 but rank 0 passed a2a_size=2");
+  test::expect_every_rank_says(test::plan_messages(p, other), "rank 1 passed a2a_size=4 but rank 0 passed a2a_size=2");
   other = p;
   other.comm = cp::CpComm::kAllToAll;
   other.a2a_size = 1;
-  expect_every_rank_says(plan_messages(p, other), "rank 1 passed layout=dual_chunk comm=all_to_all but rank 0 passed "
+  test::expect_every_rank_says(test::plan_messages(p, other), "rank 1 passed layout=dual_chunk comm=all_to_all but rank 0 passed "
                                                   "layout=dual_chunk comm=a2a+ag");
 }
 

@@ -154,43 +154,20 @@ TEST(HaloGatherOneDocument, FullMaskOverOneDocumentKeepsTheWholeGather) {
   });
 }
 
-// A plan of `problem` on every rank (rank 1 may plan `other`): the message each rank threw.
-std::vector<std::string> plan_messages(const cp::Problem& problem, const cp::Problem& other) {
-  std::vector<std::string> messages(static_cast<size_t>(problem.cp));
-  try {
-    run_in_process(problem.cp, [&](Communicator& comm) {
-      try {
-        cp::CpuPlan plan(comm, comm.rank() == 1 ? other : problem);
-      } catch (const Error& e) {
-        messages[static_cast<size_t>(comm.rank())] = e.what();
-        throw;
-      }
-    });
-  } catch (const Error&) {
-  }
-  return messages;
-}
-
-void expect_every_rank_says(const std::vector<std::string>& messages, const std::string& wanted) {
-  for (size_t r = 0; r < messages.size(); ++r) {
-    EXPECT_NE(messages[r].find(wanted), std::string::npos) << "rank " << r << ": " << messages[r];
-  }
-}
-
 TEST(HaloGatherErrors, RefusedWithWhatToChange) {
   cp::Problem p = test::cp_problem(2, Capacity{4, 32}, test::Shape{DType::kBFloat16, 2, 2, 16, Mask::window(4, 0)});
   p.kv_gather = cp::KvGather::kHalo;
   p.comm = cp::CpComm::kAllToAll;
-  expect_every_rank_says(plan_messages(p, p),
+  test::expect_every_rank_says(test::plan_messages(p, p),
                          "kv_gather=halo with comm=all_to_all: all_to_all moves heads, not K/V rows, so there is no "
                          "halo to gather; use kv_gather=auto or whole, or comm=all_gather");
   p.comm = cp::CpComm::kAllGather;
   p.kv_gather = static_cast<cp::KvGather>(7);
-  expect_every_rank_says(plan_messages(p, p), "kv_gather=7 is not a K/V gather: use auto, whole or halo");
+  test::expect_every_rank_says(test::plan_messages(p, p), "kv_gather=7 is not a K/V gather: use auto, whole or halo");
   p.kv_gather = cp::KvGather::kHalo;
   cp::Problem other = p;
   other.kv_gather = cp::KvGather::kWhole;
-  expect_every_rank_says(plan_messages(p, other), "rank 1 passed kv_gather=whole but rank 0 passed kv_gather=halo");
+  test::expect_every_rank_says(test::plan_messages(p, other), "rank 1 passed kv_gather=whole but rank 0 passed kv_gather=halo");
 
   // kv_traffic: all_to_all has no gather; a layout the plan refuses is named.
   p.kv_gather = cp::KvGather::kAuto;

@@ -117,24 +117,6 @@ INSTANTIATE_TEST_SUITE_P(Long, CpModesLong, ::testing::Combine(::testing::Values
                            return mode_label(std::get<0>(param_info.param)) + "_cp" + std::to_string(std::get<1>(param_info.param));
                          });
 
-// A plan of `problem` on every rank of an in-process group (rank 1 may plan `other`); the
-// message every rank threw, or "" where it did not.
-std::vector<std::string> plan_messages(const cp::Problem& problem, const cp::Problem& other) {
-  std::vector<std::string> messages(static_cast<size_t>(problem.cp));
-  try {
-    run_in_process(problem.cp, [&](Communicator& comm) {
-      try {
-        cp::CpuPlan plan(comm, comm.rank() == 1 ? other : problem);
-      } catch (const Error& e) {
-        messages[static_cast<size_t>(comm.rank())] = e.what();
-        throw;
-      }
-    });
-  } catch (const Error&) {
-  }
-  return messages;
-}
-
 cp::Problem problem_of(int cp, int64_t rows, int64_t q_heads, int64_t kv_heads, CpLayout layout, cp::CpComm comm) {
   cp::Problem p = test::cp_problem(cp, Capacity{4, rows}, test::Shape{DType::kBFloat16, q_heads, kv_heads, 16});
   p.layout = layout;
@@ -142,46 +124,40 @@ cp::Problem problem_of(int cp, int64_t rows, int64_t q_heads, int64_t kv_heads, 
   return p;
 }
 
-void expect_every_rank_says(const std::vector<std::string>& messages, const std::string& wanted) {
-  for (size_t r = 0; r < messages.size(); ++r) {
-    EXPECT_NE(messages[r].find(wanted), std::string::npos) << "rank " << r << ": " << messages[r];
-  }
-}
-
 void expect_planned(const cp::Problem& problem) {
-  for (const std::string& message : plan_messages(problem, problem)) EXPECT_EQ(message, "");
+  for (const std::string& message : test::plan_messages(problem, problem)) EXPECT_EQ(message, "");
 }
 
 TEST(CpModesErrors, ContiguousRowsMustBeAMultipleOfCp) {
   const cp::Problem p = problem_of(4, 18, 4, 4, CpLayout::kContiguous, cp::CpComm::kAllGather);
-  expect_every_rank_says(plan_messages(p, p), "capacity.max_tokens=18 is not a multiple of cp=4 (layout=contiguous");
+  test::expect_every_rank_says(test::plan_messages(p, p), "capacity.max_tokens=18 is not a multiple of cp=4 (layout=contiguous");
   // 20 rows: a multiple of cp but not of 2*cp, which only the dual-chunk layout needs.
   cp::Problem fits = problem_of(4, 20, 4, 4, CpLayout::kContiguous, cp::CpComm::kAllGather);
   expect_planned(fits);
   fits.layout = CpLayout::kDualChunk;
-  expect_every_rank_says(plan_messages(fits, fits), "is not a multiple of 2*cp=8 (layout=dual_chunk)");
+  test::expect_every_rank_says(test::plan_messages(fits, fits), "is not a multiple of 2*cp=8 (layout=dual_chunk)");
 }
 
 TEST(CpModesErrors, AllToAllNeedsHeadsDivisibleByCp) {
   const cp::Problem kv = problem_of(4, 32, 8, 2, CpLayout::kDualChunk, cp::CpComm::kAllToAll);
-  expect_every_rank_says(plan_messages(kv, kv),
+  test::expect_every_rank_says(test::plan_messages(kv, kv),
                          "all_to_all with kv_heads=2 and cp=4: kv_heads must be a multiple of cp (each rank takes "
                          "kv_heads/cp heads); use comm=all_gather, or a cp that divides q_heads and kv_heads");
   const cp::Problem q = problem_of(3, 30, 6, 3, CpLayout::kContiguous, cp::CpComm::kAllToAll);
   expect_planned(q);
   const cp::Problem q4 = problem_of(4, 32, 6, 2, CpLayout::kContiguous, cp::CpComm::kAllToAll);
-  expect_every_rank_says(plan_messages(q4, q4), "all_to_all with q_heads=6 and cp=4");
+  test::expect_every_rank_says(test::plan_messages(q4, q4), "all_to_all with q_heads=6 and cp=4");
 }
 
 TEST(CpModesErrors, RanksMustAgreeOnTheMode) {
   const cp::Problem p = problem_of(2, 16, 2, 2, CpLayout::kDualChunk, cp::CpComm::kAllGather);
   cp::Problem other = p;
   other.comm = cp::CpComm::kAllToAll;
-  expect_every_rank_says(plan_messages(p, other), "rank 1 passed layout=dual_chunk comm=all_to_all but rank 0 passed "
+  test::expect_every_rank_says(test::plan_messages(p, other), "rank 1 passed layout=dual_chunk comm=all_to_all but rank 0 passed "
                                                   "layout=dual_chunk comm=all_gather");
   other = p;
   other.layout = CpLayout::kContiguous;
-  expect_every_rank_says(plan_messages(p, other), "rank 1 passed layout=contiguous comm=all_gather");
+  test::expect_every_rank_says(test::plan_messages(p, other), "rank 1 passed layout=contiguous comm=all_gather");
 }
 
 }  // namespace

@@ -131,4 +131,26 @@ namespace {
   return r;
 }
 
+std::vector<std::string> plan_messages(const cp::Problem& problem, const cp::Problem& other) {
+  std::vector<std::string> messages(static_cast<size_t>(problem.cp));
+  try {
+    run_in_process(problem.cp, [&](Communicator& comm) {
+      try {
+        cp::CpuPlan plan(comm, comm.rank() == 1 ? other : problem);
+      } catch (const Error& e) {
+        messages[static_cast<size_t>(comm.rank())] = e.what();
+        throw;
+      }
+    });
+  } catch (const Error&) {
+  }
+  return messages;
+}
+
+void expect_every_rank_says(const std::vector<std::string>& messages, const std::string& wanted) {
+  for (size_t r = 0; r < messages.size(); ++r) {
+    EXPECT_NE(messages[r].find(wanted), std::string::npos) << "rank " << r << ": " << messages[r];
+  }
+}
+
 }  // namespace thdcp::test

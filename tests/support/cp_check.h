@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "support/outputs.h"
@@ -52,5 +53,12 @@ Outputs local_outputs(const Outputs& global, const LayoutView& layout, int cp, i
                                               const std::vector<float>& sinks = {},
                                               const std::vector<float>& reference_dsinks = {},
                                               std::vector<float>* dsinks = nullptr);
+
+// A CpuPlan of `problem` made on every rank of an in-process group (rank 1 plans `other`):
+// the message each rank's plan threw, or "" where it did not.
+std::vector<std::string> plan_messages(const cp::Problem& problem, const cp::Problem& other);
+
+// Every rank's message contains `wanted` (a refusal seen on every rank, none left waiting).
+void expect_every_rank_says(const std::vector<std::string>& messages, const std::string& wanted);
 
 }  // namespace thdcp::test
