@@ -77,15 +77,7 @@ void A2aAgCpu::backward(const LayoutView& layout, const BackwardTensors& t, Timi
   clock.phase(Phase::kGather);
   // dq, dk, dv in fp32: rounded once, on the way back (the AllGather plan reduce-scatters dk
   // and dv in fp32 and its fp32 cast is exact).
-  BackwardTensors s{group.to_heads(t.q, b.q),
-                    group.to_heads(t.k, b.k),
-                    group.to_heads(t.v, b.v),
-                    group.to_heads(t.out, b.out),
-                    group.to_heads(t.dout, b.dout),
-                    group.lse_to_heads(t.lse, p.q_heads, b.lse),
-                    dense(b.dq, rows, heads, p.head_dim),
-                    dense(b.dk, rows, kv_heads, p.head_dim),
-                    dense(b.dv, rows, kv_heads, p.value_head_dim())};
+  BackwardTensors s = backward_to_heads(group, t, p, b, rows, heads, kv_heads);
   s.sinks = t.sinks ? t.sinks + member_ * heads : nullptr;
   s.dsinks = t.dsinks ? grown(b.dsinks, static_cast<size_t>(heads)) : nullptr;
   clock.phase(Phase::kCount);

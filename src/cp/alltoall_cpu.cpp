@@ -93,6 +93,19 @@ HeadExchange::Blocks HeadExchange::blocks(int64_t heads, int64_t head_dim, size_
   return Blocks{head_bytes, row_bytes, block, grown(b_.send, block * cp_), grown(b_.recv, block * cp_)};
 }
 
+BackwardTensors backward_to_heads(HeadExchange& exchange, const BackwardTensors& t, const Problem& p,
+                                  AllToAllBuffers& b, int64_t rows, int64_t heads, int64_t kv_heads) {
+  return BackwardTensors{exchange.to_heads(t.q, b.q),
+                         exchange.to_heads(t.k, b.k),
+                         exchange.to_heads(t.v, b.v),
+                         exchange.to_heads(t.out, b.out),
+                         exchange.to_heads(t.dout, b.dout),
+                         exchange.lse_to_heads(t.lse, p.q_heads, b.lse),
+                         dense(b.dq, rows, heads, p.head_dim),
+                         dense(b.dk, rows, kv_heads, p.head_dim),
+                         dense(b.dv, rows, kv_heads, p.value_head_dim())};
+}
+
 namespace {
 
 // Every rank's local rows, by their global rows: the head-sharded tensors are in sequence order.
@@ -154,15 +167,7 @@ void all_to_all_backward(Communicator& comm, const Problem& p, const AttentionOp
   auto& [clock, exchange, table, heads, first_head] = pass;
   const int64_t kv_heads = p.kv_heads / p.cp, rows = p.capacity.max_tokens;
   clock.phase(Phase::kGather);
-  BackwardTensors s{exchange.to_heads(t.q, b.q),
-                    exchange.to_heads(t.k, b.k),
-                    exchange.to_heads(t.v, b.v),
-                    exchange.to_heads(t.out, b.out),
-                    exchange.to_heads(t.dout, b.dout),
-                    exchange.lse_to_heads(t.lse, p.q_heads, b.lse),
-                    dense(b.dq, rows, heads, p.head_dim),
-                    dense(b.dk, rows, kv_heads, p.head_dim),
-                    dense(b.dv, rows, kv_heads, p.value_head_dim())};
+  BackwardTensors s = backward_to_heads(exchange, t, p, b, rows, heads, kv_heads);
   s.sinks = t.sinks ? t.sinks + first_head : nullptr;
   s.dsinks = t.dsinks ? grown(b.dsinks, static_cast<size_t>(heads)) : nullptr;
   clock.phase(Phase::kAttention);

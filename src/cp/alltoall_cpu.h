@@ -89,6 +89,12 @@ class HeadExchange {
   std::vector<std::vector<int32_t>> maps_;
 };
 
+// The backward tensors of a step with their heads exchanged: t's q, k, v, out, dout and lse
+// turned to `exchange`'s heads (into b's buffers), and b's fp32 dq, dk, dv of `rows` rows,
+// `heads` query and `kv_heads` key heads; sinks and dsinks left to the caller.
+BackwardTensors backward_to_heads(HeadExchange& exchange, const BackwardTensors& t, const Problem& p,
+                                  AllToAllBuffers& b, int64_t rows, int64_t heads, int64_t kv_heads);
+
 // One step on this rank; the plan has checked the problem, the layout and the tensors.
 void all_to_all_forward(Communicator& comm, const Problem& problem, const AttentionOptions& options,
                         AllToAllBuffers& buffers, const LayoutView& layout, const ForwardTensors& tensors,
