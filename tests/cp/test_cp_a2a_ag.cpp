@@ -45,20 +45,8 @@ cp::Problem a2a_ag_problem(const test::Batch& b, int cp, int a2a_size, CpLayout 
 // bits on every rank.
 void expect_matches_single_device(const test::Batch& b, int cp, int a2a_size, CpLayout layout, const Mask& mask,
                                   bool with_sinks) {
-  AttentionOptions options;
-  options.num_threads = 1;
-  const std::vector<float> sinks = with_sinks ? sinks_for(b.q.heads()) : std::vector<float>{};
-  std::vector<float> reference_dsinks;
-  const test::Outputs reference = test::single_device(b, mask, options, sinks, reference_dsinks);
-  const cp::Problem problem = a2a_ag_problem(b, cp, a2a_size, layout, mask);
-  std::vector<::testing::AssertionResult> results(static_cast<size_t>(cp), ::testing::AssertionSuccess());
-  std::vector<std::vector<float>> dsinks(static_cast<size_t>(cp));
-  run_in_process(cp, [&](Communicator& comm) {
-    const size_t rank = static_cast<size_t>(comm.rank());
-    results[rank] = test::check_cp_plan_rank(comm, b, problem, reference, options, sinks, reference_dsinks, &dsinks[rank]);
-  });
-  for (const auto& r : results) EXPECT_TRUE(r);
-  for (int r = 1; r < cp; ++r) EXPECT_TRUE(test::same_bits(dsinks[static_cast<size_t>(r)], dsinks[0])) << "rank " << r;
+  test::expect_cp_plan_matches_single_device(b, mask, a2a_ag_problem(b, cp, a2a_size, layout, mask),
+                                             with_sinks ? sinks_for(b.q.heads()) : std::vector<float>{});
 }
 
 using Factors = std::pair<int, int>;  // (cp, a2a_size)

@@ -38,24 +38,13 @@ BatchLayout layout_for(const Mode& mode, const std::vector<int64_t>& lengths, in
 // device, with sinks when `with_sinks`; every rank's dsinks must be the same bits.
 void expect_mode_matches_single_device(const Mode& mode, const test::Batch& b, int cp, const Mask& mask,
                                        bool with_sinks) {
-  AttentionOptions options;
-  options.num_threads = 1;
   std::vector<float> sinks;
   for (int64_t h = 0; with_sinks && h < b.q.heads(); ++h) sinks.push_back(0.75f * static_cast<float>(h % 5) - 1.0f);
-  std::vector<float> reference_dsinks;
-  const test::Outputs reference = test::single_device(b, mask, options, sinks, reference_dsinks);
   cp::Problem problem = test::cp_problem(cp, Capacity{b.layout.num_seqs(), b.layout.total_rows()},
                                          test::batch_shape(b, mask));
   problem.layout = mode.layout;
   problem.comm = mode.comm;
-  std::vector<::testing::AssertionResult> results(static_cast<size_t>(cp), ::testing::AssertionSuccess());
-  std::vector<std::vector<float>> dsinks(static_cast<size_t>(cp));
-  run_in_process(cp, [&](Communicator& comm) {
-    const size_t rank = static_cast<size_t>(comm.rank());
-    results[rank] = test::check_cp_plan_rank(comm, b, problem, reference, options, sinks, reference_dsinks, &dsinks[rank]);
-  });
-  for (const auto& r : results) EXPECT_TRUE(r);
-  for (int r = 1; r < cp; ++r) EXPECT_TRUE(test::same_bits(dsinks[static_cast<size_t>(r)], dsinks[0])) << "rank " << r;
+  test::expect_cp_plan_matches_single_device(b, mask, problem, sinks);
 }
 
 // Heads for a mode: all_to_all needs both counts to be multiples of cp.

@@ -153,4 +153,21 @@ void expect_every_rank_says(const std::vector<std::string>& messages, const std:
   }
 }
 
+void expect_cp_plan_matches_single_device(const Batch& b, const Mask& mask, const cp::Problem& problem,
+                                          const std::vector<float>& sinks) {
+  AttentionOptions options;
+  options.num_threads = 1;
+  std::vector<float> reference_dsinks;
+  const Outputs reference = single_device(b, mask, options, sinks, reference_dsinks);
+  const int cp = problem.cp;
+  std::vector<::testing::AssertionResult> results(static_cast<size_t>(cp), ::testing::AssertionSuccess());
+  std::vector<std::vector<float>> dsinks(static_cast<size_t>(cp));
+  run_in_process(cp, [&](Communicator& comm) {
+    const size_t rank = static_cast<size_t>(comm.rank());
+    results[rank] = check_cp_plan_rank(comm, b, problem, reference, options, sinks, reference_dsinks, &dsinks[rank]);
+  });
+  for (const auto& r : results) EXPECT_TRUE(r);
+  for (int r = 1; r < cp; ++r) EXPECT_TRUE(same_bits(dsinks[static_cast<size_t>(r)], dsinks[0])) << "rank " << r;
+}
+
 }  // namespace thdcp::test

@@ -54,6 +54,12 @@ Outputs local_outputs(const Outputs& global, const LayoutView& layout, int cp, i
                                               const std::vector<float>& reference_dsinks = {},
                                               std::vector<float>* dsinks = nullptr);
 
+// Every rank of an in-process group of problem.cp ranks runs a CpuPlan of `problem` on `b`
+// (check_cp_plan_rank, one thread per rank's attention) against the single-device result,
+// with `sinks` (empty: none); every rank's dsinks the same bits.
+void expect_cp_plan_matches_single_device(const Batch& b, const Mask& mask, const cp::Problem& problem,
+                                          const std::vector<float>& sinks);
+
 // A CpuPlan of `problem` made on every rank of an in-process group (rank 1 plans `other`):
 // the message each rank's plan threw, or "" where it did not.
 std::vector<std::string> plan_messages(const cp::Problem& problem, const cp::Problem& other);
