@@ -5,7 +5,8 @@ Each wrapper is one inline-asm statement with N/2 fp32 accumulator operands, whi
 is generated rather than written by hand. Inline asm takes its instruction as a string literal
 only, so each form's statement is written once, as a macro over the PTX type of A and B (spliced
 in by string-literal concatenation), and expanded for the storage tag by THDCP_ASM_FOR_STORAGE
-(tensor_core.cuh). Run from the repository root:
+(tensor_core.cuh); the N/2 accumulators, the same for A from registers or shared memory, are a
+pair of macros per N that both forms of that N splice in. Run from the repository root:
     python3 scripts/gen_wgmma.py > src/cuda/wgmma_ops.cuh
 """
 
@@ -35,6 +36,28 @@ def macro_lines(lines):
     return "\n".join(line.ljust(width) + "\\" for line in lines[:-1]) + "\n" + lines[-1]
 
 
+def accumulator_macro(n):
+    return f"THDCP_WGMMA_M64N{n}_ACCUMULATORS"
+
+
+def accumulator_operands_macro(n):
+    return f"THDCP_WGMMA_M64N{n}_ACCUMULATOR_OPERANDS"
+
+
+def accumulators(n):
+    """The #defines of form N's accumulator list, which both forms of one N share: its registers
+    %0 .. %(N/2 - 1) in the instruction, and its operands d[0] .. d[N/2 - 1] (read and written)."""
+    regs = n // 2
+    d_rows = operand_list(0, regs, 16)
+    d_lines = [f'  "{"{" if i == 0 else ""}{row}{"}, " if i == len(d_rows) - 1 else ", "}"'
+               for i, row in enumerate(d_rows)]
+    outs = [", ".join(f'"+f"(d[{i}])' for i in range(row, row + 8)) for row in range(0, regs, 8)]
+    out_lines = [f"  {row}{',' if i < len(outs) - 1 else ''}" for i, row in enumerate(outs)]
+    return (f"// The m64n{n}k16 accumulators: registers in the instruction, then their operands.\n"
+            + macro_lines([f"#define {accumulator_macro(n)}", *d_lines]) + "\n"
+            + macro_lines([f"#define {accumulator_operands_macro(n)}", *out_lines]) + "\n")
+
+
 def instruction(shared_a, n):
     """The #define of the asm statement of form (shared_a, n) over the PTX type PTX_TYPE."""
     regs = n // 2
@@ -50,21 +73,15 @@ def instruction(shared_a, n):
         desc_b, accumulate = regs + 4, regs + 5
         transposes = f"%{regs + 6}"
         immediates = '"n"(kTransposeB)'
-    d_rows = operand_list(0, regs, 16)
-    d_lines = [f'      "{"{" if i == 0 else ""}{row}{"}, " if i == len(d_rows) - 1 else ", "}"'
-               for i, row in enumerate(d_rows)]
-    outs = [", ".join(f'"+f"(d[{i}])' for i in range(row, row + 8)) for row in range(0, regs, 8)]
-    out_lines = [f"      {':' if i == 0 else ' '} {row}{',' if i < len(outs) - 1 else ''}"
-                 for i, row in enumerate(outs)]
     return f"// wgmma.mma_async m64n{n}k16, A from {source}.\n" + macro_lines([
         f"#define {instruction_macro(shared_a, n)}(PTX_TYPE)",
         "  asm volatile(",
         '      "{\\n.reg .pred p;\\n"',
         f'      "setp.ne.b32 p, %{accumulate}, 0;\\n"',
         f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." PTX_TYPE "." PTX_TYPE " "',
-        *d_lines,
+        f"      {accumulator_macro(n)}",
         f'      "{a_operand}, %{desc_b}, p, 1, 1, {transposes};\\n}}\\n"',
-        *out_lines,
+        f"      : {accumulator_operands_macro(n)}",
         f'      : {inputs}, "l"(desc_b), "r"(accumulate), {immediates})',
     ]) + "\n"
 
@@ -112,7 +129,8 @@ def main():
 // a macro over the PTX type of A and B ("bf16", "f16"), spliced in by string-literal
 // concatenation, that run expands for its storage tag (THDCP_ASM_FOR_STORAGE,
 // tensor_core.cuh). The statements name run's parameters (d, a or desc_a, desc_b,
-// accumulate, kTransposeA, kTransposeB).
+// accumulate, kTransposeA, kTransposeB). The accumulator list of one N, the bulk of each
+// statement, is the same in both forms: it is a pair of macros of its own.
 #pragma once
 
 #include <cstdint>
@@ -121,12 +139,17 @@ def main():
 
 namespace thdcp::cuda::detail {
 """)
+    for n in sorted({n for _, n in FORMS}):
+        print(accumulators(n))
     for shared_a, n in FORMS:
         print(instruction(shared_a, n))
     for shared_a in sorted({a for a, _ in FORMS}):
         print(wrapper(shared_a))
     for shared_a, n in FORMS:
         print(f"#undef {instruction_macro(shared_a, n)}")
+    for n in sorted({n for _, n in FORMS}):
+        print(f"#undef {accumulator_macro(n)}")
+        print(f"#undef {accumulator_operands_macro(n)}")
     print()
     print("}  // namespace thdcp::cuda::detail")
 

@@ -12,7 +12,8 @@
 // a macro over the PTX type of A and B ("bf16", "f16"), spliced in by string-literal
 // concatenation, that run expands for its storage tag (THDCP_ASM_FOR_STORAGE,
 // tensor_core.cuh). The statements name run's parameters (d, a or desc_a, desc_b,
-// accumulate, kTransposeA, kTransposeB).
+// accumulate, kTransposeA, kTransposeB). The accumulator list of one N, the bulk of each
+// statement, is the same in both forms: it is a pair of macros of its own.
 #pragma once
 
 #include <cstdint>
@@ -21,76 +22,74 @@
 
 namespace thdcp::cuda::detail {
 
+// The m64n64k16 accumulators: registers in the instruction, then their operands.
+#define THDCP_WGMMA_M64N64_ACCUMULATORS                                               \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+#define THDCP_WGMMA_M64N64_ACCUMULATOR_OPERANDS                                                           \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
+  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+// The m64n128k16 accumulators: registers in the instruction, then their operands.
+#define THDCP_WGMMA_M64N128_ACCUMULATORS                                              \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+#define THDCP_WGMMA_M64N128_ACCUMULATOR_OPERANDS                                                          \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
+  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
 // wgmma.mma_async m64n64k16, A from registers.
-#define THDCP_WGMMA_RS_M64N64K16(PTX_TYPE)                                                                      \
-  asm volatile(                                                                                                 \
-      "{\n.reg .pred p;\n"                                                                                      \
-      "setp.ne.b32 p, %37, 0;\n"                                                                                \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_TYPE "." PTX_TYPE " "                                   \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                 \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                       \
-      "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                                           \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
+#define THDCP_WGMMA_RS_M64N64K16(PTX_TYPE)                                                          \
+  asm volatile(                                                                                     \
+      "{\n.reg .pred p;\n"                                                                          \
+      "setp.ne.b32 p, %37, 0;\n"                                                                    \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_TYPE "." PTX_TYPE " "                       \
+      THDCP_WGMMA_M64N64_ACCUMULATORS                                                               \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                               \
+      : THDCP_WGMMA_M64N64_ACCUMULATOR_OPERANDS                                                     \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(kTransposeB))
 
 // wgmma.mma_async m64n128k16, A from registers.
-#define THDCP_WGMMA_RS_M64N128K16(PTX_TYPE)                                                                     \
-  asm volatile(                                                                                                 \
-      "{\n.reg .pred p;\n"                                                                                      \
-      "setp.ne.b32 p, %69, 0;\n"                                                                                \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " "                                  \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                 \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                        \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                        \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "                       \
-      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                                           \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
+#define THDCP_WGMMA_RS_M64N128K16(PTX_TYPE)                                                         \
+  asm volatile(                                                                                     \
+      "{\n.reg .pred p;\n"                                                                          \
+      "setp.ne.b32 p, %69, 0;\n"                                                                    \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " "                      \
+      THDCP_WGMMA_M64N128_ACCUMULATORS                                                              \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                               \
+      : THDCP_WGMMA_M64N128_ACCUMULATOR_OPERANDS                                                    \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(kTransposeB))
 
 // wgmma.mma_async m64n64k16, A from shared memory.
-#define THDCP_WGMMA_SS_M64N64K16(PTX_TYPE)                                                                      \
-  asm volatile(                                                                                                 \
-      "{\n.reg .pred p;\n"                                                                                      \
-      "setp.ne.b32 p, %34, 0;\n"                                                                                \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_TYPE "." PTX_TYPE " "                                   \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                 \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                       \
-      "%32, %33, p, 1, 1, %35, %36;\n}\n"                                                                       \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])  \
+#define THDCP_WGMMA_SS_M64N64K16(PTX_TYPE)                                             \
+  asm volatile(                                                                        \
+      "{\n.reg .pred p;\n"                                                             \
+      "setp.ne.b32 p, %34, 0;\n"                                                       \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_TYPE "." PTX_TYPE " "          \
+      THDCP_WGMMA_M64N64_ACCUMULATORS                                                  \
+      "%32, %33, p, 1, 1, %35, %36;\n}\n"                                              \
+      : THDCP_WGMMA_M64N64_ACCUMULATOR_OPERANDS                                        \
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransposeA), "n"(kTransposeB))
 
 // wgmma.mma_async m64n128k16, A from shared memory.
-#define THDCP_WGMMA_SS_M64N128K16(PTX_TYPE)                                                                     \
-  asm volatile(                                                                                                 \
-      "{\n.reg .pred p;\n"                                                                                      \
-      "setp.ne.b32 p, %66, 0;\n"                                                                                \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " "                                  \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                 \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                        \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                        \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "                       \
-      "%64, %65, p, 1, 1, %67, %68;\n}\n"                                                                       \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),   \
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])  \
+#define THDCP_WGMMA_SS_M64N128K16(PTX_TYPE)                                            \
+  asm volatile(                                                                        \
+      "{\n.reg .pred p;\n"                                                             \
+      "setp.ne.b32 p, %66, 0;\n"                                                       \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX_TYPE "." PTX_TYPE " "         \
+      THDCP_WGMMA_M64N128_ACCUMULATORS                                                 \
+      "%64, %65, p, 1, 1, %67, %68;\n}\n"                                              \
+      : THDCP_WGMMA_M64N128_ACCUMULATOR_OPERANDS                                       \
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransposeA), "n"(kTransposeB))
 
 template <typename Storage, int N>
@@ -125,5 +124,9 @@ struct WgmmaSs {
 #undef THDCP_WGMMA_RS_M64N128K16
 #undef THDCP_WGMMA_SS_M64N64K16
 #undef THDCP_WGMMA_SS_M64N128K16
+#undef THDCP_WGMMA_M64N64_ACCUMULATORS
+#undef THDCP_WGMMA_M64N64_ACCUMULATOR_OPERANDS
+#undef THDCP_WGMMA_M64N128_ACCUMULATORS
+#undef THDCP_WGMMA_M64N128_ACCUMULATOR_OPERANDS
 
 }  // namespace thdcp::cuda::detail
