@@ -196,12 +196,8 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
   const BackwardWorkspace parts = carve_backward(carver, shape_);
   const bool fp32_dkv = shape_.dkv_dtype == DType::kFloat32;
   detail::BackwardParams params{};
-  params.q = t.q.data;
-  params.k = t.k.data;
-  params.v = t.v.data;
-  params.out = t.out.data;
+  detail::set_call_fields(params, t, table, shape_.q_heads, shape_.kv_heads, scale_);
   params.dout = t.dout.data;
-  params.lse = t.lse;
   params.delta = parts.delta;
   params.dq = t.dq.data;
   params.dq_fp32 = shape_.dq_dtype == DType::kFloat32;
@@ -216,7 +212,6 @@ void BackwardPlan::enqueue(const DeviceSegmentTable& table, const BackwardTensor
                           t.dkv_rows == nullptr && detail::dense(t.dk) && detail::dense(t.dv);
   params.dk_out = direct_dkv ? t.dk.data : nullptr;
   params.dv_out = direct_dkv ? t.dv.data : nullptr;
-  detail::set_call_fields(params, table, shape_.q_heads, shape_.kv_heads, scale_);
   params.q_tile_start = parts.q_start;
   params.k_tile_start = parts.k_start;
   params.k_rows = table.k_rows;

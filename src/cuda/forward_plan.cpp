@@ -96,14 +96,9 @@ void ForwardPlan::run(const DeviceSegmentTable& table, const ForwardTensors& t, 
   check_forward_tensors(shape_, t);
 
   detail::ForwardParams params{};
-  params.q = t.q.data;
-  params.k = t.k.data;
-  params.v = t.v.data;
-  params.out = t.out.data;
-  params.lse = t.lse;
+  detail::set_call_fields(params, t, table, shape_.q_heads, shape_.kv_heads, scale_);
   params.max_logit = t.max_logit;
   params.sinks = t.sinks;
-  detail::set_call_fields(params, table, shape_.q_heads, shape_.kv_heads, scale_);
   params.tile_start = static_cast<const int*>(workspace_);
   params.work_counter = static_cast<int*>(workspace_) + table.capacity + 1;
   const detail::ForwardStrides strides{detail::strides_of(t.q), detail::strides_of(t.k), detail::strides_of(t.v),

@@ -46,11 +46,17 @@ void dispatch_instantiation(DType dtype, int64_t head_dim, int64_t v_head_dim, B
 void set_dynamic_shared_memory(const void* kernel, size_t bytes, const char* kernel_name, int head_dim,
                                int v_head_dim);
 
-// The fields every attention kernel's params take from the call: the table, the heads, the
-// scale and the mask (ForwardParams and BackwardParams name them alike).
-template <typename Params>
-void set_call_fields(Params& params, const DeviceSegmentTable& table, int64_t q_heads, int64_t kv_heads,
-                     float scale) {
+// The fields every attention kernel's params take from the call: the tensors q, k, v, out
+// and lse, the table, the heads, the scale and the mask (ForwardParams and BackwardParams,
+// ForwardTensors and BackwardTensors name them alike).
+template <typename Params, typename Tensors>
+void set_call_fields(Params& params, const Tensors& t, const DeviceSegmentTable& table, int64_t q_heads,
+                     int64_t kv_heads, float scale) {
+  params.q = t.q.data;
+  params.k = t.k.data;
+  params.v = t.v.data;
+  params.out = t.out.data;
+  params.lse = t.lse;
   params.segments = table.segments;
   params.num_segments = table.capacity;
   params.q_rows = table.q_rows;
