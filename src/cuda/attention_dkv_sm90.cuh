@@ -283,11 +283,7 @@ __global__ void __launch_bounds__(DkvSm90Shape<kDqk, kDv>::kThreads, 2)
 
     float st[kM / 8][4];
     float dpt[kM / 8][4];
-    wgmma_fence();
-    wgmma_ss_k_major<Storage, kM, kN, kM, kDqk / 16>(st, k_tile, q_tile);
-    wgmma_commit();
-    wgmma_ss_k_major<Storage, kM, kN, kM, kDv / 16>(dpt, v_tile, do_tile);
-    wgmma_commit();
+    wgmma_ss_k_major_pair<Storage, kM, kN, kM, kDqk / 16, kDv / 16>(st, k_tile, q_tile, dpt, v_tile, do_tile);
     wgmma_wait<1>();  // the last step's dV/dK and this step's S^T have landed
     wgmma_fence_operands(flat(st));
     wgmma_fence_operands(flat(dv));

@@ -294,11 +294,7 @@ __device__ __forceinline__ void dkvq_sm90_consume(const BackwardParams& p, const
     if (visible[w]) {
       float st[kM / 8][4];
       float dpt[kM / 8][4];
-      wgmma_fence();
-      wgmma_ss_k_major<Storage, kM, 64, kM, kD / 16>(st, k_tile, q_tile);
-      wgmma_commit();
-      wgmma_ss_k_major<Storage, kM, 64, kM, kD / 16>(dpt, v_tile, do_tile);
-      wgmma_commit();
+      wgmma_ss_k_major_pair<Storage, kM, 64, kM, kD / 16, kD / 16>(st, k_tile, q_tile, dpt, v_tile, do_tile);
       wgmma_wait<1>();
       wgmma_fence_operands(flat(st));
 

@@ -103,11 +103,7 @@ __global__ void __launch_bounds__(DqSm90Shape<kDqk, kDv>::kThreads, DqSm90Shape<
 
     float s[kN / 8][4];
     float dp[kN / 8][4];
-    wgmma_fence();
-    wgmma_ss_k_major<Storage, kN, kM, kN, kDqk / 16>(s, q_tile, k_tile);
-    wgmma_commit();
-    wgmma_ss_k_major<Storage, kN, kM, kN, kDv / 16>(dp, do_tile, v_tile);
-    wgmma_commit();
+    wgmma_ss_k_major_pair<Storage, kN, kM, kN, kDqk / 16, kDv / 16>(s, q_tile, k_tile, dp, do_tile, v_tile);
     wgmma_wait<1>();  // S; dP is still in flight while P is computed
     wgmma_fence_operands(flat(s));
     if (n < key_tiles.unmasked_begin || n >= key_tiles.unmasked_end) {

@@ -165,4 +165,19 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// A backward step's two score products of one shape, first = A B^T over kFirstSteps k-steps
+// and second = A' B'^T over kSecondSteps (as wgmma_ss_k_major: S and dP, or S^T and dP^T),
+// fenced and committed as two groups, so that wgmma_wait<1> lands the first while the second
+// is still in flight.
+template <typename Storage, int kN, int kRowsA, int kRowsB, int kFirstSteps, int kSecondSteps>
+__device__ __forceinline__ void wgmma_ss_k_major_pair(float (&first)[kN / 8][4], uint32_t first_a, uint32_t first_b,
+                                                      float (&second)[kN / 8][4], uint32_t second_a,
+                                                      uint32_t second_b) {
+  wgmma_fence();
+  wgmma_ss_k_major<Storage, kN, kRowsA, kRowsB, kFirstSteps>(first, first_a, first_b);
+  wgmma_commit();
+  wgmma_ss_k_major<Storage, kN, kRowsA, kRowsB, kSecondSteps>(second, second_a, second_b);
+  wgmma_commit();
+}
+
 }  // namespace thdcp::cuda::detail
