@@ -244,18 +244,13 @@ __global__ void __launch_bounds__(DkvSm90Shape<kDqk, kDv>::kThreads, 2)
   load_q(0, 0, 0);
   cp_async_commit();
 
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int group_row = lane >> 2;
-  const int pair_col = (lane & 3) * 2;
+  const auto [warp, lane, group_row, pair_col] = FragmentLane{};
   const int key_row = 16 * warp + group_row;  // this thread's key rows: key_row, key_row + 8
 
   float dk[kDqk / 8][4];
   float dv[kDv / 8][4];
-#pragma unroll
-  for (int i = 0; i < kDqk / 8; ++i) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kDv / 8; ++i) dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+  zero_fragments(dk);
+  zero_fragments(dv);
 
   // The steps are software-pipelined by one: step s's dV/dK products run on the tensor cores
   // while step s + 1 waits for its tiles and issues its S^T and dP^T, and P^T = exp(S^T - lse)

@@ -152,8 +152,7 @@ __device__ __forceinline__ void dkv_wide_side(const BackwardParams& p, const Dkv
   cp_async_commit();
 
   float gradient[kD / 8][4];
-#pragma unroll
-  for (int i = 0; i < kD / 8; ++i) gradient[i][0] = gradient[i][1] = gradient[i][2] = gradient[i][3] = 0.0f;
+  zero_fragments(gradient);
 
   for (int step = 0; step < b.steps; ++step) {
     const int buffer = step & 1;

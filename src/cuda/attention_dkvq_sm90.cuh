@@ -166,8 +166,7 @@ template <typename Storage>
 __device__ __forceinline__ void dkvq_dq_part(float (&dq)[8][4], const bool (&visible)[2], uint32_t ds_tiles,
                                              uint32_t base, int w) {
   using Shape = DkvqSm90Shape;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;  // no visible keys: 0
+  zero_fragments(dq);  // no visible keys: 0
   wgmma_fence();
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
@@ -257,11 +256,8 @@ __device__ __forceinline__ void dkvq_sm90_consume(const BackwardParams& p, const
 
   float dk[kD / 8][4];
   float dv[kD / 8][4];
-#pragma unroll
-  for (int i = 0; i < kD / 8; ++i) {
-    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
-    dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
-  }
+  zero_fragments(dk);
+  zero_fragments(dv);
   // The staging address of this thread's first dQ_part row (dq_half_offset without its XOR
   // by row % 8 = group_row, which is applied at the store).
   const uint32_t dq_row0 = dq_half + static_cast<uint32_t>(key_row * 64 + pair_col) * 4;
