@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(DkvShape<kDqk, kDv, kFuseDq>::kThreads, DkvSha
   qdo.load(0, 0, 0);
   cp_async_commit();
 
-  const auto [warp, lane, group_row, pair_col] = FragmentLane{};
+  const auto& [warp, lane, group_row, pair_col] = FragmentLane{};
   const int key_row0 = (warp >> 1) * 32;   // the warp's 32 keys (every product)
   const int query_col0 = (warp & 1) * 32;  // its 32 queries of S^T and dP^T
   // Its columns of dK and dV: half of the block's slice of each.

@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(DkvSm90Shape<kDqk, kDv>::kThreads, 2)
   load_q(0, 0, 0);
   cp_async_commit();
 
-  const auto [warp, lane, group_row, pair_col] = FragmentLane{};
+  const auto& [warp, lane, group_row, pair_col] = FragmentLane{};
   const int key_row = 16 * warp + group_row;  // this thread's key rows: key_row, key_row + 8
 
   float dk[kDqk / 8][4];

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(DqShape<kDqk, kDv>::kThreads)
   if (n_begin < n_end) kv.load(n_begin, 0);
   cp_async_commit();
 
-  const auto [warp, lane, group_row, pair_col] = FragmentLane{};
+  const auto& [warp, lane, group_row, pair_col] = FragmentLane{};
   const int warp_row0 = warp * 16;
 
   // ldmatrix addresses (bwd_step_addresses): Q and dO A-fragments, K and V B-fragments read

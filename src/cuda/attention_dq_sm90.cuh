@@ -80,10 +80,7 @@ __global__ void __launch_bounds__(DqSm90Shape<kDqk, kDv>::kThreads, DqSm90Shape<
   if (n_begin < n_end) load_kv(n_begin, 0);
   cp_async_commit();
 
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int group_row = lane >> 2;
-  const int pair_col = (lane & 3) * 2;
+  const auto& [warp, lane, group_row, pair_col] = FragmentLane{};
   const int warp_row0 = warp * 16;
 
   float lse_log2[2];

@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(ForwardShape<kDqk, kDv>::kThreads)
   if (n_begin < n_end) kv.load(n_begin, 0);
   cp_async_commit();
 
-  const auto [warp, lane, group_row, pair_col] = FragmentLane{};
+  const auto& [warp, lane, group_row, pair_col] = FragmentLane{};
   const int warp_row0 = warp * 16 * kMF;
 
   // ldmatrix addresses (see swizzled_step_addresses): Q A-fragments (rows warp_row0 +

@@ -87,7 +87,9 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 
 // This thread's warp and lane, and its elements of the m16n8 accumulator layout of the
 // warp's fragments: rows group_row and group_row + 8 of each 16-row fragment (a row within
-// each 8-row half), columns pair_col and pair_col + 1 of each 8-column block.
+// each 8-row half), columns pair_col and pair_col + 1 of each 8-column block. The kernels
+// bind it by reference (const auto& [warp, lane, group_row, pair_col] = FragmentLane{}): bound
+// by value, dq_kernel_sm90 compiled to other register numbers than its four plain ints gave.
 struct FragmentLane {
   int warp = threadIdx.x / 32;
   int lane = threadIdx.x % 32;
