@@ -97,9 +97,7 @@ struct DkvWideBlock {
   int steps = 0;   // m_count * group
   uint32_t base = 0;
   float* stats = nullptr;  // lse[2][64], then delta[2][64]
-  int t = 0;               // thread of the warpgroup
-  int key_row = 0;         // this thread's key rows: key_row, key_row + 8
-  int pair_col = 0;        // and query columns 8 nf + pair_col + {0, 1}
+  WarpgroupFragmentLane lane;  // this thread's key rows lane.row, + 8, and query columns
 };
 
 // One warpgroup's side of the block: the key tile it holds (K or V: kD columns), the step's
@@ -136,16 +134,16 @@ __device__ __forceinline__ void dkv_wide_side(const BackwardParams& p, const Dkv
   const KeyTileWork& w = b.work;
 
   load_wgmma_tile_async_from<kN, kD, 128>(side.key_tile, static_cast<const Element*>(side.keys), seg.k_row + w.n0,
-                                          w.valid_k, side.key_strides, w.kv_head, b.t);
+                                          w.valid_k, side.key_strides, w.kv_head, b.lane.t);
   const auto load_queries = [&](const DkvStepWalk& at, int buffer) {
     const int head = w.kv_head * b.group + at.head_index;
     const int m0 = (w.m_begin + at.m_index) * kM;
     const int rows = max(0, min(kM, seg.q_len - m0));
     load_wgmma_tile_async_from<kM, kD, 128>(side.query_tiles + static_cast<uint32_t>(buffer) * side.query_tile_bytes,
                                             static_cast<const Element*>(side.queries), seg.q_row + m0, rows,
-                                            side.query_strides, head, b.t);
+                                            side.query_strides, head, b.lane.t);
     load_statistic_rows_async<kM>(side.statistic, p.q_rows, seg, head, m0, rows, side.statistic_rows + buffer * kM,
-                                  b.t);
+                                  b.lane.t);
   };
   DkvStepWalk at(w.m_count);
   load_queries(at, 0);
@@ -182,8 +180,8 @@ __device__ __forceinline__ void dkv_wide_side(const BackwardParams& p, const Dkv
   }
   wgmma_wait<0>();
   wgmma_fence_operands(flat(gradient));
-  add_key_gradient_rows<Storage, kD>(p, side.out, side.accum, side.scale, seg, w.kv_head, w.n0, b.key_row, w.valid_k,
-                                     b.pair_col, gradient);
+  add_key_gradient_rows<Storage, kD>(p, side.out, side.accum, side.scale, seg, w.kv_head, w.n0, b.lane.row, w.valid_k,
+                                     b.lane.pair_col, gradient);
 }
 
 // The score warpgroup: S^T -> P^T, handed over; dS^T = P^T (dP^T - delta) from the
@@ -200,11 +198,11 @@ __device__ __forceinline__ void dkv_wide_score(const BackwardParams& p, const Ba
   const DkvWideSide side{p.k,       strides.k,    p.q,      strides.q, p.lse,      b.base + Shape::kK,
                          b.base + Shape::kQ,      Shape::kQkBytes,     b.stats,   Shape::kScoreBarrier,
                          p.dk_out,  p.dk_accum,   p.scale};
-  const uint32_t pt_slot = b.base + Shape::kPt + static_cast<uint32_t>(b.t) * 16;
-  const uint32_t dpt_slot = b.base + Shape::kDpt + static_cast<uint32_t>(b.t) * 16;
+  const uint32_t pt_slot = b.base + Shape::kPt + static_cast<uint32_t>(b.lane.t) * 16;
+  const uint32_t dpt_slot = b.base + Shape::kDpt + static_cast<uint32_t>(b.lane.t) * 16;
   dkv_wide_side<Storage, kDqk>(p, b, side, [&](float(&st)[kM / 8][4], uint32_t(&dst)[kM / 16][4],
                                                const float* lse_tile, int m0) {
-    dkv_step_probabilities<kM>(st, seg, mask, w.n0, b.key_row, m0, b.pair_col,
+    dkv_step_probabilities<kM>(st, seg, mask, w.n0, b.lane.row, m0, b.lane.pair_col,
                                dkv_step_unmasked(seg, mask, w.n0, w.valid_k, kN, m0, kM), lse_tile, p.scale_log2);
     uint32_t pt[kM / 16][4];
     accumulator_to_a_fragments<Storage, kM>(st, pt);
@@ -236,15 +234,15 @@ __device__ __forceinline__ void dkv_wide_gradient(const BackwardParams& p, const
   const DkvWideSide side{p.v,        strides.v,     p.dout,   strides.dout, p.delta, b.base + Shape::kV,
                          b.base + Shape::kDo,       Shape::kVBytes,         b.stats + 2 * kM, Shape::kGradientBarrier,
                          p.dv_out,   p.dv_accum,    1.0f};
-  const uint32_t pt_slot = b.base + Shape::kPt + static_cast<uint32_t>(b.t) * 16;
-  const uint32_t dpt_slot = b.base + Shape::kDpt + static_cast<uint32_t>(b.t) * 16;
+  const uint32_t pt_slot = b.base + Shape::kPt + static_cast<uint32_t>(b.lane.t) * 16;
+  const uint32_t dpt_slot = b.base + Shape::kDpt + static_cast<uint32_t>(b.lane.t) * 16;
   dkv_wide_side<Storage, kDv>(p, b, side, [&](float(&dpt)[kM / 8][4], uint32_t(&pt)[kM / 16][4],
                                               const float* delta_tile, int /*m0*/) {
 #pragma unroll
     for (int nf = 0; nf < kM / 8; ++nf) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const float row_delta = delta_tile[nf * 8 + b.pair_col + c];
+        const float row_delta = delta_tile[nf * 8 + b.lane.pair_col + c];
         dpt[nf][c] -= row_delta;
         dpt[nf][2 + c] -= row_delta;
       }
@@ -274,10 +272,7 @@ __global__ void __launch_bounds__(DkvWideSm90Shape<kDqk, kDv>::kThreads, 1)
   const uint32_t raw_address = smem_address(smem_raw);
   b.base = (raw_address + 1023u) & ~1023u;
   b.stats = reinterpret_cast<float*>(smem_raw + (b.base + Shape::kStats - raw_address));
-  b.t = static_cast<int>(threadIdx.x) % 128;
-  const int lane = b.t % 32;
-  b.key_row = 16 * (b.t / 32) + (lane >> 2);
-  b.pair_col = (lane & 3) * 2;
+  b.lane = warpgroup_fragment_lane();
   if (threadIdx.x < 128) {
     dkv_wide_score<Storage, kDqk, kDv>(p, strides, b);
   } else {

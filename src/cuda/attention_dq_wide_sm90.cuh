@@ -52,9 +52,7 @@ struct DqWideBlock {
   int n_begin = 0, n_end = 0;                  // the key tiles the block's queries see
   int unmasked_begin = 0, unmasked_end = 0;    // those that need no per-element mask
   uint32_t base = 0;
-  int t = 0;         // thread of the warpgroup
-  int row = 0;       // this thread's first query row of the tile (and row + 8)
-  int pair_col = 0;  // and key columns 8 nf + pair_col + {0, 1}
+  WarpgroupFragmentLane lane;  // this thread's query rows lane.row, + 8, and key columns
 };
 
 // One warpgroup's side of the block: the query tile it holds (Q or dO: kD columns) and the
@@ -85,18 +83,18 @@ __device__ __forceinline__ void dq_wide_side(const BackwardParams& p, const DqWi
 
   // Rows past q_len and k_len are zero-filled (padding rows of dout may hold anything).
   load_wgmma_tile_async_from<kM, kD, 128>(side.query_tile, static_cast<const Element*>(side.queries),
-                                          seg.q_row + w.m0, w.valid_q, side.query_strides, w.head, b.t);
+                                          seg.q_row + w.m0, w.valid_q, side.query_strides, w.head, b.lane.t);
   const auto load_keys = [&](int n, int buffer) {
     load_wgmma_tile_async_from<kN, kD, 128>(side.key_tiles + static_cast<uint32_t>(buffer) * side.key_tile_bytes,
                                             static_cast<const Element*>(side.keys), seg.k_row + n * kN,
-                                            min(kN, seg.k_len - n * kN), side.key_strides, w.kv_head, b.t);
+                                            min(kN, seg.k_len - n * kN), side.key_strides, w.kv_head, b.lane.t);
   };
   if (b.n_begin < b.n_end) load_keys(b.n_begin, 0);
   cp_async_commit();
 
   float lse_log2[2];
   float delta[2];
-  load_row_statistics(p, seg, w.head, w.m0, b.row, w.valid_q, lse_log2, delta);
+  load_row_statistics(p, seg, w.head, w.m0, b.lane.row, w.valid_q, lse_log2, delta);
 
   for (int n = b.n_begin; n < b.n_end; ++n) {
     const int buffer = (n - b.n_begin) & 1;
@@ -136,7 +134,7 @@ __device__ __forceinline__ void dq_wide_score(const BackwardParams& p, const Bac
                         b.base + Shape::kK, Shape::kQkBytes, Shape::kScoreBarrier};
   float dq[kDqk / 8][4];
   zero_fragments(dq);
-  const uint32_t dp_slot = b.base + Shape::kDp + static_cast<uint32_t>(b.t) * 16;
+  const uint32_t dp_slot = b.base + Shape::kDp + static_cast<uint32_t>(b.lane.t) * 16;
 
   const auto drain = [&] {
     wgmma_wait<0>();  // dQ of the last step
@@ -145,7 +143,8 @@ __device__ __forceinline__ void dq_wide_score(const BackwardParams& p, const Bac
   dq_wide_side<Storage, kDqk>(p, b, side, drain, [&](float(&s)[kN / 8][4], int n, int buffer, uint32_t k_tile,
                                                      const float(&lse_log2)[2], const float(&)[2]) {
     if (n < b.unmasked_begin || n >= b.unmasked_end) {
-      mask_row_keys<kN>(seg, mask, w.m0 + b.row, n * kN, b.pair_col, [&](int nf, int e) { s[nf][e] = -INFINITY; });
+      mask_row_keys<kN>(seg, mask, w.m0 + b.lane.row, n * kN, b.lane.pair_col,
+                        [&](int nf, int e) { s[nf][e] = -INFINITY; });
     }
 #pragma unroll
     for (int nf = 0; nf < kN / 8; ++nf) {
@@ -170,7 +169,7 @@ __device__ __forceinline__ void dq_wide_score(const BackwardParams& p, const Bac
   });
   drain();
   cp_async_wait<0>();
-  store_dq_rows<Storage, kDqk>(p, strides.dq, seg, w.head, w.m0, b.row, w.span_rows, b.pair_col, dq);
+  store_dq_rows<Storage, kDqk>(p, strides.dq, seg, w.head, w.m0, b.lane.row, w.span_rows, b.lane.pair_col, dq);
 }
 
 // The gradient warpgroup: dP - delta of each step, handed over.
@@ -181,7 +180,7 @@ __device__ __forceinline__ void dq_wide_gradient(const BackwardParams& p, const 
   constexpr int kN = Shape::kTileN;
   const DqWideSide side{p.dout,      strides.dout,       p.v,       strides.v, b.base + Shape::kDo,
                         b.base + Shape::kV, Shape::kVBytes, Shape::kGradientBarrier};
-  const uint32_t dp_slot = b.base + Shape::kDp + static_cast<uint32_t>(b.t) * 16;
+  const uint32_t dp_slot = b.base + Shape::kDp + static_cast<uint32_t>(b.lane.t) * 16;
   dq_wide_side<Storage, kDv>(p, b, side, [] {}, [&](float(&dp)[kN / 8][4], int, int buffer, uint32_t,
                                                    const float(&)[2], const float(&delta)[2]) {
 #pragma unroll
@@ -213,10 +212,7 @@ __global__ void __launch_bounds__(DqWideSm90Shape<kDqk, kDv>::kThreads, 1)
 
   extern __shared__ unsigned char smem_raw[];
   b.base = (smem_address(smem_raw) + 1023u) & ~1023u;
-  b.t = static_cast<int>(threadIdx.x) % 128;
-  const int lane = b.t % 32;
-  b.row = 16 * (b.t / 32) + (lane >> 2);
-  b.pair_col = (lane & 3) * 2;
+  b.lane = warpgroup_fragment_lane();
   if (threadIdx.x < 128) {
     dq_wide_score<Storage, kDqk, kDv>(p, strides, b);
   } else {

@@ -97,6 +97,25 @@ struct FragmentLane {
   int pair_col = (lane & 3) * 2;
 };
 
+// The same for a thread of a warpgroup whose four warps own 16 rows each of a 64-row
+// accumulator (the wide Hopper kernels, where one warpgroup of 128 threads stands beside
+// another): its thread t of the warpgroup, its first row (and row + 8) and its columns
+// 8 nf + pair_col + {0, 1}.
+struct WarpgroupFragmentLane {
+  int t = 0;
+  int row = 0;
+  int pair_col = 0;
+};
+
+__device__ __forceinline__ WarpgroupFragmentLane warpgroup_fragment_lane() {
+  WarpgroupFragmentLane at;
+  at.t = static_cast<int>(threadIdx.x) % 128;
+  const int lane = at.t % 32;
+  at.row = 16 * (at.t / 32) + (lane >> 2);
+  at.pair_col = (lane & 3) * 2;
+  return at;
+}
+
 // Sets every element of an array of m16n8 accumulator fragments to 0.
 template <int kFragments>
 __device__ __forceinline__ void zero_fragments(float (&acc)[kFragments][4]) {
