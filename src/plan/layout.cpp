@@ -89,6 +89,33 @@ BatchLayout make_layout(const std::vector<int64_t>& lengths, int cp, const Capac
   return layout;
 }
 
+BatchLayout make_contiguous_layout(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity) {
+  check_cp(cp, "make_contiguous_layout");
+  THDCP_CHECK(capacity.max_seqs >= 1,
+              "capacity.max_seqs=" << capacity.max_seqs << " must be >= 1 (one placeholder is reserved)");
+  THDCP_CHECK(capacity.max_tokens >= 0 && capacity.max_tokens <= kInt32Max,
+              "capacity.max_tokens=" << capacity.max_tokens << " must be in [0, 2^31-1]");
+  THDCP_CHECK(capacity.max_tokens % cp == 0,
+              "capacity.max_tokens=" << capacity.max_tokens << " is not a multiple of cp=" << cp
+                                     << " (the contiguous layout cuts the rows into cp equal pieces)");
+  THDCP_CHECK(static_cast<int64_t>(lengths.size()) <= capacity.max_seqs - 1,
+              "the batch has " << lengths.size() << " sequences but capacity.max_seqs="
+                               << capacity.max_seqs << " holds at most " << capacity.max_seqs - 1
+                               << " (one placeholder is reserved): raise max_seqs or split the batch");
+  BatchLayout layout = make_layout(lengths, 1);
+  layout.cu_seqlens_padded = layout.cu_seqlens;
+  THDCP_CHECK(layout.cu_seqlens.back() <= capacity.max_tokens,
+              "the batch has " << layout.cu_seqlens.back() << " tokens but capacity.max_tokens="
+                               << capacity.max_tokens << ": raise max_tokens or split the batch");
+  const int32_t valid = layout.cu_seqlens.back();
+  while (layout.num_seqs() < capacity.max_seqs) {
+    layout.cu_seqlens.push_back(valid);
+    layout.cu_seqlens_padded.push_back(valid);
+  }
+  layout.cu_seqlens_padded.back() = static_cast<int32_t>(capacity.max_tokens);
+  return layout;
+}
+
 void validate_layout(const LayoutView& layout, int64_t total_rows, int cp) {
   THDCP_CHECK(cp >= 0, "cp=" << cp << " must be >= 1 (or 0 for a single-device call)");
   THDCP_CHECK(layout.num_seqs >= 1, "cu_seqlens has " << layout.num_seqs + 1

@@ -8,6 +8,7 @@
 #include "support/random_batch.h"
 #include "thdcp/core/error.h"
 #include "thdcp/plan/layout.h"
+#include "thdcp/plan/rank_split.h"
 
 namespace thdcp {
 namespace {
@@ -52,6 +53,22 @@ TEST(Layout, CapacityErrors) {
   EXPECT_THDCP_ERROR(make_layout({3}, 2, Capacity{0, 40}), "capacity.max_seqs=0");
   EXPECT_THDCP_ERROR(make_layout({-3}, 2), "lengths[0]=-3 is negative");
   EXPECT_THDCP_ERROR(make_layout({3}, 0), "cp=0 must be >= 1");
+}
+
+// The contiguous layout in capacity form: no padding of the documents, placeholders after
+// them, the last absorbing the rows up to max_tokens; the rank split accepts it.
+TEST(Layout, ContiguousCapacityAddsPlaceholders) {
+  const BatchLayout layout = make_contiguous_layout({5, 0, 7}, 4, Capacity{6, 24});
+  EXPECT_EQ(layout.cu_seqlens, (std::vector<int32_t>{0, 5, 5, 12, 12, 12, 12}));
+  EXPECT_EQ(layout.cu_seqlens_padded, (std::vector<int32_t>{0, 5, 5, 12, 12, 12, 24}));
+  validate_cp_layout(layout.view(), 24, 4, CpLayout::kContiguous);
+  const BatchLayout full = make_contiguous_layout({3, 9}, 3, Capacity{3, 12});
+  EXPECT_EQ(full.cu_seqlens_padded, (std::vector<int32_t>{0, 3, 12, 12}));
+  EXPECT_THDCP_ERROR(make_contiguous_layout({1, 1, 1}, 2, Capacity{3, 8}), "holds at most 2");
+  EXPECT_THDCP_ERROR(make_contiguous_layout({30, 30}, 2, Capacity{5, 40}), "raise max_tokens");
+  EXPECT_THDCP_ERROR(make_contiguous_layout({3}, 3, Capacity{5, 40}), "not a multiple of cp=3");
+  EXPECT_THDCP_ERROR(make_contiguous_layout({3}, 2, Capacity{0, 40}), "capacity.max_seqs=0");
+  EXPECT_THDCP_ERROR(make_contiguous_layout({-3}, 2, Capacity{5, 40}), "lengths[0]=-3 is negative");
 }
 
 TEST(Layout, ValidationRules) {

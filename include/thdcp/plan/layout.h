@@ -70,6 +70,11 @@ BatchLayout make_contiguous_layout(const std::vector<int64_t>& lengths, int cp);
 // Throws when the documents do not fit, naming the limit that was exceeded.
 BatchLayout make_layout(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity);
 
+// The contiguous layout in capacity form: documents back to back with no padding, then
+// zero-length placeholders, the last of which absorbs the rows up to max_tokens (a multiple
+// of cp). Throws when the documents do not fit, naming the limit that was exceeded.
+BatchLayout make_contiguous_layout(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity);
+
 // Checks offsets against a tensor of `total_rows` rows:
 //   both arrays start at 0 and never decrease, L_b <= P_b, the last padded offset equals
 //   total_rows, everything fits int32, and with cp >= 1 every P_b is a multiple of 2*cp.
