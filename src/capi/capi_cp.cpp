@@ -137,13 +137,11 @@ CpConfig config_of(const thdcp_cp_params* given) {
   problem.kv_gather = kv_gather_of(p.kv_gather);
   check_kv_gather(c);
   // Before the build is asked for CUDA, so that every build gives the same answer.
-  THDCP_CAPI_REQUIRE(backend == THDCP_BACKEND_CPU ||
-                         (problem.layout == CpLayout::kDualChunk && problem.comm == cp::CpComm::kAllGather),
-                     "params->cp_layout=" << cp_layout_c_name(problem.layout)
-                                          << ", params->cp_comm=" << cp_comm_c_name(problem.comm)
-                                          << " is not supported by the CUDA backend: it runs "
-                                             "THDCP_CP_LAYOUT_DUAL_CHUNK with THDCP_CP_COMM_ALL_GATHER only; use "
-                                             "those, or THDCP_BACKEND_CPU, which runs every pair");
+  THDCP_CAPI_REQUIRE(backend == THDCP_BACKEND_CPU || problem.comm == cp::CpComm::kAllGather,
+                     "params->cp_comm=" << cp_comm_c_name(problem.comm)
+                                        << " is not supported by the CUDA backend: it runs THDCP_CP_COMM_ALL_GATHER "
+                                           "(with either THDCP_CP_LAYOUT_*); use that, or THDCP_BACKEND_CPU, which "
+                                           "runs every mode");
   if (backend == THDCP_BACKEND_CUDA) require_cuda_build("params->backend=THDCP_BACKEND_CUDA");
   problem.dtype = storage_dtype(raw_enum(p.dtype), "params->dtype");
   THDCP_CAPI_REQUIRE(backend == THDCP_BACKEND_CPU || problem.dtype != DType::kFloat32,

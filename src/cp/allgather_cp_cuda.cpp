@@ -32,8 +32,12 @@ int64_t dim_of(const Problem& p, Slot slot) { return slot == Slot::kK ? p.head_d
 
 // The rank's table (its shape and size are the same for every rank).
 cuda::TablePlan table_plan(const Problem& p, int rank = 0) {
-  return cuda::TablePlan::all_gather_cp(p.capacity, p.cp, rank, p.mask);
+  return cuda::TablePlan::all_gather_cp(p.capacity, p.cp, rank, p.mask, p.layout);
 }
+
+// The gathered K/V in rank order are in sequence order already under the contiguous layout
+// (rank r holds the r-th piece of the packed rows); the dual-chunk layout needs a reorder.
+bool needs_reorder(const Problem& p) { return p.layout == CpLayout::kDualChunk; }
 
 // The attention of the rank's queries over the gathered keys.
 cuda::AttentionShape attention_shape(const Problem& p) {
@@ -47,9 +51,10 @@ cuda::AttentionShape attention_shape(const Problem& p) {
 }
 
 // The parts of the workspace: the table, the rank-order rows of every key, the packed K/V
-// (strided inputs), the gathered K/V in rank order and in sequence order ([T, Hkv, D] each),
-// the fp32 dK/dV of every gathered row and of the rank's rows, the attention plans'
-// workspaces. `carver` without memory sizes the workspace.
+// (strided inputs), the gathered K/V in rank order and in sequence order ([T, Hkv, D] each;
+// the last two only where the layout needs a reorder), the fp32 dK/dV of every gathered row
+// and of the rank's rows, the attention plans' workspaces. `carver` without memory sizes the
+// workspace.
 struct Parts {
   Segment* segments = nullptr;
   int32_t* rank_rows = nullptr;
@@ -73,10 +78,11 @@ Parts carve_parts(WorkspaceCarver& carver, const Problem& p, const AttentionOpti
       static_cast<size_t>(p.capacity.max_tokens * p.kv_heads * std::max(p.head_dim, p.value_head_dim()));
   const size_t local_elements = elements / static_cast<size_t>(p.cp);
   w.segments = carver.take<Segment>(table_plan(p).workspace_size());
-  w.rank_rows = carver.take_array<int32_t>(static_cast<size_t>(p.capacity.max_tokens));
+  const size_t reordered = needs_reorder(p) ? 1 : 0;
+  w.rank_rows = carver.take_array<int32_t>(reordered * static_cast<size_t>(p.capacity.max_tokens));
   for (unsigned char*& part : w.packed) part = carver.take<unsigned char>(local_elements * dtype_size(p.dtype));
   for (unsigned char*& part : w.gathered) part = carver.take<unsigned char>(elements * dtype_size(p.dtype));
-  for (unsigned char*& part : w.sequence) part = carver.take<unsigned char>(elements * dtype_size(p.dtype));
+  for (unsigned char*& part : w.sequence) part = carver.take<unsigned char>(reordered * elements * dtype_size(p.dtype));
   // fp32 dK/dV of every gathered row, accumulated by the attention backward straight in rank
   // order (BackwardTensors::dkv_rows), so the reduce-scatter takes them as they are.
   for (float*& part : w.grad_ranked) part = carver.take_array<float>(elements);
@@ -220,14 +226,18 @@ class CudaSteps {
 
   ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot) {
     const ConstThdTensor ordered = sequence_order(slot);
-    cuda::gathered_to_sequence_order(gathered.data, const_cast<void*>(ordered.data), gathered.row_bytes(), layout_,
-                                     p_.cp, current_);
+    if (needs_reorder(p_)) {
+      cuda::gathered_to_sequence_order(gathered.data, const_cast<void*>(ordered.data), gathered.row_bytes(),
+                                       layout_, p_.cp, current_);
+    }
     return ordered;
   }
 
+  // The K or V in sequence order: the reordered copy, or (contiguous) the gathered rows.
   ConstThdTensor sequence_order(Slot slot) const {
-    return ConstThdTensor(w_.parts.sequence[index_of(slot)], p_.dtype, p_.capacity.max_tokens,
-                          p_.kv_heads, dim_of(p_, slot));
+    const int i = index_of(slot);
+    return ConstThdTensor(needs_reorder(p_) ? w_.parts.sequence[i] : w_.parts.gathered[i], p_.dtype,
+                          p_.capacity.max_tokens, p_.kv_heads, dim_of(p_, slot));
   }
 
   // Attention sinks of this step (null: none). A rank's query rows see every gathered key
@@ -248,8 +258,10 @@ class CudaSteps {
   SequenceGrads attention_backward_keys(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v,
                                         const ConstThdTensor& out, const ConstThdTensor& dout, const float* lse,
                                         ThdTensor dq) {
-    int32_t* rank_rows = w_.parts.rank_rows;
-    cuda::gathered_rows_of_sequence(layout_, p_.cp, rank_rows, current_);
+    // Each key row's gradient goes to its rank-order row: a map under the dual-chunk layout,
+    // the same row under the contiguous one.
+    int32_t* rank_rows = needs_reorder(p_) ? w_.parts.rank_rows : nullptr;
+    if (rank_rows) cuda::gathered_rows_of_sequence(layout_, p_.cp, rank_rows, current_);
     const SequenceGrads grads{fp32(w_.parts.grad_ranked[0], p_.capacity.max_tokens, Slot::kK),
                               fp32(w_.parts.grad_ranked[1], p_.capacity.max_tokens, Slot::kV)};
     backward_ = BackwardTensors{q, k, v, out, dout, lse, dq, grads.dk, grads.dv};
@@ -394,10 +406,10 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
   agree_on_device(comm, problem, options, [&] {
     THDCP_CHECK(problem.cp == comm.size(),
                 "problem.cp=" << problem.cp << " but the communicator has " << comm.size() << " ranks");
-    THDCP_CHECK(problem.layout == CpLayout::kDualChunk && problem.comm == CpComm::kAllGather,
-                "layout=" << cp_layout_name(problem.layout) << " comm=" << cp_comm_name(problem.comm)
-                          << ": the CUDA backend runs layout=dual_chunk, comm=all_gather; the CPU backend "
-                             "(cp::CpuPlan) runs every mode");
+    THDCP_CHECK(problem.comm == CpComm::kAllGather,
+                "comm=" << cp_comm_name(problem.comm)
+                        << ": the CUDA backend runs comm=all_gather (layout dual_chunk or contiguous); the CPU "
+                           "backend (cp::CpuPlan) runs every mode");
     THDCP_CHECK(problem.kv_gather != KvGather::kHalo,
                 "kv_gather=halo: the CUDA backend does not do halo gathers yet (it gathers every rank's K/V); use "
                 "kv_gather=auto or whole, or the CPU backend (cp::CpuPlan)");

@@ -52,7 +52,8 @@ void check_table_description(const DeviceSegmentTable& table) {
                   table.k_rows <= std::numeric_limits<int32_t>::max(),
               "segment table rows (q_rows=" << table.q_rows << ", k_rows=" << table.k_rows
                                             << ") must be in [0, 2^31)");
-  THDCP_CHECK(table.kind == TableKind::kSingleDevice || table.kind == TableKind::kAllGatherCp,
+  THDCP_CHECK(table.kind == TableKind::kSingleDevice || table.kind == TableKind::kAllGatherCp ||
+                  table.kind == TableKind::kContiguousAllGatherCp,
               "segment table kind " << static_cast<int>(table.kind)
                                     << " is not a TableKind: take the table from a TablePlan");
   check_mask(table.mask);
@@ -89,9 +90,8 @@ void check_table_matches(const AttentionShape& shape, const DeviceSegmentTable& 
                                             << ") differs from the plan's (window " << planned.mask.window_left
                                             << ", " << planned.mask.window_right << "): make a plan for this mask");
   THDCP_CHECK(table.kind == planned.kind,
-              "segment table kind ("
-                  << (table.kind == TableKind::kAllGatherCp ? "AllGather CP" : "single device")
-                  << ") differs from the plan's: make a plan for this kind of table");
+              "segment table kind (" << table_kind_name(table.kind) << ") differs from the plan's ("
+                                     << table_kind_name(planned.kind) << "): make a plan for this kind of table");
   THDCP_CHECK(table.capacity == 0 || table.segments != nullptr,
               "table.segments is a null pointer: build the table (TablePlan::run) into a device array");
 }

@@ -17,9 +17,6 @@ namespace thdcp::cuda {
 
 namespace {
 
-// Segments that can reach one key row: the dK/dV grid bound and the determinism argument.
-int segments_per_key_row(TableKind kind) { return kind == TableKind::kAllGatherCp ? 2 : 1; }
-
 // Parts of the backward workspace.
 struct BackwardWorkspace {
   int* q_start = nullptr;

@@ -1,8 +1,9 @@
-// The device segment-table builders (TablePlan::run): a thread per sequence (single device)
-// or per (sequence, slot) (AllGather CP), from the device layout alone.
+// The device segment-table builders (TablePlan::run): a thread per sequence (single device,
+// contiguous AllGather CP) or per (sequence, slot) (dual-chunk AllGather CP), from the device
+// layout alone.
 //
-// They call the same __host__ __device__ functions as the host builders
-// (single_device_segment, cp_segment in thdcp/plan/segment.h): the index math exists once.
+// They call the same __host__ __device__ functions as the host builders (single_device_segment,
+// cp_segment, contiguous_segment in thdcp/plan/segment.h): the index math exists once.
 #include "grid.h"
 #include "table_kernels.h"
 #include "thdcp/cuda/check.h"
@@ -34,6 +35,16 @@ __global__ void build_cp_table_kernel(const int32_t* cu_seqlens, const int32_t* 
   segments[index] = cp_segment(start, padded_len, length, cp, rank, slot, mask);
 }
 
+__global__ void build_contiguous_cp_table_kernel(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
+                                                 int max_seqs, int64_t rank_begin, int64_t q_rows, Mask mask,
+                                                 Segment* segments) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= max_seqs) return;
+  const int64_t start = cu_seqlens_padded[b];
+  segments[b] = contiguous_segment(start, cu_seqlens_padded[b + 1] - start, cu_seqlens[b + 1] - cu_seqlens[b],
+                                   rank_begin, rank_begin + q_rows, mask);
+}
+
 }  // namespace
 
 void launch_build_single_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
@@ -49,6 +60,15 @@ void launch_build_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_
   if (max_seqs == 0) return;
   build_cp_table_kernel<<<blocks_for(2 * static_cast<int64_t>(max_seqs), kBuildThreads), kBuildThreads, 0,
                           stream>>>(cu_seqlens, cu_seqlens_padded, max_seqs, cp, rank, mask, segments);
+  THDCP_CHECK_CUDA(cudaGetLastError());
+}
+
+void launch_build_contiguous_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
+                                      int64_t rank_begin, int64_t q_rows, Mask mask, Segment* segments,
+                                      cudaStream_t stream) {
+  if (max_seqs == 0) return;
+  build_contiguous_cp_table_kernel<<<blocks_for(max_seqs, kBuildThreads), kBuildThreads, 0, stream>>>(
+      cu_seqlens, cu_seqlens_padded, max_seqs, rank_begin, q_rows, mask, segments);
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
 

@@ -12,11 +12,16 @@
 namespace thdcp::cuda::detail {
 
 // The device table builders (table_build.cu): the single-device table of max_seqs sequences,
-// and the AllGather-CP table of `rank` (two segments per sequence).
+// the dual-chunk AllGather-CP table of `rank` (two segments per sequence), and the
+// contiguous one (one segment per sequence: its rows among the rank's q_rows global rows
+// from rank_begin).
 void launch_build_single_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
                                Segment* segments, cudaStream_t stream);
 void launch_build_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs, int cp,
                            int rank, Mask mask, Segment* segments, cudaStream_t stream);
+void launch_build_contiguous_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
+                                      int64_t rank_begin, int64_t q_rows, Mask mask, Segment* segments,
+                                      cudaStream_t stream);
 
 // Tile schedule: start[s] = sum over s' < s of tiles(s'), for query tiles of `q_tile_rows`
 // (over q_span) into q_start and key tiles of `k_tile_rows` (over k_len, segments with

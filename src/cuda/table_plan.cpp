@@ -1,4 +1,5 @@
-// TablePlan: the device segment tables of the single-device and AllGather-CP calls, checked
+// TablePlan: the device segment tables of the single-device and AllGather-CP calls (either CP
+// layout), checked
 // once and built by one small kernel per call (segment_table.cu).
 #include <limits>
 
@@ -44,24 +45,29 @@ TablePlan TablePlan::single_device(const Capacity& capacity, const Mask& mask) {
   return plan;
 }
 
-TablePlan TablePlan::all_gather_cp(const Capacity& capacity, int cp, int rank, const Mask& mask) {
+TablePlan TablePlan::all_gather_cp(const Capacity& capacity, int cp, int rank, const Mask& mask, CpLayout layout) {
   check_capacity(capacity);
   check_mask(mask);
   THDCP_CHECK(cp >= 1, "cp=" << cp << " must be >= 1");
   THDCP_CHECK(rank >= 0 && rank < cp, "rank=" << rank << " must be in [0, cp=" << cp << ")");
-  THDCP_CHECK(capacity.max_tokens % (2 * static_cast<int64_t>(cp)) == 0,
-              "capacity.max_tokens=" << capacity.max_tokens << " is not a multiple of 2*cp=" << 2 * static_cast<int64_t>(cp));
+  THDCP_CHECK(layout == CpLayout::kDualChunk || layout == CpLayout::kContiguous,
+              "layout=" << static_cast<int>(layout) << " is not a CP layout: use kDualChunk or kContiguous");
+  const bool dual_chunk = layout == CpLayout::kDualChunk;
+  const int64_t rows_multiple = (dual_chunk ? 2 : 1) * static_cast<int64_t>(cp);
+  THDCP_CHECK(capacity.max_tokens % rows_multiple == 0,
+              "capacity.max_tokens=" << capacity.max_tokens << " is not a multiple of " << (dual_chunk ? "2*" : "")
+                                     << "cp=" << rows_multiple << " (layout=" << cp_layout_name(layout) << ")");
   THDCP_CHECK(capacity.max_seqs <= std::numeric_limits<int32_t>::max() / 2,
               "capacity.max_seqs=" << capacity.max_seqs << " is too large for a CP table of 2 entries each");
   TablePlan plan;
   plan.capacity_ = capacity;
   plan.cp_ = cp;
   plan.rank_ = rank;
-  plan.table_.capacity = 2 * capacity.max_seqs;
+  plan.table_.capacity = (dual_chunk ? 2 : 1) * capacity.max_seqs;
   plan.table_.q_rows = capacity.max_tokens / cp;
   plan.table_.k_rows = capacity.max_tokens;
   plan.table_.mask = mask;
-  plan.table_.kind = TableKind::kAllGatherCp;
+  plan.table_.kind = dual_chunk ? TableKind::kAllGatherCp : TableKind::kContiguousAllGatherCp;
   return plan;
 }
 
@@ -83,9 +89,12 @@ DeviceSegmentTable TablePlan::run(const DeviceLayout& layout, Segment* segments,
   if (table_.kind == TableKind::kSingleDevice) {
     detail::launch_build_single_table(layout.cu_seqlens, layout.cu_seqlens_padded, capacity_.max_seqs, segments,
                                       stream);
-  } else {
+  } else if (table_.kind == TableKind::kAllGatherCp) {
     detail::launch_build_cp_table(layout.cu_seqlens, layout.cu_seqlens_padded, capacity_.max_seqs, cp_, rank_,
                                   table_.mask, segments, stream);
+  } else {
+    detail::launch_build_contiguous_cp_table(layout.cu_seqlens, layout.cu_seqlens_padded, capacity_.max_seqs,
+                                             table_.q_rows * rank_, table_.q_rows, table_.mask, segments, stream);
   }
   DeviceSegmentTable table = table_;
   table.segments = segments;

@@ -551,15 +551,11 @@ TEST(CApiCpModes, RefusedNamingTheValue) {
        {"params->max_tokens=55 must be a multiple of 2*cp_size=10",
         "params->cp_layout=THDCP_CP_LAYOUT_DUAL_CHUNK cuts into 2*cp_size chunks per sequence",
         "or use THDCP_CP_LAYOUT_CONTIGUOUS, which needs a multiple of cp_size"}},
-      {"CUDA, contiguous",
-       with(ag, [](thdcp_cp_params& p) { p.backend = THDCP_BACKEND_CUDA, p.cp_layout = THDCP_CP_LAYOUT_CONTIGUOUS; }),
-       {"params->cp_layout=THDCP_CP_LAYOUT_CONTIGUOUS, params->cp_comm=THDCP_CP_COMM_ALL_GATHER is not supported by "
-        "the CUDA backend: it runs THDCP_CP_LAYOUT_DUAL_CHUNK with THDCP_CP_COMM_ALL_GATHER only",
-        "or THDCP_BACKEND_CPU"}},
       {"CUDA, all_to_all",
        with(ag, [](thdcp_cp_params& p) { p.backend = THDCP_BACKEND_CUDA, p.cp_comm = THDCP_CP_COMM_ALL_TO_ALL; }),
-       {"params->cp_layout=THDCP_CP_LAYOUT_DUAL_CHUNK, params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL is not supported by "
-        "the CUDA backend"}},
+       {"params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL is not supported by the CUDA backend: it runs "
+        "THDCP_CP_COMM_ALL_GATHER (with either THDCP_CP_LAYOUT_*)",
+        "or THDCP_BACKEND_CPU"}},
       {"kv_gather 3", with(ag, [](thdcp_cp_params& p) { p.kv_gather = 3; }),
        {"params->kv_gather=3 is not a thdcp_cp_kv_gather_t: use THDCP_CP_KV_GATHER_AUTO (0), "
         "THDCP_CP_KV_GATHER_WHOLE (1) or THDCP_CP_KV_GATHER_HALO (2)"}},

@@ -1,5 +1,5 @@
 // AllGather CP on one GPU: cp ranks as threads sharing it through the shared-GPU device
-// communicator. On the edge-case table, every rank's out, lse, max_logit, dq, dk, dv equal
+// communicator. On the edge-case table, under both layouts (dual chunk, contiguous), every rank's out, lse, max_logit, dq, dk, dv equal
 // the single-device CPU reference (GPU tolerances); the whole step of every rank, captured
 // into one CUDA graph (global capture mode) and replayed on a new batch of the same
 // capacity, equals the eager step on that batch bit for bit. Local tensors as strided views
@@ -30,17 +30,17 @@ using test::expect_matches_reference;
 using test::make_case_batch;
 using test::problem_of;
 
-using EdgeParam = std::tuple<int /*cp*/, int /*edge case index*/>;
+using EdgeParam = std::tuple<CpLayout, int /*cp*/, int /*edge case index*/>;
 
 class CudaCpSharedGpu : public test::CudaTest, public ::testing::WithParamInterface<EdgeParam> {};
 
 TEST_P(CudaCpSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
-  const auto [cp, index] = GetParam();
+  const auto [layout, cp, index] = GetParam();
   const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
   const Capacity capacity = capacity_of(c, cp);
-  const test::Batch first = make_case_batch(c, cp, capacity, 1000 + index * 10 + cp, false);
-  const test::Batch second = make_case_batch(c, cp, capacity, 2000 + index * 10 + cp, true);
-  const cp::Problem problem = problem_of(c, cp);
+  const test::Batch first = make_case_batch(c, cp, capacity, 1000 + index * 10 + cp, false, layout);
+  const test::Batch second = make_case_batch(c, cp, capacity, 2000 + index * 10 + cp, true, layout);
+  const cp::Problem problem = problem_of(c, cp, layout);
 
   std::vector<test::Outputs> eager_first(cp), eager_second(cp), replayed(cp);
   test::ThreadBarrier barrier(cp);
@@ -91,8 +91,8 @@ TEST_P(CudaCpSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
   });
 
   for (int rank = 0; rank < cp; ++rank) {
-    expect_matches_reference(eager_first[rank], first, c.mask, cp, rank);
-    expect_matches_reference(eager_second[rank], second, c.mask, cp, rank);
+    expect_matches_reference(eager_first[rank], first, c.mask, cp, rank, layout);
+    expect_matches_reference(eager_second[rank], second, c.mask, cp, rank, layout);
     EXPECT_TRUE(test::identical(replayed[rank], eager_second[rank])) << "graph replay vs eager, rank " << rank;
   }
   cudaGraphExecDestroy(exec);
@@ -103,31 +103,37 @@ TEST_P(CudaCpSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
 }
 
 std::string edge_name(const ::testing::TestParamInfo<EdgeParam>& info) {
-  return "cp" + std::to_string(std::get<0>(info.param)) + "_" +
-         edge_cases()[static_cast<size_t>(std::get<1>(info.param))].name;
+  return test::layout_prefix(std::get<0>(info.param)) + "cp" + std::to_string(std::get<1>(info.param)) + "_" +
+         edge_cases()[static_cast<size_t>(std::get<2>(info.param))].name;
 }
 
+// Both layouts: dual chunk (the default) and contiguous (no reorder of the gathered K/V).
 INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpSharedGpu,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 8), ::testing::Range(0, 6)), edge_name);
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Values(1, 2, 3, 4, 8), ::testing::Range(0, 6)),
+                         edge_name);
 
 class CudaCpKeptKv : public test::CudaTest {};
 
-// The backward on the K/V the forward left in sequence order equals the one that gathers
-// them again, bit for bit.
+// The backward on the K/V the forward left in sequence order (dual chunk: the reordered
+// copy; contiguous: the gathered rows) equals the one that gathers them again, bit for bit.
 TEST_F(CudaCpKeptKv, BackwardOnForwardKvEqualsRegather) {
-  for (int cp : {2, 3}) {
-    for (int index : {0, 3}) {
-      const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
-      const cp::Problem problem = problem_of(c, cp);
-      const test::Batch b = make_case_batch(c, cp, problem.capacity, 300 + index + cp, false);
-      std::vector<test::Outputs> regathered(cp), kept(cp);
-      run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
-        test::CudaCpRank state(comm, problem);
-        regathered[comm.rank()] = state.run(b);
-        kept[comm.rank()] = state.run(b, cp::KvSource::kFromForward);
-      });
-      for (int rank = 0; rank < cp; ++rank) {
-        EXPECT_TRUE(test::identical(kept[rank], regathered[rank])) << c.name << " cp " << cp << " rank " << rank;
+  for (const CpLayout layout : {CpLayout::kDualChunk, CpLayout::kContiguous}) {
+    for (int cp : {2, 3}) {
+      for (int index : {0, 3}) {
+        const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
+        const cp::Problem problem = problem_of(c, cp, layout);
+        const test::Batch b = make_case_batch(c, cp, problem.capacity, 300 + index + cp, false, layout);
+        std::vector<test::Outputs> regathered(cp), kept(cp);
+        run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+          test::CudaCpRank state(comm, problem);
+          regathered[comm.rank()] = state.run(b);
+          kept[comm.rank()] = state.run(b, cp::KvSource::kFromForward);
+        });
+        for (int rank = 0; rank < cp; ++rank) {
+          EXPECT_TRUE(test::identical(kept[rank], regathered[rank]))
+              << cp_layout_name(layout) << " " << c.name << " cp " << cp << " rank " << rank;
+        }
       }
     }
   }
@@ -414,21 +420,20 @@ TEST_F(CudaCpFaults, BadPlanArgumentsAreRefusedOnEveryRank) {
   });
   EXPECT_NE(messages[1].find("workspace"), std::string::npos) << messages[1];
   EXPECT_NE(messages[0].find("rank 1: "), std::string::npos) << messages[0];
-  // A CP mode this backend does not run (the CPU backend runs every mode).
-  for (bool contiguous : {true, false}) {
+  // A CP communication this backend does not run (the CPU backend runs every mode).
+  for (const cp::CpComm comm_kind : {cp::CpComm::kAllToAll, cp::CpComm::kA2aAg}) {
     const std::vector<std::string> refused = errors_of_two_ranks([&](DeviceCommunicator& comm) {
       cp::Problem p = small_problem(2);
-      if (contiguous) {
-        p.layout = CpLayout::kContiguous;
-      } else {
-        p.comm = cp::CpComm::kAllToAll;
-      }
+      p.comm = comm_kind;
+      if (comm_kind == cp::CpComm::kA2aAg) p.a2a_size = 2;
       const size_t bytes = cp::cuda_workspace_size(p);
       test::DeviceBuffer device(bytes);
       cp::CudaPlan plan(comm, p, AttentionOptions{}, device.data(), bytes);
     });
     for (const std::string& message : refused) {
-      EXPECT_NE(message.find("the CUDA backend runs layout=dual_chunk, comm=all_gather"), std::string::npos) << message;
+      EXPECT_NE(message.find("the CUDA backend runs comm=all_gather (layout dual_chunk or contiguous)"),
+                std::string::npos)
+          << message;
     }
   }
 }

@@ -1,6 +1,6 @@
 // AllGather CP over NCCL with one MPI process per GPU (the way a training job runs it):
-// the edge-case table with cp = the process count, eager against the CPU reference and the
-// captured step replayed on a new batch against eager, bit for bit. Registered as
+// the edge-case table under both layouts with cp = the process count, eager against the CPU
+// reference and the captured step replayed on a new batch against eager, bit for bit. Registered as
 // cuda_cp_mpi_np{2,4,8} (label multi_gpu); exits 77 (skipped) with the reason when a process
 // sees fewer GPUs than the job has processes.
 #include <cuda_runtime_api.h>
@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <tuple>
 
 #include "support/cp/cuda_cp_cases.h"
 #include "support/mpi_main.h"
@@ -21,13 +22,17 @@ constexpr int kSkipped = 77;
 std::unique_ptr<Communicator> g_world;
 std::unique_ptr<DeviceCommunicator> g_comm;
 
-class CudaCpProcessPerGpu : public ::testing::TestWithParam<int> {};
+class CudaCpProcessPerGpu : public ::testing::TestWithParam<std::tuple<CpLayout, int /*edge case*/>> {};
 
 TEST_P(CudaCpProcessPerGpu, EagerMatchesReferenceAndReplayMatchesEager) {
-  test::check_edge_case_with_own_capture(*g_comm, GetParam(), cudaStreamCaptureModeGlobal);
+  const auto [layout, index] = GetParam();
+  test::check_edge_case_with_own_capture(*g_comm, index, cudaStreamCaptureModeGlobal, layout);
 }
 
-INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpProcessPerGpu, ::testing::Range(0, 6));
+// Both layouts: dual chunk (the default) and contiguous.
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpProcessPerGpu,
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Range(0, 6)));
 
 int run(int argc, char** argv) {
   g_world = mpi::world();

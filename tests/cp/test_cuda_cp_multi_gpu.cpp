@@ -1,10 +1,11 @@
 // AllGather CP over NCCL, one process driving every visible GPU (a thread per GPU, cp = the
-// GPU count): the edge-case table, eager against the CPU reference and each rank's captured
+// GPU count): the edge-case table under both layouts, eager against the CPU reference and each rank's captured
 // step replayed on a new batch against eager, bit for bit. Skipped with the reason on fewer
 // than 2 GPUs.
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 
 #include "support/cp/cuda_cp_cases.h"
 #include "thdcp/comm_device/nccl.h"
@@ -12,7 +13,8 @@
 namespace thdcp {
 namespace {
 
-class CudaCpThreadPerGpu : public test::CudaTest, public ::testing::WithParamInterface<int> {
+class CudaCpThreadPerGpu : public test::CudaTest,
+                           public ::testing::WithParamInterface<std::tuple<CpLayout, int /*edge case*/>> {
  protected:
   void SetUp() override {
     test::CudaTest::SetUp();
@@ -25,18 +27,23 @@ class CudaCpThreadPerGpu : public test::CudaTest, public ::testing::WithParamInt
 };
 
 TEST_P(CudaCpThreadPerGpu, EagerMatchesReferenceAndReplayMatchesEager) {
-  const int index = GetParam();
+  const auto [layout, index] = GetParam();
   run_in_process(gpus_, [&](Communicator& host) {
     std::unique_ptr<DeviceCommunicator> comm = nccl::create(host, host.rank());
     // Several threads capture at once: each its own stream, thread-local mode.
-    test::check_edge_case_with_own_capture(*comm, index, cudaStreamCaptureModeThreadLocal);
+    test::check_edge_case_with_own_capture(*comm, index, cudaStreamCaptureModeThreadLocal, layout);
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpThreadPerGpu, ::testing::Range(0, 6),
-                         [](const ::testing::TestParamInfo<int>& param_info) {
-                           return std::string(test::edge_cases()[static_cast<size_t>(param_info.param)].name);
-                         });
+std::string case_name(const ::testing::TestParamInfo<std::tuple<CpLayout, int>>& info) {
+  return test::layout_prefix(std::get<0>(info.param)) +
+         test::edge_cases()[static_cast<size_t>(std::get<1>(info.param))].name;
+}
+
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpThreadPerGpu,
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Range(0, 6)),
+                         case_name);
 
 }  // namespace
 }  // namespace thdcp

@@ -1,6 +1,10 @@
 // AllGather CP on the GPU: the CUDA step set of the algorithm in thdcp/cp/cp.h, over a
 // DeviceCommunicator (NCCL, or ranks sharing one GPU). A host Communicator does not convert
-// to one, so passing it here does not compile.
+// to one, so passing it here does not compile. Problem::layout may be dual_chunk (the
+// gathered K/V are reordered to sequence order, and dK/dV accumulated at their rank-order
+// rows) or contiguous (the gathered K/V are in sequence order already: no reorder, no row
+// map, and no sequence-order copy in the workspace). Problem::comm must be all_gather and
+// kv_gather auto or whole (the whole K/V is gathered); the CPU backend runs the other modes.
 //
 // Plan, then run. The plan validates the problem for the CUDA kernels (dtype, head dim,
 // kernel family of the current device), checks it across ranks once (a small exchange

@@ -16,6 +16,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "thdcp/plan/contiguous.h"
 #include "thdcp/plan/layout.h"
 #include "thdcp/plan/mask.h"
 #include "thdcp/plan/segment.h"
@@ -23,19 +24,36 @@
 namespace thdcp::cuda {
 
 // Which builder filled a device table. It bounds how many segments reach one key row
-// (1 for a single-device table, 2 for an AllGather-CP table), which sizes the backward grid
-// and keeps the fp32 dK/dV accumulation deterministic (AttentionOptions::deterministic).
+// (1 for a single-device or a contiguous AllGather-CP table, 2 for a dual-chunk one), which
+// sizes the backward grid and keeps the fp32 dK/dV accumulation deterministic
+// (AttentionOptions::deterministic).
 enum class TableKind {
   kSingleDevice,
-  kAllGatherCp,
+  kAllGatherCp,            // dual-chunk layout: two segments per sequence
+  kContiguousAllGatherCp,  // contiguous layout: one segment per sequence
 };
+
+// Segments of a table of `kind` that reach one key row at most: the backward's dK/dV grid
+// bound and its determinism argument.
+inline int segments_per_key_row(TableKind kind) { return kind == TableKind::kAllGatherCp ? 2 : 1; }
+
+// The kind's name in messages.
+inline const char* table_kind_name(TableKind kind) {
+  switch (kind) {
+    case TableKind::kSingleDevice: return "single device";
+    case TableKind::kAllGatherCp: return "AllGather CP, dual chunk";
+    case TableKind::kContiguousAllGatherCp: return "AllGather CP, contiguous";
+  }
+  return "unknown";
+}
 
 // A segment table in device memory with a fixed capacity. Entries past the batch's real
 // sequences are zero-length placeholders written by the builders, so the kernels see a
 // fixed-size array and the table needs no host read-back.
 struct DeviceSegmentTable {
   Segment* segments = nullptr;  // device array of `capacity` entries
-  int capacity = 0;             // entries: max_seqs (single device) or 2 * max_seqs (CP)
+  int capacity = 0;             // entries: max_seqs (single device, contiguous CP) or 2 * max_seqs
+                                // (dual-chunk CP)
   int64_t q_rows = 0;           // rows of the Q/O tensors the table addresses
   int64_t k_rows = 0;           // rows of the K/V tensors the table addresses
   Mask mask;                    // the mask applied by the kernels (and used by the builders)
@@ -48,11 +66,13 @@ class TablePlan {
   // the capacity's max_tokens rows.
   static TablePlan single_device(const Capacity& capacity, const Mask& mask);
 
-  // The AllGather-CP table of `rank` of `cp` (as thdcp::build_cp_segment_table): two segments
-  // per sequence, queries addressing the rank's max_tokens / cp local rows, keys the
-  // gathered K/V in sequence order (max_tokens rows). The layouts it reads are global: every
-  // padded length a multiple of 2 * cp.
-  static TablePlan all_gather_cp(const Capacity& capacity, int cp, int rank, const Mask& mask);
+  // The AllGather-CP table of `rank` of `cp` (as thdcp::build_cp_segment_table), queries
+  // addressing the rank's max_tokens / cp local rows, keys the gathered K/V in sequence order
+  // (max_tokens rows). The layouts it reads are global. Dual chunk: two segments per
+  // sequence, every padded length a multiple of 2 * cp. Contiguous: one segment per sequence
+  // (its rows inside the rank's piece), max_tokens a multiple of cp.
+  static TablePlan all_gather_cp(const Capacity& capacity, int cp, int rank, const Mask& mask,
+                                 CpLayout layout = CpLayout::kDualChunk);
 
   // The table run() returns, with `segments` null: the table part of an AttentionShape.
   const DeviceSegmentTable& table() const { return table_; }

@@ -14,7 +14,8 @@ const std::vector<EdgeCase>& edge_cases() {
   return cases;
 }
 
-Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint64_t seed, bool shuffle) {
+Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint64_t seed, bool shuffle,
+                      CpLayout layout) {
   std::vector<int64_t> lengths = c.lengths;
   if (lengths.size() == 1 && lengths[0] < 0) {
     lengths[0] = capacity.max_tokens - (shuffle ? 2 * cp + 3 : 0);  // fills the capacity (or nearly)
@@ -22,8 +23,9 @@ Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint6
     std::reverse(lengths.begin(), lengths.end());
     for (int64_t& n : lengths) n = n > 3 ? n - 3 : n;
   }
-  const BatchLayout layout = make_layout(lengths, cp, capacity);
-  return make_batch(layout, c.shape(), seed);
+  const BatchLayout rows = layout == CpLayout::kDualChunk ? make_layout(lengths, cp, capacity)
+                                                         : make_contiguous_layout(lengths, cp, capacity);
+  return make_batch(rows, c.shape(), seed);
 }
 
 Capacity capacity_of(const EdgeCase& c, int cp) {
@@ -38,26 +40,37 @@ Capacity capacity_of(const EdgeCase& c, int cp) {
   return Capacity{docs + 1 + c.extra_seqs, rows + slack};
 }
 
-void expect_matches_reference(const Outputs& o, const Outputs& ref, const Batch& b, int cp, int rank) {
-  SCOPED_TRACE("cp " + std::to_string(cp) + " rank " + std::to_string(rank));
-  expect_gpu_close(o, local_outputs(ref, b.layout.view(), cp, rank), b.q.dtype());
+void expect_matches_reference(const Outputs& o, const Outputs& ref, const Batch& b, int cp, int rank,
+                              CpLayout layout) {
+  SCOPED_TRACE(std::string(cp_layout_name(layout)) + " cp " + std::to_string(cp) + " rank " + std::to_string(rank));
+  expect_gpu_close(o, local_outputs(ref, b.layout.view(), cp, rank, layout), b.q.dtype());
 }
 
-void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask, int cp, int rank) {
-  expect_matches_reference(o, single_device(b, mask, AttentionOptions{}), b, cp, rank);
+void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask, int cp, int rank,
+                              CpLayout layout) {
+  expect_matches_reference(o, single_device(b, mask, AttentionOptions{}), b, cp, rank, layout);
 }
 
-cp::Problem problem_of(const EdgeCase& c, int cp) { return cp_problem(cp, capacity_of(c, cp), c.shape()); }
+cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout) {
+  cp::Problem problem = cp_problem(cp, capacity_of(c, cp), c.shape());
+  problem.layout = layout;
+  return problem;
+}
 
-void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode) {
+std::string layout_prefix(CpLayout layout) {
+  return layout == CpLayout::kDualChunk ? "" : std::string(cp_layout_name(layout)) + "_";
+}
+
+void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode,
+                                      CpLayout layout) {
   const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
   const int cp = comm.size(), rank = comm.rank();
-  const cp::Problem problem = problem_of(c, cp);
-  const Batch first = make_case_batch(c, cp, problem.capacity, 1000 + index * 10 + cp, false);
-  const Batch second = make_case_batch(c, cp, problem.capacity, 2000 + index * 10 + cp, true);
+  const cp::Problem problem = problem_of(c, cp, layout);
+  const Batch first = make_case_batch(c, cp, problem.capacity, 1000 + index * 10 + cp, false, layout);
+  const Batch second = make_case_batch(c, cp, problem.capacity, 2000 + index * 10 + cp, true, layout);
   CudaCpRank state(comm, problem);
   comm.warm_up(state.stream());
-  expect_matches_reference(state.run(first), first, c.mask, cp, rank);
+  expect_matches_reference(state.run(first), first, c.mask, cp, rank, layout);
 
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -69,7 +82,7 @@ void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaS
   THDCP_CHECK_CUDA(cudaGraphLaunch(exec, state.stream()));
   const Outputs replayed = state.download();
   const Outputs eager = state.run(second);
-  expect_matches_reference(eager, second, c.mask, cp, rank);
+  expect_matches_reference(eager, second, c.mask, cp, rank, layout);
   EXPECT_TRUE(identical(replayed, eager)) << c.name << ": graph replay vs eager, rank " << rank;
   THDCP_CHECK_CUDA(cudaGraphExecDestroy(exec));
   THDCP_CHECK_CUDA(cudaGraphDestroy(graph));

@@ -30,23 +30,33 @@ struct EdgeCase {
 
 const std::vector<EdgeCase>& edge_cases();
 
-// A batch of `c` for `cp` in capacity form; `seed` varies the data and (for the replay
-// batch) the lengths, keeping the capacity.
-Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint64_t seed, bool shuffle);
+// A batch of `c` for `cp` in capacity form under `layout` (dual chunk: every document padded
+// to a multiple of 2*cp; contiguous: no padding but the last placeholder's); `seed` varies
+// the data and (for the replay batch) the lengths, keeping the capacity.
+Batch make_case_batch(const EdgeCase& c, int cp, const Capacity& capacity, uint64_t seed, bool shuffle,
+                      CpLayout layout = CpLayout::kDualChunk);
 
+// The capacity of `c` at `cp` (the dual-chunk layout's; it holds the contiguous one too).
 Capacity capacity_of(const EdgeCase& c, int cp);
 
-// One rank's outputs against its rows of `ref`, the single-device CPU result on the batch `b`.
-void expect_matches_reference(const Outputs& o, const Outputs& ref, const Batch& b, int cp, int rank);
+// One rank's outputs against its rows (under `layout`) of `ref`, the single-device CPU
+// result on the batch `b`.
+void expect_matches_reference(const Outputs& o, const Outputs& ref, const Batch& b, int cp, int rank,
+                              CpLayout layout = CpLayout::kDualChunk);
 
-void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask, int cp, int rank);
+void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask, int cp, int rank,
+                              CpLayout layout = CpLayout::kDualChunk);
 
-cp::Problem problem_of(const EdgeCase& c, int cp);
+cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout = CpLayout::kDualChunk);
 
 // One rank of an edge case over a communicator whose ranks capture their own streams (NCCL:
 // a thread or a process per GPU): the eager step on a first batch against the CPU
 // reference, then this rank's step captured (`mode`), replayed on a second batch of the same
 // capacity, and compared bit for bit with the eager step on that batch.
-void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode);
+void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode,
+                                      CpLayout layout = CpLayout::kDualChunk);
+
+// The name of a CP layout in test names: "" for dual chunk (the default), "contiguous_".
+std::string layout_prefix(CpLayout layout);
 
 }  // namespace thdcp::test

@@ -26,7 +26,7 @@ void CudaCpRank::load(const Batch& b) {
   // On this rank's stream, complete on return (see DeviceBuffer::upload(..., stream)).
   for (auto [to, from] : {std::make_pair(&tensors_.q, &b.q), std::make_pair(&tensors_.k, &b.k),
                           std::make_pair(&tensors_.v, &b.v), std::make_pair(&tensors_.dout, &b.dout)}) {
-    to->buffer.upload(local_part(*from, layout, cp, rank).data(), to->bytes(), stream_);
+    to->buffer.upload(local_part(*from, layout, cp, rank, problem_.layout).data(), to->bytes(), stream_);
   }
   cu_.upload(b.layout.cu_seqlens.data(), cu_.bytes(), stream_);
   cup_.upload(b.layout.cu_seqlens_padded.data(), cup_.bytes(), stream_);
