@@ -49,7 +49,7 @@ const char* kRunHelp =
     "                    a2a+ag (all-to-all in groups of --cp-a2a-size consecutive ranks,\n"
     "                    AllGather across the cp/N groups; HQ and HKV multiples of N).\n"
     "                    The CPU backend runs every layout and communication, the CUDA backend\n"
-    "                    dual_chunk with all_gather (for another, auto runs the CPU backend)\n"
+    "                    all_gather with either layout (for another, auto runs the CPU backend)\n"
     "  --cp-a2a-size N   a2a+ag's all-to-all group: N ranks, N dividing cp (1 is all_gather, cp\n"
     "                    all_to_all)\n"
     "  --cp-kv-gather G  all_gather's (a2a+ag's across the groups) K/V rows: auto (default: the halo when it moves fewer\n"
