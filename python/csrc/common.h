@@ -11,6 +11,7 @@
 
 #include "thdcp/core/error.h"
 #include "thdcp/core/tensor.h"
+#include "thdcp/plan/layout_balance.h"
 #include "thdcp/plan/mask.h"
 #include "thdcp/plan/rope.h"
 
@@ -165,6 +166,17 @@ inline const float* sinks_data(const std::optional<at::Tensor>& sinks, const at:
 // either way).
 inline at::Tensor dsinks_output(const std::optional<at::Tensor>& sinks, const at::Tensor& q) {
   return at::empty({sinks ? q.size(1) : 0}, q.options().dtype(at::kFloat));
+}
+
+// The CP layout a schema string names (cp_layout_name of one of kCpLayouts). The Python doors
+// check it first, naming their own function; this guards direct torch.ops.thdcp calls.
+inline CpLayout cp_layout_argument(const std::string& name) {
+  std::string choices;
+  for (const CpLayout layout : kCpLayouts) {
+    if (name == cp_layout_name(layout)) return layout;
+    choices += std::string(choices.empty() ? "'" : ", '") + cp_layout_name(layout) + "'";
+  }
+  TORCH_CHECK_VALUE(false, "thdcp: layout='", name, "' is not a CP layout: pass one of ", choices);
 }
 
 inline Mask window_mask(int64_t left, int64_t right) {

@@ -137,17 +137,6 @@ std::vector<int64_t> offsets_back_to_back(const BatchLayout& layout) {
   return both;
 }
 
-// The CP layout a schema string names (cp_layout_name of one of kCpLayouts). The Python doors
-// check it first, naming their own function; this guards direct torch.ops.thdcp calls.
-CpLayout cp_layout_argument(const std::string& name) {
-  std::string choices;
-  for (const CpLayout layout : kCpLayouts) {
-    if (name == cp_layout_name(layout)) return layout;
-    choices += std::string(choices.empty() ? "'" : ", '") + cp_layout_name(layout) + "'";
-  }
-  TORCH_CHECK_VALUE(false, "thdcp: layout='", name, "' is not a CP layout: pass one of ", choices);
-}
-
 // The names of the CP layouts, the default first.
 std::vector<std::string> cp_layouts_op() {
   std::vector<std::string> names;
@@ -196,13 +185,19 @@ std::vector<int64_t> choose_capacity_op(const std::vector<int64_t>& lengths, int
 
 // The capacity-form layout of `lengths` (cu_seqlens then cu_seqlens_padded, max_seqs + 1
 // entries each) at CP size cp.
+// The capacity form of a batch under the CP layout named `layout` (dual chunk: documents
+// padded to 2*cp, zero-length ones dropped; contiguous: no padding but the last
+// placeholder's).
 std::vector<int64_t> capacity_layout_op(const std::vector<int64_t>& lengths, int64_t cp, int64_t max_tokens,
-                                        int64_t max_seqs) {
+                                        int64_t max_seqs, const std::string& layout) {
   return translate_errors("capacity_layout", [&] {
     Capacity c;
     c.max_tokens = max_tokens;
     c.max_seqs = to_int(max_seqs, "max_seqs");
-    return offsets_back_to_back(capacity_layout(lengths, to_int(cp, "cp"), c));
+    const int ranks = to_int(cp, "cp");
+    return offsets_back_to_back(cp_layout_argument(layout) == CpLayout::kContiguous
+                                    ? make_contiguous_layout(lengths, ranks, c)
+                                    : capacity_layout(lengths, ranks, c));
   });
 }
 
@@ -307,17 +302,18 @@ TORCH_LIBRARY(thdcp, m) {
       "float theta, int rotary_dim, bool interleaved, bool backward) -> Tensor");
   m.def(
       "cp_attention_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor cu_seqlens_padded, int comm, "
-      "int window_left, int window_right, float softmax_scale, bool return_max_logit, Tensor? sinks=None) "
-      "-> (Tensor, Tensor, Tensor)");
+      "int window_left, int window_right, float softmax_scale, bool return_max_logit, Tensor? sinks=None, "
+      "str layout='dual_chunk') -> (Tensor, Tensor, Tensor)");
   // Returns (dq, dk, dv, dsinks) as attention_backward does; dsinks summed over the ranks.
   m.def(
       "cp_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens, "
       "Tensor cu_seqlens_padded, int comm, int window_left, int window_right, float softmax_scale, "
-      "Tensor? sinks=None) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? sinks=None, str layout='dual_chunk') -> (Tensor, Tensor, Tensor, Tensor)");
   // Host helpers (called outside compiled regions; no tensors on the device).
   m.def("default_capacity(int max_tokens, int cp) -> int[]", &default_capacity_op);
   m.def("check_fit(int[] lengths, int cp, int max_tokens, int max_seqs) -> int", &check_fit_op);
-  m.def("capacity_layout(int[] lengths, int cp, int max_tokens, int max_seqs) -> int[]", &capacity_layout_op);
+  m.def("capacity_layout(int[] lengths, int cp, int max_tokens, int max_seqs, str layout='dual_chunk') -> int[]",
+        &capacity_layout_op);
   m.def("choose_capacity(int[] lengths, int cp, int[] max_tokens, int[] max_seqs) -> int[]", &choose_capacity_op);
   m.def("cp_layouts() -> str[]", &cp_layouts_op);
   m.def("cp_rank_rows(Tensor cu_seqlens_padded, int cp, int rank, str layout='dual_chunk') -> Tensor",

@@ -6,8 +6,8 @@ A CP layout says which rows of the global batch each rank holds:
   2 * cp) is cut into 2 * cp chunks; rank r holds chunks r and 2cp - 1 - r (one early, one
   late: the causal work is balanced).
 - "contiguous": the packed buffer (documents with no padding of their own, T a multiple of
-  cp) cut into cp equal pieces; rank r holds rows [r T / cp, (r + 1) T / cp). The C++ CPU
-  backend (thdcp::cp::CpuPlan) attends in it; cp_attention (CUDA) does not.
+  cp) cut into cp equal pieces; rank r holds rows [r T / cp, (r + 1) T / cp). cp_attention
+  takes it with layout="contiguous".
 
 Every rank passes the *global* layout and its own rows; cp_attention all-gathers K/V over
 NCCL, attends, and in the backward reduce-scatters dK/dV. cp_layout makes a layout;
@@ -102,38 +102,43 @@ def cp_attention(
     return_lse: bool = False,
     return_max_logit: bool = False,
     sinks: Optional[torch.Tensor] = None,
+    layout: str = "dual_chunk",
 ):
     """Attention of this rank's rows under AllGather CP over `comm`, or over the communicator
     thdcp keeps for the torch.distributed `group` (Communicator.for_group) when comm is None.
     Every rank of the group calls it.
 
-    q, k: [T / cp, Hq, D_qk], [T / cp, Hkv, D_qk]; v: [T / cp, Hkv, D_v]: this rank's rows in
-    dual-chunk order (cp_split's default layout; the contiguous layout and all-to-all CP run on
-    the C++ CPU backend, thdcp::cp::CpuPlan, not here), bf16 or fp16 CUDA tensors of the communicator's device (head
-    dims as thdcp.attention's on CUDA). sinks: as thdcp.attention's, the same on every rank;
-    their gradient is summed over the ranks' rows (every rank gets the whole [Hq]). cu_seqlens,
-    cu_seqlens_padded: the global layout, int32 CUDA [B + 1], the same on every rank, every
-    padded length a multiple of 2 * cp and the last entry T (cp_layout makes them). Returns
-    this rank's out [T / cp, Hq, D_v] (and LSE [Hq, T / cp], the max logit per head reduced
-    over the group). The first call for a shape makes the CP plan (collective, on the host):
-    run it eagerly before capturing a graph. Calls on one communicator run on one stream.
+    q, k: [T / cp, Hq, D_qk], [T / cp, Hkv, D_qk]; v: [T / cp, Hkv, D_v]: this rank's rows
+    under `layout` (cp_split with the same layout gives them), bf16 or fp16 CUDA tensors of the
+    communicator's device (head dims as thdcp.attention's on CUDA). layout: "dual_chunk"
+    (every padded length a multiple of 2 * cp) or "contiguous" (T a multiple of cp; no
+    per-document padding, and no reorder of the gathered K/V). All-to-all CP runs on the C++
+    CPU backend (thdcp::cp::CpuPlan), not here. sinks: as thdcp.attention's, the same on every
+    rank; their gradient is summed over the ranks' rows (every rank gets the whole [Hq]).
+    cu_seqlens, cu_seqlens_padded: the global layout, int32 CUDA [B + 1], the same on every
+    rank, the last padded entry T (cp_layout makes them for either layout). Returns this
+    rank's out [T / cp, Hq, D_v] (and LSE [Hq, T / cp], the max logit per head reduced over
+    the group). The first call for a shape makes the CP plan (collective, on the host): run it
+    eagerly before capturing a graph. Calls on one communicator run on one stream.
     """
     arguments.check_devices("cp_attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded))
     left, right = arguments.window("cp_attention", window)
     scale = arguments.softmax_scale("cp_attention", softmax_scale)
+    layout = arguments.cp_layout("cp_attention", layout)
     if sinks is not None:
         sinks = arguments.sinks("cp_attention", sinks, q)
     if comm is None:
         comm = Communicator.for_group(group)
     out, lse, max_logit = _ops.cp_attention_forward(
-        q, k, v, cu_seqlens, cu_seqlens_padded, comm.handle, left, right, scale, bool(return_max_logit), sinks
+        q, k, v, cu_seqlens, cu_seqlens_padded, comm.handle, left, right, scale, bool(return_max_logit), sinks,
+        layout
     )
     return _results(out, lse, max_logit, return_lse, return_max_logit)
 
 
 @torch.library.register_fake("thdcp::cp_attention_forward")
 def _cp_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right, softmax_scale,
-                     return_max_logit, sinks=None):
+                     return_max_logit, sinks=None, layout="dual_chunk"):
     arguments.check_devices("cp_attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded)
                             + (("sinks", sinks),))
     rows, heads, _ = q.shape
@@ -143,7 +148,7 @@ def _cp_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, comm, window_left, 
 
 @torch.library.register_fake("thdcp::cp_attention_backward")
 def _cp_backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right,
-                      softmax_scale, sinks=None):
+                      softmax_scale, sinks=None, layout="dual_chunk"):
     arguments.check_devices("cp_attention backward",
                             _attention_backward_tensors(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded)
                             + (("sinks", sinks),))
@@ -154,17 +159,19 @@ def _cp_backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, co
 def _cp_setup(ctx, inputs, output):
     q, k, v, cu_seqlens, cu_seqlens_padded, comm, left, right, scale, _, *rest = inputs
     out, lse, max_logit = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, rest[0] if rest else None)
-    ctx.args = (comm, left, right, scale)
+    sinks = rest[0] if rest else None
+    layout = rest[1] if len(rest) > 1 else "dual_chunk"
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, sinks)
+    ctx.args = (comm, left, right, scale, layout)
     ctx.mark_non_differentiable(lse, max_logit)
 
 
 def _cp_backward(ctx, dout, dlse, dmax_logit):
     q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, sinks = ctx.saved_tensors
-    comm, left, right, scale = ctx.args
+    comm, left, right, scale, layout = ctx.args
     dq, dk, dv, dsinks = _ops.cp_attention_backward(_kernel_ready(dout), q, k, v, out, lse, cu_seqlens,
-                                                    cu_seqlens_padded, comm, left, right, scale, sinks)
-    return dq, dk, dv, None, None, None, None, None, None, None, dsinks if sinks is not None else None
+                                                    cu_seqlens_padded, comm, left, right, scale, sinks, layout)
+    return dq, dk, dv, None, None, None, None, None, None, None, dsinks if sinks is not None else None, None
 
 
 torch.library.register_autograd("thdcp::cp_attention_forward", _cp_backward, setup_context=_cp_setup)
@@ -180,8 +187,8 @@ def cp_layout(lengths: Sequence[int], cp: int, max_seqs: Optional[int] = None, m
       zero-length placeholders, the last absorbing rows up to max_tokens (what a CUDA graph
       of that capacity takes).
     - "contiguous": no padding of their own; only the last document is padded so that the
-      rows are a multiple of cp. It has no capacity form (ValueError with max_seqs /
-      max_tokens).
+      rows are a multiple of cp. In the capacity form (max_tokens a multiple of cp) the
+      placeholders follow the documents and the last absorbs the rows up to max_tokens.
     """
     op = "cp_layout"
     lengths = arguments.lengths(op, lengths)
@@ -192,11 +199,7 @@ def cp_layout(lengths: Sequence[int], cp: int, max_seqs: Optional[int] = None, m
         return both[: len(lengths) + 1].clone(), both[len(lengths) + 1:].clone()
     if max_seqs is None or max_tokens is None:
         raise ValueError("thdcp.cp_layout: pass both max_seqs and max_tokens (the capacity form), or neither")
-    if layout != "dual_chunk":
-        raise ValueError("thdcp.cp_layout: layout=%r has no capacity form (max_seqs=%s, max_tokens=%s): the "
-                         "capacities of CUDA graphs are dual-chunk layouts; pass layout='dual_chunk' or leave "
-                         "max_seqs and max_tokens out" % (layout, max_seqs, max_tokens))
-    return _capacity_layout(op, lengths, cp, max_tokens, max_seqs)
+    return _capacity_layout(op, lengths, cp, max_tokens, max_seqs, layout)
 
 
 def cp_rank_rows(cu_seqlens_padded: torch.Tensor, cp: int, rank: int, *, layout: str = "dual_chunk") -> torch.Tensor:

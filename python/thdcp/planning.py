@@ -82,10 +82,10 @@ def capacity_layout(lengths: Sequence[int], cp: int, max_tokens: int, max_seqs: 
 
 
 def _capacity_layout(op: str, lengths: Sequence[int], cp: int, max_tokens: int,
-                     max_seqs: int) -> Tuple[torch.Tensor, torch.Tensor]:
+                     max_seqs: int, layout: str = "dual_chunk") -> Tuple[torch.Tensor, torch.Tensor]:
     max_seqs = _max_seqs(op, max_seqs)
     both = _ops.capacity_layout(arguments.lengths(op, lengths), arguments.cp_size(op, cp), _max_tokens(op, max_tokens),
-                                max_seqs)
+                                max_seqs, layout)
     both = torch.tensor(both, dtype=torch.int32)
     return both[: max_seqs + 1].clone(), both[max_seqs + 1:].clone()
 

@@ -1,5 +1,6 @@
 """thdcp.cp_attention over torch.distributed (NCCL, one process per GPU), against
-thdcp.attention on the whole batch on each rank's GPU, also with attention sinks;
+thdcp.attention on the whole batch on each rank's GPU, under both CP layouts, also with
+attention sinks;
 thdcp.te.DotProductAttention with the
 world as its CP group, equal to cp_attention bit for bit; then the CP step captured in a CUDA
 graph and replayed on a new packing of the same capacity, equal to eager bit for bit.
@@ -47,6 +48,27 @@ def main():
         torch.testing.assert_close(out, thdcp.cp_split(ref, cu_padded, cp, rank), rtol=1e-2, atol=1e-2)
         for got, want in zip(grads, ref_grads):
             torch.testing.assert_close(got, thdcp.cp_split(want, cu_padded, cp, rank), rtol=2e-2, atol=2e-2)
+        checked += 1
+
+    # The contiguous layout (layout="contiguous"): no per-document padding, rank r holding the
+    # r-th piece of the packed rows; against thdcp.attention on the same packed batch.
+    cu_c, cu_padded_c = thdcp.cp_layout(lengths, cp, layout="contiguous")
+    rows_c = int(cu_padded_c[-1])
+    qc, kc, vc, doutc = (t[:rows_c] for t in (q, k, v, dout))
+    cu_c_d, cu_padded_c_d = cu_c.cuda(), cu_padded_c.cuda()
+    for window in ((-1, 0), (100, 0)):
+        qg, kg, vg = (t.clone().requires_grad_() for t in (qc, kc, vc))
+        ref = thdcp.attention(qg, kg, vg, cu_c_d, cu_padded_c_d, window=window)
+        ref_grads = torch.autograd.grad(ref, (qg, kg, vg), doutc)
+        split = [thdcp.cp_split(t, cu_padded_c, cp, rank, layout="contiguous") for t in (qc, kc, vc, doutc)]
+        ql, kl, vl = (t.requires_grad_() for t in split[:3])
+        out = thdcp.cp_attention(ql, kl, vl, cu_c_d, cu_padded_c_d, window=window, comm=comm, layout="contiguous")
+        grads = torch.autograd.grad(out, (ql, kl, vl), split[3])
+        torch.testing.assert_close(out, thdcp.cp_split(ref, cu_padded_c, cp, rank, layout="contiguous"),
+                                   rtol=1e-2, atol=1e-2)
+        for got, want in zip(grads, ref_grads):
+            torch.testing.assert_close(got, thdcp.cp_split(want, cu_padded_c, cp, rank, layout="contiguous"),
+                                       rtol=2e-2, atol=2e-2)
         checked += 1
 
     # Attention sinks (gpt-oss): cp_attention(sinks=) against thdcp.attention(sinks=) on the whole
@@ -101,43 +123,49 @@ def main():
     cu_s = torch.zeros(max_seqs + 1, dtype=torch.int32, device="cuda")
     cu_padded_s = torch.zeros(max_seqs + 1, dtype=torch.int32, device="cuda")
 
-    def step():
-        out = thdcp.cp_attention(static["q"], static["k"], static["v"], cu_s, cu_padded_s, comm=comm, window=(500, 0))
+    def step(layout):
+        out = thdcp.cp_attention(static["q"], static["k"], static["v"], cu_s, cu_padded_s, comm=comm, window=(500, 0),
+                                 layout=layout)
         return (out,) + torch.autograd.grad(out, (static["q"], static["k"], static["v"]), static["dout"])
 
-    def load(seed):
+    def load(seed, layout):
         r = random.Random(seed)
         lengths = [r.randint(1, 600) for _ in range(r.randint(1, max_seqs - 1))]
-        c, cp_ = thdcp.cp_layout(lengths, cp, max_seqs=max_seqs, max_tokens=max_tokens)
+        c, cp_ = thdcp.cp_layout(lengths, cp, max_seqs=max_seqs, max_tokens=max_tokens, layout=layout)
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name in static:
                 full = torch.randn(max_tokens, static[name].shape[1], d, generator=gen).to(torch.bfloat16)
-                static[name].copy_(thdcp.cp_split(full, cp_, cp, rank))
+                static[name].copy_(thdcp.cp_split(full, cp_, cp, rank, layout=layout))
             cu_s.copy_(c)
             cu_padded_s.copy_(cp_)
 
-    load(100)
-    step()  # eager: makes the CP plan (collective) before the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
-    for seed in (101, 102, 103):
-        load(seed)
-        graph.replay()
-        eager = step()
-        for got, want in zip(captured, eager):
-            if not torch.equal(got, want):
-                print("cp_worker: rank %d: replay differs from eager (seed %d)" % (rank, seed), file=sys.stderr)
-                sys.exit(1)
-        checked += 1
+    # Either layout: a graph of its own, replayed on new packings in that layout.
+    for layout, seeds in (("dual_chunk", (101, 102, 103)), ("contiguous", (201, 202))):
+        load(seeds[0] - 1, layout)
+        step(layout)  # eager: makes the CP plan (collective) before the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step(layout)
+        for seed in seeds:
+            load(seed, layout)
+            graph.replay()
+            eager = step(layout)
+            for got, want in zip(captured, eager):
+                if not torch.equal(got, want):
+                    print("cp_worker: rank %d: %s replay differs from eager (seed %d)" % (rank, layout, seed),
+                          file=sys.stderr)
+                    sys.exit(1)
+            checked += 1
+        del graph, captured
     torch.cuda.synchronize()
     dist.barrier()
     if rank == 0:
-        print("cp_worker: PASS cp=%d: %d checks (3 masks vs single-device attention, fwd+bwd; 2 masks with sinks, "
-              "d(sinks) the same bits on every rank; thdcp.te over the group equal to cp_attention bit for bit; "
-              "3 graph replays on new packings equal eager bit for bit)"
+        print("cp_worker: PASS cp=%d: %d checks (3 masks vs single-device attention, fwd+bwd; 2 masks under the "
+              "contiguous layout; 2 masks with sinks, d(sinks) the same bits on every rank; thdcp.te over the group "
+              "equal to cp_attention bit for bit; 3 + 2 graph replays (dual_chunk, contiguous) on new packings equal "
+              "eager bit for bit)"
               % (cp, checked))
     del graph
     comm.close()

@@ -221,6 +221,13 @@ def test_a_fractional_window_is_refused():
         thdcp.cp_attention(**args, window=(-1, 0.5))
 
 
+def test_cp_attention_refuses_an_unknown_layout_before_making_a_communicator():
+    args = inputs()
+    with pytest.raises(ValueError, match=r"cp_attention: layout='zigzag' is not a CP layout: pass one of "
+                                         r"'dual_chunk', 'contiguous'"):
+        thdcp.cp_attention(**args, layout="zigzag")
+
+
 # Every integer parameter of the package, each given a value that is not an integer or does
 # not fit: (call, the words the message must hold).
 BAD_INTEGERS = [

@@ -157,11 +157,15 @@ def test_a_layout_that_does_not_fit_is_refused_with_its_rule():
             thdcp.cp_rank_rows(DUAL_PADDED, 2, 2, layout=layout)
 
 
-def test_contiguous_has_no_capacity_form_and_merge_needs_parts():
-    with pytest.raises(ValueError, match=r"cp_layout: layout='contiguous' has no capacity form \(max_seqs=4, "
-                                         r"max_tokens=64\)"):
-        thdcp.cp_layout([3, 5], 2, max_seqs=4, max_tokens=64, layout="contiguous")
-    # The dual-chunk capacity form still works (and is what the default gives).
+def test_capacity_forms_of_both_layouts_and_merge_needs_parts():
+    # Contiguous: the documents unpadded, then placeholders, the last absorbing the rows.
+    cu, cu_padded = thdcp.cp_layout([3, 5], 2, max_seqs=4, max_tokens=64, layout="contiguous")
+    assert cu.tolist() == [0, 3, 8, 8, 8] and cu_padded.tolist() == [0, 3, 8, 8, 64]
+    with pytest.raises(ValueError, match=r"capacity.max_tokens=63 is not a multiple of cp=2"):
+        thdcp.cp_layout([3, 5], 2, max_seqs=4, max_tokens=63, layout="contiguous")
+    with pytest.raises(ValueError, match=r"the batch has 8 tokens but capacity.max_tokens=6"):
+        thdcp.cp_layout([3, 5], 2, max_seqs=4, max_tokens=6, layout="contiguous")
+    # The dual-chunk capacity form (what the default gives).
     cu, cu_padded = thdcp.cp_layout([3, 5], 2, max_seqs=4, max_tokens=64, layout="dual_chunk")
     assert cu.tolist() == [0, 3, 8, 8, 8] and cu_padded.tolist() == [0, 4, 12, 12, 64]
     with pytest.raises(ValueError, match="cp_merge: parts is empty"):
