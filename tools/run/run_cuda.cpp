@@ -146,9 +146,10 @@ RankDevice connect(CudaRun& run, Communicator& host_comm) {
 
 namespace {
 
-// The CP problem of a run: its batch's layout as the capacity, the run's shapes.
+// The CP problem of a run: its batch's layout as the capacity, the run's shapes and CP mode.
 cp::Problem problem_of(const RunConfig& c, const LayoutView& layout, int cp) {
-  return cp_problem(c.step_shape(), cp, Capacity{layout.num_seqs, layout.total_rows()}, c.mask);
+  return cp_problem(c.step_shape(), cp, Capacity{layout.num_seqs, layout.total_rows()}, c.mask, c.cp_layout,
+                    c.cp_comm, c.kv_gather, c.a2a_size);
 }
 
 // This rank's CP forward and backward over `comm` on `stream`: its rows up, one CudaPlan,
@@ -159,8 +160,10 @@ RankResult run_step(DeviceCommunicator& comm, const RunConfig& c, const GlobalBa
   const int cp = comm.size(), rank = comm.rank();
   const cp::Problem problem = problem_of(c, layout, cp);
   DeviceTensors t(c.step_shape(), problem.local_rows(), batch.layout, stream);
-  t.upload_inputs(split_for_rank(batch.q, layout, cp, rank), split_for_rank(batch.k, layout, cp, rank),
-                  split_for_rank(batch.v, layout, cp, rank), split_for_rank(batch.dout, layout, cp, rank), stream);
+  const CpLayout split = c.cp_layout;
+  t.upload_inputs(split_for_rank(batch.q, layout, cp, rank, split), split_for_rank(batch.k, layout, cp, rank, split),
+                  split_for_rank(batch.v, layout, cp, rank, split), split_for_rank(batch.dout, layout, cp, rank, split),
+                  stream);
   if (!batch.sinks.empty()) t.upload_sinks(batch.sinks, stream);
   cuda::DeviceBuffer workspace(cp::cuda_workspace_size(problem));
   cp::CudaPlan plan(comm, problem, AttentionOptions{}, workspace.data(), workspace.bytes());
