@@ -1,8 +1,9 @@
 // thdcp bench --scaling --gpus N[,N...]: AllGather CP across GPUs over NCCL against the same
 // batch on one GPU (issue 13).
 //
-// For every batch size T and mask the same documents (one seeded lognormal draw, every
-// document padded to a multiple of 2*lcm(cp sizes), so one layout serves every cp) run
+// For every batch size T, CP layout (--cp-layout) and mask the same documents (one seeded
+// lognormal draw; under the dual-chunk layout every document padded to a multiple of
+// 2*lcm(cp sizes), under the contiguous one none, so one layout serves every cp) run
 //   - on GPU 0 alone: cuda::Attention over the single-device table, the baseline, and
 //   - with AllGather CP over NCCL, cp = N, one process with a thread per GPU (run_in_process
 //     and nccl::create, as `thdcp run --gpus N` does): rank r on GPU r.
@@ -71,6 +72,13 @@ const char* kHelp =
     "NCCL_NVLS_ENABLE must be unset (it is then set to 0) or 0: NVLink multicast stays off.\n"
     "\n"
     "  --gpus N[,N...]     CP sizes, each <= the visible GPUs (required)\n"
+    "  --cp-layout L[,L...]  CP layouts, each a set of rows (dual_chunk): dual_chunk (documents padded\n"
+    "                      to 2*lcm(N...), rank r holding chunks r and 2N-1-r) and/or contiguous (the\n"
+    "                      same documents unpadded, rank r holding the r-th of N equal pieces); each\n"
+    "                      layout has its own baseline on GPU 0. Every row gives the (query, key)\n"
+    "                      pairs of the busiest rank over the mean (the planner's balance), the same\n"
+    "                      for the ranks' measured attention time, and the bytes each rank receives\n"
+    "                      per step\n"
     "  --tokens T[,T...]   rows per batch, multiples of 2*lcm(N...) (131072,524288)\n"
     "  --mask M[,M...]     causal and/or window (causal,window)\n"
     "  --window L          left window of the windowed mask (4096; right is 0)\n"
@@ -111,6 +119,7 @@ struct Variant {
 
 struct Options {
   std::vector<int> cps;
+  std::vector<CpLayout> layouts;
   int64_t align = 1;  // 2*lcm(cps): every document and T are multiples of it
   std::vector<int64_t> tokens_list;
   std::vector<NamedMask> masks;
@@ -137,7 +146,34 @@ struct Row {
   // gathered / reduced tensors x (cp - 1) / cp per second). 0: not measured.
   double gather_ms = 0, reduce_ms = 0, gather_busbw = 0, reduce_busbw = 0;
   bool dq_pass = false;  // AttentionOptions::separate_dq_pass
+  CpLayout layout = CpLayout::kDualChunk;
+  // Balance over the ranks, busiest over mean: of the (query, key) pairs each rank's table
+  // allows (predicted), and of each rank's attention phase (measured, median over steps).
+  double pairs_imbalance = 0, attention_imbalance = 0;
+  double received_bytes = 0;  // per rank per step: gathered K/V rows and reduce-scattered dK/dV
 };
+
+// The bytes a rank receives in one forward + backward step: the other ranks' K/V rows, once
+// per gather (the forward's, and the backward's unless it keeps them), and its share of the
+// fp32 dK/dV partial sums of the other ranks (the reduce-scatter).
+double received_per_rank(const StepShape& s, int64_t tokens, int cp, bool kept_kv) {
+  const double others = static_cast<double>(cp - 1) / cp;
+  const double kv = others * static_cast<double>(s.bytes(tokens, s.kv_heads) + s.bytes(tokens, s.kv_heads, s.value_head_dim()));
+  const double grads = others * sizeof(float) * static_cast<double>(tokens * s.kv_heads) *
+                       static_cast<double>(s.head_dim + s.value_head_dim());
+  return kv * (kept_kv ? 1 : 2) + grads;
+}
+
+// Busiest rank's allowed (query, key) pairs over the mean, under `layout`.
+double pairs_imbalance(const BatchLayout& layout, CpLayout cp_layout, int cp, const Mask& mask) {
+  double most = 0, sum = 0;
+  for (int r = 0; r < cp; ++r) {
+    const double pairs = static_cast<double>(table_pairs(build_cp_segment_table(layout.view(), cp, r, mask, cp_layout)));
+    most = std::max(most, pairs);
+    sum += pairs;
+  }
+  return sum > 0 ? most * cp / sum : 1.0;
+}
 
 // Where the backward takes K/V from, and (with --dq-pass 1) that dQ had a pass of its own.
 std::string backward_form(const Row& r) {
@@ -231,6 +267,24 @@ Options parse_options(const Args& args) {
   const std::vector<int64_t> margins = parse_int_list("sm-margin", args.get("sm-margin", "0"), 0, 1024);
   const std::vector<int64_t> dq_passes = parse_int_list("dq-pass", args.get("dq-pass", "0"), 0, 1);
   const std::vector<bool> kv_list = parse_kv(args.get("kv", "gather"));
+  const std::string layouts = args.get("cp-layout", "dual_chunk");
+  std::stringstream items(layouts);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    CpLayout layout = CpLayout::kDualChunk;
+    if (item == "contiguous") {
+      layout = CpLayout::kContiguous;
+    } else if (item != "dual_chunk") {
+      throw UsageError("--cp-layout " + quote_excerpt(layouts) + ": use dual_chunk and/or contiguous, separated by ','");
+    }
+    if (std::find(o.layouts.begin(), o.layouts.end(), layout) != o.layouts.end()) {
+      throw UsageError("--cp-layout " + quote_excerpt(layouts) + ": " + item + " is given twice");
+    }
+    o.layouts.push_back(layout);
+  }
+  if (o.layouts.empty() || layouts.back() == ',') {
+    throw UsageError("--cp-layout " + quote_excerpt(layouts) + ": use dual_chunk and/or contiguous, separated by ','");
+  }
   for (int c : o.cps) {
     for (bool kept : kv_list) {
       for (int64_t margin : margins) {
@@ -361,6 +415,14 @@ void summarize(const std::vector<scaling::RankReport>& reports, const Options& o
     }
   }
   row.comm_ms = row.step_ms - row.phase_ms[static_cast<size_t>(cp::Phase::kAttention)];
+  double most = 0, sum = 0;
+  for (const scaling::RankReport& r : reports) {
+    std::vector<double> attention;
+    for (const auto& step : r.phases) attention.push_back(step[static_cast<size_t>(cp::Phase::kAttention)]);
+    most = std::max(most, median(attention));
+    sum += median(attention);
+  }
+  row.attention_imbalance = sum > 0 ? most * row.cp / sum : 0;
   const long long tokens = static_cast<long long>(row.tokens);
   if (reports[0].collectives_skip.empty()) {
     row.gather_ms = slowest_median(reports, &scaling::RankReport::gather_ms, steps);
@@ -378,23 +440,30 @@ void summarize(const std::vector<scaling::RankReport>& reports, const Options& o
                 reports[0].collectives_skip.c_str());
   }
   row.efficiency = row.baseline_ms / (row.cp * row.step_ms);
-  std::printf("result T=%lld %s cp=%d, backward K/V %s, SM margin %d: baseline "
-              "%.3f ms, CP step %.3f ms (per rank:%s), beyond attention %.3f ms, efficiency %.3f (%s)\n",
-              tokens, row.mask.c_str(), row.cp, backward_form(row).c_str(), row.sm_margin, row.baseline_ms,
-              row.step_ms, per_rank.c_str(), row.comm_ms, row.efficiency, target_text(row).c_str());
+  std::printf("result T=%lld %s cp=%d %s, backward K/V %s, SM margin %d: baseline "
+              "%.3f ms, CP step %.3f ms (per rank:%s), beyond attention %.3f ms, efficiency %.3f (%s); busiest "
+              "rank over the mean: pairs %.3f, attention %.3f; received per rank per step %.1f MiB\n",
+              tokens, row.mask.c_str(), row.cp, cp_layout_name(row.layout), backward_form(row).c_str(),
+              row.sm_margin, row.baseline_ms, row.step_ms, per_rank.c_str(), row.comm_ms, row.efficiency,
+              target_text(row).c_str(), row.pairs_imbalance, row.attention_imbalance,
+              row.received_bytes / (1024.0 * 1024.0));
 }
 
 // One variant of a (T, mask): the CP run over NCCL, its check, its timings.
 Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& run, const Row& base, bool& failed) {
   Row row = base;
   row.cp = variant.cp;
+  row.layout = run.cp_layout;
+  row.pairs_imbalance = pairs_imbalance(run.layout, run.cp_layout, variant.cp, run.mask);
+  row.received_bytes = received_per_rank(o.shape, row.tokens, variant.cp, variant.kept_kv);
   row.kept_kv = variant.kept_kv;
   row.sm_margin = variant.sm_margin;
   row.dq_pass = variant.dq_pass;
   row.status = "PASS";
   std::vector<scaling::RankReport> reports(static_cast<size_t>(variant.cp));
   run_in_process(variant.cp, [&](Communicator& host) { scaling::cp_rank(host, run, reports[static_cast<size_t>(host.rank())]); });
-  const std::string what = format("T=%lld %s cp=%d", static_cast<long long>(row.tokens), row.mask.c_str(), row.cp);
+  const std::string what = format("T=%lld %s cp=%d %s", static_cast<long long>(row.tokens), row.mask.c_str(), row.cp,
+                                  cp_layout_name(row.layout));
   std::string skip;
   for (const scaling::RankReport& r : reports) {
     if (!r.skip.empty()) skip += (skip.empty() ? "" : "; ") + r.skip;
@@ -415,12 +484,14 @@ Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& 
   return row;
 }
 
-// A row for each cp of a (T, mask) that did not run.
-void skip_rows(int64_t tokens, const std::string& mask, size_t documents, const Options& o, std::vector<Row>& rows) {
+// A row for each cp of a (T, mask, layout) that did not run.
+void skip_rows(int64_t tokens, const std::string& mask, size_t documents, const Options& o, std::vector<Row>& rows,
+               CpLayout layout = CpLayout::kDualChunk) {
   for (int c : o.cps) {
     Row row;
     row.tokens = tokens;
     row.mask = mask;
+    row.layout = layout;
     row.cp = c;
     row.documents = documents;
     row.status = "skipped";
@@ -432,12 +503,11 @@ void skip_rows(int64_t tokens, const std::string& mask, size_t documents, const 
 void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& failed) {
   // One draw for this T: sampled with the coarsest padding, so every cp's layout is this one.
   const std::vector<int64_t> lengths = sample_lengths(tokens, static_cast<int>(o.align / 2), o.dist, o.seed);
-  const BatchLayout layout =
-      make_layout(lengths, static_cast<int>(o.align / 2), Capacity{static_cast<int>(lengths.size()) + 1, tokens});
-  int64_t longest = 0;
-  for (int64_t n : lengths) longest = std::max(longest, n);
+  const Capacity capacity{static_cast<int>(lengths.size()) + 1, tokens};
+  int64_t longest = 0, valid = 0;
+  for (int64_t n : lengths) longest = std::max(longest, n), valid += n;
   std::printf("\nT=%lld: %zu documents, %lld valid tokens, longest %lld\n", static_cast<long long>(tokens),
-              lengths.size(), static_cast<long long>(layout.valid_tokens()), static_cast<long long>(longest));
+              lengths.size(), static_cast<long long>(valid), static_cast<long long>(longest));
 
   // Host: the inputs, the reference, and each rank's part of one tensor and its download at a time.
   const StepShape& s = o.shape;
@@ -460,31 +530,39 @@ void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& 
   fill_random(in.v, o.seed + 3);
   fill_random(in.dout, o.seed + 4);
 
-  for (const NamedMask& m : o.masks) {
-    const double pairs = static_cast<double>(table_pairs(build_segment_table(layout.view(), m.mask)));
-    const scaling::Baseline base = scaling::run_baseline(layout, in, m.mask, s, o.warmup, o.iters);
-    if (!base.skip.empty()) {
-      std::printf("skip T=%lld %s: %s\n", static_cast<long long>(tokens), m.name.c_str(), base.skip.c_str());
-      skip_rows(tokens, m.name, lengths.size(), o, rows);
-      continue;
-    }
-    std::printf("baseline T=%lld %s: 1 GPU, fwd+bwd %.3f ms (%.1f TFLOP/s over %.0f allowed pairs)\n",
-                static_cast<long long>(tokens), m.name.c_str(), base.ms,
-                14.0 * pairs * static_cast<double>(s.head_dim * s.q_heads) / (base.ms * 1e9), pairs);
-    std::fflush(stdout);
-    Row row;
-    row.tokens = tokens;
-    row.mask = m.name;
-    row.documents = lengths.size();
-    row.baseline_ms = base.ms;
-    for (const Variant& variant : o.variants) {
-      AttentionOptions attention;
-      attention.sm_margin = variant.sm_margin;
-      attention.separate_dq_pass = variant.dq_pass;
-      const scaling::CpRun run{layout, in, base.ref, m.mask, s,
-                               variant.kept_kv ? Pass::kForwardBackwardKeptKv : Pass::kForwardBackward,
-                               attention, o.warmup, o.iters};
-      rows.push_back(run_variant(o, variant, run, row, failed));
+  // The same documents in each layout's rows: padded to 2*lcm (dual chunk) or unpadded
+  // (contiguous: T is a multiple of every cp); each layout's own baseline and reference.
+  for (const CpLayout cp_layout : o.layouts) {
+    const BatchLayout layout = cp_layout == CpLayout::kDualChunk
+                                   ? make_layout(lengths, static_cast<int>(o.align / 2), capacity)
+                                   : make_contiguous_layout(lengths, static_cast<int>(o.align / 2), capacity);
+    for (const NamedMask& m : o.masks) {
+      const double pairs = static_cast<double>(table_pairs(build_segment_table(layout.view(), m.mask)));
+      const scaling::Baseline base = scaling::run_baseline(layout, in, m.mask, s, o.warmup, o.iters);
+      if (!base.skip.empty()) {
+        std::printf("skip T=%lld %s %s: %s\n", static_cast<long long>(tokens), m.name.c_str(),
+                    cp_layout_name(cp_layout), base.skip.c_str());
+        skip_rows(tokens, m.name, lengths.size(), o, rows, cp_layout);
+        continue;
+      }
+      std::printf("baseline T=%lld %s, %s rows: 1 GPU, fwd+bwd %.3f ms (%.1f TFLOP/s over %.0f allowed pairs)\n",
+                  static_cast<long long>(tokens), m.name.c_str(), cp_layout_name(cp_layout), base.ms,
+                  14.0 * pairs * static_cast<double>(s.head_dim * s.q_heads) / (base.ms * 1e9), pairs);
+      std::fflush(stdout);
+      Row row;
+      row.tokens = tokens;
+      row.mask = m.name;
+      row.documents = lengths.size();
+      row.baseline_ms = base.ms;
+      for (const Variant& variant : o.variants) {
+        AttentionOptions attention;
+        attention.sm_margin = variant.sm_margin;
+        attention.separate_dq_pass = variant.dq_pass;
+        const scaling::CpRun run{layout, in, base.ref, m.mask, s,
+                                 variant.kept_kv ? Pass::kForwardBackwardKeptKv : Pass::kForwardBackward,
+                                 attention, o.warmup, o.iters, cp_layout};
+        rows.push_back(run_variant(o, variant, run, row, failed));
+      }
     }
   }
 }
@@ -500,23 +578,28 @@ void print_tables(const std::vector<Row>& rows, const Options& o, const std::str
               "peer); beyond attention = step - attention phase: what the overlap left exposed;\n"
               "efficiency = baseline / (cp x step).\n\n",
               o.iters, o.warmup);
-  std::vector<Table::Column> columns = {{"T"},         {"mask", 0, true},  {"cp"},          {"bwd K/V", 0, true},
+  std::vector<Table::Column> columns = {{"T"},         {"mask", 0, true},  {"cp"},          {"layout", 0, true},
+                                        {"bwd K/V", 0, true},
                                         {"SM margin"}, {"documents"},      {"check", 0, true}, {"baseline ms"},
                                         {"step ms"}};
   for (int p = 0; p < kPhases; ++p) columns.push_back({cp::phase_name(static_cast<cp::Phase>(p))});
-  columns.insert(columns.end(), {{"beyond attention ms"}, {"efficiency"}, {"target", 0, true}});
+  columns.insert(columns.end(), {{"beyond attention ms"}, {"efficiency"}, {"target", 0, true},
+                                 {"pairs max/mean"}, {"attention max/mean"}, {"MiB in per rank"}});
   const Table steps(Table::Style::kMarkdown, columns);
   steps.print_header();
   for (const Row& r : rows) {
     const bool passed = r.status == "PASS";
     std::vector<std::string> cells = {format("%lld", static_cast<long long>(r.tokens)), r.mask, format("%d", r.cp),
-                                      backward_form(r), format("%d", r.sm_margin), format("%zu", r.documents),
+                                      cp_layout_name(r.layout), backward_form(r), format("%d", r.sm_margin), format("%zu", r.documents),
                                       r.status, passed || r.baseline_ms > 0 ? format("%.3f", r.baseline_ms) : "-",
                                       passed ? format("%.3f", r.step_ms) : "-"};
     for (int p = 0; p < kPhases; ++p) cells.push_back(passed ? format("%.3f", r.phase_ms[static_cast<size_t>(p)]) : "-");
     cells.push_back(passed ? format("%.3f", r.comm_ms) : "-");
     cells.push_back(passed ? format("%.3f", r.efficiency) : "-");
     cells.push_back(target_text(r));
+    cells.push_back(r.pairs_imbalance > 0 ? format("%.3f", r.pairs_imbalance) : "-");
+    cells.push_back(passed ? format("%.3f", r.attention_imbalance) : "-");
+    cells.push_back(r.received_bytes > 0 ? format("%.1f", r.received_bytes / (1024.0 * 1024.0)) : "-");
     steps.print_row(cells);
   }
   std::printf("\nThe step's collectives alone (the slowest rank, median; nothing else on the GPUs): all-gathers\n"
@@ -538,7 +621,7 @@ void print_tables(const std::vector<Row>& rows, const Options& o, const std::str
 
 int bench_scaling_command(const std::vector<std::string>& argv) {
   const Args args(argv,
-                  {"gpus", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
+                  {"gpus", "cp-layout", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
                    "max-length", "seed", "warmup", "iters", "kv", "sm-margin", "dq-pass"},
                   {"scaling", "help"});
   if (args.has("help")) {

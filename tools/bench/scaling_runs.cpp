@@ -105,13 +105,14 @@ void check_rank(const CpRun& run, cp::CudaPlan& plan, const DeviceTensors& t, De
   const Tolerance out_tolerance = derive_tensor_core_tolerance(run.shape.dtype, 1);
   const Tolerance grad_tolerance = derive_tensor_core_tolerance(run.shape.dtype, 2);
   const Tolerance fp32_tolerance = tensor_core_fp32_tolerance();
-  report.checks[0] = compare(got.out, split_for_rank(run.ref.out, view, cp, rank), out_tolerance);
+  const CpLayout split = run.cp_layout;
+  report.checks[0] = compare(got.out, split_for_rank(run.ref.out, view, cp, rank, split), out_tolerance);
   report.checks[1] =
-      compare(got.lse, split_lse_for_rank(run.ref.lse, run.shape.q_heads, view, cp, rank), fp32_tolerance);
+      compare(got.lse, split_lse_for_rank(run.ref.lse, run.shape.q_heads, view, cp, rank, split), fp32_tolerance);
   report.checks[2] = compare(got.max_logit, run.ref.max_logit, fp32_tolerance);
-  report.checks[3] = compare(got.dq, split_for_rank(run.ref.dq, view, cp, rank), grad_tolerance);
-  report.checks[4] = compare(got.dk, split_for_rank(run.ref.dk, view, cp, rank), grad_tolerance);
-  report.checks[5] = compare(got.dv, split_for_rank(run.ref.dv, view, cp, rank), grad_tolerance);
+  report.checks[3] = compare(got.dq, split_for_rank(run.ref.dq, view, cp, rank, split), grad_tolerance);
+  report.checks[4] = compare(got.dk, split_for_rank(run.ref.dk, view, cp, rank, split), grad_tolerance);
+  report.checks[5] = compare(got.dv, split_for_rank(run.ref.dv, view, cp, rank, split), grad_tolerance);
   report.passed = std::all_of(report.checks.begin(), report.checks.end(), [](const Comparison& c) { return c.passed(); });
 }
 
@@ -169,8 +170,8 @@ void cp_rank(Communicator& host, const CpRun& run, RankReport& report) {
   const std::unique_ptr<DeviceCommunicator> comm = nccl::create(host, rank, options);
   THDCP_CHECK_CUDA(cudaSetDevice(comm->device()));
 
-  const cp::Problem problem =
-      cp_problem(run.shape, cp, Capacity{run.layout.num_seqs(), run.layout.total_rows()}, run.mask);
+  const cp::Problem problem = cp_problem(run.shape, cp, Capacity{run.layout.num_seqs(), run.layout.total_rows()},
+                                        run.mask, run.cp_layout);
   const int64_t local = problem.local_rows();
   const size_t workspace_bytes = cp::cuda_workspace_size(problem, run.attention);
   const double need =
@@ -187,8 +188,9 @@ void cp_rank(Communicator& host, const CpRun& run, RankReport& report) {
   const LayoutView view = run.layout.view();
   Stream stream;
   DeviceTensors t(run.shape, local, run.layout, stream.get());
-  t.upload_inputs(split_for_rank(run.in.q, view, cp, rank), split_for_rank(run.in.k, view, cp, rank),
-                  split_for_rank(run.in.v, view, cp, rank), split_for_rank(run.in.dout, view, cp, rank),
+  const CpLayout split = run.cp_layout;
+  t.upload_inputs(split_for_rank(run.in.q, view, cp, rank, split), split_for_rank(run.in.k, view, cp, rank, split),
+                  split_for_rank(run.in.v, view, cp, rank, split), split_for_rank(run.in.dout, view, cp, rank, split),
                   stream.get());
   t.poison_outputs(stream.get());
   cuda::DeviceBuffer workspace(workspace_bytes);

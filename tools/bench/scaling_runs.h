@@ -61,7 +61,7 @@ struct RankReport {
 
 // One CP run: the batch, its reference, and what the plans are made with.
 struct CpRun {
-  const BatchLayout& layout;
+  const BatchLayout& layout;  // global, in the rows of `cp_layout`
   const Inputs& in;
   const HostOutputs& ref;
   Mask mask;
@@ -69,6 +69,7 @@ struct CpRun {
   Pass pass;  // kForwardBackward or kForwardBackwardKeptKv
   AttentionOptions attention;
   int warmup = 0, iters = 0;
+  CpLayout cp_layout = CpLayout::kDualChunk;
 };
 
 // One rank of the CP run (rank r on GPU r): its NCCL communicator, tensors and plan; the check
