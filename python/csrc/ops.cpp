@@ -115,17 +115,20 @@ Outputs4 attention_backward_cpu(const at::Tensor& dout, const at::Tensor& q, con
 
 at::Tensor rope_cpu(const at::Tensor& x, const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
                     const std::optional<at::Tensor>& start_offsets, int64_t cp, int64_t rank, double theta,
-                    int64_t rotary_dim, bool interleaved, bool backward) {
+                    int64_t rotary_dim, bool interleaved, bool backward, const std::string& layout_name) {
   return translate_errors("rope", [&] {
     check_rope_arguments(x, cu_seqlens, cu_seqlens_padded, start_offsets, cp, rank);
-    // cp = 1 takes any padding (the position is the row minus its sequence start).
+    const CpLayout cp_layout = cp_layout_argument(layout_name);
+    // cp = 1 takes any padding (the position is the row minus its sequence start); the
+    // contiguous layout any padding with T a multiple of cp.
+    const bool any_padding = cp == 1 || cp_layout == CpLayout::kContiguous;
     const LayoutView layout =
-        host_layout(cu_seqlens, cu_seqlens_padded, x.size(0) * cp, cp == 1 ? 0 : static_cast<int>(cp));
+        host_layout(cu_seqlens, cu_seqlens_padded, x.size(0) * cp, any_padding ? 0 : static_cast<int>(cp));
     const RopeConfig config = rope_config(theta, rotary_dim, interleaved);
     at::Tensor y = x.clone(at::MemoryFormat::Contiguous);
     const int32_t* offsets = start_offsets ? start_offsets->data_ptr<int32_t>() : nullptr;
     (backward ? cpu::rope_backward : cpu::rope_forward)(layout, static_cast<int>(cp), static_cast<int>(rank), config,
-                                                        view(y, "x"), offsets, RopeTable{}, CpLayout::kDualChunk);
+                                                        view(y, "x"), offsets, RopeTable{}, cp_layout);
     return y;
   });
 }
@@ -299,7 +302,7 @@ TORCH_LIBRARY(thdcp, m) {
       "Tensor? sinks=None) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "rope(Tensor x, Tensor cu_seqlens, Tensor cu_seqlens_padded, Tensor? start_offsets, int cp, int rank, "
-      "float theta, int rotary_dim, bool interleaved, bool backward) -> Tensor");
+      "float theta, int rotary_dim, bool interleaved, bool backward, str layout='dual_chunk') -> Tensor");
   m.def(
       "cp_attention_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor cu_seqlens_padded, int comm, "
       "int window_left, int window_right, float softmax_scale, bool return_max_logit, Tensor? sinks=None, "

@@ -202,7 +202,7 @@ Outputs4 attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor& q_
 
 at::Tensor rope_cuda(const at::Tensor& x, const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded,
                      const std::optional<at::Tensor>& start_offsets, int64_t cp, int64_t rank, double theta,
-                     int64_t rotary_dim, bool interleaved, bool backward) {
+                     int64_t rotary_dim, bool interleaved, bool backward, const std::string& layout_name) {
   return translate_errors("rope", [&] {
     check_rope_arguments(x, cu_seqlens, cu_seqlens_padded, start_offsets, cp, rank);
     const OnDevice on(x);
@@ -210,6 +210,7 @@ at::Tensor rope_cuda(const at::Tensor& x, const at::Tensor& cu_seqlens, const at
     cuda::RopeShape shape;
     shape.cp = static_cast<int>(cp);
     shape.rank = static_cast<int>(rank);
+    shape.cp_layout = cp_layout_argument(layout_name);
     shape.capacity.max_seqs = static_cast<int>(cu_seqlens.numel() - 1);
     shape.capacity.max_tokens = x.size(0) * cp;
     shape.q_heads = x.size(1);

@@ -162,12 +162,14 @@ def rope(
     rotary_dim: int = 0,
     interleaved: bool = False,
     start_offsets: Optional[torch.Tensor] = None,
+    layout: str = "dual_chunk",
 ) -> torch.Tensor:
     """Rotary position embedding of a THD tensor, positions counted from each sequence's start.
 
-    x: [T / cp_size, H, D], this rank's rows in the dual-chunk order of CP (cp_size = 1: the
-    whole batch); cu_seqlens / cu_seqlens_padded: the *global* layout (every padded length a
-    multiple of 2 * cp_size when cp_size > 1). interleaved: GPT-J pairs (2i, 2i+1), else NeoX
+    x: [T / cp_size, H, D], this rank's rows under the CP `layout` (cp_size = 1: the whole
+    batch): "dual_chunk" (every padded length of the global layout a multiple of 2 * cp_size
+    when cp_size > 1) or "contiguous" (T a multiple of cp_size); cu_seqlens /
+    cu_seqlens_padded: the *global* layout. interleaved: GPT-J pairs (2i, 2i+1), else NeoX
     halves. rotary_dim: leading elements rotated (0: all). start_offsets: int32 [B] added to
     each sequence's positions (e.g. a document continued from an earlier batch).
     Returns a new tensor (x is not changed); differentiable.
@@ -178,8 +180,9 @@ def rope(
     cp_size = arguments.cp_size("rope", cp_size, "cp_size")
     cp_rank = arguments.integer("rope", "cp_rank", cp_rank, 0, arguments.INT32_MAX)
     rotary_dim = arguments.integer("rope", "rotary_dim", rotary_dim, 0, arguments.INT64_MAX)
+    layout = arguments.cp_layout("rope", layout)
     return _ops.rope(x, cu_seqlens, cu_seqlens_padded, start_offsets, cp_size, cp_rank, float(theta), rotary_dim,
-                     bool(interleaved), False)
+                     bool(interleaved), False, layout)
 
 
 def _rope_tensors(x, cu_seqlens, cu_seqlens_padded, start_offsets):
@@ -188,23 +191,24 @@ def _rope_tensors(x, cu_seqlens, cu_seqlens_padded, start_offsets):
 
 
 @torch.library.register_fake("thdcp::rope")
-def _rope_fake(x, cu_seqlens, cu_seqlens_padded, start_offsets, cp, rank, theta, rotary_dim, interleaved, backward):
+def _rope_fake(x, cu_seqlens, cu_seqlens_padded, start_offsets, cp, rank, theta, rotary_dim, interleaved, backward,
+               layout="dual_chunk"):
     arguments.check_devices("rope", _rope_tensors(x, cu_seqlens, cu_seqlens_padded, start_offsets))
     return x.new_empty(x.shape)
 
 
 def _rope_setup(ctx, inputs, output):
-    x, cu_seqlens, cu_seqlens_padded, start_offsets, cp, rank, theta, rotary_dim, interleaved, backward = inputs
+    x, cu_seqlens, cu_seqlens_padded, start_offsets, cp, rank, theta, rotary_dim, interleaved, backward, *rest = inputs
     ctx.save_for_backward(cu_seqlens, cu_seqlens_padded, start_offsets)
-    ctx.args = (cp, rank, theta, rotary_dim, interleaved, backward)
+    ctx.args = (cp, rank, theta, rotary_dim, interleaved, backward, rest[0] if rest else "dual_chunk")
 
 
 def _rope_backward(ctx, grad):
     cu_seqlens, cu_seqlens_padded, start_offsets = ctx.saved_tensors
-    cp, rank, theta, rotary_dim, interleaved, backward = ctx.args
+    cp, rank, theta, rotary_dim, interleaved, backward, layout = ctx.args
     dx = _ops.rope(_kernel_ready(grad), cu_seqlens, cu_seqlens_padded, start_offsets, cp, rank, theta, rotary_dim,
-                   interleaved, not backward)
-    return dx, None, None, None, None, None, None, None, None, None
+                   interleaved, not backward, layout)
+    return dx, None, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("thdcp::rope", _rope_backward, setup_context=_rope_setup)

@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const __grid_constant__ 
   const int64_t own_row = first_row + threadIdx.x;
   if (own_row < p.rows && own_row * groups < first_item + kThreads) {
     int64_t position =
-        rope_position(p.cu_seqlens, p.cu_seqlens_padded, p.max_seqs, p.cp, p.rank, own_row, p.start_offsets);
+        rope_position(p.cu_seqlens, p.cu_seqlens_padded, p.max_seqs, p.cp, p.rank, own_row, p.start_offsets,
+                      p.cp_layout);
     if (from_table && (position < 0 || position >= p.table_rows)) {
       // The caller broke the table contract (RopeShape::with_start_offsets): clamp, never read
       // out of bounds, and say so.

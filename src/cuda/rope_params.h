@@ -6,6 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "thdcp/plan/contiguous.h"
+
 namespace thdcp::cuda::detail {
 
 // Pairs of the largest head (head_dim 256): the size of the inverse-frequency array.
@@ -33,6 +35,7 @@ struct RopeParams {
   int max_seqs;
   int cp;
   int rank;
+  CpLayout cp_layout;                // which global rows the rank's rows are
   int pairs;                         // rotary_dim / 2
   float sin_sign;                    // +1 forward, -1 backward
   float inv_freq[kRopeMaxPairs];     // computed on the host (rope_inv_freq); unused with a table

@@ -54,9 +54,19 @@ RopePlan::RopePlan(const RopeShape& shape) : shape_(shape) {
                                                                       << " must be >= 1 (one placeholder is reserved)");
   THDCP_CHECK(capacity.max_tokens >= 0 && capacity.max_tokens <= std::numeric_limits<int32_t>::max(),
               "RopeShape::capacity.max_tokens=" << capacity.max_tokens << " must be in [0, 2^31-1]");
-  THDCP_CHECK(cp == 1 || capacity.max_tokens % (2 * static_cast<int64_t>(cp)) == 0,
-              "RopeShape::capacity.max_tokens=" << capacity.max_tokens << " is not a multiple of 2*cp=" << 2 * static_cast<int64_t>(cp)
-                                                << ": every padded length, and so the capacity, is one");
+  THDCP_CHECK(shape.cp_layout == CpLayout::kDualChunk || shape.cp_layout == CpLayout::kContiguous,
+              "RopeShape::cp_layout=" << static_cast<int>(shape.cp_layout)
+                                      << " is not a CP layout: use kDualChunk or kContiguous");
+  if (shape.cp_layout == CpLayout::kDualChunk) {
+    THDCP_CHECK(cp == 1 || capacity.max_tokens % (2 * static_cast<int64_t>(cp)) == 0,
+                "RopeShape::capacity.max_tokens=" << capacity.max_tokens << " is not a multiple of 2*cp="
+                                                  << 2 * static_cast<int64_t>(cp)
+                                                  << ": every padded length, and so the capacity, is one");
+  } else {
+    THDCP_CHECK(capacity.max_tokens % cp == 0,
+                "RopeShape::capacity.max_tokens=" << capacity.max_tokens << " is not a multiple of cp=" << cp
+                                                  << ": the contiguous layout cuts the rows into cp equal pieces");
+  }
   THDCP_CHECK(shape.q_heads >= 1, "RopeShape::q_heads=" << shape.q_heads << " must be >= 1");
   THDCP_CHECK(shape.kv_heads >= 0, "RopeShape::kv_heads=" << shape.kv_heads << " must be >= 0 (0: q only)");
   THDCP_CHECK(shape.q_heads <= std::numeric_limits<int32_t>::max() &&
@@ -166,6 +176,7 @@ void RopePlan::run(const DeviceLayout& layout, const int32_t* start_offsets, Thd
   params.max_seqs = shape_.capacity.max_seqs;
   params.cp = shape_.cp;
   params.rank = shape_.rank;
+  params.cp_layout = shape_.cp_layout;
   params.pairs = static_cast<int>(pairs);
   params.sin_sign = sin_sign;
   for (int64_t i = 0; i < pairs; ++i) params.inv_freq[i] = inv_freq_[i];

@@ -1,6 +1,6 @@
-// The CUDA RoPE plan against the CPU reference (both layouts, partial rotary, start offsets,
-// a caller's table, cp 1..4 every rank, bf16/fp16, packed-QKV strided views, the 16-byte and
-// the element path), forward and backward; head-major, padded and interleaved views equal to
+// The CUDA RoPE plan against the CPU reference (both pair layouts, both CP layouts, partial
+// rotary, start offsets, a caller's table, cp 1..4 every rank, bf16/fp16, packed-QKV strided
+// views, the 16-byte and the element path), forward and backward; head-major, padded and interleaved views equal to
 // contiguous tensors bit for bit; placeholder rows unchanged and every row finite;
 // a captured launch replayed on new metadata equal to the eager one bit for bit; the table
 // bound clamped and reported; argument checks.
@@ -50,6 +50,7 @@ struct RopeCase {
   bool table;       // cos/sin from a caller's table built by cpu::rope_table (same bits as theta on the CPU)
   bool offsets;     // per-sequence start offsets
   bool packed_qkv;  // q and k are views of one [T, Hq + 2 Hkv, D] buffer
+  CpLayout cp_layout = CpLayout::kDualChunk;  // which global rows a rank's rows are
 };
 
 const std::vector<RopeCase>& rope_cases() {
@@ -69,17 +70,23 @@ const std::vector<RopeCase>& rope_cases() {
       {"cp1_interleaved_bf16_d6_table", 1, RopeLayout::kInterleaved, 0, 6, 2, 2, DType::kBFloat16, true, false,
        false},
       {"cp3_halfsplit_bf16_d64_q_only", 3, RopeLayout::kHalfSplit, 0, 64, 4, 0, DType::kBFloat16, false, true, false},
+      // The contiguous layout: positions follow the rank's piece of the packed rows.
+      {"contiguous_cp3_halfsplit_bf16_d128_offsets", 3, RopeLayout::kHalfSplit, 0, 128, 4, 2, DType::kBFloat16, false,
+       true, false, CpLayout::kContiguous},
+      {"contiguous_cp4_interleaved_fp16_d64_table_packed", 4, RopeLayout::kInterleaved, 0, 64, 4, 1, DType::kFloat16,
+       true, false, true, CpLayout::kContiguous},
   };
   return cases;
 }
 
 // Lengths with an empty document, a length-1 one, lengths not multiples of 2*cp; capacity with
-// spare placeholders and slack rows.
-BatchLayout case_layout(int cp, bool second) {
+// spare placeholders and slack rows; in the rows of `cp_layout`.
+BatchLayout case_layout(int cp, bool second, CpLayout cp_layout = CpLayout::kDualChunk) {
   std::vector<int64_t> lengths = {0, 1, 17, 300, 2, 45};
   if (second) lengths = {120, 3, 0, 211, 9};
   const Capacity capacity{9, cp_padded_length(400, cp) + 8 * cp};
-  return make_layout(lengths, cp, capacity);
+  return cp_layout == CpLayout::kDualChunk ? make_layout(lengths, cp, capacity)
+                                           : make_contiguous_layout(lengths, cp, capacity);
 }
 
 std::vector<int32_t> case_offsets(int max_seqs, uint64_t seed) {
@@ -184,15 +191,16 @@ struct RankSetup {
                                    HeadShape{c.q_heads, c.kv_heads, c.head_dim}, c.dtype, rope_config());
     if (c.table) s.table = RopeTable{cos_device.as<float>(), sin_device.as<float>(), table_rows};
     s.with_start_offsets = c.offsets;
+    s.cp_layout = c.cp_layout;
     return s;
   }
 
   // The CPU reference, in place on host buffers laid out as the device ones.
   void reference(QkBuffers& b, bool backward) const {
     const auto rotate = backward ? cpu::rope_backward : cpu::rope_forward;
-    rotate(layout.view(), c.cp, rank, rope_config(), b.q(false), host_offsets(), host_table(), CpLayout::kDualChunk);
+    rotate(layout.view(), c.cp, rank, rope_config(), b.q(false), host_offsets(), host_table(), c.cp_layout);
     if (c.kv_heads > 0) {
-      rotate(layout.view(), c.cp, rank, rope_config(), b.k(false), host_offsets(), host_table(), CpLayout::kDualChunk);
+      rotate(layout.view(), c.cp, rank, rope_config(), b.k(false), host_offsets(), host_table(), c.cp_layout);
     }
   }
 };
@@ -230,10 +238,10 @@ std::vector<HostTensor> rotate_and_check(const cuda::RopePlan& plan, const RankS
 }
 
 // Rows (local) of sequences with no valid token.
-std::vector<int64_t> empty_sequence_rows(const BatchLayout& layout, int cp, int rank) {
+std::vector<int64_t> empty_sequence_rows(const BatchLayout& layout, int cp, int rank, CpLayout cp_layout) {
   std::vector<int64_t> rows;
   for (int64_t row = 0; row < layout.total_rows() / cp; ++row) {
-    const int b = dual_chunk_row(layout.cu_seqlens_padded.data(), layout.num_seqs(), cp, rank, row).sequence;
+    const int b = cp_layout_row(cp_layout, layout.cu_seqlens_padded.data(), layout.num_seqs(), cp, rank, row).sequence;
     if (layout.cu_seqlens[b + 1] == layout.cu_seqlens[b]) rows.push_back(row);
   }
   return rows;
@@ -243,7 +251,7 @@ class CudaRope : public CudaTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(CudaRope, ForwardAndBackwardMatchCpuOnEveryRank) {
   const RopeCase& c = rope_cases()[static_cast<size_t>(GetParam())];
-  const BatchLayout layout = case_layout(c.cp, false);
+  const BatchLayout layout = case_layout(c.cp, false, c.cp_layout);
   cudaStream_t stream = nullptr;
   THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (int rank = 0; rank < c.cp; ++rank) {
@@ -258,7 +266,7 @@ TEST_P(CudaRope, ForwardAndBackwardMatchCpuOnEveryRank) {
     const std::vector<HostTensor> forward = rotate_and_check(plan, setup, buffers, false, stream);
 
     // Rows of empty sequences (placeholders, slack) turn by angle 0: unchanged.
-    for (int64_t row : empty_sequence_rows(layout, c.cp, rank)) {
+    for (int64_t row : empty_sequence_rows(layout, c.cp, rank, c.cp_layout)) {
       for (size_t i = 0; i < forward.size(); ++i) {
         const int64_t elements = forward[i].heads() * c.head_dim;
         for (int64_t e = 0; e < elements; ++e) {
@@ -301,7 +309,7 @@ TEST_F(CudaRopeStrides, StridedViewsEqualContiguousBitForBit) {
       RopeCase c = base;
       c.kv_heads = 2;  // the interleaved arrangement applies to two-head tensors
       SCOPED_TRACE(std::string(c.name) + " " + arrangement_name(arrangement));
-      const BatchLayout layout = case_layout(c.cp, false);
+      const BatchLayout layout = case_layout(c.cp, false, c.cp_layout);
       const int64_t rows = layout.total_rows() / c.cp;
       RankSetup setup(c, 0, layout, 7);
       const cuda::RopePlan plan(setup.shape());
@@ -347,7 +355,7 @@ TEST_F(CudaRopeGraph, ReplayOnNewMetadataEqualsEager) {
     const RopeCase& c = rope_cases()[static_cast<size_t>(index)];
     const int rank = c.cp - 1;
     SCOPED_TRACE(c.name);
-    RankSetup setup(c, rank, case_layout(c.cp, false), 7);
+    RankSetup setup(c, rank, case_layout(c.cp, false, c.cp_layout), 7);
     const cuda::RopePlan plan(setup.shape());
     QkBuffers buffers(c, setup.layout.total_rows() / c.cp, 3);
     cudaStream_t stream = nullptr;
@@ -363,7 +371,7 @@ TEST_F(CudaRopeGraph, ReplayOnNewMetadataEqualsEager) {
     THDCP_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
     THDCP_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
 
-    const BatchLayout second = case_layout(c.cp, true);
+    const BatchLayout second = case_layout(c.cp, true, c.cp_layout);
     setup.load(second, c.offsets ? case_offsets(second.num_seqs(), 77) : std::vector<int32_t>());
     QkBuffers fresh(c, buffers.rows, 500);
     const std::vector<HostTensor> input = fresh.download();
@@ -395,7 +403,7 @@ class CudaRopeTableBound : public CudaTest {};
 // the status stays 0.
 TEST_F(CudaRopeTableBound, PositionsOutsideTheTableAreClampedAndReported) {
   const RopeCase c{"bound", 2, RopeLayout::kHalfSplit, 0, 64, 2, 1, DType::kBFloat16, true, true, false};
-  const BatchLayout layout = case_layout(c.cp, false);
+  const BatchLayout layout = case_layout(c.cp, false, c.cp_layout);
   const int rank = 1;
   const RopeConfig config{c.layout, 0, 10000.0f};
   const int64_t table_rows = 200, pairs = c.head_dim / 2;
@@ -503,6 +511,13 @@ TEST(CudaRopePlanChecks, BadShapesNameTheArgument) {
   EXPECT_THDCP_ERROR(make_plan(with([](cuda::RopeShape& s) { s.rank = 2; })), "RopeShape::rank=2 must be in [0, cp=2)");
   EXPECT_THDCP_ERROR(make_plan(with([](cuda::RopeShape& s) { s.capacity.max_tokens = 250; })),
                      "capacity.max_tokens=250 is not a multiple of 2*cp=4");
+  EXPECT_THDCP_ERROR(make_plan(with([](cuda::RopeShape& s) {
+                       s.cp = 3, s.rank = 0, s.cp_layout = CpLayout::kContiguous;
+                     })),
+                     "capacity.max_tokens=256 is not a multiple of cp=3: the contiguous layout cuts the rows into cp "
+                     "equal pieces");
+  EXPECT_THDCP_ERROR(make_plan(with([](cuda::RopeShape& s) { s.cp_layout = static_cast<CpLayout>(7); })),
+                     "RopeShape::cp_layout=7 is not a CP layout: use kDualChunk or kContiguous");
   EXPECT_THDCP_ERROR(make_plan(with([](cuda::RopeShape& s) { s.capacity.max_seqs = 0; })),
                      "capacity.max_seqs=0 must be >= 1");
   EXPECT_THDCP_ERROR(make_plan(with([](cuda::RopeShape& s) { s.q_heads = 0; })), "RopeShape::q_heads=0");
@@ -525,7 +540,7 @@ class CudaRopeRunChecks : public CudaTest {};
 
 TEST_F(CudaRopeRunChecks, BadArgumentsThrowBeforeLaunch) {
   const RopeCase& c = rope_cases()[3];  // cp 2, packed QKV, offsets
-  RankSetup setup(c, 0, case_layout(c.cp, false), 1);
+  RankSetup setup(c, 0, case_layout(c.cp, false, c.cp_layout), 1);
   const cuda::RopePlan plan(setup.shape());
   QkBuffers buffers(c, setup.layout.total_rows() / c.cp, 1);
   const DeviceLayout layout = setup.device_layout();
@@ -560,13 +575,13 @@ TEST_F(CudaRopeRunChecks, BadArgumentsThrowBeforeLaunch) {
 
   RopeCase no_offsets_case = c;
   no_offsets_case.offsets = false;
-  RankSetup no_offsets(no_offsets_case, 0, case_layout(c.cp, false), 1);
+  RankSetup no_offsets(no_offsets_case, 0, case_layout(c.cp, false, c.cp_layout), 1);
   const cuda::RopePlan plain(no_offsets.shape());
   EXPECT_THDCP_ERROR(plain.forward(layout, offsets, q, k, nullptr), "RopeShape::with_start_offsets=false");
 
   RopeCase q_only_case = c;
   q_only_case.kv_heads = 0;
-  RankSetup q_only(q_only_case, 0, case_layout(c.cp, false), 1);
+  RankSetup q_only(q_only_case, 0, case_layout(c.cp, false, c.cp_layout), 1);
   const cuda::RopePlan q_plan(q_only.shape());
   EXPECT_THDCP_ERROR(q_plan.forward(layout, offsets, q, k, nullptr), "plan was made with kv_heads=0");
 

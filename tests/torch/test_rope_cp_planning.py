@@ -29,17 +29,27 @@ def test_rope_matches_the_reference_and_its_backward_is_the_inverse(device, inte
     torch.testing.assert_close(back.double(), g.double(), rtol=tol * 4, atol=tol * 4)
 
 
-@pytest.mark.parametrize("cp", [2, 4])
-def test_rope_under_cp_equals_the_split_of_the_global_rope(device, cp):
+@pytest.mark.parametrize("layout", ["dual_chunk", "contiguous"])
+@pytest.mark.parametrize("cp", [2, 3, 4])
+def test_rope_under_cp_equals_the_split_of_the_global_rope(device, cp, layout):
+    # Positions follow the layout: each rank's rows rotated on their own equal its rows of
+    # the whole batch rotated at once, bit for bit.
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    cu, cu_padded = thdcp.cp_layout([13, 40, 7, 1], cp)
+    cu, cu_padded = thdcp.cp_layout([13, 40, 7, 1], cp, layout=layout)
     tokens = int(cu_padded[-1])
     x = torch.randn(tokens, 2, 64, generator=torch.Generator().manual_seed(3)).to(dtype).to(device)
     whole = thdcp.rope(x, cu.to(device), cu_padded.to(device))
     for rank in range(cp):
-        local = thdcp.cp_split(x, cu_padded, cp, rank)
-        rotated = thdcp.rope(local, cu.to(device), cu_padded.to(device), cp_size=cp, cp_rank=rank)
-        assert torch.equal(rotated, thdcp.cp_split(whole, cu_padded, cp, rank))
+        local = thdcp.cp_split(x, cu_padded, cp, rank, layout=layout)
+        rotated = thdcp.rope(local, cu.to(device), cu_padded.to(device), cp_size=cp, cp_rank=rank, layout=layout)
+        assert torch.equal(rotated, thdcp.cp_split(whole, cu_padded, cp, rank, layout=layout))
+    if layout == "contiguous" and cp == 3:
+        # The contiguous rows are not a dual-chunk layout (lengths 13, 40, 7 are not multiples of 6).
+        with pytest.raises(ValueError, match=r"is not a multiple of 2\*cp=6"):
+            thdcp.rope(thdcp.cp_split(x, cu_padded, cp, 0, layout=layout), cu.to(device), cu_padded.to(device),
+                       cp_size=cp, cp_rank=0)
+        with pytest.raises(ValueError, match=r"rope: layout='ring' is not a CP layout"):
+            thdcp.rope(x, cu.to(device), cu_padded.to(device), layout="ring")
 
 
 def test_cp_split_and_merge_round_trip():

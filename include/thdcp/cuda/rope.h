@@ -55,8 +55,12 @@ constexpr int64_t kRopeMaxHeadDim = 256;
 struct RopeShape : HeadShape {
   int cp = 1;     // CP size
   int rank = 0;   // this rank, in [0, cp)
+  // Which global rows the rank's rows are (thdcp/plan/contiguous.h): its dual-chunk chunks,
+  // or its contiguous piece. The positions follow the layout.
+  CpLayout cp_layout = CpLayout::kDualChunk;
   // Global capacity (DESIGN.md section 1): the metadata arrays have max_seqs + 1 entries; the
-  // rank's tensors have max_tokens / cp rows (max_tokens a multiple of 2*cp when cp > 1).
+  // rank's tensors have max_tokens / cp rows (max_tokens a multiple of 2*cp when cp > 1 under
+  // the dual-chunk layout, of cp under the contiguous one).
   Capacity capacity;
   DType dtype = DType::kBFloat16;  // q and k: bf16 or fp16
   RopeConfig config;
