@@ -10,7 +10,8 @@
 namespace thdcp::graph {
 
 struct GraphBank::Entry {
-  explicit Entry(int cp, const Capacity& c) : capacity(c), batch(std::make_unique<StaticBatch>(cp, c)) {}
+  Entry(int cp, const Capacity& c, CpLayout layout)
+      : capacity(c), batch(std::make_unique<StaticBatch>(cp, c, layout)) {}
   ~Entry() {
     if (exec) cudaGraphExecDestroy(exec);
     for (auto& named : buffers) cudaFree(named.second.first);
@@ -70,12 +71,12 @@ const GraphBank::Entry* GraphBank::find(const Capacity& capacity) const {
 
 GraphBank::Entry& GraphBank::entry(const Capacity& capacity) {
   if (const Entry* e = find(capacity)) return *const_cast<Entry*>(e);
-  entries_.push_back(std::make_unique<Entry>(cp(), capacity));
+  entries_.push_back(std::make_unique<Entry>(cp(), capacity, cp_layout()));
   return *entries_.back();
 }
 
 void GraphBank::add_capacity(const Capacity& capacity) {
-  check_fit({}, cp(), capacity);  // validates it, naming what is wrong
+  check_fit({}, cp(), capacity, cp_layout());  // validates it, naming what is wrong
   THDCP_CHECK(std::find(capacities_.begin(), capacities_.end(), capacity) == capacities_.end(),
               "capacity " << capacity_key_name(cp(), capacity) << " was already added");
   entry(capacity);
@@ -106,7 +107,7 @@ GraphBank::Outcome GraphBank::run(const std::vector<int64_t>& lengths, const Wor
   THDCP_CHECK(!capacities_.empty(), "GraphBank::run: no capacity was added (add_capacity)");
   THDCP_CHECK(static_cast<bool>(work), "GraphBank::run: work is empty");
   Outcome outcome;
-  const CapacityChoice choice = choose_capacity(capacities_, lengths, cp());
+  const CapacityChoice choice = choose_capacity(capacities_, lengths, cp(), cp_layout());
   outcome.bucket = choice.bucket;
   outcome.capacity = choice.run;
   if (choice.fallback) {
@@ -183,7 +184,7 @@ std::vector<KeyReport> GraphBank::report() const {
     r.static_bytes = e.static_bytes();
     r.graph_bytes = e.graph_bytes;
     // The fallback capacity's buffers are memory this bucket holds too.
-    const Capacity fallback = default_capacity(c.max_tokens, cp());
+    const Capacity fallback = default_capacity(c.max_tokens, cp(), cp_layout());
     if (fallback != c) {
       if (const Entry* f = find(fallback)) r.static_bytes += f->static_bytes();
     }

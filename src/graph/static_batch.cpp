@@ -13,9 +13,12 @@ size_t entries(const Capacity& c) { return 2 * static_cast<size_t>(c.max_seqs + 
 
 }  // namespace
 
-StaticBatch::StaticBatch(int cp, const Capacity& capacity) : cp_(cp), capacity_(capacity) {
-  // Validates cp and the capacity (max_tokens a positive multiple of 2*cp, max_seqs >= 1).
-  host_ = capacity_layout({}, cp, capacity);
+StaticBatch::StaticBatch(int cp, const Capacity& capacity, CpLayout layout)
+    : cp_(cp), capacity_(capacity), layout_(layout) {
+  // Validates cp, the layout and the capacity (max_tokens a positive multiple of 2*cp, or of
+  // cp under the contiguous layout; max_seqs >= 1).
+  check_fit({}, cp, capacity, layout);
+  host_ = capacity_layout({}, cp, capacity, layout);
   bytes_ = entries(capacity) * sizeof(int32_t);
   THDCP_CHECK_CUDA(cudaGetDevice(&device_));
   THDCP_CHECK_CUDA(cudaMalloc(&device_block_, bytes_));
@@ -38,7 +41,9 @@ StaticBatch::~StaticBatch() {
   if (device_block_) cudaFree(device_block_);
 }
 
-Fit StaticBatch::check(const std::vector<int64_t>& lengths) const { return check_fit(lengths, cp_, capacity_); }
+Fit StaticBatch::check(const std::vector<int64_t>& lengths) const {
+  return check_fit(lengths, cp_, capacity_, layout_);
+}
 
 Fit StaticBatch::fill(const std::vector<int64_t>& lengths, cudaStream_t stream,
                       const std::vector<int32_t>& start_offsets) {
@@ -50,7 +55,7 @@ Fit StaticBatch::fill(const std::vector<int64_t>& lengths, cudaStream_t stream,
   }
   const Fit fit = check(lengths);
   if (fit != Fit::kFits) return fit;
-  BatchLayout layout = capacity_layout(lengths, cp_, capacity_);
+  BatchLayout layout = capacity_layout(lengths, cp_, capacity_, layout_);
   // The previous copy must have read the staging before it is rewritten.
   THDCP_CHECK_CUDA(cudaEventSynchronize(copied_));
   int32_t* staging = static_cast<int32_t*>(pinned_block_);

@@ -46,6 +46,35 @@ TEST(Capacity, DefaultCapacityNeverFallsBackOnDocumentCount) {
   }
 }
 
+// The contiguous layout: documents take their own length in rows, max_tokens a multiple of
+// cp, the zero-fallback max_seqs max_tokens + 1; fits, the capacity form, the fallback choice
+// and the CP-size policy follow it.
+TEST(Capacity, ContiguousLayoutTakesDocumentsUnpadded) {
+  const CpLayout contiguous = CpLayout::kContiguous;
+  EXPECT_EQ(default_max_seqs(300, 3, contiguous), 301);
+  EXPECT_THDCP_ERROR(default_max_seqs(100, 3, contiguous), "max_tokens=100 must be a positive multiple of cp=3 "
+                                                           "(layout=contiguous): round it up to 102");
+  EXPECT_EQ(padded_rows({5, 0, 7}, 4, contiguous), 12);
+  EXPECT_EQ(padded_rows({5, 0, 7}, 4), 16);
+  const Capacity c{3, 12};  // two documents, 12 rows: 5 + 7 fits unpadded, not padded to 8
+  EXPECT_EQ(check_fit({5, 0, 7}, 2, c, contiguous), Fit::kFits);
+  EXPECT_THDCP_ERROR(check_fit({5, 0, 7}, 4, Capacity{3, 12}), "multiple of 2*cp=8");
+  EXPECT_EQ(check_fit({5, 8}, 2, c, contiguous), Fit::kTooManyTokens);
+  EXPECT_EQ(check_fit({5, 1, 1}, 2, c, contiguous), Fit::kTooManySequences);
+  const BatchLayout layout = capacity_layout({5, 0, 7}, 2, c, contiguous);
+  EXPECT_EQ(layout.cu_seqlens, (std::vector<int32_t>{0, 5, 12, 12}));
+  EXPECT_EQ(layout.cu_seqlens_padded, (std::vector<int32_t>{0, 5, 12, 12}));
+  // A batch whose documents fit no bucket falls back to the contiguous zero-fallback capacity.
+  const CapacityChoice choice = choose_capacity({Capacity{2, 12}}, {3, 3, 3}, 2, contiguous);
+  EXPECT_TRUE(choice.fallback);
+  EXPECT_EQ(choice.run, (Capacity{13, 12}));
+  test::expect_error([] { choose_capacity({Capacity{2, 12}}, {13}, 2, CpLayout::kContiguous); },
+                     {"a batch of 13 rows at cp=2 (layout=contiguous: documents unpadded) fits no capacity"});
+  // 9 + 9 rows: at cp 2 each rank holds 9 (within 10); padded to 4 they would be 12 + 12.
+  EXPECT_EQ(choose_cp_size({9, 9}, {1, 2, 4}, 10, contiguous), 2);
+  EXPECT_EQ(choose_cp_size({9, 9}, {1, 2, 4}, 10), 4);
+}
+
 TEST(Capacity, ZeroLengthDocumentsTakeNoRowAndAreNotCounted) {
   const Capacity c{3, 16};  // two real documents at most
   EXPECT_EQ(check_fit({5, 0, 0, 0, 3}, 2, c), Fit::kFits);

@@ -45,6 +45,9 @@ struct BankOptions {
   // one process capture at once (CpGroups over ranks sharing a GPU) use ThreadLocal, so one
   // group's capture does not forbid another group's eager work.
   cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
+  // The CP layout every batch of the bank is split by: its capacities, static layouts and
+  // fits follow it (thdcp/plan/capacity.h).
+  CpLayout cp_layout = CpLayout::kDualChunk;
 };
 
 struct KeyCounters {
@@ -76,10 +79,12 @@ class GraphBank {
   GraphBank& operator=(const GraphBank&) = delete;
 
   int cp() const { return comm_.size(); }
+  CpLayout cp_layout() const { return options_.cp_layout; }
   DeviceCommunicator& communicator() const { return comm_; }
 
-  // A capacity (bucket) to capture for: max_tokens a positive multiple of 2*cp, max_seqs >= 1
-  // (default_capacity() never falls back). Allocates its StaticBatch. Not capture-safe.
+  // A capacity (bucket) to capture for: max_tokens a positive multiple of 2*cp (of cp under
+  // the contiguous layout), max_seqs >= 1 (default_capacity(max_tokens, cp, layout) never
+  // falls back). Allocates its StaticBatch. Not capture-safe.
   void add_capacity(const Capacity& capacity);
   const std::vector<Capacity>& capacities() const { return capacities_; }
 

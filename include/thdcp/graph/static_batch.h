@@ -23,8 +23,9 @@ namespace thdcp::graph {
 class StaticBatch {
  public:
   // Allocates the device arrays and their pinned staging on the current device (zeroed:
-  // a valid empty batch, one placeholder absorbing every row). Not capture-safe.
-  StaticBatch(int cp, const Capacity& capacity);
+  // a valid empty batch, one placeholder absorbing every row). `layout`: the CP layout the
+  // batches are split by (the capacity form of thdcp/plan/capacity.h). Not capture-safe.
+  StaticBatch(int cp, const Capacity& capacity, CpLayout layout = CpLayout::kDualChunk);
   ~StaticBatch();
   StaticBatch(const StaticBatch&) = delete;
   StaticBatch& operator=(const StaticBatch&) = delete;
@@ -46,6 +47,7 @@ class StaticBatch {
   const int32_t* start_offsets() const;  // capacity.max_seqs entries (placeholders 0)
 
   int cp() const { return cp_; }
+  CpLayout cp_layout() const { return layout_; }
   const Capacity& capacity() const { return capacity_; }
   const BatchLayout& host_layout() const { return host_; }  // of the last successful fill
   size_t device_bytes() const { return bytes_; }
@@ -54,6 +56,7 @@ class StaticBatch {
  private:
   int cp_;
   Capacity capacity_;
+  CpLayout layout_;
   int device_ = 0;
   size_t bytes_ = 0;
   void* device_block_ = nullptr;  // cu_seqlens | cu_seqlens_padded | start offsets
