@@ -3,7 +3,7 @@
 // smaller max_seqs falls back, is counted and is correct; a batch over the token capacity
 // takes the next bucket or gets a clear error; dynamic CP alternating 1/2/4 with replay
 // equals eager; a host sync inside the captured work makes the capture fail with a clear
-// message.
+// message; a bank of the contiguous layout replays like the dual-chunk one.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -56,6 +56,41 @@ TEST_P(GraphBankTest, RandomPackingsReplayedFromOneGraphEqualEagerAndTheReferenc
 
 INSTANTIATE_TEST_SUITE_P(Cp, GraphBankTest, ::testing::Values(1, 2),
                          [](const ::testing::TestParamInfo<int>& p) { return "cp" + std::to_string(p.param); });
+
+// A bank of the contiguous layout (BankOptions::cp_layout) at cp 3: documents unpadded, the
+// capacity a multiple of cp only; random packings through one graph equal eager and the
+// reference, the same counters as the dual-chunk bank.
+class GraphBankContiguous : public CudaTest {};
+
+TEST_F(GraphBankContiguous, PackingsReplayedFromOneGraphEqualEagerAndTheReference) {
+  const int cp = 3;
+  const Shape s;
+  const Capacity capacity = default_capacity(1023, cp, CpLayout::kContiguous);  // 1023: not a multiple of 2*cp
+  const std::vector<std::vector<int64_t>> lengths = packings(cp, capacity, 31, CpLayout::kContiguous);
+  std::vector<Batch> batches;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    batches.push_back(batch_of(lengths[i], cp, capacity, s, 300 + i, CpLayout::kContiguous));
+  }
+  std::vector<How> how;
+  graph::KeyCounters counters;
+  run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+    graph::BankOptions options;
+    options.cp_layout = CpLayout::kContiguous;
+    GraphBank bank(comm, options);
+    bank.add_capacity(capacity);
+    const std::vector<How> ran = run_packings(comm, bank, capacity, lengths, batches, s);
+    if (comm.rank() == 0) {
+      how = ran;
+      counters = bank.counters(capacity);
+    }
+  });
+  ASSERT_EQ(how.size(), lengths.size());
+  EXPECT_EQ(how[0], How::kWarmUp);
+  EXPECT_EQ(how[1], How::kCaptured);
+  for (size_t i = 2; i < how.size(); ++i) EXPECT_EQ(how[i], How::kReplayed) << "packing " << i;
+  EXPECT_EQ(counters.replays, static_cast<int64_t>(how.size()) - 2);
+  EXPECT_EQ(counters.fallbacks, 0);
+}
 
 // Buckets {9 seqs, 512 rows} and {9, 1024} at cp = 2: a batch of 20 short documents fits
 // the 512-row bucket by rows but not by documents, so it runs eagerly on the zero-fallback

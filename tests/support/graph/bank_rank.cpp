@@ -30,7 +30,7 @@ void BankRank::load(const Batch& b) {
   const int cp = comm_.size(), rank = comm_.rank();
   const int64_t rows = b.layout.total_rows() / cp;
   const auto upload = [&](DeviceTensor& t, const HostTensor& global) {
-    const HostTensor part = local_part(global, layout, cp, rank);
+    const HostTensor part = local_part(global, layout, cp, rank, bank_.cp_layout());
     t.buffer.upload(part.data(), static_cast<size_t>(rows) * part.row_bytes(), stream_);
   };
   upload(tensors_.q, b.q);
@@ -56,7 +56,9 @@ Outputs BankRank::eager(const Batch& b, const std::vector<int64_t>& lengths, con
 
 void BankRank::run_eager(const std::vector<int64_t>& lengths, const Capacity& capacity) {
   auto it = eager_.find(capacity);
-  if (it == eager_.end()) it = eager_.emplace(capacity, std::make_unique<StaticBatch>(comm_.size(), capacity)).first;
+  if (it == eager_.end()) {
+    it = eager_.emplace(capacity, std::make_unique<StaticBatch>(comm_.size(), capacity, bank_.cp_layout())).first;
+  }
   ASSERT_EQ(it->second->fill(lengths, stream_), Fit::kFits);
   work()(*it->second, stream_);
 }
@@ -71,7 +73,8 @@ Outputs BankRank::download(int64_t rows) {
 cp::CudaPlan& BankRank::plan(const Capacity& c) {
   auto it = plans_.find(c);
   if (it != plans_.end()) return *it->second;
-  const cp::Problem problem = cp_problem(comm_.size(), c, s_);
+  cp::Problem problem = cp_problem(comm_.size(), c, s_);
+  problem.layout = bank_.cp_layout();
   const size_t bytes = cp::cuda_workspace_size(problem);
   void* workspace = bank_.buffer(c, "cp workspace", bytes);
   auto plan = std::make_unique<cp::CudaPlan>(comm_, problem, AttentionOptions{}, workspace, bytes);
@@ -112,11 +115,12 @@ void GraphNcclTest::SetUp() {
   THDCP_CHECK_CUDA(cudaGetDeviceCount(&gpus_));
 }
 
-Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity, const Shape& s, uint64_t seed) {
-  return make_batch(capacity_layout(lengths, cp, capacity), s, seed);
+Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity, const Shape& s, uint64_t seed,
+               CpLayout layout) {
+  return make_batch(capacity_layout(lengths, cp, capacity, layout), s, seed);
 }
 
-std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t seed) {
+std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t seed, CpLayout layout) {
   std::vector<std::vector<int64_t>> out;
   out.push_back({c.max_tokens});
   out.push_back(std::vector<int64_t>(static_cast<size_t>(c.max_seqs - 1), 2 * cp));
@@ -127,11 +131,11 @@ std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t s
     std::vector<int64_t> lengths;
     const int docs = static_cast<int>(rng.uniform_int(1, 60));
     for (int d = 0; d < docs; ++d) lengths.push_back(rng.uniform_int(0, c.max_tokens / 4));
-    while (padded_rows(lengths, cp) > c.max_tokens) lengths.pop_back();
+    while (padded_rows(lengths, cp, layout) > c.max_tokens) lengths.pop_back();
     if (lengths.empty()) continue;
     if (out.size() % 2 == 0) {  // use exactly max_tokens rows
-      const int64_t slack = c.max_tokens - padded_rows(lengths, cp);
-      lengths.back() = cp_padded_length(lengths.back(), cp) + slack;
+      const int64_t slack = c.max_tokens - padded_rows(lengths, cp, layout);
+      lengths.back() = (layout == CpLayout::kDualChunk ? cp_padded_length(lengths.back(), cp) : lengths.back()) + slack;
     }
     out.push_back(lengths);
   }
@@ -152,7 +156,7 @@ std::vector<graph::GraphBank::How> run_packings(DeviceCommunicator& comm, graph:
     how.push_back(outcome.how);
     const Outputs eager = rank.eager(batches[i], lengths[i], capacity);
     EXPECT_TRUE(identical(banked, eager)) << graph::GraphBank::how_name(how.back()) << " vs eager";
-    expect_matches_reference(banked, batches[i], s.mask, comm.size(), comm.rank());
+    expect_matches_reference(banked, batches[i], s.mask, comm.size(), comm.rank(), bank.cp_layout());
   }
   return how;
 }

@@ -87,7 +87,9 @@ class DynamicCpRank {
   std::map<int, std::unique_ptr<BankRank>> ranks_;
 };
 
-Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity, const Shape& s, uint64_t seed);
+// A batch of `lengths` in the capacity form of `layout`.
+Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity, const Shape& s, uint64_t seed,
+               CpLayout layout = CpLayout::kDualChunk);
 
 // 20 packings of one capacity: one document filling it, max_seqs - 1 documents filling it
 // exactly, zero-length documents, a single token, and random ones (half of them using
@@ -95,10 +97,11 @@ Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capa
 // reference and ~1e-6 on the GPU, the fp32 rounding of dP - D, which no tolerance relative
 // to max|ref| = 0 admits; so the max_seqs - 1 documents have 2*cp tokens, not 1, and the
 // one-token document comes with another.)
-std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t seed);
+std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t seed,
+                                           CpLayout layout = CpLayout::kDualChunk);
 
 // Every packing of `capacity` through `bank`, each compared with the eager step and the
-// reference; returns how each ran.
+// reference (under the bank's CP layout); returns how each ran.
 std::vector<graph::GraphBank::How> run_packings(DeviceCommunicator& comm, graph::GraphBank& bank,
                                                 const Capacity& capacity,
                                                 const std::vector<std::vector<int64_t>>& lengths,
