@@ -51,7 +51,10 @@ const char* kRunGraphHelp =
     "  --dynamic-cp LIST  CP sizes to choose from per batch, e.g. 1,2,4: the world is the largest;\n"
     "                     each batch gets the smallest size whose rows per rank fit --tokens / world\n"
     "  --tokens T         rows of the largest CP size's capacity (default 16384)\n"
-    "  --max-seqs M       documents + 1 of the capacity (default tokens/(2*cp)+1: never falls back)\n"
+    "  --cp-layout L      dual_chunk (default: documents padded to 2*cp, --tokens a multiple of\n"
+    "                     2*world) or contiguous (documents unpadded, --tokens a multiple of world)\n"
+    "  --max-seqs M       documents + 1 of the capacity (default tokens/(2*cp)+1, contiguous\n"
+    "                     tokens+1: never falls back)\n"
     "  --layers L         attention layers per step (default 2)\n"
     "  --median N         median document length (default 600)\n"
     "  --heads HQ:HKV     query and key/value heads (default 8:2)\n"
@@ -108,6 +111,7 @@ struct GraphRunConfig {
   int check_every = 3;
   double median = 600;
   uint64_t seed = 1;
+  CpLayout layout = CpLayout::kDualChunk;
   GraphStepShape shape;
 };
 
@@ -138,9 +142,20 @@ GraphRunConfig parse(const Args& args) {
     c.sizes = {static_cast<int>(args.get_int("cp", 2, 1, 64))};
   }
   c.tokens = args.get_int("tokens", c.tokens, 1, INT32_MAX);
+  const std::string layout = args.get("cp-layout", "dual_chunk");
+  if (layout == "contiguous") {
+    c.layout = CpLayout::kContiguous;
+  } else if (layout != "dual_chunk") {
+    throw UsageError("--cp-layout " + quote_excerpt(layout) + ": use dual_chunk or contiguous");
+  }
   const int world = c.sizes.back();
-  check_tokens_multiple(c.tokens, 2 * int64_t{world},
-                        (c.dynamic ? "2*max(--dynamic-cp)=" : "2*cp=") + std::to_string(2 * world));
+  if (c.layout == CpLayout::kDualChunk) {
+    check_tokens_multiple(c.tokens, 2 * int64_t{world},
+                          (c.dynamic ? "2*max(--dynamic-cp)=" : "2*cp=") + std::to_string(2 * world));
+  } else {
+    check_tokens_multiple(c.tokens, int64_t{world}, (c.dynamic ? "max(--dynamic-cp)=" : "cp=") + std::to_string(world),
+                          "the contiguous layout gives every rank T/cp rows");
+  }
   c.max_seqs = static_cast<int>(args.get_int("max-seqs", 0, 2, INT32_MAX));
   c.check_every = static_cast<int>(args.get_int("check-every", c.check_every, 1, 100000));
   c.median = static_cast<double>(args.get_int("median", 600, 1, 1 << 24));
@@ -171,7 +186,7 @@ GraphRunConfig parse(const Args& args) {
 // The capacity of CP size c: rows per rank tokens / world, so c * tokens / world rows.
 Capacity capacity_of(const GraphRunConfig& c, int cp) {
   const int64_t max_tokens = c.tokens / c.sizes.back() * cp;
-  Capacity capacity = default_capacity(max_tokens, cp);
+  Capacity capacity = default_capacity(max_tokens, cp, c.layout);
   if (c.max_seqs > 0) capacity.max_seqs = std::min(capacity.max_seqs, c.max_seqs);
   return capacity;
 }
@@ -202,7 +217,7 @@ Batches draw_batches(const GraphRunConfig& c) {
     Rng pick(c.seed * 7919u + static_cast<uint64_t>(s));
     const int drawn = c.sizes[static_cast<size_t>(pick.uniform_int(0, static_cast<int64_t>(c.sizes.size()) - 1))];
     std::vector<int64_t> first = sample_lengths(rows_per_rank * drawn, drawn, dist, c.seed * 104729u + s * 64u);
-    const int cp = c.dynamic ? choose_cp_size(first, c.sizes, rows_per_rank) : c.sizes[0];
+    const int cp = c.dynamic ? choose_cp_size(first, c.sizes, rows_per_rank, c.layout) : c.sizes[0];
     batches.cp[static_cast<size_t>(s)] = cp;
     // One micro-batch per group of size cp; the capacity's rows at this size.
     for (int g = 0; g < world / cp; ++g) {
@@ -273,7 +288,7 @@ class GraphRank {
     }
     if (groups_.group(cp).rank() == 0) {
       for (int64_t n : lengths) r.documents += n > 0 ? 1 : 0;
-      r.rows += padded_rows(lengths, cp);
+      r.rows += padded_rows(lengths, cp, c_.layout);
     }
     r.equal = r.equal && equal;
   }
@@ -325,13 +340,16 @@ class GraphRank {
     // Groups of one process that capture side by side (world / cp > 1) must not forbid each
     // other's eager calls: thread-local capture then. One group keeps the global mode.
     if (c.sizes.back() > c.sizes.front()) options.capture_mode = cudaStreamCaptureModeThreadLocal;
+    options.cp_layout = c.layout;
     return options;
   }
 
   // This rank's own metadata of size cp and `capacity`, for the eager runs.
   graph::StaticBatch& eager_batch(int cp, const Capacity& capacity) {
     auto& batch = eager_batch_[cp];
-    if (!batch || !(batch->capacity() == capacity)) batch = std::make_unique<graph::StaticBatch>(cp, capacity);
+    if (!batch || !(batch->capacity() == capacity)) {
+      batch = std::make_unique<graph::StaticBatch>(cp, capacity, c_.layout);
+    }
     return *batch;
   }
 
@@ -356,8 +374,8 @@ void print_header(const GraphRunConfig& c, const char* device) {
   std::printf("thdcp run --graph: CUDA graphs of RoPE + AllGather CP attention fwd/bwd, %s\n", device);
   std::printf("  world %d ranks sharing GPU 0 (shared-gpu communicator); CP sizes", c.sizes.back());
   for (int s : c.sizes) std::printf(" %d", s);
-  std::printf("%s; %lld rows per rank\n", c.dynamic ? " (chosen per batch)" : "",
-              static_cast<long long>(c.tokens / c.sizes.back()));
+  std::printf("%s; %lld rows per rank; %s layout\n", c.dynamic ? " (chosen per batch)" : "",
+              static_cast<long long>(c.tokens / c.sizes.back()), cp_layout_name(c.layout));
   std::printf("  %d layer(s) of RoPE(%s) + attention, heads %lld:%lld, head_dim %lld, %s, %d steps\n",
               c.shape.layers, c.shape.rope ? (c.shape.rope_config.layout == RopeLayout::kHalfSplit ? "neox" : "gptj")
                                            : "none",
@@ -401,7 +419,8 @@ int print_results(const Shared& shared) {
 
 int run_graph_command(const std::vector<std::string>& argv) {
   const Args args(without(argv, "--graph"),
-                  {"steps", "cp", "dynamic-cp", "tokens", "max-seqs", "check-every", "median", "seed", "layers",
+                  {"steps", "cp", "dynamic-cp", "tokens", "cp-layout", "max-seqs", "check-every", "median", "seed",
+                   "layers",
                    "heads", "head-dim", "dtype", "mask", "window", "rope"},
                   {"quiet", "help"});
   if (args.has("help")) {

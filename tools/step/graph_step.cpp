@@ -11,7 +11,7 @@ namespace thdcp::tools {
 
 GraphStep::GraphStep(graph::GraphBank& bank, const GraphStepShape& shape, int64_t max_tokens)
     : bank_(bank), shape_(shape), max_tokens_(max_tokens), rows_(max_tokens / bank.cp()) {
-  const Capacity key = default_capacity(max_tokens, bank.cp());  // buffers live under this key
+  const Capacity key = default_capacity(max_tokens, bank.cp(), bank.cp_layout());  // buffers live under this key
   for (int l = 0; l < shape.layers; ++l) {
     const std::string p = "layer " + std::to_string(l) + " ";
     auto tensor = [&](const char* name, int64_t heads) {
@@ -61,7 +61,7 @@ void GraphStep::reload_inputs(cudaStream_t stream) {
 cp::CudaPlan& GraphStep::cp_plan(const Capacity& capacity) {
   auto it = cp_plans_.find(capacity);
   if (it != cp_plans_.end()) return *it->second;
-  const cp::Problem problem = cp_problem(shape_, bank_.cp(), capacity, shape_.mask);
+  const cp::Problem problem = cp_problem(shape_, bank_.cp(), capacity, shape_.mask, bank_.cp_layout());
   const size_t bytes = cp::cuda_workspace_size(problem);
   // One workspace per capacity, shared by every layer (they run in order on one stream).
   void* workspace = bank_.buffer(capacity, "cp workspace", bytes);
@@ -76,6 +76,7 @@ const cuda::RopePlan& GraphStep::rope_plan(const Capacity& capacity) {
   static_cast<HeadShape&>(s) = shape_.heads();
   s.cp = bank_.cp();
   s.rank = bank_.communicator().rank();
+  s.cp_layout = bank_.cp_layout();
   s.capacity = capacity;
   s.dtype = shape_.dtype;
   s.config = shape_.rope_config;
