@@ -172,6 +172,24 @@ class NcclCommunicator final : public DeviceCommunicator {
     finish("ncclAllReduce", ncclAllReduce(data, data, count, ncclFloat32, ncclMax, comm_, stream));
   }
 
+  // One group of a send and a receive per peer (itself included): capture-safe once warm_up
+  // made the peer connections, which NCCL makes lazily on first use.
+  void all_to_all(const void* send, void* recv, size_t bytes, cudaStream_t stream) override {
+    check_usable("all_to_all");
+    if (bytes == 0) return;
+    check_current_device("all_to_all");
+    ncclResult_t result = ncclGroupStart();
+    for (int peer = 0; peer < size_ && (result == ncclSuccess || result == ncclInProgress); ++peer) {
+      const size_t at = static_cast<size_t>(peer) * bytes;
+      result = ncclSend(static_cast<const unsigned char*>(send) + at, bytes, ncclUint8, peer, comm_, stream);
+      if (result == ncclSuccess || result == ncclInProgress) {
+        result = ncclRecv(static_cast<unsigned char*>(recv) + at, bytes, ncclUint8, peer, comm_, stream);
+      }
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    finish("ncclSend/ncclRecv (all_to_all)", result == ncclSuccess || result == ncclInProgress ? ended : result);
+  }
+
   std::unique_ptr<DeviceCommunicator> split(int color, int key) override {
     check_usable("split");
     CurrentDevice current(device_);
@@ -231,6 +249,8 @@ class NcclCommunicator final : public DeviceCommunicator {
     all_gather(own, everyone, kWarmUpBytesPerRank, stream);
     reduce_scatter_sum(reinterpret_cast<const float*>(everyone), reinterpret_cast<float*>(own), floats, stream);
     all_reduce_max(reinterpret_cast<float*>(own), floats, stream);
+    // The peer-to-peer connections of all_to_all: one byte to and from every peer.
+    all_to_all(everyone, own, 1, stream);
     synchronize(stream, options_.timeout_seconds);
   }
 

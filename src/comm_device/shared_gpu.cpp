@@ -22,13 +22,14 @@ namespace thdcp {
 
 namespace {
 
-enum class Op { kAllGather, kReduceScatter, kAllReduceMax, kSplit, kCapture, kLaunch };
+enum class Op { kAllGather, kReduceScatter, kAllReduceMax, kAllToAll, kSplit, kCapture, kLaunch };
 
 const char* op_name(Op op) {
   switch (op) {
     case Op::kAllGather: return "all_gather";
     case Op::kReduceScatter: return "reduce_scatter_sum";
     case Op::kAllReduceMax: return "all_reduce_max";
+    case Op::kAllToAll: return "all_to_all";
     case Op::kSplit: return "split";
     case Op::kCapture: return "begin_capture/end_capture";
     case Op::kLaunch: return "launch";
@@ -210,6 +211,21 @@ class SharedGpuCommunicator final : public DeviceCommunicator {
       if (bytes == 0) break;
       THDCP_CHECK_CUDA(cudaMemcpyAsync(static_cast<unsigned char*>(recv) + static_cast<size_t>(r) * bytes,
                                        s.slots[r].send, bytes, cudaMemcpyDeviceToDevice, stream));
+    }
+    finish(stream);
+  }
+
+  // Rank r's block for this rank, from its send buffer (every rank's input is ready after
+  // begin), into this rank's block r.
+  void all_to_all(const void* send, void* recv, size_t bytes, cudaStream_t stream) override {
+    State& s = *state_;
+    begin(Op::kAllToAll, bytes, send, stream);
+    for (int r = 0; r < s.size; ++r) {
+      if (bytes == 0) break;
+      THDCP_CHECK_CUDA(cudaMemcpyAsync(static_cast<unsigned char*>(recv) + static_cast<size_t>(r) * bytes,
+                                       static_cast<const unsigned char*>(s.slots[r].send) +
+                                           static_cast<size_t>(rank_) * bytes,
+                                       bytes, cudaMemcpyDeviceToDevice, stream));
     }
     finish(stream);
   }

@@ -31,6 +31,39 @@ __global__ void __launch_bounds__(kThreads) reorder_kernel(const uint4* __restri
   for (int64_t word = threadIdx.x % 32; word < words_per_row; word += 32) to[word] = from[word];
 }
 
+// reorder_kernel in either direction over planes of rows (blockIdx.y: the plane), in words of
+// `Word`: one warp per row, its owner found once.
+template <typename Word, bool kToGathered>
+__global__ void __launch_bounds__(kThreads)
+    reorder_planes_kernel(const Word* __restrict__ src, Word* __restrict__ dst, int64_t words_per_row,
+                          const int32_t* __restrict__ cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp) {
+  const int64_t global_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (global_row >= total_rows) return;
+  const DualChunkLocation where = dual_chunk_locate_row(cu_seqlens_padded, max_seqs, cp, global_row);
+  const int64_t gathered_row = where.rank * (total_rows / cp) + where.local_row;
+  const int64_t plane = static_cast<int64_t>(blockIdx.y) * total_rows * words_per_row;
+  const Word* from = src + plane + (kToGathered ? global_row : gathered_row) * words_per_row;
+  Word* to = dst + plane + (kToGathered ? gathered_row : global_row) * words_per_row;
+  for (int64_t word = threadIdx.x % 32; word < words_per_row; word += 32) to[word] = from[word];
+}
+
+template <typename Word>
+void launch_reorder_planes(const void* src, void* dst, size_t row_bytes, int64_t planes, RowOrder to,
+                           const DeviceLayout& layout, int cp, cudaStream_t stream) {
+  const int64_t words_per_row = static_cast<int64_t>(row_bytes / sizeof(Word));
+  const int64_t total_rows = layout.capacity.max_tokens;
+  const dim3 grid(static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(planes));
+  const auto* from = static_cast<const Word*>(src);
+  auto* into = static_cast<Word*>(dst);
+  if (to == RowOrder::kGathered) {
+    reorder_planes_kernel<Word, true><<<grid, kThreads, 0, stream>>>(from, into, words_per_row, layout.cu_seqlens_padded,
+                                                                     layout.capacity.max_seqs, total_rows, cp);
+  } else {
+    reorder_planes_kernel<Word, false><<<grid, kThreads, 0, stream>>>(
+        from, into, words_per_row, layout.cu_seqlens_padded, layout.capacity.max_seqs, total_rows, cp);
+  }
+}
+
 // The layout's capacity as the kernels take it (max_seqs, total_rows), checked against cp.
 void check_reorder_layout(const DeviceLayout& layout, int cp, const char* what) {
   const Capacity& c = layout.capacity;
@@ -117,6 +150,21 @@ void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_
   reorder_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       static_cast<const uint4*>(gathered), static_cast<uint4*>(ordered), words_per_row, layout.cu_seqlens_padded,
       layout.capacity.max_seqs, total_rows, cp);
+  THDCP_CHECK_CUDA(cudaGetLastError());
+}
+
+void reorder_rows(const void* src, void* dst, size_t row_bytes, int64_t planes, RowOrder to,
+                  const DeviceLayout& layout, int cp, cudaStream_t stream) {
+  check_reorder_layout(layout, cp, "reorder_rows");
+  THDCP_CHECK(row_bytes % 4 == 0, "reorder_rows: row_bytes=" << row_bytes << " must be a multiple of 4");
+  THDCP_CHECK(planes >= 0 && planes <= 65535, "reorder_rows: planes=" << planes << " must be in [0, 65535]");
+  if (layout.capacity.max_tokens == 0 || row_bytes == 0 || planes == 0) return;
+  const bool words16 = row_bytes % 16 == 0 && (reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) % 16 == 0;
+  if (words16) {
+    launch_reorder_planes<uint4>(src, dst, row_bytes, planes, to, layout, cp, stream);
+  } else {
+    launch_reorder_planes<uint32_t>(src, dst, row_bytes, planes, to, layout, cp, stream);
+  }
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
 

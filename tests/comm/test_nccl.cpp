@@ -59,6 +59,7 @@ TEST_F(NcclSingleGpu, ZeroSizedCollectivesDoNothing) {
     comm.all_gather(nullptr, nullptr, 0, stream);
     comm.reduce_scatter_sum(nullptr, nullptr, 0, stream);
     comm.all_reduce_max(nullptr, 0, stream);
+    comm.all_to_all(nullptr, nullptr, 0, stream);
     comm.synchronize(stream, test::kTestTimeoutSeconds);
     test::expect_exact_collectives(comm, stream);
   });

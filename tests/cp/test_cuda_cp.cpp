@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "support/cp/cuda_cp_cases.h"
+#include "support/comm/collective_step.h"
 #include "support/cp/cuda_cp_rank.h"
 #include "support/cuda/placed_group.h"
 #include "support/expect_error.h"
@@ -313,6 +314,17 @@ TEST_F(CudaCpOrder, ReplayAndProgramOrderGiveTheOverlappedBits) {
       }
     }
   }
+}
+
+// The shared-GPU communicator's collectives, all_to_all included, give exact values at 3
+// ranks (the rules of support/comm/collective_step.h, as the NCCL tests check them).
+class SharedGpuCollectives : public test::CudaTest {};
+
+TEST_F(SharedGpuCollectives, EveryCollectiveGivesExactValues) {
+  run_shared_gpu(3, [&](DeviceCommunicator& comm) {
+    test::Stream stream;
+    test::expect_exact_collectives(comm, stream.get());
+  });
 }
 
 class CudaCpFaults : public test::CudaTest {};

@@ -12,7 +12,9 @@
 //  - all_gather: recv holds the `bytes` of every rank, rank-major (rank r at r * bytes);
 //  - reduce_scatter_sum: send holds size() blocks of `count` floats; rank r receives the
 //    element-wise sum over ranks of block r;
-//  - all_reduce_max: element-wise max over ranks, in place.
+//  - all_reduce_max: element-wise max over ranks, in place;
+//  - all_to_all: send holds size() blocks of `bytes`, block r for rank r; recv receives
+//    rank r's block for this rank at r * bytes (send and recv must not overlap).
 // A collective that cannot complete (a peer failed, aborted or disagrees on the sizes)
 // throws thdcp::Error on every rank that can still reach the host, naming the rank and the
 // cause, instead of hanging.
@@ -38,6 +40,7 @@ class DeviceCommunicator {
   virtual void all_gather(const void* send, void* recv, size_t bytes, cudaStream_t stream) = 0;
   virtual void reduce_scatter_sum(const float* send, float* recv, size_t count, cudaStream_t stream) = 0;
   virtual void all_reduce_max(float* data, size_t count, cudaStream_t stream) = 0;
+  virtual void all_to_all(const void* send, void* recv, size_t bytes, cudaStream_t stream) = 0;
 
   // A sub-group of the ranks that pass the same `color` (>= 0), ranked by (key, rank); a
   // rank that passes color < 0 takes part in the split and gets nullptr. Collective over

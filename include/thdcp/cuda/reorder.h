@@ -25,6 +25,18 @@ namespace thdcp::cuda {
 void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_bytes, const DeviceLayout& layout,
                                 int cp, cudaStream_t stream);
 
+// The two row orders of a CP layout's global rows.
+enum class RowOrder { kGathered, kSequence };
+
+// `planes` planes (one after another, each of layout.capacity.max_tokens rows of row_bytes
+// bytes) from `src` in the other order into `dst` in order `to`: gathered -> sequence as
+// gathered_to_sequence_order does, or sequence -> gathered (its inverse). row_bytes a
+// multiple of 4 (16-byte words where it is a multiple of 16): rows of head-sharded tensors,
+// or of LSE planes ([H, T], 4-byte rows). Dual-chunk layouts (every padded length a multiple
+// of 2*cp). Stream-ordered, capture-safe.
+void reorder_rows(const void* src, void* dst, size_t row_bytes, int64_t planes, RowOrder to,
+                  const DeviceLayout& layout, int cp, cudaStream_t stream);
+
 // rows[g] = the gathered row of global row g (its owner's rank * T/cp + its local row), for
 // every g < layout.capacity.max_tokens: the map thdcp::BackwardTensors::dkv_rows takes
 // to accumulate dK/dV of sequence-order keys straight in the order the ranks hold them.

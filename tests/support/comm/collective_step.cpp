@@ -14,6 +14,11 @@ unsigned char gathered_byte(int rank, size_t index) {
 float scattered_value(int rank, int block, size_t index) {
   return static_cast<float>((rank + 1) * (block + 2) + static_cast<int>(index % 13));
 }
+// Byte `index` of the block `sender` sends to `receiver` in all_to_all.
+unsigned char exchanged_byte(int sender, int receiver, size_t index) {
+  const size_t value = static_cast<size_t>(sender) * 37 + static_cast<size_t>(receiver) * 11 + index * 5 + 3;
+  return static_cast<unsigned char>(value & 0xff);
+}
 float max_input(int rank, size_t index) {
   return static_cast<float>(static_cast<int>((index * 7 + static_cast<size_t>(rank) * 13) % 101) - 50);
 }
@@ -45,7 +50,9 @@ CollectiveStep::CollectiveStep(int rank, int size, CollectiveSizes sizes)
       scatter_send_(sizes.count * static_cast<size_t>(size) * sizeof(float)),
       scatter_recv_(sizes.count * sizeof(float)),
       max_pristine_(sizes.count * sizeof(float)),
-      max_data_(sizes.count * sizeof(float)) {}
+      max_data_(sizes.count * sizeof(float)),
+      exchange_send_(sizes.gather_bytes * static_cast<size_t>(size)),
+      exchange_recv_(sizes.gather_bytes * static_cast<size_t>(size)) {}
 
 void CollectiveStep::prepare(cudaStream_t stream) {
   std::vector<unsigned char> bytes(sizes_.gather_bytes);
@@ -58,10 +65,17 @@ void CollectiveStep::prepare(cudaStream_t stream) {
   }
   std::vector<float> values(sizes_.count);
   for (size_t i = 0; i < values.size(); ++i) values[i] = max_input(rank_, i);
+  std::vector<unsigned char> exchanged(sizes_.gather_bytes * static_cast<size_t>(size_));
+  for (int receiver = 0; receiver < size_; ++receiver) {
+    for (size_t i = 0; i < sizes_.gather_bytes; ++i) {
+      exchanged[static_cast<size_t>(receiver) * sizes_.gather_bytes + i] = exchanged_byte(rank_, receiver, i);
+    }
+  }
   upload(gather_send_, bytes.data(), stream);
   upload(scatter_send_, blocks.data(), stream);
   upload(max_pristine_, values.data(), stream);
-  for (cuda::DeviceBuffer* out : {&gather_recv_, &scatter_recv_, &max_data_}) {
+  upload(exchange_send_, exchanged.data(), stream);
+  for (cuda::DeviceBuffer* out : {&gather_recv_, &scatter_recv_, &max_data_, &exchange_recv_}) {
     THDCP_CHECK_CUDA(cudaMemsetAsync(out->data(), 0xff, out->bytes(), stream));
   }
   // The host vectors go out of scope: the copies from them must be done.
@@ -74,12 +88,14 @@ void CollectiveStep::enqueue(DeviceCommunicator& comm, cudaStream_t stream) {
   comm.all_gather(gather_send_.data(), gather_recv_.data(), sizes_.gather_bytes, stream);
   comm.reduce_scatter_sum(scatter_send_.as<float>(), scatter_recv_.as<float>(), sizes_.count, stream);
   comm.all_reduce_max(max_data_.as<float>(), sizes_.count, stream);
+  comm.all_to_all(exchange_send_.data(), exchange_recv_.data(), sizes_.gather_bytes, stream);
 }
 
 ::testing::AssertionResult CollectiveStep::check(cudaStream_t stream) const {
   const std::vector<unsigned char> gathered = download<unsigned char>(gather_recv_, stream);
   const std::vector<float> scattered = download<float>(scatter_recv_, stream);
   const std::vector<float> maxima = download<float>(max_data_, stream);
+  const std::vector<unsigned char> exchanged = download<unsigned char>(exchange_recv_, stream);
   std::string first;
   size_t wrong = 0;
   for (int peer = 0; peer < size_; ++peer) {
@@ -89,6 +105,16 @@ void CollectiveStep::enqueue(DeviceCommunicator& comm, cudaStream_t stream) {
       if (wrong++ == 0) {
         first = "all_gather: byte " + std::to_string(i) + " of rank " + std::to_string(peer) + "'s block is " +
                 std::to_string(got) + ", expected " + std::to_string(gathered_byte(peer, i));
+      }
+    }
+  }
+  for (int peer = 0; peer < size_; ++peer) {
+    for (size_t i = 0; i < sizes_.gather_bytes; ++i) {
+      const unsigned char got = exchanged[static_cast<size_t>(peer) * sizes_.gather_bytes + i];
+      if (got == exchanged_byte(peer, rank_, i)) continue;
+      if (wrong++ == 0) {
+        first = "all_to_all: byte " + std::to_string(i) + " from rank " + std::to_string(peer) + " is " +
+                std::to_string(got) + ", expected " + std::to_string(exchanged_byte(peer, rank_, i));
       }
     }
   }

@@ -63,6 +63,7 @@ class CollectiveStep {
   int size_;
   CollectiveSizes sizes_;
   cuda::DeviceBuffer gather_send_, gather_recv_, scatter_send_, scatter_recv_, max_pristine_, max_data_;
+  cuda::DeviceBuffer exchange_send_, exchange_recv_;  // all_to_all: size blocks of gather_bytes each
 };
 
 // Every collective of every size, eagerly; values compared on the host.
