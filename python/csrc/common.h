@@ -11,6 +11,7 @@
 
 #include "thdcp/core/error.h"
 #include "thdcp/core/tensor.h"
+#include "thdcp/cp/cp.h"
 #include "thdcp/plan/layout_balance.h"
 #include "thdcp/plan/mask.h"
 #include "thdcp/plan/rope.h"
@@ -177,6 +178,14 @@ inline CpLayout cp_layout_argument(const std::string& name) {
     choices += std::string(choices.empty() ? "'" : ", '") + cp_layout_name(layout) + "'";
   }
   TORCH_CHECK_VALUE(false, "thdcp: layout='", name, "' is not a CP layout: pass one of ", choices);
+}
+
+// The CP communication a schema string names, of those cp_attention's CUDA step runs.
+inline cp::CpComm cp_comm_argument(const std::string& name) {
+  if (name == "all_gather") return cp::CpComm::kAllGather;
+  if (name == "all_to_all") return cp::CpComm::kAllToAll;
+  TORCH_CHECK_VALUE(false, "thdcp: cp_comm='", name,
+                    "' is not a CP communication of the CUDA backend: pass 'all_gather' or 'all_to_all'");
 }
 
 inline Mask window_mask(int64_t left, int64_t right) {

@@ -89,6 +89,19 @@ def lengths(op: str, values: Iterable, name: str = "lengths") -> List[int]:
     return integers(op, name, values, 0, INT64_MAX)
 
 
+# The CP communications the CUDA step of cp_attention runs (a2a+ag runs on the C++ CPU backend).
+CUDA_CP_COMMS = ("all_gather", "all_to_all")
+
+
+def cp_comm(op: str, value, name: str = "cp_comm") -> str:
+    """The name of a CP communication cp_attention runs: "all_gather" or "all_to_all"."""
+    if not isinstance(value, str) or value not in CUDA_CP_COMMS:
+        raise ValueError("thdcp.%s: %s=%r is not a CP communication of the CUDA backend: pass one of %s (a2a+ag runs "
+                         "on the C++ CPU backend, thdcp::cp::CpuPlan)"
+                         % (op, name, value, ", ".join(repr(choice) for choice in CUDA_CP_COMMS)))
+    return value
+
+
 def cp_layout(op: str, value, name: str = "layout") -> str:
     """The name of a CP layout (how the rows are split over the ranks): one of the names the
     C++ library gives (torch.ops.thdcp.cp_layouts(): "dual_chunk", "contiguous")."""

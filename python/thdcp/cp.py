@@ -103,6 +103,7 @@ def cp_attention(
     return_max_logit: bool = False,
     sinks: Optional[torch.Tensor] = None,
     layout: str = "dual_chunk",
+    cp_comm: str = "all_gather",
 ):
     """Attention of this rank's rows under AllGather CP over `comm`, or over the communicator
     thdcp keeps for the torch.distributed `group` (Communicator.for_group) when comm is None.
@@ -112,8 +113,10 @@ def cp_attention(
     under `layout` (cp_split with the same layout gives them), bf16 or fp16 CUDA tensors of the
     communicator's device (head dims as thdcp.attention's on CUDA). layout: "dual_chunk"
     (every padded length a multiple of 2 * cp) or "contiguous" (T a multiple of cp; no
-    per-document padding, and no reorder of the gathered K/V). All-to-all CP runs on the C++
-    CPU backend (thdcp::cp::CpuPlan), not here. sinks: as thdcp.attention's, the same on every
+    per-document padding, and no reorder of the gathered K/V). cp_comm: "all_gather" (K/V
+    gathered, dK/dV reduce-scattered) or "all_to_all" (Ulysses: the heads are sharded for the
+    attention, q_heads and kv_heads multiples of cp; any layout, no padding of documents
+    beyond the layout's). sinks: as thdcp.attention's, the same on every
     rank; their gradient is summed over the ranks' rows (every rank gets the whole [Hq]).
     cu_seqlens, cu_seqlens_padded: the global layout, int32 CUDA [B + 1], the same on every
     rank, the last padded entry T (cp_layout makes them for either layout). Returns this
@@ -125,20 +128,27 @@ def cp_attention(
     left, right = arguments.window("cp_attention", window)
     scale = arguments.softmax_scale("cp_attention", softmax_scale)
     layout = arguments.cp_layout("cp_attention", layout)
+    cp_comm = arguments.cp_comm("cp_attention", cp_comm)
     if sinks is not None:
         sinks = arguments.sinks("cp_attention", sinks, q)
     if comm is None:
         comm = Communicator.for_group(group)
+    if cp_comm == "all_to_all":
+        for name, heads in (("q", q.shape[1]), ("k", k.shape[1])):
+            if heads % comm.size != 0:
+                raise ValueError("thdcp.cp_attention: cp_comm='all_to_all' shards the heads over the %d ranks, but %s "
+                                 "has %d heads, not a multiple of %d: pass cp_comm='all_gather', or a group whose "
+                                 "size divides q's and k's heads" % (comm.size, name, heads, comm.size))
     out, lse, max_logit = _ops.cp_attention_forward(
         q, k, v, cu_seqlens, cu_seqlens_padded, comm.handle, left, right, scale, bool(return_max_logit), sinks,
-        layout
+        layout, cp_comm
     )
     return _results(out, lse, max_logit, return_lse, return_max_logit)
 
 
 @torch.library.register_fake("thdcp::cp_attention_forward")
 def _cp_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right, softmax_scale,
-                     return_max_logit, sinks=None, layout="dual_chunk"):
+                     return_max_logit, sinks=None, layout="dual_chunk", cp_comm="all_gather"):
     arguments.check_devices("cp_attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded)
                             + (("sinks", sinks),))
     rows, heads, _ = q.shape
@@ -148,7 +158,7 @@ def _cp_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, comm, window_left, 
 
 @torch.library.register_fake("thdcp::cp_attention_backward")
 def _cp_backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right,
-                      softmax_scale, sinks=None, layout="dual_chunk"):
+                      softmax_scale, sinks=None, layout="dual_chunk", cp_comm="all_gather"):
     arguments.check_devices("cp_attention backward",
                             _attention_backward_tensors(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded)
                             + (("sinks", sinks),))
@@ -161,17 +171,19 @@ def _cp_setup(ctx, inputs, output):
     out, lse, max_logit = output
     sinks = rest[0] if rest else None
     layout = rest[1] if len(rest) > 1 else "dual_chunk"
+    cp_comm = rest[2] if len(rest) > 2 else "all_gather"
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, sinks)
-    ctx.args = (comm, left, right, scale, layout)
+    ctx.args = (comm, left, right, scale, layout, cp_comm)
     ctx.mark_non_differentiable(lse, max_logit)
 
 
 def _cp_backward(ctx, dout, dlse, dmax_logit):
     q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, sinks = ctx.saved_tensors
-    comm, left, right, scale, layout = ctx.args
+    comm, left, right, scale, layout, cp_comm = ctx.args
     dq, dk, dv, dsinks = _ops.cp_attention_backward(_kernel_ready(dout), q, k, v, out, lse, cu_seqlens,
-                                                    cu_seqlens_padded, comm, left, right, scale, sinks, layout)
-    return dq, dk, dv, None, None, None, None, None, None, None, dsinks if sinks is not None else None, None
+                                                    cu_seqlens_padded, comm, left, right, scale, sinks, layout,
+                                                    cp_comm)
+    return dq, dk, dv, None, None, None, None, None, None, None, dsinks if sinks is not None else None, None, None
 
 
 torch.library.register_autograd("thdcp::cp_attention_forward", _cp_backward, setup_context=_cp_setup)

@@ -137,11 +137,11 @@ CpConfig config_of(const thdcp_cp_params* given) {
   problem.kv_gather = kv_gather_of(p.kv_gather);
   check_kv_gather(c);
   // Before the build is asked for CUDA, so that every build gives the same answer.
-  THDCP_CAPI_REQUIRE(backend == THDCP_BACKEND_CPU || problem.comm == cp::CpComm::kAllGather,
+  THDCP_CAPI_REQUIRE(backend == THDCP_BACKEND_CPU || problem.comm != cp::CpComm::kA2aAg,
                      "params->cp_comm=" << cp_comm_c_name(problem.comm)
                                         << " is not supported by the CUDA backend: it runs THDCP_CP_COMM_ALL_GATHER "
-                                           "(with either THDCP_CP_LAYOUT_*); use that, or THDCP_BACKEND_CPU, which "
-                                           "runs every mode");
+                                           "and THDCP_CP_COMM_ALL_TO_ALL (with either THDCP_CP_LAYOUT_*); use one of "
+                                           "those, or THDCP_BACKEND_CPU, which runs every mode");
   if (backend == THDCP_BACKEND_CUDA) require_cuda_build("params->backend=THDCP_BACKEND_CUDA");
   problem.dtype = storage_dtype(raw_enum(p.dtype), "params->dtype");
   THDCP_CAPI_REQUIRE(backend == THDCP_BACKEND_CPU || problem.dtype != DType::kFloat32,

@@ -8,6 +8,7 @@
 
 #include "agreement.h"
 #include "allgather_steps.h"
+#include "alltoall_cuda.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cp/cuda.h"
 #include "thdcp/cuda/check.h"
@@ -105,6 +106,7 @@ uint64_t options_fingerprint(const AttentionOptions& options) {
 }  // namespace
 
 struct CudaPlan::Workspace {
+  std::unique_ptr<detail::CudaAllToAll> all_to_all;  // comm all_to_all: the whole step; else null
   Parts parts;
   std::optional<cuda::TablePlan> table;  // this rank's
   std::unique_ptr<cuda::ForwardPlan> forward;
@@ -119,6 +121,14 @@ struct CudaPlan::Events {
     for (cudaEvent_t e : marks) {
       if (e) cudaEventDestroy(e);
     }
+  }
+
+  // Subsequent work on `stream` belongs to `next` (a repeated phase adds no mark).
+  void mark(Phase next, cudaStream_t stream) {
+    if (recorded >= kMaxPhaseMarks) return;
+    if (recorded > 0 && phases[recorded - 1] == next) return;
+    phases[recorded] = next;
+    THDCP_CHECK_CUDA(cudaEventRecord(marks[recorded++], stream));
   }
 };
 
@@ -190,10 +200,7 @@ class CudaSteps {
   }
 
   void phase(Phase next) {
-    if (!events_ || events_->recorded >= kMaxPhaseMarks) return;
-    if (events_->recorded > 0 && events_->phases[events_->recorded - 1] == next) return;
-    events_->phases[events_->recorded] = next;
-    THDCP_CHECK_CUDA(cudaEventRecord(events_->marks[events_->recorded++], current_));
+    if (events_) events_->mark(next, current_);
   }
 
   void build_table() { table_ = w_.table->run(layout_, w_.parts.segments, current_); }
@@ -348,6 +355,10 @@ void check_backward_tensors(const Problem& p, const BackwardTensors& t) {
 }  // namespace
 
 size_t cuda_workspace_size(const Problem& problem, const AttentionOptions& options) {
+  if (problem.comm == CpComm::kAllToAll) {
+    detail::validate_problem(problem);
+    return detail::CudaAllToAll::workspace_size(problem, options);
+  }
   WorkspaceCarver sizing;
   carve_parts(sizing, problem, options);
   return sizing.bytes();
@@ -406,16 +417,21 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
   agree_on_device(comm, problem, options, [&] {
     THDCP_CHECK(problem.cp == comm.size(),
                 "problem.cp=" << problem.cp << " but the communicator has " << comm.size() << " ranks");
-    THDCP_CHECK(problem.comm == CpComm::kAllGather,
+    THDCP_CHECK(problem.comm == CpComm::kAllGather || problem.comm == CpComm::kAllToAll,
                 "comm=" << cp_comm_name(problem.comm)
-                        << ": the CUDA backend runs comm=all_gather (layout dual_chunk or contiguous); the CPU "
-                           "backend (cp::CpuPlan) runs every mode");
+                        << ": the CUDA backend runs comm=all_gather and all_to_all (layout dual_chunk or "
+                           "contiguous); the CPU backend (cp::CpuPlan) runs every mode");
     THDCP_CHECK(problem.kv_gather != KvGather::kHalo,
                 "kv_gather=halo: the CUDA backend does not do halo gathers yet (it gathers every rank's K/V); use "
                 "kv_gather=auto or whole, or the CPU backend (cp::CpuPlan)");
     const size_t needed = cuda_workspace_size(problem, options);
     THDCP_CHECK(workspace_bytes >= needed,
                 "workspace has " << workspace_bytes << " bytes; cuda_workspace_size gives " << needed);
+    if (problem.comm == CpComm::kAllToAll) {
+      workspace_->all_to_all =
+          std::make_unique<detail::CudaAllToAll>(comm, problem, options, workspace, workspace_bytes);
+      return;
+    }
     WorkspaceCarver carver(workspace);
     workspace_->parts = carve_parts(carver, problem, options);
     workspace_->table = table_plan(problem, comm.rank());
@@ -466,9 +482,27 @@ void CudaPlan::check_tensors(const DeviceLayout& layout, const ForwardTensors* f
 
 CudaPlan::~CudaPlan() = default;
 
+namespace {
+
+// The phase marks of an all-to-all step: events where timing is on, else nothing.
+detail::PhaseMark phase_marks(CudaPlan::Events* events, cudaStream_t stream) {
+  return [events, stream](Phase next) {
+    if (events) {
+      if (next == Phase::kTable) events->recorded = 0;
+      events->mark(next, stream);
+    }
+  };
+}
+
+}  // namespace
+
 void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream) {
   check_layout(layout, problem_);
   check_forward_tensors(problem_, t);
+  if (workspace_->all_to_all) {
+    workspace_->all_to_all->forward(layout, t, stream, phase_marks(events_.get(), stream));
+    return;
+  }
   CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
   steps.use_sinks(t.sinks, false);
   detail::run_forward(steps, t);
@@ -477,6 +511,11 @@ void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cuda
 void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, KvSource kv) {
   check_layout(layout, problem_);
   check_backward_tensors(problem_, t);
+  if (workspace_->all_to_all) {
+    // (K/V are exchanged again whatever `kv` says: the forward's head-sharded K/V are not kept.)
+    workspace_->all_to_all->backward(layout, t, stream, phase_marks(events_.get(), stream));
+    return;
+  }
   CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
   steps.use_sinks(t.sinks, t.dsinks != nullptr);
   detail::run_backward(steps, t, kv == KvSource::kGather);

@@ -534,7 +534,9 @@ TEST(CApiCpModes, RefusedNamingTheValue) {
        {}},
       {"CUDA, a2a+ag",
        with(ag, [](thdcp_cp_params& p) { p.backend = THDCP_BACKEND_CUDA, p.cp_comm = THDCP_CP_COMM_A2A_AG, p.a2a_size = 1; }),
-       {"params->cp_comm=THDCP_CP_COMM_A2A_AG is not supported by the CUDA backend"}},
+       {"params->cp_comm=THDCP_CP_COMM_A2A_AG is not supported by the CUDA backend: it runs "
+        "THDCP_CP_COMM_ALL_GATHER and THDCP_CP_COMM_ALL_TO_ALL (with either THDCP_CP_LAYOUT_*)",
+        "or THDCP_BACKEND_CPU"}},
       {"all_to_all, q_heads 4 at cp 3", a2a,
        {"params->q_heads=4 is not a multiple of cp_size=3, which params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL needs",
         "use THDCP_CP_COMM_ALL_GATHER, or a cp_size that divides q_heads and kv_heads"}},
@@ -551,11 +553,6 @@ TEST(CApiCpModes, RefusedNamingTheValue) {
        {"params->max_tokens=55 must be a multiple of 2*cp_size=10",
         "params->cp_layout=THDCP_CP_LAYOUT_DUAL_CHUNK cuts into 2*cp_size chunks per sequence",
         "or use THDCP_CP_LAYOUT_CONTIGUOUS, which needs a multiple of cp_size"}},
-      {"CUDA, all_to_all",
-       with(ag, [](thdcp_cp_params& p) { p.backend = THDCP_BACKEND_CUDA, p.cp_comm = THDCP_CP_COMM_ALL_TO_ALL; }),
-       {"params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL is not supported by the CUDA backend: it runs "
-        "THDCP_CP_COMM_ALL_GATHER (with either THDCP_CP_LAYOUT_*)",
-        "or THDCP_BACKEND_CPU"}},
       {"kv_gather 3", with(ag, [](thdcp_cp_params& p) { p.kv_gather = 3; }),
        {"params->kv_gather=3 is not a thdcp_cp_kv_gather_t: use THDCP_CP_KV_GATHER_AUTO (0), "
         "THDCP_CP_KV_GATHER_WHOLE (1) or THDCP_CP_KV_GATHER_HALO (2)"}},

@@ -35,13 +35,15 @@ using EdgeParam = std::tuple<CpLayout, int /*cp*/, int /*edge case index*/>;
 
 class CudaCpSharedGpu : public test::CudaTest, public ::testing::WithParamInterface<EdgeParam> {};
 
-TEST_P(CudaCpSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
-  const auto [layout, cp, index] = GetParam();
-  const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
+// Edge case `index` under (layout, comm) at `cp` ranks sharing GPU 0: every rank's eager step
+// against the CPU reference on two batches, and the step of every rank captured in one graph
+// and replayed on the second batch equal to its eager step, bit for bit.
+void expect_shared_gpu_case(CpLayout layout, cp::CpComm cp_comm, int cp, int index) {
+  const EdgeCase c = test::heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp_comm);
   const Capacity capacity = capacity_of(c, cp);
   const test::Batch first = make_case_batch(c, cp, capacity, 1000 + index * 10 + cp, false, layout);
   const test::Batch second = make_case_batch(c, cp, capacity, 2000 + index * 10 + cp, true, layout);
-  const cp::Problem problem = problem_of(c, cp, layout);
+  const cp::Problem problem = problem_of(c, cp, layout, cp_comm);
 
   std::vector<test::Outputs> eager_first(cp), eager_second(cp), replayed(cp);
   test::ThreadBarrier barrier(cp);
@@ -103,6 +105,19 @@ TEST_P(CudaCpSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
   cudaStreamDestroy(origin);
 }
 
+TEST_P(CudaCpSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
+  const auto [layout, cp, index] = GetParam();
+  expect_shared_gpu_case(layout, cp::CpComm::kAllGather, cp, index);
+}
+
+// All-to-all (Ulysses) CP: the same table with kv_heads = cp (the case's GQA ratio kept).
+class CudaCpAllToAllSharedGpu : public test::CudaTest, public ::testing::WithParamInterface<EdgeParam> {};
+
+TEST_P(CudaCpAllToAllSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
+  const auto [layout, cp, index] = GetParam();
+  expect_shared_gpu_case(layout, cp::CpComm::kAllToAll, cp, index);
+}
+
 std::string edge_name(const ::testing::TestParamInfo<EdgeParam>& info) {
   return test::layout_prefix(std::get<0>(info.param)) + "cp" + std::to_string(std::get<1>(info.param)) + "_" +
          edge_cases()[static_cast<size_t>(std::get<2>(info.param))].name;
@@ -112,6 +127,11 @@ std::string edge_name(const ::testing::TestParamInfo<EdgeParam>& info) {
 INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpSharedGpu,
                          ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
                                             ::testing::Values(1, 2, 3, 4, 8), ::testing::Range(0, 6)),
+                         edge_name);
+
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpAllToAllSharedGpu,
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Values(1, 2, 3, 4), ::testing::Range(0, 6)),
                          edge_name);
 
 class CudaCpKeptKv : public test::CudaTest {};

@@ -34,6 +34,18 @@ INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpProcessPerGpu,
                          ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
                                             ::testing::Range(0, 6)));
 
+// All-to-all CP (kv_heads = the process count, the case's GQA ratio kept).
+class CudaCpAllToAllProcessPerGpu : public CudaCpProcessPerGpu {};
+
+TEST_P(CudaCpAllToAllProcessPerGpu, EagerMatchesReferenceAndReplayMatchesEager) {
+  const auto [layout, index] = GetParam();
+  test::check_edge_case_with_own_capture(*g_comm, index, cudaStreamCaptureModeGlobal, layout, cp::CpComm::kAllToAll);
+}
+
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpAllToAllProcessPerGpu,
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Range(0, 6)));
+
 int run(int argc, char** argv) {
   g_world = mpi::world();
   const test::VisibleGpus gpus = test::visible_gpus(*g_world);

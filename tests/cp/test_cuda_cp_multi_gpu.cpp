@@ -35,12 +35,28 @@ TEST_P(CudaCpThreadPerGpu, EagerMatchesReferenceAndReplayMatchesEager) {
   });
 }
 
+// All-to-all CP over NCCL (kv_heads = the GPU count, the case's GQA ratio kept).
+class CudaCpAllToAllThreadPerGpu : public CudaCpThreadPerGpu {};
+
+TEST_P(CudaCpAllToAllThreadPerGpu, EagerMatchesReferenceAndReplayMatchesEager) {
+  const auto [layout, index] = GetParam();
+  run_in_process(gpus_, [&](Communicator& host) {
+    std::unique_ptr<DeviceCommunicator> comm = nccl::create(host, host.rank());
+    test::check_edge_case_with_own_capture(*comm, index, cudaStreamCaptureModeThreadLocal, layout,
+                                           cp::CpComm::kAllToAll);
+  });
+}
+
 std::string case_name(const ::testing::TestParamInfo<std::tuple<CpLayout, int>>& info) {
   return test::layout_prefix(std::get<0>(info.param)) +
          test::edge_cases()[static_cast<size_t>(std::get<1>(info.param))].name;
 }
 
 INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpThreadPerGpu,
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Range(0, 6)),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpAllToAllThreadPerGpu,
                          ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
                                             ::testing::Range(0, 6)),
                          case_name);

@@ -71,6 +71,31 @@ def main():
                                        rtol=2e-2, atol=2e-2)
         checked += 1
 
+    # All-to-all (Ulysses) CP, cp_comm="all_to_all", under both layouts: heads sharded over the
+    # ranks (kv_heads = cp, q_heads = 4 cp), with sinks on one mask; against thdcp.attention.
+    ha_q, ha_kv = 4 * cp, cp
+    qa, ka, va, douta = (torch.randn(tokens, h, d, generator=g).to(torch.bfloat16).cuda()
+                         for h in (ha_q, ha_kv, ha_kv, ha_q))
+    sinks_a = (torch.randn(ha_q, generator=g) * 2.0).cuda()
+    for layout, window in (("dual_chunk", (-1, 0)), ("contiguous", (100, 0))):
+        lay_cu, lay_padded = (cu, cu_padded) if layout == "dual_chunk" else (cu_c, cu_padded_c)
+        rows = int(lay_padded[-1])
+        sink = sinks_a if layout == "contiguous" else None
+        full = [t[:rows] for t in (qa, ka, va, douta)]
+        qg, kg, vg = (t.clone().requires_grad_() for t in full[:3])
+        ref = thdcp.attention(qg, kg, vg, lay_cu.cuda(), lay_padded.cuda(), window=window, sinks=sink)
+        ref_grads = torch.autograd.grad(ref, (qg, kg, vg), full[3])
+        split = [thdcp.cp_split(t, lay_padded, cp, rank, layout=layout) for t in full]
+        ql, kl, vl = (t.requires_grad_() for t in split[:3])
+        out = thdcp.cp_attention(ql, kl, vl, lay_cu.cuda(), lay_padded.cuda(), window=window, comm=comm,
+                                 layout=layout, cp_comm="all_to_all", sinks=sink)
+        grads = torch.autograd.grad(out, (ql, kl, vl), split[3])
+        torch.testing.assert_close(out, thdcp.cp_split(ref, lay_padded, cp, rank, layout=layout), rtol=1e-2, atol=1e-2)
+        for got, want in zip(grads, ref_grads):
+            torch.testing.assert_close(got, thdcp.cp_split(want, lay_padded, cp, rank, layout=layout),
+                                       rtol=2e-2, atol=2e-2)
+        checked += 1
+
     # Attention sinks (gpt-oss): cp_attention(sinks=) against thdcp.attention(sinks=) on the whole
     # batch; d(sinks) is the whole [Hq] on every rank, the same bits on every rank.
     sinks = (torch.randn(hq, generator=g) * 2.0).cuda()
@@ -165,7 +190,7 @@ def main():
     dist.barrier()
     if rank == 0:
         print("cp_worker: PASS cp=%d: %d checks (3 masks vs single-device attention, fwd+bwd; 2 masks under the "
-              "contiguous layout; 2 masks with sinks, d(sinks) the same bits on every rank; thdcp.te over the group "
+              "contiguous layout; all-to-all under both layouts; 2 masks with sinks, d(sinks) the same bits on every rank; thdcp.te over the group "
               "equal to cp_attention bit for bit; 3 + 2 graph replays (dual_chunk, contiguous) on new packings equal "
               "eager bit for bit)"
               % (cp, checked))

@@ -226,6 +226,9 @@ def test_cp_attention_refuses_an_unknown_layout_before_making_a_communicator():
     with pytest.raises(ValueError, match=r"cp_attention: layout='zigzag' is not a CP layout: pass one of "
                                          r"'dual_chunk', 'contiguous'"):
         thdcp.cp_attention(**args, layout="zigzag")
+    with pytest.raises(ValueError, match=r"cp_attention: cp_comm='a2a\+ag' is not a CP communication of the CUDA "
+                                         r"backend: pass one of 'all_gather', 'all_to_all'"):
+        thdcp.cp_attention(**args, cp_comm="a2a+ag")
 
 
 # Every integer parameter of the package, each given a value that is not an integer or does

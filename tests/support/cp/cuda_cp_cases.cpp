@@ -51,10 +51,24 @@ void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask
   expect_matches_reference(o, single_device(b, mask, AttentionOptions{}), b, cp, rank, layout);
 }
 
-cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout) {
+cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout, cp::CpComm comm) {
   cp::Problem problem = cp_problem(cp, capacity_of(c, cp), c.shape());
   problem.layout = layout;
+  problem.comm = comm;
   return problem;
+}
+
+EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm) {
+  EdgeCase out = c;
+  if (comm == cp::CpComm::kAllToAll) {
+    out.kv_heads = cp;
+    out.q_heads = c.q_heads / c.kv_heads * cp;
+  }
+  return out;
+}
+
+std::string comm_prefix(cp::CpComm comm) {
+  return comm == cp::CpComm::kAllGather ? "" : std::string(cp::cp_comm_name(comm)) + "_";
 }
 
 std::string layout_prefix(CpLayout layout) {
@@ -62,10 +76,10 @@ std::string layout_prefix(CpLayout layout) {
 }
 
 void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode,
-                                      CpLayout layout) {
-  const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
+                                      CpLayout layout, cp::CpComm cp_comm) {
   const int cp = comm.size(), rank = comm.rank();
-  const cp::Problem problem = problem_of(c, cp, layout);
+  const EdgeCase c = heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp_comm);
+  const cp::Problem problem = problem_of(c, cp, layout, cp_comm);
   const Batch first = make_case_batch(c, cp, problem.capacity, 1000 + index * 10 + cp, false, layout);
   const Batch second = make_case_batch(c, cp, problem.capacity, 2000 + index * 10 + cp, true, layout);
   CudaCpRank state(comm, problem);

@@ -47,14 +47,23 @@ void expect_matches_reference(const Outputs& o, const Outputs& ref, const Batch&
 void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask, int cp, int rank,
                               CpLayout layout = CpLayout::kDualChunk);
 
-cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout = CpLayout::kDualChunk);
+cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout = CpLayout::kDualChunk,
+                       cp::CpComm comm = cp::CpComm::kAllGather);
+
+// `c` with heads `comm` can run at `cp`: all_to_all needs both head counts multiples of cp,
+// so it gets kv_heads = cp and the case's GQA ratio; all_gather keeps them.
+EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm);
 
 // One rank of an edge case over a communicator whose ranks capture their own streams (NCCL:
 // a thread or a process per GPU): the eager step on a first batch against the CPU
 // reference, then this rank's step captured (`mode`), replayed on a second batch of the same
 // capacity, and compared bit for bit with the eager step on that batch.
 void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode,
-                                      CpLayout layout = CpLayout::kDualChunk);
+                                      CpLayout layout = CpLayout::kDualChunk,
+                                      cp::CpComm cp_comm = cp::CpComm::kAllGather);
+
+// The name of a CP communication in test names: "" for all_gather (the default), "all_to_all_".
+std::string comm_prefix(cp::CpComm comm);
 
 // The name of a CP layout in test names: "" for dual chunk (the default), "contiguous_".
 std::string layout_prefix(CpLayout layout);

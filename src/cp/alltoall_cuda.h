@@ -1,0 +1,58 @@
+// All-to-all (Ulysses) CP on the GPU (Problem::comm == CpComm::kAllToAll), for either CP
+// layout of the local rows: the CUDA counterpart of alltoall_cpu.h, used by cp::CudaPlan.
+//
+// Forward on rank r of cp: an all-to-all turns this rank's rows of q, k, v ([T/cp, H, D],
+// any views) into every row of its heads [r H/cp, (r+1) H/cp) ([T, H/cp, D], sequence order:
+// the all-to-all's rank-major rows are reordered where the layout is dual chunk, and are the
+// sequence order already where it is contiguous); the single-device kernels attend over
+// whole documents with those heads; a second all-to-all returns out and lse to the rank's
+// rows, and an all-gather of each rank's heads gives max_logit (and, in the backward,
+// d(sink)). Backward: q, k, v, out, dout and lse go to the heads the same way, the kernels
+// give fp32 dQ/dK/dV of the rank's heads, and an all-to-all returns them to its rows, rounded
+// once into dq, dk, dv. No partial sums cross ranks (each head belongs to one rank), so the
+// result is deterministic and the same bits as the single-device kernels on those heads.
+//
+// Everything runs on the caller's stream: 2-D copies and one reorder kernel around each
+// all-to-all, nothing allocated or read back, so a step can be captured.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "thdcp/comm_device/device_communicator.h"
+#include "thdcp/cp/cp.h"
+#include "thdcp/plan/layout.h"
+
+namespace thdcp::cp::detail {
+
+// Called where the next phase's work starts (timing; may do nothing).
+using PhaseMark = std::function<void(Phase)>;
+
+class CudaAllToAll {
+ public:
+  // What the workspace must hold: the exchange buffers, the head-sharded tensors and the
+  // single-device plans' workspaces.
+  static size_t workspace_size(const Problem& problem, const AttentionOptions& options);
+
+  // `problem` validated (heads multiples of cp, comm all_to_all) by the caller; makes the
+  // single-device plans for cp's share of the heads. Not capture-safe.
+  CudaAllToAll(DeviceCommunicator& comm, const Problem& problem, const AttentionOptions& options, void* workspace,
+               size_t workspace_bytes);
+  ~CudaAllToAll();
+  CudaAllToAll(const CudaAllToAll&) = delete;
+  CudaAllToAll& operator=(const CudaAllToAll&) = delete;
+
+  // One step of this rank on `stream`; the layout and tensors were checked by the caller.
+  void forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream, const PhaseMark& mark);
+  void backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, const PhaseMark& mark);
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace thdcp::cp::detail
