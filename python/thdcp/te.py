@@ -184,17 +184,27 @@ class DotProductAttention(torch.nn.Module):
 
     def set_context_parallel_group(self, cp_group, cp_global_ranks: Optional[Sequence[int]] = None, cp_stream=None,
                                    cp_comm_type: str = "all_gather") -> None:
-        """The CP group of the next forwards (None: no CP). cp_comm_type must be "all_gather"
-        for a group of more than one rank ("p2p", "a2a" and "a2a+p2p" are refused);
-        cp_global_ranks and cp_stream are taken and not needed (thdcp makes its communicator
-        from the group and runs its collectives on its own stream)."""
+        """The CP group of the next forwards (None: no CP). cp_comm_type for a group of more
+        than one rank: "all_gather" (thdcp's AllGather CP) or "a2a" (its all-to-all CP:
+        num_attention_heads and num_gqa_groups per tensor-parallel rank multiples of the group's
+        size); "p2p" and "a2a+p2p" are refused. cp_global_ranks and cp_stream are taken and not
+        needed (thdcp makes its communicator from the group and runs its collectives on its own
+        stream)."""
         op = _OP
         if isinstance(cp_group, (list, tuple)):
             call_shapes.refuse(op, "cp_group", cp_group,
-                               "thdcp's CP is one all-gather over one group: pass one process group")
-        if cp_group is not None and _group_size(cp_group) > 1 and cp_comm_type != "all_gather":
+                               "thdcp's CP runs over one group: pass one process group")
+        size = _group_size(cp_group) if cp_group is not None else 1
+        if size > 1 and cp_comm_type not in ("all_gather", "a2a"):
             call_shapes.refuse(op, "cp_comm_type", cp_comm_type,
-                               "thdcp's CP all-gathers K/V (section 5 of its design): pass 'all_gather'")
+                               "thdcp's CP all-gathers K/V or exchanges heads all-to-all: pass 'all_gather' or 'a2a'")
+        if size > 1 and cp_comm_type == "a2a":
+            for name, heads in (("num_attention_heads", self.heads_per_rank), ("num_gqa_groups", self.groups_per_rank)):
+                if heads % size != 0:
+                    call_shapes.refuse(op, "cp_comm_type", cp_comm_type,
+                                       "all-to-all CP shards the heads over the %d ranks of cp_group, but %s per "
+                                       "tensor-parallel rank is %d, not a multiple of %d: pass 'all_gather'"
+                                       % (size, name, heads, size))
         self.cp_group = cp_group
         self.cp_global_ranks = cp_global_ranks
         self.cp_stream = cp_stream
@@ -253,6 +263,8 @@ class DotProductAttention(torch.nn.Module):
         options = dict(window=window, softmax_scale=self.softmax_scale, return_max_logit=self.return_max_logit,
                        sinks=self._sinks(query_layer))
         if self.cp_group is not None and _group_size(self.cp_group) > 1:
+            if self.cp_comm_type == "a2a":
+                options["cp_comm"] = "all_to_all"
             result = cp_attention(query_layer, key_layer, value_layer, cu_seqlens,
                                   cu_seqlens if cu_seqlens_padded is None else cu_seqlens_padded,
                                   group=self.cp_group, **options)

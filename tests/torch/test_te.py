@@ -238,11 +238,15 @@ def test_a_cp_group_of_several_ranks_maps_onto_cp_attention(monkeypatch):
     monkeypatch.setattr(te, "_group_size", lambda group: 2)
     monkeypatch.setattr(te, "cp_attention", recording_cp_attention)
     group = object()
-    with pytest.raises(ValueError, match="cp_comm_type='p2p' is not supported: .*pass 'all_gather'"):
+    with pytest.raises(ValueError, match="cp_comm_type='p2p' is not supported: .*pass 'all_gather' or 'a2a'"):
         te.DotProductAttention(4, 32, 2, cp_group=group, cp_comm_type="p2p")
-    for comm_type in ("a2a", "a2a+p2p"):
-        with pytest.raises(ValueError, match="cp_comm_type='%s' is not supported" % comm_type.replace("+", r"\+")):
-            te.DotProductAttention(4, 32, 2).set_context_parallel_group(group, [0, 1], None, comm_type)
+    with pytest.raises(ValueError, match=r"cp_comm_type='a2a\+p2p' is not supported"):
+        te.DotProductAttention(4, 32, 2).set_context_parallel_group(group, [0, 1], None, "a2a+p2p")
+    # a2a: all-to-all CP, heads per rank multiples of the group's size.
+    with pytest.raises(ValueError, match="cp_comm_type='a2a' is not supported: all-to-all CP shards the heads over "
+                                         "the 2 ranks of cp_group, but num_gqa_groups per tensor-parallel rank is 1"):
+        te.DotProductAttention(4, 32, 1).set_context_parallel_group(group, [0, 1], None, "a2a")
+    a2a = te.DotProductAttention(4, 32, 2, attn_mask_type="padding_causal", cp_group=group, cp_comm_type="a2a")
     module = te.DotProductAttention(4, 32, 2, attn_mask_type="padding_causal", window_size=(64, 0))
     module.set_context_parallel_group(group, [0, 1], None, "all_gather")
     cu, cu_padded = thdcp.cp_layout([29, 1, 50], 2)
@@ -258,3 +262,7 @@ def test_a_cp_group_of_several_ranks_maps_onto_cp_attention(monkeypatch):
     # No padded offsets: the valid lengths are the layout (each a multiple of 2 cp).
     module(q, k, v, cu_seqlens_q=cu_padded, cu_seqlens_kv=cu_padded)
     assert calls[1][3] is cu_padded and calls[1][4] is cu_padded
+    # cp_comm_type="a2a" is cp_attention's all-to-all CP, on the same rows and layout.
+    a2a(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu_padded, cu_seqlens_kv_padded=cu_padded,
+        pad_between_seqs=True)
+    assert calls[2][5]["cp_comm"] == "all_to_all" and calls[2][0] is q and calls[2][4] is cu_padded
