@@ -226,6 +226,15 @@ struct CudaAllToAll::State {
   ThdTensor dense(void* data, DType dtype, int64_t heads, int64_t head_dim) const {
     return ThdTensor{data, dtype, rows, heads, head_dim};
   }
+
+  // What both passes start with: the step's layout and stream, and the single-device table
+  // (attention runs over whole documents), timed as the table phase.
+  cuda::DeviceSegmentTable start(const DeviceLayout& step_layout, cudaStream_t step_stream, const PhaseMark& mark) {
+    layout = step_layout;
+    stream = step_stream;
+    mark(Phase::kTable);
+    return table.run(layout, w.segments, stream);
+  }
 };
 
 size_t CudaAllToAll::workspace_size(const Problem& problem, const AttentionOptions& options) {
@@ -255,10 +264,7 @@ void CudaAllToAll::forward(const DeviceLayout& layout, const ForwardTensors& t, 
   State& s = *s_;
   const Problem& p = s.p;
   const Parts& w = s.w;
-  s.layout = layout;
-  s.stream = stream;
-  mark(Phase::kTable);
-  const cuda::DeviceSegmentTable table = s.table.run(layout, w.segments, stream);
+  const cuda::DeviceSegmentTable table = s.start(layout, stream, mark);
   mark(Phase::kGather);
   const ConstThdTensor q = s.to_heads(t.q, w.q), k = s.to_heads(t.k, w.k), v = s.to_heads(t.v, w.v);
   mark(Phase::kAttention);
@@ -281,10 +287,7 @@ void CudaAllToAll::backward(const DeviceLayout& layout, const BackwardTensors& t
   State& s = *s_;
   const Problem& p = s.p;
   const Parts& w = s.w;
-  s.layout = layout;
-  s.stream = stream;
-  mark(Phase::kTable);
-  const cuda::DeviceSegmentTable table = s.table.run(layout, w.segments, stream);
+  const cuda::DeviceSegmentTable table = s.start(layout, stream, mark);
   mark(Phase::kGather);
   const int64_t kv_heads = p.kv_heads / p.cp, dv = p.value_head_dim();
   BackwardTensors h{s.to_heads(t.q, w.q),

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/graph/bank_rank.h"
@@ -20,22 +21,29 @@
 namespace thdcp::test {
 namespace {
 
-class GraphBankTest : public CudaTest, public ::testing::WithParamInterface<int> {};
+// (cp, layout): the dual-chunk bank at cp 1 and 2, and a bank of the contiguous layout
+// (BankOptions::cp_layout) at cp 3, whose capacity is a multiple of cp only.
+using BankParam = std::tuple<int, CpLayout>;
+
+class GraphBankTest : public CudaTest, public ::testing::WithParamInterface<BankParam> {};
 
 TEST_P(GraphBankTest, RandomPackingsReplayedFromOneGraphEqualEagerAndTheReference) {
-  const int cp = GetParam();
+  const auto [cp, layout] = GetParam();
   const Shape s;
-  const Capacity capacity = default_capacity(1024, cp);
-  const std::vector<std::vector<int64_t>> lengths = packings(cp, capacity, 11 + static_cast<uint64_t>(cp));
+  const Capacity capacity = layout == CpLayout::kDualChunk ? default_capacity(1024, cp)
+                                                           : default_capacity(1023, cp, layout);
+  const std::vector<std::vector<int64_t>> lengths = packings(cp, capacity, 11 + static_cast<uint64_t>(cp), layout);
   std::vector<Batch> batches;
-  for (size_t i = 0; i < lengths.size(); ++i) batches.push_back(batch_of(lengths[i], cp, capacity, s, 100 + i));
+  for (size_t i = 0; i < lengths.size(); ++i) batches.push_back(batch_of(lengths[i], cp, capacity, s, 100 + i, layout));
   const int n = static_cast<int>(batches.size());
   std::vector<How> how;
   graph::KeyCounters counters;
 
   // Every packing through the bank, each against the eager step and the reference.
   run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
-    GraphBank bank(comm);
+    graph::BankOptions options;
+    options.cp_layout = layout;
+    GraphBank bank(comm, options);
     bank.add_capacity(capacity);
     const std::vector<How> ran = run_packings(comm, bank, capacity, lengths, batches, s);
     if (comm.rank() == 0) {
@@ -54,43 +62,13 @@ TEST_P(GraphBankTest, RandomPackingsReplayedFromOneGraphEqualEagerAndTheReferenc
   EXPECT_EQ(counters.fallbacks, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cp, GraphBankTest, ::testing::Values(1, 2),
-                         [](const ::testing::TestParamInfo<int>& p) { return "cp" + std::to_string(p.param); });
-
-// A bank of the contiguous layout (BankOptions::cp_layout) at cp 3: documents unpadded, the
-// capacity a multiple of cp only; random packings through one graph equal eager and the
-// reference, the same counters as the dual-chunk bank.
-class GraphBankContiguous : public CudaTest {};
-
-TEST_F(GraphBankContiguous, PackingsReplayedFromOneGraphEqualEagerAndTheReference) {
-  const int cp = 3;
-  const Shape s;
-  const Capacity capacity = default_capacity(1023, cp, CpLayout::kContiguous);  // 1023: not a multiple of 2*cp
-  const std::vector<std::vector<int64_t>> lengths = packings(cp, capacity, 31, CpLayout::kContiguous);
-  std::vector<Batch> batches;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    batches.push_back(batch_of(lengths[i], cp, capacity, s, 300 + i, CpLayout::kContiguous));
-  }
-  std::vector<How> how;
-  graph::KeyCounters counters;
-  run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
-    graph::BankOptions options;
-    options.cp_layout = CpLayout::kContiguous;
-    GraphBank bank(comm, options);
-    bank.add_capacity(capacity);
-    const std::vector<How> ran = run_packings(comm, bank, capacity, lengths, batches, s);
-    if (comm.rank() == 0) {
-      how = ran;
-      counters = bank.counters(capacity);
-    }
-  });
-  ASSERT_EQ(how.size(), lengths.size());
-  EXPECT_EQ(how[0], How::kWarmUp);
-  EXPECT_EQ(how[1], How::kCaptured);
-  for (size_t i = 2; i < how.size(); ++i) EXPECT_EQ(how[i], How::kReplayed) << "packing " << i;
-  EXPECT_EQ(counters.replays, static_cast<int64_t>(how.size()) - 2);
-  EXPECT_EQ(counters.fallbacks, 0);
-}
+INSTANTIATE_TEST_SUITE_P(Cp, GraphBankTest,
+                         ::testing::Values(BankParam{1, CpLayout::kDualChunk}, BankParam{2, CpLayout::kDualChunk},
+                                           BankParam{3, CpLayout::kContiguous}),
+                         [](const ::testing::TestParamInfo<BankParam>& p) {
+                           return test::layout_prefix(std::get<1>(p.param)) + "cp" +
+                                  std::to_string(std::get<0>(p.param));
+                         });
 
 // Buckets {9 seqs, 512 rows} and {9, 1024} at cp = 2: a batch of 20 short documents fits
 // the 512-row bucket by rows but not by documents, so it runs eagerly on the zero-fallback
