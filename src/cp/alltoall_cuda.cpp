@@ -228,12 +228,15 @@ struct CudaAllToAll::State {
   }
 
   // What both passes start with: the step's layout and stream, and the single-device table
-  // (attention runs over whole documents), timed as the table phase.
+  // (attention runs over whole documents), timed as the table phase; the exchanges of the
+  // inputs follow.
   cuda::DeviceSegmentTable start(const DeviceLayout& step_layout, cudaStream_t step_stream, const PhaseMark& mark) {
     layout = step_layout;
     stream = step_stream;
     mark(Phase::kTable);
-    return table.run(layout, w.segments, stream);
+    const cuda::DeviceSegmentTable built = table.run(layout, w.segments, stream);
+    mark(Phase::kGather);
+    return built;
   }
 };
 
@@ -262,13 +265,11 @@ CudaAllToAll::~CudaAllToAll() = default;
 void CudaAllToAll::forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream,
                            const PhaseMark& mark) {
   State& s = *s_;
-  const Problem& p = s.p;
   const Parts& w = s.w;
   const cuda::DeviceSegmentTable table = s.start(layout, stream, mark);
-  mark(Phase::kGather);
   const ConstThdTensor q = s.to_heads(t.q, w.q), k = s.to_heads(t.k, w.k), v = s.to_heads(t.v, w.v);
   mark(Phase::kAttention);
-  const ThdTensor out = s.dense(w.out, p.dtype, s.q_heads, p.value_head_dim());
+  const ThdTensor out = s.dense(w.out, s.p.dtype, s.q_heads, s.p.value_head_dim());
   const int64_t first_head = s.comm.rank() * s.q_heads;
   s.forward->run(table,
                  ForwardTensors{q, k, v, out, w.lse, t.max_logit ? w.max_logit : nullptr,
@@ -288,7 +289,6 @@ void CudaAllToAll::backward(const DeviceLayout& layout, const BackwardTensors& t
   const Problem& p = s.p;
   const Parts& w = s.w;
   const cuda::DeviceSegmentTable table = s.start(layout, stream, mark);
-  mark(Phase::kGather);
   const int64_t kv_heads = p.kv_heads / p.cp, dv = p.value_head_dim();
   BackwardTensors h{s.to_heads(t.q, w.q),
                     s.to_heads(t.k, w.k),
