@@ -85,9 +85,10 @@ cp::KvGather kv_gather_of(int kv_gather) {
 // Halo gathers: the CPU backend's, with the all-gather communication only.
 void check_kv_gather(const CpConfig& c) {
   if (c.problem.kv_gather != cp::KvGather::kHalo) return;
-  THDCP_CAPI_REQUIRE(c.backend == THDCP_BACKEND_CPU,
-                     "params->kv_gather=THDCP_CP_KV_GATHER_HALO is not supported by the CUDA backend: it gathers "
-                     "every rank's K/V; use THDCP_CP_KV_GATHER_AUTO or _WHOLE, or THDCP_BACKEND_CPU");
+  THDCP_CAPI_REQUIRE(c.backend == THDCP_BACKEND_CPU || c.problem.layout == CpLayout::kContiguous,
+                     "params->kv_gather=THDCP_CP_KV_GATHER_HALO is not supported by the CUDA backend with "
+                     "THDCP_CP_LAYOUT_DUAL_CHUNK: it gathers a halo under THDCP_CP_LAYOUT_CONTIGUOUS only; use that "
+                     "layout, THDCP_CP_KV_GATHER_AUTO or _WHOLE, or THDCP_BACKEND_CPU");
   THDCP_CAPI_REQUIRE(c.problem.comm != cp::CpComm::kAllToAll,
                      "params->kv_gather=THDCP_CP_KV_GATHER_HALO with params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL: "
                      "the all-to-all moves heads, not key rows; use THDCP_CP_KV_GATHER_AUTO, or "

@@ -31,8 +31,53 @@ int index_of(Slot slot) { return slot == Slot::kK ? 0 : 1; }
 // The head dim of a slot's tensor: D_qk for K (and dK), D_v for V (and dV).
 int64_t dim_of(const Problem& p, Slot slot) { return slot == Slot::kK ? p.head_dim : p.value_head_dim(); }
 
+// The halo gather of the CUDA step set (kv_gather halo): under the contiguous layout with a
+// window on both sides, a rank's queries reach at most window_left rows before its piece and
+// window_right rows after it; those edges come from its neighbours (an all-gather of every
+// rank's edges), the mask alone fixes their size (so any batch of the capacity fits), and in
+// the backward their dK/dV go back the same way and are added in rank order.
+struct Edges {
+  bool on = false;
+  int64_t left = 0, right = 0;  // rows before and after the rank's piece
+};
+
+Edges edges_of(const Problem& p) {
+  Edges e;
+  if (p.kv_gather != KvGather::kHalo) return e;
+  e.on = true;
+  e.left = p.mask.window_left;
+  e.right = p.mask.window_right;
+  return e;
+}
+
+// What the CUDA halo gather takes; throws naming the value and the alternatives.
+void check_halo(const Problem& p) {
+  if (p.kv_gather != KvGather::kHalo) return;
+  THDCP_CHECK(p.layout == CpLayout::kContiguous,
+              "kv_gather=halo with layout=dual_chunk: the CUDA backend gathers a halo under the contiguous layout "
+              "only; use layout=contiguous, kv_gather=auto or whole, or the CPU backend (cp::CpuPlan)");
+  THDCP_CHECK(p.mask.window_left >= 0 && p.mask.window_right >= 0,
+              "kv_gather=halo with window (" << p.mask.window_left << ", " << p.mask.window_right
+                                             << "): the CUDA halo gather needs a window on both sides (a causal "
+                                                "window is (W, 0)); use kv_gather=auto or whole");
+  THDCP_CHECK(p.mask.window_left <= p.local_rows() && p.mask.window_right <= p.local_rows(),
+              "kv_gather=halo with window (" << p.mask.window_left << ", " << p.mask.window_right << ") and "
+                                             << p.local_rows()
+                                             << " rows per rank: the CUDA halo gather takes its edges from the "
+                                                "neighbouring ranks only, so each side must be at most the rows "
+                                                "per rank; use kv_gather=whole, or fewer ranks");
+}
+
+// Rows of the K/V the attention reads: every row, or (halo) the rank's with its edges.
+int64_t key_rows(const Problem& p) {
+  const Edges e = edges_of(p);
+  return e.on ? e.left + p.local_rows() + e.right : p.capacity.max_tokens;
+}
+
 // The rank's table (its shape and size are the same for every rank).
 cuda::TablePlan table_plan(const Problem& p, int rank = 0) {
+  const Edges e = edges_of(p);
+  if (e.on) return cuda::TablePlan::contiguous_halo_cp(p.capacity, p.cp, rank, p.mask, e.left, e.right);
   return cuda::TablePlan::all_gather_cp(p.capacity, p.cp, rank, p.mask, p.layout);
 }
 
@@ -66,6 +111,8 @@ struct Parts {
   float* grad_local = nullptr;
   float* sink_local = nullptr;  // [Hq]: d(sink) of this rank's query rows
   float* sink_parts = nullptr;  // [cp, Hq]: every rank's, all-gathered
+  unsigned char* edges_send = nullptr;  // halo gathers: this rank's edges (K/V rows, or fp32 dK/dV)
+  unsigned char* edges_recv = nullptr;  // every rank's
   void* forward = nullptr;
   void* backward = nullptr;
   size_t forward_bytes = 0, backward_bytes = 0;
@@ -73,11 +120,13 @@ struct Parts {
 
 Parts carve_parts(WorkspaceCarver& carver, const Problem& p, const AttentionOptions& options) {
   detail::validate_problem(p);
+  check_halo(p);
   Parts w;
-  // Every K/V buffer has room for the wider of D_qk and D_v.
-  const size_t elements =
-      static_cast<size_t>(p.capacity.max_tokens * p.kv_heads * std::max(p.head_dim, p.value_head_dim()));
-  const size_t local_elements = elements / static_cast<size_t>(p.cp);
+  // Every K/V buffer has room for the wider of D_qk and D_v; the gathered ones for the key
+  // rows: every row, or (halo) the rank's rows with their edges.
+  const size_t row_elements = static_cast<size_t>(p.kv_heads * std::max(p.head_dim, p.value_head_dim()));
+  const size_t local_elements = static_cast<size_t>(p.local_rows()) * row_elements;
+  const size_t elements = static_cast<size_t>(key_rows(p)) * row_elements;
   w.segments = carver.take<Segment>(table_plan(p).workspace_size());
   const size_t reordered = needs_reorder(p) ? 1 : 0;
   w.rank_rows = carver.take_array<int32_t>(reordered * static_cast<size_t>(p.capacity.max_tokens));
@@ -90,6 +139,11 @@ Parts carve_parts(WorkspaceCarver& carver, const Problem& p, const AttentionOpti
   w.grad_local = carver.take_array<float>(local_elements);
   w.sink_local = carver.take_array<float>(static_cast<size_t>(p.q_heads));
   w.sink_parts = carver.take_array<float>(static_cast<size_t>(p.q_heads) * static_cast<size_t>(p.cp));
+  const Edges e = edges_of(p);
+  const size_t edge_bytes =
+      static_cast<size_t>((e.left + e.right) * p.kv_heads * std::max(p.head_dim, p.value_head_dim())) * sizeof(float);
+  w.edges_send = carver.take<unsigned char>(edge_bytes);
+  w.edges_recv = carver.take<unsigned char>(edge_bytes * static_cast<size_t>(p.cp));
   w.forward_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p));
   w.backward_bytes = cuda::BackwardPlan::workspace_size(attention_shape(p), options);
   w.forward = carver.take(w.forward_bytes);
@@ -173,7 +227,8 @@ class CudaSteps {
         layout_(layout),
         stream_(stream),
         overlap_(events == nullptr),
-        current_(stream) {
+        current_(stream),
+        edges_(edges_of(problem)) {
     if (events_) events_->recorded = 0;
   }
 
@@ -227,8 +282,39 @@ class CudaSteps {
       send = packed;
     }
     unsigned char* gathered = w_.parts.gathered[i];
+    if (edges_.on) return gather_edges(static_cast<const unsigned char*>(send), local, gathered);
     comm_.all_gather(send, gathered, local_bytes, current_);
     return ConstThdTensor(gathered, local.dtype, local.tokens * p_.cp, local.heads, local.head_dim);
+  }
+
+  // The halo gather: this rank's rows (dense at `own`) between its left and right edges, the
+  // neighbours' rows from an all-gather of every rank's edges (its first `right` rows, which
+  // are the previous rank's right edge, and its last `left` rows, the next rank's left edge).
+  // The first rank's left edge and the last rank's right edge stay unread (no query reaches
+  // them).
+  ConstThdTensor gather_edges(const unsigned char* own, const ConstThdTensor& local, unsigned char* keys) {
+    const size_t row = local.row_bytes();
+    const int64_t rows = local.tokens, left = edges_.left, right = edges_.right;
+    const int rank = comm_.rank();
+    copy(keys + static_cast<size_t>(left) * row, own, static_cast<size_t>(rows) * row);
+    copy(w_.parts.edges_send, own, static_cast<size_t>(right) * row);
+    copy(w_.parts.edges_send + static_cast<size_t>(right) * row, own + static_cast<size_t>(rows - left) * row,
+         static_cast<size_t>(left) * row);
+    const size_t block = static_cast<size_t>(left + right) * row;
+    comm_.all_gather(w_.parts.edges_send, w_.parts.edges_recv, block, current_);
+    if (rank > 0) {
+      copy(keys, w_.parts.edges_recv + static_cast<size_t>(rank - 1) * block + static_cast<size_t>(right) * row,
+           static_cast<size_t>(left) * row);
+    }
+    if (rank + 1 < p_.cp) {
+      copy(keys + static_cast<size_t>(left + rows) * row, w_.parts.edges_recv + static_cast<size_t>(rank + 1) * block,
+           static_cast<size_t>(right) * row);
+    }
+    return ConstThdTensor(keys, local.dtype, key_rows(p_), local.heads, local.head_dim);
+  }
+
+  void copy(void* to, const void* from, size_t bytes) {
+    if (bytes > 0) THDCP_CHECK_CUDA(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, current_));
   }
 
   ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot) {
@@ -243,8 +329,8 @@ class CudaSteps {
   // The K or V in sequence order: the reordered copy, or (contiguous) the gathered rows.
   ConstThdTensor sequence_order(Slot slot) const {
     const int i = index_of(slot);
-    return ConstThdTensor(needs_reorder(p_) ? w_.parts.sequence[i] : w_.parts.gathered[i], p_.dtype,
-                          p_.capacity.max_tokens, p_.kv_heads, dim_of(p_, slot));
+    return ConstThdTensor(needs_reorder(p_) ? w_.parts.sequence[i] : w_.parts.gathered[i], p_.dtype, key_rows(p_),
+                          p_.kv_heads, dim_of(p_, slot));
   }
 
   // Attention sinks of this step (null: none). A rank's query rows see every gathered key
@@ -269,8 +355,8 @@ class CudaSteps {
     // the same row under the contiguous one.
     int32_t* rank_rows = needs_reorder(p_) ? w_.parts.rank_rows : nullptr;
     if (rank_rows) cuda::gathered_rows_of_sequence(layout_, p_.cp, rank_rows, current_);
-    const SequenceGrads grads{fp32(w_.parts.grad_ranked[0], p_.capacity.max_tokens, Slot::kK),
-                              fp32(w_.parts.grad_ranked[1], p_.capacity.max_tokens, Slot::kV)};
+    const SequenceGrads grads{fp32(w_.parts.grad_ranked[0], key_rows(p_), Slot::kK),
+                              fp32(w_.parts.grad_ranked[1], key_rows(p_), Slot::kV)};
     backward_ = BackwardTensors{q, k, v, out, dout, lse, dq, grads.dk, grads.dv};
     backward_.dkv_rows = rank_rows;
     backward_.sinks = sinks_;
@@ -290,9 +376,36 @@ class CudaSteps {
   // the other.
   ThdTensor reduce_scatter(const ThdTensor& ranked, Slot slot) {
     const ThdTensor local = fp32(w_.parts.grad_local, p_.local_rows(), slot);
+    if (edges_.on) {
+      return_edges(static_cast<const float*>(ranked.data), local);
+      return local;
+    }
     comm_.reduce_scatter_sum(static_cast<const float*>(ranked.data), static_cast<float*>(local.data),
                              static_cast<size_t>(local.numel()), current_);
     return local;
+  }
+
+  // The halo gather's backward: this rank's rows of `keyed` (fp32 dK or dV of its key rows:
+  // left edge, own rows, right edge) into `local`, plus what its neighbours hold for its
+  // rows (the previous rank's right edge, the next rank's left edge), all-gathered and added
+  // in rank order: (previous + own) + next.
+  void return_edges(const float* keyed, const ThdTensor& local) {
+    const int64_t width = local.heads * local.head_dim;  // floats per row
+    const int64_t rows = local.tokens, left = edges_.left, right = edges_.right;
+    const int rank = comm_.rank();
+    auto* out = static_cast<float*>(local.data);
+    auto* send = reinterpret_cast<float*>(w_.parts.edges_send);
+    const auto* recv = reinterpret_cast<const float*>(w_.parts.edges_recv);
+    const size_t row = static_cast<size_t>(width) * sizeof(float);
+    copy(out, keyed + left * width, static_cast<size_t>(rows) * row);
+    copy(send, keyed, static_cast<size_t>(left) * row);
+    copy(send + left * width, keyed + (left + rows) * width, static_cast<size_t>(right) * row);
+    const int64_t block = (left + right) * width;
+    comm_.all_gather(send, w_.parts.edges_recv, static_cast<size_t>(block) * sizeof(float), current_);
+    if (rank > 0) cuda::accumulate(recv + (rank - 1) * block + left * width, out, right * width, true, current_);
+    if (rank + 1 < p_.cp) {
+      cuda::accumulate(recv + (rank + 1) * block, out + (rows - left) * width, left * width, false, current_);
+    }
   }
 
   void cast(const ThdTensor& local, ThdTensor grad) {
@@ -319,6 +432,7 @@ class CudaSteps {
   cudaStream_t stream_;
   bool overlap_;
   cudaStream_t current_;
+  Edges edges_;  // the halo gather's (off: the whole gather)
   cuda::DeviceSegmentTable table_;
   BackwardTensors backward_;  // the key pass's, for the query pass
   const float* sinks_ = nullptr;
@@ -421,9 +535,7 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
                 "comm=" << cp_comm_name(problem.comm)
                         << ": the CUDA backend runs comm=all_gather and all_to_all (layout dual_chunk or "
                            "contiguous); the CPU backend (cp::CpuPlan) runs every mode");
-    THDCP_CHECK(problem.kv_gather != KvGather::kHalo,
-                "kv_gather=halo: the CUDA backend does not do halo gathers yet (it gathers every rank's K/V); use "
-                "kv_gather=auto or whole, or the CPU backend (cp::CpuPlan)");
+    check_halo(problem);
     const size_t needed = cuda_workspace_size(problem, options);
     THDCP_CHECK(workspace_bytes >= needed,
                 "workspace has " << workspace_bytes << " bytes; cuda_workspace_size gives " << needed);

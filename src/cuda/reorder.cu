@@ -64,6 +64,14 @@ void launch_reorder_planes(const void* src, void* dst, size_t row_bytes, int64_t
   }
 }
 
+__global__ void __launch_bounds__(kThreads)
+    accumulate_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t n, bool src_first) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += step) {
+    dst[i] = src_first ? src[i] + dst[i] : dst[i] + src[i];
+  }
+}
+
 // The layout's capacity as the kernels take it (max_seqs, total_rows), checked against cp.
 void check_reorder_layout(const DeviceLayout& layout, int cp, const char* what) {
   const Capacity& c = layout.capacity;
@@ -165,6 +173,14 @@ void reorder_rows(const void* src, void* dst, size_t row_bytes, int64_t planes, 
   } else {
     launch_reorder_planes<uint32_t>(src, dst, row_bytes, planes, to, layout, cp, stream);
   }
+  THDCP_CHECK_CUDA(cudaGetLastError());
+}
+
+void accumulate(const float* src, float* dst, int64_t n, bool src_first, cudaStream_t stream) {
+  THDCP_CHECK(n >= 0, "accumulate: n=" << n << " must be >= 0");
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65536);
+  accumulate_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(src, dst, n, src_first);
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
 

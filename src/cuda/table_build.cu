@@ -36,13 +36,18 @@ __global__ void build_cp_table_kernel(const int32_t* cu_seqlens, const int32_t* 
 }
 
 __global__ void build_contiguous_cp_table_kernel(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded,
-                                                 int max_seqs, int64_t rank_begin, int64_t q_rows, Mask mask,
-                                                 Segment* segments) {
+                                                 int max_seqs, int64_t rank_begin, int64_t q_rows,
+                                                 int64_t key_row_offset, Mask mask, Segment* segments) {
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= max_seqs) return;
   const int64_t start = cu_seqlens_padded[b];
-  segments[b] = contiguous_segment(start, cu_seqlens_padded[b + 1] - start, cu_seqlens[b + 1] - cu_seqlens[b],
-                                   rank_begin, rank_begin + q_rows, mask);
+  Segment s = contiguous_segment(start, cu_seqlens_padded[b + 1] - start, cu_seqlens[b + 1] - cu_seqlens[b],
+                                 rank_begin, rank_begin + q_rows, mask);
+  // Keys as rows of the key tensor: global rows from rank_begin + key_row_offset on (a
+  // segment without keys keeps row 0).
+  const int64_t first_key_row = rank_begin + key_row_offset;
+  s.k_row = s.k_len > 0 ? static_cast<int32_t>(s.k_row - first_key_row) : 0;
+  segments[b] = s;
 }
 
 }  // namespace
@@ -64,11 +69,11 @@ void launch_build_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_
 }
 
 void launch_build_contiguous_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
-                                      int64_t rank_begin, int64_t q_rows, Mask mask, Segment* segments,
-                                      cudaStream_t stream) {
+                                      int64_t rank_begin, int64_t q_rows, int64_t key_row_offset, Mask mask,
+                                      Segment* segments, cudaStream_t stream) {
   if (max_seqs == 0) return;
   build_contiguous_cp_table_kernel<<<blocks_for(max_seqs, kBuildThreads), kBuildThreads, 0, stream>>>(
-      cu_seqlens, cu_seqlens_padded, max_seqs, rank_begin, q_rows, mask, segments);
+      cu_seqlens, cu_seqlens_padded, max_seqs, rank_begin, q_rows, key_row_offset, mask, segments);
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
 

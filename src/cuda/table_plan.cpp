@@ -71,6 +71,22 @@ TablePlan TablePlan::all_gather_cp(const Capacity& capacity, int cp, int rank, c
   return plan;
 }
 
+TablePlan TablePlan::contiguous_halo_cp(const Capacity& capacity, int cp, int rank, const Mask& mask, int64_t left,
+                                        int64_t right) {
+  TablePlan plan = all_gather_cp(capacity, cp, rank, mask, CpLayout::kContiguous);
+  THDCP_CHECK(mask.window_left >= 0 && mask.window_right >= 0,
+              "a halo table needs a window on both sides (window " << mask.window_left << ", " << mask.window_right
+                                                                   << "): without one every key may be reached");
+  THDCP_CHECK(left >= mask.window_left && right >= mask.window_right && left >= 0 && right >= 0,
+              "halo rows (left " << left << ", right " << right << ") do not cover the window (" << mask.window_left
+                                 << ", " << mask.window_right << ")");
+  THDCP_CHECK(left + plan.table_.q_rows + right <= std::numeric_limits<int32_t>::max(),
+              "halo table of " << left + plan.table_.q_rows + right << " key rows does not fit int32");
+  plan.table_.k_rows = left + plan.table_.q_rows + right;
+  plan.key_row_offset_ = -left;
+  return plan;
+}
+
 size_t TablePlan::workspace_size() const {
   return align_workspace(sizeof(Segment) * static_cast<size_t>(table_.capacity));
 }
@@ -94,7 +110,8 @@ DeviceSegmentTable TablePlan::run(const DeviceLayout& layout, Segment* segments,
                                   table_.mask, segments, stream);
   } else {
     detail::launch_build_contiguous_cp_table(layout.cu_seqlens, layout.cu_seqlens_padded, capacity_.max_seqs,
-                                             table_.q_rows * rank_, table_.q_rows, table_.mask, segments, stream);
+                                             table_.q_rows * rank_, table_.q_rows, key_row_offset_, table_.mask,
+                                             segments, stream);
   }
   DeviceSegmentTable table = table_;
   table.segments = segments;

@@ -562,8 +562,9 @@ TEST(CApiCpModes, RefusedNamingTheValue) {
         "use THDCP_CP_KV_GATHER_AUTO, or THDCP_CP_COMM_ALL_GATHER or _A2A_AG"}},
       {"CUDA, halo",
        with(ag, [](thdcp_cp_params& p) { p.backend = THDCP_BACKEND_CUDA, p.kv_gather = THDCP_CP_KV_GATHER_HALO; }),
-       {"params->kv_gather=THDCP_CP_KV_GATHER_HALO is not supported by the CUDA backend",
-        "use THDCP_CP_KV_GATHER_AUTO or _WHOLE, or THDCP_BACKEND_CPU"}},
+       {"params->kv_gather=THDCP_CP_KV_GATHER_HALO is not supported by the CUDA backend with "
+        "THDCP_CP_LAYOUT_DUAL_CHUNK: it gathers a halo under THDCP_CP_LAYOUT_CONTIGUOUS only",
+        "THDCP_CP_KV_GATHER_AUTO or _WHOLE, or THDCP_BACKEND_CPU"}},
       {"halo, all_gather", with(ag, [](thdcp_cp_params& p) { p.kv_gather = THDCP_CP_KV_GATHER_HALO; }), {}},
       {"whole, all_to_all",
        with(a2a, [](thdcp_cp_params& p) { p.q_heads = 6, p.kv_heads = 3, p.kv_gather = THDCP_CP_KV_GATHER_WHOLE; }),

@@ -38,12 +38,14 @@ class CudaCpSharedGpu : public test::CudaTest, public ::testing::WithParamInterf
 // Edge case `index` under (layout, comm) at `cp` ranks sharing GPU 0: every rank's eager step
 // against the CPU reference on two batches, and the step of every rank captured in one graph
 // and replayed on the second batch equal to its eager step, bit for bit.
-void expect_shared_gpu_case(CpLayout layout, cp::CpComm cp_comm, int cp, int index) {
+void expect_shared_gpu_case(CpLayout layout, cp::CpComm cp_comm, int cp, int index,
+                            cp::KvGather gather = cp::KvGather::kAuto) {
   const EdgeCase c = test::heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp_comm);
   const Capacity capacity = capacity_of(c, cp);
   const test::Batch first = make_case_batch(c, cp, capacity, 1000 + index * 10 + cp, false, layout);
   const test::Batch second = make_case_batch(c, cp, capacity, 2000 + index * 10 + cp, true, layout);
-  const cp::Problem problem = problem_of(c, cp, layout, cp_comm);
+  cp::Problem problem = problem_of(c, cp, layout, cp_comm);
+  problem.kv_gather = gather;
 
   std::vector<test::Outputs> eager_first(cp), eager_second(cp), replayed(cp);
   test::ThreadBarrier barrier(cp);
@@ -117,6 +119,51 @@ TEST_P(CudaCpAllToAllSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager)
   const auto [layout, cp, index] = GetParam();
   expect_shared_gpu_case(layout, cp::CpComm::kAllToAll, cp, index);
 }
+
+// The halo gather (kv_gather halo: the contiguous layout, each rank's rows with the window's
+// edges from its neighbours) on the windowed edge cases: against the reference with graph
+// replay, and out, lse, max_logit and dq the same bits as the whole gather's (the attention
+// reads the same keys, in the same tiles). A window wider than a rank's rows is refused at
+// plan time on every rank.
+using HaloParam = std::tuple<int /*cp*/, int /*edge case index*/>;
+
+class CudaCpHaloSharedGpu : public test::CudaTest, public ::testing::WithParamInterface<HaloParam> {};
+
+TEST_P(CudaCpHaloSharedGpu, MatchesReferenceReplaysAndEqualsTheWholeGathersForward) {
+  const auto [cp, index] = GetParam();
+  const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
+  cp::Problem halo = problem_of(c, cp, CpLayout::kContiguous);
+  halo.kv_gather = cp::KvGather::kHalo;
+  if (c.mask.window_left > halo.local_rows() || c.mask.window_right > halo.local_rows()) {
+    run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+      EXPECT_THDCP_ERROR(test::CudaCpRank(comm, halo), "the CUDA halo gather takes its edges from the neighbouring");
+    });
+    return;
+  }
+  expect_shared_gpu_case(CpLayout::kContiguous, cp::CpComm::kAllGather, cp, index, cp::KvGather::kHalo);
+  cp::Problem whole = halo;
+  whole.kv_gather = cp::KvGather::kWhole;
+  const test::Batch b = make_case_batch(c, cp, halo.capacity, 4000 + index * 10 + cp, false, CpLayout::kContiguous);
+  std::vector<test::Outputs> by_halo(cp), by_whole(cp);
+  run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+    by_halo[comm.rank()] = test::CudaCpRank(comm, halo).run(b);
+    by_whole[comm.rank()] = test::CudaCpRank(comm, whole).run(b);
+  });
+  for (int rank = 0; rank < cp; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_TRUE(test::same_bits(by_halo[rank].out, by_whole[rank].out));
+    EXPECT_TRUE(test::same_bits(by_halo[rank].dq, by_whole[rank].dq));
+    EXPECT_TRUE(test::same_bits(by_halo[rank].lse, by_whole[rank].lse));
+    EXPECT_TRUE(test::same_bits(by_halo[rank].max_logit, by_whole[rank].max_logit));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WindowCases, CudaCpHaloSharedGpu,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Values(3, 4, 5)),
+                         [](const ::testing::TestParamInfo<HaloParam>& info) {
+                           return "cp" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  edge_cases()[static_cast<size_t>(std::get<1>(info.param))].name;
+                         });
 
 std::string edge_name(const ::testing::TestParamInfo<EdgeParam>& info) {
   return test::layout_prefix(std::get<0>(info.param)) + "cp" + std::to_string(std::get<1>(info.param)) + "_" +

@@ -45,7 +45,14 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
                   cp::cp_comm_name(c.cp_comm);
   }
   if (c.kv_gather == cp::KvGather::kHalo) {
-    unsupported = "the CUDA CP backend does not do halo gathers yet (--cp-kv-gather halo)";
+    const int64_t rows = c.tokens / std::max(c.cp, 1);
+    if (c.cp_layout != CpLayout::kContiguous) {
+      unsupported = "the CUDA CP backend gathers a halo (--cp-kv-gather halo) under --cp-layout contiguous only";
+    } else if (c.mask.window_left < 0 || c.mask.window_right < 0 || c.mask.window_left > rows ||
+               c.mask.window_right > rows) {
+      unsupported = "the CUDA CP backend's halo gather (--cp-kv-gather halo) needs a window on both sides, each at "
+                    "most the rows per rank (" + std::to_string(rows) + ")";
+    }
   }
   std::string no_device;
   const int count = visible_gpus(&no_device);

@@ -3,10 +3,12 @@
 // to one, so passing it here does not compile. Problem::layout may be dual_chunk (the
 // gathered K/V are reordered to sequence order, and dK/dV accumulated at their rank-order
 // rows) or contiguous (the gathered K/V are in sequence order already: no reorder, no row
-// map, and no sequence-order copy in the workspace). Problem::comm may be all_gather (with
-// kv_gather auto or whole: the whole K/V is gathered) or all_to_all (Ulysses, either layout:
-// src/cp/alltoall_cuda.h; q_heads and kv_heads multiples of cp, everything on `stream`, no
-// second lane); a2a+ag and halo gathers run on the CPU backend.
+// map, and no sequence-order copy in the workspace). Problem::comm may be all_gather or
+// all_to_all (Ulysses, either layout: src/cp/alltoall_cuda.h; q_heads and kv_heads multiples
+// of cp, everything on `stream`, no second lane). Problem::kv_gather: auto and whole gather
+// every rank's K/V; halo (contiguous layout, a window on both sides, each at most T/cp)
+// gathers each rank's rows with the window's edges from its neighbours. a2a+ag and the other
+// halos run on the CPU backend.
 //
 // Plan, then run. The plan validates the problem for the CUDA kernels (dtype, head dim,
 // kernel family of the current device), checks it across ranks once (a small exchange

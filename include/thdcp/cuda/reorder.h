@@ -56,6 +56,10 @@ void convert_from_fp32(const float* src, void* dst, DType dtype, int64_t n, cuda
 // floats ([tokens, heads, head_dim]); element (row, head, d) goes to dst's (row, head, d).
 void convert_from_fp32(const float* src, ThdTensor dst, cudaStream_t stream);
 
+// dst[i] = src[i] + dst[i] (src_first) or dst[i] + src[i], for n floats: a partial sum added
+// in a fixed order (the halo gather's dK/dV, rank order). Stream-ordered, capture-safe.
+void accumulate(const float* src, float* dst, int64_t n, bool src_first, cudaStream_t stream);
+
 // sum[i] = parts[0 * count + i] + parts[1 * count + i] + ... over `ranks` parts, added in
 // rank order in fp64 and rounded once (the same bits on every rank and run): the whole of
 // per-rank partial sums after an all-gather, e.g. AllGather CP's d(sink). Stream-ordered,

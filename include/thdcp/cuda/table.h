@@ -74,6 +74,14 @@ class TablePlan {
   static TablePlan all_gather_cp(const Capacity& capacity, int cp, int rank, const Mask& mask,
                                  CpLayout layout = CpLayout::kDualChunk);
 
+  // The contiguous AllGather-CP table of `rank` whose keys are not every row but the rank's
+  // rows with `left` rows before and `right` rows after them (its edge halo, as
+  // cp::CudaPlan's halo gather assembles it: keys row i is global row rank_begin - left + i,
+  // k_rows = left + max_tokens / cp + right). Every key the rank's queries can reach must lie
+  // there: left >= mask.window_left >= 0 and right >= mask.window_right >= 0 (checked).
+  static TablePlan contiguous_halo_cp(const Capacity& capacity, int cp, int rank, const Mask& mask, int64_t left,
+                                      int64_t right);
+
   // The table run() returns, with `segments` null: the table part of an AttentionShape.
   const DeviceSegmentTable& table() const { return table_; }
   const Capacity& capacity() const { return capacity_; }
@@ -99,6 +107,7 @@ class TablePlan {
   Capacity capacity_;
   int cp_ = 1;
   int rank_ = 0;
+  int64_t key_row_offset_ = 0;  // global row of key row 0 minus rank_begin (halo tables: -left)
 };
 
 }  // namespace thdcp::cuda
