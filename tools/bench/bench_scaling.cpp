@@ -96,6 +96,9 @@ const char* kHelp =
     "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward)\n"
     "  --sm-margin M[,M...]  AttentionOptions::sm_margin of the CP plans, each a row (0): SMs the\n"
     "                      persistent Hopper forward leaves to the collectives beside it\n"
+    "  --kv-gather G[,G...]  the K/V rows each rank gathers, each a row (whole): whole (every rank's)\n"
+    "                      or halo (its rows with the window's edges from its neighbours; rows of the\n"
+    "                      contiguous layout under the window mask only, the others skip it)\n"
     "  --dq-pass B[,B...]  AttentionOptions::separate_dq_pass of the CP plans, each a row (0): 1 = on\n"
     "                      Hopper at head dim 128 without a left window, dQ in a pass of its own,\n"
     "                      beside the reduce-scatter of dK/dV, instead of in the dK/dV pass\n"
@@ -115,6 +118,7 @@ struct Variant {
   bool kept_kv;
   int sm_margin;
   bool dq_pass;
+  bool halo = false;  // cp::KvGather::kHalo: each rank's rows with the window's edges (contiguous layout)
 };
 
 struct Options {
@@ -151,6 +155,7 @@ struct Row {
   // allows (predicted), and of each rank's attention phase (measured, median over steps).
   double pairs_imbalance = 0, attention_imbalance = 0;
   double received_bytes = 0;  // per rank per step: gathered K/V rows and reduce-scattered dK/dV
+  bool halo = false;          // the halo gather (cp::KvGather::kHalo)
 };
 
 // The bytes a rank receives in one forward + backward step: the other ranks' K/V rows, once
@@ -160,6 +165,17 @@ double received_per_rank(const StepShape& s, int64_t tokens, int cp, bool kept_k
   const double others = static_cast<double>(cp - 1) / cp;
   const double kv = others * static_cast<double>(s.bytes(tokens, s.kv_heads) + s.bytes(tokens, s.kv_heads, s.value_head_dim()));
   const double grads = others * sizeof(float) * static_cast<double>(tokens * s.kv_heads) *
+                       static_cast<double>(s.head_dim + s.value_head_dim());
+  return kv * (kept_kv ? 1 : 2) + grads;
+}
+
+// The same under the halo gather: every rank's edges (the window's rows on both sides) from
+// the other ranks, once per gather, and their fp32 dK/dV back.
+double received_by_halo(const StepShape& s, const Mask& mask, int cp, bool kept_kv) {
+  const int64_t edges = std::max<int64_t>(mask.window_left, 0) + std::max<int64_t>(mask.window_right, 0);
+  const double others = static_cast<double>(cp - 1);
+  const double kv = others * static_cast<double>(s.bytes(edges, s.kv_heads) + s.bytes(edges, s.kv_heads, s.value_head_dim()));
+  const double grads = others * sizeof(float) * static_cast<double>(edges * s.kv_heads) *
                        static_cast<double>(s.head_dim + s.value_head_dim());
   return kv * (kept_kv ? 1 : 2) + grads;
 }
@@ -177,7 +193,7 @@ double pairs_imbalance(const BatchLayout& layout, CpLayout cp_layout, int cp, co
 
 // Where the backward takes K/V from, and (with --dq-pass 1) that dQ had a pass of its own.
 std::string backward_form(const Row& r) {
-  return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "");
+  return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "") + (r.halo ? ", halo" : "");
 }
 
 double target_of(int cp) {
@@ -267,6 +283,21 @@ Options parse_options(const Args& args) {
   const std::vector<int64_t> margins = parse_int_list("sm-margin", args.get("sm-margin", "0"), 0, 1024);
   const std::vector<int64_t> dq_passes = parse_int_list("dq-pass", args.get("dq-pass", "0"), 0, 1);
   const std::vector<bool> kv_list = parse_kv(args.get("kv", "gather"));
+  std::vector<bool> halos;
+  {
+    const std::string gathers = args.get("kv-gather", "whole");
+    std::stringstream items(gathers);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+      if (item != "whole" && item != "halo") {
+        throw UsageError("--kv-gather " + quote_excerpt(gathers) + ": use whole and/or halo, separated by ','");
+      }
+      halos.push_back(item == "halo");
+    }
+    if (halos.empty() || gathers.back() == ',') {
+      throw UsageError("--kv-gather " + quote_excerpt(gathers) + ": use whole and/or halo, separated by ','");
+    }
+  }
   const std::string layouts = args.get("cp-layout", "dual_chunk");
   std::stringstream items(layouts);
   std::string item;
@@ -288,7 +319,9 @@ Options parse_options(const Args& args) {
   for (int c : o.cps) {
     for (bool kept : kv_list) {
       for (int64_t margin : margins) {
-        for (int64_t dq_pass : dq_passes) o.variants.push_back(Variant{c, kept, static_cast<int>(margin), dq_pass != 0});
+        for (int64_t dq_pass : dq_passes) {
+          for (bool halo : halos) o.variants.push_back(Variant{c, kept, static_cast<int>(margin), dq_pass != 0, halo});
+        }
       }
     }
   }
@@ -455,7 +488,9 @@ Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& 
   row.cp = variant.cp;
   row.layout = run.cp_layout;
   row.pairs_imbalance = pairs_imbalance(run.layout, run.cp_layout, variant.cp, run.mask);
-  row.received_bytes = received_per_rank(o.shape, row.tokens, variant.cp, variant.kept_kv);
+  row.halo = variant.halo;
+  row.received_bytes = variant.halo ? received_by_halo(o.shape, run.mask, variant.cp, variant.kept_kv)
+                                    : received_per_rank(o.shape, row.tokens, variant.cp, variant.kept_kv);
   row.kept_kv = variant.kept_kv;
   row.sm_margin = variant.sm_margin;
   row.dq_pass = variant.dq_pass;
@@ -555,12 +590,18 @@ void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& 
       row.documents = lengths.size();
       row.baseline_ms = base.ms;
       for (const Variant& variant : o.variants) {
+        // The halo rows: the contiguous layout's, under a window no wider than a rank's rows.
+        if (variant.halo && (cp_layout != CpLayout::kContiguous || m.mask.window_left < 0 ||
+                             m.mask.window_left > tokens / variant.cp)) {
+          continue;
+        }
         AttentionOptions attention;
         attention.sm_margin = variant.sm_margin;
         attention.separate_dq_pass = variant.dq_pass;
         const scaling::CpRun run{layout, in, base.ref, m.mask, s,
                                  variant.kept_kv ? Pass::kForwardBackwardKeptKv : Pass::kForwardBackward,
-                                 attention, o.warmup, o.iters, cp_layout};
+                                 attention, o.warmup, o.iters, cp_layout,
+                                 variant.halo ? cp::KvGather::kHalo : cp::KvGather::kAuto};
         rows.push_back(run_variant(o, variant, run, row, failed));
       }
     }
@@ -621,7 +662,7 @@ void print_tables(const std::vector<Row>& rows, const Options& o, const std::str
 
 int bench_scaling_command(const std::vector<std::string>& argv) {
   const Args args(argv,
-                  {"gpus", "cp-layout", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
+                  {"gpus", "cp-layout", "kv-gather", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
                    "max-length", "seed", "warmup", "iters", "kv", "sm-margin", "dq-pass"},
                   {"scaling", "help"});
   if (args.has("help")) {

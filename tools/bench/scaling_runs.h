@@ -70,6 +70,7 @@ struct CpRun {
   AttentionOptions attention;
   int warmup = 0, iters = 0;
   CpLayout cp_layout = CpLayout::kDualChunk;
+  cp::KvGather kv_gather = cp::KvGather::kAuto;
 };
 
 // One rank of the CP run (rank r on GPU r): its NCCL communicator, tensors and plan; the check
