@@ -96,6 +96,9 @@ const char* kHelp =
     "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward)\n"
     "  --sm-margin M[,M...]  AttentionOptions::sm_margin of the CP plans, each a row (0): SMs the\n"
     "                      persistent Hopper forward leaves to the collectives beside it\n"
+    "  --cp-comm C[,C...]  CP communications, each a row (all_gather): all_gather and/or all_to_all\n"
+    "                      (Ulysses: heads sharded for the attention; --q-heads and --kv-heads\n"
+    "                      multiples of every N)\n"
     "  --kv-gather G[,G...]  the K/V rows each rank gathers, each a row (whole): whole (every rank's)\n"
     "                      or halo (its rows with the window's edges from its neighbours; rows of the\n"
     "                      contiguous layout under the window mask only, the others skip it)\n"
@@ -119,6 +122,7 @@ struct Variant {
   int sm_margin;
   bool dq_pass;
   bool halo = false;  // cp::KvGather::kHalo: each rank's rows with the window's edges (contiguous layout)
+  cp::CpComm comm = cp::CpComm::kAllGather;
 };
 
 struct Options {
@@ -156,6 +160,7 @@ struct Row {
   double pairs_imbalance = 0, attention_imbalance = 0;
   double received_bytes = 0;  // per rank per step: gathered K/V rows and reduce-scattered dK/dV
   bool halo = false;          // the halo gather (cp::KvGather::kHalo)
+  cp::CpComm comm = cp::CpComm::kAllGather;
 };
 
 // The bytes a rank receives in one forward + backward step: the other ranks' K/V rows, once
@@ -180,6 +185,20 @@ double received_by_halo(const StepShape& s, const Mask& mask, int cp, bool kept_
   return kv * (kept_kv ? 1 : 2) + grads;
 }
 
+// The same under all-to-all CP: the other ranks' rows of this rank's heads of q, k, v (and in
+// the backward of q, k, v, out, dout), and this rank's rows of the other heads of out (and of
+// fp32 dq, dk, dv); the LSE's 4 bytes per row and head not counted.
+double received_by_all_to_all(const StepShape& s, int64_t tokens, int cp) {
+  const double share = static_cast<double>(cp - 1) / cp / cp;  // of a whole [T, H, D] tensor
+  const double dqk = static_cast<double>(s.head_dim), dv = static_cast<double>(s.value_head_dim());
+  const double hq = static_cast<double>(s.q_heads), hk = static_cast<double>(s.kv_heads);
+  const double element = static_cast<double>(dtype_size(s.dtype)), rows = static_cast<double>(tokens);
+  const double qkv = rows * (hq * dqk + hk * dqk + hk * dv) * element;
+  const double out = rows * hq * dv * element;
+  const double grads = rows * (hq * dqk + hk * dqk + hk * dv) * sizeof(float);
+  return share * (qkv + out + (qkv + 2 * out) + grads);
+}
+
 // Busiest rank's allowed (query, key) pairs over the mean, under `layout`.
 double pairs_imbalance(const BatchLayout& layout, CpLayout cp_layout, int cp, const Mask& mask) {
   double most = 0, sum = 0;
@@ -193,6 +212,7 @@ double pairs_imbalance(const BatchLayout& layout, CpLayout cp_layout, int cp, co
 
 // Where the backward takes K/V from, and (with --dq-pass 1) that dQ had a pass of its own.
 std::string backward_form(const Row& r) {
+  if (r.comm == cp::CpComm::kAllToAll) return "all_to_all";
   return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "") + (r.halo ? ", halo" : "");
 }
 
@@ -283,6 +303,21 @@ Options parse_options(const Args& args) {
   const std::vector<int64_t> margins = parse_int_list("sm-margin", args.get("sm-margin", "0"), 0, 1024);
   const std::vector<int64_t> dq_passes = parse_int_list("dq-pass", args.get("dq-pass", "0"), 0, 1);
   const std::vector<bool> kv_list = parse_kv(args.get("kv", "gather"));
+  std::vector<cp::CpComm> comms;
+  {
+    const std::string given = args.get("cp-comm", "all_gather");
+    std::stringstream items(given);
+    std::string item;
+    while (std::getline(items, item, ',')) {
+      if (item != "all_gather" && item != "all_to_all") {
+        throw UsageError("--cp-comm " + quote_excerpt(given) + ": use all_gather and/or all_to_all, separated by ','");
+      }
+      comms.push_back(item == "all_gather" ? cp::CpComm::kAllGather : cp::CpComm::kAllToAll);
+    }
+    if (comms.empty() || given.back() == ',') {
+      throw UsageError("--cp-comm " + quote_excerpt(given) + ": use all_gather and/or all_to_all, separated by ','");
+    }
+  }
   std::vector<bool> halos;
   {
     const std::string gathers = args.get("kv-gather", "whole");
@@ -320,7 +355,13 @@ Options parse_options(const Args& args) {
     for (bool kept : kv_list) {
       for (int64_t margin : margins) {
         for (int64_t dq_pass : dq_passes) {
-          for (bool halo : halos) o.variants.push_back(Variant{c, kept, static_cast<int>(margin), dq_pass != 0, halo});
+          for (cp::CpComm comm : comms) {
+            for (bool halo : halos) {
+              // A halo is a gather's: all-to-all rows have none.
+              if (halo && comm == cp::CpComm::kAllToAll) continue;
+              o.variants.push_back(Variant{c, kept, static_cast<int>(margin), dq_pass != 0, halo, comm});
+            }
+          }
         }
       }
     }
@@ -489,8 +530,11 @@ Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& 
   row.layout = run.cp_layout;
   row.pairs_imbalance = pairs_imbalance(run.layout, run.cp_layout, variant.cp, run.mask);
   row.halo = variant.halo;
-  row.received_bytes = variant.halo ? received_by_halo(o.shape, run.mask, variant.cp, variant.kept_kv)
-                                    : received_per_rank(o.shape, row.tokens, variant.cp, variant.kept_kv);
+  row.comm = variant.comm;
+  row.received_bytes = variant.comm == cp::CpComm::kAllToAll
+                           ? received_by_all_to_all(o.shape, row.tokens, variant.cp)
+                       : variant.halo ? received_by_halo(o.shape, run.mask, variant.cp, variant.kept_kv)
+                                      : received_per_rank(o.shape, row.tokens, variant.cp, variant.kept_kv);
   row.kept_kv = variant.kept_kv;
   row.sm_margin = variant.sm_margin;
   row.dq_pass = variant.dq_pass;
@@ -595,13 +639,19 @@ void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& 
                              m.mask.window_left > tokens / variant.cp)) {
           continue;
         }
+        if (variant.comm == cp::CpComm::kAllToAll && (s.q_heads % variant.cp != 0 || s.kv_heads % variant.cp != 0)) {
+          std::printf("skip T=%lld %s cp=%d all_to_all: heads %lld:%lld are not multiples of cp\n",
+                      static_cast<long long>(tokens), m.name.c_str(), variant.cp, static_cast<long long>(s.q_heads),
+                      static_cast<long long>(s.kv_heads));
+          continue;
+        }
         AttentionOptions attention;
         attention.sm_margin = variant.sm_margin;
         attention.separate_dq_pass = variant.dq_pass;
         const scaling::CpRun run{layout, in, base.ref, m.mask, s,
                                  variant.kept_kv ? Pass::kForwardBackwardKeptKv : Pass::kForwardBackward,
                                  attention, o.warmup, o.iters, cp_layout,
-                                 variant.halo ? cp::KvGather::kHalo : cp::KvGather::kAuto};
+                                 variant.halo ? cp::KvGather::kHalo : cp::KvGather::kAuto, variant.comm};
         rows.push_back(run_variant(o, variant, run, row, failed));
       }
     }
@@ -662,7 +712,7 @@ void print_tables(const std::vector<Row>& rows, const Options& o, const std::str
 
 int bench_scaling_command(const std::vector<std::string>& argv) {
   const Args args(argv,
-                  {"gpus", "cp-layout", "kv-gather", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
+                  {"gpus", "cp-layout", "cp-comm", "kv-gather", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
                    "max-length", "seed", "warmup", "iters", "kv", "sm-margin", "dq-pass"},
                   {"scaling", "help"});
   if (args.has("help")) {

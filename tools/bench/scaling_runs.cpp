@@ -171,7 +171,7 @@ void cp_rank(Communicator& host, const CpRun& run, RankReport& report) {
   THDCP_CHECK_CUDA(cudaSetDevice(comm->device()));
 
   const cp::Problem problem = cp_problem(run.shape, cp, Capacity{run.layout.num_seqs(), run.layout.total_rows()},
-                                        run.mask, run.cp_layout, cp::CpComm::kAllGather, run.kv_gather);
+                                        run.mask, run.cp_layout, run.comm, run.kv_gather);
   const int64_t local = problem.local_rows();
   const size_t workspace_bytes = cp::cuda_workspace_size(problem, run.attention);
   const double need =

@@ -71,6 +71,7 @@ struct CpRun {
   int warmup = 0, iters = 0;
   CpLayout cp_layout = CpLayout::kDualChunk;
   cp::KvGather kv_gather = cp::KvGather::kAuto;
+  cp::CpComm comm = cp::CpComm::kAllGather;
 };
 
 // One rank of the CP run (rank r on GPU r): its NCCL communicator, tensors and plan; the check
