@@ -283,6 +283,28 @@ std::vector<bool> parse_kv(const std::string& text) {
   return kept;
 }
 
+// --flag NAME[,NAME...]: names from `choices`, each at most once, as their indices in it.
+std::vector<size_t> parse_names(const std::string& flag, const std::string& text,
+                                const std::vector<std::string>& choices) {
+  std::string options;
+  for (size_t c = 0; c < choices.size(); ++c) options += (c == 0 ? "" : " and/or ") + choices[c];
+  const std::string usage = "--" + flag + " " + quote_excerpt(text) + ": use " + options + ", separated by ','";
+  std::vector<size_t> picked;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const auto it = std::find(choices.begin(), choices.end(), item);
+    if (it == choices.end()) throw UsageError(usage);
+    const size_t index = static_cast<size_t>(it - choices.begin());
+    if (std::find(picked.begin(), picked.end(), index) != picked.end()) {
+      throw UsageError("--" + flag + " " + quote_excerpt(text) + ": " + item + " is given twice");
+    }
+    picked.push_back(index);
+  }
+  if (picked.empty() || text.back() == ',') throw UsageError(usage);
+  return picked;
+}
+
 Options parse_options(const Args& args) {
   if (!args.has("gpus")) throw UsageError("--scaling needs --gpus N (the CP sizes, e.g. --gpus 2 or --gpus 2,4)");
   Options o;
@@ -303,53 +325,14 @@ Options parse_options(const Args& args) {
   const std::vector<int64_t> margins = parse_int_list("sm-margin", args.get("sm-margin", "0"), 0, 1024);
   const std::vector<int64_t> dq_passes = parse_int_list("dq-pass", args.get("dq-pass", "0"), 0, 1);
   const std::vector<bool> kv_list = parse_kv(args.get("kv", "gather"));
+  const std::vector<size_t> comm_names =
+      parse_names("cp-comm", args.get("cp-comm", "all_gather"), {"all_gather", "all_to_all"});
   std::vector<cp::CpComm> comms;
-  {
-    const std::string given = args.get("cp-comm", "all_gather");
-    std::stringstream items(given);
-    std::string item;
-    while (std::getline(items, item, ',')) {
-      if (item != "all_gather" && item != "all_to_all") {
-        throw UsageError("--cp-comm " + quote_excerpt(given) + ": use all_gather and/or all_to_all, separated by ','");
-      }
-      comms.push_back(item == "all_gather" ? cp::CpComm::kAllGather : cp::CpComm::kAllToAll);
-    }
-    if (comms.empty() || given.back() == ',') {
-      throw UsageError("--cp-comm " + quote_excerpt(given) + ": use all_gather and/or all_to_all, separated by ','");
-    }
-  }
+  for (size_t n : comm_names) comms.push_back(n == 0 ? cp::CpComm::kAllGather : cp::CpComm::kAllToAll);
   std::vector<bool> halos;
-  {
-    const std::string gathers = args.get("kv-gather", "whole");
-    std::stringstream items(gathers);
-    std::string item;
-    while (std::getline(items, item, ',')) {
-      if (item != "whole" && item != "halo") {
-        throw UsageError("--kv-gather " + quote_excerpt(gathers) + ": use whole and/or halo, separated by ','");
-      }
-      halos.push_back(item == "halo");
-    }
-    if (halos.empty() || gathers.back() == ',') {
-      throw UsageError("--kv-gather " + quote_excerpt(gathers) + ": use whole and/or halo, separated by ','");
-    }
-  }
-  const std::string layouts = args.get("cp-layout", "dual_chunk");
-  std::stringstream items(layouts);
-  std::string item;
-  while (std::getline(items, item, ',')) {
-    CpLayout layout = CpLayout::kDualChunk;
-    if (item == "contiguous") {
-      layout = CpLayout::kContiguous;
-    } else if (item != "dual_chunk") {
-      throw UsageError("--cp-layout " + quote_excerpt(layouts) + ": use dual_chunk and/or contiguous, separated by ','");
-    }
-    if (std::find(o.layouts.begin(), o.layouts.end(), layout) != o.layouts.end()) {
-      throw UsageError("--cp-layout " + quote_excerpt(layouts) + ": " + item + " is given twice");
-    }
-    o.layouts.push_back(layout);
-  }
-  if (o.layouts.empty() || layouts.back() == ',') {
-    throw UsageError("--cp-layout " + quote_excerpt(layouts) + ": use dual_chunk and/or contiguous, separated by ','");
+  for (size_t n : parse_names("kv-gather", args.get("kv-gather", "whole"), {"whole", "halo"})) halos.push_back(n == 1);
+  for (size_t n : parse_names("cp-layout", args.get("cp-layout", "dual_chunk"), {"dual_chunk", "contiguous"})) {
+    o.layouts.push_back(n == 0 ? CpLayout::kDualChunk : CpLayout::kContiguous);
   }
   for (int c : o.cps) {
     for (bool kept : kv_list) {
