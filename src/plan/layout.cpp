@@ -14,6 +14,33 @@ void check_cp(int cp, const char* what) {
   THDCP_CHECK(cp >= 1, what << ": cp=" << cp << " must be >= 1 (1 means no context parallelism)");
 }
 
+// The capacity's own bounds, either layout.
+void check_capacity_bounds(const Capacity& capacity) {
+  THDCP_CHECK(capacity.max_seqs >= 1,
+              "capacity.max_seqs=" << capacity.max_seqs << " must be >= 1 (one placeholder is reserved)");
+  THDCP_CHECK(capacity.max_tokens >= 0 && capacity.max_tokens <= kInt32Max,
+              "capacity.max_tokens=" << capacity.max_tokens << " must be in [0, 2^31-1]");
+}
+
+// The documents fit the capacity's sequences, one placeholder reserved.
+void check_sequence_count(size_t documents, const Capacity& capacity) {
+  THDCP_CHECK(static_cast<int64_t>(documents) <= capacity.max_seqs - 1,
+              "the batch has " << documents << " sequences but capacity.max_seqs=" << capacity.max_seqs
+                               << " holds at most " << capacity.max_seqs - 1
+                               << " (one placeholder is reserved): raise max_seqs or split the batch");
+}
+
+// Zero-length placeholders up to max_seqs, the last absorbing the rows up to max_tokens.
+void add_placeholders(BatchLayout& layout, const Capacity& capacity) {
+  const int32_t valid = layout.cu_seqlens.back();
+  const int32_t rows = layout.cu_seqlens_padded.back();
+  while (layout.num_seqs() < capacity.max_seqs) {
+    layout.cu_seqlens.push_back(valid);
+    layout.cu_seqlens_padded.push_back(rows);
+  }
+  layout.cu_seqlens_padded.back() = static_cast<int32_t>(capacity.max_tokens);
+}
+
 }  // namespace
 
 int64_t cp_padded_length(int64_t length, int cp) {
@@ -63,56 +90,33 @@ BatchLayout make_contiguous_layout(const std::vector<int64_t>& lengths, int cp) 
 BatchLayout make_layout(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity) {
   check_cp(cp, "make_layout");
   const int64_t align = 2 * static_cast<int64_t>(cp);
-  THDCP_CHECK(capacity.max_seqs >= 1,
-              "capacity.max_seqs=" << capacity.max_seqs << " must be >= 1 (one placeholder is reserved)");
-  THDCP_CHECK(capacity.max_tokens >= 0 && capacity.max_tokens <= kInt32Max,
-              "capacity.max_tokens=" << capacity.max_tokens << " must be in [0, 2^31-1]");
+  check_capacity_bounds(capacity);
   THDCP_CHECK(capacity.max_tokens % align == 0,
               "capacity.max_tokens=" << capacity.max_tokens << " is not a multiple of 2*cp="
                                      << align << ": round it up to " << cp_padded_length(capacity.max_tokens, cp));
-  THDCP_CHECK(static_cast<int64_t>(lengths.size()) <= capacity.max_seqs - 1,
-              "the batch has " << lengths.size() << " sequences but capacity.max_seqs="
-                               << capacity.max_seqs << " holds at most " << capacity.max_seqs - 1
-                               << " (one placeholder is reserved): raise max_seqs or split the batch");
+  check_sequence_count(lengths.size(), capacity);
   BatchLayout layout = make_layout(lengths, cp);
   THDCP_CHECK(layout.total_rows() <= capacity.max_tokens,
               "the batch needs " << layout.total_rows() << " rows after padding to multiples of 2*cp="
                                  << align << " but capacity.max_tokens=" << capacity.max_tokens
                                  << ": raise max_tokens or split the batch");
-  const int32_t valid = layout.cu_seqlens.back();
-  const int32_t rows = layout.cu_seqlens_padded.back();
-  while (layout.num_seqs() < capacity.max_seqs) {
-    layout.cu_seqlens.push_back(valid);
-    layout.cu_seqlens_padded.push_back(rows);
-  }
-  layout.cu_seqlens_padded.back() = static_cast<int32_t>(capacity.max_tokens);
+  add_placeholders(layout, capacity);
   return layout;
 }
 
 BatchLayout make_contiguous_layout(const std::vector<int64_t>& lengths, int cp, const Capacity& capacity) {
   check_cp(cp, "make_contiguous_layout");
-  THDCP_CHECK(capacity.max_seqs >= 1,
-              "capacity.max_seqs=" << capacity.max_seqs << " must be >= 1 (one placeholder is reserved)");
-  THDCP_CHECK(capacity.max_tokens >= 0 && capacity.max_tokens <= kInt32Max,
-              "capacity.max_tokens=" << capacity.max_tokens << " must be in [0, 2^31-1]");
+  check_capacity_bounds(capacity);
   THDCP_CHECK(capacity.max_tokens % cp == 0,
               "capacity.max_tokens=" << capacity.max_tokens << " is not a multiple of cp=" << cp
                                      << " (the contiguous layout cuts the rows into cp equal pieces)");
-  THDCP_CHECK(static_cast<int64_t>(lengths.size()) <= capacity.max_seqs - 1,
-              "the batch has " << lengths.size() << " sequences but capacity.max_seqs="
-                               << capacity.max_seqs << " holds at most " << capacity.max_seqs - 1
-                               << " (one placeholder is reserved): raise max_seqs or split the batch");
+  check_sequence_count(lengths.size(), capacity);
   BatchLayout layout = make_layout(lengths, 1);
   layout.cu_seqlens_padded = layout.cu_seqlens;
   THDCP_CHECK(layout.cu_seqlens.back() <= capacity.max_tokens,
               "the batch has " << layout.cu_seqlens.back() << " tokens but capacity.max_tokens="
                                << capacity.max_tokens << ": raise max_tokens or split the batch");
-  const int32_t valid = layout.cu_seqlens.back();
-  while (layout.num_seqs() < capacity.max_seqs) {
-    layout.cu_seqlens.push_back(valid);
-    layout.cu_seqlens_padded.push_back(valid);
-  }
-  layout.cu_seqlens_padded.back() = static_cast<int32_t>(capacity.max_tokens);
+  add_placeholders(layout, capacity);
   return layout;
 }
 
