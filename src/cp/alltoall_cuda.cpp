@@ -101,7 +101,7 @@ Tensor heads_of(const Tensor& t, int64_t first, int64_t count) {
 
 // `view` (any strides) <-> dense rows [tokens, heads, head_dim] at `rows`, by 2-D copies: one
 // where a row's heads are adjacent, else one per head.
-void copy_view(const void* view_data, const ConstThdTensor& view, void* rows, bool into_rows, cudaStream_t stream) {
+void copy_view(const ConstThdTensor& view, void* rows, bool into_rows, cudaStream_t stream) {
   if (view.numel() == 0) return;
   const size_t element = dtype_size(view.dtype);
   const size_t head_bytes = static_cast<size_t>(view.head_dim) * element;
@@ -111,7 +111,7 @@ void copy_view(const void* view_data, const ConstThdTensor& view, void* rows, bo
   const int64_t copies = adjacent ? 1 : view.heads;
   const size_t width = adjacent ? row_bytes : head_bytes;
   for (int64_t h = 0; h < copies; ++h) {
-    auto* strided = static_cast<unsigned char*>(const_cast<void*>(view_data)) +
+    auto* strided = static_cast<unsigned char*>(const_cast<void*>(view.data)) +
                     static_cast<size_t>(h * view.head_step()) * element;
     unsigned char* dense = static_cast<unsigned char*>(rows) + static_cast<size_t>(h) * head_bytes;
     if (into_rows) {
@@ -157,7 +157,7 @@ struct CudaAllToAll::State {
     const size_t block = static_cast<size_t>(local_rows) * row_bytes;
     for (int j = 0; j < cp; ++j) {
       const ConstThdTensor part = heads_of(local, j * heads, heads);
-      copy_view(part.data, part, w.send + static_cast<size_t>(j) * block, true, stream);
+      copy_view(part, w.send + static_cast<size_t>(j) * block, true, stream);
     }
     const bool reorder = needs_reorder(p);
     comm.all_to_all(w.send, reorder ? w.recv : seq, block, stream);
@@ -181,7 +181,7 @@ struct CudaAllToAll::State {
       const ThdTensor part = heads_of(local, i * heads, heads);
       const unsigned char* from = w.recv + static_cast<size_t>(i) * block;
       if (seq.dtype == local.dtype) {
-        copy_view(part.data, ConstThdTensor(part), const_cast<unsigned char*>(from), false, stream);
+        copy_view(ConstThdTensor(part), const_cast<unsigned char*>(from), false, stream);
       } else {
         cuda::convert_from_fp32(reinterpret_cast<const float*>(from), part, stream);
       }
