@@ -19,8 +19,8 @@ void launch_build_single_table(const int32_t* cu_seqlens, const int32_t* cu_seql
                                Segment* segments, cudaStream_t stream);
 void launch_build_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs, int cp,
                            int rank, Mask mask, Segment* segments, cudaStream_t stream);
-// key_row_offset: the global row of key row 0 minus rank_begin (0: keys are every global row;
-// -left: the rank's rows with `left` rows before them, a halo table).
+// key_row_offset: the global row of key row 0 minus rank_begin (-rank_begin: keys are every
+// global row, the whole gather; -left: the rank's rows with `left` rows before them, a halo table).
 void launch_build_contiguous_cp_table(const int32_t* cu_seqlens, const int32_t* cu_seqlens_padded, int max_seqs,
                                       int64_t rank_begin, int64_t q_rows, int64_t key_row_offset, Mask mask,
                                       Segment* segments, cudaStream_t stream);

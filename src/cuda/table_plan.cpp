@@ -68,6 +68,8 @@ TablePlan TablePlan::all_gather_cp(const Capacity& capacity, int cp, int rank, c
   plan.table_.k_rows = capacity.max_tokens;
   plan.table_.mask = mask;
   plan.table_.kind = dual_chunk ? TableKind::kAllGatherCp : TableKind::kContiguousAllGatherCp;
+  // The whole gather's key row 0 is global row 0 (contiguous_halo_cp overrides this).
+  plan.key_row_offset_ = -plan.table_.q_rows * rank;
   return plan;
 }
 

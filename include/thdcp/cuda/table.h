@@ -107,7 +107,7 @@ class TablePlan {
   Capacity capacity_;
   int cp_ = 1;
   int rank_ = 0;
-  int64_t key_row_offset_ = 0;  // global row of key row 0 minus rank_begin (halo tables: -left)
+  int64_t key_row_offset_ = 0;  // global row of key row 0 minus rank_begin (whole: -rank_begin; halo: -left)
 };
 
 }  // namespace thdcp::cuda
