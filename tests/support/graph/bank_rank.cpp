@@ -1,5 +1,7 @@
 #include "support/graph/bank_rank.h"
 
+#include <algorithm>
+
 namespace thdcp::test {
 
 BankRank::BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shape& s)
@@ -123,7 +125,19 @@ Batch batch_of(const std::vector<int64_t>& lengths, int cp, const Capacity& capa
 std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t seed, CpLayout layout) {
   std::vector<std::vector<int64_t>> out;
   out.push_back({c.max_tokens});
-  out.push_back(std::vector<int64_t>(static_cast<size_t>(c.max_seqs - 1), 2 * cp));
+  // Every document slot used: 2*cp rows each under the dual-chunk layout (its least padded
+  // length); under the contiguous one (max_seqs = max_tokens + 1) documents of 2 and 0 rows in
+  // turn, within max_tokens. Not all of one row: those give dq = dk = 0 exactly, and a zero
+  // reference leaves the tolerance no scale.
+  std::vector<int64_t> every_slot(static_cast<size_t>(c.max_seqs - 1), 2 * cp);
+  if (layout == CpLayout::kContiguous) {
+    int64_t rows = 0;
+    for (size_t i = 0; i < every_slot.size(); ++i) {
+      every_slot[i] = std::min<int64_t>(i % 2 == 0 ? 2 : 0, c.max_tokens - rows);
+      rows += every_slot[i];
+    }
+  }
+  out.push_back(every_slot);
   out.push_back({0, 3, 0, 0, 17, 0, 2 * cp + 1});
   out.push_back({1, 9});
   Rng rng(seed);
