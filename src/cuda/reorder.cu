@@ -64,6 +64,45 @@ void launch_reorder_planes(const void* src, void* dst, size_t row_bytes, int64_t
   }
 }
 
+// regroup_rows: one warp per global row; the rows of other groups are left alone. A row's
+// place at cp (its rank: member and group) and at cp / members (its row in the group's order)
+// are found once.
+template <typename Word, bool kToGroup>
+__global__ void __launch_bounds__(kThreads)
+    regroup_planes_kernel(const Word* __restrict__ src, Word* __restrict__ dst, int64_t words_per_row,
+                          const int32_t* __restrict__ cu_seqlens_padded, int max_seqs, int64_t total_rows, int cp,
+                          int members, int group) {
+  const int64_t global_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (global_row >= total_rows) return;
+  const DualChunkLocation fine = dual_chunk_locate_row(cu_seqlens_padded, max_seqs, cp, global_row);
+  if (fine.rank / members != group) return;
+  const DualChunkLocation coarse = dual_chunk_locate_row(cu_seqlens_padded, max_seqs, cp / members, global_row);
+  const int64_t member_row = (fine.rank % members) * (total_rows / cp) + fine.local_row;
+  const int64_t group_rows = total_rows / (cp / members);
+  const int64_t plane = static_cast<int64_t>(blockIdx.y) * group_rows * words_per_row;
+  const Word* from = src + plane + (kToGroup ? member_row : coarse.local_row) * words_per_row;
+  Word* to = dst + plane + (kToGroup ? coarse.local_row : member_row) * words_per_row;
+  for (int64_t word = threadIdx.x % 32; word < words_per_row; word += 32) to[word] = from[word];
+}
+
+template <typename Word>
+void launch_regroup_planes(const void* src, void* dst, size_t row_bytes, int64_t planes, GroupOrder to,
+                           const DeviceLayout& layout, int cp, int members, int group, cudaStream_t stream) {
+  const int64_t words_per_row = static_cast<int64_t>(row_bytes / sizeof(Word));
+  const int64_t total_rows = layout.capacity.max_tokens;
+  const dim3 grid(static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(planes));
+  const auto* from = static_cast<const Word*>(src);
+  auto* into = static_cast<Word*>(dst);
+  const int max_seqs = layout.capacity.max_seqs;
+  if (to == GroupOrder::kGroup) {
+    regroup_planes_kernel<Word, true><<<grid, kThreads, 0, stream>>>(
+        from, into, words_per_row, layout.cu_seqlens_padded, max_seqs, total_rows, cp, members, group);
+  } else {
+    regroup_planes_kernel<Word, false><<<grid, kThreads, 0, stream>>>(
+        from, into, words_per_row, layout.cu_seqlens_padded, max_seqs, total_rows, cp, members, group);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     accumulate_kernel(const float* __restrict__ src, float* __restrict__ dst, int64_t n, bool src_first) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
@@ -172,6 +211,24 @@ void reorder_rows(const void* src, void* dst, size_t row_bytes, int64_t planes, 
     launch_reorder_planes<uint4>(src, dst, row_bytes, planes, to, layout, cp, stream);
   } else {
     launch_reorder_planes<uint32_t>(src, dst, row_bytes, planes, to, layout, cp, stream);
+  }
+  THDCP_CHECK_CUDA(cudaGetLastError());
+}
+
+void regroup_rows(const void* src, void* dst, size_t row_bytes, int64_t planes, GroupOrder to,
+                  const DeviceLayout& layout, int cp, int members, int group, cudaStream_t stream) {
+  check_reorder_layout(layout, cp, "regroup_rows");
+  THDCP_CHECK(members >= 1 && cp % members == 0 && group >= 0 && group < cp / members,
+              "regroup_rows: members=" << members << ", group=" << group << " with cp=" << cp
+                                       << ": need members dividing cp and group in [0, cp / members)");
+  THDCP_CHECK(row_bytes % 4 == 0, "regroup_rows: row_bytes=" << row_bytes << " must be a multiple of 4");
+  THDCP_CHECK(planes >= 0 && planes <= 65535, "regroup_rows: planes=" << planes << " must be in [0, 65535]");
+  if (layout.capacity.max_tokens == 0 || row_bytes == 0 || planes == 0) return;
+  const bool words16 = row_bytes % 16 == 0 && (reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) % 16 == 0;
+  if (words16) {
+    launch_regroup_planes<uint4>(src, dst, row_bytes, planes, to, layout, cp, members, group, stream);
+  } else {
+    launch_regroup_planes<uint32_t>(src, dst, row_bytes, planes, to, layout, cp, members, group, stream);
   }
   THDCP_CHECK_CUDA(cudaGetLastError());
 }

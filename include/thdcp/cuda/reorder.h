@@ -37,6 +37,18 @@ enum class RowOrder { kGathered, kSequence };
 void reorder_rows(const void* src, void* dst, size_t row_bytes, int64_t planes, RowOrder to,
                   const DeviceLayout& layout, int cp, cudaStream_t stream);
 
+// The rows of one group's all-to-all in a2a+ag CP (thdcp/cp/cp.h): group `group` of `members`
+// consecutive ranks of cp. "Member order" is what the group's all-to-all gives: `members`
+// blocks of T/cp rows, member after member, each in its rank's local order at cp; "group
+// order" is the local order of rank `group` of the same layout at cp / members (with members
+// == cp, group 0: the gathered and sequence orders of reorder_rows). `planes` planes of
+// T / (cp / members) rows each, from `src` in the other order into `dst` in order `to`.
+// row_bytes a multiple of 4. Dual-chunk layouts (every padded length a multiple of 2*cp).
+// Stream-ordered, capture-safe.
+enum class GroupOrder { kMembers, kGroup };
+void regroup_rows(const void* src, void* dst, size_t row_bytes, int64_t planes, GroupOrder to,
+                  const DeviceLayout& layout, int cp, int members, int group, cudaStream_t stream);
+
 // rows[g] = the gathered row of global row g (its owner's rank * T/cp + its local row), for
 // every g < layout.capacity.max_tokens: the map thdcp::BackwardTensors::dkv_rows takes
 // to accumulate dK/dV of sequence-order keys straight in the order the ranks hold them.
