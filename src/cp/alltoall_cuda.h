@@ -12,6 +12,7 @@
 // once into dq, dk, dv. No partial sums cross ranks (each head belongs to one rank), so the
 // result is deterministic and the same bits as the single-device kernels on those heads.
 //
+// The exchanges are CudaHeadExchange's (head_exchange_cuda.h) over one group of cp ranks.
 // Everything runs on the caller's stream: 2-D copies and one reorder kernel around each
 // all-to-all, nothing allocated or read back, so a step can be captured.
 #pragma once
@@ -19,17 +20,14 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <functional>
 #include <memory>
 
+#include "head_exchange_cuda.h"
 #include "thdcp/comm_device/device_communicator.h"
 #include "thdcp/cp/cp.h"
 #include "thdcp/plan/layout.h"
 
 namespace thdcp::cp::detail {
-
-// Called where the next phase's work starts (timing; may do nothing).
-using PhaseMark = std::function<void(Phase)>;
 
 class CudaAllToAll {
  public:

@@ -1,0 +1,203 @@
+#include "head_exchange_cuda.h"
+
+#include <algorithm>
+
+#include "thdcp/core/error.h"
+#include "thdcp/cuda/check.h"
+#include "thdcp/cuda/reorder.h"
+
+namespace thdcp::cp::detail {
+
+namespace {
+
+// The dual-chunk layout's member-major rows need a reorder to and from the group's order; the
+// contiguous layout's pieces are in it already.
+bool needs_reorder(const Problem& p) { return p.layout == CpLayout::kDualChunk; }
+
+// The group's rows: rank g's of the layout at cp / members.
+int64_t group_rows(const Problem& p, int members) { return p.capacity.max_tokens / (p.cp / members); }
+
+// The heads [first, first + count) of `t`, as a view with explicit strides.
+template <typename Tensor>
+Tensor heads_of(const Tensor& t, int64_t first, int64_t count) {
+  Tensor part = t;
+  part.data = static_cast<unsigned char*>(const_cast<void*>(static_cast<const void*>(t.data))) +
+              static_cast<size_t>(first * t.head_step()) * dtype_size(t.dtype);
+  part.heads = count;
+  part.row_stride = t.row_step();
+  part.head_stride = t.head_step();
+  return part;
+}
+
+// `view` (any strides) <-> dense rows [tokens, heads, head_dim] at `rows`, by 2-D copies: one
+// where a row's heads are adjacent, else one per head.
+void copy_view(const ConstThdTensor& view, void* rows, bool into_rows, cudaStream_t stream) {
+  if (view.numel() == 0) return;
+  const size_t element = dtype_size(view.dtype);
+  const size_t head_bytes = static_cast<size_t>(view.head_dim) * element;
+  const size_t row_bytes = static_cast<size_t>(view.heads) * head_bytes;
+  const size_t pitch = view.tokens > 1 ? static_cast<size_t>(view.row_step()) * element : row_bytes;
+  const bool adjacent = view.heads == 1 || view.head_step() == view.head_dim;
+  const int64_t copies = adjacent ? 1 : view.heads;
+  const size_t width = adjacent ? row_bytes : head_bytes;
+  for (int64_t h = 0; h < copies; ++h) {
+    auto* strided = static_cast<unsigned char*>(const_cast<void*>(view.data)) +
+                    static_cast<size_t>(h * view.head_step()) * element;
+    unsigned char* dense = static_cast<unsigned char*>(rows) + static_cast<size_t>(h) * head_bytes;
+    if (into_rows) {
+      THDCP_CHECK_CUDA(cudaMemcpy2DAsync(dense, row_bytes, strided, pitch, width, static_cast<size_t>(view.tokens),
+                                         cudaMemcpyDeviceToDevice, stream));
+    } else {
+      THDCP_CHECK_CUDA(cudaMemcpy2DAsync(strided, pitch, dense, row_bytes, width, static_cast<size_t>(view.tokens),
+                                         cudaMemcpyDeviceToDevice, stream));
+    }
+  }
+}
+
+}  // namespace
+
+ExchangeParts carve_exchange(WorkspaceCarver& carver, const Problem& p, int members) {
+  ExchangeParts w;
+  const size_t rows = static_cast<size_t>(group_rows(p, members));
+  const size_t hq = static_cast<size_t>(p.q_heads / members), hk = static_cast<size_t>(p.kv_heads / members);
+  const size_t dqk = static_cast<size_t>(p.head_dim), dv = static_cast<size_t>(p.value_head_dim());
+  const size_t element = dtype_size(p.dtype);
+  const size_t widest = std::max({hq * dqk, hq * dv, hk * dqk, hk * dv});  // elements of a head-sharded row
+  w.send = carver.take<unsigned char>(rows * widest * sizeof(float));
+  w.recv = carver.take<unsigned char>(rows * widest * sizeof(float));
+  w.q = carver.take<unsigned char>(rows * hq * dqk * element);
+  w.k = carver.take<unsigned char>(rows * hk * dqk * element);
+  w.v = carver.take<unsigned char>(rows * hk * dv * element);
+  w.out = carver.take<unsigned char>(rows * hq * dv * element);
+  w.dout = carver.take<unsigned char>(rows * hq * dv * element);
+  w.lse = carver.take_array<float>(hq * rows);
+  w.lse_ranked = carver.take_array<float>(needs_reorder(p) ? hq * rows : 0);
+  w.dq = carver.take_array<float>(rows * hq * dqk);
+  w.dk = carver.take_array<float>(rows * hk * dqk);
+  w.dv = carver.take_array<float>(rows * hk * dv);
+  w.max_logit = carver.take_array<float>(hq);
+  w.dsinks = carver.take_array<float>(hq);
+  return w;
+}
+
+CudaHeadExchange::CudaHeadExchange(DeviceCommunicator& comm, const Problem& p, int group, const ExchangeParts& parts)
+    : comm_(comm),
+      p_(p),
+      w_(parts),
+      members_(comm.size()),
+      group_(group),
+      reorder_(needs_reorder(p)),
+      local_rows_(p.local_rows()),
+      rows_(group_rows(p, comm.size())),
+      q_heads_(p.q_heads / comm.size()),
+      kv_heads_(p.kv_heads / comm.size()) {}
+
+void CudaHeadExchange::start(const DeviceLayout& layout, cudaStream_t stream) {
+  layout_ = layout;
+  stream_ = stream;
+}
+
+ThdTensor CudaHeadExchange::dense(void* data, DType dtype, int64_t heads, int64_t head_dim) const {
+  return ThdTensor{data, dtype, rows_, heads, head_dim};
+}
+
+// all_to_all (one group of cp members) takes the gathered <-> sequence reorder it was
+// measured with; a2a+ag the general one.
+void CudaHeadExchange::to_group_order(const void* members_rows, void* group_rows, size_t row_bytes, int64_t planes) {
+  if (members_ == p_.cp) {
+    cuda::reorder_rows(members_rows, group_rows, row_bytes, planes, cuda::RowOrder::kSequence, layout_, p_.cp, stream_);
+  } else {
+    cuda::regroup_rows(members_rows, group_rows, row_bytes, planes, cuda::GroupOrder::kGroup, layout_, p_.cp, members_,
+                       group_, stream_);
+  }
+}
+
+void CudaHeadExchange::to_member_order(const void* group_rows, void* members_rows, size_t row_bytes, int64_t planes) {
+  if (members_ == p_.cp) {
+    cuda::reorder_rows(group_rows, members_rows, row_bytes, planes, cuda::RowOrder::kGathered, layout_, p_.cp, stream_);
+  } else {
+    cuda::regroup_rows(group_rows, members_rows, row_bytes, planes, cuda::GroupOrder::kMembers, layout_, p_.cp,
+                       members_, group_, stream_);
+  }
+}
+
+ConstThdTensor CudaHeadExchange::to_heads(const ConstThdTensor& local, unsigned char* rows) {
+  const int64_t heads = local.heads / members_;
+  const size_t row_bytes = static_cast<size_t>(heads * local.head_dim) * dtype_size(local.dtype);
+  const size_t block = static_cast<size_t>(local_rows_) * row_bytes;
+  for (int j = 0; j < members_; ++j) {
+    const ConstThdTensor part = heads_of(local, j * heads, heads);
+    copy_view(part, w_.send + static_cast<size_t>(j) * block, true, stream_);
+  }
+  comm_.all_to_all(w_.send, reorder_ ? w_.recv : rows, block, stream_);
+  if (reorder_) to_group_order(w_.recv, rows, row_bytes, 1);
+  return ConstThdTensor(rows, local.dtype, rows_, heads, local.head_dim);
+}
+
+void CudaHeadExchange::to_rows(const ConstThdTensor& heads, ThdTensor local) {
+  const size_t row_bytes = static_cast<size_t>(heads.heads * heads.head_dim) * dtype_size(heads.dtype);
+  const size_t block = static_cast<size_t>(local_rows_) * row_bytes;
+  const void* ranked = heads.data;
+  if (reorder_) {
+    to_member_order(heads.data, w_.send, row_bytes, 1);
+    ranked = w_.send;
+  }
+  comm_.all_to_all(ranked, w_.recv, block, stream_);
+  for (int i = 0; i < members_; ++i) {
+    const ThdTensor part = heads_of(local, i * heads.heads, heads.heads);
+    const unsigned char* from = w_.recv + static_cast<size_t>(i) * block;
+    if (heads.dtype == local.dtype) {
+      copy_view(ConstThdTensor(part), const_cast<unsigned char*>(from), false, stream_);
+    } else {
+      cuda::convert_from_fp32(reinterpret_cast<const float*>(from), part, stream_);
+    }
+  }
+}
+
+void CudaHeadExchange::lse_to_rows(const float* heads, float* local) {
+  const float* ranked = heads;
+  if (reorder_) {
+    to_member_order(heads, w_.lse_ranked, sizeof(float), q_heads_);
+    ranked = w_.lse_ranked;
+  }
+  // Block j: rows [j T/cp, (j+1) T/cp) of each of this member's heads; what member j
+  // receives as the heads [m Hq/members, (m+1) Hq/members) of its lse.
+  const size_t row = static_cast<size_t>(local_rows_) * sizeof(float);
+  const size_t block = static_cast<size_t>(q_heads_) * row;
+  for (int j = 0; j < members_; ++j) {
+    THDCP_CHECK_CUDA(cudaMemcpy2DAsync(w_.send + static_cast<size_t>(j) * block, row, ranked + j * local_rows_,
+                                       static_cast<size_t>(rows_) * sizeof(float), row,
+                                       static_cast<size_t>(q_heads_), cudaMemcpyDeviceToDevice, stream_));
+  }
+  comm_.all_to_all(w_.send, local, block, stream_);
+}
+
+void CudaHeadExchange::lse_to_heads(const float* local, float* heads) {
+  const size_t row = static_cast<size_t>(local_rows_) * sizeof(float);
+  const size_t block = static_cast<size_t>(q_heads_) * row;
+  comm_.all_to_all(local, w_.recv, block, stream_);  // block j of lse: member j's heads
+  float* ranked = reorder_ ? w_.lse_ranked : heads;
+  for (int i = 0; i < members_; ++i) {
+    THDCP_CHECK_CUDA(cudaMemcpy2DAsync(ranked + i * local_rows_, static_cast<size_t>(rows_) * sizeof(float),
+                                       w_.recv + static_cast<size_t>(i) * block, row, row,
+                                       static_cast<size_t>(q_heads_), cudaMemcpyDeviceToDevice, stream_));
+  }
+  if (reorder_) to_group_order(w_.lse_ranked, heads, sizeof(float), q_heads_);
+}
+
+BackwardTensors CudaHeadExchange::backward_to_heads(const BackwardTensors& t) {
+  const int64_t dv = p_.value_head_dim();
+  BackwardTensors h{to_heads(t.q, w_.q),
+                    to_heads(t.k, w_.k),
+                    to_heads(t.v, w_.v),
+                    to_heads(t.out, w_.out),
+                    to_heads(t.dout, w_.dout),
+                    w_.lse,
+                    dense(w_.dq, DType::kFloat32, q_heads_, p_.head_dim),
+                    dense(w_.dk, DType::kFloat32, kv_heads_, p_.head_dim),
+                    dense(w_.dv, DType::kFloat32, kv_heads_, dv)};
+  lse_to_heads(t.lse, w_.lse);
+  return h;
+}
+
+}  // namespace thdcp::cp::detail
