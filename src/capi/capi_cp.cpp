@@ -1,6 +1,6 @@
 // CP plans of the C ABI: thdcp::cp::CpuPlan over a host communicator (every CP layout,
-// communication, a2a+ag included, and K/V gather), thdcp::cp::CudaPlan over a device communicator (dual chunk,
-// all-gather, whole gathers). Every call that is collective aborts an in-process or
+// communication and K/V gather), thdcp::cp::CudaPlan over a device communicator (every layout
+// and communication; the halo gather under the contiguous layout). Every call that is collective aborts an in-process or
 // shared-GPU group when it fails on this rank (handles.h).
 #include <cstdint>
 #include <limits>
@@ -137,12 +137,6 @@ CpConfig config_of(const thdcp_cp_params* given) {
   problem.comm = cp_comm_of(p.cp_comm);
   problem.kv_gather = kv_gather_of(p.kv_gather);
   check_kv_gather(c);
-  // Before the build is asked for CUDA, so that every build gives the same answer.
-  THDCP_CAPI_REQUIRE(backend == THDCP_BACKEND_CPU || problem.comm != cp::CpComm::kA2aAg,
-                     "params->cp_comm=" << cp_comm_c_name(problem.comm)
-                                        << " is not supported by the CUDA backend: it runs THDCP_CP_COMM_ALL_GATHER "
-                                           "and THDCP_CP_COMM_ALL_TO_ALL (with either THDCP_CP_LAYOUT_*); use one of "
-                                           "those, or THDCP_BACKEND_CPU, which runs every mode");
   if (backend == THDCP_BACKEND_CUDA) require_cuda_build("params->backend=THDCP_BACKEND_CUDA");
   problem.dtype = storage_dtype(raw_enum(p.dtype), "params->dtype");
   THDCP_CAPI_REQUIRE(backend == THDCP_BACKEND_CPU || problem.dtype != DType::kFloat32,

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "a2a_ag_cuda.h"
 #include "agreement.h"
 #include "allgather_steps.h"
 #include "alltoall_cuda.h"
@@ -161,6 +162,7 @@ uint64_t options_fingerprint(const AttentionOptions& options) {
 
 struct CudaPlan::Workspace {
   std::unique_ptr<detail::CudaAllToAll> all_to_all;  // comm all_to_all: the whole step; else null
+  std::unique_ptr<detail::CudaA2aAg> a2a_ag;         // comm a2a+ag: the whole step; else null
   Parts parts;
   std::optional<cuda::TablePlan> table;  // this rank's
   std::unique_ptr<cuda::ForwardPlan> forward;
@@ -473,6 +475,10 @@ size_t cuda_workspace_size(const Problem& problem, const AttentionOptions& optio
     detail::validate_problem(problem);
     return detail::CudaAllToAll::workspace_size(problem, options);
   }
+  if (problem.comm == CpComm::kA2aAg) {
+    detail::validate_problem(problem);
+    return detail::CudaA2aAg::workspace_size(problem, options);
+  }
   WorkspaceCarver sizing;
   carve_parts(sizing, problem, options);
   return sizing.bytes();
@@ -531,14 +537,11 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
   agree_on_device(comm, problem, options, [&] {
     THDCP_CHECK(problem.cp == comm.size(),
                 "problem.cp=" << problem.cp << " but the communicator has " << comm.size() << " ranks");
-    THDCP_CHECK(problem.comm == CpComm::kAllGather || problem.comm == CpComm::kAllToAll,
-                "comm=" << cp_comm_name(problem.comm)
-                        << ": the CUDA backend runs comm=all_gather and all_to_all (layout dual_chunk or "
-                           "contiguous); the CPU backend (cp::CpuPlan) runs every mode");
     check_halo(problem);
     const size_t needed = cuda_workspace_size(problem, options);
     THDCP_CHECK(workspace_bytes >= needed,
                 "workspace has " << workspace_bytes << " bytes; cuda_workspace_size gives " << needed);
+    if (problem.comm == CpComm::kA2aAg) return;  // made below, once every rank agreed: it splits `comm`
     if (problem.comm == CpComm::kAllToAll) {
       workspace_->all_to_all =
           std::make_unique<detail::CudaAllToAll>(comm, problem, options, workspace, workspace_bytes);
@@ -554,6 +557,9 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
     workspace_->backward =
         std::make_unique<cuda::BackwardPlan>(attention_shape(problem), options, parts.backward, parts.backward_bytes);
   });
+  if (problem.comm == CpComm::kA2aAg) {
+    workspace_->a2a_ag = std::make_unique<detail::CudaA2aAg>(comm, problem, options, workspace, workspace_bytes);
+  }
   lanes_ = std::make_unique<Lanes>();
 }
 
@@ -615,6 +621,10 @@ void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cuda
     workspace_->all_to_all->forward(layout, t, stream, phase_marks(events_.get(), stream));
     return;
   }
+  if (workspace_->a2a_ag) {
+    workspace_->a2a_ag->forward(layout, t, stream, phase_marks(events_.get(), stream));
+    return;
+  }
   CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
   steps.use_sinks(t.sinks, false);
   detail::run_forward(steps, t);
@@ -623,9 +633,14 @@ void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cuda
 void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, KvSource kv) {
   check_layout(layout, problem_);
   check_backward_tensors(problem_, t);
+  // all_to_all and a2a+ag exchange K/V again whatever `kv` says: the forward's head-sharded
+  // K/V are not kept.
   if (workspace_->all_to_all) {
-    // (K/V are exchanged again whatever `kv` says: the forward's head-sharded K/V are not kept.)
     workspace_->all_to_all->backward(layout, t, stream, phase_marks(events_.get(), stream));
+    return;
+  }
+  if (workspace_->a2a_ag) {
+    workspace_->a2a_ag->backward(layout, t, stream, phase_marks(events_.get(), stream));
     return;
   }
   CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);

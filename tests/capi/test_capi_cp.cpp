@@ -532,11 +532,6 @@ TEST(CApiCpModes, RefusedNamingTheValue) {
       {"a2a+ag 3 at cp 3, heads 6:3",
        with(ag, [](thdcp_cp_params& p) { p.cp_comm = THDCP_CP_COMM_A2A_AG, p.a2a_size = 3, p.q_heads = 6, p.kv_heads = 3; }),
        {}},
-      {"CUDA, a2a+ag",
-       with(ag, [](thdcp_cp_params& p) { p.backend = THDCP_BACKEND_CUDA, p.cp_comm = THDCP_CP_COMM_A2A_AG, p.a2a_size = 1; }),
-       {"params->cp_comm=THDCP_CP_COMM_A2A_AG is not supported by the CUDA backend: it runs "
-        "THDCP_CP_COMM_ALL_GATHER and THDCP_CP_COMM_ALL_TO_ALL (with either THDCP_CP_LAYOUT_*)",
-        "or THDCP_BACKEND_CPU"}},
       {"all_to_all, q_heads 4 at cp 3", a2a,
        {"params->q_heads=4 is not a multiple of cp_size=3, which params->cp_comm=THDCP_CP_COMM_ALL_TO_ALL needs",
         "use THDCP_CP_COMM_ALL_GATHER, or a cp_size that divides q_heads and kv_heads"}},

@@ -58,5 +58,44 @@ INSTANTIATE_TEST_SUITE_P(
                       CpCase{"full_bf16_d128", Shape{DType::kBFloat16, 4, 4, 128, Mask::full()}}),
     [](const ::testing::TestParamInfo<CpCase>& param_info) { return std::string(param_info.param.name); });
 
+// The other CP communications through the C ABI, dual-chunk layout: all_to_all at cp 2 and
+// a2a+ag at cp 4 (all-to-all groups of 2, AllGather across 2), each rank's rows merged and
+// compared with the single-device C ABI attention.
+struct CommCase {
+  const char* name;
+  int cp;
+  thdcp_cp_comm_t comm;
+  int a2a_size;
+};
+void PrintTo(const CommCase& c, std::ostream* os) { *os << c.name; }
+
+class CApiCudaCpComms : public CApiCudaTest, public ::testing::WithParamInterface<CommCase> {};
+
+TEST_P(CApiCudaCpComms, RanksOnThreadsEqualSingleDeviceAttention) {
+  const CommCase& c = GetParam();
+  const Shape s{DType::kBFloat16, 8, 4, 128, Mask::window(96, 0)};
+  // varlen_batch's documents, padded to 2*cp for this cp.
+  const Batch b = make_batch(make_layout({301, 0, 1, 37, 513, 64, 90}, c.cp, kVarlenCapacity), s, 57);
+  const Outputs reference = c_single_device(b, s);
+  std::vector<thdcp_communicator_t> comms(static_cast<size_t>(c.cp), nullptr);
+  ASSERT_C_OK(thdcp_communicator_create_shared_gpu_group(c.cp, 0, comms.data()));
+  std::vector<Outputs> local(static_cast<size_t>(c.cp));
+  run_ranks(comms, [&](thdcp_communicator_t comm, int rank) {
+    local[static_cast<size_t>(rank)] = c_cp_rank(comm, b, s, [&](thdcp_cp_params& p) {
+      p.cp_comm = c.comm;
+      p.a2a_size = c.a2a_size;
+    });
+  });
+  for (thdcp_communicator_t comm : comms) EXPECT_C_OK(thdcp_communicator_destroy(comm));
+  expect_gpu_close(c_merge_ranks(local, b), reference, s.dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(Comms, CApiCudaCpComms,
+                         ::testing::Values(CommCase{"all_to_all_cp2", 2, THDCP_CP_COMM_ALL_TO_ALL, 0},
+                                           CommCase{"a2a_ag_cp4_groups_of_2", 4, THDCP_CP_COMM_A2A_AG, 2}),
+                         [](const ::testing::TestParamInfo<CommCase>& param_info) {
+                           return std::string(param_info.param.name);
+                         });
+
 }  // namespace
 }  // namespace thdcp::test

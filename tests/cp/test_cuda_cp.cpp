@@ -12,6 +12,7 @@
 #include <functional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "support/cp/cuda_cp_cases.h"
@@ -40,12 +41,12 @@ class CudaCpSharedGpu : public test::CudaTest, public ::testing::WithParamInterf
 // against the CPU reference on two batches, and the step of every rank captured in one graph
 // and replayed on the second batch equal to its eager step, bit for bit.
 void expect_shared_gpu_case(CpLayout layout, cp::CpComm cp_comm, int cp, int index,
-                            cp::KvGather gather = cp::KvGather::kAuto) {
-  const EdgeCase c = test::heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp_comm);
+                            cp::KvGather gather = cp::KvGather::kAuto, int a2a_size = 1) {
+  const EdgeCase c = test::heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp_comm, a2a_size);
   const Capacity capacity = capacity_of(c, cp);
   const test::Batch first = make_case_batch(c, cp, capacity, 1000 + index * 10 + cp, false, layout);
   const test::Batch second = make_case_batch(c, cp, capacity, 2000 + index * 10 + cp, true, layout);
-  cp::Problem problem = problem_of(c, cp, layout, cp_comm);
+  cp::Problem problem = problem_of(c, cp, layout, cp_comm, a2a_size);
   problem.kv_gather = gather;
 
   std::vector<test::Outputs> eager_first(cp), eager_second(cp), replayed(cp);
@@ -121,6 +122,49 @@ TEST_P(CudaCpAllToAllSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager)
   expect_shared_gpu_case(layout, cp::CpComm::kAllToAll, cp, index);
 }
 
+// a2a+ag CP: an all-to-all in groups of a2a_size ranks, AllGather CP across the groups
+// (kv_heads = a2a_size, the case's GQA ratio kept). (cp, a2a_size): 2 x 1 and 2 x 2 (one
+// group of each kind: a one-rank exchange, a one-rank AllGather), 4 x 2, 6 x 3 and 8 x 4.
+using A2aAgParam = std::tuple<CpLayout, std::pair<int, int> /*cp, a2a_size*/, int /*edge case index*/>;
+
+class CudaCpA2aAgSharedGpu : public test::CudaTest, public ::testing::WithParamInterface<A2aAgParam> {};
+
+TEST_P(CudaCpA2aAgSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
+  const auto [layout, sizes, index] = GetParam();
+  expect_shared_gpu_case(layout, cp::CpComm::kA2aAg, sizes.first, index, cp::KvGather::kAuto, sizes.second);
+}
+
+// a2a+ag with groups of one rank is all_gather over the same ranks: the all-to-all is a copy
+// and the AllGather plan across the groups is all_gather's, so the forward (out, lse,
+// max_logit) has its bits. (The gradients reach the ranks' dtype by another rounding path,
+// fp32 then the exchange's cast, and are held to the reference by the test above.)
+class CudaCpA2aAgOneRankGroups : public test::CudaTest {};
+
+TEST_F(CudaCpA2aAgOneRankGroups, ForwardEqualsAllGatherBitForBit) {
+  for (const CpLayout layout : {CpLayout::kDualChunk, CpLayout::kContiguous}) {
+    for (const int cp : {2, 4}) {
+      const int index = 4;  // window on both sides, GQA 1
+      const EdgeCase c = test::heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp::CpComm::kA2aAg, 1);
+      const cp::Problem hybrid = problem_of(c, cp, layout, cp::CpComm::kA2aAg, 1);
+      const cp::Problem plain = problem_of(c, cp, layout, cp::CpComm::kAllGather);
+      const test::Batch b = make_case_batch(c, cp, hybrid.capacity, 5000 + cp, false, layout);
+      std::vector<test::Outputs> by_hybrid(cp), by_plain(cp);
+      run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+        by_hybrid[comm.rank()] = test::CudaCpRank(comm, hybrid).run(b);
+        by_plain[comm.rank()] = test::CudaCpRank(comm, plain).run(b);
+      });
+      for (int rank = 0; rank < cp; ++rank) {
+        SCOPED_TRACE(std::string(cp_layout_name(layout)) + " cp " + std::to_string(cp) + " rank " +
+                     std::to_string(rank));
+        EXPECT_TRUE(test::same_bits(by_hybrid[rank].out, by_plain[rank].out));
+        EXPECT_TRUE(test::same_bits(by_hybrid[rank].lse, by_plain[rank].lse));
+        EXPECT_TRUE(test::same_bits(by_hybrid[rank].max_logit, by_plain[rank].max_logit));
+        expect_matches_reference(by_hybrid[rank], b, c.mask, cp, rank, layout);
+      }
+    }
+  }
+}
+
 // The halo gather (kv_gather halo: the contiguous layout, each rank's rows with the window's
 // edges from its neighbours) on the windowed edge cases: against the reference with graph
 // replay, and out, lse, max_logit and dq the same bits as the whole gather's (the attention
@@ -181,6 +225,20 @@ INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpAllToAllSharedGpu,
                          ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
                                             ::testing::Values(1, 2, 3, 4), ::testing::Range(0, 6)),
                          edge_name);
+
+std::string a2a_ag_name(const ::testing::TestParamInfo<A2aAgParam>& info) {
+  const std::pair<int, int> sizes = std::get<1>(info.param);
+  return test::layout_prefix(std::get<0>(info.param)) + "cp" + std::to_string(sizes.first) + "_a2a" +
+         std::to_string(sizes.second) + "_" + edge_cases()[static_cast<size_t>(std::get<2>(info.param))].name;
+}
+
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpA2aAgSharedGpu,
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Values(std::make_pair(2, 1), std::make_pair(2, 2),
+                                                              std::make_pair(4, 2), std::make_pair(6, 3),
+                                                              std::make_pair(8, 4)),
+                                            ::testing::Range(0, 6)),
+                         a2a_ag_name);
 
 class CudaCpKeptKv : public test::CudaTest {};
 
@@ -508,21 +566,21 @@ TEST_F(CudaCpFaults, BadPlanArgumentsAreRefusedOnEveryRank) {
   });
   EXPECT_NE(messages[1].find("workspace"), std::string::npos) << messages[1];
   EXPECT_NE(messages[0].find("rank 1: "), std::string::npos) << messages[0];
-  // A CP communication this backend does not run (the CPU backend runs every mode).
-  for (const cp::CpComm comm_kind : {cp::CpComm::kA2aAg}) {
-    const std::vector<std::string> refused = errors_of_two_ranks([&](DeviceCommunicator& comm) {
-      cp::Problem p = small_problem(2);
-      p.comm = comm_kind;
-      if (comm_kind == cp::CpComm::kA2aAg) p.a2a_size = 2;
-      const size_t bytes = cp::cuda_workspace_size(p);
-      test::DeviceBuffer device(bytes);
-      cp::CudaPlan plan(comm, p, AttentionOptions{}, device.data(), bytes);
-    });
-    for (const std::string& message : refused) {
-      EXPECT_NE(message.find("the CUDA backend runs comm=all_gather and all_to_all (layout dual_chunk or contiguous)"),
-                std::string::npos)
-          << message;
-    }
+  // a2a+ag whose all-to-all groups cannot share the K/V heads: refused by the plan on every
+  // rank, naming the sizes that would do.
+  const std::vector<std::string> refused = errors_of_two_ranks([&](DeviceCommunicator& comm) {
+    cp::Problem p = small_problem(2);
+    p.comm = cp::CpComm::kA2aAg;
+    p.a2a_size = 2;
+    const size_t bytes = cp::cuda_workspace_size(p);
+    p.kv_heads = 1;
+    test::DeviceBuffer device(bytes);
+    cp::CudaPlan plan(comm, p, AttentionOptions{}, device.data(), bytes);
+  });
+  for (const std::string& message : refused) {
+    EXPECT_NE(message.find("a2a+ag with kv_heads=1 and a2a_size=2: kv_heads must be a multiple of a2a_size"),
+              std::string::npos)
+        << message;
   }
 }
 

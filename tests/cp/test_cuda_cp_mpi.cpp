@@ -46,6 +46,20 @@ INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpAllToAllProcessPerGpu,
                          ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
                                             ::testing::Range(0, 6)));
 
+// a2a+ag CP: all-to-all groups of 2 processes, AllGather across the rest (kv_heads = 2).
+class CudaCpA2aAgProcessPerGpu : public CudaCpProcessPerGpu {};
+
+TEST_P(CudaCpA2aAgProcessPerGpu, EagerMatchesReferenceAndReplayMatchesEager) {
+  const auto [layout, index] = GetParam();
+  if (g_comm->size() % 2 != 0) GTEST_SKIP() << "a2a+ag in groups of 2 needs an even process count";
+  test::check_edge_case_with_own_capture(*g_comm, index, cudaStreamCaptureModeGlobal, layout, cp::CpComm::kA2aAg,
+                                         /*a2a_size=*/2);
+}
+
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpA2aAgProcessPerGpu,
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Range(0, 6)));
+
 int run(int argc, char** argv) {
   g_world = mpi::world();
   const test::VisibleGpus gpus = test::visible_gpus(*g_world);

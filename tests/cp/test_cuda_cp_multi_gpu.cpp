@@ -47,6 +47,21 @@ TEST_P(CudaCpAllToAllThreadPerGpu, EagerMatchesReferenceAndReplayMatchesEager) {
   });
 }
 
+// a2a+ag CP over NCCL: all-to-all groups of 2 (every visible GPU count is even), AllGather
+// across the rest (on 2 GPUs one group; kv_heads = 2, the case's GQA ratio kept). The groups
+// are NCCL communicators split from the plan's.
+class CudaCpA2aAgThreadPerGpu : public CudaCpThreadPerGpu {};
+
+TEST_P(CudaCpA2aAgThreadPerGpu, EagerMatchesReferenceAndReplayMatchesEager) {
+  const auto [layout, index] = GetParam();
+  if (gpus_ % 2 != 0) GTEST_SKIP() << "a2a+ag in groups of 2 needs an even GPU count, " << gpus_ << " visible";
+  run_in_process(gpus_, [&](Communicator& host) {
+    std::unique_ptr<DeviceCommunicator> comm = nccl::create(host, host.rank());
+    test::check_edge_case_with_own_capture(*comm, index, cudaStreamCaptureModeThreadLocal, layout,
+                                           cp::CpComm::kA2aAg, /*a2a_size=*/2);
+  });
+}
+
 std::string case_name(const ::testing::TestParamInfo<std::tuple<CpLayout, int>>& info) {
   return test::layout_prefix(std::get<0>(info.param)) +
          test::edge_cases()[static_cast<size_t>(std::get<1>(info.param))].name;
@@ -57,6 +72,10 @@ INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpThreadPerGpu,
                                             ::testing::Range(0, 6)),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpAllToAllThreadPerGpu,
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Range(0, 6)),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpA2aAgThreadPerGpu,
                          ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
                                             ::testing::Range(0, 6)),
                          case_name);

@@ -39,11 +39,6 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
   // What the CUDA kernels cannot run: auto then runs the CPU backend, saying why.
   std::string unsupported = cuda_head_dims_refusal(c.head_dim, c.v_head_dim);
   if (c.dtype == DType::kFloat32) unsupported = "the CUDA kernels do not support fp32 storage";
-  if (c.cp_comm == cp::CpComm::kA2aAg) {
-    unsupported = std::string("the CUDA CP backend runs --cp-comm all_gather and all_to_all (either --cp-layout), "
-                              "not ") +
-                  cp::cp_comm_name(c.cp_comm);
-  }
   if (c.kv_gather == cp::KvGather::kHalo) {
     const int64_t rows = c.tokens / std::max(c.cp, 1);
     if (c.cp_layout != CpLayout::kContiguous) {

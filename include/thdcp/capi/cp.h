@@ -43,7 +43,7 @@ typedef enum thdcp_cp_comm_t {
                                    consecutive ranks (rank r: member r % a2a_size of group
                                    r / a2a_size), AllGather CP across the cp / a2a_size groups
                                    (the ranks of one member index). a2a_size divides cp,
-                                   q_heads and kv_heads. CPU backend */
+                                   q_heads and kv_heads. Both backends */
 } thdcp_cp_comm_t;
 
 /* Which K/V rows THDCP_CP_COMM_ALL_GATHER moves (thdcp_cp_params::kv_gather). */
@@ -54,8 +54,10 @@ typedef enum thdcp_cp_kv_gather_t {
   THDCP_CP_KV_GATHER_WHOLE = 1, /* every rank's K/V to every rank, dK/dV reduce-scattered */
   THDCP_CP_KV_GATHER_HALO = 2   /* only the key rows this rank's queries can reach under the
                                    mask (its halo), and their dK/dV back to the ranks that
-                                   hold them. The same bits as the whole gather. CPU backend,
-                                   THDCP_CP_COMM_ALL_GATHER only */
+                                   hold them. The same bits as the whole gather. Not with
+                                   THDCP_CP_COMM_ALL_TO_ALL. The CUDA backend: under
+                                   THDCP_CP_LAYOUT_CONTIGUOUS with a window on both sides,
+                                   each at most the rows per rank */
 } thdcp_cp_kv_gather_t;
 
 typedef struct thdcp_cp_params {
@@ -105,10 +107,9 @@ typedef struct thdcp_cp_params {
                             it asks for CUDA */
   /* ---- appended in 0.2 (issue 31, halo gathers and a2a+ag): struct_size 112 ---- */
   int32_t kv_gather;     /* a thdcp_cp_kv_gather_t. Default THDCP_CP_KV_GATHER_AUTO (0), also
-                            what an older, shorter struct gets. THDCP_CP_KV_GATHER_HALO is
-                            refused by the CUDA backend and with THDCP_CP_COMM_ALL_TO_ALL
-                            (with THDCP_CP_COMM_A2A_AG it is the AllGather's across the
-                            groups) */
+                            what an older, shorter struct gets. THDCP_CP_KV_GATHER_HALO as
+                            that enum says (with THDCP_CP_COMM_A2A_AG it is the AllGather's
+                            across the groups) */
   int32_t a2a_size;      /* THDCP_CP_COMM_A2A_AG: the ranks of an all-to-all group, >= 1 and
                             dividing cp_size, q_heads and kv_heads (1: all_gather's bits,
                             cp_size: all_to_all's). Other modes: 0 or 1. Default 0 */

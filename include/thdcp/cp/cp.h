@@ -28,8 +28,7 @@
 // the same layout at ag_size (dual_chunk: the fine chunks [g a, (g+1) a) and their mirror
 // are the coarse chunks g and 2 ag_size-1-g), so one split (thdcp/plan/rank_split.h at cp)
 // serves every mode. a2a_size 1 gives the bits of all_gather, a2a_size cp those of
-// all_to_all (src/cp/a2a_ag_cpu.h). The CPU backend runs every layout and communication; the
-// CUDA one dual_chunk with all_gather.
+// all_to_all (src/cp/a2a_ag_cpu.h). Both backends run every layout and communication.
 //
 // K/V gather (Problem::kv_gather: all_gather, and a2a+ag's AllGather across the groups). A whole gather brings every rank's K/V to
 // every rank and reduce-scatters dK/dV. A halo gather brings a rank only the key rows its
@@ -40,7 +39,8 @@
 // that do not reach a row would add exactly +0.0f there, which leaves such a sum unchanged, so
 // every output (out, lse, max_logit, dq, dk, dv, dsinks) has the bits of the whole gather.
 // auto takes the halo for a step when it moves fewer bytes (CpuPlan::kv_traffic). The CUDA
-// backend gathers whole; it takes auto and whole and refuses halo.
+// backend's auto gathers whole, and it gathers a halo under the contiguous layout only
+// (thdcp/cp/cuda.h).
 #pragma once
 
 #include <cstdint>
@@ -87,8 +87,8 @@ struct Problem : HeadShape {
   CpLayout layout = CpLayout::kDualChunk;
   // all_to_all needs q_heads % cp == 0 and kv_heads % cp == 0, and works with either layout.
   CpComm comm = CpComm::kAllGather;
-  // all_gather's (and a2a+ag's across the groups) K/V rows; halo only on the CPU backend and
-  // not with comm=all_to_all.
+  // all_gather's (and a2a+ag's across the groups) K/V rows; halo not with comm=all_to_all
+  // (and on the CUDA backend only as thdcp/cp/cuda.h says).
   KvGather kv_gather = KvGather::kAuto;
   // a2a+ag only (other comms: leave it 1): the ranks of an all-to-all group, a divisor of cp
   // that divides q_heads and kv_heads; ag_size = cp / a2a_size groups. 1 is all_gather, cp

@@ -3,12 +3,14 @@
 // to one, so passing it here does not compile. Problem::layout may be dual_chunk (the
 // gathered K/V are reordered to sequence order, and dK/dV accumulated at their rank-order
 // rows) or contiguous (the gathered K/V are in sequence order already: no reorder, no row
-// map, and no sequence-order copy in the workspace). Problem::comm may be all_gather or
+// map, and no sequence-order copy in the workspace). Problem::comm may be all_gather,
 // all_to_all (Ulysses, either layout: src/cp/alltoall_cuda.h; q_heads and kv_heads multiples
-// of cp, everything on `stream`, no second lane). Problem::kv_gather: auto and whole gather
-// every rank's K/V; halo (contiguous layout, a window on both sides, each at most T/cp)
-// gathers each rank's rows with the window's edges from its neighbours. a2a+ag and the other
-// halos run on the CPU backend.
+// of cp, everything on `stream`, no second lane) or a2a+ag (src/cp/a2a_ag_cuda.h: an
+// all-to-all in each group, then a CudaPlan of all_gather across the groups, with its own
+// second lane; the plan splits its communicator into both groups when it is made).
+// Problem::kv_gather: auto and whole gather every rank's K/V; halo (contiguous layout, a
+// window on both sides, each at most T/cp) gathers each rank's rows with the window's edges
+// from its neighbours. The other halos run on the CPU backend.
 //
 // Plan, then run. The plan validates the problem for the CUDA kernels (dtype, head dim,
 // kernel family of the current device), checks it across ranks once (a small exchange

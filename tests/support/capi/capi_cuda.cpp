@@ -192,7 +192,8 @@ void c_cp_step(thdcp_communicator_t comm, const thdcp_cp_params& params, const t
   EXPECT_C_OK(thdcp_cp_plan_destroy(plan));
 }
 
-Outputs c_cp_rank(thdcp_communicator_t comm, const Batch& b, const Shape& s) {
+Outputs c_cp_rank(thdcp_communicator_t comm, const Batch& b, const Shape& s,
+                  const std::function<void(thdcp_cp_params&)>& mode) {
   int rank = -1, cp = 0;
   EXPECT_C_OK(thdcp_communicator_rank(comm, &rank));
   EXPECT_C_OK(thdcp_communicator_size(comm, &cp));
@@ -205,7 +206,9 @@ Outputs c_cp_rank(thdcp_communicator_t comm, const Batch& b, const Shape& s) {
   upload_inputs(buffers.tensors(), c_local_rows(b.q, host_layout, cp, rank), c_local_rows(b.k, host_layout, cp, rank),
                 c_local_rows(b.v, host_layout, cp, rank), c_local_rows(b.dout, host_layout, cp, rank), stream.get());
   fill_outputs(buffers.tensors(), stream.get());
-  c_cp_step(comm, cuda_cp_params(s, kVarlenCapacity, cp), layout.c(), buffers.tensors(), stream.get());
+  thdcp_cp_params params = cuda_cp_params(s, kVarlenCapacity, cp);
+  if (mode) mode(params);
+  c_cp_step(comm, params, layout.c(), buffers.tensors(), stream.get());
   return download_outputs(buffers.tensors(), stream.get());
 }
 

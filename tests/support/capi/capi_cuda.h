@@ -130,8 +130,10 @@ void c_cp_step(thdcp_communicator_t comm, const thdcp_cp_params& params, const t
                const StepTensors& t, cudaStream_t stream);
 
 // One rank of a CP group on device 0: its rows of `b` (in kVarlenCapacity form) through a C
-// ABI CP plan; its outputs (local rows).
-Outputs c_cp_rank(thdcp_communicator_t comm, const Batch& b, const Shape& s);
+// ABI CP plan (dual-chunk layout; `mode` may set the communication and a2a_size); its outputs
+// (local rows).
+Outputs c_cp_rank(thdcp_communicator_t comm, const Batch& b, const Shape& s,
+                  const std::function<void(thdcp_cp_params&)>& mode = {});
 
 // Runs body(comm, rank) on a thread per rank, each with device 0 current. What a rank throws
 // is a failure of the test (not std::terminate).

@@ -51,18 +51,20 @@ void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask
   expect_matches_reference(o, single_device(b, mask, AttentionOptions{}), b, cp, rank, layout);
 }
 
-cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout, cp::CpComm comm) {
+cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout, cp::CpComm comm, int a2a_size) {
   cp::Problem problem = cp_problem(cp, capacity_of(c, cp), c.shape());
   problem.layout = layout;
   problem.comm = comm;
+  problem.a2a_size = a2a_size;
   return problem;
 }
 
-EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm) {
+EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm, int a2a_size) {
   EdgeCase out = c;
-  if (comm == cp::CpComm::kAllToAll) {
-    out.kv_heads = cp;
-    out.q_heads = c.q_heads / c.kv_heads * cp;
+  const int shards = comm == cp::CpComm::kAllToAll ? cp : comm == cp::CpComm::kA2aAg ? a2a_size : 0;
+  if (shards > 0) {
+    out.kv_heads = shards;
+    out.q_heads = c.q_heads / c.kv_heads * shards;
   }
   return out;
 }
@@ -76,10 +78,10 @@ std::string layout_prefix(CpLayout layout) {
 }
 
 void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode,
-                                      CpLayout layout, cp::CpComm cp_comm) {
+                                      CpLayout layout, cp::CpComm cp_comm, int a2a_size) {
   const int cp = comm.size(), rank = comm.rank();
-  const EdgeCase c = heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp_comm);
-  const cp::Problem problem = problem_of(c, cp, layout, cp_comm);
+  const EdgeCase c = heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp_comm, a2a_size);
+  const cp::Problem problem = problem_of(c, cp, layout, cp_comm, a2a_size);
   const Batch first = make_case_batch(c, cp, problem.capacity, 1000 + index * 10 + cp, false, layout);
   const Batch second = make_case_batch(c, cp, problem.capacity, 2000 + index * 10 + cp, true, layout);
   CudaCpRank state(comm, problem);

@@ -47,12 +47,14 @@ void expect_matches_reference(const Outputs& o, const Outputs& ref, const Batch&
 void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask, int cp, int rank,
                               CpLayout layout = CpLayout::kDualChunk);
 
+// a2a_size: a2a+ag's all-to-all group (other comms: 1).
 cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout = CpLayout::kDualChunk,
-                       cp::CpComm comm = cp::CpComm::kAllGather);
+                       cp::CpComm comm = cp::CpComm::kAllGather, int a2a_size = 1);
 
 // `c` with heads `comm` can run at `cp`: all_to_all needs both head counts multiples of cp,
-// so it gets kv_heads = cp and the case's GQA ratio; all_gather keeps them.
-EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm);
+// so it gets kv_heads = cp and the case's GQA ratio; a2a+ag the same with a2a_size in place
+// of cp; all_gather keeps them.
+EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm, int a2a_size = 1);
 
 // One rank of an edge case over a communicator whose ranks capture their own streams (NCCL:
 // a thread or a process per GPU): the eager step on a first batch against the CPU
@@ -60,7 +62,7 @@ EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm);
 // capacity, and compared bit for bit with the eager step on that batch.
 void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode,
                                       CpLayout layout = CpLayout::kDualChunk,
-                                      cp::CpComm cp_comm = cp::CpComm::kAllGather);
+                                      cp::CpComm cp_comm = cp::CpComm::kAllGather, int a2a_size = 1);
 
 // The name of a CP communication in test names: "" for all_gather (the default), "all_to_all_".
 std::string comm_prefix(cp::CpComm comm);
