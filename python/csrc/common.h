@@ -184,8 +184,9 @@ inline CpLayout cp_layout_argument(const std::string& name) {
 inline cp::CpComm cp_comm_argument(const std::string& name) {
   if (name == "all_gather") return cp::CpComm::kAllGather;
   if (name == "all_to_all") return cp::CpComm::kAllToAll;
+  if (name == "a2a+ag") return cp::CpComm::kA2aAg;
   TORCH_CHECK_VALUE(false, "thdcp: cp_comm='", name,
-                    "' is not a CP communication of the CUDA backend: pass 'all_gather' or 'all_to_all'");
+                    "' is not a CP communication: pass 'all_gather', 'all_to_all' or 'a2a+ag'");
 }
 
 inline Mask window_mask(int64_t left, int64_t right) {

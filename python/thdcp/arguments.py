@@ -89,17 +89,40 @@ def lengths(op: str, values: Iterable, name: str = "lengths") -> List[int]:
     return integers(op, name, values, 0, INT64_MAX)
 
 
-# The CP communications the CUDA step of cp_attention runs (a2a+ag runs on the C++ CPU backend).
-CUDA_CP_COMMS = ("all_gather", "all_to_all")
+# The CP communications cp_attention runs.
+CP_COMMS = ("all_gather", "all_to_all", "a2a+ag")
 
 
 def cp_comm(op: str, value, name: str = "cp_comm") -> str:
-    """The name of a CP communication cp_attention runs: "all_gather" or "all_to_all"."""
-    if not isinstance(value, str) or value not in CUDA_CP_COMMS:
-        raise ValueError("thdcp.%s: %s=%r is not a CP communication of the CUDA backend: pass one of %s (a2a+ag runs "
-                         "on the C++ CPU backend, thdcp::cp::CpuPlan)"
-                         % (op, name, value, ", ".join(repr(choice) for choice in CUDA_CP_COMMS)))
+    """The name of a CP communication cp_attention runs: "all_gather", "all_to_all" or "a2a+ag"."""
+    if not isinstance(value, str) or value not in CP_COMMS:
+        raise ValueError("thdcp.%s: %s=%r is not a CP communication: pass one of %s"
+                         % (op, name, value, ", ".join(repr(choice) for choice in CP_COMMS)))
     return value
+
+
+def a2a_size(op: str, value, comm_name: str) -> int:
+    """a2a+ag's all-to-all group (ranks, >= 1), which it needs; None with the other
+    communications (which take 1). The group's size is checked by a2a_groups once known."""
+    if comm_name != "a2a+ag":
+        if value is not None:
+            raise ValueError("thdcp.%s: a2a_size=%r is the all-to-all group of cp_comm='a2a+ag', not of cp_comm=%r: "
+                             "pass cp_comm='a2a+ag', or leave a2a_size out" % (op, value, comm_name))
+        return 1
+    if value is None:
+        raise ValueError("thdcp.%s: cp_comm='a2a+ag' needs a2a_size: the ranks of an all-to-all group, a divisor of "
+                         "the group's size and of both head counts" % op)
+    return integer(op, "a2a_size", value, 1, INT32_MAX)
+
+
+def a2a_groups(op: str, size: int, cp: int, q_heads: int, kv_heads: int) -> None:
+    """a2a+ag runs cp = a2a_size x ag_size ranks and shards the heads over each all-to-all
+    group: a2a_size must divide all three."""
+    if cp % size != 0 or q_heads % size != 0 or kv_heads % size != 0:
+        fits = [n for n in range(1, cp + 1) if cp % n == 0 and q_heads % n == 0 and kv_heads % n == 0]
+        raise ValueError("thdcp.%s: a2a_size=%d with %d ranks, %d query and %d key heads: a2a+ag runs cp = a2a_size x "
+                         "ag_size ranks and shards the heads over each all-to-all group, so a2a_size must divide all "
+                         "three; pass one of %s" % (op, size, cp, q_heads, kv_heads, fits))
 
 
 def cp_layout(op: str, value, name: str = "layout") -> str:

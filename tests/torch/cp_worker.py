@@ -96,6 +96,27 @@ def main():
                                        rtol=2e-2, atol=2e-2)
         checked += 1
 
+    # a2a+ag, cp_comm="a2a+ag": all-to-all groups of 2 ranks (1 on an odd world), AllGather
+    # across the groups, both layouts, the same heads; against thdcp.attention.
+    group = 2 if cp % 2 == 0 else 1
+    for layout, window in (("dual_chunk", (100, 0)), ("contiguous", (-1, 0))):
+        lay_cu, lay_padded = (cu, cu_padded) if layout == "dual_chunk" else (cu_c, cu_padded_c)
+        rows = int(lay_padded[-1])
+        full = [t[:rows] for t in (qa, ka, va, douta)]
+        qg, kg, vg = (t.clone().requires_grad_() for t in full[:3])
+        ref = thdcp.attention(qg, kg, vg, lay_cu.cuda(), lay_padded.cuda(), window=window, sinks=sinks_a)
+        ref_grads = torch.autograd.grad(ref, (qg, kg, vg), full[3])
+        split = [thdcp.cp_split(t, lay_padded, cp, rank, layout=layout) for t in full]
+        ql, kl, vl = (t.requires_grad_() for t in split[:3])
+        out = thdcp.cp_attention(ql, kl, vl, lay_cu.cuda(), lay_padded.cuda(), window=window, comm=comm,
+                                 layout=layout, cp_comm="a2a+ag", a2a_size=group, sinks=sinks_a)
+        grads = torch.autograd.grad(out, (ql, kl, vl), split[3])
+        torch.testing.assert_close(out, thdcp.cp_split(ref, lay_padded, cp, rank, layout=layout), rtol=1e-2, atol=1e-2)
+        for got, want in zip(grads, ref_grads):
+            torch.testing.assert_close(got, thdcp.cp_split(want, lay_padded, cp, rank, layout=layout),
+                                       rtol=2e-2, atol=2e-2)
+        checked += 1
+
     # Attention sinks (gpt-oss): cp_attention(sinks=) against thdcp.attention(sinks=) on the whole
     # batch; d(sinks) is the whole [Hq] on every rank, the same bits on every rank.
     sinks = (torch.randn(hq, generator=g) * 2.0).cuda()

@@ -226,9 +226,17 @@ def test_cp_attention_refuses_an_unknown_layout_before_making_a_communicator():
     with pytest.raises(ValueError, match=r"cp_attention: layout='zigzag' is not a CP layout: pass one of "
                                          r"'dual_chunk', 'contiguous'"):
         thdcp.cp_attention(**args, layout="zigzag")
-    with pytest.raises(ValueError, match=r"cp_attention: cp_comm='a2a\+ag' is not a CP communication of the CUDA "
-                                         r"backend: pass one of 'all_gather', 'all_to_all'"):
+    with pytest.raises(ValueError, match=r"cp_attention: cp_comm='ring' is not a CP communication: pass one of "
+                                         r"'all_gather', 'all_to_all', 'a2a\+ag'"):
+        thdcp.cp_attention(**args, cp_comm="ring")
+    with pytest.raises(ValueError, match=r"cp_attention: cp_comm='a2a\+ag' needs a2a_size: the ranks of an all-to-all "
+                                         r"group"):
         thdcp.cp_attention(**args, cp_comm="a2a+ag")
+    with pytest.raises(ValueError, match=r"cp_attention: a2a_size=2 is the all-to-all group of cp_comm='a2a\+ag', not "
+                                         r"of cp_comm='all_gather'"):
+        thdcp.cp_attention(**args, a2a_size=2)
+    with pytest.raises(ValueError, match=r"cp_attention: a2a_size=0 is out of range: pass an int in \[1, 2147483647\]"):
+        thdcp.cp_attention(**args, cp_comm="a2a+ag", a2a_size=0)
 
 
 # Every integer parameter of the package, each given a value that is not an integer or does
