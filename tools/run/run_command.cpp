@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "io/json.h"
 #include "io/progress.h"
+#include "run/cp_comm_args.h"
 #include "run/run_inputs.h"
 #include "run/run_job.h"
 #include "step/cuda_head_dims.h"
@@ -162,24 +163,9 @@ RunConfig parse_run_config(const Args& args) {
   } else {
     throw UsageError("--cp-layout " + quote_excerpt(layout) + ": use dual_chunk or contiguous");
   }
-  const std::string comm = args.get("cp-comm", "all_gather");
-  if (comm == "all_gather") {
-    c.cp_comm = cp::CpComm::kAllGather;
-  } else if (comm == "all_to_all") {
-    c.cp_comm = cp::CpComm::kAllToAll;
-  } else if (comm == "a2a+ag") {
-    c.cp_comm = cp::CpComm::kA2aAg;
-  } else {
-    throw UsageError("--cp-comm " + quote_excerpt(comm) + ": use all_gather, all_to_all or a2a+ag");
-  }
-  if (c.cp_comm == cp::CpComm::kA2aAg && !args.has("cp-a2a-size")) {
-    throw UsageError("--cp-comm a2a+ag needs --cp-a2a-size N: the ranks of an all-to-all group, a divisor of cp");
-  }
-  if (c.cp_comm != cp::CpComm::kA2aAg && args.has("cp-a2a-size")) {
-    throw UsageError("--cp-a2a-size is the all-to-all group of --cp-comm a2a+ag, not of " + comm +
-                     ": add --cp-comm a2a+ag, or drop --cp-a2a-size");
-  }
-  c.a2a_size = static_cast<int>(args.get_int("cp-a2a-size", 1, 1, 64));
+  const CpCommArgs comm = parse_cp_comm(args);
+  c.cp_comm = comm.comm;
+  c.a2a_size = comm.a2a_size;
   const std::string kv_gather = args.get("cp-kv-gather", "auto");
   if (kv_gather == "auto") {
     c.kv_gather = cp::KvGather::kAuto;
@@ -197,29 +183,9 @@ RunConfig parse_run_config(const Args& args) {
   return c;
 }
 
-// Once cp is known (--cp, --gpus or the MPI process count): all_to_all shards the heads over
-// cp, a2a+ag over the a2a_size ranks of a group (which must divide cp).
+// Once cp is known (--cp, --gpus or the MPI process count).
 void check_cp_comm(const RunConfig& c) {
-  if (c.cp_comm == cp::CpComm::kA2aAg) {
-    if (c.cp % c.a2a_size != 0) {
-      throw UsageError("--cp-a2a-size " + std::to_string(c.a2a_size) + " does not divide cp=" + std::to_string(c.cp) +
-                       ": a2a+ag runs cp = a2a_size x ag_size ranks; use an --cp-a2a-size that divides cp");
-    }
-    if (c.q_heads % c.a2a_size != 0 || c.kv_heads % c.a2a_size != 0) {
-      throw UsageError("--cp-comm a2a+ag shards the heads over the " + std::to_string(c.a2a_size) +
-                       " ranks of a group, but --heads " + std::to_string(c.q_heads) + ":" +
-                       std::to_string(c.kv_heads) + " is not a multiple of --cp-a2a-size " +
-                       std::to_string(c.a2a_size) + " for both: use an --cp-a2a-size that divides cp and both head "
-                       "counts, or --cp-comm all_gather");
-    }
-    return;
-  }
-  if (c.cp_comm != cp::CpComm::kAllToAll) return;
-  if (c.q_heads % c.cp != 0 || c.kv_heads % c.cp != 0) {
-    throw UsageError("--cp-comm all_to_all shards the heads over the ranks, but --heads " + std::to_string(c.q_heads) +
-                     ":" + std::to_string(c.kv_heads) + " is not a multiple of cp=" + std::to_string(c.cp) +
-                     " for both: use --cp-comm all_gather, or heads that cp divides");
-  }
+  tools::check_cp_comm(CpCommArgs{c.cp_comm, c.a2a_size}, c.cp, c.q_heads, c.kv_heads);
 }
 
 std::string mask_name(const Mask& m) {
