@@ -21,17 +21,22 @@
 namespace thdcp::test {
 namespace {
 
-// (cp, layout): the dual-chunk bank at cp 1 and 2, and a bank of the contiguous layout
-// (BankOptions::cp_layout) at cp 3, whose capacity is a multiple of cp only.
-using BankParam = std::tuple<int, CpLayout>;
+// (cp, layout, communication): AllGather banks of the dual-chunk layout at cp 1 and 2 and of
+// the contiguous layout (BankOptions::cp_layout) at cp 3, whose capacity is a multiple of cp
+// only; an all-to-all bank at cp 2 and an a2a+ag bank (groups of 2) at cp 4.
+struct BankParam {
+  int cp;
+  CpLayout layout;
+  CpMode mode;
+};
 
 class GraphBankTest : public CudaTest, public ::testing::WithParamInterface<BankParam> {};
 
 TEST_P(GraphBankTest, RandomPackingsReplayedFromOneGraphEqualEagerAndTheReference) {
-  const auto [cp, layout] = GetParam();
+  const auto [cp, layout, mode] = GetParam();
   const Shape s;
   const Capacity capacity = layout == CpLayout::kDualChunk ? default_capacity(1024, cp)
-                                                           : default_capacity(1023, cp, layout);
+                                                           : default_capacity(1023 / cp * cp, cp, layout);
   const std::vector<std::vector<int64_t>> lengths = packings(cp, capacity, 11 + static_cast<uint64_t>(cp), layout);
   std::vector<Batch> batches;
   for (size_t i = 0; i < lengths.size(); ++i) batches.push_back(batch_of(lengths[i], cp, capacity, s, 100 + i, layout));
@@ -45,7 +50,7 @@ TEST_P(GraphBankTest, RandomPackingsReplayedFromOneGraphEqualEagerAndTheReferenc
     options.cp_layout = layout;
     GraphBank bank(comm, options);
     bank.add_capacity(capacity);
-    const std::vector<How> ran = run_packings(comm, bank, capacity, lengths, batches, s);
+    const std::vector<How> ran = run_packings(comm, bank, capacity, lengths, batches, s, mode);
     if (comm.rank() == 0) {
       how = ran;
       counters = bank.counters(capacity);
@@ -62,13 +67,19 @@ TEST_P(GraphBankTest, RandomPackingsReplayedFromOneGraphEqualEagerAndTheReferenc
   EXPECT_EQ(counters.fallbacks, 0);
 }
 
+std::string bank_name(const ::testing::TestParamInfo<BankParam>& p) {
+  const char* comm = p.param.mode.comm == cp::CpComm::kAllToAll ? "all_to_all_"
+                     : p.param.mode.comm == cp::CpComm::kA2aAg  ? "a2a_ag_"
+                                                                : "";
+  return test::layout_prefix(p.param.layout) + comm + "cp" + std::to_string(p.param.cp);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cp, GraphBankTest,
-                         ::testing::Values(BankParam{1, CpLayout::kDualChunk}, BankParam{2, CpLayout::kDualChunk},
-                                           BankParam{3, CpLayout::kContiguous}),
-                         [](const ::testing::TestParamInfo<BankParam>& p) {
-                           return test::layout_prefix(std::get<1>(p.param)) + "cp" +
-                                  std::to_string(std::get<0>(p.param));
-                         });
+                         ::testing::Values(BankParam{1, CpLayout::kDualChunk, {}}, BankParam{2, CpLayout::kDualChunk, {}},
+                                           BankParam{3, CpLayout::kContiguous, {}},
+                                           BankParam{2, CpLayout::kDualChunk, {cp::CpComm::kAllToAll, 1}},
+                                           BankParam{4, CpLayout::kContiguous, {cp::CpComm::kA2aAg, 2}}),
+                         bank_name);
 
 // Buckets {9 seqs, 512 rows} and {9, 1024} at cp = 2: a batch of 20 short documents fits
 // the 512-row bucket by rows but not by documents, so it runs eagerly on the zero-fallback

@@ -16,6 +16,7 @@
 
 #include "io/args.h"
 #include "commands.h"
+#include "run/cp_comm_args.h"
 #include "step/cuda_head_dims.h"
 
 #if defined(THDCP_CLI_WITH_CUDA)
@@ -39,8 +40,9 @@ namespace {
 const char* kRunGraphHelp =
     "usage: thdcp run --graph [options]\n"
     "\n"
-    "Runs --steps batches of random packings (lognormal documents) through RoPE + AllGather CP\n"
-    "attention forward and backward, captured as CUDA graphs: one graph per CP size and\n"
+    "Runs --steps batches of random packings (lognormal documents) through RoPE + CP attention\n"
+    "forward and backward (AllGather, all-to-all or a2a+ag), captured as CUDA graphs: one graph\n"
+    "per CP size and\n"
     "capacity, captured after a warm-up run and replayed for every later batch that fits;\n"
     "a batch with more documents than --max-seqs allows runs eagerly (a fallback). Every\n"
     "--check-every-th step (and the first replay of each CP size) is run again eagerly and\n"
@@ -53,6 +55,9 @@ const char* kRunGraphHelp =
     "  --tokens T         rows of the largest CP size's capacity (default 16384)\n"
     "  --cp-layout L      dual_chunk (default: documents padded to 2*cp, --tokens a multiple of\n"
     "                     2*world) or contiguous (documents unpadded, --tokens a multiple of world)\n"
+    "  --cp-comm C        all_gather (default), all_to_all (HQ and HKV multiples of every CP size)\n"
+    "                     or a2a+ag with --cp-a2a-size N (N dividing every CP size, HQ and HKV)\n"
+    "  --cp-a2a-size N    a2a+ag's all-to-all group\n"
     "  --max-seqs M       documents + 1 of the capacity (default tokens/(2*cp)+1, contiguous\n"
     "                     tokens+1: never falls back)\n"
     "  --layers L         attention layers per step (default 2)\n"
@@ -112,6 +117,7 @@ struct GraphRunConfig {
   double median = 600;
   uint64_t seed = 1;
   CpLayout layout = CpLayout::kDualChunk;
+  CpCommArgs comm;
   GraphStepShape shape;
 };
 
@@ -167,6 +173,10 @@ GraphRunConfig parse(const Args& args) {
   }
   c.shape.q_heads = hq;
   c.shape.kv_heads = hkv;
+  c.comm = parse_cp_comm(args);
+  for (int cp : c.sizes) check_cp_comm(c.comm, cp, hq, hkv);
+  c.shape.cp_comm = c.comm.comm;
+  c.shape.a2a_size = c.comm.a2a_size;
   c.shape.head_dim = args.get_int("head-dim", 64, 1, 1 << 16);
   require_cuda_head_dims(c.shape.head_dim, 0);
   c.shape.dtype = parse_dtype(args.get("dtype", "bf16"));
@@ -371,7 +381,10 @@ class GraphRank {
 };
 
 void print_header(const GraphRunConfig& c, const char* device) {
-  std::printf("thdcp run --graph: CUDA graphs of RoPE + AllGather CP attention fwd/bwd, %s\n", device);
+  const std::string mode = c.comm.comm == cp::CpComm::kA2aAg
+                               ? "a2a+ag (all-to-all groups of " + std::to_string(c.comm.a2a_size) + ")"
+                               : c.comm.comm == cp::CpComm::kAllToAll ? "all-to-all" : "AllGather";
+  std::printf("thdcp run --graph: CUDA graphs of RoPE + %s CP attention fwd/bwd, %s\n", mode.c_str(), device);
   std::printf("  world %d ranks sharing GPU 0 (shared-gpu communicator); CP sizes", c.sizes.back());
   for (int s : c.sizes) std::printf(" %d", s);
   std::printf("%s; %lld rows per rank; %s layout\n", c.dynamic ? " (chosen per batch)" : "",
@@ -419,8 +432,8 @@ int print_results(const Shared& shared) {
 
 int run_graph_command(const std::vector<std::string>& argv) {
   const Args args(without(argv, "--graph"),
-                  {"steps", "cp", "dynamic-cp", "tokens", "cp-layout", "max-seqs", "check-every", "median", "seed",
-                   "layers",
+                  {"steps", "cp", "dynamic-cp", "tokens", "cp-layout", "cp-comm", "cp-a2a-size", "max-seqs",
+                   "check-every", "median", "seed", "layers",
                    "heads", "head-dim", "dtype", "mask", "window", "rope"},
                   {"quiet", "help"});
   if (args.has("help")) {

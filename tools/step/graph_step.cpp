@@ -61,7 +61,8 @@ void GraphStep::reload_inputs(cudaStream_t stream) {
 cp::CudaPlan& GraphStep::cp_plan(const Capacity& capacity) {
   auto it = cp_plans_.find(capacity);
   if (it != cp_plans_.end()) return *it->second;
-  const cp::Problem problem = cp_problem(shape_, bank_.cp(), capacity, shape_.mask, bank_.cp_layout());
+  const cp::Problem problem = cp_problem(shape_, bank_.cp(), capacity, shape_.mask, bank_.cp_layout(), shape_.cp_comm,
+                                         cp::KvGather::kAuto, shape_.a2a_size);
   const size_t bytes = cp::cuda_workspace_size(problem);
   // One workspace per capacity, shared by every layer (they run in order on one stream).
   void* workspace = bank_.buffer(capacity, "cp workspace", bytes);

@@ -23,6 +23,8 @@ namespace thdcp::tools {
 struct GraphStepShape : StepShape {
   int layers = 1;
   Mask mask = Mask::causal();
+  cp::CpComm cp_comm = cp::CpComm::kAllGather;  // every CP size's
+  int a2a_size = 1;                             // a2a+ag's all-to-all group
   bool rope = true;
   RopeConfig rope_config;
 };

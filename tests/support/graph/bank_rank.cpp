@@ -4,10 +4,12 @@
 
 namespace thdcp::test {
 
-BankRank::BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shape& s)
+BankRank::BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shape& s,
+                   const CpMode& mode)
     : comm_(comm),
       bank_(bank),
       s_(s),
+      mode_(mode),
       tensors_(s.dtype, max_tokens / comm.size(), max_tokens / comm.size(), s.heads(), s.dtype) {
   THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 }
@@ -77,6 +79,8 @@ cp::CudaPlan& BankRank::plan(const Capacity& c) {
   if (it != plans_.end()) return *it->second;
   cp::Problem problem = cp_problem(comm_.size(), c, s_);
   problem.layout = bank_.cp_layout();
+  problem.comm = mode_.comm;
+  problem.a2a_size = mode_.a2a_size;
   const size_t bytes = cp::cuda_workspace_size(problem);
   void* workspace = bank_.buffer(c, "cp workspace", bytes);
   auto plan = std::make_unique<cp::CudaPlan>(comm_, problem, AttentionOptions{}, workspace, bytes);
@@ -159,8 +163,9 @@ std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t s
 std::vector<graph::GraphBank::How> run_packings(DeviceCommunicator& comm, graph::GraphBank& bank,
                                                 const Capacity& capacity,
                                                 const std::vector<std::vector<int64_t>>& lengths,
-                                                const std::vector<Batch>& batches, const Shape& s) {
-  BankRank rank(comm, bank, capacity.max_tokens, s);
+                                                const std::vector<Batch>& batches, const Shape& s,
+                                                const CpMode& mode) {
+  BankRank rank(comm, bank, capacity.max_tokens, s, mode);
   rank.warm_up();
   std::vector<graph::GraphBank::How> how;
   for (size_t i = 0; i < lengths.size(); ++i) {

@@ -25,9 +25,15 @@ using How = GraphBank::How;
 
 // One rank's static tensors (sized for the largest capacity, viewed per capacity), its CP
 // plans per capacity (workspaces from the bank), and the step the bank captures.
+// The CP communication of a bank's plans.
+struct CpMode {
+  cp::CpComm comm = cp::CpComm::kAllGather;
+  int a2a_size = 1;  // a2a+ag's all-to-all group
+};
+
 class BankRank {
  public:
-  BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shape& s);
+  BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shape& s, const CpMode& mode = {});
   ~BankRank();
 
   cudaStream_t stream() const { return stream_; }
@@ -58,6 +64,7 @@ class BankRank {
   DeviceCommunicator& comm_;
   GraphBank& bank_;
   Shape s_;
+  CpMode mode_;
   DeviceStep tensors_;
   cudaStream_t stream_ = nullptr;
   std::map<Capacity, std::unique_ptr<cp::CudaPlan>> plans_;
@@ -101,11 +108,13 @@ std::vector<std::vector<int64_t>> packings(int cp, const Capacity& c, uint64_t s
                                            CpLayout layout = CpLayout::kDualChunk);
 
 // Every packing of `capacity` through `bank`, each compared with the eager step and the
-// reference (under the bank's CP layout); returns how each ran.
+// reference (under the bank's CP layout, the plans' communication `mode`); returns how each
+// ran.
 std::vector<graph::GraphBank::How> run_packings(DeviceCommunicator& comm, graph::GraphBank& bank,
                                                 const Capacity& capacity,
                                                 const std::vector<std::vector<int64_t>>& lengths,
-                                                const std::vector<Batch>& batches, const Shape& s);
+                                                const std::vector<Batch>& batches, const Shape& s,
+                                                const CpMode& mode = {});
 
 // GPU tests of the bank over NCCL: skipped with the reason without NCCL; gpus_ GPUs visible.
 class GraphNcclTest : public CudaTest {
