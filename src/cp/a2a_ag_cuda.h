@@ -49,6 +49,8 @@ class CudaA2aAg {
   void forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream, const PhaseMark& mark);
   void backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, const PhaseMark& mark);
 
+  KvGather kv_gather() const { return across_->kv_gather(); }  // of the AllGather across the groups
+
  private:
   Problem problem_;
   int group_ = 0;

@@ -32,9 +32,9 @@ int index_of(Slot slot) { return slot == Slot::kK ? 0 : 1; }
 // The head dim of a slot's tensor: D_qk for K (and dK), D_v for V (and dV).
 int64_t dim_of(const Problem& p, Slot slot) { return slot == Slot::kK ? p.head_dim : p.value_head_dim(); }
 
-// The halo gather of the CUDA step set (kv_gather halo): under the contiguous layout with a
-// window on both sides, a rank's queries reach at most window_left rows before its piece and
-// window_right rows after it; those edges come from its neighbours (an all-gather of every
+// The halo gather of the CUDA step set (kv_gather halo, or auto where it moves fewer rows):
+// under the contiguous layout with a window on both sides, a rank's queries reach at most
+// window_left rows before its piece and window_right rows after it; those edges come from its neighbours (an all-gather of every
 // rank's edges), the mask alone fixes their size (so any batch of the capacity fits), and in
 // the backward their dK/dV go back the same way and are added in rank order.
 struct Edges {
@@ -42,9 +42,18 @@ struct Edges {
   int64_t left = 0, right = 0;  // rows before and after the rank's piece
 };
 
+// auto takes the halo where it fits (the contiguous layout, a window on both sides) and moves
+// fewer rows: every other rank's edges, (cp - 1)(left + right) rows, against the whole
+// gather's (cp - 1) T/cp. The mask alone decides it, so every batch of the plan runs the same.
+bool auto_takes_halo(const Problem& p) {
+  return p.kv_gather == KvGather::kAuto && p.cp > 1 && p.comm == CpComm::kAllGather &&
+         p.layout == CpLayout::kContiguous && p.mask.window_left >= 0 && p.mask.window_right >= 0 &&
+         int64_t{p.mask.window_left} + p.mask.window_right < p.local_rows();
+}
+
 Edges edges_of(const Problem& p) {
   Edges e;
-  if (p.kv_gather != KvGather::kHalo) return e;
+  if (p.kv_gather != KvGather::kHalo && !auto_takes_halo(p)) return e;
   e.on = true;
   e.left = p.mask.window_left;
   e.right = p.mask.window_right;
@@ -654,6 +663,11 @@ void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cu
     comm_.all_gather(parts.sink_local, parts.sink_parts, sizeof(float) * static_cast<size_t>(problem_.q_heads), stream);
     cuda::sum_rank_parts(parts.sink_parts, problem_.cp, problem_.q_heads, t.dsinks, stream);
   }
+}
+
+KvGather CudaPlan::kv_gather() const {
+  if (workspace_->a2a_ag) return workspace_->a2a_ag->kv_gather();
+  return edges_of(problem_).on ? KvGather::kHalo : KvGather::kWhole;
 }
 
 void CudaPlan::enable_phase_timing() {

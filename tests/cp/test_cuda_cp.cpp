@@ -168,8 +168,9 @@ TEST_F(CudaCpA2aAgOneRankGroups, ForwardEqualsAllGatherBitForBit) {
 // The halo gather (kv_gather halo: the contiguous layout, each rank's rows with the window's
 // edges from its neighbours) on the windowed edge cases: against the reference with graph
 // replay, and out, lse, max_logit and dq the same bits as the whole gather's (the attention
-// reads the same keys, in the same tiles). A window wider than a rank's rows is refused at
-// plan time on every rank.
+// reads the same keys, in the same tiles); auto runs the halo where left + right is below a
+// rank's rows (else the whole gather), every output the bits of the one it takes. A window
+// wider than a rank's rows is refused at plan time on every rank.
 using HaloParam = std::tuple<int /*cp*/, int /*edge case index*/>;
 
 class CudaCpHaloSharedGpu : public test::CudaTest, public ::testing::WithParamInterface<HaloParam> {};
@@ -186,13 +187,23 @@ TEST_P(CudaCpHaloSharedGpu, MatchesReferenceReplaysAndEqualsTheWholeGathersForwa
     return;
   }
   expect_shared_gpu_case(CpLayout::kContiguous, cp::CpComm::kAllGather, cp, index, cp::KvGather::kHalo);
-  cp::Problem whole = halo;
+  cp::Problem whole = halo, automatic = halo;
   whole.kv_gather = cp::KvGather::kWhole;
+  automatic.kv_gather = cp::KvGather::kAuto;
+  // auto takes the halo where the window's rows on both sides are fewer than a rank's.
+  const bool auto_halo = c.mask.window_left + c.mask.window_right < halo.local_rows();
   const test::Batch b = make_case_batch(c, cp, halo.capacity, 4000 + index * 10 + cp, false, CpLayout::kContiguous);
-  std::vector<test::Outputs> by_halo(cp), by_whole(cp);
+  std::vector<test::Outputs> by_halo(cp), by_whole(cp), by_auto(cp);
+  std::vector<cp::KvGather> gathers(static_cast<size_t>(3 * cp));
   run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
-    by_halo[comm.rank()] = test::CudaCpRank(comm, halo).run(b);
-    by_whole[comm.rank()] = test::CudaCpRank(comm, whole).run(b);
+    const size_t r = static_cast<size_t>(comm.rank());
+    test::CudaCpRank halo_rank(comm, halo), whole_rank(comm, whole), auto_rank(comm, automatic);
+    by_halo[r] = halo_rank.run(b);
+    by_whole[r] = whole_rank.run(b);
+    by_auto[r] = auto_rank.run(b);
+    gathers[3 * r] = halo_rank.plan().kv_gather();
+    gathers[3 * r + 1] = whole_rank.plan().kv_gather();
+    gathers[3 * r + 2] = auto_rank.plan().kv_gather();
   });
   for (int rank = 0; rank < cp; ++rank) {
     SCOPED_TRACE("rank " + std::to_string(rank));
@@ -200,6 +211,12 @@ TEST_P(CudaCpHaloSharedGpu, MatchesReferenceReplaysAndEqualsTheWholeGathersForwa
     EXPECT_TRUE(test::same_bits(by_halo[rank].dq, by_whole[rank].dq));
     EXPECT_TRUE(test::same_bits(by_halo[rank].lse, by_whole[rank].lse));
     EXPECT_TRUE(test::same_bits(by_halo[rank].max_logit, by_whole[rank].max_logit));
+    const size_t r = static_cast<size_t>(rank);
+    EXPECT_EQ(gathers[3 * r], cp::KvGather::kHalo);
+    EXPECT_EQ(gathers[3 * r + 1], cp::KvGather::kWhole);
+    EXPECT_EQ(gathers[3 * r + 2], auto_halo ? cp::KvGather::kHalo : cp::KvGather::kWhole);
+    EXPECT_TRUE(test::identical(by_auto[rank], auto_halo ? by_halo[rank] : by_whole[rank]))
+        << "auto against the gather it takes";
   }
 }
 

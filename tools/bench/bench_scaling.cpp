@@ -634,7 +634,7 @@ void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& 
         const scaling::CpRun run{layout, in, base.ref, m.mask, s,
                                  variant.kept_kv ? Pass::kForwardBackwardKeptKv : Pass::kForwardBackward,
                                  attention, o.warmup, o.iters, cp_layout,
-                                 variant.halo ? cp::KvGather::kHalo : cp::KvGather::kAuto, variant.comm};
+                                 variant.halo ? cp::KvGather::kHalo : cp::KvGather::kWhole, variant.comm};
         rows.push_back(run_variant(o, variant, run, row, failed));
       }
     }

@@ -50,7 +50,10 @@ typedef enum thdcp_cp_comm_t {
 typedef enum thdcp_cp_kv_gather_t {
   THDCP_CP_KV_GATHER_AUTO = 0,  /* the halo where it moves fewer bytes than the whole gather,
                                    decided per step from the layout (every rank decides the
-                                   same); the CUDA backend gathers whole. The default */
+                                   same); the CUDA backend decides from the mask: the halo
+                                   under THDCP_CP_LAYOUT_CONTIGUOUS with a window on both
+                                   sides of left + right < the rows per rank, else whole.
+                                   The default */
   THDCP_CP_KV_GATHER_WHOLE = 1, /* every rank's K/V to every rank, dK/dV reduce-scattered */
   THDCP_CP_KV_GATHER_HALO = 2   /* only the key rows this rank's queries can reach under the
                                    mask (its halo), and their dK/dV back to the ranks that

@@ -39,7 +39,7 @@
 // that do not reach a row would add exactly +0.0f there, which leaves such a sum unchanged, so
 // every output (out, lse, max_logit, dq, dk, dv, dsinks) has the bits of the whole gather.
 // auto takes the halo for a step when it moves fewer bytes (CpuPlan::kv_traffic). The CUDA
-// backend's auto gathers whole, and it gathers a halo under the contiguous layout only
+// backend gathers a halo under the contiguous layout only, and its auto decides from the mask
 // (thdcp/cp/cuda.h).
 #pragma once
 
@@ -69,7 +69,7 @@ const char* cp_comm_name(CpComm comm);  // "all_gather", "all_to_all", "a2a+ag"
 
 // Which K/V rows an all_gather step moves (see the top of this header).
 enum class KvGather : int {
-  kAuto = 0,   // the halo where it moves fewer bytes than the whole gather, per step (CUDA: whole)
+  kAuto = 0,   // the halo where it moves fewer bytes than the whole gather, per step (CUDA: thdcp/cp/cuda.h)
   kWhole = 1,  // every rank's K/V to every rank; dK/dV reduce-scattered
   kHalo = 2,   // only the key rows a rank's queries can reach; their dK/dV back to their ranks
 };

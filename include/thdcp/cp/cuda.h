@@ -8,9 +8,12 @@
 // of cp, everything on `stream`, no second lane) or a2a+ag (src/cp/a2a_ag_cuda.h: an
 // all-to-all in each group, then a CudaPlan of all_gather across the groups, with its own
 // second lane; the plan splits its communicator into both groups when it is made).
-// Problem::kv_gather: auto and whole gather every rank's K/V; halo (contiguous layout, a
-// window on both sides, each at most T/cp) gathers each rank's rows with the window's edges
-// from its neighbours. The other halos run on the CPU backend.
+// Problem::kv_gather: whole gathers every rank's K/V; halo (contiguous layout, a window on
+// both sides, each at most T/cp) gathers each rank's rows with the window's edges from its
+// neighbours; auto takes the halo where it fits and moves fewer rows (left + right < T/cp),
+// else the whole gather (kv_gather() says which). The dual-chunk layout gathers whole: there a
+// rank's halo is a window's rows before each of its two chunks in every document, a size the
+// batch decides, which a step that may be captured cannot size; the CPU backend runs it.
 //
 // Plan, then run. The plan validates the problem for the CUDA kernels (dtype, head dim,
 // kernel family of the current device), checks it across ranks once (a small exchange
@@ -89,6 +92,11 @@ class CudaPlan {
   void add_phase_timings(Timings& timings) const;
 
   const Problem& problem() const { return problem_; }
+  // The K/V gather its steps run, kWhole or kHalo: Problem::kv_gather with auto resolved (the
+  // halo under the contiguous layout where a window on both sides moves fewer rows than the
+  // whole gather: left + right < T/cp); a2a+ag: that of its AllGather across the groups;
+  // all_to_all gathers no K/V rows (kWhole).
+  KvGather kv_gather() const;
   DeviceCommunicator& communicator() const { return comm_; }
 
   struct Workspace;
