@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "agreement.h"
 #include "phase_clock.h"
 #include "thdcp/core/error.h"
 #include "thdcp/plan/rank_split.h"
@@ -12,13 +13,7 @@ A2aAgCpu::A2aAgCpu(Communicator& comm, const Problem& problem, const AttentionOp
     : problem_(problem), group_(comm.rank() / problem.a2a_size), member_(comm.rank() % problem.a2a_size) {
   a2a_ = comm.split(/*color=*/group_, /*key=*/member_);
   ag_ = comm.split(/*color=*/member_, /*key=*/group_);
-  Problem across = problem;
-  across.cp = problem.cp / problem.a2a_size;
-  across.q_heads = problem.q_heads / problem.a2a_size;
-  across.kv_heads = problem.kv_heads / problem.a2a_size;
-  across.comm = CpComm::kAllGather;
-  across.a2a_size = 1;
-  across_ = std::make_unique<CpuPlan>(*ag_, across, options);
+  across_ = std::make_unique<CpuPlan>(*ag_, a2a_ag_across(problem), options);
 }
 
 HeadExchange A2aAgCpu::exchange(const LayoutView& layout) {

@@ -52,10 +52,10 @@ class CudaA2aAg {
   KvGather kv_gather() const { return across_->kv_gather(); }  // of the AllGather across the groups
 
  private:
-  Problem problem_;
+  void start(const DeviceLayout& layout, cudaStream_t stream, const PhaseMark& mark);
+
   int group_ = 0;
   std::unique_ptr<DeviceCommunicator> a2a_, ag_;
-  ExchangeParts parts_;
   std::unique_ptr<CudaHeadExchange> exchange_;
   std::unique_ptr<CudaPlan> across_;  // AllGather CP of ag_size ranks, heads / a2a_size
 };

@@ -248,4 +248,14 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
   }
 }
 
+Problem a2a_ag_across(const Problem& p) {
+  Problem across = p;
+  across.cp = p.cp / p.a2a_size;
+  across.q_heads = p.q_heads / p.a2a_size;
+  across.kv_heads = p.kv_heads / p.a2a_size;
+  across.comm = CpComm::kAllGather;
+  across.a2a_size = 1;
+  return across;
+}
+
 }  // namespace thdcp::cp::detail

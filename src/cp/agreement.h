@@ -25,6 +25,11 @@ void validate_problem(const Problem& problem);
 void check_forward_tensors(const Problem& problem, const ForwardTensors& tensors);
 void check_backward_tensors(const Problem& problem, const BackwardTensors& tensors);
 
+// a2a+ag's AllGather CP across the groups (either backend): ag_size = cp / a2a_size ranks,
+// each group member's share of the heads (q_heads and kv_heads / a2a_size), comm all_gather;
+// the problem's layout, mask, capacity and kv_gather.
+Problem a2a_ag_across(const Problem& problem);
+
 // FNV-1a over both offset arrays: one-shot calls also agree on their layout.
 uint64_t layout_fingerprint(const LayoutView& layout);
 

@@ -51,7 +51,6 @@ Parts carve(WorkspaceCarver& carver, const Problem& p, const AttentionOptions& o
 }  // namespace
 
 struct CudaAllToAll::State {
-  Problem p;
   Parts w;
   CudaHeadExchange x;
   cuda::TablePlan table;
@@ -59,7 +58,7 @@ struct CudaAllToAll::State {
   std::unique_ptr<cuda::BackwardPlan> backward;
 
   State(DeviceCommunicator& comm, const Problem& problem, const Parts& parts)
-      : p(problem), w(parts), x(comm, problem, /*group=*/0, parts.exchange), table(table_plan(problem)) {}
+      : w(parts), x(comm, problem, /*group=*/0, parts.exchange), table(table_plan(problem)) {}
 
   // What both passes start with: the step's layout and stream, and the single-device table
   // (attention runs over whole documents), timed as the table phase; the exchanges of the
@@ -98,42 +97,24 @@ CudaAllToAll::~CudaAllToAll() = default;
 void CudaAllToAll::forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream,
                            const PhaseMark& mark) {
   State& s = *s_;
-  CudaHeadExchange& x = s.x;
-  const ExchangeParts& w = x.parts();
   const cuda::DeviceSegmentTable table = s.start(layout, stream, mark);
-  const ConstThdTensor q = x.to_heads(t.q, w.q), k = x.to_heads(t.k, w.k), v = x.to_heads(t.v, w.v);
+  const ForwardTensors h = s.x.forward_to_heads(t);
   mark(Phase::kAttention);
-  const ThdTensor out = x.dense(w.out, s.p.dtype, x.q_heads(), s.p.value_head_dim());
-  const int64_t first_head = x.member() * x.q_heads();
-  s.forward->run(table,
-                 ForwardTensors{q, k, v, out, w.lse, t.max_logit ? w.max_logit : nullptr,
-                                t.sinks ? t.sinks + first_head : nullptr},
-                 stream);
+  s.forward->run(table, h, stream);
   mark(Phase::kReduce);
-  x.to_rows(out, t.out);
-  x.lse_to_rows(w.lse, t.lse);
-  // Each head's max_logit is whole on the rank that holds it: gathered in head order.
-  if (t.max_logit) x.comm().all_gather(w.max_logit, t.max_logit, static_cast<size_t>(x.q_heads()) * sizeof(float), stream);
+  s.x.forward_to_rows(h, t);
   mark(Phase::kCount);
 }
 
 void CudaAllToAll::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream,
                             const PhaseMark& mark) {
   State& s = *s_;
-  CudaHeadExchange& x = s.x;
-  const ExchangeParts& w = x.parts();
   const cuda::DeviceSegmentTable table = s.start(layout, stream, mark);
-  BackwardTensors h = x.backward_to_heads(t);
-  h.sinks = t.sinks ? t.sinks + x.member() * x.q_heads() : nullptr;
-  h.dsinks = t.dsinks ? w.dsinks : nullptr;
+  const BackwardTensors h = s.x.backward_to_heads(t);
   mark(Phase::kAttention);
   s.backward->run(table, h, stream);
   mark(Phase::kReduce);
-  x.to_rows(h.dq, t.dq);
-  x.to_rows(h.dk, t.dk);
-  x.to_rows(h.dv, t.dv);
-  // Each head's d(sink) is whole on the rank that holds it: every rank gets the same bits.
-  if (t.dsinks) x.comm().all_gather(w.dsinks, t.dsinks, static_cast<size_t>(x.q_heads()) * sizeof(float), stream);
+  s.x.backward_to_rows(h, t);
   mark(Phase::kCount);
 }
 

@@ -185,6 +185,30 @@ void CudaHeadExchange::lse_to_heads(const float* local, float* heads) {
   if (reorder_) to_group_order(w_.lse_ranked, heads, sizeof(float), q_heads_);
 }
 
+ForwardTensors CudaHeadExchange::forward_to_heads(const ForwardTensors& t) {
+  const ConstThdTensor q = to_heads(t.q, w_.q), k = to_heads(t.k, w_.k), v = to_heads(t.v, w_.v);
+  return ForwardTensors{q,
+                        k,
+                        v,
+                        dense(w_.out, p_.dtype, q_heads_, p_.value_head_dim()),
+                        w_.lse,
+                        t.max_logit ? w_.max_logit : nullptr,
+                        t.sinks ? t.sinks + member() * q_heads_ : nullptr};
+}
+
+void CudaHeadExchange::forward_to_rows(const ForwardTensors& heads, const ForwardTensors& t) {
+  to_rows(heads.out, t.out);
+  lse_to_rows(heads.lse, t.lse);
+  if (t.max_logit) comm_.all_gather(heads.max_logit, t.max_logit, static_cast<size_t>(q_heads_) * sizeof(float), stream_);
+}
+
+void CudaHeadExchange::backward_to_rows(const BackwardTensors& heads, const BackwardTensors& t) {
+  to_rows(heads.dq, t.dq);
+  to_rows(heads.dk, t.dk);
+  to_rows(heads.dv, t.dv);
+  if (t.dsinks) comm_.all_gather(heads.dsinks, t.dsinks, static_cast<size_t>(q_heads_) * sizeof(float), stream_);
+}
+
 BackwardTensors CudaHeadExchange::backward_to_heads(const BackwardTensors& t) {
   const int64_t dv = p_.value_head_dim();
   BackwardTensors h{to_heads(t.q, w_.q),
@@ -197,6 +221,8 @@ BackwardTensors CudaHeadExchange::backward_to_heads(const BackwardTensors& t) {
                     dense(w_.dk, DType::kFloat32, kv_heads_, p_.head_dim),
                     dense(w_.dv, DType::kFloat32, kv_heads_, dv)};
   lse_to_heads(t.lse, w_.lse);
+  h.sinks = t.sinks ? t.sinks + member() * q_heads_ : nullptr;
+  h.dsinks = t.dsinks ? w_.dsinks : nullptr;
   return h;
 }
 

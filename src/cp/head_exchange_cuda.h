@@ -82,9 +82,19 @@ class CudaHeadExchange {
   // The inverse, into `heads`.
   void lse_to_heads(const float* local, float* heads);
 
+  // The forward's tensors of this member's heads: q, k, v exchanged into the parts; out, lse,
+  // max_logit (where t has one) in the parts; this member's sinks (where t has them).
+  ForwardTensors forward_to_heads(const ForwardTensors& t);
+  // Their results back to this rank's rows: out and lse exchanged, max_logit all-gathered over
+  // the group in head order (each head's is whole on the member that holds it).
+  void forward_to_rows(const ForwardTensors& heads, const ForwardTensors& t);
+
   // The backward's tensors of this member's heads: q, k, v, out, dout and lse exchanged into
-  // the parts; dq, dk and dv fp32 in the parts (sinks and dsinks are the caller's).
+  // the parts; dq, dk and dv fp32 in the parts; this member's sinks and d(sink) (where t has
+  // them).
   BackwardTensors backward_to_heads(const BackwardTensors& t);
+  // dq, dk, dv back to this rank's rows (rounded once), d(sink) all-gathered over the group.
+  void backward_to_rows(const BackwardTensors& heads, const BackwardTensors& t);
 
  private:
   // Member-major rows (what the all-to-all gives) <-> the group's order, `planes` planes of

@@ -71,16 +71,20 @@ def main():
                                        rtol=2e-2, atol=2e-2)
         checked += 1
 
-    # All-to-all (Ulysses) CP, cp_comm="all_to_all", under both layouts: heads sharded over the
-    # ranks (kv_heads = cp, q_heads = 4 cp), with sinks on one mask; against thdcp.attention.
+    # The head-sharded communications under both layouts, against thdcp.attention: all-to-all
+    # (Ulysses, cp_comm="all_to_all": heads sharded over the ranks, kv_heads = cp, q_heads =
+    # 4 cp), and a2a+ag (cp_comm="a2a+ag": all-to-all groups of 2 ranks, 1 on an odd world,
+    # AllGather across the groups), with sinks on some.
     ha_q, ha_kv = 4 * cp, cp
     qa, ka, va, douta = (torch.randn(tokens, h, d, generator=g).to(torch.bfloat16).cuda()
                          for h in (ha_q, ha_kv, ha_kv, ha_q))
     sinks_a = (torch.randn(ha_q, generator=g) * 2.0).cuda()
-    for layout, window in (("dual_chunk", (-1, 0)), ("contiguous", (100, 0))):
+    group = 2 if cp % 2 == 0 else 1
+    modes = (("all_to_all", None, "dual_chunk", (-1, 0), None), ("all_to_all", None, "contiguous", (100, 0), sinks_a),
+             ("a2a+ag", group, "dual_chunk", (100, 0), sinks_a), ("a2a+ag", group, "contiguous", (-1, 0), sinks_a))
+    for cp_comm, a2a_size, layout, window, sink in modes:
         lay_cu, lay_padded = (cu, cu_padded) if layout == "dual_chunk" else (cu_c, cu_padded_c)
         rows = int(lay_padded[-1])
-        sink = sinks_a if layout == "contiguous" else None
         full = [t[:rows] for t in (qa, ka, va, douta)]
         qg, kg, vg = (t.clone().requires_grad_() for t in full[:3])
         ref = thdcp.attention(qg, kg, vg, lay_cu.cuda(), lay_padded.cuda(), window=window, sinks=sink)
@@ -88,28 +92,7 @@ def main():
         split = [thdcp.cp_split(t, lay_padded, cp, rank, layout=layout) for t in full]
         ql, kl, vl = (t.requires_grad_() for t in split[:3])
         out = thdcp.cp_attention(ql, kl, vl, lay_cu.cuda(), lay_padded.cuda(), window=window, comm=comm,
-                                 layout=layout, cp_comm="all_to_all", sinks=sink)
-        grads = torch.autograd.grad(out, (ql, kl, vl), split[3])
-        torch.testing.assert_close(out, thdcp.cp_split(ref, lay_padded, cp, rank, layout=layout), rtol=1e-2, atol=1e-2)
-        for got, want in zip(grads, ref_grads):
-            torch.testing.assert_close(got, thdcp.cp_split(want, lay_padded, cp, rank, layout=layout),
-                                       rtol=2e-2, atol=2e-2)
-        checked += 1
-
-    # a2a+ag, cp_comm="a2a+ag": all-to-all groups of 2 ranks (1 on an odd world), AllGather
-    # across the groups, both layouts, the same heads; against thdcp.attention.
-    group = 2 if cp % 2 == 0 else 1
-    for layout, window in (("dual_chunk", (100, 0)), ("contiguous", (-1, 0))):
-        lay_cu, lay_padded = (cu, cu_padded) if layout == "dual_chunk" else (cu_c, cu_padded_c)
-        rows = int(lay_padded[-1])
-        full = [t[:rows] for t in (qa, ka, va, douta)]
-        qg, kg, vg = (t.clone().requires_grad_() for t in full[:3])
-        ref = thdcp.attention(qg, kg, vg, lay_cu.cuda(), lay_padded.cuda(), window=window, sinks=sinks_a)
-        ref_grads = torch.autograd.grad(ref, (qg, kg, vg), full[3])
-        split = [thdcp.cp_split(t, lay_padded, cp, rank, layout=layout) for t in full]
-        ql, kl, vl = (t.requires_grad_() for t in split[:3])
-        out = thdcp.cp_attention(ql, kl, vl, lay_cu.cuda(), lay_padded.cuda(), window=window, comm=comm,
-                                 layout=layout, cp_comm="a2a+ag", a2a_size=group, sinks=sinks_a)
+                                 layout=layout, cp_comm=cp_comm, a2a_size=a2a_size, sinks=sink)
         grads = torch.autograd.grad(out, (ql, kl, vl), split[3])
         torch.testing.assert_close(out, thdcp.cp_split(ref, lay_padded, cp, rank, layout=layout), rtol=1e-2, atol=1e-2)
         for got, want in zip(grads, ref_grads):
