@@ -63,22 +63,63 @@ struct Slot {
   int color = 0, key = 0;
 };
 
+namespace {
+
+// Rank r's GPU: options.devices[r], or options.device for every rank.
+std::vector<int> rank_devices(int size, const SharedGpuOptions& options) {
+  THDCP_CHECK(options.devices.empty() || static_cast<int>(options.devices.size()) == size,
+              "SharedGpuOptions::devices has " << options.devices.size() << " entries for a group of " << size
+                                               << " ranks: give one GPU per rank, or none (every rank on device "
+                                               << options.device << ")");
+  return options.devices.empty() ? std::vector<int>(static_cast<size_t>(std::max(size, 0)), options.device)
+                                 : options.devices;
+}
+
+// Peer access from every device of the group to every other (an error names a pair that has
+// none: those GPUs need NCCL).
+void enable_peer_access(const std::vector<int>& devices) {
+  for (int from : devices) {
+    for (int to : devices) {
+      if (from == to) continue;
+      int can = 0;
+      THDCP_CHECK_CUDA(cudaDeviceCanAccessPeer(&can, from, to));
+      THDCP_CHECK(can != 0, "GPU " << from << " cannot access the memory of GPU " << to
+                                   << " (no peer-to-peer path): a peer-copy group needs it between every pair; use "
+                                      "NCCL (nccl::create) for these GPUs");
+      DeviceGuard guard(from);
+      const cudaError_t status = cudaDeviceEnablePeerAccess(to, 0);
+      if (status == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();  // clear it: enabled before is what we want
+      } else {
+        THDCP_CHECK_CUDA(status);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 struct SharedGpuGroup::State {
-  State(int size_, const SharedGpuOptions& options_) : size(size_), options(options_), slots(size_) {
+  State(int size_, const SharedGpuOptions& options_)
+      : size(size_), options(options_), devices(rank_devices(size_, options_)), slots(size_) {
     THDCP_CHECK(size >= 1 && size <= detail::kSharedGpuMaxRanks,
                 "shared-GPU group size " << size << " must be in [1, " << detail::kSharedGpuMaxRanks << "]");
     THDCP_CHECK(options.reduce_scratch_bytes % sizeof(float) == 0,
                 "reduce_scratch_bytes=" << options.reduce_scratch_bytes << " must be a multiple of 4");
-    int devices = 0;
-    THDCP_CHECK_CUDA(cudaGetDeviceCount(&devices));
-    THDCP_CHECK(options.device >= 0 && options.device < devices,
-                "shared-GPU device " << options.device << " does not exist: " << devices << " CUDA devices are visible");
-    DeviceGuard guard(options.device);
+    int visible = 0;
+    THDCP_CHECK_CUDA(cudaGetDeviceCount(&visible));
+    for (int d : devices) {
+      THDCP_CHECK(d >= 0 && d < visible,
+                  "shared-GPU device " << d << " does not exist: " << visible << " CUDA devices are visible");
+    }
+    peer_copy = std::any_of(devices.begin(), devices.end(), [&](int d) { return d != devices[0]; });
+    if (peer_copy) enable_peer_access(devices);
     ready.resize(size);
     done.resize(size);
     join.resize(size);
     scratch.resize(size);
     for (int r = 0; r < size; ++r) {
+      DeviceGuard guard(devices[static_cast<size_t>(r)]);  // a rank's events and scratch live on its GPU
       THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&ready[r], cudaEventDisableTiming));
       THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&done[r], cudaEventDisableTiming));
       THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&join[r], cudaEventDisableTiming));
@@ -165,6 +206,8 @@ struct SharedGpuGroup::State {
 
   const int size;
   const SharedGpuOptions options;
+  const std::vector<int> devices;  // rank r's GPU
+  bool peer_copy = false;          // the ranks span more than one GPU
   std::vector<Slot> slots;
   std::vector<cudaEvent_t> ready, done;  // per rank: its input is ready; it finished reading peers
   std::vector<float*> scratch;           // per rank: all_reduce_max result before the write-back
@@ -201,8 +244,8 @@ class SharedGpuCommunicator final : public DeviceCommunicator {
 
   int rank() const override { return rank_; }
   int size() const override { return state_->size; }
-  int device() const override { return state_->options.device; }
-  const char* kind() const override { return "shared-gpu"; }
+  int device() const override { return state_->devices[static_cast<size_t>(rank_)]; }
+  const char* kind() const override { return state_->peer_copy ? "peer-copy" : "shared-gpu"; }
 
   void all_gather(const void* send, void* recv, size_t bytes, cudaStream_t stream) override {
     State& s = *state_;
@@ -210,13 +253,13 @@ class SharedGpuCommunicator final : public DeviceCommunicator {
     for (int r = 0; r < s.size; ++r) {
       if (bytes == 0) break;
       THDCP_CHECK_CUDA(cudaMemcpyAsync(static_cast<unsigned char*>(recv) + static_cast<size_t>(r) * bytes,
-                                       s.slots[r].send, bytes, cudaMemcpyDeviceToDevice, stream));
+                                       s.slots[r].send, bytes, cudaMemcpyDefault, stream));
     }
     finish(stream);
   }
 
   // Rank r's block for this rank, from its send buffer (every rank's input is ready after
-  // begin), into this rank's block r.
+  // begin), into this rank's block r. (cudaMemcpyDefault: across GPUs, a peer copy.)
   void all_to_all(const void* send, void* recv, size_t bytes, cudaStream_t stream) override {
     State& s = *state_;
     begin(Op::kAllToAll, bytes, send, stream);
@@ -225,7 +268,7 @@ class SharedGpuCommunicator final : public DeviceCommunicator {
       THDCP_CHECK_CUDA(cudaMemcpyAsync(static_cast<unsigned char*>(recv) + static_cast<size_t>(r) * bytes,
                                        static_cast<const unsigned char*>(s.slots[r].send) +
                                            static_cast<size_t>(rank_) * bytes,
-                                       bytes, cudaMemcpyDeviceToDevice, stream));
+                                       bytes, cudaMemcpyDefault, stream));
     }
     finish(stream);
   }
@@ -275,7 +318,12 @@ class SharedGpuCommunicator final : public DeviceCommunicator {
           std::lock_guard<std::mutex> lock(s.mutex);
           auto& pending = s.splits[{s.generation, color}];
           if (!pending.group) {
-            pending.group = std::make_shared<State>(static_cast<int>(members.size()), s.options);
+            SharedGpuOptions options = s.options;
+            if (!options.devices.empty()) {
+              options.devices.clear();
+              for (const auto& member : members) options.devices.push_back(s.devices[static_cast<size_t>(member.second)]);
+            }
+            pending.group = std::make_shared<State>(static_cast<int>(members.size()), options);
             pending.remaining = static_cast<int>(members.size());
             s.children.push_back(pending.group);
           }
@@ -454,10 +502,9 @@ class SharedGpuCommunicator final : public DeviceCommunicator {
   void check_device() const {
     int current = 0;
     THDCP_CHECK_CUDA(cudaGetDevice(&current));
-    THDCP_CHECK(current == state_->options.device,
-                "shared-GPU rank " << rank_ << ": the current device is " << current << " but the group lives on device "
-                                   << state_->options.device << ": call cudaSetDevice(" << state_->options.device
-                                   << ") in this thread");
+    THDCP_CHECK(current == device(), "shared-GPU rank " << rank_ << ": the current device is " << current
+                                                        << " but this rank lives on device " << device()
+                                                        << ": call cudaSetDevice(" << device() << ") in this thread");
   }
 
   std::shared_ptr<State> state_;
@@ -482,12 +529,11 @@ void SharedGpuGroup::abort(const std::string& reason) { state_->abort(reason); }
 
 void run_shared_gpu(SharedGpuGroup& group, const std::function<void(DeviceCommunicator&)>& body) {
   const int size = group.size();
-  const int device = group.communicator(0)->device();
   std::vector<std::exception_ptr> failures(static_cast<size_t>(size));
   auto rank_main = [&](int rank) {
     try {
-      THDCP_CHECK_CUDA(cudaSetDevice(device));
       std::unique_ptr<DeviceCommunicator> comm = group.communicator(rank);
+      THDCP_CHECK_CUDA(cudaSetDevice(comm->device()));
       body(*comm);
     } catch (const std::exception& e) {
       failures[static_cast<size_t>(rank)] = std::current_exception();

@@ -2,6 +2,11 @@
 // reduction kernels, ordered between the ranks' streams by CUDA events. For tests and
 // single-GPU use of CP with cp > 1 (NCCL refuses two ranks on one device).
 //
+// The same group spans several GPUs of one process (SharedGpuOptions::devices, rank r on
+// devices[r]; kind "peer-copy"): with peer access enabled between every pair, all_gather and
+// all_to_all are peer-to-peer copies on the copy engines (no SMs), and the reductions are
+// small kernels reading the peers' buffers over the link. One graph then spans every GPU.
+//
 // Each rank is a thread of this process with its own stream. A collective is a host
 // rendezvous of the ranks' threads (to learn each other's pointers and events), then, on
 // each rank's stream: wait for every rank's input to be ready, read it (all_gather pulls the
@@ -20,21 +25,25 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "thdcp/comm_device/device_communicator.h"
 
 namespace thdcp {
 
 struct SharedGpuOptions {
-  int device = 0;                 // the GPU every rank uses
+  int device = 0;                 // the GPU every rank uses (when `devices` is empty)
+  std::vector<int> devices;       // or: rank r's GPU, one entry per rank (distinct GPUs need peer access)
   double timeout_seconds = 300;   // a rank waiting longer than this for its peers aborts the group
   size_t reduce_scratch_bytes = size_t{1} << 16;  // per rank: the largest all_reduce_max (16K floats)
 };
 
 class SharedGpuGroup {
  public:
-  // Creates the per-rank events and scratch on options.device (the caller's current device
-  // is restored). Not capture-safe.
+  // Creates the per-rank events and scratch on each rank's device, and enables peer access
+  // between the devices of a group that spans several (the caller's current device is
+  // restored). Throws thdcp::Error naming a pair of GPUs that cannot reach each other's memory.
+  // Not capture-safe.
   SharedGpuGroup(int size, const SharedGpuOptions& options = {});
   ~SharedGpuGroup();
   SharedGpuGroup(const SharedGpuGroup&) = delete;
@@ -53,7 +62,7 @@ class SharedGpuGroup {
 };
 
 // Runs body(comm) on `size` threads, one per rank, joined by a SharedGpuGroup (each thread's
-// current device is options.device). Returns once every rank has finished. If a rank throws,
+// current device is its rank's). Returns once every rank has finished. If a rank throws,
 // the group is aborted (the others throw from their collectives) and the first exception is
 // rethrown here.
 void run_shared_gpu(int size, const std::function<void(DeviceCommunicator&)>& body,
