@@ -37,76 +37,10 @@ using EdgeParam = std::tuple<CpLayout, int /*cp*/, int /*edge case index*/>;
 
 class CudaCpSharedGpu : public test::CudaTest, public ::testing::WithParamInterface<EdgeParam> {};
 
-// Edge case `index` under (layout, comm) at `cp` ranks sharing GPU 0: every rank's eager step
-// against the CPU reference on two batches, and the step of every rank captured in one graph
-// and replayed on the second batch equal to its eager step, bit for bit.
+// Edge case `index` at `cp` ranks sharing GPU 0 (test::expect_group_case).
 void expect_shared_gpu_case(CpLayout layout, cp::CpComm cp_comm, int cp, int index,
                             cp::KvGather gather = cp::KvGather::kAuto, int a2a_size = 1) {
-  const EdgeCase c = test::heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp_comm, a2a_size);
-  const Capacity capacity = capacity_of(c, cp);
-  const test::Batch first = make_case_batch(c, cp, capacity, 1000 + index * 10 + cp, false, layout);
-  const test::Batch second = make_case_batch(c, cp, capacity, 2000 + index * 10 + cp, true, layout);
-  cp::Problem problem = problem_of(c, cp, layout, cp_comm, a2a_size);
-  problem.kv_gather = gather;
-
-  std::vector<test::Outputs> eager_first(cp), eager_second(cp), replayed(cp);
-  test::ThreadBarrier barrier(cp);
-  cudaStream_t origin = nullptr;
-  cudaEvent_t fork = nullptr;
-  std::vector<cudaEvent_t> joins(static_cast<size_t>(cp));
-  THDCP_CHECK_CUDA(cudaSetDevice(0));
-  THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking));
-  THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  for (cudaEvent_t& e : joins) THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-
-  run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
-    const int rank = comm.rank();
-    test::CudaCpRank state(comm, problem);
-    eager_first[rank] = state.run(first);
-
-    // One graph holds the step of every rank: rank 0's thread starts a global-mode capture
-    // on `origin`, every rank's stream joins it through `fork`, and `origin` joins them back.
-    barrier.wait();
-    if (rank == 0) {
-      THDCP_CHECK_CUDA(cudaStreamBeginCapture(origin, cudaStreamCaptureModeGlobal));
-      THDCP_CHECK_CUDA(cudaEventRecord(fork, origin));
-    }
-    barrier.wait();
-    THDCP_CHECK_CUDA(cudaStreamWaitEvent(state.stream(), fork, 0));
-    state.step(state.stream());
-    THDCP_CHECK_CUDA(cudaEventRecord(joins[rank], state.stream()));
-    barrier.wait();
-    if (rank == 0) {
-      for (cudaEvent_t e : joins) THDCP_CHECK_CUDA(cudaStreamWaitEvent(origin, e, 0));
-      THDCP_CHECK_CUDA(cudaStreamEndCapture(origin, &graph));
-      THDCP_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    }
-    barrier.wait();
-
-    state.load(second);  // new lengths and data, same capacity, outputs poisoned
-    barrier.wait();
-    if (rank == 0) {
-      THDCP_CHECK_CUDA(cudaGraphLaunch(exec, origin));
-      THDCP_CHECK_CUDA(cudaStreamSynchronize(origin));
-    }
-    barrier.wait();
-    replayed[rank] = state.download();
-
-    eager_second[rank] = state.run(second);
-  });
-
-  for (int rank = 0; rank < cp; ++rank) {
-    expect_matches_reference(eager_first[rank], first, c.mask, cp, rank, layout);
-    expect_matches_reference(eager_second[rank], second, c.mask, cp, rank, layout);
-    EXPECT_TRUE(test::identical(replayed[rank], eager_second[rank])) << "graph replay vs eager, rank " << rank;
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  for (cudaEvent_t e : joins) cudaEventDestroy(e);
-  cudaEventDestroy(fork);
-  cudaStreamDestroy(origin);
+  test::expect_group_case(layout, cp_comm, cp, index, gather, a2a_size);
 }
 
 TEST_P(CudaCpSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
@@ -222,9 +156,9 @@ TEST_P(CudaCpHaloSharedGpu, MatchesReferenceReplaysAndEqualsTheWholeGathersForwa
 
 INSTANTIATE_TEST_SUITE_P(WindowCases, CudaCpHaloSharedGpu,
                          ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Values(3, 4, 5)),
-                         [](const ::testing::TestParamInfo<HaloParam>& info) {
-                           return "cp" + std::to_string(std::get<0>(info.param)) + "_" +
-                                  edge_cases()[static_cast<size_t>(std::get<1>(info.param))].name;
+                         [](const ::testing::TestParamInfo<HaloParam>& param_info) {
+                           return "cp" + std::to_string(std::get<0>(param_info.param)) + "_" +
+                                  edge_cases()[static_cast<size_t>(std::get<1>(param_info.param))].name;
                          });
 
 std::string edge_name(const ::testing::TestParamInfo<EdgeParam>& info) {

@@ -1,5 +1,7 @@
 #include "support/cp/cuda_cp_cases.h"
 
+#include "thdcp/comm_device/shared_gpu.h"
+
 namespace thdcp::test {
 
 const std::vector<EdgeCase>& edge_cases() {
@@ -102,6 +104,79 @@ void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaS
   EXPECT_TRUE(identical(replayed, eager)) << c.name << ": graph replay vs eager, rank " << rank;
   THDCP_CHECK_CUDA(cudaGraphExecDestroy(exec));
   THDCP_CHECK_CUDA(cudaGraphDestroy(graph));
+}
+
+void expect_group_case(CpLayout layout, cp::CpComm cp_comm, int cp, int index, cp::KvGather gather, int a2a_size,
+                       const SharedGpuOptions& options) {
+  const EdgeCase c = heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp_comm, a2a_size);
+  const Capacity capacity = capacity_of(c, cp);
+  const Batch first = make_case_batch(c, cp, capacity, 1000 + index * 10 + cp, false, layout);
+  const Batch second = make_case_batch(c, cp, capacity, 2000 + index * 10 + cp, true, layout);
+  cp::Problem problem = problem_of(c, cp, layout, cp_comm, a2a_size);
+  problem.kv_gather = gather;
+
+  std::vector<Outputs> eager_first(cp), eager_second(cp), replayed(cp);
+  ThreadBarrier barrier(cp);
+  cudaStream_t origin = nullptr;
+  cudaEvent_t fork = nullptr;
+  std::vector<cudaEvent_t> joins(static_cast<size_t>(cp));
+  // origin and fork on rank 0's GPU, each rank's join on its own (an event is recorded on a
+  // stream of its device).
+  for (int rank = cp - 1; rank >= 0; --rank) {
+    THDCP_CHECK_CUDA(cudaSetDevice(options.devices.empty() ? options.device : options.devices[static_cast<size_t>(rank)]));
+    THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&joins[static_cast<size_t>(rank)], cudaEventDisableTiming));
+  }
+  THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&origin, cudaStreamNonBlocking));
+  THDCP_CHECK_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+
+  run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+    const int rank = comm.rank();
+    CudaCpRank state(comm, problem);
+    eager_first[rank] = state.run(first);
+
+    // One graph holds the step of every rank: rank 0's thread starts a global-mode capture
+    // on `origin`, every rank's stream joins it through `fork`, and `origin` joins them back.
+    barrier.wait();
+    if (rank == 0) {
+      THDCP_CHECK_CUDA(cudaStreamBeginCapture(origin, cudaStreamCaptureModeGlobal));
+      THDCP_CHECK_CUDA(cudaEventRecord(fork, origin));
+    }
+    barrier.wait();
+    THDCP_CHECK_CUDA(cudaStreamWaitEvent(state.stream(), fork, 0));
+    state.step(state.stream());
+    THDCP_CHECK_CUDA(cudaEventRecord(joins[rank], state.stream()));
+    barrier.wait();
+    if (rank == 0) {
+      for (cudaEvent_t e : joins) THDCP_CHECK_CUDA(cudaStreamWaitEvent(origin, e, 0));
+      THDCP_CHECK_CUDA(cudaStreamEndCapture(origin, &graph));
+      THDCP_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    }
+    barrier.wait();
+
+    state.load(second);  // new lengths and data, same capacity, outputs poisoned
+    barrier.wait();
+    if (rank == 0) {
+      THDCP_CHECK_CUDA(cudaGraphLaunch(exec, origin));
+      THDCP_CHECK_CUDA(cudaStreamSynchronize(origin));
+    }
+    barrier.wait();
+    replayed[rank] = state.download();
+
+    eager_second[rank] = state.run(second);
+  }, options);
+
+  for (int rank = 0; rank < cp; ++rank) {
+    expect_matches_reference(eager_first[rank], first, c.mask, cp, rank, layout);
+    expect_matches_reference(eager_second[rank], second, c.mask, cp, rank, layout);
+    EXPECT_TRUE(identical(replayed[rank], eager_second[rank])) << "graph replay vs eager, rank " << rank;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  for (cudaEvent_t e : joins) cudaEventDestroy(e);
+  cudaEventDestroy(fork);
+  cudaStreamDestroy(origin);
 }
 
 }  // namespace thdcp::test

@@ -13,6 +13,7 @@
 #include "support/cp/cuda_cp_rank.h"
 #include "support/gpu_tolerance.h"
 #include "support/shape.h"
+#include "thdcp/comm_device/shared_gpu.h"
 
 namespace thdcp::test {
 
@@ -63,6 +64,15 @@ EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm, int a2a_size = 1)
 void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaStreamCaptureMode mode,
                                       CpLayout layout = CpLayout::kDualChunk,
                                       cp::CpComm cp_comm = cp::CpComm::kAllGather, int a2a_size = 1);
+
+// Edge case `index` under (layout, comm) at `cp` ranks of a shared-GPU group (`options`:
+// every rank on one GPU, or a GPU each, SharedGpuOptions::devices): every rank's eager step
+// against the CPU reference on two batches, and the step of every rank captured in one graph
+// (rank 0's global-mode capture, every rank's stream joined to it) and replayed on the second
+// batch equal to its eager step, bit for bit.
+void expect_group_case(CpLayout layout, cp::CpComm cp_comm, int cp, int index,
+                       cp::KvGather gather = cp::KvGather::kAuto, int a2a_size = 1,
+                       const SharedGpuOptions& options = {});
 
 // The name of a CP communication in test names: "" for all_gather (the default), "all_to_all_".
 std::string comm_prefix(cp::CpComm comm);
