@@ -7,8 +7,13 @@
 #include <string>
 #include <tuple>
 
+#include <algorithm>
+#include <vector>
+
+#include "support/comm/collective_step.h"
 #include "support/cp/cuda_cp_cases.h"
 #include "thdcp/comm_device/nccl.h"
+#include "thdcp/comm_device/shared_gpu.h"
 
 namespace thdcp {
 namespace {
@@ -62,6 +67,47 @@ TEST_P(CudaCpA2aAgThreadPerGpu, EagerMatchesReferenceAndReplayMatchesEager) {
   });
 }
 
+// The same GPUs as one peer-copy group (a thread per GPU of one process, SharedGpuOptions::
+// devices): all_gather and all_to_all are peer copies on the copy engines, the reductions
+// kernels reading the peers' buffers. Every collective's exact values; the edge-case table
+// under both layouts, eager against the reference and one graph over every GPU replayed
+// against eager, bit for bit. Skipped with the reason on fewer than 2 GPUs.
+class PeerCopyGroup : public test::CudaTest {
+ protected:
+  void SetUp() override {
+    test::CudaTest::SetUp();
+    if (IsSkipped()) return;
+    THDCP_CHECK_CUDA(cudaGetDeviceCount(&gpus_));
+    if (gpus_ < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpus_ << " visible";
+    for (int d = 0; d < gpus_; ++d) options_.devices.push_back(d);
+  }
+  int gpus_ = 0;
+  SharedGpuOptions options_;
+};
+
+TEST_F(PeerCopyGroup, EveryCollectiveGivesExactValues) {
+  SharedGpuOptions options = options_;
+  for (const test::CollectiveSizes& sizes : test::collective_sizes()) {
+    options.reduce_scratch_bytes = std::max(options.reduce_scratch_bytes, sizes.count * sizeof(float));
+  }
+  run_shared_gpu(
+      gpus_,
+      [&](DeviceCommunicator& comm) {
+        EXPECT_STREQ(comm.kind(), "peer-copy");
+        EXPECT_EQ(comm.device(), comm.rank());
+        test::Stream stream;
+        test::expect_exact_collectives(comm, stream.get());
+      },
+      options);
+}
+
+class CudaCpPeerCopy : public PeerCopyGroup, public ::testing::WithParamInterface<std::tuple<CpLayout, int>> {};
+
+TEST_P(CudaCpPeerCopy, EagerMatchesReferenceAndOneGraphOverEveryGpuReplaysEager) {
+  const auto [layout, index] = GetParam();
+  test::expect_group_case(layout, cp::CpComm::kAllGather, gpus_, index, cp::KvGather::kAuto, 1, options_);
+}
+
 std::string case_name(const ::testing::TestParamInfo<std::tuple<CpLayout, int>>& info) {
   return test::layout_prefix(std::get<0>(info.param)) +
          test::edge_cases()[static_cast<size_t>(std::get<1>(info.param))].name;
@@ -72,6 +118,10 @@ INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpThreadPerGpu,
                                             ::testing::Range(0, 6)),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpAllToAllThreadPerGpu,
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Range(0, 6)),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpPeerCopy,
                          ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
                                             ::testing::Range(0, 6)),
                          case_name);
