@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -46,6 +47,7 @@
 #include "step/visible_gpus.h"
 #include "thdcp/comm/communicator.h"
 #include "thdcp/comm_device/nccl.h"
+#include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/core/cuda_check.h"
 #include "thdcp/cuda/attention.h"
 #include "thdcp/plan/segment_table.h"
@@ -102,6 +104,9 @@ const char* kHelp =
     "  --kv-gather G[,G...]  the K/V rows each rank gathers, each a row (whole): whole (every rank's)\n"
     "                      or halo (its rows with the window's edges from its neighbours; rows of the\n"
     "                      contiguous layout under the window mask only, the others skip it)\n"
+    "  --device-comm D[,D...]  the ranks' device communicator, each a row (nccl): nccl, or peer (one\n"
+    "                      SharedGpuGroup over the GPUs: all-gathers and all-to-alls as peer copies on\n"
+    "                      the copy engines, no SMs; the reductions kernels reading the peers' buffers)\n"
     "  --dq-pass B[,B...]  AttentionOptions::separate_dq_pass of the CP plans, each a row (0): 1 = on\n"
     "                      Hopper at head dim 128 without a left window, dQ in a pass of its own,\n"
     "                      beside the reduce-scatter of dK/dV, instead of in the dK/dV pass\n"
@@ -123,6 +128,7 @@ struct Variant {
   bool dq_pass;
   bool halo = false;  // cp::KvGather::kHalo: each rank's rows with the window's edges (contiguous layout)
   cp::CpComm comm = cp::CpComm::kAllGather;
+  bool peer = false;  // a peer-copy SharedGpuGroup instead of NCCL
 };
 
 struct Options {
@@ -161,6 +167,7 @@ struct Row {
   double received_bytes = 0;  // per rank per step: gathered K/V rows and reduce-scattered dK/dV
   bool halo = false;          // the halo gather (cp::KvGather::kHalo)
   cp::CpComm comm = cp::CpComm::kAllGather;
+  bool peer = false;          // over a peer-copy SharedGpuGroup, not NCCL
 };
 
 // The bytes a rank receives in one forward + backward step: the other ranks' K/V rows, once
@@ -212,8 +219,9 @@ double pairs_imbalance(const BatchLayout& layout, CpLayout cp_layout, int cp, co
 
 // Where the backward takes K/V from, and (with --dq-pass 1) that dQ had a pass of its own.
 std::string backward_form(const Row& r) {
-  if (r.comm == cp::CpComm::kAllToAll) return "all_to_all";
-  return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "") + (r.halo ? ", halo" : "");
+  const std::string over = r.peer ? ", peer copies" : "";
+  if (r.comm == cp::CpComm::kAllToAll) return "all_to_all" + over;
+  return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "") + (r.halo ? ", halo" : "") + over;
 }
 
 double target_of(int cp) {
@@ -331,6 +339,8 @@ Options parse_options(const Args& args) {
   for (size_t n : comm_names) comms.push_back(n == 0 ? cp::CpComm::kAllGather : cp::CpComm::kAllToAll);
   std::vector<bool> halos;
   for (size_t n : parse_names("kv-gather", args.get("kv-gather", "whole"), {"whole", "halo"})) halos.push_back(n == 1);
+  std::vector<bool> peers;
+  for (size_t n : parse_names("device-comm", args.get("device-comm", "nccl"), {"nccl", "peer"})) peers.push_back(n == 1);
   for (size_t n : parse_names("cp-layout", args.get("cp-layout", "dual_chunk"), {"dual_chunk", "contiguous"})) {
     o.layouts.push_back(n == 0 ? CpLayout::kDualChunk : CpLayout::kContiguous);
   }
@@ -342,7 +352,9 @@ Options parse_options(const Args& args) {
             for (bool halo : halos) {
               // A halo is a gather's: all-to-all rows have none.
               if (halo && comm == cp::CpComm::kAllToAll) continue;
-              o.variants.push_back(Variant{c, kept, static_cast<int>(margin), dq_pass != 0, halo, comm});
+              for (bool peer : peers) {
+                o.variants.push_back(Variant{c, kept, static_cast<int>(margin), dq_pass != 0, halo, comm, peer});
+              }
             }
           }
         }
@@ -364,7 +376,10 @@ std::string check_environment(const Options& o) {
                      (visible == 0 ? " (" + why_none + ")" : std::string()) +
                      "; AllGather CP over NCCL needs a GPU per rank (check CUDA_VISIBLE_DEVICES)");
   }
-  if (!nccl::built_with_nccl()) throw UsageError("--scaling needs NCCL: this thdcp was built without it");
+  const bool over_nccl = std::any_of(o.variants.begin(), o.variants.end(), [](const Variant& v) { return !v.peer; });
+  if (over_nccl && !nccl::built_with_nccl()) {
+    throw UsageError("--scaling over NCCL needs NCCL: this thdcp was built without it (--device-comm peer needs none)");
+  }
   if (const char* nvls = std::getenv("NCCL_NVLS_ENABLE")) {
     if (std::string(nvls) != "0") {
       throw UsageError("NCCL_NVLS_ENABLE=" + quote_excerpt(nvls) +
@@ -514,6 +529,7 @@ Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& 
   row.pairs_imbalance = pairs_imbalance(run.layout, run.cp_layout, variant.cp, run.mask);
   row.halo = variant.halo;
   row.comm = variant.comm;
+  row.peer = variant.peer;
   row.received_bytes = variant.comm == cp::CpComm::kAllToAll
                            ? received_by_all_to_all(o.shape, row.tokens, variant.cp)
                        : variant.halo ? received_by_halo(o.shape, run.mask, variant.cp, variant.kept_kv)
@@ -523,7 +539,16 @@ Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& 
   row.dq_pass = variant.dq_pass;
   row.status = "PASS";
   std::vector<scaling::RankReport> reports(static_cast<size_t>(variant.cp));
-  run_in_process(variant.cp, [&](Communicator& host) { scaling::cp_rank(host, run, reports[static_cast<size_t>(host.rank())]); });
+  scaling::CpRun over = run;
+  std::unique_ptr<SharedGpuGroup> peers;  // rank r on GPU r, peer access between them
+  if (variant.peer) {
+    SharedGpuOptions options;
+    for (int d = 0; d < variant.cp; ++d) options.devices.push_back(d);
+    options.timeout_seconds = scaling::kSyncTimeout;
+    peers = std::make_unique<SharedGpuGroup>(variant.cp, options);
+    over.peer_group = peers.get();
+  }
+  run_in_process(variant.cp, [&](Communicator& host) { scaling::cp_rank(host, over, reports[static_cast<size_t>(host.rank())]); });
   const std::string what = format("T=%lld %s cp=%d %s", static_cast<long long>(row.tokens), row.mask.c_str(), row.cp,
                                   cp_layout_name(row.layout));
   std::string skip;
@@ -695,7 +720,7 @@ void print_tables(const std::vector<Row>& rows, const Options& o, const std::str
 
 int bench_scaling_command(const std::vector<std::string>& argv) {
   const Args args(argv,
-                  {"gpus", "cp-layout", "cp-comm", "kv-gather", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
+                  {"gpus", "cp-layout", "cp-comm", "kv-gather", "device-comm", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
                    "max-length", "seed", "warmup", "iters", "kv", "sm-margin", "dq-pass"},
                   {"scaling", "help"});
   if (args.has("help")) {

@@ -167,7 +167,8 @@ void cp_rank(Communicator& host, const CpRun& run, RankReport& report) {
   const int rank = host.rank(), cp = host.size();
   nccl::Options options;
   options.timeout_seconds = kSyncTimeout;
-  const std::unique_ptr<DeviceCommunicator> comm = nccl::create(host, rank, options);
+  const std::unique_ptr<DeviceCommunicator> comm =
+      run.peer_group ? run.peer_group->communicator(rank) : nccl::create(host, rank, options);
   THDCP_CHECK_CUDA(cudaSetDevice(comm->device()));
 
   const cp::Problem problem = cp_problem(run.shape, cp, Capacity{run.layout.num_seqs(), run.layout.total_rows()},

@@ -8,6 +8,7 @@
 
 #include "step/device_step.h"
 #include "thdcp/comm/communicator.h"
+#include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/cp/cp.h"
 #include "thdcp/testing/compare.h"
 
@@ -72,10 +73,11 @@ struct CpRun {
   CpLayout cp_layout = CpLayout::kDualChunk;
   cp::KvGather kv_gather = cp::KvGather::kAuto;
   cp::CpComm comm = cp::CpComm::kAllGather;
+  SharedGpuGroup* peer_group = nullptr;  // set: the ranks' communicators, else NCCL's
 };
 
-// One rank of the CP run (rank r on GPU r): its NCCL communicator, tensors and plan; the check
-// against the reference; the timed steps, phases and collectives.
+// One rank of the CP run (rank r on GPU r): its communicator (NCCL, or the peer group's),
+// tensors and plan; the check against the reference; the timed steps, phases and collectives.
 void cp_rank(Communicator& host, const CpRun& run, RankReport& report);
 
 }  // namespace thdcp::tools::scaling
