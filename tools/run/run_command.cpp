@@ -39,6 +39,8 @@ const char* kRunHelp =
     "  --cp N            context-parallel size (default 4; under mpirun: the process count)\n"
     "  --gpus N          CP over N GPUs of this machine, a thread per GPU, NCCL between them\n"
     "                    (cp = N; the CUDA backend; not under mpirun)\n"
+    "  --gpu-comm C      with --gpus: nccl (default) or peer (one process's peer-copy group:\n"
+    "                    gathers as peer copies on the copy engines, no NCCL)\n"
     "  --tokens T        rows of the packed batch, a multiple of 2*cp (contiguous: of cp)\n"
     "                    (default 16384, or the largest such multiple below it)\n"
     "  --cp-layout L     how the rows are split over the ranks: dual_chunk (default: each\n"
@@ -101,6 +103,14 @@ RunConfig parse_run_config(const Args& args) {
   RunConfig c;
   c.cp = static_cast<int>(args.get_int("cp", c.cp, 1, 64));
   c.gpus = static_cast<int>(args.get_int("gpus", 0, 1, 64));
+  const std::string gpu_comm = args.get("gpu-comm", "nccl");
+  if (gpu_comm != "nccl" && gpu_comm != "peer") {
+    throw UsageError("--gpu-comm " + quote_excerpt(gpu_comm) + ": use nccl or peer");
+  }
+  if (args.has("gpu-comm") && c.gpus == 0) {
+    throw UsageError("--gpu-comm is the communicator between the GPUs of --gpus N: add --gpus N, or drop --gpu-comm");
+  }
+  c.peer_copy = gpu_comm == "peer";
   c.tokens = args.get_int("tokens", c.tokens, 1, INT32_MAX);
   c.seed = args.get_seed("seed", c.seed);
   c.mask = parse_mask_flags(args, Mask::causal());
@@ -354,7 +364,7 @@ Json report_json(const RunReport& r, const GlobalBatch& batch) {
 int run_command(const std::vector<std::string>& argv) {
   if (std::find(argv.begin(), argv.end(), "--graph") != argv.end()) return run_graph_command(argv);
   const Args args(argv,
-                  {"backend", "cp", "gpus", "tokens", "seed", "mask", "window", "heads", "head-dim", "v-head-dim",
+                  {"backend", "cp", "gpus", "gpu-comm", "tokens", "seed", "mask", "window", "heads", "head-dim", "v-head-dim",
                    "dtype", "threads", "lengths", "batch", "load", "save", "json", "max-memory", "cp-layout", "cp-comm", "cp-a2a-size",
                    "cp-kv-gather"},
                   {"check", "no-check", "quiet", "help", "allow-nonfinite", "sinks"});

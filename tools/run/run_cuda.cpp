@@ -70,7 +70,9 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
     if (c.gpus > count) {
       throw UsageError("--gpus " + std::to_string(c.gpus) + ": only " + std::to_string(count) + " GPU(s) are visible");
     }
-    if (!nccl::built_with_nccl()) throw UsageError("--gpus needs NCCL: this thdcp was built without it");
+    if (!c.peer_copy && !nccl::built_with_nccl()) {
+      throw UsageError("--gpus needs NCCL: this thdcp was built without it (or use --gpu-comm peer)");
+    }
   }
   for (const std::string& reason : {unsupported, no_device, crowded}) {
     if (reason.empty()) continue;
@@ -86,15 +88,20 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
 
 class CudaRun {
  public:
-  enum class Mode { kSharedGpu, kThreadPerGpu, kProcessPerGpu };
+  enum class Mode { kSharedGpu, kThreadPerGpu, kPeerCopy, kProcessPerGpu };
   Mode mode = Mode::kSharedGpu;
-  std::unique_ptr<SharedGpuGroup> group;  // kSharedGpu
+  std::unique_ptr<SharedGpuGroup> group;  // kSharedGpu, kPeerCopy
 };
 
 std::shared_ptr<CudaRun> prepare_cuda_run(const RunConfig& config, bool process_per_rank) {
   auto run = std::make_shared<CudaRun>();
   if (process_per_rank) {
     run->mode = CudaRun::Mode::kProcessPerGpu;
+  } else if (config.gpus > 0 && config.peer_copy) {
+    run->mode = CudaRun::Mode::kPeerCopy;
+    SharedGpuOptions options;
+    for (int d = 0; d < config.gpus; ++d) options.devices.push_back(d);
+    run->group = std::make_unique<SharedGpuGroup>(config.gpus, options);
   } else if (config.gpus > 0) {
     run->mode = CudaRun::Mode::kThreadPerGpu;
   } else {
@@ -108,6 +115,7 @@ std::string cuda_run_communicator(const CudaRun& run) {
   switch (run.mode) {
     case CudaRun::Mode::kSharedGpu: return "shared-gpu (ranks are threads sharing GPU 0)";
     case CudaRun::Mode::kThreadPerGpu: return "nccl (one process, a thread per GPU)";
+    case CudaRun::Mode::kPeerCopy: return "peer-copy (one process, a thread per GPU, copy engines)";
     case CudaRun::Mode::kProcessPerGpu: return "nccl (a process per GPU)";
   }
   return "?";
@@ -133,6 +141,11 @@ RankDevice connect(CudaRun& run, Communicator& host_comm) {
     case CudaRun::Mode::kThreadPerGpu:
       d.device = host_comm.rank();
       d.comm = nccl::create(host_comm, d.device);
+      break;
+    case CudaRun::Mode::kPeerCopy:
+      d.device = host_comm.rank();
+      THDCP_CHECK_CUDA(cudaSetDevice(d.device));
+      d.comm = run.group->communicator(host_comm.rank());
       break;
     case CudaRun::Mode::kProcessPerGpu: {
       const int local_rank = nccl::local_rank_from_environment();

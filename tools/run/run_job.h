@@ -28,6 +28,7 @@ struct RunConfig {
   Backend backend = Backend::kAuto;  // resolved (kCpu or kCuda) before the job runs
   int cp = 4;
   int gpus = 0;  // --gpus N: one process drives N GPUs (a thread each) over NCCL; cp = N
+  bool peer_copy = false;  // --gpu-comm peer: those GPUs as one peer-copy SharedGpuGroup, not NCCL
   uint64_t seed = 1234;
   Mask mask = Mask::causal();
   int64_t q_heads = 8;
