@@ -153,61 +153,75 @@ TEST_F(GraphBankFallback, OverMaxSeqsFallsBackCountedAndCorrectOverTokensTakesTh
   EXPECT_NE(too_large.find("add a larger capacity"), std::string::npos) << too_large;
 }
 
-// Dynamic CP on a world of 4 ranks sharing the GPU: steps alternate CP sizes 1, 2, 4 (three
-// rounds: warm-up, capture, replay of each size); each group of c ranks takes its own
-// micro-batch; every step of every rank equals the eager step and the reference.
-class GraphDynamicCp : public CudaTest {};
-
-TEST_F(GraphDynamicCp, AlternatingOneTwoFourWithReplayEqualsEager) {
-  const int world = 4;
-  const Shape s;
-  const std::vector<int> order = {1, 2, 4, 1, 2, 4, 1, 2, 4};
-  const int64_t max_tokens = 512;
-  // batches[step][group]
-  std::vector<std::vector<std::vector<int64_t>>> lengths(order.size());
-  std::vector<std::vector<Batch>> batches(order.size());
-  Rng rng(5);
-  for (size_t step = 0; step < order.size(); ++step) {
-    const int c = order[step];
-    for (int g = 0; g < world / c; ++g) {
-      std::vector<int64_t> l;
-      while (true) {
-        const int64_t n = rng.uniform_int(0, 200);
-        if (padded_rows(l, c) + cp_padded_length(n, c) > max_tokens) break;
-        l.push_back(n);
-      }
-      if (l.empty()) l.push_back(2);
-      batches[step].push_back(batch_of(l, c, default_capacity(max_tokens, c), s, 1000 * step + g));
-      lengths[step].push_back(l);
-    }
-  }
-  std::vector<std::vector<Outputs>> banked(order.size(), std::vector<Outputs>(world)),
-      eager = banked;
-  std::vector<std::vector<How>> how(order.size(), std::vector<How>(world));
-
-  run_shared_gpu(world, [&](DeviceCommunicator& comm) {
-    DynamicCpRank rank(comm, {1, 2, 4}, max_tokens, s);
+// Dynamic CP on ranks sharing the GPU: steps alternate the CP sizes (three rounds: warm-up,
+// capture, replay of each size); each group of c ranks takes its own micro-batch; every step
+// of every rank in a group equals the eager step and the reference. World 4 with sizes 1, 2,
+// 4; world 3 with sizes 1, 2, 3, where the third rank has no group of 2 and sits those steps
+// out.
+class GraphDynamicCp : public CudaTest {
+ protected:
+  // max_tokens: a multiple of 2c for every size c.
+  void expect_alternating(int world, const std::vector<int>& sizes, int64_t max_tokens) {
+    const Shape s;
+    std::vector<int> order;
+    for (int round = 0; round < 3; ++round) order.insert(order.end(), sizes.begin(), sizes.end());
+    const size_t n = sizes.size();
+    // batches[step][group]
+    std::vector<std::vector<std::vector<int64_t>>> lengths(order.size());
+    std::vector<std::vector<Batch>> batches(order.size());
+    Rng rng(5);
     for (size_t step = 0; step < order.size(); ++step) {
       const int c = order[step];
-      const int g = rank.group_index(c);
-      GraphBank::Outcome o;
-      banked[step][comm.rank()] = rank.banked(c, batches[step][g], lengths[step][g], &o);
-      how[step][comm.rank()] = o.how;
-      eager[step][comm.rank()] = rank.eager(c, batches[step][g], lengths[step][g]);
+      for (int g = 0; g < world / c; ++g) {
+        std::vector<int64_t> l;
+        while (true) {
+          const int64_t len = rng.uniform_int(0, 200);
+          if (padded_rows(l, c) + cp_padded_length(len, c) > max_tokens) break;
+          l.push_back(len);
+        }
+        if (l.empty()) l.push_back(2);
+        batches[step].push_back(batch_of(l, c, default_capacity(max_tokens, c), s, 1000 * step + g));
+        lengths[step].push_back(l);
+      }
     }
-  });
+    std::vector<std::vector<Outputs>> banked(order.size(), std::vector<Outputs>(world)), eager = banked;
+    std::vector<std::vector<How>> how(order.size(), std::vector<How>(world));
+    std::vector<std::vector<bool>> ran(order.size(), std::vector<bool>(static_cast<size_t>(world), false));
 
-  for (size_t step = 0; step < order.size(); ++step) {
-    const int c = order[step];
-    const How expected = step < 3 ? How::kWarmUp : step < 6 ? How::kCaptured : How::kReplayed;
-    for (int w = 0; w < world; ++w) {
-      SCOPED_TRACE("step " + std::to_string(step) + " cp " + std::to_string(c) + " world rank " + std::to_string(w));
-      EXPECT_EQ(how[step][w], expected);
-      EXPECT_TRUE(identical(banked[step][w], eager[step][w]));
-      expect_matches_reference(banked[step][w], batches[step][w / c], s.mask, c, w % c);
+    run_shared_gpu(world, [&](DeviceCommunicator& comm) {
+      DynamicCpRank rank(comm, sizes, max_tokens, s);
+      for (size_t step = 0; step < order.size(); ++step) {
+        const int c = order[step];
+        if (!rank.has_group(c)) continue;
+        const int g = rank.group_index(c);
+        GraphBank::Outcome o;
+        banked[step][comm.rank()] = rank.banked(c, batches[step][g], lengths[step][g], &o);
+        how[step][comm.rank()] = o.how;
+        eager[step][comm.rank()] = rank.eager(c, batches[step][g], lengths[step][g]);
+        ran[step][static_cast<size_t>(comm.rank())] = true;
+      }
+    });
+
+    for (size_t step = 0; step < order.size(); ++step) {
+      const int c = order[step];
+      const How expected = step < n ? How::kWarmUp : step < 2 * n ? How::kCaptured : How::kReplayed;
+      for (int w = 0; w < world; ++w) {
+        SCOPED_TRACE("world " + std::to_string(world) + " step " + std::to_string(step) + " cp " + std::to_string(c) +
+                     " world rank " + std::to_string(w));
+        const bool member = w < world / c * c;
+        EXPECT_EQ(ran[step][static_cast<size_t>(w)], member);
+        if (!member) continue;
+        EXPECT_EQ(how[step][w], expected);
+        EXPECT_TRUE(identical(banked[step][w], eager[step][w]));
+        expect_matches_reference(banked[step][w], batches[step][w / c], s.mask, c, w % c);
+      }
     }
   }
-}
+};
+
+TEST_F(GraphDynamicCp, AlternatingOneTwoFourWithReplayEqualsEager) { expect_alternating(4, {1, 2, 4}, 512); }
+
+TEST_F(GraphDynamicCp, AlternatingOneTwoThreeAnIdleRankSitsTheTwosOut) { expect_alternating(3, {1, 2, 3}, 516); }
 
 // A host synchronisation inside the captured work makes the capture fail with a message
 // that says so, whether the work ignores CUDA's error (the capture is invalidated) or

@@ -50,8 +50,9 @@ const char* kRunGraphHelp =
     "\n"
     "  --steps N          batches (default 12)\n"
     "  --cp N             CP size (default 2)\n"
-    "  --dynamic-cp LIST  CP sizes to choose from per batch, e.g. 1,2,4: the world is the largest;\n"
-    "                     each batch gets the smallest size whose rows per rank fit --tokens / world\n"
+    "  --dynamic-cp LIST  CP sizes to choose from per batch, e.g. 1,2,4 or 1,2,3: the world is the\n"
+    "                     largest; each batch gets the smallest size whose rows per rank fit --tokens /\n"
+    "                     world; a size that does not divide the world leaves its last ranks idle\n"
     "  --tokens T         rows of the largest CP size's capacity (default 16384)\n"
     "  --cp-layout L      dual_chunk (default: documents padded to 2*cp, --tokens a multiple of\n"
     "                     2*world) or contiguous (documents unpadded, --tokens a multiple of world)\n"
@@ -79,12 +80,6 @@ const char* kRunGraphHelp =
   std::sort(sizes.begin(), sizes.end());
   if (std::adjacent_find(sizes.begin(), sizes.end()) != sizes.end()) {
     throw UsageError("--dynamic-cp " + quote_excerpt(text) + ": a size is given twice");
-  }
-  for (int s : sizes) {
-    if (sizes.back() % s != 0) {
-      throw UsageError("--dynamic-cp " + quote_excerpt(text) + ": every size must divide the largest (" +
-                       std::to_string(sizes.back()) + "), which is the number of ranks");
-    }
   }
   return sizes;
 }
@@ -247,6 +242,7 @@ struct Shared {
   std::mutex mutex;
   std::vector<StepRecord> steps;
   std::vector<SizeRecord> sizes;
+  std::map<int, bool> captured;  // per CP size, set by rank 0 before a barrier
 };
 
 // One rank of the world: its CP groups of every size, a graph step for each, and metadata of
@@ -256,6 +252,7 @@ class GraphRank {
   GraphRank(DeviceCommunicator& comm, const GraphRunConfig& c, cudaStream_t stream)
       : comm_(comm), c_(c), stream_(stream), groups_(comm, c.sizes, stream, bank_options(c)) {
     for (int cp : c.sizes) {
+      if (!groups_.has_group(cp)) continue;  // this rank sits steps of this size out
       const Capacity capacity = capacity_of(c, cp);
       groups_.bank(cp).add_capacity(capacity);
       step_of_[cp] = std::make_unique<GraphStep>(groups_.bank(cp), c.shape, capacity.max_tokens);
@@ -265,6 +262,10 @@ class GraphRank {
   // Step `s` through its size's bank, checked against eager when it is due; recorded.
   void run_step(int s, const Batches& batches, Shared& shared) {
     const int cp = batches.cp[static_cast<size_t>(s)];
+    if (!groups_.has_group(cp)) {  // idle at this size: only the rendezvous of the step
+      shared.barrier.wait();
+      return;
+    }
     const std::vector<int64_t>& lengths =
         batches.micro[static_cast<size_t>(s)][static_cast<size_t>(groups_.group_index(cp))];
     GraphStep& step = *step_of_[cp];
@@ -306,11 +307,23 @@ class GraphRank {
   // Time per step at size cp on its last batch that the graph took: eager (the work enqueued
   // directly) and replay, 12 runs each, median; recorded with the bank's report of the size.
   void time_size(int cp, Shared& shared) {
-    graph::GraphBank& bank = groups_.bank(cp);
     const Capacity capacity = capacity_of(c_, cp);
+    // Whether this size was captured, as rank 0 (in a group of every size) saw it: idle ranks
+    // meet the timing rounds' barriers too.
+    if (comm_.rank() == 0) shared.captured[cp] = groups_.bank(cp).counters(capacity).captures > 0;
+    shared.barrier.wait();
+    const bool captured = shared.captured[cp];
+    if (!groups_.has_group(cp)) {
+      for (int i = 0; captured && i < 12; ++i) {
+        shared.barrier.wait();
+        shared.barrier.wait();
+      }
+      return;
+    }
+    graph::GraphBank& bank = groups_.bank(cp);
     const std::vector<graph::KeyReport> report = bank.report();  // before the timing runs
     double eager_median = 0, replay_median = 0;                  // 0: never captured
-    if (bank.counters(capacity).captures > 0) {
+    if (captured) {
       const std::vector<int64_t> lengths = replayed_lengths_[cp];
       graph::StaticBatch& batch = eager_batch(cp, capacity);
       std::vector<double> eager_ms, replay_ms;

@@ -95,6 +95,7 @@ DynamicCpRank::DynamicCpRank(DeviceCommunicator& world, const std::vector<int>& 
   options.capture_mode = cudaStreamCaptureModeThreadLocal;  // the groups capture side by side
   groups_ = std::make_unique<graph::CpGroups>(world, sizes, setup_, options);
   for (int c : groups_->sizes()) {
+    if (!groups_->has_group(c)) continue;  // the world's last ranks when c does not divide it
     groups_->bank(c).add_capacity(default_capacity(max_tokens, c));
     ranks_[c] = std::make_unique<BankRank>(groups_->group(c), groups_->bank(c), max_tokens, s);
   }

@@ -79,7 +79,9 @@ class DynamicCpRank {
   DynamicCpRank(DeviceCommunicator& world, const std::vector<int>& sizes, int64_t max_tokens, const Shape& s);
   ~DynamicCpRank();
 
-  // Which group of size `c` this rank is in, and its rank there.
+  // Whether this rank has a group of size `c` (not when c does not divide the world and the
+  // rank is past its last group), which one, and its rank there.
+  bool has_group(int c) { return groups_->has_group(c); }
   int group_index(int c) { return groups_->group_index(c); }
   int group_rank(int c) { return groups_->group(c).rank(); }
 
