@@ -242,7 +242,9 @@ struct Shared {
   std::mutex mutex;
   std::vector<StepRecord> steps;
   std::vector<SizeRecord> sizes;
-  std::map<int, bool> captured;  // per CP size, set by rank 0 before a barrier
+  // Per CP size (<= 64): captured, set by rank 0 before a barrier. One element per size, so
+  // rank 0 setting the next size's never touches what a slower rank still reads.
+  std::vector<char> captured = std::vector<char>(65, 0);
 };
 
 // One rank of the world: its CP groups of every size, a graph step for each, and metadata of
@@ -310,9 +312,9 @@ class GraphRank {
     const Capacity capacity = capacity_of(c_, cp);
     // Whether this size was captured, as rank 0 (in a group of every size) saw it: idle ranks
     // meet the timing rounds' barriers too.
-    if (comm_.rank() == 0) shared.captured[cp] = groups_.bank(cp).counters(capacity).captures > 0;
+    if (comm_.rank() == 0) shared.captured[static_cast<size_t>(cp)] = groups_.bank(cp).counters(capacity).captures > 0;
     shared.barrier.wait();
-    const bool captured = shared.captured[cp];
+    const bool captured = shared.captured[static_cast<size_t>(cp)] != 0;
     if (!groups_.has_group(cp)) {
       for (int i = 0; captured && i < 12; ++i) {
         shared.barrier.wait();
