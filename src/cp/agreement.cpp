@@ -20,7 +20,7 @@ struct Descriptor {
   int32_t dtype;
   int64_t max_tokens;
   int32_t window_left, window_right;
-  int32_t layout, comm, kv_gather, a2a_size;
+  int32_t layout, comm, kv_gather, a2a_size, reduce_dtype;
   int64_t q_heads, kv_heads, head_dim, v_head_dim;
   uint64_t options_fingerprint;
   uint64_t layout_fingerprint;
@@ -83,6 +83,11 @@ void validate_problem(const Problem& p) {
                                           << ": all_to_all moves heads, not K/V rows, so there is no halo to gather; "
                                              "use kv_gather=auto or whole, or comm=all_gather or a2a+ag");
   check_a2a_size(p);
+  THDCP_CHECK(p.reduce_dtype == DType::kFloat32 || p.reduce_dtype == p.dtype,
+              "reduce_dtype=" << dtype_name(p.reduce_dtype) << " with dtype=" << dtype_name(p.dtype)
+                              << ": dK/dV partial sums cross ranks in fp32 (the default, the tightest) or in the "
+                                 "problem's dtype (half the bytes); use reduce_dtype=fp32 or "
+                              << dtype_name(p.dtype));
   if (p.layout == CpLayout::kDualChunk) {
     THDCP_CHECK(p.capacity.max_tokens >= 0 && p.capacity.max_tokens % (2 * static_cast<int64_t>(p.cp)) == 0,
                 "capacity.max_tokens=" << p.capacity.max_tokens << " is not a multiple of 2*cp="
@@ -187,6 +192,7 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
   mine.comm = static_cast<int32_t>(p.comm);
   mine.kv_gather = static_cast<int32_t>(p.kv_gather);
   mine.a2a_size = p.a2a_size;
+  mine.reduce_dtype = static_cast<int32_t>(p.reduce_dtype);
   mine.q_heads = p.q_heads;
   mine.kv_heads = p.kv_heads;
   mine.head_dim = p.head_dim;
@@ -204,7 +210,7 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
   const Descriptor& ref = all[0];
   const char* fix =
       ": every rank must plan the same problem (cp, capacity, mask, heads, head_dim, v_head_dim, dtype, layout, comm, "
-      "kv_gather, a2a_size, options)";
+      "kv_gather, a2a_size, reduce_dtype, options)";
   for (int r = 1; r < in.size; ++r) {
     const Descriptor& d = all[r];
     THDCP_CHECK(d.cp == ref.cp, "rank " << r << " passed cp=" << d.cp << " but rank 0 passed cp=" << ref.cp << fix);
@@ -219,6 +225,10 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
                         << fix);
     THDCP_CHECK(d.a2a_size == ref.a2a_size,
                 "rank " << r << " passed a2a_size=" << d.a2a_size << " but rank 0 passed a2a_size=" << ref.a2a_size
+                        << fix);
+    THDCP_CHECK(d.reduce_dtype == ref.reduce_dtype,
+                "rank " << r << " passed reduce_dtype=" << dtype_name(static_cast<DType>(d.reduce_dtype))
+                        << " but rank 0 passed reduce_dtype=" << dtype_name(static_cast<DType>(ref.reduce_dtype))
                         << fix);
     THDCP_CHECK(d.layout_fingerprint == ref.layout_fingerprint,
                 "rank " << r << " passed a different layout than rank 0"

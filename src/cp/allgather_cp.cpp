@@ -220,9 +220,21 @@ class CpuSteps {
                            b_.halo_returned[index_of(slot)], local.data());
       return ThdTensor{local.data(), DType::kFloat32, rows, ranked.heads, ranked.head_dim};
     }
-    comm_.reduce_scatter_sum(static_cast<const float*>(ranked.data), local.data(),
-                             static_cast<size_t>(rows * ranked.heads * ranked.head_dim));
+    const size_t count = static_cast<size_t>(rows * ranked.heads * ranked.head_dim);
+    // Problem::reduce_dtype below fp32: the partials rounded once before they cross ranks,
+    // summed (here in fp32, rank order), the sum rounded once more (as the collective leaves it).
+    const bool rounded = p_.reduce_dtype != DType::kFloat32;
+    if (rounded) round_through(p_.reduce_dtype, static_cast<float*>(ranked.data), count * static_cast<size_t>(p_.cp));
+    comm_.reduce_scatter_sum(static_cast<const float*>(ranked.data), local.data(), count);
+    if (rounded) round_through(p_.reduce_dtype, local.data(), count);
     return ThdTensor{local.data(), DType::kFloat32, rows, ranked.heads, ranked.head_dim};
+  }
+
+  // Each of n floats rounded to `dtype` (to nearest even) and kept as a float.
+  static void round_through(DType dtype, float* x, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = dtype == DType::kBFloat16 ? bf16_to_float(float_to_bf16(x[i])) : fp16_to_float(float_to_fp16(x[i]));
+    }
   }
 
   // One rounding of the dense fp32 rows into `grad`, any view.

@@ -547,6 +547,10 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
     THDCP_CHECK(problem.cp == comm.size(),
                 "problem.cp=" << problem.cp << " but the communicator has " << comm.size() << " ranks");
     check_halo(problem);
+    THDCP_CHECK(problem.reduce_dtype == DType::kFloat32,
+                "reduce_dtype=" << dtype_name(problem.reduce_dtype)
+                                << ": the CUDA backend reduce-scatters dK/dV in fp32; use reduce_dtype=fp32, or the "
+                                   "CPU backend (cp::CpuPlan)");
     const size_t needed = cuda_workspace_size(problem, options);
     THDCP_CHECK(workspace_bytes >= needed,
                 "workspace has " << workspace_bytes << " bytes; cuda_workspace_size gives " << needed);

@@ -98,10 +98,9 @@ namespace {
   return compare_rank(got, local_outputs(reference, layout, cp, rank), b.q.dtype(), options, where);
 }
 
-::testing::AssertionResult check_cp_plan_rank(Communicator& comm, const Batch& b, const cp::Problem& problem,
-                                              const Outputs& reference, const AttentionOptions& options,
-                                              const std::vector<float>& sinks,
-                                              const std::vector<float>& reference_dsinks, std::vector<float>* dsinks) {
+Outputs cp_plan_rank_outputs(Communicator& comm, const Batch& b, const cp::Problem& problem,
+                             const AttentionOptions& options, const std::vector<float>& sinks,
+                             std::vector<float>* dsinks) {
   const LayoutView layout = b.layout.view();
   const int cp = comm.size(), rank = comm.rank();
   const CpLayout split = problem.layout;
@@ -119,6 +118,19 @@ namespace {
   t.sinks = sink_values;
   t.dsinks = sinks.empty() ? nullptr : got_dsinks.data();
   plan.backward(layout, t);
+  if (dsinks) *dsinks = got_dsinks;
+  return got;
+}
+
+::testing::AssertionResult check_cp_plan_rank(Communicator& comm, const Batch& b, const cp::Problem& problem,
+                                              const Outputs& reference, const AttentionOptions& options,
+                                              const std::vector<float>& sinks,
+                                              const std::vector<float>& reference_dsinks, std::vector<float>* dsinks) {
+  const LayoutView layout = b.layout.view();
+  const int cp = comm.size(), rank = comm.rank();
+  const CpLayout split = problem.layout;
+  std::vector<float> got_dsinks;
+  const Outputs got = cp_plan_rank_outputs(comm, b, problem, options, sinks, &got_dsinks);
 
   const std::string where = std::string(cp_layout_name(split)) + " " + cp::cp_comm_name(problem.comm) + " cp " +
                             std::to_string(cp) + " rank " + std::to_string(rank) + ": ";

@@ -54,6 +54,12 @@ Outputs local_outputs(const Outputs& global, const LayoutView& layout, int cp, i
                                               const std::vector<float>& reference_dsinks = {},
                                               std::vector<float>* dsinks = nullptr);
 
+// This rank's outputs (its local rows) of a CpuPlan of `problem` on `b`, forward then
+// backward, with `sinks` (empty: none; d(sink) into `dsinks` when given).
+Outputs cp_plan_rank_outputs(Communicator& comm, const Batch& b, const cp::Problem& problem,
+                             const AttentionOptions& options, const std::vector<float>& sinks = {},
+                             std::vector<float>* dsinks = nullptr);
+
 // Every rank of an in-process group of problem.cp ranks runs a CpuPlan of `problem` on `b`
 // (check_cp_plan_rank, one thread per rank's attention) against the single-device result,
 // with `sinks` (empty: none); every rank's dsinks the same bits.

@@ -94,6 +94,12 @@ struct Problem : HeadShape {
   // that divides q_heads and kv_heads; ag_size = cp / a2a_size groups. 1 is all_gather, cp
   // all_to_all.
   int a2a_size = 1;
+  // The dtype in which the whole gather's dK/dV partial sums cross ranks (its reduce-scatter):
+  // fp32 (the default: every rank's fp32 partials summed, then rounded once into dk, dv), or
+  // the problem's dtype (half the bytes: each rank's fp32 partials rounded once to it before
+  // the collective, the sum in that dtype; see "Reduced-precision reduce-scatter" below).
+  // The halo gather's edges always cross in fp32. a2a+ag: its AllGather's across the groups.
+  DType reduce_dtype = DType::kFloat32;
 
   int64_t local_rows() const { return capacity.max_tokens / cp; }
 };
@@ -132,6 +138,17 @@ struct Timings {
 // summed over the groups in rank order by its member's AllGather, and every rank receives
 // them all.
 
+// Reduced-precision reduce-scatter (Problem::reduce_dtype = the problem's bf16 or fp16). A
+// key row's gradient is the sum over the cp ranks of their partial sums p_r (each exact in
+// fp32 to the attention's own rounding). Rounding each p_r to the dtype (unit roundoff u:
+// 2^-8 bf16, 2^-11 fp16) and summing in it adds at most u (|p_1| + ... + |p_cp|) for the
+// roundings of the partials and (cp - 1) u (|p_1| + ... + |p_cp|) for the roundings of the
+// running sums (NCCL's ring rounds each step; ranks sharing a GPU and the CPU backend sum in
+// fp32 and round once), before the one rounding every dk, dv gets anyway: an error of at most
+// cp u (|p_1| + ... + |p_cp|), against u |sum| for the fp32 reduce-scatter. The tests hold dk
+// and dv to the storage tolerance plus 2 cp u max|reference| (a margin of 2 for partials that
+// cancel; tests/cp/test_cp_reduce_dtype.cpp).
+//
 // The bytes a rank receives from the other ranks in one all_gather step of a layout: K and V
 // (the problem's dtype) in the forward; K and V again, then dK and dV (fp32 partial sums) in
 // the backward. Whole: (cp - 1) * T/cp rows of each; halo: the rank's halo rows, then the rows
