@@ -165,6 +165,17 @@ class NcclCommunicator final : public DeviceCommunicator {
     finish("ncclReduceScatter", ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm_, stream));
   }
 
+  void reduce_scatter_sum(const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream) override {
+    check_usable("reduce_scatter_sum");
+    THDCP_CHECK(dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+                who() << ": reduce_scatter_sum of " << dtype_name(dtype) << ": the 16-bit form takes bf16 or fp16");
+    if (count == 0) return;
+    check_current_device("reduce_scatter_sum");
+    finish("ncclReduceScatter", ncclReduceScatter(send, recv, count,
+                                                  dtype == DType::kBFloat16 ? ncclBfloat16 : ncclFloat16, ncclSum,
+                                                  comm_, stream));
+  }
+
   void all_reduce_max(float* data, size_t count, cudaStream_t stream) override {
     check_usable("all_reduce_max");
     if (count == 0) return;

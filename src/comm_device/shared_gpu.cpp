@@ -280,6 +280,16 @@ class SharedGpuCommunicator final : public DeviceCommunicator {
     finish(stream);
   }
 
+  void reduce_scatter_sum(const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream) override {
+    THDCP_CHECK(dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+                "reduce_scatter_sum of " << dtype_name(dtype) << ": the 16-bit form takes bf16 or fp16");
+    State& s = *state_;
+    begin(Op::kReduceScatter, count * 2, send, stream);
+    detail::launch_sum16_over_ranks(peer_pointers(), s.size, static_cast<size_t>(rank_) * count, recv, count,
+                                    dtype == DType::kBFloat16, stream);
+    finish(stream);
+  }
+
   void all_reduce_max(float* data, size_t count, cudaStream_t stream) override {
     State& s = *state_;
     const size_t bytes = count * sizeof(float);

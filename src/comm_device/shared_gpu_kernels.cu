@@ -1,5 +1,8 @@
 #include "shared_gpu_kernels.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "thdcp/core/cuda_check.h"
 
 namespace thdcp::detail {
@@ -14,6 +17,29 @@ __global__ void sum_over_ranks(RankPointers src, int ranks, size_t offset, float
     float sum = src.rank[0][offset + i];
     for (int r = 1; r < ranks; ++r) sum += src.rank[r][offset + i];
     dst[i] = sum;
+  }
+}
+
+template <typename T>
+__device__ float widen(T x);
+template <>
+__device__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <>
+__device__ float widen(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ T narrow(float x);
+template <>
+__device__ __nv_bfloat16 narrow(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __half narrow(float x) { return __float2half_rn(x); }
+
+template <typename T>
+__global__ void sum16_over_ranks(RankPointers src, int ranks, size_t offset, T* __restrict__ dst, size_t count) {
+  for (size_t i = blockIdx.x * size_t{kThreads} + threadIdx.x; i < count; i += size_t{gridDim.x} * kThreads) {
+    float sum = widen(reinterpret_cast<const T*>(src.rank[0])[offset + i]);
+    for (int r = 1; r < ranks; ++r) sum += widen(reinterpret_cast<const T*>(src.rank[r])[offset + i]);
+    dst[i] = narrow<T>(sum);
   }
 }
 
@@ -36,6 +62,18 @@ void launch_sum_over_ranks(const RankPointers& src, int ranks, size_t offset, fl
                            cudaStream_t stream) {
   if (count == 0) return;
   sum_over_ranks<<<grid_for(count), kThreads, 0, stream>>>(src, ranks, offset, dst, count);
+  THDCP_CHECK_CUDA(cudaGetLastError());
+}
+
+void launch_sum16_over_ranks(const RankPointers& src, int ranks, size_t offset, void* dst, size_t count, bool bf16,
+                             cudaStream_t stream) {
+  if (count == 0) return;
+  if (bf16) {
+    sum16_over_ranks<__nv_bfloat16>
+        <<<grid_for(count), kThreads, 0, stream>>>(src, ranks, offset, static_cast<__nv_bfloat16*>(dst), count);
+  } else {
+    sum16_over_ranks<__half><<<grid_for(count), kThreads, 0, stream>>>(src, ranks, offset, static_cast<__half*>(dst), count);
+  }
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
 

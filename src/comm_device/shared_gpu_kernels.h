@@ -18,6 +18,11 @@ struct RankPointers {
 void launch_sum_over_ranks(const RankPointers& src, int ranks, size_t offset, float* dst, size_t count,
                            cudaStream_t stream);
 
+// The same over 16-bit elements (bf16 if `bf16`, else fp16): summed in fp32 in rank order,
+// rounded once into dst (to nearest even).
+void launch_sum16_over_ranks(const RankPointers& src, int ranks, size_t offset, void* dst, size_t count, bool bf16,
+                             cudaStream_t stream);
+
 // dst[i] = max over r < ranks of src.rank[r][i].
 void launch_max_over_ranks(const RankPointers& src, int ranks, float* dst, size_t count, cudaStream_t stream);
 

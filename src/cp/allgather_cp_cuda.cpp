@@ -123,6 +123,8 @@ struct Parts {
   float* sink_parts = nullptr;  // [cp, Hq]: every rank's, all-gathered
   unsigned char* edges_send = nullptr;  // halo gathers: this rank's edges (K/V rows, or fp32 dK/dV)
   unsigned char* edges_recv = nullptr;  // every rank's
+  unsigned char* narrow_ranked = nullptr;  // reduce_dtype below fp32: the partials of every row in it
+  unsigned char* narrow_local = nullptr;   // and this rank's rows of their sum
   void* forward = nullptr;
   void* backward = nullptr;
   size_t forward_bytes = 0, backward_bytes = 0;
@@ -154,6 +156,10 @@ Parts carve_parts(WorkspaceCarver& carver, const Problem& p, const AttentionOpti
       static_cast<size_t>((e.left + e.right) * p.kv_heads * std::max(p.head_dim, p.value_head_dim())) * sizeof(float);
   w.edges_send = carver.take<unsigned char>(edge_bytes);
   w.edges_recv = carver.take<unsigned char>(edge_bytes * static_cast<size_t>(p.cp));
+  // The whole gather's reduce-scatter in reduce_dtype (the halo's edges cross in fp32).
+  const size_t narrow = p.reduce_dtype != DType::kFloat32 && !e.on ? dtype_size(p.reduce_dtype) : 0;
+  w.narrow_ranked = carver.take<unsigned char>(elements * narrow);
+  w.narrow_local = carver.take<unsigned char>(local_elements * narrow);
   w.forward_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p));
   w.backward_bytes = cuda::BackwardPlan::workspace_size(attention_shape(p), options);
   w.forward = carver.take(w.forward_bytes);
@@ -391,6 +397,16 @@ class CudaSteps {
       return_edges(static_cast<const float*>(ranked.data), local);
       return local;
     }
+    if (p_.reduce_dtype != DType::kFloat32) {
+      // Each partial rounded once to reduce_dtype, summed in it, widened (exactly) for the cast.
+      cuda::convert_from_fp32(static_cast<const float*>(ranked.data), w_.parts.narrow_ranked, p_.reduce_dtype,
+                              ranked.numel(), current_);
+      comm_.reduce_scatter_sum(w_.parts.narrow_ranked, w_.parts.narrow_local, static_cast<size_t>(local.numel()),
+                               p_.reduce_dtype, current_);
+      cuda::convert_to_fp32(w_.parts.narrow_local, p_.reduce_dtype, static_cast<float*>(local.data), local.numel(),
+                            current_);
+      return local;
+    }
     comm_.reduce_scatter_sum(static_cast<const float*>(ranked.data), static_cast<float*>(local.data),
                              static_cast<size_t>(local.numel()), current_);
     return local;
@@ -547,10 +563,6 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
     THDCP_CHECK(problem.cp == comm.size(),
                 "problem.cp=" << problem.cp << " but the communicator has " << comm.size() << " ranks");
     check_halo(problem);
-    THDCP_CHECK(problem.reduce_dtype == DType::kFloat32,
-                "reduce_dtype=" << dtype_name(problem.reduce_dtype)
-                                << ": the CUDA backend reduce-scatters dK/dV in fp32; use reduce_dtype=fp32, or the "
-                                   "CPU backend (cp::CpuPlan)");
     const size_t needed = cuda_workspace_size(problem, options);
     THDCP_CHECK(workspace_bytes >= needed,
                 "workspace has " << workspace_bytes << " bytes; cuda_workspace_size gives " << needed);

@@ -1,5 +1,8 @@
 // Row reorders between gathered (rank-major) and sequence order, and the packing of a
 // strided view into dense rows, on the device.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <cstdint>
 
@@ -100,6 +103,14 @@ void launch_regroup_planes(const void* src, void* dst, size_t row_bytes, int64_t
   } else {
     regroup_planes_kernel<Word, false><<<grid, kThreads, 0, stream>>>(
         from, into, words_per_row, layout.cu_seqlens_padded, max_seqs, total_rows, cp, members, group);
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) widen_kernel(const T* __restrict__ src, float* __restrict__ dst, int64_t n) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n; i += step) {
+    dst[i] = static_cast<float>(src[i]);
   }
 }
 
@@ -238,6 +249,20 @@ void accumulate(const float* src, float* dst, int64_t n, bool src_first, cudaStr
   if (n == 0) return;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65536);
   accumulate_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(src, dst, n, src_first);
+  THDCP_CHECK_CUDA(cudaGetLastError());
+}
+
+void convert_to_fp32(const void* src, DType dtype, float* dst, int64_t n, cudaStream_t stream) {
+  THDCP_CHECK(dtype == DType::kBFloat16 || dtype == DType::kFloat16,
+              "convert_to_fp32 of " << dtype_name(dtype) << ": takes bf16 or fp16");
+  THDCP_CHECK(n >= 0, "convert_to_fp32: n=" << n << " must be >= 0");
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65536);
+  if (dtype == DType::kBFloat16) {
+    widen_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(src), dst, n);
+  } else {
+    widen_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(static_cast<const __half*>(src), dst, n);
+  }
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
 

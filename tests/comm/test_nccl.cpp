@@ -54,6 +54,11 @@ TEST_F(NcclSingleGpu, CollectivesGiveExactValues) {
   with_one_rank([](DeviceCommunicator& comm, cudaStream_t stream) { test::expect_exact_collectives(comm, stream); });
 }
 
+// The 16-bit reduce-scatter (bf16, fp16): one rank's sum is its own value, bit for bit.
+TEST_F(NcclSingleGpu, SixteenBitReduceScatterGivesTheRoundedSums) {
+  with_one_rank([](DeviceCommunicator& comm, cudaStream_t stream) { test::expect_reduce_scatter16(comm, stream, true); });
+}
+
 TEST_F(NcclSingleGpu, ZeroSizedCollectivesDoNothing) {
   with_one_rank([](DeviceCommunicator& comm, cudaStream_t stream) {
     comm.all_gather(nullptr, nullptr, 0, stream);

@@ -28,6 +28,13 @@ TEST(NcclOverMpi, CollectivesGiveExactValues) {
   test::expect_exact_collectives(*g_comm, stream.get());
 }
 
+// The 16-bit reduce-scatter across processes: NCCL's order and roundings, within size() u of
+// the exact sums.
+TEST(NcclOverMpi, SixteenBitReduceScatterIsWithinItsRoundings) {
+  test::Stream stream;
+  test::expect_reduce_scatter16(*g_comm, stream.get(), /*rank_order=*/false);
+}
+
 TEST(NcclOverMpi, CapturedStepReplaysTheEagerValues) {
   test::Stream stream;
   test::expect_captured_step_replays(*g_comm, stream.get(), cudaStreamCaptureModeGlobal);

@@ -408,9 +408,58 @@ TEST_F(SharedGpuCollectives, EveryCollectiveGivesExactValues) {
       [&](DeviceCommunicator& comm) {
         test::Stream stream;
         test::expect_exact_collectives(comm, stream.get());
+        test::expect_reduce_scatter16(comm, stream.get(), /*rank_order=*/true);
       },
       options);
 }
+
+// Problem::reduce_dtype on the GPU (ranks sharing it): dK/dV partial sums crossing ranks in
+// the problem's dtype. Against the reference, dk and dv within the tolerance thdcp/cp/cp.h
+// derives; out, lse, max_logit and dq the bits of the fp32 reduce-scatter's run; dk or dv
+// not those bits everywhere (the option acts); one graph of the step replayed equals eager.
+using ReduceParam = std::tuple<CpLayout, int /*cp*/, int /*edge case index*/>;
+
+class CudaCpReduceDtype : public test::CudaTest, public ::testing::WithParamInterface<ReduceParam> {};
+
+TEST_P(CudaCpReduceDtype, GradientsWithinTheDerivedToleranceAndTheRestUnchanged) {
+  const auto [layout, cp, index] = GetParam();
+  const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
+  cp::Problem exact = problem_of(c, cp, layout);
+  exact.kv_gather = cp::KvGather::kWhole;
+  cp::Problem rounded = exact;
+  rounded.reduce_dtype = c.dtype;
+  const test::Batch b = make_case_batch(c, cp, exact.capacity, 6000 + index * 10 + cp, false, layout);
+  const test::Outputs reference = test::single_device(b, c.mask, AttentionOptions{});
+  std::vector<test::Outputs> by_fp32(cp), by_dtype(cp), replayed(cp);
+  run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+    const size_t r = static_cast<size_t>(comm.rank());
+    by_fp32[r] = test::CudaCpRank(comm, exact).run(b);
+    by_dtype[r] = test::CudaCpRank(comm, rounded).run(b);
+  });
+  bool differs = false;
+  for (int rank = 0; rank < cp; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const test::Outputs& got = by_dtype[static_cast<size_t>(rank)];
+    const test::Outputs& fp32 = by_fp32[static_cast<size_t>(rank)];
+    EXPECT_TRUE(test::same_bits(got.out, fp32.out));
+    EXPECT_TRUE(test::same_bits(got.lse, fp32.lse));
+    EXPECT_TRUE(test::same_bits(got.max_logit, fp32.max_logit));
+    EXPECT_TRUE(test::same_bits(got.dq, fp32.dq));
+    const test::Outputs want = test::local_outputs(reference, b.layout.view(), cp, rank, layout);
+    EXPECT_TRUE(test::matches("dk", got.dk, want.dk, test::gpu_reduced_grad_tolerance(c.dtype, cp)));
+    EXPECT_TRUE(test::matches("dv", got.dv, want.dv, test::gpu_reduced_grad_tolerance(c.dtype, cp)));
+    differs = differs || !test::same_bits(got.dk, fp32.dk) || !test::same_bits(got.dv, fp32.dv);
+  }
+  EXPECT_TRUE(differs) << "reduce_dtype=" << dtype_name(c.dtype) << " gave the fp32 reduce-scatter's bits everywhere";
+  // Two batches against the reference, and one graph of every rank's step replayed on the
+  // second equal to its eager step, bit for bit.
+  test::expect_group_case(layout, cp::CpComm::kAllGather, cp, index, cp::KvGather::kWhole, 1, {}, c.dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpReduceDtype,
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Values(2, 4), ::testing::Values(0, 2, 3)),
+                         edge_name);
 
 class CudaCpFaults : public test::CudaTest {};
 

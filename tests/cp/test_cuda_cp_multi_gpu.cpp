@@ -97,6 +97,7 @@ TEST_F(PeerCopyGroup, EveryCollectiveGivesExactValues) {
         EXPECT_EQ(comm.device(), comm.rank());
         test::Stream stream;
         test::expect_exact_collectives(comm, stream.get());
+        test::expect_reduce_scatter16(comm, stream.get(), /*rank_order=*/true);
       },
       options);
 }

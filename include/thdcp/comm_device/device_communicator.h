@@ -11,7 +11,9 @@
 //    (after warm_up());
 //  - all_gather: recv holds the `bytes` of every rank, rank-major (rank r at r * bytes);
 //  - reduce_scatter_sum: send holds size() blocks of `count` floats; rank r receives the
-//    element-wise sum over ranks of block r;
+//    element-wise sum over ranks of block r; its 16-bit form (dtype bf16 or fp16) the same
+//    over elements of that dtype, the sum in that dtype (NCCL rounds as its steps go; ranks of
+//    one process sum in fp32 in rank order and round once);
 //  - all_reduce_max: element-wise max over ranks, in place;
 //  - all_to_all: send holds size() blocks of `bytes`, block r for rank r; recv receives
 //    rank r's block for this rank at r * bytes (send and recv must not overlap).
@@ -24,6 +26,8 @@
 
 #include <cstddef>
 #include <memory>
+
+#include "thdcp/core/dtype.h"
 
 namespace thdcp {
 
@@ -39,6 +43,7 @@ class DeviceCommunicator {
 
   virtual void all_gather(const void* send, void* recv, size_t bytes, cudaStream_t stream) = 0;
   virtual void reduce_scatter_sum(const float* send, float* recv, size_t count, cudaStream_t stream) = 0;
+  virtual void reduce_scatter_sum(const void* send, void* recv, size_t count, DType dtype, cudaStream_t stream) = 0;
   virtual void all_reduce_max(float* data, size_t count, cudaStream_t stream) = 0;
   virtual void all_to_all(const void* send, void* recv, size_t bytes, cudaStream_t stream) = 0;
 

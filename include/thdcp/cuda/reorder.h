@@ -64,6 +64,9 @@ void pack_rows(const ConstThdTensor& src, void* dst, cudaStream_t stream);
 // dst[i] = src[i] rounded to `dtype` (to nearest even; fp32 is a copy), n elements.
 void convert_from_fp32(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream);
 
+// dst[i] = src[i] (bf16 or fp16, n elements) as fp32: exact.
+void convert_to_fp32(const void* src, DType dtype, float* dst, int64_t n, cudaStream_t stream);
+
 // The same into a strided view: src holds dst.tokens * dst.heads * dst.head_dim contiguous
 // floats ([tokens, heads, head_dim]); element (row, head, d) goes to dst's (row, head, d).
 void convert_from_fp32(const float* src, ThdTensor dst, cudaStream_t stream);

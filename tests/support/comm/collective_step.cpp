@@ -1,8 +1,11 @@
 #include "support/comm/collective_step.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace thdcp::test {
 namespace {
@@ -166,6 +169,48 @@ void expect_captured_step_replays(DeviceCommunicator& comm, cudaStream_t stream,
     THDCP_CHECK_CUDA(cudaGraphLaunch(captured.exec, stream));
     comm.synchronize(stream, kTestTimeoutSeconds);
     EXPECT_TRUE(step.check(stream)) << " (replay " << replay << ")";
+  }
+}
+
+void expect_reduce_scatter16(DeviceCommunicator& comm, cudaStream_t stream, bool rank_order) {
+  const int size = comm.size(), rank = comm.rank();
+  const size_t count = 4099;
+  // Values of a few magnitudes with low bits set, so that sums need rounding.
+  const auto value = [](int r, int block, size_t i) {
+    return static_cast<float>(1.0 + static_cast<double>((i * 37 + static_cast<size_t>(r) * 11 + block * 5) % 97) / 64.0) *
+           static_cast<float>(1 << ((i + static_cast<size_t>(r)) % 5));
+  };
+  for (const DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const bool bf16 = dtype == DType::kBFloat16;
+    const auto narrow = [bf16](float x) { return bf16 ? float_to_bf16(x) : float_to_fp16(x); };
+    const auto widen = [bf16](uint16_t h) { return bf16 ? bf16_to_float(h) : fp16_to_float(h); };
+    std::vector<uint16_t> send(count * static_cast<size_t>(size));
+    for (int block = 0; block < size; ++block) {
+      for (size_t i = 0; i < count; ++i) send[static_cast<size_t>(block) * count + i] = narrow(value(rank, block, i));
+    }
+    cuda::DeviceBuffer send_buffer(send.size() * sizeof(uint16_t)), recv_buffer(count * sizeof(uint16_t));
+    upload(send_buffer, send.data(), stream);
+    comm.reduce_scatter_sum(send_buffer.data(), recv_buffer.data(), count, dtype, stream);
+    comm.synchronize(stream, kTestTimeoutSeconds);
+    const std::vector<uint16_t> got = download<uint16_t>(recv_buffer, stream);
+    int64_t wrong = 0;
+    for (size_t i = 0; i < count; ++i) {
+      float in_order = 0;
+      double exact = 0, magnitude = 0;
+      for (int r = 0; r < size; ++r) {
+        const float x = widen(narrow(value(r, rank, i)));
+        in_order = r == 0 ? x : in_order + x;
+        exact += x;
+        magnitude += std::abs(static_cast<double>(x));
+      }
+      const uint16_t want = narrow(in_order);
+      const double result = widen(got[i]);
+      const bool ok = rank_order ? got[i] == want
+                                 : std::abs(result - exact) <= size * dtype_unit_roundoff(dtype) * magnitude;
+      if (!ok && ++wrong <= 3) ADD_FAILURE() << "element " << i << ": " << result << ", want " << widen(want);
+    }
+    EXPECT_EQ(wrong, 0);
   }
 }
 

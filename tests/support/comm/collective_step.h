@@ -69,6 +69,11 @@ class CollectiveStep {
 // Every collective of every size, eagerly; values compared on the host.
 void expect_exact_collectives(DeviceCommunicator& comm, cudaStream_t stream);
 
+// The 16-bit reduce_scatter_sum (bf16 and fp16) on inputs whose sums need rounding: with
+// `rank_order` (ranks of one process) every element the bits of the fp32 sum in rank order
+// rounded once; otherwise (NCCL, its own order and roundings) within size() u of the exact sum.
+void expect_reduce_scatter16(DeviceCommunicator& comm, cudaStream_t stream, bool rank_order);
+
 // The step captured once (after warm_up) and replayed twice: each replay must give the
 // values an eager run gives. `mode`: global for one capturing thread per process,
 // thread-local when several ranks' threads capture at once.

@@ -43,14 +43,14 @@ Capacity capacity_of(const EdgeCase& c, int cp) {
 }
 
 void expect_matches_reference(const Outputs& o, const Outputs& ref, const Batch& b, int cp, int rank,
-                              CpLayout layout) {
+                              CpLayout layout, bool reduced) {
   SCOPED_TRACE(std::string(cp_layout_name(layout)) + " cp " + std::to_string(cp) + " rank " + std::to_string(rank));
-  expect_gpu_close(o, local_outputs(ref, b.layout.view(), cp, rank, layout), b.q.dtype());
+  expect_gpu_close(o, local_outputs(ref, b.layout.view(), cp, rank, layout), b.q.dtype(), reduced ? cp : 0);
 }
 
 void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask, int cp, int rank,
-                              CpLayout layout) {
-  expect_matches_reference(o, single_device(b, mask, AttentionOptions{}), b, cp, rank, layout);
+                              CpLayout layout, bool reduced) {
+  expect_matches_reference(o, single_device(b, mask, AttentionOptions{}), b, cp, rank, layout, reduced);
 }
 
 cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout, cp::CpComm comm, int a2a_size) {
@@ -107,13 +107,15 @@ void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaS
 }
 
 void expect_group_case(CpLayout layout, cp::CpComm cp_comm, int cp, int index, cp::KvGather gather, int a2a_size,
-                       const SharedGpuOptions& options) {
+                       const SharedGpuOptions& options, DType reduce_dtype) {
   const EdgeCase c = heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp_comm, a2a_size);
   const Capacity capacity = capacity_of(c, cp);
   const Batch first = make_case_batch(c, cp, capacity, 1000 + index * 10 + cp, false, layout);
   const Batch second = make_case_batch(c, cp, capacity, 2000 + index * 10 + cp, true, layout);
   cp::Problem problem = problem_of(c, cp, layout, cp_comm, a2a_size);
   problem.kv_gather = gather;
+  problem.reduce_dtype = reduce_dtype;
+  const bool reduced = reduce_dtype != DType::kFloat32;
 
   std::vector<Outputs> eager_first(cp), eager_second(cp), replayed(cp);
   ThreadBarrier barrier(cp);
@@ -168,8 +170,8 @@ void expect_group_case(CpLayout layout, cp::CpComm cp_comm, int cp, int index, c
   }, options);
 
   for (int rank = 0; rank < cp; ++rank) {
-    expect_matches_reference(eager_first[rank], first, c.mask, cp, rank, layout);
-    expect_matches_reference(eager_second[rank], second, c.mask, cp, rank, layout);
+    expect_matches_reference(eager_first[rank], first, c.mask, cp, rank, layout, reduced);
+    expect_matches_reference(eager_second[rank], second, c.mask, cp, rank, layout, reduced);
     EXPECT_TRUE(identical(replayed[rank], eager_second[rank])) << "graph replay vs eager, rank " << rank;
   }
   cudaGraphExecDestroy(exec);

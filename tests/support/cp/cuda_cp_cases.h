@@ -42,11 +42,13 @@ Capacity capacity_of(const EdgeCase& c, int cp);
 
 // One rank's outputs against its rows (under `layout`) of `ref`, the single-device CPU
 // result on the batch `b`.
+// (reduced: dk and dv of a step whose reduce-scatter ran in the storage dtype, held to
+// gpu_reduced_grad_tolerance.)
 void expect_matches_reference(const Outputs& o, const Outputs& ref, const Batch& b, int cp, int rank,
-                              CpLayout layout = CpLayout::kDualChunk);
+                              CpLayout layout = CpLayout::kDualChunk, bool reduced = false);
 
 void expect_matches_reference(const Outputs& o, const Batch& b, const Mask& mask, int cp, int rank,
-                              CpLayout layout = CpLayout::kDualChunk);
+                              CpLayout layout = CpLayout::kDualChunk, bool reduced = false);
 
 // a2a_size: a2a+ag's all-to-all group (other comms: 1).
 cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout = CpLayout::kDualChunk,
@@ -70,9 +72,10 @@ void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaS
 // against the CPU reference on two batches, and the step of every rank captured in one graph
 // (rank 0's global-mode capture, every rank's stream joined to it) and replayed on the second
 // batch equal to its eager step, bit for bit.
+// reduce_dtype: cp::Problem::reduce_dtype (dk and dv then held to the reduced tolerance).
 void expect_group_case(CpLayout layout, cp::CpComm cp_comm, int cp, int index,
                        cp::KvGather gather = cp::KvGather::kAuto, int a2a_size = 1,
-                       const SharedGpuOptions& options = {});
+                       const SharedGpuOptions& options = {}, DType reduce_dtype = DType::kFloat32);
 
 // The name of a CP communication in test names: "" for all_gather (the default), "all_to_all_".
 std::string comm_prefix(cp::CpComm comm);
