@@ -104,6 +104,8 @@ const char* kHelp =
     "  --kv-gather G[,G...]  the K/V rows each rank gathers, each a row (whole): whole (every rank's)\n"
     "                      or halo (its rows with the window's edges from its neighbours; rows of the\n"
     "                      contiguous layout under the window mask only, the others skip it)\n"
+    "  --reduce-dtype R[,R...]  the dtype dK/dV partial sums cross ranks in, each a row (fp32): fp32\n"
+    "                      and/or the batch's (--dtype: half the reduce-scatter's bytes)\n"
     "  --device-comm D[,D...]  the ranks' device communicator, each a row (nccl): nccl, or peer (one\n"
     "                      SharedGpuGroup over the GPUs: all-gathers and all-to-alls as peer copies on\n"
     "                      the copy engines, no SMs; the reductions kernels reading the peers' buffers)\n"
@@ -129,6 +131,7 @@ struct Variant {
   bool halo = false;  // cp::KvGather::kHalo: each rank's rows with the window's edges (contiguous layout)
   cp::CpComm comm = cp::CpComm::kAllGather;
   bool peer = false;  // a peer-copy SharedGpuGroup instead of NCCL
+  bool narrow_reduce = false;  // cp::Problem::reduce_dtype = the batch's dtype
 };
 
 struct Options {
@@ -168,15 +171,17 @@ struct Row {
   bool halo = false;          // the halo gather (cp::KvGather::kHalo)
   cp::CpComm comm = cp::CpComm::kAllGather;
   bool peer = false;          // over a peer-copy SharedGpuGroup, not NCCL
+  bool narrow_reduce = false;  // dK/dV reduce-scattered in the batch's dtype
 };
 
 // The bytes a rank receives in one forward + backward step: the other ranks' K/V rows, once
 // per gather (the forward's, and the backward's unless it keeps them), and its share of the
 // fp32 dK/dV partial sums of the other ranks (the reduce-scatter).
-double received_per_rank(const StepShape& s, int64_t tokens, int cp, bool kept_kv) {
+double received_per_rank(const StepShape& s, int64_t tokens, int cp, bool kept_kv, bool narrow_reduce = false) {
   const double others = static_cast<double>(cp - 1) / cp;
   const double kv = others * static_cast<double>(s.bytes(tokens, s.kv_heads) + s.bytes(tokens, s.kv_heads, s.value_head_dim()));
-  const double grads = others * sizeof(float) * static_cast<double>(tokens * s.kv_heads) *
+  const double grad_bytes = narrow_reduce ? static_cast<double>(dtype_size(s.dtype)) : sizeof(float);
+  const double grads = others * grad_bytes * static_cast<double>(tokens * s.kv_heads) *
                        static_cast<double>(s.head_dim + s.value_head_dim());
   return kv * (kept_kv ? 1 : 2) + grads;
 }
@@ -219,7 +224,7 @@ double pairs_imbalance(const BatchLayout& layout, CpLayout cp_layout, int cp, co
 
 // Where the backward takes K/V from, and (with --dq-pass 1) that dQ had a pass of its own.
 std::string backward_form(const Row& r) {
-  const std::string over = r.peer ? ", peer copies" : "";
+  const std::string over = std::string(r.narrow_reduce ? ", 16-bit reduce" : "") + (r.peer ? ", peer copies" : "");
   if (r.comm == cp::CpComm::kAllToAll) return "all_to_all" + over;
   return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "") + (r.halo ? ", halo" : "") + over;
 }
@@ -341,6 +346,11 @@ Options parse_options(const Args& args) {
   for (size_t n : parse_names("kv-gather", args.get("kv-gather", "whole"), {"whole", "halo"})) halos.push_back(n == 1);
   std::vector<bool> peers;
   for (size_t n : parse_names("device-comm", args.get("device-comm", "nccl"), {"nccl", "peer"})) peers.push_back(n == 1);
+  std::vector<bool> narrow;
+  const std::string batch_dtype = dtype_name(o.shape.dtype);
+  for (size_t n : parse_names("reduce-dtype", args.get("reduce-dtype", "fp32"), {"fp32", batch_dtype})) {
+    narrow.push_back(n == 1);
+  }
   for (size_t n : parse_names("cp-layout", args.get("cp-layout", "dual_chunk"), {"dual_chunk", "contiguous"})) {
     o.layouts.push_back(n == 0 ? CpLayout::kDualChunk : CpLayout::kContiguous);
   }
@@ -353,7 +363,12 @@ Options parse_options(const Args& args) {
               // A halo is a gather's: all-to-all rows have none.
               if (halo && comm == cp::CpComm::kAllToAll) continue;
               for (bool peer : peers) {
-                o.variants.push_back(Variant{c, kept, static_cast<int>(margin), dq_pass != 0, halo, comm, peer});
+                for (bool reduce16 : narrow) {
+                  // The halo's edges cross in fp32, and all-to-all reduces nothing across ranks.
+                  if (reduce16 && (halo || comm == cp::CpComm::kAllToAll)) continue;
+                  o.variants.push_back(
+                      Variant{c, kept, static_cast<int>(margin), dq_pass != 0, halo, comm, peer, reduce16});
+                }
               }
             }
           }
@@ -501,12 +516,14 @@ void summarize(const std::vector<scaling::RankReport>& reports, const Options& o
     row.reduce_ms = slowest_median(reports, &scaling::RankReport::reduce_ms, steps);
     const double share = static_cast<double>(row.cp - 1) / row.cp;
     const double kv_bytes = static_cast<double>(o.shape.bytes(row.tokens, o.shape.kv_heads));
-    const double grad_bytes = sizeof(float) * static_cast<double>(row.tokens * o.shape.kv_heads * o.shape.head_dim);
+    const double grad_element = row.narrow_reduce ? static_cast<double>(dtype_size(o.shape.dtype)) : sizeof(float);
+    const double grad_bytes = grad_element * static_cast<double>(row.tokens * o.shape.kv_heads * o.shape.head_dim);
     row.gather_busbw = 2 * kv_bytes * share / (row.gather_ms * 1e6);
     row.reduce_busbw = 2 * grad_bytes * share / (row.reduce_ms * 1e6);
-    std::printf("collectives alone T=%lld cp=%d: all-gather of K and V %.3f ms (busbw %.0f GB/s), "
-                "reduce-scatter of fp32 dK and dV %.3f ms (busbw %.0f GB/s)\n",
-                tokens, row.cp, row.gather_ms, row.gather_busbw, row.reduce_ms, row.reduce_busbw);
+    std::printf("collectives alone T=%lld cp=%d (%s): all-gather of K and V %.3f ms (busbw %.0f GB/s), "
+                "reduce-scatter of %s dK and dV %.3f ms (busbw %.0f GB/s)\n",
+                tokens, row.cp, row.peer ? "peer copies" : "nccl", row.gather_ms, row.gather_busbw,
+                row.narrow_reduce ? dtype_name(o.shape.dtype) : "fp32", row.reduce_ms, row.reduce_busbw);
   } else {
     std::printf("collectives alone T=%lld cp=%d: not measured: %s\n", tokens, row.cp,
                 reports[0].collectives_skip.c_str());
@@ -530,10 +547,12 @@ Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& 
   row.halo = variant.halo;
   row.comm = variant.comm;
   row.peer = variant.peer;
+  row.narrow_reduce = variant.narrow_reduce;
   row.received_bytes = variant.comm == cp::CpComm::kAllToAll
                            ? received_by_all_to_all(o.shape, row.tokens, variant.cp)
                        : variant.halo ? received_by_halo(o.shape, run.mask, variant.cp, variant.kept_kv)
-                                      : received_per_rank(o.shape, row.tokens, variant.cp, variant.kept_kv);
+                                      : received_per_rank(o.shape, row.tokens, variant.cp, variant.kept_kv,
+                                                          variant.narrow_reduce);
   row.kept_kv = variant.kept_kv;
   row.sm_margin = variant.sm_margin;
   row.dq_pass = variant.dq_pass;
@@ -659,7 +678,8 @@ void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& 
         const scaling::CpRun run{layout, in, base.ref, m.mask, s,
                                  variant.kept_kv ? Pass::kForwardBackwardKeptKv : Pass::kForwardBackward,
                                  attention, o.warmup, o.iters, cp_layout,
-                                 variant.halo ? cp::KvGather::kHalo : cp::KvGather::kWhole, variant.comm};
+                                 variant.halo ? cp::KvGather::kHalo : cp::KvGather::kWhole, variant.comm,
+                                 variant.narrow_reduce ? s.dtype : DType::kFloat32};
         rows.push_back(run_variant(o, variant, run, row, failed));
       }
     }
@@ -720,7 +740,7 @@ void print_tables(const std::vector<Row>& rows, const Options& o, const std::str
 
 int bench_scaling_command(const std::vector<std::string>& argv) {
   const Args args(argv,
-                  {"gpus", "cp-layout", "cp-comm", "kv-gather", "device-comm", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
+                  {"gpus", "cp-layout", "cp-comm", "kv-gather", "device-comm", "reduce-dtype", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
                    "max-length", "seed", "warmup", "iters", "kv", "sm-margin", "dq-pass"},
                   {"scaling", "help"});
   if (args.has("help")) {

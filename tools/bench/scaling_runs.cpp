@@ -134,7 +134,8 @@ void time_steps(const CpRun& run, cp::CudaPlan& plan, const DeviceTensors& t, Co
 }
 
 // The collectives alone, with nothing beside them: what NCCL takes on this host for the
-// step's volumes (its bus bandwidth), against which the exposed communication reads.
+// step's volumes (its bus bandwidth), against which the exposed communication reads. The
+// reduce-scatter in the run's reduce_dtype.
 void time_collectives(const CpRun& run, const DeviceTensors& t, Communicator& host, DeviceCommunicator& comm,
                       cudaStream_t stream, RankReport& report) {
   const int cp = comm.size();
@@ -156,7 +157,11 @@ void time_collectives(const CpRun& run, const DeviceTensors& t, Communicator& ho
   });
   report.reduce_ms = time_runs(loop, stream, [&] {
     for (int twice = 0; twice < 2; ++twice) {
-      comm.reduce_scatter_sum(ranked.as<float>(), reduced.as<float>(), grad_count, stream);
+      if (run.reduce_dtype == DType::kFloat32) {
+        comm.reduce_scatter_sum(ranked.as<float>(), reduced.as<float>(), grad_count, stream);
+      } else {
+        comm.reduce_scatter_sum(ranked.data(), reduced.data(), grad_count, run.reduce_dtype, stream);
+      }
     }
   });
 }
@@ -172,7 +177,7 @@ void cp_rank(Communicator& host, const CpRun& run, RankReport& report) {
   THDCP_CHECK_CUDA(cudaSetDevice(comm->device()));
 
   const cp::Problem problem = cp_problem(run.shape, cp, Capacity{run.layout.num_seqs(), run.layout.total_rows()},
-                                        run.mask, run.cp_layout, run.comm, run.kv_gather);
+                                        run.mask, run.cp_layout, run.comm, run.kv_gather, 1, run.reduce_dtype);
   const int64_t local = problem.local_rows();
   const size_t workspace_bytes = cp::cuda_workspace_size(problem, run.attention);
   const double need =

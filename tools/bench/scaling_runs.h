@@ -73,6 +73,7 @@ struct CpRun {
   CpLayout cp_layout = CpLayout::kDualChunk;
   cp::KvGather kv_gather = cp::KvGather::kAuto;
   cp::CpComm comm = cp::CpComm::kAllGather;
+  DType reduce_dtype = DType::kFloat32;  // cp::Problem::reduce_dtype
   SharedGpuGroup* peer_group = nullptr;  // set: the ranks' communicators, else NCCL's
 };
 

@@ -60,6 +60,8 @@ const char* kRunHelp =
     "                    bytes), whole (every rank's K/V to every rank) or halo (only the key\n"
     "                    rows a rank's queries reach, e.g. within a left window; the CPU\n"
     "                    backend). The summary gives the bytes each rank received\n"
+    "  --cp-reduce-dtype T  the dtype dK/dV partial sums cross ranks in: fp32 (default, the\n"
+    "                    tightest) or --dtype's (half the bytes of the reduce-scatter)\n"
     "  --seed S          seed of lengths and tensor values (default 1234)\n"
     "  --mask M          causal (default) or full\n"
     "  --window L,R      sliding window on absolute positions: keys in [i-L, i+R]; -1 = unbounded\n"
@@ -176,6 +178,16 @@ RunConfig parse_run_config(const Args& args) {
   const CpCommArgs comm = parse_cp_comm(args);
   c.cp_comm = comm.comm;
   c.a2a_size = comm.a2a_size;
+  const std::string reduce = args.get("cp-reduce-dtype", "fp32");
+  if (reduce != "fp32" && reduce != "bf16" && reduce != "fp16") {
+    throw UsageError("--cp-reduce-dtype " + quote_excerpt(reduce) + ": use fp32, bf16 or fp16");
+  }
+  c.reduce_dtype = parse_dtype(reduce);
+  if (c.reduce_dtype != DType::kFloat32 && c.reduce_dtype != c.dtype) {
+    throw UsageError("--cp-reduce-dtype " + std::string(dtype_name(c.reduce_dtype)) + " with --dtype " +
+                     dtype_name(c.dtype) + ": dK/dV partial sums cross ranks in fp32 or in --dtype's; use fp32 or " +
+                     dtype_name(c.dtype));
+  }
   const std::string kv_gather = args.get("cp-kv-gather", "auto");
   if (kv_gather == "auto") {
     c.kv_gather = cp::KvGather::kAuto;
@@ -366,7 +378,7 @@ int run_command(const std::vector<std::string>& argv) {
   const Args args(argv,
                   {"backend", "cp", "gpus", "gpu-comm", "tokens", "seed", "mask", "window", "heads", "head-dim", "v-head-dim",
                    "dtype", "threads", "lengths", "batch", "load", "save", "json", "max-memory", "cp-layout", "cp-comm", "cp-a2a-size",
-                   "cp-kv-gather"},
+                   "cp-kv-gather", "cp-reduce-dtype"},
                   {"check", "no-check", "quiet", "help", "allow-nonfinite", "sinks"});
   if (args.has("help")) {
     std::fputs(usage_with_cuda_head_dims(kRunHelp).c_str(), stdout);

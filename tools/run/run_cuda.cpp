@@ -165,7 +165,7 @@ namespace {
 // The CP problem of a run: its batch's layout as the capacity, the run's shapes and CP mode.
 cp::Problem problem_of(const RunConfig& c, const LayoutView& layout, int cp) {
   return cp_problem(c.step_shape(), cp, Capacity{layout.num_seqs, layout.total_rows()}, c.mask, c.cp_layout,
-                    c.cp_comm, c.kv_gather, c.a2a_size);
+                    c.cp_comm, c.kv_gather, c.a2a_size, c.reduce_dtype);
 }
 
 // This rank's CP forward and backward over `comm` on `stream`: its rows up, one CudaPlan,

@@ -180,7 +180,7 @@ RankResult run_rank_cpu(Communicator& comm, const RunConfig& c, const GlobalBatc
   // The plan's tensor forms take the sinks (the one-shot cp::forward does not).
   cp::CpuPlan plan(comm,
                    cp_problem(c.step_shape(), cp, Capacity{layout.num_seqs, layout.total_rows()}, c.mask, c.cp_layout,
-                              c.cp_comm, c.kv_gather, c.a2a_size),
+                              c.cp_comm, c.kv_gather, c.a2a_size, c.reduce_dtype),
                    options);
   if (c.cp_comm != cp::CpComm::kAllToAll) r.kv_traffic = plan.kv_traffic(layout);
 

@@ -53,6 +53,7 @@ struct RunConfig {
   cp::CpComm cp_comm = cp::CpComm::kAllGather;  // --cp-comm
   cp::KvGather kv_gather = cp::KvGather::kAuto; // --cp-kv-gather
   int a2a_size = 1;                              // --cp-a2a-size (--cp-comm a2a+ag)
+  DType reduce_dtype = DType::kFloat32;          // --cp-reduce-dtype: dK/dV partials across ranks
 
   // The batch's rows split over cp in multiples of this: each document's padded length under
   // the dual-chunk layout (2*cp), the whole buffer under the contiguous one (cp).

@@ -13,8 +13,8 @@ AttentionProblem attention_problem(const StepShape& shape, const Capacity& capac
 }
 
 cp::Problem cp_problem(const StepShape& shape, int cp, const Capacity& capacity, const Mask& mask, CpLayout layout,
-                       cp::CpComm comm, cp::KvGather kv_gather, int a2a_size) {
-  return cp::Problem{shape.heads(), cp, capacity, mask, shape.dtype, layout, comm, kv_gather, a2a_size};
+                       cp::CpComm comm, cp::KvGather kv_gather, int a2a_size, DType reduce_dtype) {
+  return cp::Problem{shape.heads(), cp, capacity, mask, shape.dtype, layout, comm, kv_gather, a2a_size, reduce_dtype};
 }
 
 BatchLayout exact_layout(const std::vector<int64_t>& lengths, int cp) {

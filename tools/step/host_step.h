@@ -27,7 +27,8 @@ struct StepShape : HeadShape {
 AttentionProblem attention_problem(const StepShape& shape, const Capacity& capacity, const Mask& mask);
 cp::Problem cp_problem(const StepShape& shape, int cp, const Capacity& capacity, const Mask& mask,
                        CpLayout layout = CpLayout::kDualChunk, cp::CpComm comm = cp::CpComm::kAllGather,
-                       cp::KvGather kv_gather = cp::KvGather::kAuto, int a2a_size = 1);
+                       cp::KvGather kv_gather = cp::KvGather::kAuto, int a2a_size = 1,
+                       DType reduce_dtype = DType::kFloat32);
 
 // The batch of `lengths` (each padded to a multiple of 2*cp) in capacity form, a capacity
 // that holds exactly it: max_seqs = documents + 1, max_tokens = its rows.
