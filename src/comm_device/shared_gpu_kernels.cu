@@ -21,25 +21,12 @@ __global__ void sum_over_ranks(RankPointers src, int ranks, size_t offset, float
 }
 
 template <typename T>
-__device__ float widen(T x);
-template <>
-__device__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <>
-__device__ float widen(__half x) { return __half2float(x); }
-
-template <typename T>
-__device__ T narrow(float x);
-template <>
-__device__ __nv_bfloat16 narrow(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ __half narrow(float x) { return __float2half_rn(x); }
-
-template <typename T>
 __global__ void sum16_over_ranks(RankPointers src, int ranks, size_t offset, T* __restrict__ dst, size_t count) {
   for (size_t i = blockIdx.x * size_t{kThreads} + threadIdx.x; i < count; i += size_t{gridDim.x} * kThreads) {
-    float sum = widen(reinterpret_cast<const T*>(src.rank[0])[offset + i]);
-    for (int r = 1; r < ranks; ++r) sum += widen(reinterpret_cast<const T*>(src.rank[r])[offset + i]);
-    dst[i] = narrow<T>(sum);
+    // Widened exactly, summed in fp32 in rank order, rounded once (to nearest even).
+    float sum = static_cast<float>(reinterpret_cast<const T*>(src.rank[0])[offset + i]);
+    for (int r = 1; r < ranks; ++r) sum += static_cast<float>(reinterpret_cast<const T*>(src.rank[r])[offset + i]);
+    dst[i] = T(sum);
   }
 }
 

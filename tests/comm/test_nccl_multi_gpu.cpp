@@ -17,15 +17,8 @@
 namespace thdcp {
 namespace {
 
-class NcclMultiGpu : public test::CudaTest {
+class NcclMultiGpu : public test::MultiGpuTest {
  protected:
-  void SetUp() override {
-    test::CudaTest::SetUp();
-    if (IsSkipped()) return;
-    THDCP_CHECK_CUDA(cudaGetDeviceCount(&gpus_));
-    if (gpus_ < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpus_ << " visible";
-  }
-
   // Runs body on one thread per GPU, each with its rank's warmed-up communicator and a
   // stream of its device.
   void on_every_gpu(const std::function<void(DeviceCommunicator&, cudaStream_t)>& body,
@@ -42,8 +35,6 @@ class NcclMultiGpu : public test::CudaTest {
       body(*comm, stream.get());
     });
   }
-
-  int gpus_ = 0;
 };
 
 TEST_F(NcclMultiGpu, CollectivesGiveExactValues) {

@@ -51,19 +51,7 @@ TEST_P(CpReduceDtype, GradientsWithinTheDerivedToleranceAndTheRestUnchanged) {
   const std::vector<test::Outputs> by_fp32 = run_ranks(b, exact), by_dtype = run_ranks(b, rounded);
   Tolerance grads = derive_tolerance(dtype, options.accumulate, 2);
   grads.atol_scale += 2.0 * cp * dtype_unit_roundoff(dtype);
-  bool differs = false;
-  for (int rank = 0; rank < cp; ++rank) {
-    SCOPED_TRACE("rank " + std::to_string(rank));
-    const test::Outputs& got = by_dtype[static_cast<size_t>(rank)];
-    const test::Outputs& fp32 = by_fp32[static_cast<size_t>(rank)];
-    EXPECT_TRUE(test::same_bits(got.out, fp32.out));
-    EXPECT_TRUE(test::same_bits(got.lse, fp32.lse));
-    EXPECT_TRUE(test::same_bits(got.dq, fp32.dq));
-    const test::Outputs want = test::local_outputs(reference, b.layout.view(), cp, rank, layout);
-    EXPECT_TRUE(test::matches("dk", got.dk, want.dk, grads));
-    EXPECT_TRUE(test::matches("dv", got.dv, want.dv, grads));
-    differs = differs || !test::same_bits(got.dk, fp32.dk) || !test::same_bits(got.dv, fp32.dv);
-  }
+  const bool differs = test::expect_reduced_gradients(by_dtype, by_fp32, reference, b, layout, grads);
   EXPECT_TRUE(differs) << "reduce_dtype=" << dtype_name(dtype) << " gave the fp32 reduce-scatter's bits everywhere";
 }
 

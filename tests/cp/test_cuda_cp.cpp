@@ -436,20 +436,8 @@ TEST_P(CudaCpReduceDtype, GradientsWithinTheDerivedToleranceAndTheRestUnchanged)
     by_fp32[r] = test::CudaCpRank(comm, exact).run(b);
     by_dtype[r] = test::CudaCpRank(comm, rounded).run(b);
   });
-  bool differs = false;
-  for (int rank = 0; rank < cp; ++rank) {
-    SCOPED_TRACE("rank " + std::to_string(rank));
-    const test::Outputs& got = by_dtype[static_cast<size_t>(rank)];
-    const test::Outputs& fp32 = by_fp32[static_cast<size_t>(rank)];
-    EXPECT_TRUE(test::same_bits(got.out, fp32.out));
-    EXPECT_TRUE(test::same_bits(got.lse, fp32.lse));
-    EXPECT_TRUE(test::same_bits(got.max_logit, fp32.max_logit));
-    EXPECT_TRUE(test::same_bits(got.dq, fp32.dq));
-    const test::Outputs want = test::local_outputs(reference, b.layout.view(), cp, rank, layout);
-    EXPECT_TRUE(test::matches("dk", got.dk, want.dk, test::gpu_reduced_grad_tolerance(c.dtype, cp)));
-    EXPECT_TRUE(test::matches("dv", got.dv, want.dv, test::gpu_reduced_grad_tolerance(c.dtype, cp)));
-    differs = differs || !test::same_bits(got.dk, fp32.dk) || !test::same_bits(got.dv, fp32.dv);
-  }
+  const bool differs = test::expect_reduced_gradients(by_dtype, by_fp32, reference, b, layout,
+                                                      test::gpu_reduced_grad_tolerance(c.dtype, cp));
   EXPECT_TRUE(differs) << "reduce_dtype=" << dtype_name(c.dtype) << " gave the fp32 reduce-scatter's bits everywhere";
   // Two batches against the reference, and one graph of every rank's step replayed on the
   // second equal to its eager step, bit for bit.

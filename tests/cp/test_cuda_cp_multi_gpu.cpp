@@ -72,16 +72,13 @@ TEST_P(CudaCpA2aAgThreadPerGpu, EagerMatchesReferenceAndReplayMatchesEager) {
 // kernels reading the peers' buffers. Every collective's exact values; the edge-case table
 // under both layouts, eager against the reference and one graph over every GPU replayed
 // against eager, bit for bit. Skipped with the reason on fewer than 2 GPUs.
-class PeerCopyGroup : public test::CudaTest {
+class PeerCopyGroup : public test::MultiGpuTest {
  protected:
   void SetUp() override {
-    test::CudaTest::SetUp();
+    test::MultiGpuTest::SetUp();
     if (IsSkipped()) return;
-    THDCP_CHECK_CUDA(cudaGetDeviceCount(&gpus_));
-    if (gpus_ < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpus_ << " visible";
     for (int d = 0; d < gpus_; ++d) options_.devices.push_back(d);
   }
-  int gpus_ = 0;
   SharedGpuOptions options_;
 };
 

@@ -182,4 +182,24 @@ void expect_cp_plan_matches_single_device(const Batch& b, const Mask& mask, cons
   for (int r = 1; r < cp; ++r) EXPECT_TRUE(same_bits(dsinks[static_cast<size_t>(r)], dsinks[0])) << "rank " << r;
 }
 
+bool expect_reduced_gradients(const std::vector<Outputs>& rounded, const std::vector<Outputs>& exact,
+                              const Outputs& reference, const Batch& b, CpLayout layout, const Tolerance& grads) {
+  const int cp = static_cast<int>(rounded.size());
+  bool differs = false;
+  for (int rank = 0; rank < cp; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const Outputs& got = rounded[static_cast<size_t>(rank)];
+    const Outputs& fp32 = exact[static_cast<size_t>(rank)];
+    EXPECT_TRUE(same_bits(got.out, fp32.out));
+    EXPECT_TRUE(same_bits(got.lse, fp32.lse));
+    EXPECT_TRUE(same_bits(got.max_logit, fp32.max_logit));
+    EXPECT_TRUE(same_bits(got.dq, fp32.dq));
+    const Outputs want = local_outputs(reference, b.layout.view(), cp, rank, layout);
+    EXPECT_TRUE(matches("dk", got.dk, want.dk, grads));
+    EXPECT_TRUE(matches("dv", got.dv, want.dv, grads));
+    differs = differs || !same_bits(got.dk, fp32.dk) || !same_bits(got.dv, fp32.dv);
+  }
+  return differs;
+}
+
 }  // namespace thdcp::test

@@ -54,6 +54,14 @@ Outputs local_outputs(const Outputs& global, const LayoutView& layout, int cp, i
                                               const std::vector<float>& reference_dsinks = {},
                                               std::vector<float>* dsinks = nullptr);
 
+// The ranks' outputs of a CP run whose reduce-scatter ran in the storage dtype (`rounded`,
+// cp::Problem::reduce_dtype) against the fp32 reduce-scatter's run (`exact`) and the
+// single-device `reference`: out, lse, max_logit and dq the same bits; dk and dv within
+// `grads` of the reference's rows under `layout`. Returns whether dk or dv differ from the
+// fp32 run's anywhere (the option acted).
+bool expect_reduced_gradients(const std::vector<Outputs>& rounded, const std::vector<Outputs>& exact,
+                              const Outputs& reference, const Batch& b, CpLayout layout, const Tolerance& grads);
+
 // This rank's outputs (its local rows) of a CpuPlan of `problem` on `b`, forward then
 // backward, with `sinks` (empty: none; d(sink) into `dsinks` when given).
 Outputs cp_plan_rank_outputs(Communicator& comm, const Batch& b, const cp::Problem& problem,

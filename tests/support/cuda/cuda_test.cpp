@@ -17,6 +17,13 @@ void CudaTest::SetUp() {
   if (count == 0) GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount reports 0 devices";
 }
 
+void MultiGpuTest::SetUp() {
+  CudaTest::SetUp();
+  if (IsSkipped()) return;
+  THDCP_CHECK_CUDA(cudaGetDeviceCount(&gpus_));
+  if (gpus_ < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpus_ << " visible";
+}
+
 VisibleGpus visible_gpus(Communicator& world) {
   VisibleGpus gpus;
   if (cudaGetDeviceCount(&gpus.here) != cudaSuccess) {

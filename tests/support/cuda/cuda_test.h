@@ -22,6 +22,13 @@ class CudaTest : public ::testing::Test {
   void SetUp() override;
 };
 
+// GPU tests of 2 or more GPUs: skipped with the reason below 2; gpus_ GPUs visible.
+class MultiGpuTest : public CudaTest {
+ protected:
+  void SetUp() override;
+  int gpus_ = 0;
+};
+
 using cuda::DeviceBuffer;
 
 // A device copy of a host tensor, and views of it.
