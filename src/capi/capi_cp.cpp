@@ -158,6 +158,19 @@ CpConfig config_of(const thdcp_cp_params* given) {
   problem.v_head_dim = p.v_head_dim;
   check_all_to_all_heads(problem);
   problem.a2a_size = a2a_size_of(p.a2a_size, problem);
+  problem.reduce_dtype = raw_enum(p.reduce_dtype) == THDCP_DTYPE_DEFAULT
+                             ? DType::kFloat32
+                             : storage_dtype(raw_enum(p.reduce_dtype), "params->reduce_dtype");
+  const auto c_name = [](DType d) {
+    return dtype_c_name(d == DType::kBFloat16 ? THDCP_DTYPE_BF16 : d == DType::kFloat16 ? THDCP_DTYPE_FP16 : THDCP_DTYPE_FP32);
+  };
+  THDCP_CAPI_REQUIRE(problem.reduce_dtype == DType::kFloat32 || problem.reduce_dtype == problem.dtype,
+                     "params->reduce_dtype=" << c_name(problem.reduce_dtype) << " with params->dtype="
+                                             << c_name(problem.dtype)
+                                             << ": dK/dV partial sums cross ranks in fp32 or in the problem's "
+                                                "dtype; use THDCP_DTYPE_DEFAULT (fp32) or "
+                                             << c_name(problem.dtype));
+  THDCP_CAPI_REQUIRE(p.reserved2 == 0, "params->reserved2=" << p.reserved2 << " must be 0");
   check_softmax_scale(p.softmax_scale, "params");
   c.softmax_scale = p.softmax_scale;
   c.deterministic = p.deterministic != 0;

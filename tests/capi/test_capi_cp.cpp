@@ -607,10 +607,37 @@ TEST(CApiCpModes, OlderStructGetsTheDefaults) {
   p.max_tokens = 64;
   EXPECT_C_OK(thdcp_cp_plan_workspace_size(&p, &bytes));
   const thdcp_cp_params defaults = THDCP_CP_PARAMS_INIT;
-  EXPECT_EQ(sizeof(thdcp_cp_params), 112u);
+  EXPECT_EQ(sizeof(thdcp_cp_params), 120u);
+  EXPECT_EQ(defaults.reduce_dtype, THDCP_DTYPE_DEFAULT);
   EXPECT_EQ(defaults.cp_layout, THDCP_CP_LAYOUT_DUAL_CHUNK);
   EXPECT_EQ(defaults.cp_comm, THDCP_CP_COMM_ALL_GATHER);
   EXPECT_EQ(defaults.kv_gather, THDCP_CP_KV_GATHER_AUTO);
+}
+
+// params->reduce_dtype (the 120-byte struct): fp32 (0 or THDCP_DTYPE_FP32) or the problem's
+// dtype are accepted; another dtype is refused naming both; a 112-byte struct gets fp32
+// whatever lies past its end; reserved2 must be 0.
+TEST(CApiCpReduceDtype, Fp32OrTheProblemsDtype) {
+  thdcp_cp_params p = mode_params(2, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_GATHER);
+  size_t bytes = 0;
+  for (const int accepted : {THDCP_DTYPE_DEFAULT, THDCP_DTYPE_FP32, THDCP_DTYPE_BF16}) {
+    p.reduce_dtype = accepted;
+    EXPECT_C_OK(thdcp_cp_plan_workspace_size(&p, &bytes)) << accepted;
+  }
+  p.reduce_dtype = THDCP_DTYPE_FP16;
+  EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->reduce_dtype=THDCP_DTYPE_FP16 with params->dtype=THDCP_DTYPE_BF16: dK/dV partial sums "
+                  "cross ranks in fp32 or in the problem's dtype; use THDCP_DTYPE_DEFAULT (fp32) or THDCP_DTYPE_BF16");
+  p.reduce_dtype = 7;
+  EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->reduce_dtype=7");
+  p.struct_size = 112;
+  EXPECT_C_OK(thdcp_cp_plan_workspace_size(&p, &bytes));
+  p.struct_size = sizeof(thdcp_cp_params);
+  p.reduce_dtype = THDCP_DTYPE_DEFAULT;
+  p.reserved2 = 1;
+  EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->reserved2=1 must be 0");
 }
 
 // A caller built against the 104-byte struct (before kv_gather and a2a_size) gets auto and no

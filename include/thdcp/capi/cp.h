@@ -103,11 +103,8 @@ typedef struct thdcp_cp_params {
                             the rule for max_tokens and the layouts above. Default
                             THDCP_CP_LAYOUT_DUAL_CHUNK (0), also what an older, shorter
                             struct gets */
-  int32_t cp_comm;       /* a thdcp_cp_comm_t. Default THDCP_CP_COMM_ALL_GATHER (0).
-                            THDCP_BACKEND_CPU runs every (cp_layout, cp_comm) pair;
-                            THDCP_BACKEND_CUDA only the defaults, and refuses another pair
-                            (THDCP_ERROR_INVALID_ARGUMENT naming it) in every build, before
-                            it asks for CUDA */
+  int32_t cp_comm;       /* a thdcp_cp_comm_t. Default THDCP_CP_COMM_ALL_GATHER (0). Both
+                            backends run every (cp_layout, cp_comm) pair */
   /* ---- appended in 0.2 (issue 31, halo gathers and a2a+ag): struct_size 112 ---- */
   int32_t kv_gather;     /* a thdcp_cp_kv_gather_t. Default THDCP_CP_KV_GATHER_AUTO (0), also
                             what an older, shorter struct gets. THDCP_CP_KV_GATHER_HALO as
@@ -116,13 +113,22 @@ typedef struct thdcp_cp_params {
   int32_t a2a_size;      /* THDCP_CP_COMM_A2A_AG: the ranks of an all-to-all group, >= 1 and
                             dividing cp_size, q_heads and kv_heads (1: all_gather's bits,
                             cp_size: all_to_all's). Other modes: 0 or 1. Default 0 */
+  /* ---- appended in 0.3 (issue 30): struct_size 120 ---- */
+  int32_t reduce_dtype;  /* a thdcp_dtype_t: the dtype the whole gather's dK/dV partial sums
+                            cross ranks in. THDCP_DTYPE_DEFAULT (0, the default, also what an
+                            older, shorter struct gets) and THDCP_DTYPE_FP32: fp32, summed
+                            then rounded once into dk, dv; params->dtype: half the bytes of
+                            the reduce-scatter (each rank's partials rounded once to it; the
+                            error bound is thdcp/cp/cp.h's). Another value is refused. The
+                            halo gather's edges cross in fp32 */
+  int32_t reserved2;     /* 0 */
 } thdcp_cp_params;
 
 #define THDCP_CP_PARAMS_MIN_SIZE ((size_t)72)
 #define THDCP_CP_PARAMS_INIT                                                                   \
   {sizeof(thdcp_cp_params), THDCP_BACKEND_CPU, THDCP_DTYPE_BF16, 0, 0, 0, 0, 1, 0, -1, -1, 0.0f, \
    1, 0, 0, 0, 0, 0, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_GATHER,                    \
-   THDCP_CP_KV_GATHER_AUTO, 0}
+   THDCP_CP_KV_GATHER_AUTO, 0, THDCP_DTYPE_DEFAULT, 0}
 
 static inline void thdcp_cp_params_init(thdcp_cp_params* params) {
   const thdcp_cp_params defaults = THDCP_CP_PARAMS_INIT;
