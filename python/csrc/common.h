@@ -189,6 +189,15 @@ inline cp::CpComm cp_comm_argument(const std::string& name) {
                     "' is not a CP communication: pass 'all_gather', 'all_to_all' or 'a2a+ag'");
 }
 
+// cp_attention's reduce_dtype: "fp32" (the default) or the tensors' "bf16" / "fp16" (the
+// plan checks which).
+inline DType reduce_dtype_argument(const std::string& name) {
+  if (name == "fp32") return DType::kFloat32;
+  if (name == "bf16") return DType::kBFloat16;
+  if (name == "fp16") return DType::kFloat16;
+  TORCH_CHECK_VALUE(false, "thdcp: reduce_dtype='", name, "' is not a dtype: pass 'fp32', 'bf16' or 'fp16'");
+}
+
 inline Mask window_mask(int64_t left, int64_t right) {
   TORCH_CHECK_VALUE(left >= -1 && right >= -1 && left <= INT32_MAX && right <= INT32_MAX, "thdcp: window=(", left,
                     ", ", right, ") is not valid; pass (left, right) with -1 for unbounded and 0 or more otherwise, "

@@ -241,13 +241,12 @@ struct PlanKey {
   int64_t q_heads, kv_heads, head_dim, v_head_dim;
   int dtype;
   float scale;
-  int layout, comm, a2a_size;
+  int layout, comm, a2a_size, reduce_dtype;
   bool operator<(const PlanKey& o) const {
     return std::tie(cp, max_seqs, max_tokens, window_left, window_right, q_heads, kv_heads, head_dim, v_head_dim,
-                    dtype, scale, layout, comm, a2a_size) < std::tie(o.cp, o.max_seqs, o.max_tokens, o.window_left,
-                                                                     o.window_right, o.q_heads, o.kv_heads, o.head_dim,
-                                                                     o.v_head_dim, o.dtype, o.scale, o.layout, o.comm,
-                                                                     o.a2a_size);
+                    dtype, scale, layout, comm, a2a_size, reduce_dtype) <
+           std::tie(o.cp, o.max_seqs, o.max_tokens, o.window_left, o.window_right, o.q_heads, o.kv_heads, o.head_dim,
+                    o.v_head_dim, o.dtype, o.scale, o.layout, o.comm, o.a2a_size, o.reduce_dtype);
   }
 };
 
@@ -319,7 +318,7 @@ void communicator_destroy_op(int64_t handle) {
 
 CpPlanEntry& cp_plan(CommEntry& entry, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& cu_seqlens, const Mask& mask, double softmax_scale, CpLayout layout,
-                     cp::CpComm cp_comm, int a2a_size, cudaStream_t stream) {
+                     cp::CpComm cp_comm, int a2a_size, DType reduce_dtype, cudaStream_t stream) {
   DeviceCommunicator& comm = *entry.comm;
   TORCH_CHECK_VALUE(q.get_device() == comm.device(), "thdcp: q is on cuda:", q.get_device(),
                     " but the communicator's device is cuda:", comm.device(), "; pass tensors of that device");
@@ -336,11 +335,12 @@ CpPlanEntry& cp_plan(CommEntry& entry, const at::Tensor& q, const at::Tensor& k,
   problem.layout = layout;
   problem.comm = cp_comm;
   problem.a2a_size = a2a_size;
+  problem.reduce_dtype = reduce_dtype;
   const PlanKey key{problem.cp,         problem.capacity.max_seqs,       problem.capacity.max_tokens,
                     mask.window_left,   mask.window_right,               problem.q_heads,
                     problem.kv_heads,   problem.head_dim,                problem.v_head_dim,
                     static_cast<int>(problem.dtype), static_cast<float>(softmax_scale), static_cast<int>(layout),
-                    static_cast<int>(cp_comm), a2a_size};
+                    static_cast<int>(cp_comm), a2a_size, static_cast<int>(reduce_dtype)};
   auto it = entry.plans.find(key);
   if (it != entry.plans.end()) return it->second;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -363,7 +363,8 @@ Outputs3 cp_attention_forward_cuda(const at::Tensor& q_in, const at::Tensor& k_i
                                    const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, int64_t handle,
                                    int64_t window_left, int64_t window_right, double softmax_scale,
                                    bool return_max_logit, const std::optional<at::Tensor>& sinks,
-                                   const std::string& layout, const std::string& cp_comm, int64_t a2a_size) {
+                                   const std::string& layout, const std::string& cp_comm, int64_t a2a_size,
+                                   const std::string& reduce_dtype) {
   // Views (packed QKV, head-major K/V) pass as they are; only a broadcast is materialised.
   const at::Tensor q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in);
   return translate_errors("cp_attention", [&] {
@@ -372,7 +373,7 @@ Outputs3 cp_attention_forward_cuda(const at::Tensor& q_in, const at::Tensor& k_i
     CommEntry& entry = comm_entry(handle);
     CpPlanEntry& made = cp_plan(entry, q, k, v, cu_seqlens, window_mask(window_left, window_right), softmax_scale,
                                 cp_layout_argument(layout), cp_comm_argument(cp_comm), to_int(a2a_size, "a2a_size"),
-                                on.stream);
+                                reduce_dtype_argument(reduce_dtype), on.stream);
     const float* sink_logits = sinks_data(sinks, q);
     Outputs3 outputs = forward_outputs(q, v, return_max_logit);
     made.plan->forward(device_layout(cu_seqlens, cu_seqlens_padded, made.plan->problem().capacity),
@@ -386,7 +387,7 @@ Outputs4 cp_attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor&
                                     const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, int64_t handle,
                                     int64_t window_left, int64_t window_right, double softmax_scale,
                                     const std::optional<at::Tensor>& sinks, const std::string& layout,
-                                    const std::string& cp_comm, int64_t a2a_size) {
+                                    const std::string& cp_comm, int64_t a2a_size, const std::string& reduce_dtype) {
   const at::Tensor dout = thd_input(dout_in), q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in),
                    out = thd_input(out_in);
   return translate_errors("cp_attention backward", [&] {
@@ -396,7 +397,7 @@ Outputs4 cp_attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor&
     CommEntry& entry = comm_entry(handle);
     CpPlanEntry& made = cp_plan(entry, q, k, v, cu_seqlens, window_mask(window_left, window_right), softmax_scale,
                                 cp_layout_argument(layout), cp_comm_argument(cp_comm), to_int(a2a_size, "a2a_size"),
-                                on.stream);
+                                reduce_dtype_argument(reduce_dtype), on.stream);
     const float* sink_logits = sinks_data(sinks, q);
     Outputs3 grads = backward_outputs(q, k, v);
     at::Tensor dsinks = dsinks_output(sinks, q);

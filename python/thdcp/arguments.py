@@ -115,6 +115,18 @@ def a2a_size(op: str, value, comm_name: str) -> int:
     return integer(op, "a2a_size", value, 1, INT32_MAX)
 
 
+def reduce_dtype(op: str, value, q: torch.Tensor) -> str:
+    """cp_attention's reduce_dtype: None or torch.float32 (dK/dV partial sums cross ranks in
+    fp32) or q's dtype (half the reduce-scatter's bytes); its name for the ops."""
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+    if value is None or value is torch.float32:
+        return "fp32"
+    if value is not q.dtype or value not in names:
+        raise ValueError("thdcp.%s: reduce_dtype=%r with q of %s: dK/dV partial sums cross ranks in fp32 or in the "
+                         "tensors' dtype; pass None (fp32), torch.float32 or %s" % (op, value, q.dtype, q.dtype))
+    return names[value]
+
+
 def a2a_groups(op: str, size: int, cp: int, q_heads: int, kv_heads: int) -> None:
     """a2a+ag runs cp = a2a_size x ag_size ranks and shards the heads over each all-to-all
     group: a2a_size must divide all three."""

@@ -105,6 +105,7 @@ def cp_attention(
     layout: str = "dual_chunk",
     cp_comm: str = "all_gather",
     a2a_size: Optional[int] = None,
+    reduce_dtype: Optional[torch.dtype] = None,
 ):
     """Attention of this rank's rows under AllGather CP over `comm`, or over the communicator
     thdcp keeps for the torch.distributed `group` (Communicator.for_group) when comm is None.
@@ -120,7 +121,10 @@ def cp_attention(
     beyond the layout's) or "a2a+ag" (an all-to-all inside groups of a2a_size consecutive
     ranks shards the heads over each group, AllGather CP runs across the cp / a2a_size groups:
     a2a_size divides cp, q_heads and kv_heads; TransformerEngine's a2a+p2p with an AllGather
-    in place of the ring). sinks: as thdcp.attention's, the same on every
+    in place of the ring). reduce_dtype: None / torch.float32 (dK/dV partial sums cross
+    ranks in fp32, the default and the tightest) or q's dtype (half the reduce-scatter's
+    bytes, for at most cp u times the partials' magnitudes more error; thdcp/cp/cp.h).
+    sinks: as thdcp.attention's, the same on every
     rank; their gradient is summed over the ranks' rows (every rank gets the whole [Hq]).
     cu_seqlens, cu_seqlens_padded: the global layout, int32 CUDA [B + 1], the same on every
     rank, the last padded entry T (cp_layout makes them for either layout). Returns this
@@ -134,6 +138,7 @@ def cp_attention(
     layout = arguments.cp_layout("cp_attention", layout)
     cp_comm = arguments.cp_comm("cp_attention", cp_comm)
     group_size = arguments.a2a_size("cp_attention", a2a_size, cp_comm)
+    reduce = arguments.reduce_dtype("cp_attention", reduce_dtype, q)
     if sinks is not None:
         sinks = arguments.sinks("cp_attention", sinks, q)
     if comm is None:
@@ -148,14 +153,15 @@ def cp_attention(
         arguments.a2a_groups("cp_attention", group_size, comm.size, q.shape[1], k.shape[1])
     out, lse, max_logit = _ops.cp_attention_forward(
         q, k, v, cu_seqlens, cu_seqlens_padded, comm.handle, left, right, scale, bool(return_max_logit), sinks,
-        layout, cp_comm, group_size
+        layout, cp_comm, group_size, reduce
     )
     return _results(out, lse, max_logit, return_lse, return_max_logit)
 
 
 @torch.library.register_fake("thdcp::cp_attention_forward")
 def _cp_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right, softmax_scale,
-                     return_max_logit, sinks=None, layout="dual_chunk", cp_comm="all_gather", a2a_size=1):
+                     return_max_logit, sinks=None, layout="dual_chunk", cp_comm="all_gather", a2a_size=1,
+                     reduce_dtype="fp32"):
     arguments.check_devices("cp_attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded)
                             + (("sinks", sinks),))
     rows, heads, _ = q.shape
@@ -165,7 +171,8 @@ def _cp_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, comm, window_left, 
 
 @torch.library.register_fake("thdcp::cp_attention_backward")
 def _cp_backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right,
-                      softmax_scale, sinks=None, layout="dual_chunk", cp_comm="all_gather", a2a_size=1):
+                      softmax_scale, sinks=None, layout="dual_chunk", cp_comm="all_gather", a2a_size=1,
+                      reduce_dtype="fp32"):
     arguments.check_devices("cp_attention backward",
                             _attention_backward_tensors(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded)
                             + (("sinks", sinks),))
@@ -180,19 +187,20 @@ def _cp_setup(ctx, inputs, output):
     layout = rest[1] if len(rest) > 1 else "dual_chunk"
     cp_comm = rest[2] if len(rest) > 2 else "all_gather"
     a2a_size = rest[3] if len(rest) > 3 else 1
+    reduce = rest[4] if len(rest) > 4 else "fp32"
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, sinks)
-    ctx.args = (comm, left, right, scale, layout, cp_comm, a2a_size)
+    ctx.args = (comm, left, right, scale, layout, cp_comm, a2a_size, reduce)
     ctx.mark_non_differentiable(lse, max_logit)
 
 
 def _cp_backward(ctx, dout, dlse, dmax_logit):
     q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, sinks = ctx.saved_tensors
-    comm, left, right, scale, layout, cp_comm, a2a_size = ctx.args
+    comm, left, right, scale, layout, cp_comm, a2a_size, reduce = ctx.args
     dq, dk, dv, dsinks = _ops.cp_attention_backward(_kernel_ready(dout), q, k, v, out, lse, cu_seqlens,
                                                     cu_seqlens_padded, comm, left, right, scale, sinks, layout,
-                                                    cp_comm, a2a_size)
+                                                    cp_comm, a2a_size, reduce)
     return (dq, dk, dv, None, None, None, None, None, None, None, dsinks if sinks is not None else None, None, None,
-            None)
+            None, None)
 
 
 torch.library.register_autograd("thdcp::cp_attention_forward", _cp_backward, setup_context=_cp_setup)

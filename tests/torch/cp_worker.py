@@ -71,6 +71,22 @@ def main():
                                        rtol=2e-2, atol=2e-2)
         checked += 1
 
+    # dK/dV partial sums crossing ranks in bf16 (reduce_dtype): the forward and dq the fp32
+    # reduce-scatter's bits, dk and dv against thdcp.attention within cp u more.
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    ref = thdcp.attention(qg, kg, vg, cu_d, cu_padded_d, window=(100, 0))
+    ref_grads = torch.autograd.grad(ref, (qg, kg, vg), dout)
+    outs, grads_by = [], []
+    for reduce in (None, torch.bfloat16):
+        ql, kl, vl = (thdcp.cp_split(t, cu_padded, cp, rank).requires_grad_() for t in (q, k, v))
+        out = thdcp.cp_attention(ql, kl, vl, cu_d, cu_padded_d, window=(100, 0), comm=comm, reduce_dtype=reduce)
+        outs.append(out)
+        grads_by.append(torch.autograd.grad(out, (ql, kl, vl), thdcp.cp_split(dout, cu_padded, cp, rank)))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(grads_by[0][0], grads_by[1][0]), "reduce_dtype moved out or dq"
+    for got, want in zip(grads_by[1][1:], ref_grads[1:]):
+        torch.testing.assert_close(got, thdcp.cp_split(want, cu_padded, cp, rank), rtol=2e-2, atol=2e-2 + cp * 2 ** -7)
+    checked += 1
+
     # The head-sharded communications under both layouts, against thdcp.attention: all-to-all
     # (Ulysses, cp_comm="all_to_all": heads sharded over the ranks, kv_heads = cp, q_heads =
     # 4 cp), and a2a+ag (cp_comm="a2a+ag": all-to-all groups of 2 ranks, 1 on an odd world,

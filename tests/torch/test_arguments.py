@@ -237,6 +237,9 @@ def test_cp_attention_refuses_an_unknown_layout_before_making_a_communicator():
         thdcp.cp_attention(**args, a2a_size=2)
     with pytest.raises(ValueError, match=r"cp_attention: a2a_size=0 is out of range: pass an int in \[1, 2147483647\]"):
         thdcp.cp_attention(**args, cp_comm="a2a+ag", a2a_size=0)
+    with pytest.raises(ValueError, match=r"cp_attention: reduce_dtype=torch.float16 with q of torch.float32: dK/dV "
+                                         r"partial sums cross ranks in fp32 or in the tensors' dtype"):
+        thdcp.cp_attention(**args, reduce_dtype=torch.float16)
 
 
 # Every integer parameter of the package, each given a value that is not an integer or does
