@@ -82,9 +82,10 @@ void CudaA2aAg::forward(const DeviceLayout& layout, const ForwardTensors& t, cud
 void CudaA2aAg::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream,
                          const PhaseMark& mark) {
   start(layout, stream, mark);
-  // dq, dk, dv in fp32: rounded once, on the way back (the AllGather plan reduce-scatters dk
-  // and dv in fp32, and its fp32 cast is exact).
-  const BackwardTensors h = exchange_->backward_to_heads(t);
+  // dq in the problem's dtype, as the AllGather plan writes it (whole on each rank, rounded
+  // once there; the way back only moves it); dk, dv in fp32, rounded once on the way back (the
+  // AllGather plan reduce-scatters them in fp32, and its fp32 cast is exact).
+  const BackwardTensors h = exchange_->backward_to_heads(t, t.dq.dtype);
   mark(Phase::kAttention);
   across_->backward(layout, h, stream);
   mark(Phase::kReduce);

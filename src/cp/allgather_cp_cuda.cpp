@@ -491,6 +491,13 @@ void check_backward_tensors(const Problem& p, const BackwardTensors& t) {
               "dsinks is set but sinks is null: pass the forward's sinks to get their gradient");
   THDCP_CHECK(t.dv.dtype == t.dk.dtype, "dk has dtype " << dtype_name(t.dk.dtype) << " but dv has "
                                                         << dtype_name(t.dv.dtype) << ": pass both in one dtype");
+  // dq is whole on each rank (no reduction), written by the attention in the problem's dtype;
+  // only all_to_all's exchange rounds it from fp32 on the way back and so takes either.
+  THDCP_CHECK(t.dq.dtype == p.dtype || p.comm == CpComm::kAllToAll,
+              "dq has dtype " << dtype_name(t.dq.dtype) << " but the CUDA " << cp_comm_name(p.comm)
+                              << " CP writes dq in " << dtype_name(p.dtype)
+                              << ": pass dq in the problem's dtype, or use cp_comm all_to_all or the CPU backend "
+                                 "for an fp32 dq");
 }
 
 }  // namespace

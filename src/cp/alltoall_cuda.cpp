@@ -110,7 +110,7 @@ void CudaAllToAll::backward(const DeviceLayout& layout, const BackwardTensors& t
                             const PhaseMark& mark) {
   State& s = *s_;
   const cuda::DeviceSegmentTable table = s.start(layout, stream, mark);
-  const BackwardTensors h = s.x.backward_to_heads(t);
+  const BackwardTensors h = s.x.backward_to_heads(t, DType::kFloat32);
   mark(Phase::kAttention);
   s.backward->run(table, h, stream);
   mark(Phase::kReduce);

@@ -209,7 +209,7 @@ void CudaHeadExchange::backward_to_rows(const BackwardTensors& heads, const Back
   if (t.dsinks) comm_.all_gather(heads.dsinks, t.dsinks, static_cast<size_t>(q_heads_) * sizeof(float), stream_);
 }
 
-BackwardTensors CudaHeadExchange::backward_to_heads(const BackwardTensors& t) {
+BackwardTensors CudaHeadExchange::backward_to_heads(const BackwardTensors& t, DType dq_dtype) {
   const int64_t dv = p_.value_head_dim();
   BackwardTensors h{to_heads(t.q, w_.q),
                     to_heads(t.k, w_.k),
@@ -217,7 +217,7 @@ BackwardTensors CudaHeadExchange::backward_to_heads(const BackwardTensors& t) {
                     to_heads(t.out, w_.out),
                     to_heads(t.dout, w_.dout),
                     w_.lse,
-                    dense(w_.dq, DType::kFloat32, q_heads_, p_.head_dim),
+                    dense(w_.dq, dq_dtype, q_heads_, p_.head_dim),
                     dense(w_.dk, DType::kFloat32, kv_heads_, p_.head_dim),
                     dense(w_.dv, DType::kFloat32, kv_heads_, dv)};
   lse_to_heads(t.lse, w_.lse);

@@ -41,7 +41,7 @@ struct ExchangeParts {
   unsigned char* dout = nullptr;
   float* lse = nullptr;           // [Hq/members, rows], the group's order
   float* lse_ranked = nullptr;    // [Hq/members, rows], member-major (dual chunk only)
-  float* dq = nullptr;            // head-sharded fp32, the group's order
+  float* dq = nullptr;            // head-sharded, fp32 or the problem's dtype, the group's order
   float* dk = nullptr;
   float* dv = nullptr;
   float* max_logit = nullptr;     // [Hq/members]
@@ -90,9 +90,9 @@ class CudaHeadExchange {
   void forward_to_rows(const ForwardTensors& heads, const ForwardTensors& t);
 
   // The backward's tensors of this member's heads: q, k, v, out, dout and lse exchanged into
-  // the parts; dq, dk and dv fp32 in the parts; this member's sinks and d(sink) (where t has
-  // them).
-  BackwardTensors backward_to_heads(const BackwardTensors& t);
+  // the parts; dq in `dq_dtype` (fp32 or the problem's: what the attention behind the exchange
+  // writes), dk and dv fp32, in the parts; this member's sinks and d(sink) (where t has them).
+  BackwardTensors backward_to_heads(const BackwardTensors& t, DType dq_dtype);
   // dq, dk, dv back to this rank's rows (rounded once), d(sink) all-gathered over the group.
   void backward_to_rows(const BackwardTensors& heads, const BackwardTensors& t);
 

@@ -585,5 +585,28 @@ TEST_F(CudaCpFaults, HostTensorsAreRefusedAtPlanTimeOnEveryRank) {
   EXPECT_NE(messages[0].find("rank 1: "), std::string::npos) << messages[0];
 }
 
+// An fp32 dq is refused before anything is enqueued where the CUDA plan writes dq in the
+// problem's dtype (all_gather, a2a+ag), naming the dtype and the alternatives.
+TEST_F(CudaCpFaults, Fp32DqIsRefusedOutsideAllToAll) {
+  for (const cp::CpComm comm_kind : {cp::CpComm::kAllGather, cp::CpComm::kA2aAg}) {
+    const std::vector<std::string> messages = errors_of_two_ranks([&](DeviceCommunicator& comm) {
+      cp::Problem p = small_problem(2);
+      p.comm = comm_kind;
+      if (comm_kind == cp::CpComm::kA2aAg) p.a2a_size = 2;
+      test::CudaCpRank state(comm, p);
+      BackwardTensors backward = state.backward_tensors();
+      test::DeviceBuffer dq(static_cast<size_t>(backward.dq.numel()) * sizeof(float));
+      backward.dq = ThdTensor(dq.data(), DType::kFloat32, backward.dq.tokens, backward.dq.heads, backward.dq.head_dim);
+      state.plan().check_tensors(state.layout(), nullptr, &backward);
+    });
+    for (const std::string& message : messages) {
+      EXPECT_NE(message.find("dq has dtype fp32 but the CUDA " + std::string(cp::cp_comm_name(comm_kind)) +
+                             " CP writes dq in bf16"),
+                std::string::npos)
+          << message;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace thdcp

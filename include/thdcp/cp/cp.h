@@ -119,8 +119,9 @@ struct Timings {
 // The tensors of one step on this rank (ForwardTensors, BackwardTensors of
 // thdcp/plan/attention_shape.h): q, out, dout, dq: [T/cp, Hq, D]; k, v, dk, dv:
 // [T/cp, Hkv, D]; lse Hq * T/cp floats ([Hq, T/cp]); max_logit Hq floats (max-reduced over
-// the group) or nullptr. dq: q's dtype or fp32; dk, dv: k's dtype or fp32 (their fp32 partial
-// sums are reduce-scattered in fp32 and rounded once). BackwardTensors::dkv_rows is the
+// the group) or nullptr. dq: q's dtype or fp32 (the CUDA backend takes fp32 dq under
+// all_to_all only); dk, dv: k's dtype or fp32 (their fp32 partial sums are reduce-scattered in
+// fp32 and rounded once). BackwardTensors::dkv_rows is the
 // plan's own business: leave it null.
 // Every local tensor is a view with any row and head strides (thdcp/core/tensor.h: packed
 // QKV, padded, head-major [H, T/cp, D] memory). k and v are packed into dense rows (the
