@@ -79,15 +79,16 @@ void CudaA2aAg::forward(const DeviceLayout& layout, const ForwardTensors& t, cud
   mark(Phase::kCount);
 }
 
-void CudaA2aAg::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream,
+void CudaA2aAg::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, KvSource kv,
                          const PhaseMark& mark) {
   start(layout, stream, mark);
   // dq in the problem's dtype, as the AllGather plan writes it (whole on each rank, rounded
-  // once there; the way back only moves it); dk, dv in fp32, rounded once on the way back (the
-  // AllGather plan reduce-scatters them in fp32, and its fp32 cast is exact).
-  const BackwardTensors h = exchange_->backward_to_heads(t, t.dq.dtype);
+  // once there; the way back only moves it); dk, dv in fp32, rounded once before the way back
+  // (the AllGather plan reduce-scatters them in fp32, and its fp32 cast is exact). Kept: the
+  // forward's head-sharded tensors, and the AllGather plan's own gathered K/V.
+  const BackwardTensors h = exchange_->backward_to_heads(t, t.dq.dtype, kv == KvSource::kFromForward);
   mark(Phase::kAttention);
-  across_->backward(layout, h, stream);
+  across_->backward(layout, h, stream, kv);
   mark(Phase::kReduce);
   exchange_->backward_to_rows(h, t);
   mark(Phase::kCount);

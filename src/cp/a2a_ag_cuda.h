@@ -47,7 +47,8 @@ class CudaA2aAg {
 
   // One step of this rank on `stream`; the layout and tensors were checked by the caller.
   void forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream, const PhaseMark& mark);
-  void backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, const PhaseMark& mark);
+  void backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, KvSource kv,
+                const PhaseMark& mark);
 
   KvGather kv_gather() const { return across_->kv_gather(); }  // of the AllGather across the groups
 

@@ -665,14 +665,12 @@ void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cuda
 void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, KvSource kv) {
   check_layout(layout, problem_);
   check_backward_tensors(problem_, t);
-  // all_to_all and a2a+ag exchange K/V again whatever `kv` says: the forward's head-sharded
-  // K/V are not kept.
   if (workspace_->all_to_all) {
-    workspace_->all_to_all->backward(layout, t, stream, phase_marks(events_.get(), stream));
+    workspace_->all_to_all->backward(layout, t, stream, kv, phase_marks(events_.get(), stream));
     return;
   }
   if (workspace_->a2a_ag) {
-    workspace_->a2a_ag->backward(layout, t, stream, phase_marks(events_.get(), stream));
+    workspace_->a2a_ag->backward(layout, t, stream, kv, phase_marks(events_.get(), stream));
     return;
   }
   CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);

@@ -107,10 +107,10 @@ void CudaAllToAll::forward(const DeviceLayout& layout, const ForwardTensors& t, 
 }
 
 void CudaAllToAll::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream,
-                            const PhaseMark& mark) {
+                            KvSource kv, const PhaseMark& mark) {
   State& s = *s_;
   const cuda::DeviceSegmentTable table = s.start(layout, stream, mark);
-  const BackwardTensors h = s.x.backward_to_heads(t, DType::kFloat32);
+  const BackwardTensors h = s.x.backward_to_heads(t, DType::kFloat32, kv == KvSource::kFromForward);
   mark(Phase::kAttention);
   s.backward->run(table, h, stream);
   mark(Phase::kReduce);

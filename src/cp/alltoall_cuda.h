@@ -7,9 +7,10 @@
 // sequence order already where it is contiguous); the single-device kernels attend over
 // whole documents with those heads; a second all-to-all returns out and lse to the rank's
 // rows, and an all-gather of each rank's heads gives max_logit (and, in the backward,
-// d(sink)). Backward: q, k, v, out, dout and lse go to the heads the same way, the kernels
-// give fp32 dQ/dK/dV of the rank's heads, and an all-to-all returns them to its rows, rounded
-// once into dq, dk, dv. No partial sums cross ranks (each head belongs to one rank), so the
+// d(sink)). Backward: q, k, v, out, dout and lse go to the heads the same way (dout alone
+// where the forward's are kept, KvSource::kFromForward), the kernels give fp32 dQ/dK/dV of
+// the rank's heads, rounded once into the dtype of dq, dk, dv, and an all-to-all returns them
+// to its rows. No partial sums cross ranks (each head belongs to one rank), so the
 // result is deterministic and the same bits as the single-device kernels on those heads.
 //
 // The exchanges are CudaHeadExchange's (head_exchange_cuda.h) over one group of cp ranks.
@@ -25,6 +26,7 @@
 #include "head_exchange_cuda.h"
 #include "thdcp/comm_device/device_communicator.h"
 #include "thdcp/cp/cp.h"
+#include "thdcp/cp/cuda.h"
 #include "thdcp/plan/layout.h"
 
 namespace thdcp::cp::detail {
@@ -44,8 +46,11 @@ class CudaAllToAll {
   CudaAllToAll& operator=(const CudaAllToAll&) = delete;
 
   // One step of this rank on `stream`; the layout and tensors were checked by the caller.
+  // kv == kFromForward: the backward takes q, k, v, out and lse on the heads from the last
+  // forward (exchanging only dout), which must have run on the same tensors.
   void forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream, const PhaseMark& mark);
-  void backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, const PhaseMark& mark);
+  void backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, KvSource kv,
+                const PhaseMark& mark);
 
   struct State;
 

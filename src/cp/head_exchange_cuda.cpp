@@ -135,22 +135,28 @@ ConstThdTensor CudaHeadExchange::to_heads(const ConstThdTensor& local, unsigned 
 }
 
 void CudaHeadExchange::to_rows(const ConstThdTensor& heads, ThdTensor local) {
-  const size_t row_bytes = static_cast<size_t>(heads.heads * heads.head_dim) * dtype_size(heads.dtype);
+  // fp32 heads bound for a 16-bit tensor are rounded before the exchange, not after: the
+  // exchange only moves values (each head is whole on the member that holds it), so the bits
+  // are the same and half the bytes move.
+  ConstThdTensor moved = heads;
+  if (heads.dtype != local.dtype) {
+    THDCP_CHECK(heads.dtype == DType::kFloat32, "to_rows: heads of " << dtype_name(heads.dtype) << " into "
+                                                                     << dtype_name(local.dtype) << " rows");
+    unsigned char* rounded = reorder_ ? w_.recv : w_.send;  // w_.send stays free for the reorder
+    cuda::convert_from_fp32(reinterpret_cast<const float*>(heads.data), rounded, local.dtype, heads.numel(), stream_);
+    moved = ConstThdTensor(rounded, local.dtype, heads.tokens, heads.heads, heads.head_dim);
+  }
+  const size_t row_bytes = static_cast<size_t>(moved.heads * moved.head_dim) * dtype_size(moved.dtype);
   const size_t block = static_cast<size_t>(local_rows_) * row_bytes;
-  const void* ranked = heads.data;
+  const void* ranked = moved.data;
   if (reorder_) {
-    to_member_order(heads.data, w_.send, row_bytes, 1);
+    to_member_order(moved.data, w_.send, row_bytes, 1);
     ranked = w_.send;
   }
   comm_.all_to_all(ranked, w_.recv, block, stream_);
   for (int i = 0; i < members_; ++i) {
-    const ThdTensor part = heads_of(local, i * heads.heads, heads.heads);
-    const unsigned char* from = w_.recv + static_cast<size_t>(i) * block;
-    if (heads.dtype == local.dtype) {
-      copy_view(ConstThdTensor(part), const_cast<unsigned char*>(from), false, stream_);
-    } else {
-      cuda::convert_from_fp32(reinterpret_cast<const float*>(from), part, stream_);
-    }
+    const ThdTensor part = heads_of(local, i * moved.heads, moved.heads);
+    copy_view(ConstThdTensor(part), w_.recv + static_cast<size_t>(i) * block, false, stream_);
   }
 }
 
@@ -209,18 +215,20 @@ void CudaHeadExchange::backward_to_rows(const BackwardTensors& heads, const Back
   if (t.dsinks) comm_.all_gather(heads.dsinks, t.dsinks, static_cast<size_t>(q_heads_) * sizeof(float), stream_);
 }
 
-BackwardTensors CudaHeadExchange::backward_to_heads(const BackwardTensors& t, DType dq_dtype) {
+BackwardTensors CudaHeadExchange::backward_to_heads(const BackwardTensors& t, DType dq_dtype, bool kept) {
   const int64_t dv = p_.value_head_dim();
-  BackwardTensors h{to_heads(t.q, w_.q),
-                    to_heads(t.k, w_.k),
-                    to_heads(t.v, w_.v),
-                    to_heads(t.out, w_.out),
+  // Kept: the forward's exchanged q, k, v, its out and lse are still in the parts (nothing
+  // after the forward's attention writes them); only dout moves.
+  BackwardTensors h{kept ? dense(w_.q, p_.dtype, q_heads_, p_.head_dim) : to_heads(t.q, w_.q),
+                    kept ? dense(w_.k, p_.dtype, kv_heads_, p_.head_dim) : to_heads(t.k, w_.k),
+                    kept ? dense(w_.v, p_.dtype, kv_heads_, dv) : to_heads(t.v, w_.v),
+                    kept ? dense(w_.out, p_.dtype, q_heads_, dv) : to_heads(t.out, w_.out),
                     to_heads(t.dout, w_.dout),
                     w_.lse,
                     dense(w_.dq, dq_dtype, q_heads_, p_.head_dim),
                     dense(w_.dk, DType::kFloat32, kv_heads_, p_.head_dim),
                     dense(w_.dv, DType::kFloat32, kv_heads_, dv)};
-  lse_to_heads(t.lse, w_.lse);
+  if (!kept) lse_to_heads(t.lse, w_.lse);
   h.sinks = t.sinks ? t.sinks + member() * q_heads_ : nullptr;
   h.dsinks = t.dsinks ? w_.dsinks : nullptr;
   return h;

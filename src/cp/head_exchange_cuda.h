@@ -74,8 +74,8 @@ class CudaHeadExchange {
   // H/members heads, dense at `rows` in the group's order.
   ConstThdTensor to_heads(const ConstThdTensor& local, unsigned char* rows);
   // The inverse: this member's heads `heads` (dense, the group's order; the local dtype or
-  // fp32) -> this rank's rows of every head, into `local` (any view), rounded once where
-  // `heads` is fp32.
+  // fp32) -> this rank's rows of every head, into `local` (any view); fp32 heads bound for a
+  // 16-bit `local` are rounded once, before the exchange.
   void to_rows(const ConstThdTensor& heads, ThdTensor local);
   // lse [Hq/members, rows()] of this member's heads -> lse [Hq, T/cp] of this rank's rows.
   void lse_to_rows(const float* heads, float* local);
@@ -90,10 +90,13 @@ class CudaHeadExchange {
   void forward_to_rows(const ForwardTensors& heads, const ForwardTensors& t);
 
   // The backward's tensors of this member's heads: q, k, v, out, dout and lse exchanged into
-  // the parts; dq in `dq_dtype` (fp32 or the problem's: what the attention behind the exchange
-  // writes), dk and dv fp32, in the parts; this member's sinks and d(sink) (where t has them).
-  BackwardTensors backward_to_heads(const BackwardTensors& t, DType dq_dtype);
-  // dq, dk, dv back to this rank's rows (rounded once), d(sink) all-gathered over the group.
+  // the parts (`kept`: dout only, q, k, v, out and lse being the last forward_to_heads's and
+  // its attention's, still in the parts); dq in `dq_dtype` (fp32 or the problem's: what the
+  // attention behind the exchange writes), dk and dv fp32, in the parts; this member's sinks
+  // and d(sink) (where t has them).
+  BackwardTensors backward_to_heads(const BackwardTensors& t, DType dq_dtype, bool kept);
+  // dq, dk, dv back to this rank's rows (fp32 rounded once, before the exchange), d(sink)
+  // all-gathered over the group.
   void backward_to_rows(const BackwardTensors& heads, const BackwardTensors& t);
 
  private:

@@ -70,8 +70,9 @@ TEST_P(CudaCpA2aAgSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager) {
 
 // a2a+ag with groups of one rank is all_gather over the same ranks: the all-to-all is a copy
 // and the AllGather plan across the groups is all_gather's, so the forward (out, lse,
-// max_logit) has its bits. (The gradients reach the ranks' dtype by another rounding path,
-// fp32 then the exchange's cast, and are held to the reference by the test above.)
+// max_logit) and dq (written by that plan in the problem's dtype, then moved) have its bits.
+// (dk and dv reach the ranks' dtype by another rounding path, the exchange's cast of the
+// fp32 sums, and are held to the reference by the test above.)
 class CudaCpA2aAgOneRankGroups : public test::CudaTest {};
 
 TEST_F(CudaCpA2aAgOneRankGroups, ForwardEqualsAllGatherBitForBit) {
@@ -93,6 +94,7 @@ TEST_F(CudaCpA2aAgOneRankGroups, ForwardEqualsAllGatherBitForBit) {
         EXPECT_TRUE(test::same_bits(by_hybrid[rank].out, by_plain[rank].out));
         EXPECT_TRUE(test::same_bits(by_hybrid[rank].lse, by_plain[rank].lse));
         EXPECT_TRUE(test::same_bits(by_hybrid[rank].max_logit, by_plain[rank].max_logit));
+        EXPECT_TRUE(test::same_bits(by_hybrid[rank].dq, by_plain[rank].dq));
         expect_matches_reference(by_hybrid[rank], b, c.mask, cp, rank, layout);
       }
     }
@@ -193,14 +195,23 @@ INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpA2aAgSharedGpu,
 
 class CudaCpKeptKv : public test::CudaTest {};
 
-// The backward on the K/V the forward left in sequence order (dual chunk: the reordered
-// copy; contiguous: the gathered rows) equals the one that gathers them again, bit for bit.
+// The backward on what the forward left in the workspace equals the one that moves it again,
+// bit for bit: all_gather's K/V in sequence order (dual chunk: the reordered copy;
+// contiguous: the gathered rows); all_to_all's and a2a+ag's head-sharded q, k, v, out and lse
+// (a2a+ag: and its AllGather's K/V across the groups).
 TEST_F(CudaCpKeptKv, BackwardOnForwardKvEqualsRegather) {
+  struct Comm {
+    cp::CpComm comm;
+    int cp, a2a_size;
+  };
   for (const CpLayout layout : {CpLayout::kDualChunk, CpLayout::kContiguous}) {
-    for (int cp : {2, 3}) {
+    for (const Comm m : {Comm{cp::CpComm::kAllGather, 2, 1}, Comm{cp::CpComm::kAllGather, 3, 1},
+                         Comm{cp::CpComm::kAllToAll, 2, 1}, Comm{cp::CpComm::kAllToAll, 4, 1},
+                         Comm{cp::CpComm::kA2aAg, 4, 2}}) {
       for (int index : {0, 3}) {
-        const EdgeCase& c = edge_cases()[static_cast<size_t>(index)];
-        const cp::Problem problem = problem_of(c, cp, layout);
+        const int cp = m.cp;
+        const EdgeCase c = test::heads_for(edge_cases()[static_cast<size_t>(index)], cp, m.comm, m.a2a_size);
+        const cp::Problem problem = problem_of(c, cp, layout, m.comm, m.a2a_size);
         const test::Batch b = make_case_batch(c, cp, problem.capacity, 300 + index + cp, false, layout);
         std::vector<test::Outputs> regathered(cp), kept(cp);
         run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
@@ -210,7 +221,8 @@ TEST_F(CudaCpKeptKv, BackwardOnForwardKvEqualsRegather) {
         });
         for (int rank = 0; rank < cp; ++rank) {
           EXPECT_TRUE(test::identical(kept[rank], regathered[rank]))
-              << cp_layout_name(layout) << " " << c.name << " cp " << cp << " rank " << rank;
+              << cp_layout_name(layout) << " " << cp::cp_comm_name(m.comm) << " " << c.name << " cp " << cp
+              << " rank " << rank;
         }
       }
     }

@@ -95,7 +95,8 @@ const char* kHelp =
     "  --warmup N          untimed steps (3)\n"
     "  --iters N           timed steps; the median is reported (20)\n"
     "  --kv S[,S...]       where the backward takes K/V from, each a row: gather (all-gather them\n"
-    "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward)\n"
+    "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward;\n"
+    "                      all_to_all keeps the forward's head-sharded q, k, v, out and lse)\n"
     "  --sm-margin M[,M...]  AttentionOptions::sm_margin of the CP plans, each a row (0): SMs the\n"
     "                      persistent Hopper forward leaves to the collectives beside it\n"
     "  --cp-comm C[,C...]  CP communications, each a row (all_gather): all_gather and/or all_to_all\n"
@@ -200,15 +201,18 @@ double received_by_halo(const StepShape& s, const Mask& mask, int cp, bool kept_
 // The same under all-to-all CP: the other ranks' rows of this rank's heads of q, k, v (and in
 // the backward of q, k, v, out, dout), and this rank's rows of the other heads of out (and of
 // fp32 dq, dk, dv); the LSE's 4 bytes per row and head not counted.
-double received_by_all_to_all(const StepShape& s, int64_t tokens, int cp) {
+double received_by_all_to_all(const StepShape& s, int64_t tokens, int cp, bool kept_kv) {
   const double share = static_cast<double>(cp - 1) / cp / cp;  // of a whole [T, H, D] tensor
   const double dqk = static_cast<double>(s.head_dim), dv = static_cast<double>(s.value_head_dim());
   const double hq = static_cast<double>(s.q_heads), hk = static_cast<double>(s.kv_heads);
   const double element = static_cast<double>(dtype_size(s.dtype)), rows = static_cast<double>(tokens);
   const double qkv = rows * (hq * dqk + hk * dqk + hk * dv) * element;
   const double out = rows * hq * dv * element;
-  const double grads = rows * (hq * dqk + hk * dqk + hk * dv) * sizeof(float);
-  return share * (qkv + out + (qkv + 2 * out) + grads);
+  // Forward: q, k, v there and out back. Backward: dout (and q, k, v, out again unless the
+  // forward's are kept) there, the gradients back in their own dtype (rounded before the
+  // exchange).
+  const double backward_in = kept_kv ? out : qkv + 2 * out;
+  return share * (qkv + out + backward_in + qkv);
 }
 
 // Busiest rank's allowed (query, key) pairs over the mean, under `layout`.
@@ -225,7 +229,7 @@ double pairs_imbalance(const BatchLayout& layout, CpLayout cp_layout, int cp, co
 // Where the backward takes K/V from, and (with --dq-pass 1) that dQ had a pass of its own.
 std::string backward_form(const Row& r) {
   const std::string over = std::string(r.narrow_reduce ? ", 16-bit reduce" : "") + (r.peer ? ", peer copies" : "");
-  if (r.comm == cp::CpComm::kAllToAll) return "all_to_all" + over;
+  if (r.comm == cp::CpComm::kAllToAll) return std::string("all_to_all") + (r.kept_kv ? ", kept" : "") + over;
   return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "") + (r.halo ? ", halo" : "") + over;
 }
 
@@ -549,7 +553,7 @@ Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& 
   row.peer = variant.peer;
   row.narrow_reduce = variant.narrow_reduce;
   row.received_bytes = variant.comm == cp::CpComm::kAllToAll
-                           ? received_by_all_to_all(o.shape, row.tokens, variant.cp)
+                           ? received_by_all_to_all(o.shape, row.tokens, variant.cp, variant.kept_kv)
                        : variant.halo ? received_by_halo(o.shape, run.mask, variant.cp, variant.kept_kv)
                                       : received_per_rank(o.shape, row.tokens, variant.cp, variant.kept_kv,
                                                           variant.narrow_reduce);

@@ -54,7 +54,9 @@ enum class KvSource {
   kGather,       // all-gather and reorder them again (the default; needs nothing kept)
   kFromForward,  // the ones the plan's last forward() left in its workspace: skips a gather
                  // and a reorder. Only when that forward ran on the same k, v and layout, on
-                 // the same stream, and nothing else used the plan (or its workspace) since
+                 // the same stream, and nothing else used the plan (or its workspace) since.
+                 // all_to_all and a2a+ag keep the forward's head-sharded q, k, v, out and lse
+                 // too (the backward exchanges dout alone): the same q, out and lse as well
 };
 
 class CudaPlan {
