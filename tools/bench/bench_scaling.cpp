@@ -24,7 +24,8 @@
 // reduce-scatter beside its dQ pass. Phase timing runs a step in program order on one stream instead, so the phases are
 // each one's own time (a collective's includes any wait for a slower peer); "beyond
 // attention" = step - attention phase is what the overlap left exposed.
-// efficiency = baseline / (N * step); targets 0.95 at cp 2, 0.90 at cp 4, 0.85 at cp 8.
+// efficiency = baseline / (N * step); targets (target_of): at cp 2 0.90-0.95 by mask, T and
+// communication, 0.90 at cp 4, 0.85 at cp 8.
 #include "bench/bench_scaling.h"
 
 #include <cuda_runtime_api.h>
@@ -70,7 +71,9 @@ const char* kHelp =
     "no timing after a FAIL, exit 1); then CUDA events, warm-up and the median of --iters\n"
     "forward+backward steps: the baseline, the CP step (a host barrier, then every rank's\n"
     "events; the slowest rank's time), and each CP phase (max over ranks). Prints a markdown\n"
-    "table: efficiency = baseline / (N x CP step), targets 0.95 (cp 2), 0.90 (4), 0.85 (8).\n"
+    "table: efficiency = baseline / (N x CP step), targets at cp 2: all_gather 0.93 causal, 0.90\n"
+    "window at T <= 131072 (0.95, 0.92 above), all_to_all 0.95, a halo's window 0.93; 0.90 at\n"
+    "cp 4, 0.85 at cp 8.\n"
     "NCCL_NVLS_ENABLE must be unset (it is then set to 0) or 0: NVLink multicast stays off.\n"
     "\n"
     "  --gpus N[,N...]     CP sizes, each <= the visible GPUs (required)\n"
@@ -233,9 +236,18 @@ std::string backward_form(const Row& r) {
   return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "") + (r.halo ? ", halo" : "") + over;
 }
 
-double target_of(int cp) {
-  switch (cp) {
-    case 2: return 0.95;
+// The open issues' targets: cp 2 all_gather 0.93 causal / 0.90 window at T <= 131072, 0.95 /
+// 0.92 above (issue 30); all_to_all 0.95, and a halo gather's window 0.93 (issue 31); cp 4 and
+// 8: 0.90 and 0.85.
+double target_of(const Row& r) {
+  switch (r.cp) {
+    case 2: {
+      if (r.comm == cp::CpComm::kAllToAll) return 0.95;
+      const bool window = r.mask != "causal" && r.mask != "full";
+      if (window && r.halo) return 0.93;
+      const bool longer = r.tokens > 131072;
+      return window ? (longer ? 0.92 : 0.90) : (longer ? 0.95 : 0.93);
+    }
     case 4: return 0.90;
     case 8: return 0.85;
     default: return 0;
@@ -243,7 +255,7 @@ double target_of(int cp) {
 }
 
 std::string target_text(const Row& r) {
-  const double target = target_of(r.cp);
+  const double target = target_of(r);
   if (target == 0) return "no target";
   if (r.status != "PASS") return format(">= %.2f: not measured", target);
   return format(">= %.2f: %s", target, r.efficiency >= target ? "met" : "not met");
