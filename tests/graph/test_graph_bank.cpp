@@ -6,6 +6,8 @@
 // message; a bank of the contiguous layout replays like the dual-chunk one.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -188,6 +190,9 @@ class GraphDynamicCp : public CudaTest {
     std::vector<std::vector<How>> how(order.size(), std::vector<How>(world));
     std::vector<std::vector<bool>> ran(order.size(), std::vector<bool>(static_cast<size_t>(world), false));
 
+    // Per world rank: the arena's bytes and sum of reservations, and what they should be (the
+    // largest and the sum of the workspaces of the sizes the rank has a group of).
+    std::vector<std::array<size_t, 4>> arena(static_cast<size_t>(world));
     run_shared_gpu(world, [&](DeviceCommunicator& comm) {
       DynamicCpRank rank(comm, sizes, max_tokens, s);
       for (size_t step = 0; step < order.size(); ++step) {
@@ -200,7 +205,22 @@ class GraphDynamicCp : public CudaTest {
         eager[step][comm.rank()] = rank.eager(c, batches[step][g], lengths[step][g]);
         ran[step][static_cast<size_t>(comm.rank())] = true;
       }
+      std::array<size_t, 4>& a = arena[static_cast<size_t>(comm.rank())];
+      a[0] = rank.arena().bytes();
+      a[1] = rank.arena().separate_bytes();
+      for (int c : sizes) {
+        if (!rank.has_group(c)) continue;
+        a[2] = std::max(a[2], rank.workspace_bytes(c));
+        a[3] += rank.workspace_bytes(c);
+      }
     });
+    for (int w = 0; w < world; ++w) {
+      const std::array<size_t, 4>& a = arena[static_cast<size_t>(w)];
+      SCOPED_TRACE("world rank " + std::to_string(w));
+      EXPECT_EQ(a[0], a[2]);  // one workspace, the largest size's
+      EXPECT_EQ(a[1], a[3]);  // what a workspace per size would take
+      EXPECT_LT(a[0], a[1]);  // every rank has groups of two sizes at least
+    }
 
     for (size_t step = 0; step < order.size(); ++step) {
       const int c = order[step];

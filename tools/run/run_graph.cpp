@@ -245,6 +245,9 @@ struct Shared {
   // Per CP size (<= 64): captured, set by rank 0 before a barrier. One element per size, so
   // rank 0 setting the next size's never touches what a slower rank still reads.
   std::vector<char> captured = std::vector<char>(65, 0);
+  // Rank 0's workspace arena: its size, and what a workspace per CP size and capacity would take.
+  size_t arena_bytes = 0, separate_bytes = 0;
+  int arena_users = 0;
 };
 
 // One rank of the world: its CP groups of every size, a graph step for each, and metadata of
@@ -257,7 +260,7 @@ class GraphRank {
       if (!groups_.has_group(cp)) continue;  // this rank sits steps of this size out
       const Capacity capacity = capacity_of(c, cp);
       groups_.bank(cp).add_capacity(capacity);
-      step_of_[cp] = std::make_unique<GraphStep>(groups_.bank(cp), c.shape, capacity.max_tokens);
+      step_of_[cp] = std::make_unique<GraphStep>(groups_.bank(cp), c.shape, capacity.max_tokens, &groups_.arena());
     }
   }
 
@@ -353,6 +356,12 @@ class GraphRank {
 
   // Once every rank is done: the steps and eager batches go before the groups.
   void finish(Shared& shared) {
+    if (comm_.rank() == 0) {
+      std::lock_guard<std::mutex> lock(shared.mutex);
+      shared.arena_bytes = groups_.arena().bytes();
+      shared.separate_bytes = groups_.arena().separate_bytes();
+      shared.arena_users = groups_.arena().users();
+    }
     shared.barrier.wait();
     step_of_.clear();
     eager_batch_.clear();
@@ -434,9 +443,13 @@ int print_results(const Shared& shared) {
                 static_cast<long long>(r.counters.replays), static_cast<long long>(r.counters.fallbacks),
                 mib(r.static_bytes).c_str(), mib(r.graph_bytes).c_str(), r.eager_ms, r.replay_ms);
   }
-  std::printf("  (per CP size, on rank 0: static = its StaticBatch and named buffers; graph = what\n"
-              "   instantiating and uploading its graph took by cudaMemGetInfo, 0 below its 2 MiB\n"
-              "   resolution; eager and replay ms: one step, median of 12, 0 if never captured)\n");
+  std::printf("  (per CP size, on rank 0: static = its StaticBatch and named buffers, not the plans'\n"
+              "   workspaces (the arena below); graph = what instantiating and uploading its graph took\n"
+              "   by cudaMemGetInfo, 0 below its 2 MiB resolution; eager and replay ms: one step,\n"
+              "   median of 12, 0 if never captured)\n");
+  std::printf("\n  workspace arena (rank 0): %s MiB for its %d CP plan workspace(s) of every CP size and capacity;\n"
+              "  a workspace each would take %s MiB\n",
+              mib(shared.arena_bytes).c_str(), shared.arena_users, mib(shared.separate_bytes).c_str());
   const bool passed = equal == checked;
   std::printf("\nresult: %s (%d of %d checked steps equal eager bit for bit)\n", passed ? "PASS" : "FAIL", equal,
               checked);

@@ -1,6 +1,7 @@
 #include "step/graph_step.h"
 
 #include <cstring>
+#include <set>
 #include <string>
 
 #include "thdcp/core/error.h"
@@ -9,8 +10,17 @@
 
 namespace thdcp::tools {
 
-GraphStep::GraphStep(graph::GraphBank& bank, const GraphStepShape& shape, int64_t max_tokens)
-    : bank_(bank), shape_(shape), max_tokens_(max_tokens), rows_(max_tokens / bank.cp()) {
+GraphStep::GraphStep(graph::GraphBank& bank, const GraphStepShape& shape, int64_t max_tokens,
+                     graph::WorkspaceArena* arena)
+    : bank_(bank), arena_(arena), shape_(shape), max_tokens_(max_tokens), rows_(max_tokens / bank.cp()) {
+  if (arena_) {
+    std::set<Capacity> reserved;
+    for (const Capacity& c : bank.capacities()) {
+      for (const Capacity& run : {c, default_capacity(c.max_tokens, bank.cp(), bank.cp_layout())}) {
+        if (reserved.insert(run).second) arena_->reserve(cp::cuda_workspace_size(cp_problem_at(run)));
+      }
+    }
+  }
   const Capacity key = default_capacity(max_tokens, bank.cp(), bank.cp_layout());  // buffers live under this key
   for (int l = 0; l < shape.layers; ++l) {
     const std::string p = "layer " + std::to_string(l) + " ";
@@ -58,14 +68,19 @@ void GraphStep::reload_inputs(cudaStream_t stream) {
   THDCP_CHECK_CUDA(cudaStreamSynchronize(stream));
 }
 
+cp::Problem GraphStep::cp_problem_at(const Capacity& capacity) const {
+  return cp_problem(shape_, bank_.cp(), capacity, shape_.mask, bank_.cp_layout(), shape_.cp_comm, cp::KvGather::kAuto,
+                    shape_.a2a_size);
+}
+
 cp::CudaPlan& GraphStep::cp_plan(const Capacity& capacity) {
   auto it = cp_plans_.find(capacity);
   if (it != cp_plans_.end()) return *it->second;
-  const cp::Problem problem = cp_problem(shape_, bank_.cp(), capacity, shape_.mask, bank_.cp_layout(), shape_.cp_comm,
-                                         cp::KvGather::kAuto, shape_.a2a_size);
+  const cp::Problem problem = cp_problem_at(capacity);
   const size_t bytes = cp::cuda_workspace_size(problem);
-  // One workspace per capacity, shared by every layer (they run in order on one stream).
-  void* workspace = bank_.buffer(capacity, "cp workspace", bytes);
+  // One workspace per capacity, shared by every layer (they run in order on one stream); or
+  // the arena every capacity and CP size of this rank shares.
+  void* workspace = arena_ ? arena_->take(bytes) : bank_.buffer(capacity, "cp workspace", bytes);
   auto plan = std::make_unique<cp::CudaPlan>(bank_.communicator(), problem, AttentionOptions{}, workspace, bytes);
   return *cp_plans_.emplace(capacity, std::move(plan)).first->second;
 }

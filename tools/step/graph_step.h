@@ -16,6 +16,7 @@
 #include "thdcp/cp/cuda.h"
 #include "thdcp/cuda/rope.h"
 #include "thdcp/graph/graph_bank.h"
+#include "thdcp/graph/workspace_arena.h"
 
 namespace thdcp::tools {
 
@@ -33,8 +34,11 @@ class GraphStep {
  public:
   // Buffers for up to max_tokens global rows (max_tokens / cp local rows per layer) from
   // the bank under `capacity` (each capacity of one max_tokens shares them through the
-  // bank's names).
-  GraphStep(graph::GraphBank& bank, const GraphStepShape& shape, int64_t max_tokens);
+  // bank's names). The CP plans' workspaces: one per capacity from the bank, or with `arena`
+  // the arena's (reserved here for each capacity the bank has, and its fallback capacity:
+  // add the bank's capacities first).
+  GraphStep(graph::GraphBank& bank, const GraphStepShape& shape, int64_t max_tokens,
+            graph::WorkspaceArena* arena = nullptr);
 
   // Fills every layer's Q, K, V and dO of this rank with N(0,1) values of `seed`
   // (synchronous; not during a capture) and poisons nothing.
@@ -52,10 +56,12 @@ class GraphStep {
     ThdTensor q, k, v, out, dout, dq, dk, dv;  // [rows_, H, D]
     float* lse;                                // [Hq, rows_]
   };
+  cp::Problem cp_problem_at(const Capacity& capacity) const;
   cp::CudaPlan& cp_plan(const Capacity& capacity);
   const cuda::RopePlan& rope_plan(const Capacity& capacity);
 
   graph::GraphBank& bank_;
+  graph::WorkspaceArena* arena_;
   GraphStepShape shape_;
   int64_t max_tokens_, rows_;
   std::vector<Layer> layers_;

@@ -4,7 +4,9 @@
 // micro-batches side by side. A size need not divide W (3 in a world of 4, 2 in a world of 3):
 // the last W mod c ranks then have no group of that size and sit its steps out. Each size has
 // its own communicator, GraphBank, static buffers and graphs, so one size's replay never
-// touches another's buffers.
+// touches another's buffers. The plans' workspaces are the exception, by design: one arena
+// (arena()) serves every size and capacity of this rank, since only one of its steps runs
+// at a time, so the rank holds the largest workspace, not the sum.
 #pragma once
 
 #include <map>
@@ -13,6 +15,7 @@
 
 #include "thdcp/comm_device/device_communicator.h"
 #include "thdcp/graph/graph_bank.h"
+#include "thdcp/graph/workspace_arena.h"
 
 namespace thdcp::graph {
 
@@ -33,6 +36,10 @@ class CpGroups {
   GraphBank& bank(int cp) const;            // its bank
   int group_index(int cp) const;            // which micro-batch this rank's group takes
   int groups(int cp) const { return world_size_ / cp; }
+  // The workspace arena of this rank's plans of every size (reserve each plan's workspace,
+  // then take it); bytes() against separate_bytes() is what sharing saves.
+  WorkspaceArena& arena() { return arena_; }
+  const WorkspaceArena& arena() const { return arena_; }
 
  private:
   struct Group {
@@ -42,6 +49,7 @@ class CpGroups {
   const Group& find(int cp) const;
   const Group& member_of(int cp) const;  // find(cp), which must have this rank in it
 
+  WorkspaceArena arena_;  // declared first: freed last, after the banks whose graphs used it
   std::vector<int> sizes_;
   int world_size_ = 0;
   int world_rank_ = 0;

@@ -1,16 +1,26 @@
 #include "support/graph/bank_rank.h"
 
 #include <algorithm>
+#include <set>
 
 namespace thdcp::test {
 
 BankRank::BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shape& s,
-                   const CpMode& mode)
+                   const CpMode& mode, graph::WorkspaceArena* arena)
     : comm_(comm),
       bank_(bank),
       s_(s),
       mode_(mode),
+      arena_(arena),
       tensors_(s.dtype, max_tokens / comm.size(), max_tokens / comm.size(), s.heads(), s.dtype) {
+  if (arena_) {
+    std::set<Capacity> reserved;
+    for (const Capacity& c : bank.capacities()) {
+      for (const Capacity& run : {c, default_capacity(c.max_tokens, bank.cp(), bank.cp_layout())}) {
+        if (reserved.insert(run).second) arena_->reserve(cp::cuda_workspace_size(problem_at(run)));
+      }
+    }
+  }
   THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 }
 
@@ -74,15 +84,20 @@ Outputs BankRank::download(int64_t rows) {
   return tensors_.download_outputs(rows);
 }
 
-cp::CudaPlan& BankRank::plan(const Capacity& c) {
-  auto it = plans_.find(c);
-  if (it != plans_.end()) return *it->second;
+cp::Problem BankRank::problem_at(const Capacity& c) const {
   cp::Problem problem = cp_problem(comm_.size(), c, s_);
   problem.layout = bank_.cp_layout();
   problem.comm = mode_.comm;
   problem.a2a_size = mode_.a2a_size;
+  return problem;
+}
+
+cp::CudaPlan& BankRank::plan(const Capacity& c) {
+  auto it = plans_.find(c);
+  if (it != plans_.end()) return *it->second;
+  const cp::Problem problem = problem_at(c);
   const size_t bytes = cp::cuda_workspace_size(problem);
-  void* workspace = bank_.buffer(c, "cp workspace", bytes);
+  void* workspace = arena_ ? arena_->take(bytes) : bank_.buffer(c, "cp workspace", bytes);
   auto plan = std::make_unique<cp::CudaPlan>(comm_, problem, AttentionOptions{}, workspace, bytes);
   return *plans_.emplace(c, std::move(plan)).first->second;
 }
@@ -97,7 +112,8 @@ DynamicCpRank::DynamicCpRank(DeviceCommunicator& world, const std::vector<int>& 
   for (int c : groups_->sizes()) {
     if (!groups_->has_group(c)) continue;  // the world's last ranks when c does not divide it
     groups_->bank(c).add_capacity(default_capacity(max_tokens, c));
-    ranks_[c] = std::make_unique<BankRank>(groups_->group(c), groups_->bank(c), max_tokens, s);
+    ranks_[c] = std::make_unique<BankRank>(groups_->group(c), groups_->bank(c), max_tokens, s, CpMode{},
+                                           &groups_->arena());
   }
 }
 
@@ -113,6 +129,10 @@ Outputs DynamicCpRank::banked(int c, const Batch& b, const std::vector<int64_t>&
 
 Outputs DynamicCpRank::eager(int c, const Batch& b, const std::vector<int64_t>& lengths) {
   return ranks_.at(c)->eager(b, lengths, default_capacity(max_tokens_, c));
+}
+
+size_t DynamicCpRank::workspace_bytes(int c) const {
+  return cp::cuda_workspace_size(ranks_.at(c)->problem_at(default_capacity(max_tokens_, c)));
 }
 
 void GraphNcclTest::SetUp() {

@@ -33,7 +33,10 @@ struct CpMode {
 
 class BankRank {
  public:
-  BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shape& s, const CpMode& mode = {});
+  // `arena`: the plans' workspaces from it (reserved here for the bank's capacities and their
+  // fallback capacities: add them first), else one per capacity from the bank.
+  BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens, const Shape& s, const CpMode& mode = {},
+           graph::WorkspaceArena* arena = nullptr);
   ~BankRank();
 
   cudaStream_t stream() const { return stream_; }
@@ -54,6 +57,9 @@ class BankRank {
   // comparison.
   Outputs eager(const Batch& b, const std::vector<int64_t>& lengths, const Capacity& capacity);
 
+  // The problem of this rank's plan at capacity `c`.
+  cp::Problem problem_at(const Capacity& c) const;
+
  private:
   // This rank's part of a batch into the static tensors; outputs poisoned.
   void load(const Batch& b);
@@ -65,6 +71,7 @@ class BankRank {
   GraphBank& bank_;
   Shape s_;
   CpMode mode_;
+  graph::WorkspaceArena* arena_;
   DeviceStep tensors_;
   cudaStream_t stream_ = nullptr;
   std::map<Capacity, std::unique_ptr<cp::CudaPlan>> plans_;
@@ -88,6 +95,10 @@ class DynamicCpRank {
   // BankRank::banked and BankRank::eager in this rank's group of size `c`.
   Outputs banked(int c, const Batch& b, const std::vector<int64_t>& lengths, GraphBank::Outcome* outcome);
   Outputs eager(int c, const Batch& b, const std::vector<int64_t>& lengths);
+
+  // The workspace arena every size's plans share, and the workspace one plan of size c needs.
+  const graph::WorkspaceArena& arena() const { return groups_->arena(); }
+  size_t workspace_bytes(int c) const;
 
  private:
   int64_t max_tokens_;
