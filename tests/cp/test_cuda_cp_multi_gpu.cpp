@@ -4,6 +4,8 @@
 // than 2 GPUs.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
 #include <string>
 #include <tuple>
 
@@ -12,7 +14,9 @@
 
 #include "support/comm/collective_step.h"
 #include "support/cp/cuda_cp_cases.h"
+#include "support/cp/cuda_cp_rank.h"
 #include "thdcp/comm_device/nccl.h"
+#include "thdcp/core/error.h"
 #include "thdcp/comm_device/shared_gpu.h"
 
 namespace thdcp {
@@ -97,6 +101,50 @@ TEST_F(PeerCopyGroup, EveryCollectiveGivesExactValues) {
         test::expect_reduce_scatter16(comm, stream.get(), /*rank_order=*/true);
       },
       options);
+}
+
+// Faults under the peer-copy data path: a rank that fails between the forward and the
+// backward releases every other rank with thdcp::Error naming it, and one that stalls past
+// the group's timeout (then fails) makes the others raise within that timeout: no hang.
+TEST_F(PeerCopyGroup, ARankFailingOrStallingMidStepEndsEveryRankWithAnError) {
+  for (const bool stall : {false, true}) {
+    SCOPED_TRACE(stall ? "rank 1 stalls" : "rank 1 fails");
+    SharedGpuOptions options = options_;
+    options.timeout_seconds = 3;
+    const test::EdgeCase& c = test::edge_cases()[0];
+    const cp::Problem problem = test::problem_of(c, gpus_);
+    const test::Batch b = test::make_case_batch(c, gpus_, problem.capacity, 77, false);
+    std::vector<std::string> messages(static_cast<size_t>(gpus_));
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_THROW(run_shared_gpu(
+                     gpus_,
+                     [&](DeviceCommunicator& comm) {
+                       test::CudaCpRank state(comm, problem);
+                       try {
+                         state.load(b);
+                         state.plan().forward(state.layout(), state.forward_tensors(), state.stream());
+                         if (comm.rank() == 1) {
+                           if (stall) std::this_thread::sleep_for(std::chrono::seconds(8));
+                           throw Error("rank 1 lost its gradients");
+                         }
+                         state.plan().backward(state.layout(), state.backward_tensors(), state.stream());
+                         comm.synchronize(state.stream(), 30);
+                       } catch (const Error& e) {
+                         messages[static_cast<size_t>(comm.rank())] = e.what();
+                         throw;
+                       }
+                     },
+                     options),
+                 Error);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 30.0);
+    for (int r = 0; r < gpus_; ++r) {
+      if (r == 1) continue;
+      const std::string& m = messages[static_cast<size_t>(r)];
+      EXPECT_NE(m.find(stall ? " waited 3 s in " : "rank 1 failed (rank 1 lost its gradients)"), std::string::npos)
+          << "rank " << r << ": " << m;
+    }
+  }
 }
 
 class CudaCpPeerCopy : public PeerCopyGroup, public ::testing::WithParamInterface<std::tuple<CpLayout, int>> {};
