@@ -76,6 +76,7 @@ void CudaA2aAg::forward(const DeviceLayout& layout, const ForwardTensors& t, cud
   across_->forward(layout, h, stream);
   mark(Phase::kReduce);
   exchange_->forward_to_rows(h, t);
+  exchange_->gather_max_logit(t);
   mark(Phase::kCount);
 }
 
@@ -91,6 +92,7 @@ void CudaA2aAg::backward(const DeviceLayout& layout, const BackwardTensors& t, c
   across_->backward(layout, h, stream, kv);
   mark(Phase::kReduce);
   exchange_->backward_to_rows(h, t);
+  exchange_->gather_dsinks(t);
   mark(Phase::kCount);
 }
 

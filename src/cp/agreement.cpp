@@ -1,6 +1,7 @@
 #include "agreement.h"
 
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,7 +21,7 @@ struct Descriptor {
   int32_t dtype;
   int64_t max_tokens;
   int32_t window_left, window_right;
-  int32_t layout, comm, kv_gather, a2a_size, reduce_dtype;
+  int32_t layout, comm, kv_gather, a2a_size, reduce_dtype, head_slices;
   int64_t q_heads, kv_heads, head_dim, v_head_dim;
   uint64_t options_fingerprint;
   uint64_t layout_fingerprint;
@@ -51,6 +52,22 @@ void check_a2a_size(const Problem& p) {
                                       << ": the group sizes do not multiply to cp (cp = a2a_size * ag_size ranks); "
                                          "use an a2a_size that divides cp: "
                                       << a2a_sizes_for(p, false));
+}
+
+// all_to_all's head slices: a divisor of both head counts per rank.
+void check_head_slices(const Problem& p) {
+  THDCP_CHECK(p.head_slices >= 1, "head_slices=" << p.head_slices << " must be >= 1 (1: every head at once)");
+  if (p.head_slices == 1) return;
+  THDCP_CHECK(p.comm == CpComm::kAllToAll, "head_slices=" << p.head_slices << " with comm=" << cp_comm_name(p.comm)
+                                                          << ": slices are all_to_all's; leave head_slices=1");
+  const int64_t q = p.q_heads / p.cp, kv = p.kv_heads / p.cp;  // heads per rank
+  std::ostringstream fits;
+  for (int64_t s = 1; s <= kv; ++s) {
+    if (q % s == 0 && kv % s == 0) fits << (s == 1 ? "" : ", ") << s;
+  }
+  THDCP_CHECK(q % p.head_slices == 0 && kv % p.head_slices == 0,
+              "head_slices=" << p.head_slices << " with q_heads/cp=" << q << " and kv_heads/cp=" << kv
+                             << " heads per rank: each slice takes as many of both; use one of " << fits.str());
 }
 
 // Each rank of an all-to-all group takes heads/a2a_size of the query and of the key heads.
@@ -115,6 +132,7 @@ void validate_problem(const Problem& p) {
                                                            "q_heads and kv_heads");
     }
   }
+  check_head_slices(p);
 }
 
 namespace {
@@ -193,6 +211,7 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
   mine.kv_gather = static_cast<int32_t>(p.kv_gather);
   mine.a2a_size = p.a2a_size;
   mine.reduce_dtype = static_cast<int32_t>(p.reduce_dtype);
+  mine.head_slices = p.head_slices;
   mine.q_heads = p.q_heads;
   mine.kv_heads = p.kv_heads;
   mine.head_dim = p.head_dim;
@@ -210,7 +229,7 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
   const Descriptor& ref = all[0];
   const char* fix =
       ": every rank must plan the same problem (cp, capacity, mask, heads, head_dim, v_head_dim, dtype, layout, comm, "
-      "kv_gather, a2a_size, reduce_dtype, options)";
+      "kv_gather, a2a_size, reduce_dtype, head_slices, options)";
   for (int r = 1; r < in.size; ++r) {
     const Descriptor& d = all[r];
     THDCP_CHECK(d.cp == ref.cp, "rank " << r << " passed cp=" << d.cp << " but rank 0 passed cp=" << ref.cp << fix);
@@ -230,6 +249,9 @@ void agree(const AgreementInput& in, const std::function<void()>& local_checks, 
                 "rank " << r << " passed reduce_dtype=" << dtype_name(static_cast<DType>(d.reduce_dtype))
                         << " but rank 0 passed reduce_dtype=" << dtype_name(static_cast<DType>(ref.reduce_dtype))
                         << fix);
+    THDCP_CHECK(d.head_slices == ref.head_slices, "rank " << r << " passed head_slices=" << d.head_slices
+                                                          << " but rank 0 passed head_slices=" << ref.head_slices
+                                                          << fix);
     THDCP_CHECK(d.layout_fingerprint == ref.layout_fingerprint,
                 "rank " << r << " passed a different layout than rank 0"
                         << ": every rank must pass the same global cu_seqlens and cu_seqlens_padded");

@@ -14,8 +14,16 @@
 // result is deterministic and the same bits as the single-device kernels on those heads.
 //
 // The exchanges are CudaHeadExchange's (head_exchange_cuda.h) over one group of cp ranks.
-// Everything runs on the caller's stream: 2-D copies and one reorder kernel around each
-// all-to-all, nothing allocated or read back, so a step can be captured.
+// With Problem::head_slices = S > 1 the rank's heads go in S slices: every slice's inputs are
+// exchanged in turn on a second stream of the plan (the device's highest priority), each
+// slice's attention starts once its own inputs are in, and its results go back once it is
+// done, so the exchanges run beside the attention of other slices; each head is computed as
+// with one slice, so the bits do not change. Phase marks then time the step's stream only:
+// "gather" is empty, "attention" runs from the first slice's inputs to the last attention,
+// "reduce" is what the last exchanges leave after it.
+// Everything is enqueued on the caller's stream (and the plan's second stream, forked from and
+// joined back to it by events): 2-D copies and one reorder kernel around each all-to-all,
+// nothing allocated or read back, so a step can be captured.
 #pragma once
 
 #include <cuda_runtime_api.h>

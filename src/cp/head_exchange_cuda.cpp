@@ -80,17 +80,24 @@ ExchangeParts carve_exchange(WorkspaceCarver& carver, const Problem& p, int memb
   return w;
 }
 
-CudaHeadExchange::CudaHeadExchange(DeviceCommunicator& comm, const Problem& p, int group, const ExchangeParts& parts)
+CudaHeadExchange::CudaHeadExchange(DeviceCommunicator& comm, const Problem& p, int group, const ExchangeParts& parts,
+                                   int slices)
     : comm_(comm),
       p_(p),
       w_(parts),
       members_(comm.size()),
       group_(group),
+      slices_(slices),
       reorder_(needs_reorder(p)),
       local_rows_(p.local_rows()),
       rows_(group_rows(p, comm.size())),
       q_heads_(p.q_heads / comm.size()),
-      kv_heads_(p.kv_heads / comm.size()) {}
+      kv_heads_(p.kv_heads / comm.size()),
+      q_slice_(q_heads_ / slices),
+      kv_slice_(kv_heads_ / slices) {
+  THDCP_CHECK(slices >= 1 && q_heads_ % slices == 0 && kv_heads_ % slices == 0,
+              "internal: " << slices << " head slices of " << q_heads_ << " and " << kv_heads_ << " heads");
+}
 
 void CudaHeadExchange::start(const DeviceLayout& layout, cudaStream_t stream) {
   layout_ = layout;
@@ -121,20 +128,26 @@ void CudaHeadExchange::to_member_order(const void* group_rows, void* members_row
   }
 }
 
-ConstThdTensor CudaHeadExchange::to_heads(const ConstThdTensor& local, unsigned char* rows) {
-  const int64_t heads = local.heads / members_;
-  const size_t row_bytes = static_cast<size_t>(heads * local.head_dim) * dtype_size(local.dtype);
+unsigned char* CudaHeadExchange::slice_of(void* part, int s, int64_t heads_per_slice, int64_t head_dim,
+                                          size_t element) const {
+  return static_cast<unsigned char*>(part) + static_cast<size_t>(s * rows_ * heads_per_slice * head_dim) * element;
+}
+
+ConstThdTensor CudaHeadExchange::to_heads(const ConstThdTensor& local, unsigned char* rows, int64_t first,
+                                          int64_t count) {
+  const int64_t share = local.heads / members_;
+  const size_t row_bytes = static_cast<size_t>(count * local.head_dim) * dtype_size(local.dtype);
   const size_t block = static_cast<size_t>(local_rows_) * row_bytes;
   for (int j = 0; j < members_; ++j) {
-    const ConstThdTensor part = heads_of(local, j * heads, heads);
+    const ConstThdTensor part = heads_of(local, j * share + first, count);
     copy_view(part, w_.send + static_cast<size_t>(j) * block, true, stream_);
   }
   comm_.all_to_all(w_.send, reorder_ ? w_.recv : rows, block, stream_);
   if (reorder_) to_group_order(w_.recv, rows, row_bytes, 1);
-  return ConstThdTensor(rows, local.dtype, rows_, heads, local.head_dim);
+  return ConstThdTensor(rows, local.dtype, rows_, count, local.head_dim);
 }
 
-void CudaHeadExchange::to_rows(const ConstThdTensor& heads, ThdTensor local) {
+void CudaHeadExchange::to_rows(const ConstThdTensor& heads, ThdTensor local, int64_t first) {
   // fp32 heads bound for a 16-bit tensor are rounded before the exchange, not after: the
   // exchange only moves values (each head is whole on the member that holds it), so the bits
   // are the same and half the bytes move.
@@ -146,6 +159,7 @@ void CudaHeadExchange::to_rows(const ConstThdTensor& heads, ThdTensor local) {
     cuda::convert_from_fp32(reinterpret_cast<const float*>(heads.data), rounded, local.dtype, heads.numel(), stream_);
     moved = ConstThdTensor(rounded, local.dtype, heads.tokens, heads.heads, heads.head_dim);
   }
+  const int64_t share = local.heads / members_;
   const size_t row_bytes = static_cast<size_t>(moved.heads * moved.head_dim) * dtype_size(moved.dtype);
   const size_t block = static_cast<size_t>(local_rows_) * row_bytes;
   const void* ranked = moved.data;
@@ -155,83 +169,117 @@ void CudaHeadExchange::to_rows(const ConstThdTensor& heads, ThdTensor local) {
   }
   comm_.all_to_all(ranked, w_.recv, block, stream_);
   for (int i = 0; i < members_; ++i) {
-    const ThdTensor part = heads_of(local, i * moved.heads, moved.heads);
+    const ThdTensor part = heads_of(local, i * share + first, moved.heads);
     copy_view(ConstThdTensor(part), w_.recv + static_cast<size_t>(i) * block, false, stream_);
   }
 }
 
-void CudaHeadExchange::lse_to_rows(const float* heads, float* local) {
+void CudaHeadExchange::lse_to_rows(const float* heads, float* local, int64_t first, int64_t count) {
   const float* ranked = heads;
   if (reorder_) {
-    to_member_order(heads, w_.lse_ranked, sizeof(float), q_heads_);
+    to_member_order(heads, w_.lse_ranked, sizeof(float), count);
     ranked = w_.lse_ranked;
   }
-  // Block j: rows [j T/cp, (j+1) T/cp) of each of this member's heads; what member j
-  // receives as the heads [m Hq/members, (m+1) Hq/members) of its lse.
+  // Block j: rows [j T/cp, (j+1) T/cp) of each of the `count` planes; what member j receives
+  // as the planes [m Hq/members + first, ... + count) of its lse.
   const size_t row = static_cast<size_t>(local_rows_) * sizeof(float);
-  const size_t block = static_cast<size_t>(q_heads_) * row;
+  const size_t block = static_cast<size_t>(count) * row;
   for (int j = 0; j < members_; ++j) {
     THDCP_CHECK_CUDA(cudaMemcpy2DAsync(w_.send + static_cast<size_t>(j) * block, row, ranked + j * local_rows_,
-                                       static_cast<size_t>(rows_) * sizeof(float), row,
-                                       static_cast<size_t>(q_heads_), cudaMemcpyDeviceToDevice, stream_));
+                                       static_cast<size_t>(rows_) * sizeof(float), row, static_cast<size_t>(count),
+                                       cudaMemcpyDeviceToDevice, stream_));
   }
-  comm_.all_to_all(w_.send, local, block, stream_);
+  if (count == q_heads_) {  // every plane: member m's block is its part of `local` as it lies
+    comm_.all_to_all(w_.send, local, block, stream_);
+    return;
+  }
+  comm_.all_to_all(w_.send, w_.recv, block, stream_);
+  for (int m = 0; m < members_; ++m) {
+    THDCP_CHECK_CUDA(cudaMemcpyAsync(local + (m * q_heads_ + first) * local_rows_,
+                                     w_.recv + static_cast<size_t>(m) * block, block, cudaMemcpyDeviceToDevice,
+                                     stream_));
+  }
 }
 
-void CudaHeadExchange::lse_to_heads(const float* local, float* heads) {
+void CudaHeadExchange::lse_to_heads(const float* local, float* heads, int64_t first, int64_t count) {
   const size_t row = static_cast<size_t>(local_rows_) * sizeof(float);
-  const size_t block = static_cast<size_t>(q_heads_) * row;
-  comm_.all_to_all(local, w_.recv, block, stream_);  // block j of lse: member j's heads
+  const size_t block = static_cast<size_t>(count) * row;
+  const void* blocks = local;  // block j: the planes of member j's slice
+  if (count != q_heads_) {
+    for (int j = 0; j < members_; ++j) {
+      THDCP_CHECK_CUDA(cudaMemcpyAsync(w_.send + static_cast<size_t>(j) * block,
+                                       local + (j * q_heads_ + first) * local_rows_, block,
+                                       cudaMemcpyDeviceToDevice, stream_));
+    }
+    blocks = w_.send;
+  }
+  comm_.all_to_all(blocks, w_.recv, block, stream_);  // block i: member i's rows of these planes
   float* ranked = reorder_ ? w_.lse_ranked : heads;
   for (int i = 0; i < members_; ++i) {
     THDCP_CHECK_CUDA(cudaMemcpy2DAsync(ranked + i * local_rows_, static_cast<size_t>(rows_) * sizeof(float),
                                        w_.recv + static_cast<size_t>(i) * block, row, row,
-                                       static_cast<size_t>(q_heads_), cudaMemcpyDeviceToDevice, stream_));
+                                       static_cast<size_t>(count), cudaMemcpyDeviceToDevice, stream_));
   }
-  if (reorder_) to_group_order(w_.lse_ranked, heads, sizeof(float), q_heads_);
+  if (reorder_) to_group_order(w_.lse_ranked, heads, sizeof(float), count);
 }
 
-ForwardTensors CudaHeadExchange::forward_to_heads(const ForwardTensors& t) {
-  const ConstThdTensor q = to_heads(t.q, w_.q), k = to_heads(t.k, w_.k), v = to_heads(t.v, w_.v);
-  return ForwardTensors{q,
-                        k,
-                        v,
-                        dense(w_.out, p_.dtype, q_heads_, p_.value_head_dim()),
-                        w_.lse,
-                        t.max_logit ? w_.max_logit : nullptr,
-                        t.sinks ? t.sinks + member() * q_heads_ : nullptr};
+ForwardTensors CudaHeadExchange::forward_to_heads(const ForwardTensors& t, int s) {
+  const size_t element = dtype_size(p_.dtype);
+  const int64_t dqk = p_.head_dim, dv = p_.value_head_dim();
+  const int64_t q0 = s * q_slice_, k0 = s * kv_slice_;  // the slice's first heads
+  ForwardTensors h{to_heads(t.q, slice_of(w_.q, s, q_slice_, dqk, element), q0, q_slice_),
+                   to_heads(t.k, slice_of(w_.k, s, kv_slice_, dqk, element), k0, kv_slice_),
+                   to_heads(t.v, slice_of(w_.v, s, kv_slice_, dv, element), k0, kv_slice_),
+                   dense(slice_of(w_.out, s, q_slice_, dv, element), p_.dtype, q_slice_, dv),
+                   w_.lse + q0 * rows_,
+                   t.max_logit ? w_.max_logit + q0 : nullptr,
+                   t.sinks ? t.sinks + member() * q_heads_ + q0 : nullptr};
+  return h;
 }
 
-void CudaHeadExchange::forward_to_rows(const ForwardTensors& heads, const ForwardTensors& t) {
-  to_rows(heads.out, t.out);
-  lse_to_rows(heads.lse, t.lse);
-  if (t.max_logit) comm_.all_gather(heads.max_logit, t.max_logit, static_cast<size_t>(q_heads_) * sizeof(float), stream_);
+void CudaHeadExchange::forward_to_rows(const ForwardTensors& heads, const ForwardTensors& t, int s) {
+  to_rows(heads.out, t.out, s * q_slice_);
+  lse_to_rows(heads.lse, t.lse, s * q_slice_, q_slice_);
 }
 
-void CudaHeadExchange::backward_to_rows(const BackwardTensors& heads, const BackwardTensors& t) {
-  to_rows(heads.dq, t.dq);
-  to_rows(heads.dk, t.dk);
-  to_rows(heads.dv, t.dv);
-  if (t.dsinks) comm_.all_gather(heads.dsinks, t.dsinks, static_cast<size_t>(q_heads_) * sizeof(float), stream_);
+void CudaHeadExchange::gather_max_logit(const ForwardTensors& t) {
+  if (t.max_logit) comm_.all_gather(w_.max_logit, t.max_logit, static_cast<size_t>(q_heads_) * sizeof(float), stream_);
 }
 
-BackwardTensors CudaHeadExchange::backward_to_heads(const BackwardTensors& t, DType dq_dtype, bool kept) {
-  const int64_t dv = p_.value_head_dim();
+BackwardTensors CudaHeadExchange::backward_to_heads(const BackwardTensors& t, DType dq_dtype, bool kept, int s) {
+  const size_t element = dtype_size(p_.dtype);
+  const int64_t dqk = p_.head_dim, dv = p_.value_head_dim();
+  const int64_t q0 = s * q_slice_, k0 = s * kv_slice_;
+  unsigned char* q = slice_of(w_.q, s, q_slice_, dqk, element);
+  unsigned char* k = slice_of(w_.k, s, kv_slice_, dqk, element);
+  unsigned char* v = slice_of(w_.v, s, kv_slice_, dv, element);
+  unsigned char* out = slice_of(w_.out, s, q_slice_, dv, element);
+  float* lse = w_.lse + q0 * rows_;
   // Kept: the forward's exchanged q, k, v, its out and lse are still in the parts (nothing
   // after the forward's attention writes them); only dout moves.
-  BackwardTensors h{kept ? dense(w_.q, p_.dtype, q_heads_, p_.head_dim) : to_heads(t.q, w_.q),
-                    kept ? dense(w_.k, p_.dtype, kv_heads_, p_.head_dim) : to_heads(t.k, w_.k),
-                    kept ? dense(w_.v, p_.dtype, kv_heads_, dv) : to_heads(t.v, w_.v),
-                    kept ? dense(w_.out, p_.dtype, q_heads_, dv) : to_heads(t.out, w_.out),
-                    to_heads(t.dout, w_.dout),
-                    w_.lse,
-                    dense(w_.dq, dq_dtype, q_heads_, p_.head_dim),
-                    dense(w_.dk, DType::kFloat32, kv_heads_, p_.head_dim),
-                    dense(w_.dv, DType::kFloat32, kv_heads_, dv)};
-  if (!kept) lse_to_heads(t.lse, w_.lse);
-  h.sinks = t.sinks ? t.sinks + member() * q_heads_ : nullptr;
-  h.dsinks = t.dsinks ? w_.dsinks : nullptr;
+  BackwardTensors h{kept ? dense(q, p_.dtype, q_slice_, dqk) : to_heads(t.q, q, q0, q_slice_),
+                    kept ? dense(k, p_.dtype, kv_slice_, dqk) : to_heads(t.k, k, k0, kv_slice_),
+                    kept ? dense(v, p_.dtype, kv_slice_, dv) : to_heads(t.v, v, k0, kv_slice_),
+                    kept ? dense(out, p_.dtype, q_slice_, dv) : to_heads(t.out, out, q0, q_slice_),
+                    to_heads(t.dout, slice_of(w_.dout, s, q_slice_, dv, element), q0, q_slice_),
+                    lse,
+                    dense(slice_of(w_.dq, s, q_slice_, dqk, dtype_size(dq_dtype)), dq_dtype, q_slice_, dqk),
+                    dense(slice_of(w_.dk, s, kv_slice_, dqk, sizeof(float)), DType::kFloat32, kv_slice_, dqk),
+                    dense(slice_of(w_.dv, s, kv_slice_, dv, sizeof(float)), DType::kFloat32, kv_slice_, dv)};
+  if (!kept) lse_to_heads(t.lse, lse, q0, q_slice_);
+  h.sinks = t.sinks ? t.sinks + member() * q_heads_ + q0 : nullptr;
+  h.dsinks = t.dsinks ? w_.dsinks + q0 : nullptr;
   return h;
+}
+
+void CudaHeadExchange::backward_to_rows(const BackwardTensors& heads, const BackwardTensors& t, int s) {
+  to_rows(heads.dq, t.dq, s * q_slice_);
+  to_rows(heads.dk, t.dk, s * kv_slice_);
+  to_rows(heads.dv, t.dv, s * kv_slice_);
+}
+
+void CudaHeadExchange::gather_dsinks(const BackwardTensors& t) {
+  if (t.dsinks) comm_.all_gather(w_.dsinks, t.dsinks, static_cast<size_t>(q_heads_) * sizeof(float), stream_);
 }
 
 }  // namespace thdcp::cp::detail

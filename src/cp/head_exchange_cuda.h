@@ -54,10 +54,12 @@ ExchangeParts carve_exchange(WorkspaceCarver& carver, const Problem& p, int memb
 class CudaHeadExchange {
  public:
   // `comm`: this rank's group (`members` ranks: comm.size()); `group`: its index among the
-  // cp / members groups. `p` validated by the caller (heads multiples of members).
-  CudaHeadExchange(DeviceCommunicator& comm, const Problem& p, int group, const ExchangeParts& parts);
+  // cp / members groups; `slices`: this member's heads are exchanged in that many slices of
+  // as many query and key heads each (1: all at once). `p` validated by the caller (heads
+  // multiples of members * slices).
+  CudaHeadExchange(DeviceCommunicator& comm, const Problem& p, int group, const ExchangeParts& parts, int slices = 1);
 
-  // The step about to be enqueued: its layout and stream.
+  // The step about to be enqueued: its layout, and the stream the exchanges run on.
   void start(const DeviceLayout& layout, cudaStream_t stream);
 
   DeviceCommunicator& comm() const { return comm_; }  // the group
@@ -65,41 +67,48 @@ class CudaHeadExchange {
   int64_t rows() const { return rows_; }        // the group's rows
   int64_t q_heads() const { return q_heads_; }  // this member's share
   int64_t kv_heads() const { return kv_heads_; }
+  int slices() const { return slices_; }
   const ExchangeParts& parts() const { return w_; }
 
   // A dense [rows(), heads, head_dim] tensor at `data`.
   ThdTensor dense(void* data, DType dtype, int64_t heads, int64_t head_dim) const;
 
-  // This rank's rows of `local` ([T/cp, H, D], any view) -> the group's rows of this member's
-  // H/members heads, dense at `rows` in the group's order.
-  ConstThdTensor to_heads(const ConstThdTensor& local, unsigned char* rows);
-  // The inverse: this member's heads `heads` (dense, the group's order; the local dtype or
-  // fp32) -> this rank's rows of every head, into `local` (any view); fp32 heads bound for a
-  // 16-bit `local` are rounded once, before the exchange.
-  void to_rows(const ConstThdTensor& heads, ThdTensor local);
-  // lse [Hq/members, rows()] of this member's heads -> lse [Hq, T/cp] of this rank's rows.
-  void lse_to_rows(const float* heads, float* local);
-  // The inverse, into `heads`.
-  void lse_to_heads(const float* local, float* heads);
+  // The forward's tensors of slice `s` of this member's heads: q, k, v exchanged into the
+  // parts; out, lse, max_logit (where t has one) in the parts; the slice's sinks (where t has
+  // them). The parts hold each tensor slice after slice, each slice dense [rows(), heads of
+  // the slice, D] (lse [heads of the slice, rows()]).
+  ForwardTensors forward_to_heads(const ForwardTensors& t, int s = 0);
+  // The slice's results back to this rank's rows: out and lse exchanged.
+  void forward_to_rows(const ForwardTensors& heads, const ForwardTensors& t, int s = 0);
+  // Once every slice is back: max_logit all-gathered over the group in head order (each
+  // head's is whole on the member that holds it), where t has one.
+  void gather_max_logit(const ForwardTensors& t);
 
-  // The forward's tensors of this member's heads: q, k, v exchanged into the parts; out, lse,
-  // max_logit (where t has one) in the parts; this member's sinks (where t has them).
-  ForwardTensors forward_to_heads(const ForwardTensors& t);
-  // Their results back to this rank's rows: out and lse exchanged, max_logit all-gathered over
-  // the group in head order (each head's is whole on the member that holds it).
-  void forward_to_rows(const ForwardTensors& heads, const ForwardTensors& t);
-
-  // The backward's tensors of this member's heads: q, k, v, out, dout and lse exchanged into
-  // the parts (`kept`: dout only, q, k, v, out and lse being the last forward_to_heads's and
-  // its attention's, still in the parts); dq in `dq_dtype` (fp32 or the problem's: what the
-  // attention behind the exchange writes), dk and dv fp32, in the parts; this member's sinks
-  // and d(sink) (where t has them).
-  BackwardTensors backward_to_heads(const BackwardTensors& t, DType dq_dtype, bool kept);
-  // dq, dk, dv back to this rank's rows (fp32 rounded once, before the exchange), d(sink)
-  // all-gathered over the group.
-  void backward_to_rows(const BackwardTensors& heads, const BackwardTensors& t);
+  // The backward's tensors of slice `s`: q, k, v, out, dout and lse exchanged into the parts
+  // (`kept`: dout only, q, k, v, out and lse being the last forward's, still in the parts); dq
+  // in `dq_dtype` (fp32 or the problem's: what the attention behind the exchange writes), dk
+  // and dv fp32, in the parts; the slice's sinks and d(sink) (where t has them).
+  BackwardTensors backward_to_heads(const BackwardTensors& t, DType dq_dtype, bool kept, int s = 0);
+  // The slice's dq, dk, dv back to this rank's rows (fp32 rounded once, before the exchange).
+  void backward_to_rows(const BackwardTensors& heads, const BackwardTensors& t, int s = 0);
+  // Once every slice is back: d(sink) all-gathered over the group, where t has it.
+  void gather_dsinks(const BackwardTensors& t);
 
  private:
+  // This rank's rows of `local` ([T/cp, H, D], any view) -> the group's rows of the heads
+  // [first, first + count) of every member's H/members, dense at `rows` in the group's order.
+  ConstThdTensor to_heads(const ConstThdTensor& local, unsigned char* rows, int64_t first, int64_t count);
+  // The inverse: `heads` (dense [rows(), count, D], the group's order; the local dtype or
+  // fp32) -> this rank's rows of those heads of every member, into `local` (any view); fp32
+  // heads bound for a 16-bit `local` are rounded once, before the exchange.
+  void to_rows(const ConstThdTensor& heads, ThdTensor local, int64_t first);
+  // lse planes [first, first + count) of this member's heads ([count, rows()] at `heads`) ->
+  // lse [Hq, T/cp] of this rank's rows; and the inverse.
+  void lse_to_rows(const float* heads, float* local, int64_t first, int64_t count);
+  void lse_to_heads(const float* local, float* heads, int64_t first, int64_t count);
+  // Slice s of a part holding `heads_per_slice` heads of `head_dim` elements per row.
+  unsigned char* slice_of(void* part, int s, int64_t heads_per_slice, int64_t head_dim, size_t element) const;
+
   // Member-major rows (what the all-to-all gives) <-> the group's order, `planes` planes of
   // rows() rows each.
   void to_group_order(const void* members_rows, void* group_rows, size_t row_bytes, int64_t planes);
@@ -108,9 +117,10 @@ class CudaHeadExchange {
   DeviceCommunicator& comm_;
   Problem p_;
   ExchangeParts w_;
-  int members_, group_;
+  int members_, group_, slices_;
   bool reorder_;  // dual chunk: the member-major rows are not in the group's order
   int64_t local_rows_, rows_, q_heads_, kv_heads_;
+  int64_t q_slice_, kv_slice_;  // heads per slice
   DeviceLayout layout_;
   cudaStream_t stream_ = nullptr;
 };

@@ -138,6 +138,27 @@ TEST(CpModesErrors, AllToAllNeedsHeadsDivisibleByCp) {
   test::expect_every_rank_says(test::plan_messages(q4, q4), "all_to_all with q_heads=6 and cp=4");
 }
 
+// Problem::head_slices (the CUDA all_to_all's slices; the CPU backend computes every head at
+// once): a divisor of both head counts per rank, all_to_all only, and the same on every rank.
+TEST(CpModesErrors, HeadSlicesDivideTheHeadsPerRankUnderAllToAllOnly) {
+  cp::Problem p = problem_of(2, 16, 8, 4, CpLayout::kDualChunk, cp::CpComm::kAllToAll);
+  p.head_slices = 2;
+  expect_planned(p);
+  p.head_slices = 4;
+  test::expect_every_rank_says(test::plan_messages(p, p),
+                               "head_slices=4 with q_heads/cp=4 and kv_heads/cp=2 heads per rank: each slice takes "
+                               "as many of both; use one of 1, 2");
+  p.head_slices = 0;
+  test::expect_every_rank_says(test::plan_messages(p, p), "head_slices=0 must be >= 1");
+  cp::Problem gather = problem_of(2, 16, 8, 4, CpLayout::kDualChunk, cp::CpComm::kAllGather);
+  gather.head_slices = 2;
+  test::expect_every_rank_says(test::plan_messages(gather, gather),
+                               "head_slices=2 with comm=all_gather: slices are all_to_all's; leave head_slices=1");
+  cp::Problem one = problem_of(2, 16, 8, 4, CpLayout::kDualChunk, cp::CpComm::kAllToAll), two = one;
+  two.head_slices = 2;
+  test::expect_every_rank_says(test::plan_messages(one, two), "rank 1 passed head_slices=2 but rank 0 passed head_slices=1");
+}
+
 TEST(CpModesErrors, RanksMustAgreeOnTheMode) {
   const cp::Problem p = problem_of(2, 16, 2, 2, CpLayout::kDualChunk, cp::CpComm::kAllGather);
   cp::Problem other = p;

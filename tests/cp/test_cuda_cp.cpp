@@ -56,6 +56,50 @@ TEST_P(CudaCpAllToAllSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager)
   expect_shared_gpu_case(layout, cp::CpComm::kAllToAll, cp, index);
 }
 
+// all_to_all in head slices (Problem::head_slices: each slice's exchange runs beside the
+// attention of another, on the plan's second stream): the edge-case table against the
+// reference, with one graph replayed against eager; and every rank's outputs the bits of one
+// slice's, with the backward's inputs exchanged again or kept from the forward.
+using SlicesParam = std::tuple<CpLayout, std::pair<int, int> /*cp, head_slices*/, int /*edge case index*/>;
+
+class CudaCpHeadSlices : public test::CudaTest, public ::testing::WithParamInterface<SlicesParam> {};
+
+TEST_P(CudaCpHeadSlices, MatchReferenceReplayAndEqualOneSliceBitForBit) {
+  const auto [layout, sizes, index] = GetParam();
+  const auto [cp, slices] = sizes;
+  test::expect_group_case(layout, cp::CpComm::kAllToAll, cp, index, cp::KvGather::kAuto, 1, {}, DType::kFloat32,
+                          slices);
+  const EdgeCase c = test::heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp::CpComm::kAllToAll, 1, slices);
+  const cp::Problem one = problem_of(c, cp, layout, cp::CpComm::kAllToAll);
+  cp::Problem sliced = one;
+  sliced.head_slices = slices;
+  const test::Batch b = make_case_batch(c, cp, one.capacity, 900 + index + cp, false, layout);
+  std::vector<test::Outputs> whole(cp), by_slices(cp), kept(cp);
+  run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+    whole[comm.rank()] = test::CudaCpRank(comm, one).run(b);
+    test::CudaCpRank state(comm, sliced);
+    by_slices[comm.rank()] = state.run(b);
+    kept[comm.rank()] = state.run(b, cp::KvSource::kFromForward);
+  });
+  for (int rank = 0; rank < cp; ++rank) {
+    EXPECT_TRUE(test::identical(by_slices[rank], whole[rank])) << "rank " << rank;
+    EXPECT_TRUE(test::identical(kept[rank], whole[rank])) << "rank " << rank << ", kept";
+  }
+}
+
+std::string slices_name(const ::testing::TestParamInfo<SlicesParam>& info) {
+  const std::pair<int, int> sizes = std::get<1>(info.param);
+  return test::layout_prefix(std::get<0>(info.param)) + "cp" + std::to_string(sizes.first) + "_slices" +
+         std::to_string(sizes.second) + "_" + edge_cases()[static_cast<size_t>(std::get<2>(info.param))].name;
+}
+
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpHeadSlices,
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Values(std::make_pair(2, 2), std::make_pair(2, 4),
+                                                              std::make_pair(4, 2)),
+                                            ::testing::Range(0, 6)),
+                         slices_name);
+
 // a2a+ag CP: an all-to-all in groups of a2a_size ranks, AllGather CP across the groups
 // (kv_heads = a2a_size, the case's GQA ratio kept). (cp, a2a_size): 2 x 1 and 2 x 2 (one
 // group of each kind: a one-rank exchange, a one-rank AllGather), 4 x 2, 6 x 3 and 8 x 4.
@@ -581,6 +625,30 @@ TEST_F(CudaCpFaults, BadPlanArgumentsAreRefusedOnEveryRank) {
     EXPECT_NE(message.find("a2a+ag with kv_heads=1 and a2a_size=2: kv_heads must be a multiple of a2a_size"),
               std::string::npos)
         << message;
+  }
+}
+
+// Head slices that do not divide a rank's heads, or with a communication other than
+// all_to_all, are refused at plan time on every rank, naming the values that would do.
+TEST_F(CudaCpFaults, BadHeadSlicesAreRefusedOnEveryRank) {
+  struct Bad {
+    cp::CpComm comm;
+    int slices;
+    const char* says;
+  };
+  for (const Bad& bad : {Bad{cp::CpComm::kAllToAll, 3,
+                             "head_slices=3 with q_heads/cp=2 and kv_heads/cp=1 heads per rank: each slice takes as "
+                             "many of both; use one of 1"},
+                         Bad{cp::CpComm::kAllGather, 2, "head_slices=2 with comm=all_gather: slices are all_to_all's"}}) {
+    const std::vector<std::string> messages = errors_of_two_ranks([&](DeviceCommunicator& comm) {
+      cp::Problem p = small_problem(2);
+      p.comm = bad.comm;
+      p.head_slices = bad.slices;
+      const size_t bytes = 1 << 20;  // never reached: the plan refuses first
+      test::DeviceBuffer device(bytes);
+      cp::CudaPlan plan(comm, p, AttentionOptions{}, device.data(), bytes);
+    });
+    for (const std::string& message : messages) EXPECT_NE(message.find(bad.says), std::string::npos) << message;
   }
 }
 

@@ -100,6 +100,9 @@ const char* kHelp =
     "  --kv S[,S...]       where the backward takes K/V from, each a row: gather (all-gather them\n"
     "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward;\n"
     "                      all_to_all keeps the forward's head-sharded q, k, v, out and lse)\n"
+    "  --head-slices S[,S...]  all_to_all rows' head slices, each a row (1): cp::Problem::head_slices,\n"
+    "                      each slice's exchange beside another's attention (Hq and Hkv multiples of\n"
+    "                      cp x S)\n"
     "  --sm-margin M[,M...]  AttentionOptions::sm_margin of the CP plans, each a row (0): SMs the\n"
     "                      persistent Hopper forward leaves to the collectives beside it\n"
     "  --cp-comm C[,C...]  CP communications, each a row (all_gather): all_gather and/or all_to_all\n"
@@ -136,6 +139,7 @@ struct Variant {
   cp::CpComm comm = cp::CpComm::kAllGather;
   bool peer = false;  // a peer-copy SharedGpuGroup instead of NCCL
   bool narrow_reduce = false;  // cp::Problem::reduce_dtype = the batch's dtype
+  int head_slices = 1;         // cp::Problem::head_slices (all_to_all rows)
 };
 
 struct Options {
@@ -176,6 +180,7 @@ struct Row {
   cp::CpComm comm = cp::CpComm::kAllGather;
   bool peer = false;          // over a peer-copy SharedGpuGroup, not NCCL
   bool narrow_reduce = false;  // dK/dV reduce-scattered in the batch's dtype
+  int head_slices = 1;         // all_to_all's head slices
 };
 
 // The bytes a rank receives in one forward + backward step: the other ranks' K/V rows, once
@@ -232,7 +237,10 @@ double pairs_imbalance(const BatchLayout& layout, CpLayout cp_layout, int cp, co
 // Where the backward takes K/V from, and (with --dq-pass 1) that dQ had a pass of its own.
 std::string backward_form(const Row& r) {
   const std::string over = std::string(r.narrow_reduce ? ", 16-bit reduce" : "") + (r.peer ? ", peer copies" : "");
-  if (r.comm == cp::CpComm::kAllToAll) return std::string("all_to_all") + (r.kept_kv ? ", kept" : "") + over;
+  if (r.comm == cp::CpComm::kAllToAll) {
+    return std::string("all_to_all") + (r.kept_kv ? ", kept" : "") +
+           (r.head_slices > 1 ? ", " + std::to_string(r.head_slices) + " head slices" : "") + over;
+  }
   return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "") + (r.halo ? ", halo" : "") + over;
 }
 
@@ -367,6 +375,10 @@ Options parse_options(const Args& args) {
   for (size_t n : parse_names("reduce-dtype", args.get("reduce-dtype", "fp32"), {"fp32", batch_dtype})) {
     narrow.push_back(n == 1);
   }
+  std::vector<int> slices_list;
+  for (int64_t n : parse_int_list("head-slices", args.get("head-slices", "1"), 1, 16)) {
+    slices_list.push_back(static_cast<int>(n));
+  }
   for (size_t n : parse_names("cp-layout", args.get("cp-layout", "dual_chunk"), {"dual_chunk", "contiguous"})) {
     o.layouts.push_back(n == 0 ? CpLayout::kDualChunk : CpLayout::kContiguous);
   }
@@ -382,8 +394,12 @@ Options parse_options(const Args& args) {
                 for (bool reduce16 : narrow) {
                   // The halo's edges cross in fp32, and all-to-all reduces nothing across ranks.
                   if (reduce16 && (halo || comm == cp::CpComm::kAllToAll)) continue;
-                  o.variants.push_back(
-                      Variant{c, kept, static_cast<int>(margin), dq_pass != 0, halo, comm, peer, reduce16});
+                  // Head slices are all_to_all's: other rows take one.
+                  for (int slices : slices_list) {
+                    if (slices > 1 && comm != cp::CpComm::kAllToAll) continue;
+                    o.variants.push_back(Variant{c, kept, static_cast<int>(margin), dq_pass != 0, halo, comm, peer,
+                                                 reduce16, slices});
+                  }
                 }
               }
             }
@@ -564,6 +580,7 @@ Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& 
   row.comm = variant.comm;
   row.peer = variant.peer;
   row.narrow_reduce = variant.narrow_reduce;
+  row.head_slices = variant.head_slices;
   row.received_bytes = variant.comm == cp::CpComm::kAllToAll
                            ? received_by_all_to_all(o.shape, row.tokens, variant.cp, variant.kept_kv)
                        : variant.halo ? received_by_halo(o.shape, run.mask, variant.cp, variant.kept_kv)
@@ -682,10 +699,12 @@ void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& 
                              m.mask.window_left > tokens / variant.cp)) {
           continue;
         }
-        if (variant.comm == cp::CpComm::kAllToAll && (s.q_heads % variant.cp != 0 || s.kv_heads % variant.cp != 0)) {
-          std::printf("skip T=%lld %s cp=%d all_to_all: heads %lld:%lld are not multiples of cp\n",
-                      static_cast<long long>(tokens), m.name.c_str(), variant.cp, static_cast<long long>(s.q_heads),
-                      static_cast<long long>(s.kv_heads));
+        const int64_t shards = static_cast<int64_t>(variant.cp) * variant.head_slices;
+        if (variant.comm == cp::CpComm::kAllToAll && (s.q_heads % shards != 0 || s.kv_heads % shards != 0)) {
+          std::printf("skip T=%lld %s cp=%d all_to_all, %d head slice(s): heads %lld:%lld are not multiples of "
+                      "cp x slices\n",
+                      static_cast<long long>(tokens), m.name.c_str(), variant.cp, variant.head_slices,
+                      static_cast<long long>(s.q_heads), static_cast<long long>(s.kv_heads));
           continue;
         }
         AttentionOptions attention;
@@ -695,7 +714,7 @@ void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& 
                                  variant.kept_kv ? Pass::kForwardBackwardKeptKv : Pass::kForwardBackward,
                                  attention, o.warmup, o.iters, cp_layout,
                                  variant.halo ? cp::KvGather::kHalo : cp::KvGather::kWhole, variant.comm,
-                                 variant.narrow_reduce ? s.dtype : DType::kFloat32};
+                                 variant.narrow_reduce ? s.dtype : DType::kFloat32, nullptr, variant.head_slices};
         rows.push_back(run_variant(o, variant, run, row, failed));
       }
     }
@@ -756,7 +775,7 @@ void print_tables(const std::vector<Row>& rows, const Options& o, const std::str
 
 int bench_scaling_command(const std::vector<std::string>& argv) {
   const Args args(argv,
-                  {"gpus", "cp-layout", "cp-comm", "kv-gather", "device-comm", "reduce-dtype", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
+                  {"gpus", "cp-layout", "cp-comm", "kv-gather", "device-comm", "reduce-dtype", "head-slices", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
                    "max-length", "seed", "warmup", "iters", "kv", "sm-margin", "dq-pass"},
                   {"scaling", "help"});
   if (args.has("help")) {

@@ -100,6 +100,12 @@ struct Problem : HeadShape {
   // the collective, the sum in that dtype; see "Reduced-precision reduce-scatter" below).
   // The halo gather's edges always cross in fp32. a2a+ag: its AllGather's across the groups.
   DType reduce_dtype = DType::kFloat32;
+  // all_to_all only (other comms: leave it 1): the CUDA backend exchanges and attends each
+  // rank's H/cp heads in this many slices, on two streams, so that the exchange of one slice
+  // runs beside the attention of the slice before it. Every head is computed alone, so the
+  // results are the same bits for every value; a divisor of q_heads / cp and kv_heads / cp.
+  // The CPU backend computes every head at once whatever it says.
+  int head_slices = 1;
 
   int64_t local_rows() const { return capacity.max_tokens / cp; }
 };

@@ -61,12 +61,12 @@ cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout, cp::CpComm co
   return problem;
 }
 
-EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm, int a2a_size) {
+EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm, int a2a_size, int head_slices) {
   EdgeCase out = c;
   const int shards = comm == cp::CpComm::kAllToAll ? cp : comm == cp::CpComm::kA2aAg ? a2a_size : 0;
   if (shards > 0) {
-    out.kv_heads = shards;
-    out.q_heads = c.q_heads / c.kv_heads * shards;
+    out.kv_heads = shards * head_slices;
+    out.q_heads = c.q_heads / c.kv_heads * out.kv_heads;
   }
   return out;
 }
@@ -107,14 +107,15 @@ void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaS
 }
 
 void expect_group_case(CpLayout layout, cp::CpComm cp_comm, int cp, int index, cp::KvGather gather, int a2a_size,
-                       const SharedGpuOptions& options, DType reduce_dtype) {
-  const EdgeCase c = heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp_comm, a2a_size);
+                       const SharedGpuOptions& options, DType reduce_dtype, int head_slices) {
+  const EdgeCase c = heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp_comm, a2a_size, head_slices);
   const Capacity capacity = capacity_of(c, cp);
   const Batch first = make_case_batch(c, cp, capacity, 1000 + index * 10 + cp, false, layout);
   const Batch second = make_case_batch(c, cp, capacity, 2000 + index * 10 + cp, true, layout);
   cp::Problem problem = problem_of(c, cp, layout, cp_comm, a2a_size);
   problem.kv_gather = gather;
   problem.reduce_dtype = reduce_dtype;
+  problem.head_slices = head_slices;
   const bool reduced = reduce_dtype != DType::kFloat32;
 
   std::vector<Outputs> eager_first(cp), eager_second(cp), replayed(cp);

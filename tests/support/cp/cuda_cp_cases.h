@@ -57,7 +57,8 @@ cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout = CpLayout::kD
 // `c` with heads `comm` can run at `cp`: all_to_all needs both head counts multiples of cp,
 // so it gets kv_heads = cp and the case's GQA ratio; a2a+ag the same with a2a_size in place
 // of cp; all_gather keeps them.
-EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm, int a2a_size = 1);
+// head_slices: both head counts times it (each slice of a rank's heads takes as many).
+EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm, int a2a_size = 1, int head_slices = 1);
 
 // One rank of an edge case over a communicator whose ranks capture their own streams (NCCL:
 // a thread or a process per GPU): the eager step on a first batch against the CPU
@@ -73,9 +74,11 @@ void check_edge_case_with_own_capture(DeviceCommunicator& comm, int index, cudaS
 // (rank 0's global-mode capture, every rank's stream joined to it) and replayed on the second
 // batch equal to its eager step, bit for bit.
 // reduce_dtype: cp::Problem::reduce_dtype (dk and dv then held to the reduced tolerance).
+// head_slices: cp::Problem::head_slices (all_to_all; both head counts then times it).
 void expect_group_case(CpLayout layout, cp::CpComm cp_comm, int cp, int index,
                        cp::KvGather gather = cp::KvGather::kAuto, int a2a_size = 1,
-                       const SharedGpuOptions& options = {}, DType reduce_dtype = DType::kFloat32);
+                       const SharedGpuOptions& options = {}, DType reduce_dtype = DType::kFloat32,
+                       int head_slices = 1);
 
 // The name of a CP communication in test names: "" for all_gather (the default), "all_to_all_".
 std::string comm_prefix(cp::CpComm comm);
