@@ -25,7 +25,7 @@ static_assert(offsetof(thdcp_attention_params, v_head_dim) == 80 && sizeof(thdcp
 static_assert(offsetof(thdcp_cp_params, v_head_dim) == 88);
 // The third version of thdcp_cp_params (cp_layout, cp_comm) starts on the second one's end.
 static_assert(offsetof(thdcp_cp_params, cp_layout) == 96 && offsetof(thdcp_cp_params, cp_comm) == 100);
-// The fourth (kv_gather, a2a_size) on the third one's end; the fifth (reduce_dtype, reserved2)
+// The fourth (kv_gather, a2a_size) on the third one's end; the fifth (reduce_dtype, head_slices)
 // on the fourth's.
 static_assert(offsetof(thdcp_cp_params, kv_gather) == 104 && offsetof(thdcp_cp_params, reduce_dtype) == 112 &&
               sizeof(thdcp_cp_params) == 120);

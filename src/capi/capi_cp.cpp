@@ -2,6 +2,7 @@
 // communication and K/V gather), thdcp::cp::CudaPlan over a device communicator (every layout
 // and communication; the halo gather under the contiguous layout). Every call that is collective aborts an in-process or
 // shared-GPU group when it fails on this rank (handles.h).
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -170,7 +171,20 @@ CpConfig config_of(const thdcp_cp_params* given) {
                                              << ": dK/dV partial sums cross ranks in fp32 or in the problem's "
                                                 "dtype; use THDCP_DTYPE_DEFAULT (fp32) or "
                                              << c_name(problem.dtype));
-  THDCP_CAPI_REQUIRE(p.reserved2 == 0, "params->reserved2=" << p.reserved2 << " must be 0");
+  THDCP_CAPI_REQUIRE(p.head_slices >= 0, "params->head_slices=" << p.head_slices << " must be >= 0 (0 or 1: all heads at once)");
+  THDCP_CAPI_REQUIRE(p.head_slices <= 1 || problem.comm == cp::CpComm::kAllToAll,
+                     "params->head_slices=" << p.head_slices
+                                            << " with a params->cp_comm other than THDCP_CP_COMM_ALL_TO_ALL: slices "
+                                               "are all_to_all's; use 0 or 1");
+  problem.head_slices = std::max(p.head_slices, 1);
+  if (problem.head_slices > 1) {  // all_to_all, so both head counts are multiples of cp here
+    const int64_t q = problem.q_heads / problem.cp, kv = problem.kv_heads / problem.cp;
+    THDCP_CAPI_REQUIRE(q % problem.head_slices == 0 && kv % problem.head_slices == 0,
+                       "params->head_slices=" << p.head_slices << " with q_heads/cp_size=" << q
+                                              << " and kv_heads/cp_size=" << kv
+                                              << " heads per rank: each slice takes as many of both; use a divisor "
+                                                 "of both (1 takes every head at once)");
+  }
   check_softmax_scale(p.softmax_scale, "params");
   c.softmax_scale = p.softmax_scale;
   c.deterministic = p.deterministic != 0;

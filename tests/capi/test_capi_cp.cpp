@@ -616,7 +616,7 @@ TEST(CApiCpModes, OlderStructGetsTheDefaults) {
 
 // params->reduce_dtype (the 120-byte struct): fp32 (0 or THDCP_DTYPE_FP32) or the problem's
 // dtype are accepted; another dtype is refused naming both; a 112-byte struct gets fp32
-// whatever lies past its end; reserved2 must be 0.
+// whatever lies past its end.
 TEST(CApiCpReduceDtype, Fp32OrTheProblemsDtype) {
   thdcp_cp_params p = mode_params(2, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_GATHER);
   size_t bytes = 0;
@@ -633,11 +633,31 @@ TEST(CApiCpReduceDtype, Fp32OrTheProblemsDtype) {
                   "params->reduce_dtype=7");
   p.struct_size = 112;
   EXPECT_C_OK(thdcp_cp_plan_workspace_size(&p, &bytes));
-  p.struct_size = sizeof(thdcp_cp_params);
-  p.reduce_dtype = THDCP_DTYPE_DEFAULT;
-  p.reserved2 = 1;
+}
+
+// params->head_slices (the 120-byte struct's last field, reserved2 before): 0 and 1 take every
+// head at once in every mode; more only under all_to_all and dividing the heads per rank
+// (refused naming the values that would do); a negative value is refused.
+TEST(CApiCpHeadSlices, AllToAllOnlyAndADivisorOfTheHeadsPerRank) {
+  thdcp_cp_params p = mode_params(2, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_TO_ALL);
+  p.q_heads = 8;
+  p.kv_heads = 4;
+  size_t bytes = 0;
+  for (const int accepted : {0, 1, 2}) {
+    p.head_slices = accepted;
+    EXPECT_C_OK(thdcp_cp_plan_workspace_size(&p, &bytes)) << accepted;
+  }
+  p.head_slices = 4;
   EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
-                  "params->reserved2=1 must be 0");
+                  "params->head_slices=4 with q_heads/cp_size=4 and kv_heads/cp_size=2 heads per rank: each slice "
+                  "takes as many of both; use a divisor of both");
+  p.head_slices = -1;
+  EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->head_slices=-1 must be >= 0");
+  p = mode_params(2, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_GATHER);
+  p.head_slices = 2;
+  EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->head_slices=2 with a params->cp_comm other than THDCP_CP_COMM_ALL_TO_ALL");
 }
 
 // A caller built against the 104-byte struct (before kv_gather and a2a_size) gets auto and no

@@ -121,7 +121,12 @@ typedef struct thdcp_cp_params {
                             the reduce-scatter (each rank's partials rounded once to it; the
                             error bound is thdcp/cp/cp.h's). Another value is refused. The
                             halo gather's edges cross in fp32 */
-  int32_t reserved2;     /* 0 */
+  int32_t head_slices;   /* THDCP_CP_COMM_ALL_TO_ALL: the CUDA backend exchanges and attends a
+                            rank's heads in this many slices, each slice's exchange beside
+                            another's attention (the same bits for every value): a divisor of
+                            q_heads / cp_size and kv_heads / cp_size; the CPU backend computes
+                            every head at once. 0 or 1 (the default, and what an older struct
+                            got: this was reserved2, 0): all heads at once; other modes: 0 or 1 */
 } thdcp_cp_params;
 
 #define THDCP_CP_PARAMS_MIN_SIZE ((size_t)72)
