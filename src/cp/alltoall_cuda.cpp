@@ -110,17 +110,22 @@ struct CudaAllToAll::State {
     mark(Phase::kGather);
     return exchanges;
   }
-  // Slice i's inputs are exchanged (on the exchanges' stream): the attention may start.
-  void inputs_ready(int i, cudaStream_t stream) {
-    if (slices() == 1) return;
-    THDCP_CHECK_CUDA(cudaEventRecord(in[i], side));
-    THDCP_CHECK_CUDA(cudaStreamWaitEvent(stream, in[i], 0));
+  // Each event is recorded where its slice's work was just enqueued and waited for where the
+  // dependent work is about to be: slice i's inputs are exchanged (on `side`) ...
+  void inputs_exchanged(int i) {
+    if (slices() > 1) THDCP_CHECK_CUDA(cudaEventRecord(in[i], side));
   }
-  // Slice i's attention is done (on the step's stream): its results may go back.
+  // ... before its attention (on the step's stream) ...
+  void before_attention(int i, cudaStream_t stream) {
+    if (slices() > 1) THDCP_CHECK_CUDA(cudaStreamWaitEvent(stream, in[i], 0));
+  }
+  // ... which is done ...
   void attention_done(int i, cudaStream_t stream) {
-    if (slices() == 1) return;
-    THDCP_CHECK_CUDA(cudaEventRecord(done[i], stream));
-    THDCP_CHECK_CUDA(cudaStreamWaitEvent(side, done[i], 0));
+    if (slices() > 1) THDCP_CHECK_CUDA(cudaEventRecord(done[i], stream));
+  }
+  // ... before its results go back (on `side`).
+  void before_return(int i) {
+    if (slices() > 1) THDCP_CHECK_CUDA(cudaStreamWaitEvent(side, done[i], 0));
   }
   // The step's stream follows every exchange.
   void finish(cudaStream_t stream) {
@@ -161,15 +166,21 @@ void CudaAllToAll::forward(const DeviceLayout& layout, const ForwardTensors& t, 
   cuda::DeviceSegmentTable table;
   s.start(layout, stream, mark, table);
   ForwardTensors h[kMaxSlices];
-  for (int i = 0; i < s.slices(); ++i) h[i] = s.x.forward_to_heads(t, i);
+  for (int i = 0; i < s.slices(); ++i) {
+    h[i] = s.x.forward_to_heads(t, i);
+    s.inputs_exchanged(i);
+  }
   mark(Phase::kAttention);
   for (int i = 0; i < s.slices(); ++i) {
-    s.inputs_ready(i, stream);
+    s.before_attention(i, stream);
     s.forward->run(table, h[i], stream);
     s.attention_done(i, stream);
   }
   mark(Phase::kReduce);
-  for (int i = 0; i < s.slices(); ++i) s.x.forward_to_rows(h[i], t, i);
+  for (int i = 0; i < s.slices(); ++i) {
+    s.before_return(i);
+    s.x.forward_to_rows(h[i], t, i);
+  }
   s.x.gather_max_logit(t);
   s.finish(stream);
   mark(Phase::kCount);
@@ -183,15 +194,19 @@ void CudaAllToAll::backward(const DeviceLayout& layout, const BackwardTensors& t
   BackwardTensors h[kMaxSlices];
   for (int i = 0; i < s.slices(); ++i) {
     h[i] = s.x.backward_to_heads(t, DType::kFloat32, kv == KvSource::kFromForward, i);
+    s.inputs_exchanged(i);
   }
   mark(Phase::kAttention);
   for (int i = 0; i < s.slices(); ++i) {
-    s.inputs_ready(i, stream);
+    s.before_attention(i, stream);
     s.backward->run(table, h[i], stream);
     s.attention_done(i, stream);
   }
   mark(Phase::kReduce);
-  for (int i = 0; i < s.slices(); ++i) s.x.backward_to_rows(h[i], t, i);
+  for (int i = 0; i < s.slices(); ++i) {
+    s.before_return(i);
+    s.x.backward_to_rows(h[i], t, i);
+  }
   s.x.gather_dsinks(t);
   s.finish(stream);
   mark(Phase::kCount);
