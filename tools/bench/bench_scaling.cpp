@@ -105,9 +105,12 @@ const char* kHelp =
     "                      cp x S)\n"
     "  --sm-margin M[,M...]  AttentionOptions::sm_margin of the CP plans, each a row (0): SMs the\n"
     "                      persistent Hopper forward leaves to the collectives beside it\n"
-    "  --cp-comm C[,C...]  CP communications, each a row (all_gather): all_gather and/or all_to_all\n"
+    "  --cp-comm C[,C...]  CP communications, each a row (all_gather): all_gather, all_to_all\n"
     "                      (Ulysses: heads sharded for the attention; --q-heads and --kv-heads\n"
-    "                      multiples of every N)\n"
+    "                      multiples of every N) and/or a2a+ag (all-to-all in groups of\n"
+    "                      --cp-a2a-size ranks, AllGather across them)\n"
+    "  --cp-a2a-size A     a2a+ag's all-to-all group (2): rows where A does not divide N, or the\n"
+    "                      heads, are skipped with the reason\n"
     "  --kv-gather G[,G...]  the K/V rows each rank gathers, each a row (whole): whole (every rank's)\n"
     "                      or halo (its rows with the window's edges from its neighbours; rows of the\n"
     "                      contiguous layout under the window mask only, the others skip it)\n"
@@ -140,6 +143,7 @@ struct Variant {
   bool peer = false;  // a peer-copy SharedGpuGroup instead of NCCL
   bool narrow_reduce = false;  // cp::Problem::reduce_dtype = the batch's dtype
   int head_slices = 1;         // cp::Problem::head_slices (all_to_all rows)
+  int a2a_size = 1;            // cp::Problem::a2a_size (a2a+ag rows)
 };
 
 struct Options {
@@ -181,6 +185,7 @@ struct Row {
   bool peer = false;          // over a peer-copy SharedGpuGroup, not NCCL
   bool narrow_reduce = false;  // dK/dV reduce-scattered in the batch's dtype
   int head_slices = 1;         // all_to_all's head slices
+  int a2a_size = 1;            // a2a+ag's all-to-all group
 };
 
 // The bytes a rank receives in one forward + backward step: the other ranks' K/V rows, once
@@ -223,6 +228,17 @@ double received_by_all_to_all(const StepShape& s, int64_t tokens, int cp, bool k
   return share * (qkv + out + backward_in + qkv);
 }
 
+// The same under a2a+ag: the all-to-all in groups of a2a_size over the group's rows
+// (T a2a_size / cp), then AllGather CP across the cp / a2a_size groups on a2a_size's share of
+// the heads.
+double received_by_a2a_ag(const StepShape& s, int64_t tokens, int cp, int a2a_size, bool kept_kv, bool narrow_reduce) {
+  StepShape share = s;
+  share.q_heads = s.q_heads / a2a_size;
+  share.kv_heads = s.kv_heads / a2a_size;
+  return received_by_all_to_all(s, tokens / (cp / a2a_size), a2a_size, kept_kv) +
+         received_per_rank(share, tokens, cp / a2a_size, kept_kv, narrow_reduce);
+}
+
 // Busiest rank's allowed (query, key) pairs over the mean, under `layout`.
 double pairs_imbalance(const BatchLayout& layout, CpLayout cp_layout, int cp, const Mask& mask) {
   double most = 0, sum = 0;
@@ -240,6 +256,9 @@ std::string backward_form(const Row& r) {
   if (r.comm == cp::CpComm::kAllToAll) {
     return std::string("all_to_all") + (r.kept_kv ? ", kept" : "") +
            (r.head_slices > 1 ? ", " + std::to_string(r.head_slices) + " head slices" : "") + over;
+  }
+  if (r.comm == cp::CpComm::kA2aAg) {
+    return "a2a+ag (groups of " + std::to_string(r.a2a_size) + ")" + (r.kept_kv ? ", kept" : "") + over;
   }
   return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "") + (r.halo ? ", halo" : "") + over;
 }
@@ -363,9 +382,12 @@ Options parse_options(const Args& args) {
   const std::vector<int64_t> dq_passes = parse_int_list("dq-pass", args.get("dq-pass", "0"), 0, 1);
   const std::vector<bool> kv_list = parse_kv(args.get("kv", "gather"));
   const std::vector<size_t> comm_names =
-      parse_names("cp-comm", args.get("cp-comm", "all_gather"), {"all_gather", "all_to_all"});
+      parse_names("cp-comm", args.get("cp-comm", "all_gather"), {"all_gather", "all_to_all", "a2a+ag"});
   std::vector<cp::CpComm> comms;
-  for (size_t n : comm_names) comms.push_back(n == 0 ? cp::CpComm::kAllGather : cp::CpComm::kAllToAll);
+  for (size_t n : comm_names) {
+    comms.push_back(n == 0 ? cp::CpComm::kAllGather : n == 1 ? cp::CpComm::kAllToAll : cp::CpComm::kA2aAg);
+  }
+  const int a2a_size = static_cast<int>(args.get_int("cp-a2a-size", 2, 1, 64));
   std::vector<bool> halos;
   for (size_t n : parse_names("kv-gather", args.get("kv-gather", "whole"), {"whole", "halo"})) halos.push_back(n == 1);
   std::vector<bool> peers;
@@ -388,17 +410,18 @@ Options parse_options(const Args& args) {
         for (int64_t dq_pass : dq_passes) {
           for (cp::CpComm comm : comms) {
             for (bool halo : halos) {
-              // A halo is a gather's: all-to-all rows have none.
-              if (halo && comm == cp::CpComm::kAllToAll) continue;
+              // A halo is all_gather's rows' (all-to-all rows have none).
+              if (halo && comm != cp::CpComm::kAllGather) continue;
               for (bool peer : peers) {
                 for (bool reduce16 : narrow) {
                   // The halo's edges cross in fp32, and all-to-all reduces nothing across ranks.
                   if (reduce16 && (halo || comm == cp::CpComm::kAllToAll)) continue;
+                  const int group = comm == cp::CpComm::kA2aAg ? a2a_size : 1;
                   // Head slices are all_to_all's: other rows take one.
                   for (int slices : slices_list) {
                     if (slices > 1 && comm != cp::CpComm::kAllToAll) continue;
                     o.variants.push_back(Variant{c, kept, static_cast<int>(margin), dq_pass != 0, halo, comm, peer,
-                                                 reduce16, slices});
+                                                 reduce16, slices, group});
                   }
                 }
               }
@@ -581,8 +604,12 @@ Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& 
   row.peer = variant.peer;
   row.narrow_reduce = variant.narrow_reduce;
   row.head_slices = variant.head_slices;
+  row.a2a_size = variant.a2a_size;
   row.received_bytes = variant.comm == cp::CpComm::kAllToAll
                            ? received_by_all_to_all(o.shape, row.tokens, variant.cp, variant.kept_kv)
+                       : variant.comm == cp::CpComm::kA2aAg
+                           ? received_by_a2a_ag(o.shape, row.tokens, variant.cp, variant.a2a_size, variant.kept_kv,
+                                                variant.narrow_reduce)
                        : variant.halo ? received_by_halo(o.shape, run.mask, variant.cp, variant.kept_kv)
                                       : received_per_rank(o.shape, row.tokens, variant.cp, variant.kept_kv,
                                                           variant.narrow_reduce);
@@ -699,6 +726,15 @@ void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& 
                              m.mask.window_left > tokens / variant.cp)) {
           continue;
         }
+        if (variant.comm == cp::CpComm::kA2aAg &&
+            (variant.cp % variant.a2a_size != 0 || s.q_heads % variant.a2a_size != 0 ||
+             s.kv_heads % variant.a2a_size != 0)) {
+          std::printf("skip T=%lld %s cp=%d a2a+ag in groups of %d: the group must divide cp and both head counts "
+                      "(%lld:%lld)\n",
+                      static_cast<long long>(tokens), m.name.c_str(), variant.cp, variant.a2a_size,
+                      static_cast<long long>(s.q_heads), static_cast<long long>(s.kv_heads));
+          continue;
+        }
         const int64_t shards = static_cast<int64_t>(variant.cp) * variant.head_slices;
         if (variant.comm == cp::CpComm::kAllToAll && (s.q_heads % shards != 0 || s.kv_heads % shards != 0)) {
           std::printf("skip T=%lld %s cp=%d all_to_all, %d head slice(s): heads %lld:%lld are not multiples of "
@@ -714,7 +750,8 @@ void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& 
                                  variant.kept_kv ? Pass::kForwardBackwardKeptKv : Pass::kForwardBackward,
                                  attention, o.warmup, o.iters, cp_layout,
                                  variant.halo ? cp::KvGather::kHalo : cp::KvGather::kWhole, variant.comm,
-                                 variant.narrow_reduce ? s.dtype : DType::kFloat32, nullptr, variant.head_slices};
+                                 variant.narrow_reduce ? s.dtype : DType::kFloat32, nullptr, variant.head_slices,
+                                 variant.a2a_size};
         rows.push_back(run_variant(o, variant, run, row, failed));
       }
     }
@@ -775,7 +812,7 @@ void print_tables(const std::vector<Row>& rows, const Options& o, const std::str
 
 int bench_scaling_command(const std::vector<std::string>& argv) {
   const Args args(argv,
-                  {"gpus", "cp-layout", "cp-comm", "kv-gather", "device-comm", "reduce-dtype", "head-slices", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
+                  {"gpus", "cp-layout", "cp-comm", "kv-gather", "device-comm", "reduce-dtype", "head-slices", "cp-a2a-size", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
                    "max-length", "seed", "warmup", "iters", "kv", "sm-margin", "dq-pass"},
                   {"scaling", "help"});
   if (args.has("help")) {

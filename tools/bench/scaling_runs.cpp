@@ -177,7 +177,7 @@ void cp_rank(Communicator& host, const CpRun& run, RankReport& report) {
   THDCP_CHECK_CUDA(cudaSetDevice(comm->device()));
 
   cp::Problem problem = cp_problem(run.shape, cp, Capacity{run.layout.num_seqs(), run.layout.total_rows()}, run.mask,
-                                  run.cp_layout, run.comm, run.kv_gather, 1, run.reduce_dtype);
+                                  run.cp_layout, run.comm, run.kv_gather, run.a2a_size, run.reduce_dtype);
   problem.head_slices = run.head_slices;
   const int64_t local = problem.local_rows();
   const size_t workspace_bytes = cp::cuda_workspace_size(problem, run.attention);

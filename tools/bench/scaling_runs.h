@@ -76,6 +76,7 @@ struct CpRun {
   DType reduce_dtype = DType::kFloat32;  // cp::Problem::reduce_dtype
   SharedGpuGroup* peer_group = nullptr;  // set: the ranks' communicators, else NCCL's
   int head_slices = 1;                   // cp::Problem::head_slices (all_to_all)
+  int a2a_size = 1;                      // cp::Problem::a2a_size (a2a+ag)
 };
 
 // One rank of the CP run (rank r on GPU r): its communicator (NCCL, or the peer group's),
