@@ -102,6 +102,16 @@ void* GraphBank::buffer(const Capacity& capacity, const std::string& name, size_
   return p;
 }
 
+std::vector<Capacity> GraphBank::run_capacities() const {
+  std::vector<Capacity> out;
+  for (const Capacity& c : capacities_) {
+    for (const Capacity& run : {c, default_capacity(c.max_tokens, cp(), cp_layout())}) {
+      if (std::find(out.begin(), out.end(), run) == out.end()) out.push_back(run);
+    }
+  }
+  return out;
+}
+
 GraphBank::Outcome GraphBank::run(const std::vector<int64_t>& lengths, const Work& work, cudaStream_t stream,
                                   const std::vector<int32_t>& start_offsets) {
   THDCP_CHECK(!capacities_.empty(), "GraphBank::run: no capacity was added (add_capacity)");

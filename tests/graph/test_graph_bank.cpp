@@ -111,6 +111,7 @@ TEST_F(GraphBankFallback, OverMaxSeqsFallsBackCountedAndCorrectOverTokensTakesTh
   std::vector<std::vector<Outputs>> out(n, std::vector<Outputs>(cp));
   std::vector<GraphBank::Outcome> outcome(n);
   graph::KeyCounters small_counters, large_counters;
+  std::vector<Capacity> run_capacities;
   std::string too_large;
 
   run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
@@ -134,8 +135,12 @@ TEST_F(GraphBankFallback, OverMaxSeqsFallsBackCountedAndCorrectOverTokensTakesTh
     if (comm.rank() == 0) {
       small_counters = bank.counters(small);
       large_counters = bank.counters(large);
+      run_capacities = bank.run_capacities();
     }
   });
+  // Every capacity a batch could run at, each bucket then its zero-fallback one, in add order.
+  const std::vector<Capacity> every = {large, default_capacity(1024, cp), small, default_capacity(512, cp)};
+  EXPECT_TRUE(run_capacities == every);
 
   for (int i = 0; i < n; ++i) {
     SCOPED_TRACE("batch " + std::to_string(i));

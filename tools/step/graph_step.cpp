@@ -1,7 +1,6 @@
 #include "step/graph_step.h"
 
 #include <cstring>
-#include <set>
 #include <string>
 
 #include "thdcp/core/error.h"
@@ -14,12 +13,7 @@ GraphStep::GraphStep(graph::GraphBank& bank, const GraphStepShape& shape, int64_
                      graph::WorkspaceArena* arena)
     : bank_(bank), arena_(arena), shape_(shape), max_tokens_(max_tokens), rows_(max_tokens / bank.cp()) {
   if (arena_) {
-    std::set<Capacity> reserved;
-    for (const Capacity& c : bank.capacities()) {
-      for (const Capacity& run : {c, default_capacity(c.max_tokens, bank.cp(), bank.cp_layout())}) {
-        if (reserved.insert(run).second) arena_->reserve(cp::cuda_workspace_size(cp_problem_at(run)));
-      }
-    }
+    for (const Capacity& c : bank.run_capacities()) arena_->reserve(cp::cuda_workspace_size(cp_problem_at(c)));
   }
   const Capacity key = default_capacity(max_tokens, bank.cp(), bank.cp_layout());  // buffers live under this key
   for (int l = 0; l < shape.layers; ++l) {

@@ -87,6 +87,9 @@ class GraphBank {
   // falls back). Allocates its StaticBatch. Not capture-safe.
   void add_capacity(const Capacity& capacity);
   const std::vector<Capacity>& capacities() const { return capacities_; }
+  // Every capacity a batch may run at: each bucket and its zero-fallback capacity, each once,
+  // in add order (what plans per capacity must be ready for, e.g. their workspaces reserved).
+  std::vector<Capacity> run_capacities() const;
 
   // Device memory of `capacity` named `name`: allocated (zeroed, and the zeroing waited for,
   // so that any stream may fill it next) on the first request and the same pointer for every

@@ -1,7 +1,6 @@
 #include "support/graph/bank_rank.h"
 
 #include <algorithm>
-#include <set>
 
 namespace thdcp::test {
 
@@ -14,12 +13,7 @@ BankRank::BankRank(DeviceCommunicator& comm, GraphBank& bank, int64_t max_tokens
       arena_(arena),
       tensors_(s.dtype, max_tokens / comm.size(), max_tokens / comm.size(), s.heads(), s.dtype) {
   if (arena_) {
-    std::set<Capacity> reserved;
-    for (const Capacity& c : bank.capacities()) {
-      for (const Capacity& run : {c, default_capacity(c.max_tokens, bank.cp(), bank.cp_layout())}) {
-        if (reserved.insert(run).second) arena_->reserve(cp::cuda_workspace_size(problem_at(run)));
-      }
-    }
+    for (const Capacity& c : bank.run_capacities()) arena_->reserve(cp::cuda_workspace_size(problem_at(c)));
   }
   THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 }
