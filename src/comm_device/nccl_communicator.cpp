@@ -103,11 +103,53 @@ class CurrentDevice {
   int previous_ = -1;
 };
 
-ncclConfig_t non_blocking_config() {
+// NCCL's copy-engine collectives (zero-CTA policy, symmetric windows, ncclAlltoAll) came in
+// 2.28.3.
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 3)
+#define THDCP_NCCL_COPY_ENGINE 1
+#else
+#define THDCP_NCCL_COPY_ENGINE 0
+#endif
+
+ncclConfig_t non_blocking_config(const Options& options) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  if (options.copy_engine) {
+#if THDCP_NCCL_COPY_ENGINE
+    config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+#else
+    THDCP_FAIL_AS(ErrorKind::kUnsupported, "nccl::Options::copy_engine needs NCCL 2.28.3 or later; thdcp was built with "
+                                               << NCCL_MAJOR << "." << NCCL_MINOR << "." << NCCL_PATCH
+                                               << ": rebuild against a newer NCCL, or leave copy_engine off");
+#endif
+  }
   return config;
 }
+
+#if THDCP_NCCL_COPY_ENGINE
+// A registered window; deregistered (and waited for) when destroyed, on its device.
+class NcclWindow final : public DeviceCommunicator::Window {
+ public:
+  NcclWindow(ncclComm_t comm, ncclWindow_t window, int device, double timeout_seconds)
+      : comm_(comm), window_(window), device_(device), timeout_seconds_(timeout_seconds) {}
+  ~NcclWindow() override {
+    int previous = -1;
+    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+    (void)cudaSetDevice(device_);
+    ncclResult_t result = ncclCommWindowDeregister(comm_, window_);
+    if (result == ncclInProgress) (void)wait_while_in_progress(comm_, Deadline(timeout_seconds_));
+    if (restore) (void)cudaSetDevice(previous);
+  }
+  NcclWindow(const NcclWindow&) = delete;
+  NcclWindow& operator=(const NcclWindow&) = delete;
+
+ private:
+  ncclComm_t comm_;
+  ncclWindow_t window_;
+  int device_;
+  double timeout_seconds_;
+};
+#endif
 
 class NcclCommunicator final : public DeviceCommunicator {
  public:
@@ -189,6 +231,13 @@ class NcclCommunicator final : public DeviceCommunicator {
     check_usable("all_to_all");
     if (bytes == 0) return;
     check_current_device("all_to_all");
+#if THDCP_NCCL_COPY_ENGINE
+    // The collective, which NCCL runs on the copy engines where the buffers are in a window.
+    if (options_.copy_engine) {
+      finish("ncclAlltoAll", ncclAlltoAll(send, recv, bytes, ncclUint8, comm_, stream));
+      return;
+    }
+#endif
     ncclResult_t result = ncclGroupStart();
     for (int peer = 0; peer < size_ && (result == ncclSuccess || result == ncclInProgress); ++peer) {
       const size_t at = static_cast<size_t>(peer) * bytes;
@@ -205,7 +254,7 @@ class NcclCommunicator final : public DeviceCommunicator {
     check_usable("split");
     CurrentDevice current(device_);
     const Deadline deadline(options_.timeout_seconds);
-    ncclConfig_t config = non_blocking_config();
+    ncclConfig_t config = non_blocking_config(options_);
     ncclComm_t child = nullptr;
     ncclResult_t result = ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
     // The split runs as a job of the parent; NCCL writes `child` when the job ends.
@@ -248,6 +297,22 @@ class NcclCommunicator final : public DeviceCommunicator {
                        << describe(rank_result != ncclSuccess ? rank_result : size_result, child));
     }
     return std::make_unique<NcclCommunicator>(child, child_rank, child_size, device_, options_);
+  }
+
+  bool wants_windows() const override { return options_.copy_engine; }
+
+  std::unique_ptr<Window> register_window(void* data, size_t bytes) override {
+    check_usable("register_window");
+#if THDCP_NCCL_COPY_ENGINE
+    CurrentDevice current(device_);
+    ncclWindow_t window = nullptr;
+    finish("ncclCommWindowRegister", ncclCommWindowRegister(comm_, data, bytes, &window, NCCL_WIN_COLL_SYMMETRIC));
+    return std::make_unique<NcclWindow>(comm_, window, device_, options_.timeout_seconds);
+#else
+    (void)data;
+    (void)bytes;
+    THDCP_FAIL_AS(ErrorKind::kUnsupported, who() << ": register_window needs NCCL 2.28.3 or later");
+#endif
   }
 
   void warm_up(cudaStream_t stream) override {
@@ -415,7 +480,7 @@ struct JoinRecord {
 // ncclCommInitRankConfig (non-blocking) of `rank` of `size` on `device`, which is current.
 std::unique_ptr<DeviceCommunicator> init_rank(const ncclUniqueId& id, int rank, int size, int device,
                                               const Options& options) {
-  ncclConfig_t config = non_blocking_config();
+  ncclConfig_t config = non_blocking_config(options);
   ncclComm_t comm = nullptr;
   ncclResult_t result = ncclCommInitRankConfig(&comm, size, id, rank, &config);
   if (result == ncclInProgress && comm != nullptr) {
@@ -439,6 +504,16 @@ std::unique_ptr<DeviceCommunicator> init_rank(const ncclUniqueId& id, int rank, 
 }  // namespace
 
 bool built_with_nccl() { return true; }
+
+std::shared_ptr<void> window_memory(size_t bytes) {
+  void* data = nullptr;
+  const ncclResult_t result = ncclMemAlloc(&data, std::max<size_t>(bytes, 1));
+  THDCP_CHECK(result == ncclSuccess && data != nullptr,
+              "nccl::window_memory(" << bytes << "): ncclMemAlloc failed: " << describe(result, nullptr)
+                                     << "; free device memory, or check that the driver supports CUDA virtual "
+                                        "memory");
+  return std::shared_ptr<void>(data, [](void* p) { (void)ncclMemFree(p); });
+}
 
 std::unique_ptr<DeviceCommunicator> create(Communicator& bootstrap, int device, const Options& options) {
   const int rank = bootstrap.rank();

@@ -25,4 +25,6 @@ std::unique_ptr<DeviceCommunicator> borrow(void*, int, const Options&) {
   throw Error(kMissing, ErrorKind::kUnsupported);
 }
 
+std::shared_ptr<void> window_memory(size_t) { throw Error(kMissing, ErrorKind::kUnsupported); }
+
 }  // namespace thdcp::nccl

@@ -1,6 +1,7 @@
 #include "a2a_ag_cuda.h"
 
 #include "agreement.h"
+#include "window_cuda.h"
 #include "thdcp/core/error.h"
 #include "thdcp/core/workspace.h"
 #include "thdcp/cuda/check.h"
@@ -54,6 +55,7 @@ CudaA2aAg::CudaA2aAg(DeviceCommunicator& comm, const Problem& problem, const Att
   THDCP_CHECK_CUDA(cudaStreamDestroy(stream));
   WorkspaceCarver carver(workspace);
   const Parts parts = carve(carver, problem, options);
+  window_ = workspace_window(*a2a_, workspace, workspace_bytes);  // the exchange's (the AllGather plan makes its own)
   exchange_ = std::make_unique<CudaHeadExchange>(*a2a_, problem, group_, parts.exchange);
   across_ = std::make_unique<CudaPlan>(*ag_, a2a_ag_across(problem), options, parts.across, parts.across_bytes);
 }

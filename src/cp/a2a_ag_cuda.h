@@ -57,6 +57,7 @@ class CudaA2aAg {
 
   int group_ = 0;
   std::unique_ptr<DeviceCommunicator> a2a_, ag_;
+  std::unique_ptr<DeviceCommunicator::Window> window_;  // a2a_'s over the workspace, if it wants one
   std::unique_ptr<CudaHeadExchange> exchange_;
   std::unique_ptr<CudaPlan> across_;  // AllGather CP of ag_size ranks, heads / a2a_size
 };

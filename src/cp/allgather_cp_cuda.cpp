@@ -10,6 +10,7 @@
 #include "agreement.h"
 #include "allgather_steps.h"
 #include "alltoall_cuda.h"
+#include "window_cuda.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cp/cuda.h"
 #include "thdcp/cuda/check.h"
@@ -176,6 +177,8 @@ uint64_t options_fingerprint(const AttentionOptions& options) {
 }  // namespace
 
 struct CudaPlan::Workspace {
+  // A copy-engine communicator's window over the workspace (first: deregistered last).
+  std::unique_ptr<DeviceCommunicator::Window> window;
   std::unique_ptr<detail::CudaAllToAll> all_to_all;  // comm all_to_all: the whole step; else null
   std::unique_ptr<detail::CudaA2aAg> a2a_ag;         // comm a2a+ag: the whole step; else null
   Parts parts;
@@ -590,7 +593,10 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
         std::make_unique<cuda::BackwardPlan>(attention_shape(problem), options, parts.backward, parts.backward_bytes);
   });
   if (problem.comm == CpComm::kA2aAg) {
+    // Its groups' communicators make their own windows.
     workspace_->a2a_ag = std::make_unique<detail::CudaA2aAg>(comm, problem, options, workspace, workspace_bytes);
+  } else {
+    workspace_->window = detail::workspace_window(comm, workspace, workspace_bytes);
   }
   lanes_ = std::make_unique<Lanes>();
 }

@@ -71,6 +71,81 @@ TEST_P(CudaCpA2aAgThreadPerGpu, EagerMatchesReferenceAndReplayMatchesEager) {
   });
 }
 
+// NCCL's copy-engine path (nccl::Options::copy_engine: the zero-CTA policy, buffers in a
+// symmetric window over nccl::window_memory): an all_gather and an all_to_all into a window
+// give exact values; CP over it (every plan's workspace a window) on the edge-case table,
+// all_gather and all_to_all under both layouts, eager against the reference and each rank's
+// captured step against eager, bit for bit.
+std::unique_ptr<DeviceCommunicator> copy_engine_comm(Communicator& host) {
+  nccl::Options options;
+  options.copy_engine = true;
+  return nccl::create(host, host.rank(), options);
+}
+
+class NcclCopyEngine : public CudaCpThreadPerGpu {};
+
+class NcclCopyEngineCollectives : public test::MultiGpuTest {
+ protected:
+  void SetUp() override {
+    test::MultiGpuTest::SetUp();
+    if (IsSkipped()) return;
+    if (!nccl::built_with_nccl()) GTEST_SKIP() << "thdcp was built without NCCL";
+  }
+};
+
+TEST_P(NcclCopyEngine, CpOverWindowsMatchesReferenceAndReplayMatchesEager) {
+  const auto [layout, index] = GetParam();
+  for (const cp::CpComm kind : {cp::CpComm::kAllGather, cp::CpComm::kAllToAll}) {
+    SCOPED_TRACE(cp::cp_comm_name(kind));
+    run_in_process(gpus_, [&](Communicator& host) {
+      std::unique_ptr<DeviceCommunicator> comm = copy_engine_comm(host);
+      EXPECT_TRUE(comm->wants_windows());
+      test::check_edge_case_with_own_capture(*comm, index, cudaStreamCaptureModeThreadLocal, layout, kind);
+    });
+  }
+}
+
+TEST_F(NcclCopyEngineCollectives, AllGatherAndAllToAllIntoAWindowAreExact) {
+  const int n = gpus_;
+  const size_t block = size_t{1} << 20;  // bytes per rank
+  run_in_process(n, [&](Communicator& host) {
+    std::unique_ptr<DeviceCommunicator> comm = copy_engine_comm(host);
+    const int rank = comm->rank();
+    // Four regions of n blocks: the all_gather's send (its first block) and receive, the
+    // all_to_all's send and receive; the same offsets on every rank.
+    const size_t region = static_cast<size_t>(n) * block;
+    std::shared_ptr<void> memory = nccl::window_memory(4 * region);
+    std::unique_ptr<DeviceCommunicator::Window> window = comm->register_window(memory.get(), 4 * region);
+    ASSERT_NE(window, nullptr);
+    auto* base = static_cast<unsigned char*>(memory.get());
+    // Byte i of block j from rank r: (r * 31 + j * 7 + i) mod 251.
+    const auto value = [](int r, int j, size_t i) { return static_cast<unsigned char>((r * 31 + j * 7 + i) % 251); };
+    std::vector<unsigned char> send(region);
+    for (int j = 0; j < n; ++j) {
+      for (size_t i = 0; i < block; ++i) send[static_cast<size_t>(j) * block + i] = value(rank, j, i);
+    }
+    test::Stream stream;
+    THDCP_CHECK_CUDA(cudaMemcpy(base, send.data(), block, cudaMemcpyHostToDevice));
+    THDCP_CHECK_CUDA(cudaMemcpy(base + 2 * region, send.data(), region, cudaMemcpyHostToDevice));
+    comm->all_gather(base, base + region, block, stream.get());
+    comm->all_to_all(base + 2 * region, base + 3 * region, block, stream.get());
+    comm->synchronize(stream.get(), 60);
+    std::vector<unsigned char> gathered(region), exchanged(region);
+    THDCP_CHECK_CUDA(cudaMemcpy(gathered.data(), base + region, region, cudaMemcpyDeviceToHost));
+    THDCP_CHECK_CUDA(cudaMemcpy(exchanged.data(), base + 3 * region, region, cudaMemcpyDeviceToHost));
+    size_t wrong_gather = 0, wrong_exchange = 0;
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < block; ++i) {
+        wrong_gather += gathered[static_cast<size_t>(r) * block + i] != value(r, 0, i);  // rank r's block 0
+        wrong_exchange += exchanged[static_cast<size_t>(r) * block + i] != value(r, rank, i);  // rank r's block for me
+      }
+    }
+    EXPECT_EQ(wrong_gather, 0u) << "rank " << rank;
+    EXPECT_EQ(wrong_exchange, 0u) << "rank " << rank;
+    window.reset();  // before the memory and the communicator
+  });
+}
+
 // The same GPUs as one peer-copy group (a thread per GPU of one process, SharedGpuOptions::
 // devices): all_gather and all_to_all are peer copies on the copy engines, the reductions
 // kernels reading the peers' buffers. Every collective's exact values; the edge-case table
@@ -168,6 +243,10 @@ INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpAllToAllThreadPerGpu,
                                             ::testing::Range(0, 6)),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpPeerCopy,
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Range(0, 6)),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(EdgeCases, NcclCopyEngine,
                          ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
                                             ::testing::Range(0, 6)),
                          case_name);

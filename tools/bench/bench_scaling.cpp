@@ -116,9 +116,11 @@ const char* kHelp =
     "                      contiguous layout under the window mask only, the others skip it)\n"
     "  --reduce-dtype R[,R...]  the dtype dK/dV partial sums cross ranks in, each a row (fp32): fp32\n"
     "                      and/or the batch's (--dtype: half the reduce-scatter's bytes)\n"
-    "  --device-comm D[,D...]  the ranks' device communicator, each a row (nccl): nccl, or peer (one\n"
+    "  --device-comm D[,D...]  the ranks' device communicator, each a row (nccl): nccl, peer (one\n"
     "                      SharedGpuGroup over the GPUs: all-gathers and all-to-alls as peer copies on\n"
     "                      the copy engines, no SMs; the reductions kernels reading the peers' buffers)\n"
+    "                      or nccl-ce (NCCL with nccl::Options::copy_engine: workspaces in symmetric\n"
+    "                      windows, all-gathers and all-to-alls on the copy engines; NCCL >= 2.28.3)\n"
     "  --dq-pass B[,B...]  AttentionOptions::separate_dq_pass of the CP plans, each a row (0): 1 = on\n"
     "                      Hopper at head dim 128 without a left window, dQ in a pass of its own,\n"
     "                      beside the reduce-scatter of dK/dV, instead of in the dK/dV pass\n"
@@ -141,6 +143,7 @@ struct Variant {
   bool halo = false;  // cp::KvGather::kHalo: each rank's rows with the window's edges (contiguous layout)
   cp::CpComm comm = cp::CpComm::kAllGather;
   bool peer = false;  // a peer-copy SharedGpuGroup instead of NCCL
+  bool copy_engine = false;  // NCCL with nccl::Options::copy_engine
   bool narrow_reduce = false;  // cp::Problem::reduce_dtype = the batch's dtype
   int head_slices = 1;         // cp::Problem::head_slices (all_to_all rows)
   int a2a_size = 1;            // cp::Problem::a2a_size (a2a+ag rows)
@@ -183,6 +186,7 @@ struct Row {
   bool halo = false;          // the halo gather (cp::KvGather::kHalo)
   cp::CpComm comm = cp::CpComm::kAllGather;
   bool peer = false;          // over a peer-copy SharedGpuGroup, not NCCL
+  bool copy_engine = false;   // NCCL's copy-engine collectives
   bool narrow_reduce = false;  // dK/dV reduce-scattered in the batch's dtype
   int head_slices = 1;         // all_to_all's head slices
   int a2a_size = 1;            // a2a+ag's all-to-all group
@@ -252,7 +256,8 @@ double pairs_imbalance(const BatchLayout& layout, CpLayout cp_layout, int cp, co
 
 // Where the backward takes K/V from, and (with --dq-pass 1) that dQ had a pass of its own.
 std::string backward_form(const Row& r) {
-  const std::string over = std::string(r.narrow_reduce ? ", 16-bit reduce" : "") + (r.peer ? ", peer copies" : "");
+  const std::string over = std::string(r.narrow_reduce ? ", 16-bit reduce" : "") + (r.peer ? ", peer copies" : "") +
+                           (r.copy_engine ? ", NCCL copy engine" : "");
   if (r.comm == cp::CpComm::kAllToAll) {
     return std::string("all_to_all") + (r.kept_kv ? ", kept" : "") +
            (r.head_slices > 1 ? ", " + std::to_string(r.head_slices) + " head slices" : "") + over;
@@ -390,8 +395,7 @@ Options parse_options(const Args& args) {
   const int a2a_size = static_cast<int>(args.get_int("cp-a2a-size", 2, 1, 64));
   std::vector<bool> halos;
   for (size_t n : parse_names("kv-gather", args.get("kv-gather", "whole"), {"whole", "halo"})) halos.push_back(n == 1);
-  std::vector<bool> peers;
-  for (size_t n : parse_names("device-comm", args.get("device-comm", "nccl"), {"nccl", "peer"})) peers.push_back(n == 1);
+  std::vector<size_t> device_comms = parse_names("device-comm", args.get("device-comm", "nccl"), {"nccl", "peer", "nccl-ce"});
   std::vector<bool> narrow;
   const std::string batch_dtype = dtype_name(o.shape.dtype);
   for (size_t n : parse_names("reduce-dtype", args.get("reduce-dtype", "fp32"), {"fp32", batch_dtype})) {
@@ -412,7 +416,8 @@ Options parse_options(const Args& args) {
             for (bool halo : halos) {
               // A halo is all_gather's rows' (all-to-all rows have none).
               if (halo && comm != cp::CpComm::kAllGather) continue;
-              for (bool peer : peers) {
+              for (size_t device_comm : device_comms) {
+                const bool peer = device_comm == 1;
                 for (bool reduce16 : narrow) {
                   // The halo's edges cross in fp32, and all-to-all reduces nothing across ranks.
                   if (reduce16 && (halo || comm == cp::CpComm::kAllToAll)) continue;
@@ -420,8 +425,9 @@ Options parse_options(const Args& args) {
                   // Head slices are all_to_all's: other rows take one.
                   for (int slices : slices_list) {
                     if (slices > 1 && comm != cp::CpComm::kAllToAll) continue;
-                    o.variants.push_back(Variant{c, kept, static_cast<int>(margin), dq_pass != 0, halo, comm, peer,
-                                                 reduce16, slices, group});
+                    Variant v{c, kept, static_cast<int>(margin), dq_pass != 0, halo, comm, peer, reduce16, slices, group};
+                    v.copy_engine = device_comm == 2;
+                    o.variants.push_back(v);
                   }
                 }
               }
@@ -577,7 +583,8 @@ void summarize(const std::vector<scaling::RankReport>& reports, const Options& o
     row.reduce_busbw = 2 * grad_bytes * share / (row.reduce_ms * 1e6);
     std::printf("collectives alone T=%lld cp=%d (%s): all-gather of K and V %.3f ms (busbw %.0f GB/s), "
                 "reduce-scatter of %s dK and dV %.3f ms (busbw %.0f GB/s)\n",
-                tokens, row.cp, row.peer ? "peer copies" : "nccl", row.gather_ms, row.gather_busbw,
+                tokens, row.cp, row.peer ? "peer copies" : row.copy_engine ? "nccl, copy engine" : "nccl", row.gather_ms,
+                row.gather_busbw,
                 row.narrow_reduce ? dtype_name(o.shape.dtype) : "fp32", row.reduce_ms, row.reduce_busbw);
   } else {
     std::printf("collectives alone T=%lld cp=%d: not measured: %s\n", tokens, row.cp,
@@ -602,6 +609,7 @@ Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& 
   row.halo = variant.halo;
   row.comm = variant.comm;
   row.peer = variant.peer;
+  row.copy_engine = variant.copy_engine;
   row.narrow_reduce = variant.narrow_reduce;
   row.head_slices = variant.head_slices;
   row.a2a_size = variant.a2a_size;
@@ -619,6 +627,7 @@ Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& 
   row.status = "PASS";
   std::vector<scaling::RankReport> reports(static_cast<size_t>(variant.cp));
   scaling::CpRun over = run;
+  over.copy_engine = variant.copy_engine;
   std::unique_ptr<SharedGpuGroup> peers;  // rank r on GPU r, peer access between them
   if (variant.peer) {
     SharedGpuOptions options;

@@ -147,13 +147,19 @@ void time_collectives(const CpRun& run, const DeviceTensors& t, Communicator& ho
     report.collectives_skip = "no room for " + gib(extra) + " of collective buffers";
   }
   if (any_rank(host, !report.collectives_skip.empty())) return;
-  cuda::DeviceBuffer gathered(kv_bytes * static_cast<size_t>(cp)), ranked(sizeof(float) * grad_count * cp),
+  // The all-gathers receive into a window where the communicator wants one (the copy engines).
+  const size_t gathered_bytes = kv_bytes * static_cast<size_t>(cp);
+  const std::shared_ptr<void> window_memory = comm.wants_windows() ? nccl::window_memory(gathered_bytes) : nullptr;
+  const std::unique_ptr<DeviceCommunicator::Window> window =
+      window_memory ? comm.register_window(window_memory.get(), gathered_bytes) : nullptr;
+  cuda::DeviceBuffer gathered_buffer(window_memory ? 0 : gathered_bytes), ranked(sizeof(float) * grad_count * cp),
       reduced(sizeof(float) * grad_count);
+  void* gathered = window_memory ? window_memory.get() : gathered_buffer.data();
   ranked.poison(stream);
   const TimingLoop loop = rank_loop(run, host, comm, stream);
   report.gather_ms = time_runs(loop, stream, [&] {
-    comm.all_gather(t.k.data, gathered.data(), kv_bytes, stream);
-    comm.all_gather(t.v.data, gathered.data(), kv_bytes, stream);
+    comm.all_gather(t.k.data, gathered, kv_bytes, stream);
+    comm.all_gather(t.v.data, gathered, kv_bytes, stream);
   });
   report.reduce_ms = time_runs(loop, stream, [&] {
     for (int twice = 0; twice < 2; ++twice) {
@@ -172,6 +178,7 @@ void cp_rank(Communicator& host, const CpRun& run, RankReport& report) {
   const int rank = host.rank(), cp = host.size();
   nccl::Options options;
   options.timeout_seconds = kSyncTimeout;
+  options.copy_engine = run.copy_engine;
   const std::unique_ptr<DeviceCommunicator> comm =
       run.peer_group ? run.peer_group->communicator(rank) : nccl::create(host, rank, options);
   THDCP_CHECK_CUDA(cudaSetDevice(comm->device()));
@@ -200,8 +207,11 @@ void cp_rank(Communicator& host, const CpRun& run, RankReport& report) {
                   split_for_rank(run.in.v, view, cp, rank, split), split_for_rank(run.in.dout, view, cp, rank, split),
                   stream.get());
   t.poison_outputs(stream.get());
-  cuda::DeviceBuffer workspace(workspace_bytes);
-  cp::CudaPlan plan(*comm, problem, run.attention, workspace.data(), workspace.bytes());
+  // A copy-engine communicator's plans work in symmetric windows: NCCL's memory.
+  const std::shared_ptr<void> window_memory = comm->wants_windows() ? nccl::window_memory(workspace_bytes) : nullptr;
+  cuda::DeviceBuffer workspace(window_memory ? 0 : workspace_bytes);
+  cp::CudaPlan plan(*comm, problem, run.attention, window_memory ? window_memory.get() : workspace.data(),
+                    workspace_bytes);
   comm->warm_up(stream.get());
   const ForwardTensors ft = t.forward();
   const BackwardTensors bt = t.backward();

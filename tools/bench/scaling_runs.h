@@ -77,6 +77,7 @@ struct CpRun {
   SharedGpuGroup* peer_group = nullptr;  // set: the ranks' communicators, else NCCL's
   int head_slices = 1;                   // cp::Problem::head_slices (all_to_all)
   int a2a_size = 1;                      // cp::Problem::a2a_size (a2a+ag)
+  bool copy_engine = false;              // NCCL with nccl::Options::copy_engine (workspaces in windows)
 };
 
 // One rank of the CP run (rank r on GPU r): its communicator (NCCL, or the peer group's),

@@ -56,6 +56,23 @@ class DeviceCommunicator {
   // made lazily (NCCL) exist before a stream capture begins. Collective; not capture-safe.
   virtual void warm_up(cudaStream_t stream) = 0;
 
+  // Windows (NCCL's symmetric memory): a range of device memory made known to every rank of
+  // the group, so that collectives receiving into it may take faster paths (NCCL with
+  // nccl::Options::copy_engine: all_gather and all_to_all on the copy engines, no SMs).
+  //  - wants_windows(): whether this communicator uses them (plans then register their
+  //    workspaces, which must come from the communicator's allocator: nccl::window_memory).
+  //  - register_window(data, bytes): collective, at plan time (not capture-safe): every rank
+  //    registers the same number of bytes, and collectives use the same offsets into it on
+  //    every rank. The window lasts until the returned handle is destroyed, which must happen
+  //    before the memory is freed and before the communicator is destroyed. Communicators
+  //    without windows return nullptr (their collectives need none).
+  class Window {
+   public:
+    virtual ~Window() = default;
+  };
+  virtual bool wants_windows() const { return false; }
+  virtual std::unique_ptr<Window> register_window(void* data, size_t bytes);
+
   // Waits on the host until the work enqueued on `stream` so far is done, checking the
   // communicator for asynchronous errors (a dead or aborted peer) while it waits. After
   // `timeout_seconds` (<= 0: no limit) it aborts the communicator and throws thdcp::Error

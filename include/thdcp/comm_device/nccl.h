@@ -34,7 +34,21 @@ struct Options {
   // Seconds that init, split, a collective's issue and the destructor's finalize may take,
   // and the wait of warm_up(). <= 0: no limit.
   double timeout_seconds = 300;
+  // NCCL's zero-CTA policy (NCCL_CTA_POLICY_ZERO, NCCL >= 2.28.3): an all_gather or
+  // all_to_all whose buffers lie in a window of the communicator (register_window, over
+  // window_memory) runs on the copy engines and takes no SMs from the kernels beside it,
+  // where every rank reaches every other over NVLink; other collectives run as before. The
+  // communicator then wants windows (wants_windows()), and split() passes it on. A build with
+  // an older NCCL refuses it. borrow() cannot set the policy of the caller's communicator:
+  // there copy_engine says that the caller made it with NCCL_CTA_POLICY_ZERO.
+  bool copy_engine = false;
 };
+
+// `bytes` of device memory on the current device from NCCL's allocator (ncclMemAlloc:
+// CUDA virtual memory that a window can map on the peers), freed (ncclMemFree) when the last
+// copy of the returned pointer goes. What a copy_engine communicator's plans take as
+// workspace. Throws thdcp::Error naming NCCL's message, or when built without NCCL.
+std::shared_ptr<void> window_memory(size_t bytes);
 
 // A communicator of bootstrap.size() ranks, one per GPU; rank and size are bootstrap's.
 // Collective over `bootstrap`, a host communicator that carries NCCL's unique id from rank

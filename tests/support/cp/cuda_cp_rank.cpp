@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "thdcp/comm_device/nccl.h"
+
 namespace thdcp::test {
 
 CudaCpRank::CudaCpRank(DeviceCommunicator& comm, const cp::Problem& problem, const AttentionOptions& options)
@@ -10,9 +12,12 @@ CudaCpRank::CudaCpRank(DeviceCommunicator& comm, const cp::Problem& problem, con
       tensors_(problem.dtype, problem.local_rows(), problem.local_rows(), problem.heads(), problem.dtype),
       cu_(sizeof(int32_t) * static_cast<size_t>(problem.capacity.max_seqs + 1)),
       cup_(sizeof(int32_t) * static_cast<size_t>(problem.capacity.max_seqs + 1)),
-      workspace_(cp::cuda_workspace_size(problem, options)) {
+      workspace_bytes_(cp::cuda_workspace_size(problem, options)),
+      workspace_(comm.wants_windows() ? 0 : workspace_bytes_) {
   THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  plan_ = std::make_unique<cp::CudaPlan>(comm, problem, options, workspace_.data(), workspace_.bytes());
+  if (comm.wants_windows()) window_memory_ = nccl::window_memory(workspace_bytes_);
+  void* workspace = window_memory_ ? window_memory_.get() : workspace_.data();
+  plan_ = std::make_unique<cp::CudaPlan>(comm, problem, options, workspace, workspace_bytes_);
   const ForwardTensors forward = forward_tensors();
   const BackwardTensors backward = backward_tensors();
   plan_->check_tensors(layout(), &forward, &backward);  // the static buffers, once

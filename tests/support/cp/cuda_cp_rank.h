@@ -51,7 +51,12 @@ class CudaCpRank {
   DeviceCommunicator& comm_;
   cp::Problem problem_;
   DeviceStep tensors_;
-  DeviceBuffer cu_, cup_, workspace_;
+  DeviceBuffer cu_, cup_;
+  // The plan's workspace: cudaMalloc's, or NCCL's allocator where the communicator wants a
+  // window over it (a copy-engine NCCL communicator).
+  size_t workspace_bytes_ = 0;
+  DeviceBuffer workspace_;
+  std::shared_ptr<void> window_memory_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cp::CudaPlan> plan_;
 };
