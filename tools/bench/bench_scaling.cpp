@@ -422,9 +422,9 @@ Options parse_options(const Args& args) {
                   // The halo's edges cross in fp32, and all-to-all reduces nothing across ranks.
                   if (reduce16 && (halo || comm == cp::CpComm::kAllToAll)) continue;
                   const int group = comm == cp::CpComm::kA2aAg ? a2a_size : 1;
-                  // Head slices are all_to_all's: other rows take one.
-                  for (int slices : slices_list) {
-                    if (slices > 1 && comm != cp::CpComm::kAllToAll) continue;
+                  // Head slices are all_to_all's: other rows take one, once.
+                  const std::vector<int> one{1};
+                  for (int slices : comm == cp::CpComm::kAllToAll ? slices_list : one) {
                     Variant v{c, kept, static_cast<int>(margin), dq_pass != 0, halo, comm, peer, reduce16, slices, group};
                     v.copy_engine = device_comm == 2;
                     o.variants.push_back(v);
