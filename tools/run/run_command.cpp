@@ -39,7 +39,9 @@ const char* kRunHelp =
     "  --cp N            context-parallel size (default 4; under mpirun: the process count)\n"
     "  --gpus N          CP over N GPUs of this machine, a thread per GPU, NCCL between them\n"
     "                    (cp = N; the CUDA backend; not under mpirun)\n"
-    "  --gpu-comm C      with --gpus: nccl (default) or peer (one process's peer-copy group:\n"
+    "  --gpu-comm C      with --gpus: nccl (default), nccl-ce (NCCL's copy-engine collectives:\n"
+    "                    the workspace a symmetric window, all-gathers and all-to-alls on the copy\n"
+    "                    engines; NCCL 2.28.3 or later) or peer (one process's peer-copy group:\n"
     "                    gathers as peer copies on the copy engines, no NCCL)\n"
     "  --tokens T        rows of the packed batch, a multiple of 2*cp (contiguous: of cp)\n"
     "                    (default 16384, or the largest such multiple below it)\n"
@@ -106,13 +108,14 @@ RunConfig parse_run_config(const Args& args) {
   c.cp = static_cast<int>(args.get_int("cp", c.cp, 1, 64));
   c.gpus = static_cast<int>(args.get_int("gpus", 0, 1, 64));
   const std::string gpu_comm = args.get("gpu-comm", "nccl");
-  if (gpu_comm != "nccl" && gpu_comm != "peer") {
-    throw UsageError("--gpu-comm " + quote_excerpt(gpu_comm) + ": use nccl or peer");
+  if (gpu_comm != "nccl" && gpu_comm != "nccl-ce" && gpu_comm != "peer") {
+    throw UsageError("--gpu-comm " + quote_excerpt(gpu_comm) + ": use nccl, nccl-ce or peer");
   }
   if (args.has("gpu-comm") && c.gpus == 0) {
     throw UsageError("--gpu-comm is the communicator between the GPUs of --gpus N: add --gpus N, or drop --gpu-comm");
   }
   c.peer_copy = gpu_comm == "peer";
+  c.copy_engine = gpu_comm == "nccl-ce";
   c.tokens = args.get_int("tokens", c.tokens, 1, INT32_MAX);
   c.seed = args.get_seed("seed", c.seed);
   c.mask = parse_mask_flags(args, Mask::causal());

@@ -89,6 +89,7 @@ Backend resolve_backend(const RunConfig& c, std::string* why) {
 class CudaRun {
  public:
   enum class Mode { kSharedGpu, kThreadPerGpu, kPeerCopy, kProcessPerGpu };
+  bool copy_engine = false;  // kThreadPerGpu with NCCL's copy-engine collectives
   Mode mode = Mode::kSharedGpu;
   std::unique_ptr<SharedGpuGroup> group;  // kSharedGpu, kPeerCopy
 };
@@ -104,6 +105,7 @@ std::shared_ptr<CudaRun> prepare_cuda_run(const RunConfig& config, bool process_
     run->group = std::make_unique<SharedGpuGroup>(config.gpus, options);
   } else if (config.gpus > 0) {
     run->mode = CudaRun::Mode::kThreadPerGpu;
+    run->copy_engine = config.copy_engine;
   } else {
     run->mode = CudaRun::Mode::kSharedGpu;
     run->group = std::make_unique<SharedGpuGroup>(config.cp);
@@ -114,7 +116,8 @@ std::shared_ptr<CudaRun> prepare_cuda_run(const RunConfig& config, bool process_
 std::string cuda_run_communicator(const CudaRun& run) {
   switch (run.mode) {
     case CudaRun::Mode::kSharedGpu: return "shared-gpu (ranks are threads sharing GPU 0)";
-    case CudaRun::Mode::kThreadPerGpu: return "nccl (one process, a thread per GPU)";
+    case CudaRun::Mode::kThreadPerGpu:
+      return run.copy_engine ? "nccl, copy engines (one process, a thread per GPU)" : "nccl (one process, a thread per GPU)";
     case CudaRun::Mode::kPeerCopy: return "peer-copy (one process, a thread per GPU, copy engines)";
     case CudaRun::Mode::kProcessPerGpu: return "nccl (a process per GPU)";
   }
@@ -138,10 +141,13 @@ RankDevice connect(CudaRun& run, Communicator& host_comm) {
       THDCP_CHECK_CUDA(cudaSetDevice(d.device));
       d.comm = run.group->communicator(host_comm.rank());
       break;
-    case CudaRun::Mode::kThreadPerGpu:
+    case CudaRun::Mode::kThreadPerGpu: {
       d.device = host_comm.rank();
-      d.comm = nccl::create(host_comm, d.device);
+      nccl::Options options;
+      options.copy_engine = run.copy_engine;
+      d.comm = nccl::create(host_comm, d.device, options);
       break;
+    }
     case CudaRun::Mode::kPeerCopy:
       d.device = host_comm.rank();
       THDCP_CHECK_CUDA(cudaSetDevice(d.device));
@@ -181,8 +187,12 @@ RankResult run_step(DeviceCommunicator& comm, const RunConfig& c, const GlobalBa
                   split_for_rank(batch.v, layout, cp, rank, split), split_for_rank(batch.dout, layout, cp, rank, split),
                   stream);
   if (!batch.sinks.empty()) t.upload_sinks(batch.sinks, stream);
-  cuda::DeviceBuffer workspace(cp::cuda_workspace_size(problem));
-  cp::CudaPlan plan(comm, problem, AttentionOptions{}, workspace.data(), workspace.bytes());
+  // A copy-engine communicator's plan works in a symmetric window: NCCL's memory.
+  const size_t workspace_bytes = cp::cuda_workspace_size(problem);
+  const std::shared_ptr<void> window_memory = comm.wants_windows() ? nccl::window_memory(workspace_bytes) : nullptr;
+  cuda::DeviceBuffer workspace(window_memory ? 0 : workspace_bytes);
+  cp::CudaPlan plan(comm, problem, AttentionOptions{}, window_memory ? window_memory.get() : workspace.data(),
+                    workspace_bytes);
   plan.enable_phase_timing();
   comm.warm_up(stream);
   const DeviceLayout device_layout = t.layout(problem.capacity);

@@ -29,6 +29,7 @@ struct RunConfig {
   int cp = 4;
   int gpus = 0;  // --gpus N: one process drives N GPUs (a thread each) over NCCL; cp = N
   bool peer_copy = false;  // --gpu-comm peer: those GPUs as one peer-copy SharedGpuGroup, not NCCL
+  bool copy_engine = false;  // --gpu-comm nccl-ce: NCCL's copy-engine collectives (nccl::Options::copy_engine)
   uint64_t seed = 1234;
   Mask mask = Mask::causal();
   int64_t q_heads = 8;
