@@ -126,31 +126,6 @@ ncclConfig_t non_blocking_config(const Options& options) {
   return config;
 }
 
-#if THDCP_NCCL_COPY_ENGINE
-// A registered window; deregistered (and waited for) when destroyed, on its device.
-class NcclWindow final : public DeviceCommunicator::Window {
- public:
-  NcclWindow(ncclComm_t comm, ncclWindow_t window, int device, double timeout_seconds)
-      : comm_(comm), window_(window), device_(device), timeout_seconds_(timeout_seconds) {}
-  ~NcclWindow() override {
-    int previous = -1;
-    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
-    (void)cudaSetDevice(device_);
-    ncclResult_t result = ncclCommWindowDeregister(comm_, window_);
-    if (result == ncclInProgress) (void)wait_while_in_progress(comm_, Deadline(timeout_seconds_));
-    if (restore) (void)cudaSetDevice(previous);
-  }
-  NcclWindow(const NcclWindow&) = delete;
-  NcclWindow& operator=(const NcclWindow&) = delete;
-
- private:
-  ncclComm_t comm_;
-  ncclWindow_t window_;
-  int device_;
-  double timeout_seconds_;
-};
-#endif
-
 class NcclCommunicator final : public DeviceCommunicator {
  public:
   // Takes ownership of `comm` (owned) or borrows it (a caller's: never finalized, destroyed
@@ -301,19 +276,11 @@ class NcclCommunicator final : public DeviceCommunicator {
 
   bool wants_windows() const override { return options_.copy_engine; }
 
-  std::unique_ptr<Window> register_window(void* data, size_t bytes) override {
-    check_usable("register_window");
-#if THDCP_NCCL_COPY_ENGINE
-    CurrentDevice current(device_);
-    ncclWindow_t window = nullptr;
-    finish("ncclCommWindowRegister", ncclCommWindowRegister(comm_, data, bytes, &window, NCCL_WIN_COLL_SYMMETRIC));
-    return std::make_unique<NcclWindow>(comm_, window, device_, options_.timeout_seconds);
-#else
-    (void)data;
-    (void)bytes;
-    THDCP_FAIL_AS(ErrorKind::kUnsupported, who() << ": register_window needs NCCL 2.28.3 or later");
-#endif
-  }
+  std::unique_ptr<Window> register_window(void* data, size_t bytes) override;
+
+  // The communicator, or nullptr once an earlier failure aborted it (windows check it before
+  // deregistering).
+  ncclComm_t handle() const { return comm_; }
 
   void warm_up(cudaStream_t stream) override {
     check_usable("warm_up");
@@ -447,6 +414,55 @@ class NcclCommunicator final : public DeviceCommunicator {
   void* warm_up_buffer_ = nullptr;
   std::string failure_;  // why an earlier call aborted the communicator
 };
+
+// A registered window of `owner`; deregistered (and waited for) when destroyed, on its
+// device, unless a failure has aborted the communicator meanwhile.
+class NcclWindow final : public DeviceCommunicator::Window {
+ public:
+#if THDCP_NCCL_COPY_ENGINE
+  NcclWindow(const NcclCommunicator& owner, ncclWindow_t window, int device, double timeout_seconds)
+      : owner_(owner), window_(window), device_(device), timeout_seconds_(timeout_seconds) {}
+  ~NcclWindow() override {
+    ncclComm_t comm = owner_.handle();
+    if (comm == nullptr) return;
+    int previous = -1;
+    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+    (void)cudaSetDevice(device_);
+    if (ncclCommWindowDeregister(comm, window_) == ncclInProgress) {
+      (void)wait_while_in_progress(comm, Deadline(timeout_seconds_));
+    }
+    if (restore) (void)cudaSetDevice(previous);
+  }
+  NcclWindow(const NcclWindow&) = delete;
+  NcclWindow& operator=(const NcclWindow&) = delete;
+
+ private:
+  const NcclCommunicator& owner_;
+  ncclWindow_t window_;
+  int device_;
+  double timeout_seconds_;
+#endif
+};
+
+std::unique_ptr<DeviceCommunicator::Window> NcclCommunicator::register_window(void* data, size_t bytes) {
+  check_usable("register_window");
+#if THDCP_NCCL_COPY_ENGINE
+  CurrentDevice current(device_);
+  ncclWindow_t window = nullptr;
+  try {
+    finish("ncclCommWindowRegister", ncclCommWindowRegister(comm_, data, bytes, &window, NCCL_WIN_COLL_SYMMETRIC));
+  } catch (const Error& e) {
+    THDCP_FAIL_AS(ErrorKind::kCommunication,
+                  e.what() << " (a window's memory must come from nccl::window_memory, the same bytes on every "
+                              "rank, registered by every rank together)");
+  }
+  return std::make_unique<NcclWindow>(*this, window, device_, options_.timeout_seconds);
+#else
+  (void)data;
+  (void)bytes;
+  THDCP_FAIL_AS(ErrorKind::kUnsupported, who() << ": register_window needs NCCL 2.28.3 or later");
+#endif
+}
 
 // Why this process cannot use `device`; empty when it can (and then it is current).
 std::string device_problem(int device) {
