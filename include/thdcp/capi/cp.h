@@ -90,7 +90,10 @@ typedef struct thdcp_cp_params {
                                        K/V the plan's last forward left in its workspace
                                        (skips a gather) — only when that forward ran on the
                                        same k, v and layout on the same stream and nothing
-                                       else used the plan since. Default 0 */
+                                       else used the plan since. all_to_all and a2a+ag keep
+                                       the forward's head-sharded q, k, v, out and lse too
+                                       (the backward exchanges dout alone): the same q, out
+                                       and lse as well. Default 0 */
   int32_t reserved_head_groups; /* 0 or 1. Was head_groups (the forward's gather in groups
                                    of heads), removed in 0.2: one group measured fastest */
   int32_t reserved;      /* 0 */
