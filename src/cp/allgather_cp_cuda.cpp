@@ -11,6 +11,7 @@
 #include "allgather_steps.h"
 #include "alltoall_cuda.h"
 #include "window_cuda.h"
+#include "thdcp/comm_device/nccl.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cp/cuda.h"
 #include "thdcp/cuda/check.h"
@@ -637,6 +638,13 @@ void CudaPlan::check_tensors(const DeviceLayout& layout, const ForwardTensors* f
 }
 
 CudaPlan::~CudaPlan() = default;
+
+std::shared_ptr<void> cuda_workspace_memory(const DeviceCommunicator& comm, size_t bytes) {
+  if (comm.wants_windows()) return nccl::window_memory(bytes);
+  void* data = nullptr;
+  THDCP_CHECK_CUDA(cudaMalloc(&data, std::max<size_t>(bytes, 1)));
+  return std::shared_ptr<void>(data, [](void* p) { (void)cudaFree(p); });
+}
 
 namespace {
 

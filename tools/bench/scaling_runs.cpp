@@ -149,12 +149,10 @@ void time_collectives(const CpRun& run, const DeviceTensors& t, Communicator& ho
   if (any_rank(host, !report.collectives_skip.empty())) return;
   // The all-gathers receive into a window where the communicator wants one (the copy engines).
   const size_t gathered_bytes = kv_bytes * static_cast<size_t>(cp);
-  const std::shared_ptr<void> window_memory = comm.wants_windows() ? nccl::window_memory(gathered_bytes) : nullptr;
-  const std::unique_ptr<DeviceCommunicator::Window> window =
-      window_memory ? comm.register_window(window_memory.get(), gathered_bytes) : nullptr;
-  cuda::DeviceBuffer gathered_buffer(window_memory ? 0 : gathered_bytes), ranked(sizeof(float) * grad_count * cp),
-      reduced(sizeof(float) * grad_count);
-  void* gathered = window_memory ? window_memory.get() : gathered_buffer.data();
+  const std::shared_ptr<void> gathered_memory = cp::cuda_workspace_memory(comm, gathered_bytes);
+  const std::unique_ptr<DeviceCommunicator::Window> window = comm.register_window(gathered_memory.get(), gathered_bytes);
+  cuda::DeviceBuffer ranked(sizeof(float) * grad_count * cp), reduced(sizeof(float) * grad_count);
+  void* gathered = gathered_memory.get();
   ranked.poison(stream);
   const TimingLoop loop = rank_loop(run, host, comm, stream);
   report.gather_ms = time_runs(loop, stream, [&] {
@@ -207,11 +205,8 @@ void cp_rank(Communicator& host, const CpRun& run, RankReport& report) {
                   split_for_rank(run.in.v, view, cp, rank, split), split_for_rank(run.in.dout, view, cp, rank, split),
                   stream.get());
   t.poison_outputs(stream.get());
-  // A copy-engine communicator's plans work in symmetric windows: NCCL's memory.
-  const std::shared_ptr<void> window_memory = comm->wants_windows() ? nccl::window_memory(workspace_bytes) : nullptr;
-  cuda::DeviceBuffer workspace(window_memory ? 0 : workspace_bytes);
-  cp::CudaPlan plan(*comm, problem, run.attention, window_memory ? window_memory.get() : workspace.data(),
-                    workspace_bytes);
+  const std::shared_ptr<void> workspace = cp::cuda_workspace_memory(*comm, workspace_bytes);
+  cp::CudaPlan plan(*comm, problem, run.attention, workspace.get(), workspace_bytes);
   comm->warm_up(stream.get());
   const ForwardTensors ft = t.forward();
   const BackwardTensors bt = t.backward();

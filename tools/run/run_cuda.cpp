@@ -187,12 +187,9 @@ RankResult run_step(DeviceCommunicator& comm, const RunConfig& c, const GlobalBa
                   split_for_rank(batch.v, layout, cp, rank, split), split_for_rank(batch.dout, layout, cp, rank, split),
                   stream);
   if (!batch.sinks.empty()) t.upload_sinks(batch.sinks, stream);
-  // A copy-engine communicator's plan works in a symmetric window: NCCL's memory.
   const size_t workspace_bytes = cp::cuda_workspace_size(problem);
-  const std::shared_ptr<void> window_memory = comm.wants_windows() ? nccl::window_memory(workspace_bytes) : nullptr;
-  cuda::DeviceBuffer workspace(window_memory ? 0 : workspace_bytes);
-  cp::CudaPlan plan(comm, problem, AttentionOptions{}, window_memory ? window_memory.get() : workspace.data(),
-                    workspace_bytes);
+  const std::shared_ptr<void> workspace = cp::cuda_workspace_memory(comm, workspace_bytes);
+  cp::CudaPlan plan(comm, problem, AttentionOptions{}, workspace.get(), workspace_bytes);
   plan.enable_phase_timing();
   comm.warm_up(stream);
   const DeviceLayout device_layout = t.layout(problem.capacity);

@@ -49,6 +49,12 @@ namespace thdcp::cp {
 // order on one stream).
 size_t cuda_workspace_size(const Problem& problem, const AttentionOptions& options = {});
 
+// `bytes` of device memory on the current device for a plan's workspace over `comm`: from
+// cudaMalloc, or from nccl::window_memory where the communicator wants windows (a copy-engine
+// NCCL communicator, whose plans register their workspace as one). Freed when the last copy
+// of the pointer goes: keep it longer than the plan. Plan time (it allocates).
+std::shared_ptr<void> cuda_workspace_memory(const DeviceCommunicator& comm, size_t bytes);
+
 // Where the backward takes K/V in sequence order from.
 enum class KvSource {
   kGather,       // all-gather and reorder them again (the default; needs nothing kept)

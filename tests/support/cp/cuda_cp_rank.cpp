@@ -2,8 +2,6 @@
 
 #include <utility>
 
-#include "thdcp/comm_device/nccl.h"
-
 namespace thdcp::test {
 
 CudaCpRank::CudaCpRank(DeviceCommunicator& comm, const cp::Problem& problem, const AttentionOptions& options)
@@ -13,11 +11,9 @@ CudaCpRank::CudaCpRank(DeviceCommunicator& comm, const cp::Problem& problem, con
       cu_(sizeof(int32_t) * static_cast<size_t>(problem.capacity.max_seqs + 1)),
       cup_(sizeof(int32_t) * static_cast<size_t>(problem.capacity.max_seqs + 1)),
       workspace_bytes_(cp::cuda_workspace_size(problem, options)),
-      workspace_(comm.wants_windows() ? 0 : workspace_bytes_) {
+      workspace_(cp::cuda_workspace_memory(comm, workspace_bytes_)) {
   THDCP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  if (comm.wants_windows()) window_memory_ = nccl::window_memory(workspace_bytes_);
-  void* workspace = window_memory_ ? window_memory_.get() : workspace_.data();
-  plan_ = std::make_unique<cp::CudaPlan>(comm, problem, options, workspace, workspace_bytes_);
+  plan_ = std::make_unique<cp::CudaPlan>(comm, problem, options, workspace_.get(), workspace_bytes_);
   const ForwardTensors forward = forward_tensors();
   const BackwardTensors backward = backward_tensors();
   plan_->check_tensors(layout(), &forward, &backward);  // the static buffers, once

@@ -52,11 +52,8 @@ class CudaCpRank {
   cp::Problem problem_;
   DeviceStep tensors_;
   DeviceBuffer cu_, cup_;
-  // The plan's workspace: cudaMalloc's, or NCCL's allocator where the communicator wants a
-  // window over it (a copy-engine NCCL communicator).
   size_t workspace_bytes_ = 0;
-  DeviceBuffer workspace_;
-  std::shared_ptr<void> window_memory_;
+  std::shared_ptr<void> workspace_;  // cp::cuda_workspace_memory's
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cp::CudaPlan> plan_;
 };
