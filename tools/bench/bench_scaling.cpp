@@ -143,10 +143,10 @@ struct Variant {
   bool halo = false;  // cp::KvGather::kHalo: each rank's rows with the window's edges (contiguous layout)
   cp::CpComm comm = cp::CpComm::kAllGather;
   bool peer = false;  // a peer-copy SharedGpuGroup instead of NCCL
-  bool copy_engine = false;  // NCCL with nccl::Options::copy_engine
   bool narrow_reduce = false;  // cp::Problem::reduce_dtype = the batch's dtype
   int head_slices = 1;         // cp::Problem::head_slices (all_to_all rows)
   int a2a_size = 1;            // cp::Problem::a2a_size (a2a+ag rows)
+  bool copy_engine = false;    // NCCL with nccl::Options::copy_engine (set by name, after the rest)
 };
 
 struct Options {
