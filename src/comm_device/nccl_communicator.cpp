@@ -450,11 +450,24 @@ std::unique_ptr<DeviceCommunicator::Window> NcclCommunicator::register_window(vo
   CurrentDevice current(device_);
   ncclWindow_t window = nullptr;
   try {
-    finish("ncclCommWindowRegister", ncclCommWindowRegister(comm_, data, bytes, &window, NCCL_WIN_COLL_SYMMETRIC));
+    // On a non-blocking communicator the registration is a group job that may still be
+    // running when the call returns ncclSuccess (NCCL passes its group's ncclInProgress
+    // through as success): wait for it either way, before `window` is read or the
+    // communicator is used again.
+    ncclResult_t result = ncclCommWindowRegister(comm_, data, bytes, &window, NCCL_WIN_COLL_SYMMETRIC);
+    if (result == ncclSuccess) result = ncclInProgress;
+    finish("ncclCommWindowRegister", result);
   } catch (const Error& e) {
     THDCP_FAIL_AS(ErrorKind::kCommunication,
                   e.what() << " (a window's memory must come from nccl::window_memory, the same bytes on every "
                               "rank, registered by every rank together)");
+  }
+  // NCCL registers nothing (and says success) where the communicator has no symmetric
+  // memory support; the copy-engine collectives then cannot run.
+  if (window == nullptr) {
+    THDCP_FAIL_AS(ErrorKind::kUnsupported,
+                  who() << ": ncclCommWindowRegister registered no window: NCCL has no symmetric memory support on "
+                           "this communicator (run with NCCL_DEBUG=INFO for why); leave copy_engine off");
   }
   return std::make_unique<NcclWindow>(*this, window, device_, options_.timeout_seconds);
 #else
