@@ -150,7 +150,8 @@ void time_collectives(const CpRun& run, const DeviceTensors& t, Communicator& ho
   // The all-gathers receive into a window where the communicator wants one (the copy engines).
   const size_t gathered_bytes = kv_bytes * static_cast<size_t>(cp);
   const std::shared_ptr<void> gathered_memory = cp::cuda_workspace_memory(comm, gathered_bytes);
-  const std::unique_ptr<DeviceCommunicator::Window> window = comm.register_window(gathered_memory.get(), gathered_bytes);
+  const std::unique_ptr<DeviceCommunicator::Window> window =
+      comm.wants_windows() ? comm.register_window(gathered_memory.get(), gathered_bytes) : nullptr;
   cuda::DeviceBuffer ranked(sizeof(float) * grad_count * cp), reduced(sizeof(float) * grad_count);
   void* gathered = gathered_memory.get();
   ranked.poison(stream);
