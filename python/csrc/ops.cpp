@@ -306,14 +306,14 @@ TORCH_LIBRARY(thdcp, m) {
   m.def(
       "cp_attention_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, Tensor cu_seqlens_padded, int comm, "
       "int window_left, int window_right, float softmax_scale, bool return_max_logit, Tensor? sinks=None, "
-      "str layout='dual_chunk', str cp_comm='all_gather', int a2a_size=1, str reduce_dtype='fp32') -> "
-      "(Tensor, Tensor, Tensor)");
+      "str layout='dual_chunk', str cp_comm='all_gather', int a2a_size=1, str reduce_dtype='fp32', "
+      "int head_slices=1) -> (Tensor, Tensor, Tensor)");
   // Returns (dq, dk, dv, dsinks) as attention_backward does; dsinks summed over the ranks.
   m.def(
       "cp_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens, "
       "Tensor cu_seqlens_padded, int comm, int window_left, int window_right, float softmax_scale, "
       "Tensor? sinks=None, str layout='dual_chunk', str cp_comm='all_gather', int a2a_size=1, "
-      "str reduce_dtype='fp32') -> (Tensor, Tensor, Tensor, Tensor)");
+      "str reduce_dtype='fp32', int head_slices=1) -> (Tensor, Tensor, Tensor, Tensor)");
   // Host helpers (called outside compiled regions; no tensors on the device).
   m.def("default_capacity(int max_tokens, int cp) -> int[]", &default_capacity_op);
   m.def("check_fit(int[] lengths, int cp, int max_tokens, int max_seqs) -> int", &check_fit_op);

@@ -241,17 +241,21 @@ struct PlanKey {
   int64_t q_heads, kv_heads, head_dim, v_head_dim;
   int dtype;
   float scale;
-  int layout, comm, a2a_size, reduce_dtype;
+  int layout, comm, a2a_size, reduce_dtype, head_slices;
   bool operator<(const PlanKey& o) const {
     return std::tie(cp, max_seqs, max_tokens, window_left, window_right, q_heads, kv_heads, head_dim, v_head_dim,
-                    dtype, scale, layout, comm, a2a_size, reduce_dtype) <
+                    dtype, scale, layout, comm, a2a_size, reduce_dtype, head_slices) <
            std::tie(o.cp, o.max_seqs, o.max_tokens, o.window_left, o.window_right, o.q_heads, o.kv_heads, o.head_dim,
-                    o.v_head_dim, o.dtype, o.scale, o.layout, o.comm, o.a2a_size, o.reduce_dtype);
+                    o.v_head_dim, o.dtype, o.scale, o.layout, o.comm, o.a2a_size, o.reduce_dtype, o.head_slices);
   }
 };
 
 struct CpPlanEntry {
-  at::Tensor workspace;  // kept for the plan's life (allocated once, outside any capture)
+  // The plan's workspace, kept for its life (allocated once, outside any capture): from
+  // PyTorch's caching allocator, or NCCL's window memory where the communicator wants windows
+  // (copy_engine), which the plan registers as a symmetric window.
+  at::Tensor workspace;
+  std::shared_ptr<void> window_memory;
   std::unique_ptr<cp::CudaPlan> plan;
 };
 
@@ -287,21 +291,43 @@ at::Tensor nccl_unique_id_op() {
   });
 }
 
-int64_t communicator_create_op(const at::Tensor& unique_id, int64_t rank, int64_t size, int64_t device) {
+// A registry entry for `comm`, connected (warmed up) now, outside any capture; its handle.
+int64_t register_communicator(std::unique_ptr<DeviceCommunicator> comm) {
+  auto entry = std::make_unique<CommEntry>();
+  entry->comm = std::move(comm);
+  const auto device = static_cast<c10::DeviceIndex>(entry->comm->device());
+  // NCCL connects lazily: connect now, outside any capture.
+  entry->comm->warm_up(at::cuda::getCurrentCUDAStream(device).stream());
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  const int64_t handle = next_handle++;
+  registry()[handle] = std::move(entry);
+  return handle;
+}
+
+int64_t communicator_create_op(const at::Tensor& unique_id, int64_t rank, int64_t size, int64_t device,
+                               bool copy_engine) {
   return translate_errors("communicator_create", [&] {
     TORCH_CHECK_VALUE(unique_id.device().is_cpu() && unique_id.scalar_type() == at::kByte && unique_id.is_contiguous(),
                       "thdcp: unique_id must be the CPU uint8 tensor of thdcp.ops.nccl_unique_id()");
     const int rank32 = to_int(rank, "rank"), size32 = to_int(size, "size"), device32 = to_int(device, "device");
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device32));
-    auto entry = std::make_unique<CommEntry>();
-    entry->comm = nccl::create_from_unique_id(unique_id.data_ptr(), static_cast<size_t>(unique_id.numel()),
-                                              rank32, size32, device32);
-    // NCCL connects lazily: connect now, outside any capture.
-    entry->comm->warm_up(at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device32)).stream());
-    std::lock_guard<std::mutex> lock(registry_mutex);
-    const int64_t handle = next_handle++;
-    registry()[handle] = std::move(entry);
-    return handle;
+    nccl::Options options;
+    options.copy_engine = copy_engine;
+    return register_communicator(nccl::create_from_unique_id(
+        unique_id.data_ptr(), static_cast<size_t>(unique_id.numel()), rank32, size32, device32, options));
+  });
+}
+
+// The sub-communicator of the ranks of `parent` that pass the same color (>= 0), ranked by
+// (key, rank), with the parent's options; 0 for a rank that passes color < 0. Collective
+// over the parent.
+int64_t communicator_split_op(int64_t parent, int64_t color, int64_t key) {
+  return translate_errors("communicator_split", [&] {
+    const int color32 = to_int(color, "color"), key32 = to_int(key, "key");
+    DeviceCommunicator& comm = *comm_entry(parent).comm;
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(comm.device()));
+    std::unique_ptr<DeviceCommunicator> child = comm.split(color32, key32);
+    return child ? register_communicator(std::move(child)) : int64_t{0};
   });
 }
 
@@ -318,7 +344,7 @@ void communicator_destroy_op(int64_t handle) {
 
 CpPlanEntry& cp_plan(CommEntry& entry, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& cu_seqlens, const Mask& mask, double softmax_scale, CpLayout layout,
-                     cp::CpComm cp_comm, int a2a_size, DType reduce_dtype, cudaStream_t stream) {
+                     cp::CpComm cp_comm, int a2a_size, DType reduce_dtype, int head_slices, cudaStream_t stream) {
   DeviceCommunicator& comm = *entry.comm;
   TORCH_CHECK_VALUE(q.get_device() == comm.device(), "thdcp: q is on cuda:", q.get_device(),
                     " but the communicator's device is cuda:", comm.device(), "; pass tensors of that device");
@@ -336,11 +362,12 @@ CpPlanEntry& cp_plan(CommEntry& entry, const at::Tensor& q, const at::Tensor& k,
   problem.comm = cp_comm;
   problem.a2a_size = a2a_size;
   problem.reduce_dtype = reduce_dtype;
+  problem.head_slices = head_slices;
   const PlanKey key{problem.cp,         problem.capacity.max_seqs,       problem.capacity.max_tokens,
                     mask.window_left,   mask.window_right,               problem.q_heads,
                     problem.kv_heads,   problem.head_dim,                problem.v_head_dim,
                     static_cast<int>(problem.dtype), static_cast<float>(softmax_scale), static_cast<int>(layout),
-                    static_cast<int>(cp_comm), a2a_size, static_cast<int>(reduce_dtype)};
+                    static_cast<int>(cp_comm), a2a_size, static_cast<int>(reduce_dtype), head_slices};
   auto it = entry.plans.find(key);
   if (it != entry.plans.end()) return it->second;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -354,8 +381,15 @@ CpPlanEntry& cp_plan(CommEntry& entry, const at::Tensor& q, const at::Tensor& k,
   options.softmax_scale = static_cast<float>(softmax_scale);
   CpPlanEntry made;
   const size_t bytes = cp::cuda_workspace_size(problem, options);
-  made.workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
-  made.plan = std::make_unique<cp::CudaPlan>(comm, problem, options, made.workspace.data_ptr(), bytes);
+  void* workspace = nullptr;
+  if (comm.wants_windows()) {
+    made.window_memory = cp::cuda_workspace_memory(comm, bytes);
+    workspace = made.window_memory.get();
+  } else {
+    made.workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+    workspace = made.workspace.data_ptr();
+  }
+  made.plan = std::make_unique<cp::CudaPlan>(comm, problem, options, workspace, bytes);
   return entry.plans.emplace(key, std::move(made)).first->second;
 }
 
@@ -364,7 +398,7 @@ Outputs3 cp_attention_forward_cuda(const at::Tensor& q_in, const at::Tensor& k_i
                                    int64_t window_left, int64_t window_right, double softmax_scale,
                                    bool return_max_logit, const std::optional<at::Tensor>& sinks,
                                    const std::string& layout, const std::string& cp_comm, int64_t a2a_size,
-                                   const std::string& reduce_dtype) {
+                                   const std::string& reduce_dtype, int64_t head_slices) {
   // Views (packed QKV, head-major K/V) pass as they are; only a broadcast is materialised.
   const at::Tensor q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in);
   return translate_errors("cp_attention", [&] {
@@ -373,7 +407,7 @@ Outputs3 cp_attention_forward_cuda(const at::Tensor& q_in, const at::Tensor& k_i
     CommEntry& entry = comm_entry(handle);
     CpPlanEntry& made = cp_plan(entry, q, k, v, cu_seqlens, window_mask(window_left, window_right), softmax_scale,
                                 cp_layout_argument(layout), cp_comm_argument(cp_comm), to_int(a2a_size, "a2a_size"),
-                                reduce_dtype_argument(reduce_dtype), on.stream);
+                                reduce_dtype_argument(reduce_dtype), to_int(head_slices, "head_slices"), on.stream);
     const float* sink_logits = sinks_data(sinks, q);
     Outputs3 outputs = forward_outputs(q, v, return_max_logit);
     made.plan->forward(device_layout(cu_seqlens, cu_seqlens_padded, made.plan->problem().capacity),
@@ -387,7 +421,8 @@ Outputs4 cp_attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor&
                                     const at::Tensor& cu_seqlens, const at::Tensor& cu_seqlens_padded, int64_t handle,
                                     int64_t window_left, int64_t window_right, double softmax_scale,
                                     const std::optional<at::Tensor>& sinks, const std::string& layout,
-                                    const std::string& cp_comm, int64_t a2a_size, const std::string& reduce_dtype) {
+                                    const std::string& cp_comm, int64_t a2a_size, const std::string& reduce_dtype,
+                                    int64_t head_slices) {
   const at::Tensor dout = thd_input(dout_in), q = thd_input(q_in), k = thd_input(k_in), v = thd_input(v_in),
                    out = thd_input(out_in);
   return translate_errors("cp_attention backward", [&] {
@@ -397,7 +432,7 @@ Outputs4 cp_attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor&
     CommEntry& entry = comm_entry(handle);
     CpPlanEntry& made = cp_plan(entry, q, k, v, cu_seqlens, window_mask(window_left, window_right), softmax_scale,
                                 cp_layout_argument(layout), cp_comm_argument(cp_comm), to_int(a2a_size, "a2a_size"),
-                                reduce_dtype_argument(reduce_dtype), on.stream);
+                                reduce_dtype_argument(reduce_dtype), to_int(head_slices, "head_slices"), on.stream);
     const float* sink_logits = sinks_data(sinks, q);
     Outputs3 grads = backward_outputs(q, k, v);
     at::Tensor dsinks = dsinks_output(sinks, q);
@@ -416,7 +451,9 @@ TORCH_LIBRARY_FRAGMENT(thdcp, m) {
   // NCCL communicators for cp_attention, made over a torch.distributed group by
   // thdcp.Communicator (the unique id travels over the group).
   m.def("nccl_unique_id() -> Tensor", &nccl_unique_id_op);
-  m.def("communicator_create(Tensor unique_id, int rank, int size, int device) -> int", &communicator_create_op);
+  m.def("communicator_create(Tensor unique_id, int rank, int size, int device, bool copy_engine=False) -> int",
+        &communicator_create_op);
+  m.def("communicator_split(int comm, int color, int key) -> int", &communicator_split_op);
   m.def("communicator_destroy(int comm) -> ()", &communicator_destroy_op);
 }
 

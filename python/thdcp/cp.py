@@ -42,10 +42,20 @@ class Communicator:
     Pass it to cp_attention as comm=...; its integer handle is a constant under
     torch.compile. close() (or the interpreter's exit) releases it; close it only after every
     CUDA graph that captured its collectives is gone.
+
+    copy_engine=True asks NCCL (2.28.3 or later) for its copy-engine collectives: cp_attention's
+    workspaces come from NCCL's window memory and are registered as symmetric windows, and the
+    all-gathers and all-to-alls run on the copy engines, taking no SMs from the attention beside
+    them (the reduce-scatter stays on NCCL's kernels). An older NCCL refuses it, naming the
+    version. split(size) makes the smaller CP groups of dynamic CP from this one.
     """
 
-    def __init__(self, group=None, device: Optional[Union[int, torch.device]] = None):
+    def __init__(self, group=None, device: Optional[Union[int, torch.device]] = None, *, copy_engine: bool = False):
         import torch.distributed as dist
+
+        if not isinstance(copy_engine, bool):
+            raise ValueError("thdcp.Communicator: copy_engine=%r; pass True or False" % (copy_engine,))
+        self.copy_engine = copy_engine
 
         if device is None:
             self.device = torch.cuda.current_device()
@@ -66,7 +76,26 @@ class Communicator:
             payload = [bytes(_ops.nccl_unique_id().tolist()) if self.rank == 0 else None]
             dist.broadcast_object_list(payload, src=dist.get_global_rank(group, 0), group=group)
             unique_id = torch.tensor(list(payload[0]), dtype=torch.uint8)
-        self.handle = int(_ops.communicator_create(unique_id, self.rank, self.size, self.device))
+        self.handle = int(_ops.communicator_create(unique_id, self.rank, self.size, self.device, copy_engine))
+
+    def split(self, size: int) -> "Communicator":
+        """The CP group of `size` consecutive ranks that holds this rank (ranks [r - r % size,
+        r - r % size + size)), split from this communicator (NCCL's ncclCommSplit: no new
+        unique id, no torch.distributed call), with its copy_engine. Collective: every rank of
+        this communicator calls split with the same size, which divides this one's. Dynamic CP
+        makes one per CP size from one parent and passes each to cp_attention as comm=."""
+        size = arguments.integer("Communicator.split", "size", size, 1, arguments.INT32_MAX)
+        if not self.handle:
+            raise ValueError("thdcp.Communicator.split: this communicator is closed; split an open one")
+        if self.size % size != 0:
+            fits = [n for n in range(1, self.size + 1) if self.size % n == 0]
+            raise ValueError("thdcp.Communicator.split: size=%d does not divide this communicator's %d ranks: pass one "
+                             "of %s" % (size, self.size, ", ".join(str(n) for n in fits)))
+        child = Communicator.__new__(Communicator)
+        child.device, child.copy_engine = self.device, self.copy_engine
+        child.rank, child.size = self.rank % size, size
+        child.handle = int(_ops.communicator_split(self.handle, self.rank // size, self.rank % size))
+        return child
 
     @classmethod
     def for_group(cls, group=None) -> "Communicator":
@@ -85,7 +114,8 @@ class Communicator:
             self.handle = 0
 
     def __repr__(self) -> str:
-        return "thdcp.Communicator(rank=%d, size=%d, device=cuda:%d)" % (self.rank, self.size, self.device)
+        return "thdcp.Communicator(rank=%d, size=%d, device=cuda:%d%s)" % (
+            self.rank, self.size, self.device, ", copy_engine=True" if self.copy_engine else "")
 
 
 def cp_attention(
@@ -106,6 +136,7 @@ def cp_attention(
     cp_comm: str = "all_gather",
     a2a_size: Optional[int] = None,
     reduce_dtype: Optional[torch.dtype] = None,
+    head_slices: Optional[int] = None,
 ):
     """Attention of this rank's rows under AllGather CP over `comm`, or over the communicator
     thdcp keeps for the torch.distributed `group` (Communicator.for_group) when comm is None.
@@ -124,7 +155,11 @@ def cp_attention(
     in place of the ring). reduce_dtype: None / torch.float32 (dK/dV partial sums cross
     ranks in fp32, the default and the tightest) or q's dtype (half the reduce-scatter's
     bytes, for at most cp u times the partials' magnitudes more error; thdcp/cp/cp.h).
-    sinks: as thdcp.attention's, the same on every
+    head_slices: all_to_all only, None or 1 (every head at once, the default) or S dividing
+    both head counts per rank: the rank's heads go through the exchanges and the attention in
+    S slices, each slice's exchange beside another slice's attention (bench/RESULTS.md
+    section 2 has what it gains: at cp 2, nothing over NCCL's kernels, 1.5 % over its copy
+    engines). sinks: as thdcp.attention's, the same on every
     rank; their gradient is summed over the ranks' rows (every rank gets the whole [Hq]).
     cu_seqlens, cu_seqlens_padded: the global layout, int32 CUDA [B + 1], the same on every
     rank, the last padded entry T (cp_layout makes them for either layout). Returns this
@@ -139,6 +174,7 @@ def cp_attention(
     cp_comm = arguments.cp_comm("cp_attention", cp_comm)
     group_size = arguments.a2a_size("cp_attention", a2a_size, cp_comm)
     reduce = arguments.reduce_dtype("cp_attention", reduce_dtype, q)
+    slices = arguments.head_slices("cp_attention", head_slices, cp_comm)
     if sinks is not None:
         sinks = arguments.sinks("cp_attention", sinks, q)
     if comm is None:
@@ -151,9 +187,11 @@ def cp_attention(
                                  "size divides q's and k's heads" % (comm.size, name, heads, comm.size))
     if cp_comm == "a2a+ag":
         arguments.a2a_groups("cp_attention", group_size, comm.size, q.shape[1], k.shape[1])
+    if slices != 1:
+        arguments.head_slices_fit("cp_attention", slices, comm.size, q.shape[1], k.shape[1])
     out, lse, max_logit = _ops.cp_attention_forward(
         q, k, v, cu_seqlens, cu_seqlens_padded, comm.handle, left, right, scale, bool(return_max_logit), sinks,
-        layout, cp_comm, group_size, reduce
+        layout, cp_comm, group_size, reduce, slices
     )
     return _results(out, lse, max_logit, return_lse, return_max_logit)
 
@@ -161,7 +199,7 @@ def cp_attention(
 @torch.library.register_fake("thdcp::cp_attention_forward")
 def _cp_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right, softmax_scale,
                      return_max_logit, sinks=None, layout="dual_chunk", cp_comm="all_gather", a2a_size=1,
-                     reduce_dtype="fp32"):
+                     reduce_dtype="fp32", head_slices=1):
     arguments.check_devices("cp_attention", _attention_tensors(q, k, v, cu_seqlens, cu_seqlens_padded)
                             + (("sinks", sinks),))
     rows, heads, _ = q.shape
@@ -172,7 +210,7 @@ def _cp_forward_fake(q, k, v, cu_seqlens, cu_seqlens_padded, comm, window_left, 
 @torch.library.register_fake("thdcp::cp_attention_backward")
 def _cp_backward_fake(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, comm, window_left, window_right,
                       softmax_scale, sinks=None, layout="dual_chunk", cp_comm="all_gather", a2a_size=1,
-                      reduce_dtype="fp32"):
+                      reduce_dtype="fp32", head_slices=1):
     arguments.check_devices("cp_attention backward",
                             _attention_backward_tensors(dout, q, k, v, out, lse, cu_seqlens, cu_seqlens_padded)
                             + (("sinks", sinks),))
@@ -188,19 +226,20 @@ def _cp_setup(ctx, inputs, output):
     cp_comm = rest[2] if len(rest) > 2 else "all_gather"
     a2a_size = rest[3] if len(rest) > 3 else 1
     reduce = rest[4] if len(rest) > 4 else "fp32"
+    slices = rest[5] if len(rest) > 5 else 1
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, sinks)
-    ctx.args = (comm, left, right, scale, layout, cp_comm, a2a_size, reduce)
+    ctx.args = (comm, left, right, scale, layout, cp_comm, a2a_size, reduce, slices)
     ctx.mark_non_differentiable(lse, max_logit)
 
 
 def _cp_backward(ctx, dout, dlse, dmax_logit):
     q, k, v, out, lse, cu_seqlens, cu_seqlens_padded, sinks = ctx.saved_tensors
-    comm, left, right, scale, layout, cp_comm, a2a_size, reduce = ctx.args
+    comm, left, right, scale, layout, cp_comm, a2a_size, reduce, slices = ctx.args
     dq, dk, dv, dsinks = _ops.cp_attention_backward(_kernel_ready(dout), q, k, v, out, lse, cu_seqlens,
                                                     cu_seqlens_padded, comm, left, right, scale, sinks, layout,
-                                                    cp_comm, a2a_size, reduce)
+                                                    cp_comm, a2a_size, reduce, slices)
     return (dq, dk, dv, None, None, None, None, None, None, None, dsinks if sinks is not None else None, None, None,
-            None, None)
+            None, None, None)
 
 
 torch.library.register_autograd("thdcp::cp_attention_forward", _cp_backward, setup_context=_cp_setup)

@@ -116,6 +116,62 @@ def main():
                                        rtol=2e-2, atol=2e-2)
         checked += 1
 
+    # all_to_all's head slices (head_slices=2: 2 of the 4 query and 1 of the 2 key heads per
+    # rank in each slice), the bits of one slice; NCCL's copy-engine collectives
+    # (Communicator(copy_engine=True): workspaces in symmetric windows), the bits of plain NCCL
+    # under all_gather and all_to_all. An NCCL older than 2.28.3 refuses copy_engine: then
+    # that part reports what it skipped.
+    hs_q, hs_kv = 4 * cp, 2 * cp
+    qs, ks, vs, douts = (torch.randn(tokens, h, d, generator=g).to(torch.bfloat16).cuda()
+                         for h in (hs_q, hs_kv, hs_kv, hs_q))
+    split_s = [thdcp.cp_split(t, cu_padded, cp, rank) for t in (qs, ks, vs, douts)]
+
+    def run(over, **kw):
+        ql, kl, vl = (t.clone().requires_grad_() for t in split_s[:3])
+        out = thdcp.cp_attention(ql, kl, vl, cu_d, cu_padded_d, window=(100, 0), comm=over, **kw)
+        return (out,) + torch.autograd.grad(out, (ql, kl, vl), split_s[3])
+
+    def same_bits(a, b, what):
+        if not all(torch.equal(x, y) for x, y in zip(a, b)):
+            print("cp_worker: rank %d: %s" % (rank, what), file=sys.stderr)
+            sys.exit(1)
+
+    same_bits(run(comm, cp_comm="all_to_all", head_slices=2), run(comm, cp_comm="all_to_all"),
+              "head_slices=2 differs from one slice")
+    checked += 1
+    try:
+        ce = thdcp.Communicator(copy_engine=True)
+    except NotImplementedError as e:  # thdcp's kUnsupported: this NCCL has no copy engines
+        ce = None
+        if rank == 0:
+            print("cp_worker: copy_engine not checked: %s" % e)
+    if ce is not None:
+        for cp_comm in ("all_gather", "all_to_all"):
+            same_bits(run(ce, cp_comm=cp_comm), run(comm, cp_comm=cp_comm),
+                      "copy_engine=True differs from plain NCCL under %s" % cp_comm)
+            checked += 1
+        ce.close()
+
+    # Dynamic CP from one parent: Communicator.split(size) makes the CP group of `size`
+    # consecutive ranks (ncclCommSplit, no torch.distributed call). The whole group's split
+    # gives the parent's bits; one-rank groups attend the whole batch, against thdcp.attention.
+    whole = comm.split(cp)
+    assert (whole.rank, whole.size) == (rank, cp), whole
+    same_bits(run(whole), run(comm), "split(cp) differs from its parent")
+    whole.close()
+    alone = comm.split(1)
+    assert (alone.rank, alone.size) == (0, 1), alone
+    qg, kg, vg = (t.clone().requires_grad_() for t in (qs, ks, vs))
+    got = thdcp.cp_attention(qg, kg, vg, cu_d, cu_padded_d, window=(100, 0), comm=alone)
+    got_grads = torch.autograd.grad(got, (qg, kg, vg), douts)
+    qr, kr, vr = (t.clone().requires_grad_() for t in (qs, ks, vs))
+    ref = thdcp.attention(qr, kr, vr, cu_d, cu_padded_d, window=(100, 0))
+    ref_grads = torch.autograd.grad(ref, (qr, kr, vr), douts)
+    for a, b in zip((got,) + got_grads, (ref,) + ref_grads):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+    alone.close()
+    checked += 2
+
     # Attention sinks (gpt-oss): cp_attention(sinks=) against thdcp.attention(sinks=) on the whole
     # batch; d(sinks) is the whole [Hq] on every rank, the same bits on every rank.
     sinks = (torch.randn(hq, generator=g) * 2.0).cuda()
@@ -210,7 +266,8 @@ def main():
     dist.barrier()
     if rank == 0:
         print("cp_worker: PASS cp=%d: %d checks (3 masks vs single-device attention, fwd+bwd; 2 masks under the "
-              "contiguous layout; all-to-all under both layouts; 2 masks with sinks, d(sinks) the same bits on every rank; thdcp.te over the group "
+              "contiguous layout; all-to-all under both layouts; head slices and the copy engines equal to one slice and "
+              "plain NCCL bit for bit; split(cp) and split(1) for dynamic CP; 2 masks with sinks, d(sinks) the same bits on every rank; thdcp.te over the group "
               "equal to cp_attention bit for bit; 3 + 2 graph replays (dual_chunk, contiguous) on new packings equal "
               "eager bit for bit)"
               % (cp, checked))

@@ -240,6 +240,28 @@ def test_cp_attention_refuses_an_unknown_layout_before_making_a_communicator():
     with pytest.raises(ValueError, match=r"cp_attention: reduce_dtype=torch.float16 with q of torch.float32: dK/dV "
                                          r"partial sums cross ranks in fp32 or in the tensors' dtype"):
         thdcp.cp_attention(**args, reduce_dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"cp_attention: head_slices=2 with cp_comm='all_gather': head slices are "
+                                         r"all_to_all's; pass cp_comm='all_to_all', or leave head_slices out"):
+        thdcp.cp_attention(**args, head_slices=2)
+    with pytest.raises(ValueError, match=r"cp_attention: head_slices=0 is out of range: pass an int in \[1, "):
+        thdcp.cp_attention(**args, cp_comm="all_to_all", head_slices=0)
+    with pytest.raises(ValueError, match=r"cp_attention: head_slices=1.5 is not an integer"):
+        thdcp.cp_attention(**args, cp_comm="all_to_all", head_slices=1.5)
+
+
+def test_head_slices_that_do_not_divide_the_heads_per_rank_are_refused_naming_those_that_do():
+    # Checked once the group's size is known (cp_attention calls it with comm.size).
+    from thdcp import arguments
+    with pytest.raises(ValueError, match=r"cp_attention: head_slices=3 with 16 query and 4 key heads per rank "
+                                         r"\(32 and 8 over 2 ranks\): each slice takes as many of both; pass one of "
+                                         r"1, 2, 4$"):
+        arguments.head_slices_fit("cp_attention", 3, 2, 32, 8)
+    arguments.head_slices_fit("cp_attention", 4, 2, 32, 8)  # 4 and 1 heads per slice
+
+
+def test_communicator_refuses_a_copy_engine_that_is_not_a_bool():
+    with pytest.raises(ValueError, match=r"Communicator: copy_engine='yes'; pass True or False"):
+        thdcp.Communicator(copy_engine="yes")
 
 
 # Every integer parameter of the package, each given a value that is not an integer or does
