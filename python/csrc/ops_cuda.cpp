@@ -438,7 +438,7 @@ Outputs4 cp_attention_backward_cuda(const at::Tensor& dout_in, const at::Tensor&
     at::Tensor dsinks = dsinks_output(sinks, q);
     made.plan->backward(device_layout(cu_seqlens, cu_seqlens_padded, made.plan->problem().capacity),
                         with_sinks(backward_tensors(dout, q, k, v, out, lse, grads), sink_logits, sinks, dsinks),
-                        on.stream);
+                        on.stream, cp::KvSource::kAuto);  // the forward's K/V when it ran last on this plan
     return Outputs4{std::get<0>(grads), std::get<1>(grads), std::get<2>(grads), dsinks};
   });
 }

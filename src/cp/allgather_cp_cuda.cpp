@@ -9,6 +9,7 @@
 #include "a2a_ag_cuda.h"
 #include "agreement.h"
 #include "allgather_steps.h"
+#include "kv_ledger.h"
 #include "alltoall_cuda.h"
 #include "window_cuda.h"
 #include "thdcp/comm_device/nccl.h"
@@ -178,6 +179,7 @@ uint64_t options_fingerprint(const AttentionOptions& options) {
 }  // namespace
 
 struct CudaPlan::Workspace {
+  const void* base = nullptr;  // the caller's workspace: this plan's entry in the K/V ledger
   // A copy-engine communicator's window over the workspace (first: deregistered last).
   std::unique_ptr<DeviceCommunicator::Window> window;
   std::unique_ptr<detail::CudaAllToAll> all_to_all;  // comm all_to_all: the whole step; else null
@@ -600,6 +602,8 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
     workspace_->window = detail::workspace_window(comm, workspace, workspace_bytes);
   }
   lanes_ = std::make_unique<Lanes>();
+  workspace_->base = workspace;
+  detail::ledger_enter(workspace);
 }
 
 void CudaPlan::check_tensors(const DeviceLayout& layout, const ForwardTensors* forward,
@@ -637,7 +641,9 @@ void CudaPlan::check_tensors(const DeviceLayout& layout, const ForwardTensors* f
   });
 }
 
-CudaPlan::~CudaPlan() = default;
+CudaPlan::~CudaPlan() {
+  if (workspace_ && workspace_->base) detail::ledger_leave(workspace_->base);
+}
 
 std::shared_ptr<void> cuda_workspace_memory(const DeviceCommunicator& comm, size_t bytes) {
   if (comm.wants_windows()) return nccl::window_memory(bytes);
@@ -663,6 +669,7 @@ detail::PhaseMark phase_marks(CudaPlan::Events* events, cudaStream_t stream) {
 void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cudaStream_t stream) {
   check_layout(layout, problem_);
   check_forward_tensors(problem_, t);
+  detail::ledger_forward(workspace_->base, detail::stamp_of(this, layout, t, stream));
   if (workspace_->all_to_all) {
     workspace_->all_to_all->forward(layout, t, stream, phase_marks(events_.get(), stream));
     return;
@@ -679,6 +686,8 @@ void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cuda
 void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, KvSource kv) {
   check_layout(layout, problem_);
   check_backward_tensors(problem_, t);
+  const bool forward_kept = detail::ledger_backward(workspace_->base, detail::stamp_of(this, layout, t, stream));
+  if (kv == KvSource::kAuto) kv = forward_kept ? KvSource::kFromForward : KvSource::kGather;
   if (workspace_->all_to_all) {
     workspace_->all_to_all->backward(layout, t, stream, kv, phase_marks(events_.get(), stream));
     return;

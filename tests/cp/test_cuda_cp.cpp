@@ -273,6 +273,70 @@ TEST_F(CudaCpKeptKv, BackwardOnForwardKvEqualsRegather) {
   }
 }
 
+// KvSource::kAuto takes the forward's K/V exactly when the plan's last forward was this
+// step's: forward, then k overwritten in place (the same pointers), then the backward on
+// kAuto gives the bits of kFromForward, and those differ from kGather's on the overwritten k
+// (so the choice is seen, not assumed). With another forward on the same plan in between
+// (another layer's tensors, as a stack's forwards run before its backwards) kAuto gathers
+// again and gives the bits of a plain step.
+class CudaCpKvAuto : public test::CudaTest {};
+
+TEST_F(CudaCpKvAuto, ReusesTheForwardOnlyRightAfterIt) {
+  for (const CpLayout layout : {CpLayout::kDualChunk, CpLayout::kContiguous}) {
+    for (const cp::CpComm comm_kind : {cp::CpComm::kAllGather, cp::CpComm::kAllToAll}) {
+      const int cp = 2;
+      const EdgeCase c = test::heads_for(edge_cases()[3], cp, comm_kind, 1);
+      const cp::Problem problem = problem_of(c, cp, layout, comm_kind, 1);
+      const test::Batch b = make_case_batch(c, cp, problem.capacity, 410, false, layout);
+      const test::Batch other = make_case_batch(c, cp, problem.capacity, 411, false, layout);
+      std::vector<test::Outputs> plain(cp), kept(cp), automatic(cp), regathered(cp), interleaved(cp);
+      run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+        const int rank = comm.rank();
+        test::CudaCpRank state(comm, problem);
+        cp::CudaPlan& plan = state.plan();
+        const cudaStream_t stream = state.stream();
+        const size_t k_bytes = static_cast<size_t>(state.k().numel()) * dtype_size(problem.dtype);
+        // Forward on b, k overwritten, backward with `kv`.
+        const auto forward_then_overwritten_k = [&](cp::KvSource kv) {
+          state.load(b);
+          plan.forward(state.layout(), state.forward_tensors(), stream);
+          THDCP_CHECK_CUDA(cudaMemsetAsync(state.k().data, 0x3c, k_bytes, stream));
+          plan.backward(state.layout(), state.backward_tensors(), stream, kv);
+          return state.download();
+        };
+        plain[rank] = state.run(b);
+        kept[rank] = forward_then_overwritten_k(cp::KvSource::kFromForward);
+        automatic[rank] = forward_then_overwritten_k(cp::KvSource::kAuto);
+        regathered[rank] = forward_then_overwritten_k(cp::KvSource::kGather);
+        // Another forward on the same plan (other tensors, other data) between b's forward and
+        // its backward on kAuto.
+        test::DeviceStep second(problem.dtype, problem.local_rows(), problem.local_rows(), problem.heads(),
+                                problem.dtype);
+        const LayoutView view = other.layout.view();
+        second.upload_inputs(test::local_part(other.q, view, cp, rank, layout),
+                             test::local_part(other.k, view, cp, rank, layout),
+                             test::local_part(other.v, view, cp, rank, layout),
+                             test::local_part(other.dout, view, cp, rank, layout));
+        state.load(b);
+        THDCP_CHECK_CUDA(cudaDeviceSynchronize());  // second's uploads ran on the legacy stream
+        plan.forward(state.layout(), state.forward_tensors(), stream);
+        plan.forward(state.layout(), second.forward_tensors(), stream);
+        plan.backward(state.layout(), state.backward_tensors(), stream, cp::KvSource::kAuto);
+        interleaved[rank] = state.download();
+      });
+      for (int rank = 0; rank < cp; ++rank) {
+        const std::string what = std::string(cp_layout_name(layout)) + " " + cp::cp_comm_name(comm_kind) + " rank " +
+                                 std::to_string(rank);
+        EXPECT_TRUE(test::identical(automatic[rank], kept[rank])) << what << ": kAuto did not take the forward's";
+        EXPECT_FALSE(test::identical(regathered[rank], kept[rank])) << what << ": the overwritten k changed nothing";
+        // dk and dv of the interleaved step are b's own (the first forward's out and lse
+        // are b's, the second forward wrote only its own outputs).
+        EXPECT_TRUE(test::identical(interleaved[rank], plain[rank])) << what << ": kAuto reused another forward";
+      }
+    }
+  }
+}
+
 // One step of this rank on strided views of its local tensors (q, k, v in one device buffer
 // and dout in another, arranged as `in`; out in one and dq, dk, dv in another, as `out`),
 // with a plan of its own: the outputs read back through the views, and in `kept` whether

@@ -63,6 +63,14 @@ enum class KvSource {
                  // the same stream, and nothing else used the plan (or its workspace) since.
                  // all_to_all and a2a+ag keep the forward's head-sharded q, k, v, out and lse
                  // too (the backward exchanges dout alone): the same q, out and lse as well
+  kAuto,         // kFromForward when it is safe, else kGather: when the last forward that
+                 // wrote this plan's workspace (any plan over the same memory, e.g. a
+                 // graph::WorkspaceArena, counts) was this plan's, on the same q, k, v, out,
+                 // lse (pointers and strides), layout pointers and stream, and no backward ran
+                 // since. The plan keeps that record on the host (capture-safe: a capture of
+                 // forward then backward takes the forward's K/V in every replay). Forward and
+                 // backward back to back (one layer, or activation checkpointing's recompute)
+                 // skip the backward's gather; layers whose forwards ran in between gather again.
 };
 
 class CudaPlan {
