@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -177,6 +178,9 @@ struct Row {
   // of fp32 dK and dV, and their bus bandwidths (nccl-tests' busbw: bytes of the whole
   // gathered / reduced tensors x (cp - 1) / cp per second). 0: not measured.
   double gather_ms = 0, reduce_ms = 0, gather_busbw = 0, reduce_busbw = 0;
+  // A plain copy of a rank's K and V block to the next GPU, every GPU at once, GB/s per
+  // link and direction (scaling::time_link_copies): what busbw is read against. 0: not run.
+  double link_gbps = 0;
   bool dq_pass = false;  // AttentionOptions::separate_dq_pass
   CpLayout layout = CpLayout::kDualChunk;
   // Balance over the ranks, busiest over mean: of the (query, key) pairs each rank's table
@@ -705,6 +709,25 @@ void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& 
   fill_random(in.v, o.seed + 3);
   fill_random(in.dout, o.seed + 4);
 
+  // The links alone, once per CP size: a plain copy of a rank's K and V block to the next GPU.
+  std::map<int, double> link_gbps;
+  for (const Variant& variant : o.variants) {
+    if (link_gbps.count(variant.cp)) continue;
+    const int64_t local = tokens / variant.cp;
+    const size_t bytes = s.bytes(local, s.kv_heads) + s.bytes(local, s.kv_heads, s.value_head_dim());
+    const scaling::LinkCopies link = scaling::time_link_copies(variant.cp, bytes, o.warmup, o.iters);
+    link_gbps[variant.cp] = link.gbps;
+    if (link.skip.empty()) {
+      std::printf("plain copies T=%lld cp=%d: every GPU copies a rank's K and V (%.1f MiB) to the next one at once "
+                  "(copy engines, peer access): %.3f ms, %.0f GB/s per link and direction\n",
+                  static_cast<long long>(tokens), variant.cp, static_cast<double>(bytes) / (1024.0 * 1024.0), link.ms,
+                  link.gbps);
+    } else {
+      std::printf("plain copies T=%lld cp=%d: not measured: %s\n", static_cast<long long>(tokens), variant.cp,
+                  link.skip.c_str());
+    }
+  }
+
   // The same documents in each layout's rows: padded to 2*lcm (dual chunk) or unpadded
   // (contiguous: T is a multiple of every cp); each layout's own baseline and reference.
   for (const CpLayout cp_layout : o.layouts) {
@@ -762,6 +785,7 @@ void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& 
                                  variant.narrow_reduce ? s.dtype : DType::kFloat32, nullptr, variant.head_slices,
                                  variant.a2a_size};
         rows.push_back(run_variant(o, variant, run, row, failed));
+        rows.back().link_gbps = link_gbps[variant.cp];
       }
     }
   }
@@ -804,16 +828,20 @@ void print_tables(const std::vector<Row>& rows, const Options& o, const std::str
   }
   std::printf("\nThe step's collectives alone (the slowest rank, median; nothing else on the GPUs): all-gathers\n"
               "of K and V as in the forward, reduce-scatters of fp32 dK and dV as in the backward. busbw as in\n"
-              "nccl-tests: bytes of the whole tensors x (cp - 1) / cp per second.\n\n");
+              "nccl-tests: bytes of the whole tensors x (cp - 1) / cp per second; \"plain copy\": a rank's K and V\n"
+              "copied to the next GPU by every GPU at once, bytes per second per link and direction, the most\n"
+              "a ring's busbw could reach over these links.\n\n");
   const Table collectives(Table::Style::kMarkdown,
                           {{"T"}, {"mask", 0, true}, {"cp"}, {"bwd K/V", 0, true}, {"SM margin"},
-                           {"all-gather K, V ms"}, {"busbw GB/s"}, {"reduce-scatter dK, dV ms"}, {"busbw GB/s"}});
+                           {"all-gather K, V ms"}, {"busbw GB/s"}, {"reduce-scatter dK, dV ms"}, {"busbw GB/s"},
+                           {"plain copy GB/s"}});
   collectives.print_header();
   for (const Row& r : rows) {
     if (r.gather_ms <= 0) continue;
     collectives.print_row({format("%lld", static_cast<long long>(r.tokens)), r.mask, format("%d", r.cp),
                            backward_form(r), format("%d", r.sm_margin), format("%.3f", r.gather_ms),
-                           format("%.0f", r.gather_busbw), format("%.3f", r.reduce_ms), format("%.0f", r.reduce_busbw)});
+                           format("%.0f", r.gather_busbw), format("%.3f", r.reduce_ms), format("%.0f", r.reduce_busbw),
+                           r.link_gbps > 0 ? format("%.0f", r.link_gbps) : "-"});
   }
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "bench/harness.h"
+#include "io/progress.h"
 #include "step/cuda_handles.h"
 #include "step/device_step.h"
 #include "step/rank_rows.h"
@@ -63,6 +64,93 @@ Baseline run_baseline(const BatchLayout& layout, const Inputs& in, const Mask& m
   b.ref = t.download_outputs(stream.get());
   b.ms = time_median_ms(warmup, iters, stream.get(), step);
   return b;
+}
+
+LinkCopies time_link_copies(int gpus, size_t bytes, int warmup, int iters) {
+  LinkCopies result;
+  if (gpus < 2) {
+    result.skip = "one GPU has no link";
+    return result;
+  }
+  for (int r = 0; r < gpus; ++r) {
+    int can = 0;
+    THDCP_CHECK_CUDA(cudaDeviceCanAccessPeer(&can, r, (r + 1) % gpus));
+    if (!can) {
+      result.skip = format("GPU %d cannot access GPU %d", r, (r + 1) % gpus);
+      return result;
+    }
+    if (device_free_bytes(r) < 2.0 * static_cast<double>(bytes) + kDeviceMargin) {
+      result.skip = format("no room for 2 x %s on GPU %d", gib(static_cast<double>(bytes)).c_str(), r);
+      return result;
+    }
+  }
+  // Per GPU (made on it): what it sends, what the previous GPU sends it, a stream and its
+  // events. Peer access is enabled where it was not, and disabled again afterwards (NCCL's
+  // runs after this choose their paths as before).
+  struct Gpu {
+    explicit Gpu(size_t bytes) : src(bytes), dst(bytes) {}
+    cuda::DeviceBuffer src, dst;
+    Stream stream;
+    Event start, stop;
+    bool enabled = false;
+  };
+  std::vector<std::unique_ptr<Gpu>> g;
+  const auto disable = [&] {
+    for (int r = 0; r < static_cast<int>(g.size()); ++r) {
+      if (!g[static_cast<size_t>(r)]->enabled) continue;
+      (void)cudaSetDevice(r);
+      (void)cudaDeviceDisablePeerAccess((r + 1) % gpus);
+    }
+    (void)cudaGetLastError();
+  };
+  try {
+    for (int r = 0; r < gpus; ++r) {
+      THDCP_CHECK_CUDA(cudaSetDevice(r));
+      g.push_back(std::make_unique<Gpu>(bytes));
+      Gpu& gpu = *g.back();
+      const cudaError_t enable = cudaDeviceEnablePeerAccess((r + 1) % gpus, 0);
+      if (enable == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+      } else {
+        THDCP_CHECK_CUDA(enable);
+        gpu.enabled = true;
+      }
+      THDCP_CHECK_CUDA(cudaMemsetAsync(gpu.src.data(), 1, bytes, gpu.stream.get()));
+    }
+    std::vector<double> runs;
+    for (int i = 0; i < warmup + iters; ++i) {
+      for (int r = 0; r < gpus; ++r) {  // every GPU idle, so that the copies start together
+        THDCP_CHECK_CUDA(cudaSetDevice(r));
+        THDCP_CHECK_CUDA(cudaStreamSynchronize(g[static_cast<size_t>(r)]->stream.get()));
+      }
+      for (int r = 0; r < gpus; ++r) {
+        Gpu& from = *g[static_cast<size_t>(r)];
+        const int to = (r + 1) % gpus;
+        THDCP_CHECK_CUDA(cudaSetDevice(r));
+        THDCP_CHECK_CUDA(cudaEventRecord(from.start.get(), from.stream.get()));
+        THDCP_CHECK_CUDA(cudaMemcpyPeerAsync(g[static_cast<size_t>(to)]->dst.data(), to, from.src.data(), r, bytes,
+                                             from.stream.get()));
+        THDCP_CHECK_CUDA(cudaEventRecord(from.stop.get(), from.stream.get()));
+      }
+      double slowest = 0;
+      for (int r = 0; r < gpus; ++r) {
+        Gpu& gpu = *g[static_cast<size_t>(r)];
+        THDCP_CHECK_CUDA(cudaSetDevice(r));
+        THDCP_CHECK_CUDA(cudaEventSynchronize(gpu.stop.get()));
+        float ms = 0;
+        THDCP_CHECK_CUDA(cudaEventElapsedTime(&ms, gpu.start.get(), gpu.stop.get()));
+        slowest = std::max(slowest, static_cast<double>(ms));
+      }
+      if (i >= warmup) runs.push_back(slowest);
+    }
+    result.ms = median(runs);
+    result.gbps = static_cast<double>(bytes) / (result.ms * 1e6);
+  } catch (...) {
+    disable();
+    throw;
+  }
+  disable();
+  return result;
 }
 
 namespace {

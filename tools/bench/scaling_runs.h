@@ -80,6 +80,18 @@ struct CpRun {
   bool copy_engine = false;              // NCCL with nccl::Options::copy_engine (workspaces in windows)
 };
 
+// The link's own rate, for the collectives' busbw to be read against: every GPU r of
+// [0, gpus) copies `bytes` to GPU (r + 1) % gpus at once (cudaMemcpyPeerAsync on the copy
+// engines, peer access on; on 2 GPUs both directions of the one link), median over `iters`
+// runs after `warmup`, the slowest GPU's time. A ring all-gather moves its blocks over these
+// links, so bytes / ms is the most its busbw could reach.
+struct LinkCopies {
+  std::string skip;  // why it did not run (no peer access, no memory, one GPU)
+  double ms = 0;
+  double gbps = 0;   // per GPU and direction: bytes / (ms * 1e6)
+};
+LinkCopies time_link_copies(int gpus, size_t bytes, int warmup, int iters);
+
 // One rank of the CP run (rank r on GPU r): its communicator (NCCL, or the peer group's),
 // tensors and plan; the check against the reference; the timed steps, phases and collectives.
 void cp_rank(Communicator& host, const CpRun& run, RankReport& report);
