@@ -26,7 +26,7 @@ struct CpConfig {
   float softmax_scale = 0.0f;
   bool deterministic = true;
   int num_threads = 0;
-  bool backward_kv_from_forward = false;
+  int backward_kv = THDCP_CP_BACKWARD_KV_GATHER;  // a thdcp_cp_backward_kv_t (CUDA)
 };
 
 namespace {
@@ -190,7 +190,13 @@ CpConfig config_of(const thdcp_cp_params* given) {
   c.deterministic = p.deterministic != 0;
   check_num_threads(p.num_threads, "params");
   c.num_threads = p.num_threads;
-  c.backward_kv_from_forward = p.backward_kv_from_forward != 0;
+  THDCP_CAPI_REQUIRE(p.backward_kv_from_forward >= THDCP_CP_BACKWARD_KV_GATHER &&
+                         p.backward_kv_from_forward <= THDCP_CP_BACKWARD_KV_AUTO,
+                     "params->backward_kv_from_forward=" << p.backward_kv_from_forward
+                                                         << " is not a thdcp_cp_backward_kv_t: pass "
+                                                            "THDCP_CP_BACKWARD_KV_GATHER (0), _FROM_FORWARD (1) or "
+                                                            "_AUTO (2)");
+  c.backward_kv = p.backward_kv_from_forward;
   THDCP_CAPI_REQUIRE(p.reserved_head_groups == 0 || p.reserved_head_groups == 1,
                      "params->reserved_head_groups=" << p.reserved_head_groups
                                                      << " must be 0 or 1 (head groups were removed in 0.2)");
@@ -327,7 +333,9 @@ void backward(CpPlan& plan, const thdcp_layout_t* layout, const thdcp_tensor_t* 
   }
 #if defined(THDCP_HAVE_CUDA)
   plan.cuda->backward(DeviceLayout{batch.cu_seqlens, batch.cu_seqlens_padded, p.capacity}, t, stream,
-                      plan.config.backward_kv_from_forward ? cp::KvSource::kFromForward : cp::KvSource::kGather);
+                      plan.config.backward_kv == THDCP_CP_BACKWARD_KV_FROM_FORWARD ? cp::KvSource::kFromForward
+                      : plan.config.backward_kv == THDCP_CP_BACKWARD_KV_AUTO     ? cp::KvSource::kAuto
+                                                                                 : cp::KvSource::kGather);
 #else
   (void)stream;
 #endif

@@ -97,5 +97,34 @@ INSTANTIATE_TEST_SUITE_P(Comms, CApiCudaCpComms,
                            return std::string(param_info.param.name);
                          });
 
+// thdcp_cp_params::backward_kv_from_forward: the backward on the forward's K/V (1) and on the
+// choice of THDCP_CP_BACKWARD_KV_AUTO (2) give the bits of gathering them again (0), for each
+// communication, on a shared-GPU group of cp = 2 (all-to-all keeps its head-sharded tensors).
+TEST_F(CApiCudaTest, BackwardKvFromForwardAndAutoEqualGatherBitForBit) {
+  const Shape s{DType::kBFloat16, 8, 4, 128, Mask::causal()};
+  const int cp = 2;
+  const Batch b = varlen_batch(s, 71);
+  for (const thdcp_cp_comm_t comm_kind : {THDCP_CP_COMM_ALL_GATHER, THDCP_CP_COMM_ALL_TO_ALL}) {
+    std::vector<std::vector<Outputs>> by(3, std::vector<Outputs>(static_cast<size_t>(cp)));
+    for (int kv = THDCP_CP_BACKWARD_KV_GATHER; kv <= THDCP_CP_BACKWARD_KV_AUTO; ++kv) {
+      std::vector<thdcp_communicator_t> comms(static_cast<size_t>(cp), nullptr);
+      ASSERT_C_OK(thdcp_communicator_create_shared_gpu_group(cp, 0, comms.data()));
+      run_ranks(comms, [&](thdcp_communicator_t comm, int rank) {
+        by[static_cast<size_t>(kv)][static_cast<size_t>(rank)] = c_cp_rank(comm, b, s, [&](thdcp_cp_params& p) {
+          p.cp_comm = comm_kind;
+          p.backward_kv_from_forward = kv;
+        });
+      });
+      for (thdcp_communicator_t comm : comms) EXPECT_C_OK(thdcp_communicator_destroy(comm));
+    }
+    for (int rank = 0; rank < cp; ++rank) {
+      for (int kv : {THDCP_CP_BACKWARD_KV_FROM_FORWARD, THDCP_CP_BACKWARD_KV_AUTO}) {
+        EXPECT_TRUE(identical(by[static_cast<size_t>(kv)][static_cast<size_t>(rank)], by[0][static_cast<size_t>(rank)]))
+            << "cp_comm " << comm_kind << ", backward_kv_from_forward " << kv << ", rank " << rank;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace thdcp::test

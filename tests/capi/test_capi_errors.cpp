@@ -418,6 +418,10 @@ TEST(CApiCpPlan, BadParamsAndCommunicators) {
       {[](thdcp_cp_params& q) { q.softmax_scale = -std::numeric_limits<float>::infinity(); },
        {"params->softmax_scale=-inf"}},
       {[](thdcp_cp_params& q) { q.num_threads = 1 << 30; }, {"params->num_threads=1073741824 must be in [0, "}},
+      {[](thdcp_cp_params& q) { q.backward_kv_from_forward = 3; },
+       {"params->backward_kv_from_forward=3 is not a thdcp_cp_backward_kv_t", "THDCP_CP_BACKWARD_KV_GATHER (0)",
+        "_AUTO (2)"}},
+      {[](thdcp_cp_params& q) { q.backward_kv_from_forward = -1; }, {"params->backward_kv_from_forward=-1"}},
       {[](thdcp_cp_params& q) {
          q.q_heads = 4;
          q.kv_heads = 2;

@@ -46,6 +46,22 @@ typedef enum thdcp_cp_comm_t {
                                    q_heads and kv_heads. Both backends */
 } thdcp_cp_comm_t;
 
+/* Where thdcp_cp_backward takes K/V from (thdcp_cp_params::backward_kv_from_forward; CUDA). */
+typedef enum thdcp_cp_backward_kv_t {
+  THDCP_CP_BACKWARD_KV_GATHER = 0,       /* gathered again. The default */
+  THDCP_CP_BACKWARD_KV_FROM_FORWARD = 1, /* the ones the plan's last forward left in its
+                                            workspace (skips a gather): only when that forward
+                                            ran on the same k, v and layout on the same stream
+                                            and nothing else used the plan since. all_to_all
+                                            and a2a+ag keep the forward's head-sharded q, k, v,
+                                            out and lse too: the same q, out and lse as well */
+  THDCP_CP_BACKWARD_KV_AUTO = 2          /* FROM_FORWARD exactly when it is safe, else GATHER:
+                                            when the last forward over the plan's workspace
+                                            memory was this plan's, on the same q, k, v, out,
+                                            lse, layout arrays and stream, with no backward
+                                            since (a host-side record; capture-safe) */
+} thdcp_cp_backward_kv_t;
+
 /* Which K/V rows THDCP_CP_COMM_ALL_GATHER moves (thdcp_cp_params::kv_gather). */
 typedef enum thdcp_cp_kv_gather_t {
   THDCP_CP_KV_GATHER_AUTO = 0,  /* the halo where it moves fewer bytes than the whole gather,
@@ -86,14 +102,10 @@ typedef struct thdcp_cp_params {
   /* ---- THDCP_CP_PARAMS_MIN_SIZE (72 bytes) ends here: optional from here on ---- */
   int32_t num_threads;   /* CPU worker threads per rank in [0, THDCP_MAX_THREADS]; 0: every
                             hardware thread */
-  int32_t backward_kv_from_forward; /* CUDA: nonzero = thdcp_cp_backward takes the gathered
-                                       K/V the plan's last forward left in its workspace
-                                       (skips a gather) — only when that forward ran on the
-                                       same k, v and layout on the same stream and nothing
-                                       else used the plan since. all_to_all and a2a+ag keep
-                                       the forward's head-sharded q, k, v, out and lse too
-                                       (the backward exchanges dout alone): the same q, out
-                                       and lse as well. Default 0 */
+  int32_t backward_kv_from_forward; /* CUDA: a thdcp_cp_backward_kv_t, where the backward
+                                       takes K/V from: gathered again (0, the default), the
+                                       forward's (1) or the forward's when that is safe (2).
+                                       Another value is refused */
   int32_t reserved_head_groups; /* 0 or 1. Was head_groups (the forward's gather in groups
                                    of heads), removed in 0.2: one group measured fastest */
   int32_t reserved;      /* 0 */
