@@ -139,5 +139,52 @@ TEST(Svg, BarChartDocument) {
   EXPECT_THROW(bar_chart_panel(spec), Error);
 }
 
+// A timeline: well-formed, a bar per span with widths proportional to the spans' lengths,
+// every row labelled; bad bars refused naming the row.
+TEST(Svg, GanttDocument) {
+  GanttSpec spec;
+  spec.title = "one step <cp 2>";
+  spec.x_label = "ms";
+  spec.categories = {"gather", "attention", "reduce"};
+  spec.rows = {{"rank 0 compute", {{0.0, 1.0, "gather"}, {1.0, 9.0, "attention"}}},
+               {"rank 0 collectives", {{9.0, 11.0, "reduce"}}},
+               {"rank 1 compute", {}}};
+  const std::string svg = svg_document({gantt_panel(spec)});
+  EXPECT_EQ(xml_problem(svg), "");
+  EXPECT_EQ(count(svg, "<rect class=\"bar\""), 3);
+  EXPECT_EQ(count(svg, "class=\"row-label\""), 3);
+  EXPECT_NE(svg.find("one step &lt;cp 2&gt;"), std::string::npos);
+  static const std::regex bar(R"re(<rect class="bar"[^>]* width="([0-9.]+)")re");
+  std::vector<double> widths;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), bar); it != std::sregex_iterator(); ++it) {
+    widths.push_back(std::stod((*it)[1]));
+  }
+  ASSERT_EQ(widths.size(), 3u);
+  EXPECT_NEAR(widths[1] / widths[0], 8.0, 0.05);  // 8 ms against 1 ms
+  EXPECT_NEAR(widths[2] / widths[0], 2.0, 0.05);
+
+  GanttSpec bad = spec;
+  bad.rows[1].bars[0].end = 8.0;  // before its start
+  EXPECT_THROW(
+      {
+        try {
+          gantt_panel(bad);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("row 'rank 0 collectives' has a bar over [9, 8)"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
+  bad = spec;
+  bad.rows[0].bars[0].category = "table";
+  EXPECT_THROW(gantt_panel(bad), Error);
+  bad = spec;
+  bad.rows[0].bars[0].start = std::nan("");
+  EXPECT_THROW(gantt_panel(bad), Error);
+  bad.rows.clear();
+  EXPECT_THROW(gantt_panel(bad), Error);
+}
+
 }  // namespace
 }  // namespace thdcp::tools

@@ -247,6 +247,65 @@ SvgPanel bar_chart_panel(const BarChartSpec& spec, double width, double height) 
   return panel;
 }
 
+SvgPanel gantt_panel(const GanttSpec& spec, double width, double row_height) {
+  THDCP_CHECK(!spec.rows.empty(), "timeline '" << spec.title << "' has no rows");
+  double latest = 0;
+  for (const GanttRow& row : spec.rows) {
+    for (const GanttBar& bar : row.bars) {
+      THDCP_CHECK(std::isfinite(bar.start) && std::isfinite(bar.end) && bar.start <= bar.end,
+                  "timeline '" << spec.title << "': row '" << row.label << "' has a bar over [" << bar.start << ", "
+                               << bar.end << "); bars need finite start <= end");
+      THDCP_CHECK(std::find(spec.categories.begin(), spec.categories.end(), bar.category) != spec.categories.end(),
+                  "timeline '" << spec.title << "': row '" << row.label << "' has a bar of category '" << bar.category
+                               << "', which is not in its categories");
+      latest = std::max(latest, bar.end);
+    }
+  }
+  const double label_width = 150, legend_height = 24;
+  const double top = 40 + legend_height;
+  const double plot_height = row_height * static_cast<double>(spec.rows.size());
+  std::vector<double> ticks = nice_ticks(0, latest > 0 ? latest : 1, 8);
+  extend_to(ticks, latest);
+  Frame f{label_width, top, width - 30, top + plot_height, 0, ticks.back(), 0, 1};
+
+  SvgPanel panel;
+  panel.width = width;
+  panel.height = f.bottom + 50;
+  std::string& s = panel.body;
+  s += text_element(width / 2, 22, spec.title, "class=\"title\" text-anchor=\"middle\" font-size=\"14\"");
+  // The legend: a swatch and a name per category, left to right.
+  double x = label_width;
+  for (size_t c = 0; c < spec.categories.size(); ++c) {
+    s += "<rect x=\"" + num(x) + "\" y=\"" + num(34) + "\" width=\"12\" height=\"12\" fill=\"" +
+         kPalette[c % kPaletteSize] + "\"/>\n";
+    s += text_element(x + 16, 44, spec.categories[c], "class=\"legend\"");
+    x += 24 + 7.5 * static_cast<double>(spec.categories[c].size());
+  }
+  for (double t : ticks) {
+    s += line_element(f.px(t), f.top, f.px(t), f.bottom, "stroke=\"#dddddd\"");
+    s += text_element(f.px(t), f.bottom + 16, tick_text(t), "text-anchor=\"middle\"");
+  }
+  s += text_element((f.left + f.right) / 2, f.bottom + 38, spec.x_label, "class=\"x-label\" text-anchor=\"middle\"");
+  for (size_t r = 0; r < spec.rows.size(); ++r) {
+    const GanttRow& row = spec.rows[r];
+    const double y = f.top + row_height * static_cast<double>(r);
+    s += text_element(f.left - 8, y + row_height * 0.65, row.label, "class=\"row-label\" text-anchor=\"end\"");
+    s += line_element(f.left, y + row_height, f.right, y + row_height, "stroke=\"#eeeeee\"");
+    for (const GanttBar& bar : row.bars) {
+      const size_t c = static_cast<size_t>(
+          std::find(spec.categories.begin(), spec.categories.end(), bar.category) - spec.categories.begin());
+      char range[96];
+      std::snprintf(range, sizeof(range), ": %.3f-%.3f (%.3f)", bar.start, bar.end, bar.end - bar.start);
+      s += "<rect class=\"bar\" x=\"" + num(f.px(bar.start)) + "\" y=\"" + num(y + 3) + "\" width=\"" +
+           num(std::max(f.px(bar.end) - f.px(bar.start), 0.5)) + "\" height=\"" + num(row_height - 6) + "\" fill=\"" +
+           kPalette[c % kPaletteSize] + "\"><title>" + xml_escape(row.label + " " + bar.category + range) +
+           "</title></rect>\n";
+    }
+  }
+  s += line_element(f.left, f.top, f.left, f.bottom, "stroke=\"black\"");
+  return panel;
+}
+
 std::string svg_document(const std::vector<SvgPanel>& panels) {
   double width = 0, height = 0;
   for (const SvgPanel& p : panels) {

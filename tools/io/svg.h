@@ -76,6 +76,31 @@ SvgPanel histogram_panel(const HistogramSpec& spec, double width = 760, double h
 // not finite.
 SvgPanel bar_chart_panel(const BarChartSpec& spec, double width = 760, double height = 340);
 
+// A timeline (Gantt chart): one row per lane (e.g. "rank 0 compute"), each with bars over
+// [start, end) on a shared x axis (e.g. ms from the step's start), coloured by category with
+// a legend in `categories` order.
+struct GanttBar {
+  double start = 0;
+  double end = 0;
+  std::string category;  // one of GanttSpec::categories
+};
+
+struct GanttRow {
+  std::string label;
+  std::vector<GanttBar> bars;
+};
+
+struct GanttSpec {
+  std::string title;
+  std::string x_label;                  // e.g. "ms from the forward's start"
+  std::vector<std::string> categories;  // legend order; a bar's colour is its category's
+  std::vector<GanttRow> rows;           // top to bottom
+};
+
+// Throws thdcp::Error when there is no row, a bar's start or end is not finite, its end is
+// before its start, or its category is not among `categories`.
+SvgPanel gantt_panel(const GanttSpec& spec, double width = 900, double row_height = 24);
+
 // A complete SVG document (XML declaration, white background) with `panels` stacked top to
 // bottom; as wide as the widest panel.
 std::string svg_document(const std::vector<SvgPanel>& panels);
