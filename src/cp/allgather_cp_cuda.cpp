@@ -24,6 +24,7 @@ namespace {
 
 constexpr double kPlanExchangeTimeoutSeconds = 300;
 constexpr int kMaxPhaseMarks = 64;
+constexpr int kMaxTimelineMarks = 96;
 
 using detail::Lane;
 using detail::Ready;
@@ -209,6 +210,38 @@ struct CudaPlan::Events {
   }
 };
 
+// A timeline's marks: each an event on the stream of a lane, where that lane's next phase
+// starts (`close` false) or where the lane leaves its current phase (`close` true: it switches
+// lanes, waits for the other, or the step ends).
+struct CudaPlan::Timeline {
+  struct Mark {
+    Phase phase = Phase::kTable;
+    bool collectives = false;
+    bool close = false;
+  };
+  cudaEvent_t events[kMaxTimelineMarks] = {};
+  Mark marks[kMaxTimelineMarks];
+  int recorded = 0;
+
+  Timeline() {
+    for (cudaEvent_t& e : events) THDCP_CHECK_CUDA(cudaEventCreate(&e));
+  }
+  ~Timeline() {
+    for (cudaEvent_t e : events) {
+      if (e) cudaEventDestroy(e);
+    }
+  }
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  // Marks past the last event are dropped (the spans then end early, never wrongly).
+  void record(cudaStream_t stream, Phase phase, bool collectives, bool close) {
+    if (recorded >= kMaxTimelineMarks) return;
+    marks[recorded] = Mark{phase, collectives, close};
+    THDCP_CHECK_CUDA(cudaEventRecord(events[recorded++], stream));
+  }
+};
+
 // The collectives lane: a stream of the highest priority, so that the block scheduler gives
 // a collective's blocks the next free SMs while attention kernels fill the GPU, and the
 // events that order the lanes (made at plan time; recorded and waited for, also inside a
@@ -241,12 +274,14 @@ class CudaSteps {
   // With phase timing (`events`) every call enqueues on `stream` in program order, so each
   // phase's events bracket its own work; otherwise the collectives go to lanes.collectives.
   CudaSteps(DeviceCommunicator& comm, const Problem& problem, const CudaPlan::Workspace& w,
-            const CudaPlan::Lanes& lanes, CudaPlan::Events* events, const DeviceLayout& layout, cudaStream_t stream)
+            const CudaPlan::Lanes& lanes, CudaPlan::Events* events, CudaPlan::Timeline* timeline,
+            const DeviceLayout& layout, cudaStream_t stream)
       : comm_(comm),
         p_(problem),
         w_(w),
         lanes_(lanes),
         events_(events),
+        timeline_(timeline),
         layout_(layout),
         stream_(stream),
         overlap_(events == nullptr),
@@ -263,22 +298,29 @@ class CudaSteps {
 
   void join() {
     if (!overlap_) return;
+    if (timeline_) timeline_->record(lanes_.collectives, Phase::kCount, true, true);
     THDCP_CHECK_CUDA(cudaEventRecord(lanes_.join, lanes_.collectives));
     THDCP_CHECK_CUDA(cudaStreamWaitEvent(stream_, lanes_.join, 0));
   }
 
-  void use(Lane lane) { current_ = overlap_ && lane == Lane::kCollectives ? lanes_.collectives : stream_; }
+  void use(Lane lane) {
+    if (timeline_ && lane != lane_) close_lane();
+    lane_ = lane;
+    current_ = overlap_ && lane == Lane::kCollectives ? lanes_.collectives : stream_;
+  }
 
   void signal(Ready what) {
     if (overlap_) THDCP_CHECK_CUDA(cudaEventRecord(ready(what), current_));
   }
 
   void await(Ready what) {
+    if (timeline_) close_lane();  // what the lane did before it waits
     if (overlap_) THDCP_CHECK_CUDA(cudaStreamWaitEvent(current_, ready(what), 0));
   }
 
   void phase(Phase next) {
     if (events_) events_->mark(next, current_);
+    if (timeline_) timeline_->record(current_, next, lane_ == Lane::kCollectives, next == Phase::kCount);
   }
 
   void build_table() { table_ = w_.table->run(layout_, w_.parts.segments, current_); }
@@ -456,11 +498,15 @@ class CudaSteps {
 
   cudaEvent_t ready(Ready what) const { return lanes_.ready[what == Ready::kKv ? 0 : 1]; }
 
+  void close_lane() { timeline_->record(current_, Phase::kCount, lane_ == Lane::kCollectives, true); }
+
   DeviceCommunicator& comm_;
   const Problem& p_;
   const CudaPlan::Workspace& w_;
   const CudaPlan::Lanes& lanes_;
   CudaPlan::Events* events_;
+  CudaPlan::Timeline* timeline_;
+  Lane lane_ = Lane::kCompute;
   DeviceLayout layout_;
   cudaStream_t stream_;
   bool overlap_;
@@ -678,7 +724,7 @@ void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cuda
     workspace_->a2a_ag->forward(layout, t, stream, phase_marks(events_.get(), stream));
     return;
   }
-  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
+  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), timeline_.get(), layout, stream);
   steps.use_sinks(t.sinks, false);
   detail::run_forward(steps, t);
 }
@@ -696,7 +742,7 @@ void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cu
     workspace_->a2a_ag->backward(layout, t, stream, kv, phase_marks(events_.get(), stream));
     return;
   }
-  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), layout, stream);
+  CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), timeline_.get(), layout, stream);
   steps.use_sinks(t.sinks, t.dsinks != nullptr);
   detail::run_backward(steps, t, kv == KvSource::kGather);
   if (t.dsinks) {
@@ -718,6 +764,45 @@ void CudaPlan::enable_phase_timing() {
   if (events_) return;
   events_ = std::make_unique<Events>();
   for (cudaEvent_t& e : events_->marks) THDCP_CHECK_CUDA(cudaEventCreate(&e));
+}
+
+void CudaPlan::enable_timeline() {
+  if (!timeline_) timeline_ = std::make_unique<Timeline>();
+  timeline_->recorded = 0;
+}
+
+void CudaPlan::clear_timeline() {
+  if (timeline_) timeline_->recorded = 0;
+}
+
+void CudaPlan::disable_timeline() { timeline_.reset(); }
+
+std::vector<TimelineSpan> CudaPlan::timeline() const {
+  std::vector<TimelineSpan> spans;
+  if (!timeline_ || timeline_->recorded == 0) return spans;
+  const Timeline& t = *timeline_;
+  const auto ms_of = [&](int i) {
+    float ms = 0;
+    THDCP_CHECK_CUDA(cudaEventElapsedTime(&ms, t.events[0], t.events[i]));
+    return static_cast<double>(ms);
+  };
+  for (const bool collectives : {false, true}) {
+    int open = -1;  // the mark that opened the lane's current span
+    for (int i = 0; i < t.recorded; ++i) {
+      const Timeline::Mark& m = t.marks[i];
+      if (m.collectives != collectives) continue;
+      // A phase marked again where it already runs goes on in the same span.
+      if (!m.close && open >= 0 && t.marks[open].phase == m.phase) continue;
+      if (open >= 0) {
+        spans.push_back(TimelineSpan{t.marks[open].phase, collectives, ms_of(open), ms_of(i)});
+        open = -1;
+      }
+      if (!m.close) open = i;
+    }
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const TimelineSpan& a, const TimelineSpan& b) { return a.start_ms < b.start_ms; });
+  return spans;
 }
 
 void CudaPlan::add_phase_timings(Timings& timings) const {

@@ -337,6 +337,51 @@ TEST_F(CudaCpKvAuto, ReusesTheForwardOnlyRightAfterIt) {
   }
 }
 
+// CudaPlan's timeline: one overlapped forward + backward recorded per stream gives spans in
+// order on each stream (start <= end, none overlapping the next on its stream), the gather
+// and the reduce-scatter on the collectives stream and the attention on the step's, within
+// the step; and recording changes nothing: the outputs equal a step without it, bit for bit.
+class CudaCpTimeline : public test::CudaTest {};
+
+TEST_F(CudaCpTimeline, SpansPerStreamAndTheSameBits) {
+  for (const CpLayout layout : {CpLayout::kDualChunk, CpLayout::kContiguous}) {
+    const int cp = 2;
+    const EdgeCase c = test::heads_for(edge_cases()[3], cp, cp::CpComm::kAllGather, 1);
+    const cp::Problem problem = problem_of(c, cp, layout, cp::CpComm::kAllGather, 1);
+    const test::Batch b = make_case_batch(c, cp, problem.capacity, 420, false, layout);
+    std::vector<test::Outputs> plain(cp), recorded(cp);
+    std::vector<std::vector<cp::TimelineSpan>> spans(cp);
+    run_shared_gpu(cp, [&](DeviceCommunicator& comm) {
+      const int rank = comm.rank();
+      test::CudaCpRank state(comm, problem);
+      plain[rank] = state.run(b);
+      state.plan().enable_timeline();
+      recorded[rank] = state.run(b);
+      spans[rank] = state.plan().timeline();
+      state.plan().disable_timeline();
+      EXPECT_TRUE(state.plan().timeline().empty());
+    });
+    for (int rank = 0; rank < cp; ++rank) {
+      const std::string what = std::string(cp_layout_name(layout)) + " rank " + std::to_string(rank);
+      EXPECT_TRUE(test::identical(recorded[rank], plain[rank])) << what;
+      ASSERT_FALSE(spans[rank].empty()) << what;
+      bool gather = false, reduce = false, attention = false;
+      double last_end[2] = {0, 0};
+      for (const cp::TimelineSpan& s : spans[rank]) {
+        EXPECT_LE(0.0, s.start_ms) << what;
+        EXPECT_LE(s.start_ms, s.end_ms) << what;
+        EXPECT_LE(last_end[s.collectives], s.start_ms + 1e-3) << what << ": spans overlap on one stream";
+        last_end[s.collectives] = s.end_ms;
+        gather |= s.collectives && s.phase == cp::Phase::kGather;
+        reduce |= s.collectives && s.phase == cp::Phase::kReduce;
+        attention |= !s.collectives && s.phase == cp::Phase::kAttention;
+      }
+      EXPECT_TRUE(gather && reduce && attention) << what << ": gather " << gather << ", reduce " << reduce
+                                                 << ", attention " << attention;
+    }
+  }
+}
+
 // One step of this rank on strided views of its local tensors (q, k, v in one device buffer
 // and dout in another, arranged as `in`; out in one and dq, dk, dv in another, as `out`),
 // with a plan of its own: the outputs read back through the views, and in `kept` whether

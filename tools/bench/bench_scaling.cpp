@@ -34,17 +34,21 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "bench/harness.h"
 #include "bench/scaling_runs.h"
 #include "io/args.h"
+#include "io/atomic_file.h"
+#include "io/svg.h"
 #include "step/cuda_head_dims.h"
 #include "step/visible_gpus.h"
 #include "thdcp/comm/communicator.h"
@@ -125,6 +129,9 @@ const char* kHelp =
     "  --dq-pass B[,B...]  AttentionOptions::separate_dq_pass of the CP plans, each a row (0): 1 = on\n"
     "                      Hopper at head dim 128 without a left window, dQ in a pass of its own,\n"
     "                      beside the reduce-scatter of dK/dV, instead of in the dK/dV pass\n"
+    "  --timeline DIR      also one step of each AllGather row as it runs, overlapped: every rank's\n"
+    "                      phases on its step stream and on the plan's collectives stream, printed\n"
+    "                      and drawn to DIR/timeline-T<T>-<mask>-cp<cp>-<layout>-<row>.svg\n"
     "\n"
     "A configuration whose buffers do not fit the free memory of a GPU (or of the host) is\n"
     "skipped with the reason. Exit codes: 0 every configuration that ran matched, 1 a\n"
@@ -161,6 +168,7 @@ struct Options {
   uint64_t seed = 0;
   int warmup = 0, iters = 0;
   std::vector<Variant> variants;  // each a row
+  std::string timeline_dir;       // --timeline: an SVG of one step's timeline per AllGather row
 };
 
 // One row of the final table.
@@ -441,6 +449,13 @@ Options parse_options(const Args& args) {
       }
     }
   }
+  o.timeline_dir = args.get("timeline", "");
+  if (!o.timeline_dir.empty()) {
+    std::error_code error;
+    if (!std::filesystem::is_directory(o.timeline_dir, error)) {
+      throw UsageError("--timeline " + quote_excerpt(o.timeline_dir) + ": not a directory; create it first");
+    }
+  }
   return o;
 }
 
@@ -550,6 +565,37 @@ bool verify_ranks(const std::vector<scaling::RankReport>& reports, const std::st
   return check.passed();
 }
 
+// One step's timeline of every rank (AllGather rows; RankReport::timeline), printed a line per
+// rank and stream and drawn to DIR/timeline-T<T>-<mask>-cp<cp>-<layout>-<n>.svg.
+void write_timeline(const std::string& dir, const Row& row, const std::vector<scaling::RankReport>& reports) {
+  if (reports.empty() || reports[0].timeline.empty()) return;
+  static int drawn = 0;
+  GanttSpec spec;
+  spec.title = format("one step, T=%lld %s cp=%d %s, %s", static_cast<long long>(row.tokens), row.mask.c_str(), row.cp,
+                      cp_layout_name(row.layout), backward_form(row).c_str());
+  spec.x_label = "ms from the forward's first mark, per rank";
+  for (int p = 0; p < kPhases; ++p) spec.categories.push_back(cp::phase_name(static_cast<cp::Phase>(p)));
+  for (size_t r = 0; r < reports.size(); ++r) {
+    for (const bool collectives : {false, true}) {
+      GanttRow lane;
+      lane.label = format("rank %zu %s", r, collectives ? "collectives" : "step stream");
+      std::string text;
+      for (const cp::TimelineSpan& span : reports[r].timeline) {
+        if (span.collectives != collectives) continue;
+        lane.bars.push_back(GanttBar{span.start_ms, span.end_ms, cp::phase_name(span.phase)});
+        text += format(" %s %.3f-%.3f", cp::phase_name(span.phase), span.start_ms, span.end_ms);
+      }
+      std::printf("timeline %s:%s\n", lane.label.c_str(), text.c_str());
+      spec.rows.push_back(lane);
+    }
+  }
+  const std::string path = format("%s/timeline-T%lld-%s-cp%d-%s-%d.svg", dir.c_str(), static_cast<long long>(row.tokens),
+                                  row.mask.substr(0, row.mask.find('(')).c_str(), row.cp, cp_layout_name(row.layout),
+                                  drawn++);
+  write_text_file(path, svg_document({gantt_panel(spec)}));
+  std::printf("timeline drawn to %s\n", path.c_str());
+}
+
 // The timings of a CP run that passed into its row; prints the collectives and the result.
 void summarize(const std::vector<scaling::RankReport>& reports, const Options& o, Row& row) {
   const size_t steps = static_cast<size_t>(o.iters);
@@ -632,6 +678,7 @@ Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& 
   std::vector<scaling::RankReport> reports(static_cast<size_t>(variant.cp));
   scaling::CpRun over = run;
   over.copy_engine = variant.copy_engine;
+  over.timeline = !o.timeline_dir.empty();
   std::unique_ptr<SharedGpuGroup> peers;  // rank r on GPU r, peer access between them
   if (variant.peer) {
     SharedGpuOptions options;
@@ -659,6 +706,7 @@ Row run_variant(const Options& o, const Variant& variant, const scaling::CpRun& 
     return row;
   }
   summarize(reports, o, row);
+  if (!o.timeline_dir.empty()) write_timeline(o.timeline_dir, row, reports);
   std::fflush(stdout);
   return row;
 }
@@ -850,7 +898,7 @@ void print_tables(const std::vector<Row>& rows, const Options& o, const std::str
 int bench_scaling_command(const std::vector<std::string>& argv) {
   const Args args(argv,
                   {"gpus", "cp-layout", "cp-comm", "kv-gather", "device-comm", "reduce-dtype", "head-slices", "cp-a2a-size", "tokens", "mask", "window", "q-heads", "kv-heads", "head-dim", "dtype", "median",
-                   "max-length", "seed", "warmup", "iters", "kv", "sm-margin", "dq-pass"},
+                   "max-length", "seed", "warmup", "iters", "kv", "sm-margin", "dq-pass", "timeline"},
                   {"scaling", "help"});
   if (args.has("help")) {
     std::fputs(usage_with_cuda_head_dims(kHelp).c_str(), stdout);

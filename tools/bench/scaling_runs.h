@@ -10,6 +10,7 @@
 #include "thdcp/comm/communicator.h"
 #include "thdcp/comm_device/shared_gpu.h"
 #include "thdcp/cp/cp.h"
+#include "thdcp/cp/cuda.h"
 #include "thdcp/testing/compare.h"
 
 namespace thdcp::tools::scaling {
@@ -58,6 +59,9 @@ struct RankReport {
   // and V that the forward makes, and the reduce-scatters of fp32 dK and dV of the backward.
   std::vector<double> gather_ms, reduce_ms;
   std::string collectives_skip;  // non-empty: no memory for the extra buffers
+  // With CpRun::timeline, one overlapped forward + backward's phases per stream (AllGather
+  // rows), in ms from its first mark (cp::CudaPlan::timeline).
+  std::vector<cp::TimelineSpan> timeline;
 };
 
 // One CP run: the batch, its reference, and what the plans are made with.
@@ -78,6 +82,7 @@ struct CpRun {
   int head_slices = 1;                   // cp::Problem::head_slices (all_to_all)
   int a2a_size = 1;                      // cp::Problem::a2a_size (a2a+ag)
   bool copy_engine = false;              // NCCL with nccl::Options::copy_engine (workspaces in windows)
+  bool timeline = false;                 // record one step's timeline (RankReport::timeline)
 };
 
 // The link's own rate, for the collectives' busbw to be read against: every GPU r of

@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "thdcp/comm_device/device_communicator.h"
 #include "thdcp/cp/cp.h"
@@ -71,6 +72,13 @@ enum class KvSource {
                  // forward then backward takes the forward's K/V in every replay). Forward and
                  // backward back to back (one layer, or activation checkpointing's recompute)
                  // skip the backward's gather; layers whose forwards ran in between gather again.
+};
+
+// One phase on one of a plan's two streams, in the steps run with its timeline on.
+struct TimelineSpan {
+  Phase phase = Phase::kTable;
+  bool collectives = false;         // on the plan's collectives stream; else on the step's stream
+  double start_ms = 0, end_ms = 0;  // from the timeline's first mark
 };
 
 class CudaPlan {
@@ -107,6 +115,20 @@ class CudaPlan {
   void enable_phase_timing();
   void add_phase_timings(Timings& timings) const;
 
+  // Optional timeline of the steps as they run, overlapped (eager runs only, e.g. benchmarks;
+  // phase timing, once enabled, makes them run in program order): enable_timeline() makes
+  // the events (plan time); every later forward and backward records, on the stream each
+  // phase runs on, where the phase starts and where that stream leaves it (before it waits
+  // for the other). timeline(), after the stream is synchronised, gives the spans recorded
+  // since clear_timeline() (or enable_timeline()), sorted by start, in ms from the first
+  // mark: what ran beside what, and what waited. AllGather steps only (all_to_all and a2a+ag
+  // record nothing); a forward and a backward need about 30 marks of the 96 a timeline
+  // holds. disable_timeline() stops the recording and frees the events.
+  void enable_timeline();
+  void clear_timeline();
+  void disable_timeline();
+  std::vector<TimelineSpan> timeline() const;
+
   const Problem& problem() const { return problem_; }
   // The K/V gather its steps run, kWhole or kHalo: Problem::kv_gather with auto resolved (the
   // halo under the contiguous layout where a window on both sides moves fewer rows than the
@@ -118,6 +140,7 @@ class CudaPlan {
   struct Workspace;
   struct Events;
   struct Lanes;
+  struct Timeline;
 
  private:
   DeviceCommunicator& comm_;
@@ -126,6 +149,7 @@ class CudaPlan {
   std::unique_ptr<Workspace> workspace_;
   std::unique_ptr<Events> events_;
   std::unique_ptr<Lanes> lanes_;
+  std::unique_ptr<Timeline> timeline_;
 };
 
 }  // namespace thdcp::cp
