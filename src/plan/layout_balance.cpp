@@ -42,6 +42,17 @@ Segment piece(int64_t first, int64_t rows, int64_t length) {
   return s;
 }
 
+// a + b for sums of (query, key) pair counts. One batch's fit in int64 (at most (2^31)^2);
+// sums over batches of documents near 2^31 tokens may not, and are refused, not wrapped.
+int64_t add_pairs(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  THDCP_CHECK(!__builtin_add_overflow(a, b, &sum),
+              "the batches' (query, key) pairs add up past 2^63-1 (" << a << " + " << b
+                                                                     << "): plan fewer batches of documents this long "
+                                                                        "at a time");
+  return sum;
+}
+
 double max_over_mean(const std::vector<int64_t>& pairs, int64_t total) {
   const double mean = static_cast<double>(total) / static_cast<double>(pairs.size());
   return mean > 0 ? static_cast<double>(*std::max_element(pairs.begin(), pairs.end())) / mean : 1.0;
@@ -72,7 +83,8 @@ std::vector<int64_t> cp_layout_rank_pairs(const std::vector<int64_t>& lengths, i
       for (int rank = 0; rank < cp; ++rank) {
         for (int slot = 0; slot < 2; ++slot) {
           // Row offsets do not change the count: the document is placed at row 0.
-          pairs[static_cast<size_t>(rank)] += segment_pairs(cp_segment(0, padded, length, cp, rank, slot, mask), mask);
+          pairs[static_cast<size_t>(rank)] = add_pairs(
+              pairs[static_cast<size_t>(rank)], segment_pairs(cp_segment(0, padded, length, cp, rank, slot, mask), mask));
         }
       }
     }
@@ -85,7 +97,8 @@ std::vector<int64_t> cp_layout_rank_pairs(const std::vector<int64_t>& lengths, i
     for (int64_t row = start; row < start + length;) {
       const int64_t rank = row / per_rank;
       const int64_t end = std::min(start + length, (rank + 1) * per_rank);
-      pairs[static_cast<size_t>(rank)] += segment_pairs(piece(row - start, end - row, length), mask);
+      pairs[static_cast<size_t>(rank)] =
+          add_pairs(pairs[static_cast<size_t>(rank)], segment_pairs(piece(row - start, end - row, length), mask));
       row = end;
     }
     start += length;
@@ -102,7 +115,7 @@ std::vector<CpLayoutReport> cp_layout_report(const std::vector<int64_t>& lengths
     r.padding_tokens = cp_layout_padding(lengths, cp, layout);
     for (int64_t length : lengths) r.valid_tokens += length;
     r.total_rows = r.valid_tokens + r.padding_tokens;
-    for (int64_t p : r.rank_pairs) r.total_pairs += p;
+    for (int64_t p : r.rank_pairs) r.total_pairs = add_pairs(r.total_pairs, p);
     r.balance = max_over_mean(r.rank_pairs, r.total_pairs);
     reports.push_back(std::move(r));
   }
@@ -120,10 +133,11 @@ RankBalance rank_balance(const std::vector<std::vector<int64_t>>& batches, int c
     const std::vector<int64_t> pairs = cp_layout_rank_pairs(batches[b], cp, layout, mask);
     int64_t batch_total = 0;
     for (int rank = 0; rank < cp; ++rank) {
-      balance.rank_pairs[static_cast<size_t>(rank)] += pairs[static_cast<size_t>(rank)];
-      batch_total += pairs[static_cast<size_t>(rank)];
+      balance.rank_pairs[static_cast<size_t>(rank)] =
+          add_pairs(balance.rank_pairs[static_cast<size_t>(rank)], pairs[static_cast<size_t>(rank)]);
+      batch_total = add_pairs(batch_total, pairs[static_cast<size_t>(rank)]);
     }
-    balance.total_pairs += batch_total;
+    balance.total_pairs = add_pairs(balance.total_pairs, batch_total);
     const double mean = static_cast<double>(batch_total) / cp;
     busiest_sum += static_cast<double>(*std::max_element(pairs.begin(), pairs.end()));
     mean_sum += mean;

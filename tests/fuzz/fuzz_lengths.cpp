@@ -173,6 +173,20 @@ void plan_lengths(const DocumentLengths& documents, const Knobs& k) {
   }
 }
 
+// Whether the planner's pair counts summed over the batches could pass int64: a bound on them,
+// every batch's rows (each document padded for the largest CP size) squared, summed.
+bool pairs_may_overflow(const DocumentBatches& batches, const std::vector<int>& cp_sizes) {
+  int64_t cp = 1;
+  for (int c : cp_sizes) cp = std::max<int64_t>(cp, c);
+  long double bound = 0;
+  for (const auto& batch : batches.batches) {
+    long double rows = 0;
+    for (int64_t length : batch) rows += static_cast<long double>(length) + 2.0L * static_cast<long double>(cp);
+    bound += rows * rows;
+  }
+  return bound > static_cast<long double>(INT64_MAX);
+}
+
 // Planning the batches of a batches file: at the smallest tokens that hold them, and at the
 // knob's.
 void plan_batches(const DocumentBatches& batches, const Knobs& k) {
@@ -191,8 +205,11 @@ void plan_batches(const DocumentBatches& batches, const Knobs& k) {
       thdcp::fuzz::trace("planned " + std::to_string(batches.batches.size()) + " batches at tokens=" + std::to_string(t));
     }
     if (t == tokens.value_or(-1) && t > 0) {
-      // min_tokens_for: every batch fits it, so only the options can be refused.
-      FUZZ_CHECK(plan.has_value() || !(k.budget >= 0 && k.budget <= 1), "plan_capacity refused min_tokens_for");
+      // min_tokens_for: every batch fits it, so only the options can be refused, or pair
+      // counts summed over batches past int64 (each batch's fit: at most its rows squared;
+      // documents near 2^31 tokens in several batches pass 2^63 together).
+      FUZZ_CHECK(plan.has_value() || !(k.budget >= 0 && k.budget <= 1) || pairs_may_overflow(batches, k.cp_sizes),
+                 "plan_capacity refused min_tokens_for");
     }
   }
 }

@@ -198,5 +198,17 @@ TEST(LayoutBalance, RefusesBadArguments) {
   EXPECT_THDCP_ERROR(rank_balance({{4}}, 0, CpLayout::kContiguous, Mask::causal()), "cp=0 must be >= 1");
 }
 
+// A batch's pairs fit int64 ((2^31)^2 at most); a sum over batches of documents near 2^31
+// tokens may not, and is refused rather than wrapped (the fuzzer found the signed overflow).
+TEST(LayoutBalance, PairSumsPastInt64AreRefused) {
+  const int64_t longest = std::numeric_limits<int32_t>::max() - 47;  // a multiple of 16: padded as it is
+  for (const CpLayout layout : kCpLayouts) {
+    const RankBalance one = rank_balance({{longest}}, 8, layout, Mask::full());
+    EXPECT_EQ(one.total_pairs, longest * longest) << cp_layout_name(layout);
+    EXPECT_THDCP_ERROR(rank_balance({{longest}, {longest}, {longest}}, 8, layout, Mask::full()),
+                       "the batches' (query, key) pairs add up past 2^63-1");
+  }
+}
+
 }  // namespace
 }  // namespace thdcp

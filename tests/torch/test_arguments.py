@@ -259,6 +259,22 @@ def test_head_slices_that_do_not_divide_the_heads_per_rank_are_refused_naming_th
     arguments.head_slices_fit("cp_attention", 4, 2, 32, 8)  # 4 and 1 heads per slice
 
 
+def test_communicator_split_refuses_a_size_that_does_not_divide_it_and_a_closed_communicator():
+    # Checked before any NCCL call: a stand-in with the fields split reads (no GPU needed).
+    comm = thdcp.Communicator.__new__(thdcp.Communicator)
+    comm.rank, comm.size, comm.device, comm.copy_engine, comm.handle = 1, 4, 0, False, 7
+    with pytest.raises(ValueError, match=r"Communicator.split: size=3 does not divide this communicator's 4 ranks: "
+                                         r"pass one of 1, 2, 4"):
+        comm.split(3)
+    with pytest.raises(ValueError, match=r"Communicator.split: size=0 is out of range: pass an int in \[1, "):
+        comm.split(0)
+    with pytest.raises(ValueError, match=r"Communicator.split: size=2.0 is not an integer"):
+        comm.split(2.0)
+    comm.handle = 0
+    with pytest.raises(ValueError, match=r"Communicator.split: this communicator is closed; split an open one"):
+        comm.split(2)
+
+
 def test_communicator_refuses_a_copy_engine_that_is_not_a_bool():
     with pytest.raises(ValueError, match=r"Communicator: copy_engine='yes'; pass True or False"):
         thdcp.Communicator(copy_engine="yes")
