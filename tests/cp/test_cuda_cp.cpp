@@ -60,7 +60,9 @@ TEST_P(CudaCpAllToAllSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager)
 // attention of another, on the plan's second stream): the edge-case table against the
 // reference, with one graph replayed against eager; and every rank's outputs the bits of one
 // slice's, with the backward's inputs exchanged again or kept from the forward.
-using SlicesParam = std::tuple<CpLayout, std::pair<int, int> /*cp, head_slices*/, int /*edge case index*/>;
+// (layout, (cp, n), edge case index): n is head_slices here, a2a_size for CudaCpA2aAgSharedGpu.
+using SizedParam = std::tuple<CpLayout, std::pair<int, int>, int>;
+using SlicesParam = SizedParam;
 
 class CudaCpHeadSlices : public test::CudaTest, public ::testing::WithParamInterface<SlicesParam> {};
 
@@ -87,10 +89,15 @@ TEST_P(CudaCpHeadSlices, MatchReferenceReplayAndEqualOneSliceBitForBit) {
   }
 }
 
+// "<layout>cp<cp>_<what><n>_<edge case>": the name of a (layout, (cp, n), edge case) case.
+std::string sized_case_name(const SizedParam& param, const char* what) {
+  const std::pair<int, int> sizes = std::get<1>(param);
+  return test::layout_prefix(std::get<0>(param)) + "cp" + std::to_string(sizes.first) + what +
+         std::to_string(sizes.second) + "_" + edge_cases()[static_cast<size_t>(std::get<2>(param))].name;
+}
+
 std::string slices_name(const ::testing::TestParamInfo<SlicesParam>& info) {
-  const std::pair<int, int> sizes = std::get<1>(info.param);
-  return test::layout_prefix(std::get<0>(info.param)) + "cp" + std::to_string(sizes.first) + "_slices" +
-         std::to_string(sizes.second) + "_" + edge_cases()[static_cast<size_t>(std::get<2>(info.param))].name;
+  return sized_case_name(info.param, "_slices");
 }
 
 INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpHeadSlices,
@@ -103,7 +110,7 @@ INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpHeadSlices,
 // a2a+ag CP: an all-to-all in groups of a2a_size ranks, AllGather CP across the groups
 // (kv_heads = a2a_size, the case's GQA ratio kept). (cp, a2a_size): 2 x 1 and 2 x 2 (one
 // group of each kind: a one-rank exchange, a one-rank AllGather), 4 x 2, 6 x 3 and 8 x 4.
-using A2aAgParam = std::tuple<CpLayout, std::pair<int, int> /*cp, a2a_size*/, int /*edge case index*/>;
+using A2aAgParam = SizedParam;  // (layout, (cp, a2a_size), edge case index)
 
 class CudaCpA2aAgSharedGpu : public test::CudaTest, public ::testing::WithParamInterface<A2aAgParam> {};
 
@@ -224,9 +231,7 @@ INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpAllToAllSharedGpu,
                          edge_name);
 
 std::string a2a_ag_name(const ::testing::TestParamInfo<A2aAgParam>& info) {
-  const std::pair<int, int> sizes = std::get<1>(info.param);
-  return test::layout_prefix(std::get<0>(info.param)) + "cp" + std::to_string(sizes.first) + "_a2a" +
-         std::to_string(sizes.second) + "_" + edge_cases()[static_cast<size_t>(std::get<2>(info.param))].name;
+  return sized_case_name(info.param, "_a2a");
 }
 
 INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpA2aAgSharedGpu,
