@@ -120,9 +120,12 @@ std::vector<int64_t> read_offsets(const NpyHeader& header, const std::string& na
 void copy_valid_rows(const HostTensor& from, const LayoutView& src, HostTensor& to, const LayoutView& dst) {
   const size_t row_bytes = from.row_bytes();
   for (int b = 0; b < src.num_seqs; ++b) {
+    const size_t bytes = static_cast<size_t>(src.length(b)) * row_bytes;
+    // Nothing to copy (an empty sequence, or rows of zero bytes): the tensors may hold no
+    // memory at all, and memcpy's pointers must not be null even for zero bytes.
+    if (bytes == 0) continue;
     std::memcpy(static_cast<char*>(to.data()) + dst.padded_start(b) * row_bytes,
-                static_cast<const char*>(from.data()) + src.padded_start(b) * row_bytes,
-                static_cast<size_t>(src.length(b)) * row_bytes);
+                static_cast<const char*>(from.data()) + src.padded_start(b) * row_bytes, bytes);
   }
 }
 
