@@ -139,8 +139,10 @@ class NcclCommunicator final : public DeviceCommunicator {
     // default one) so that the warm-up reads defined values.
     if (status == cudaSuccess) status = cudaMemset(warm_up_buffer_, 0, bytes);
     if (status == cudaSuccess) status = cudaStreamSynchronize(0);
+    if (status == cudaSuccess && options_.copy_engine) status = make_copy_stream();
     if (status != cudaSuccess) {
       (void)cudaGetLastError();
+      destroy_copy_stream();
       if (warm_up_buffer_ != nullptr) (void)cudaFree(warm_up_buffer_);
       if (owned_) (void)ncclCommAbort(comm_);
       THDCP_FAIL(who() << ": allocating the " << bytes << "-byte warm-up buffer failed: " << cudaGetErrorName(status)
@@ -154,6 +156,7 @@ class NcclCommunicator final : public DeviceCommunicator {
     const bool restore = cudaGetDevice(&previous) == cudaSuccess;
     (void)cudaSetDevice(device_);
     if (comm_ != nullptr && owned_) release();
+    destroy_copy_stream();
     (void)cudaFree(warm_up_buffer_);
     if (restore) (void)cudaSetDevice(previous);
   }
@@ -172,7 +175,9 @@ class NcclCommunicator final : public DeviceCommunicator {
     // so every rank skips it alike.
     if (bytes == 0) return;
     check_current_device("all_gather");
-    finish("ncclAllGather", ncclAllGather(send, recv, bytes, ncclUint8, comm_, stream));
+    const cudaStream_t used = enter_copy_stream(stream);
+    finish("ncclAllGather", ncclAllGather(send, recv, bytes, ncclUint8, comm_, used));
+    leave_copy_stream(stream, used);
   }
 
   void reduce_scatter_sum(const float* send, float* recv, size_t count, cudaStream_t stream) override {
@@ -209,7 +214,9 @@ class NcclCommunicator final : public DeviceCommunicator {
 #if THDCP_NCCL_COPY_ENGINE
     // The collective, which NCCL runs on the copy engines where the buffers are in a window.
     if (options_.copy_engine) {
-      finish("ncclAlltoAll", ncclAlltoAll(send, recv, bytes, ncclUint8, comm_, stream));
+      const cudaStream_t used = enter_copy_stream(stream);
+      finish("ncclAlltoAll", ncclAlltoAll(send, recv, bytes, ncclUint8, comm_, used));
+      leave_copy_stream(stream, used);
       return;
     }
 #endif
@@ -325,6 +332,41 @@ class NcclCommunicator final : public DeviceCommunicator {
   }
 
  private:
+  // NCCL before 2.29.7 hands a copy-engine collective to cudaMemcpyBatchAsync, which refuses
+  // the legacy default stream (PyTorch's default stream) with cudaErrorInvalidValue. On a
+  // copy-engine communicator, an all_gather or all_to_all called on that stream runs on the
+  // communicator's own stream instead, after the caller's work before it and before the
+  // caller's work after it (two event edges, no host wait). The legacy stream cannot be
+  // captured, so this path is never inside a graph; every other stream is used as given.
+  cudaStream_t enter_copy_stream(cudaStream_t stream) {
+    if (copy_stream_ == nullptr || (stream != nullptr && stream != cudaStreamLegacy)) return stream;
+    THDCP_CHECK_CUDA(cudaEventRecord(copy_before_, stream));
+    THDCP_CHECK_CUDA(cudaStreamWaitEvent(copy_stream_, copy_before_, 0));
+    return copy_stream_;
+  }
+
+  // After the collective was issued on `used` (enter_copy_stream's): `stream` waits for it.
+  void leave_copy_stream(cudaStream_t stream, cudaStream_t used) {
+    if (used == stream) return;
+    THDCP_CHECK_CUDA(cudaEventRecord(copy_after_, used));
+    THDCP_CHECK_CUDA(cudaStreamWaitEvent(stream, copy_after_, 0));
+  }
+
+  cudaError_t make_copy_stream() {
+    cudaError_t status = cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking);
+    if (status == cudaSuccess) status = cudaEventCreateWithFlags(&copy_before_, cudaEventDisableTiming);
+    if (status == cudaSuccess) status = cudaEventCreateWithFlags(&copy_after_, cudaEventDisableTiming);
+    return status;
+  }
+
+  void destroy_copy_stream() noexcept {
+    if (copy_after_ != nullptr) (void)cudaEventDestroy(copy_after_);
+    if (copy_before_ != nullptr) (void)cudaEventDestroy(copy_before_);
+    if (copy_stream_ != nullptr) (void)cudaStreamDestroy(copy_stream_);
+    copy_stream_ = nullptr;
+    copy_before_ = copy_after_ = nullptr;
+  }
+
   std::string who() const {
     std::ostringstream out;
     out << "nccl rank " << rank_ << " (device " << device_ << ")";
@@ -412,6 +454,9 @@ class NcclCommunicator final : public DeviceCommunicator {
   Options options_;
   bool owned_ = true;
   void* warm_up_buffer_ = nullptr;
+  cudaStream_t copy_stream_ = nullptr;  // copy_engine only: see enter_copy_stream
+  cudaEvent_t copy_before_ = nullptr;
+  cudaEvent_t copy_after_ = nullptr;
   std::string failure_;  // why an earlier call aborted the communicator
 };
 

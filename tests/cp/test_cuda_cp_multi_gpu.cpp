@@ -105,8 +105,11 @@ TEST_P(NcclCopyEngine, CpOverWindowsMatchesReferenceAndReplayMatchesEager) {
   }
 }
 
-TEST_F(NcclCopyEngineCollectives, AllGatherAndAllToAllIntoAWindowAreExact) {
-  const int n = gpus_;
+// An all_gather and an all_to_all into one window, on `stream`, against the values each
+// rank sent. nullptr is the legacy default stream (PyTorch's default stream), on which NCCL
+// before 2.29.7 cannot start a copy-engine collective: the communicator runs them on a
+// stream of its own, ordered with the caller's.
+void check_window_collectives(int n, bool legacy_stream) {
   const size_t block = size_t{1} << 20;  // bytes per rank
   run_in_process(n, [&](Communicator& host) {
     std::unique_ptr<DeviceCommunicator> comm = copy_engine_comm(host);
@@ -124,12 +127,13 @@ TEST_F(NcclCopyEngineCollectives, AllGatherAndAllToAllIntoAWindowAreExact) {
     for (int j = 0; j < n; ++j) {
       for (size_t i = 0; i < block; ++i) send[static_cast<size_t>(j) * block + i] = value(rank, j, i);
     }
-    test::Stream stream;
+    test::Stream own;
+    const cudaStream_t stream = legacy_stream ? nullptr : own.get();
     THDCP_CHECK_CUDA(cudaMemcpy(base, send.data(), block, cudaMemcpyHostToDevice));
     THDCP_CHECK_CUDA(cudaMemcpy(base + 2 * region, send.data(), region, cudaMemcpyHostToDevice));
-    comm->all_gather(base, base + region, block, stream.get());
-    comm->all_to_all(base + 2 * region, base + 3 * region, block, stream.get());
-    comm->synchronize(stream.get(), 60);
+    comm->all_gather(base, base + region, block, stream);
+    comm->all_to_all(base + 2 * region, base + 3 * region, block, stream);
+    comm->synchronize(stream, 60);
     std::vector<unsigned char> gathered(region), exchanged(region);
     THDCP_CHECK_CUDA(cudaMemcpy(gathered.data(), base + region, region, cudaMemcpyDeviceToHost));
     THDCP_CHECK_CUDA(cudaMemcpy(exchanged.data(), base + 3 * region, region, cudaMemcpyDeviceToHost));
@@ -144,6 +148,14 @@ TEST_F(NcclCopyEngineCollectives, AllGatherAndAllToAllIntoAWindowAreExact) {
     EXPECT_EQ(wrong_exchange, 0u) << "rank " << rank;
     window.reset();  // before the memory and the communicator
   });
+}
+
+TEST_F(NcclCopyEngineCollectives, AllGatherAndAllToAllIntoAWindowAreExact) {
+  check_window_collectives(gpus_, /*legacy_stream=*/false);
+}
+
+TEST_F(NcclCopyEngineCollectives, OnTheLegacyDefaultStreamTheyAreExact) {
+  check_window_collectives(gpus_, /*legacy_stream=*/true);
 }
 
 // The same GPUs as one peer-copy group (a thread per GPU of one process, SharedGpuOptions::
