@@ -147,8 +147,14 @@ def main():
             print("cp_worker: copy_engine not checked: %s" % e)
     if ce is not None:
         for cp_comm in ("all_gather", "all_to_all"):
-            same_bits(run(ce, cp_comm=cp_comm), run(comm, cp_comm=cp_comm),
-                      "copy_engine=True differs from plain NCCL under %s" % cp_comm)
+            got, want = run(ce, cp_comm=cp_comm), run(comm, cp_comm=cp_comm)
+            # The gathers and exchanges only move bytes: out and dQ are the same bits. Under
+            # all_gather, dK and dV are fp32 reduce-scatters, which NCCL may sum in another
+            # order with a zero-CTA policy: at cp > 2 they may differ by the last bits.
+            exact = 4 if cp_comm == "all_to_all" or cp == 2 else 2
+            same_bits(got[:exact], want[:exact], "copy_engine=True differs from plain NCCL under %s" % cp_comm)
+            for g_, w_ in zip(got[exact:], want[exact:]):
+                torch.testing.assert_close(g_, w_, rtol=1e-2, atol=1e-3)
             checked += 1
         ce.close()
 
