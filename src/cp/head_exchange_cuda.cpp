@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "head_views.h"
 #include "thdcp/core/error.h"
 #include "thdcp/cuda/check.h"
 #include "thdcp/cuda/reorder.h"
@@ -16,18 +17,6 @@ bool needs_reorder(const Problem& p) { return p.layout == CpLayout::kDualChunk; 
 
 // The group's rows: rank g's of the layout at cp / members.
 int64_t group_rows(const Problem& p, int members) { return p.capacity.max_tokens / (p.cp / members); }
-
-// The heads [first, first + count) of `t`, as a view with explicit strides.
-template <typename Tensor>
-Tensor heads_of(const Tensor& t, int64_t first, int64_t count) {
-  Tensor part = t;
-  part.data = static_cast<unsigned char*>(const_cast<void*>(static_cast<const void*>(t.data))) +
-              static_cast<size_t>(first * t.head_step()) * dtype_size(t.dtype);
-  part.heads = count;
-  part.row_stride = t.row_step();
-  part.head_stride = t.head_step();
-  return part;
-}
 
 // `view` (any strides) <-> dense rows [tokens, heads, head_dim] at `rows`, by 2-D copies: one
 // where a row's heads are adjacent, else one per head.
