@@ -21,8 +21,10 @@ constexpr int kRowsPerBlock = kThreads / 32;
 // One warp per row: the row's owner (a binary search over cu_seqlens_padded) is found once
 // per row, not once per 16-byte word, and the lanes move the row's words, coalesced.
 // Moves gathered rows to sequence order.
+// `ordered` rows are ordered_words_per_row words apart (a slice of a row's heads: wider).
 __global__ void __launch_bounds__(kThreads) reorder_kernel(const uint4* __restrict__ gathered,
                                                          uint4* __restrict__ ordered, int64_t words_per_row,
+                                                         int64_t ordered_words_per_row,
                                                          const int32_t* __restrict__ cu_seqlens_padded,
                                                          int max_seqs, int64_t total_rows, int cp) {
   const int64_t global_row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
@@ -30,7 +32,7 @@ __global__ void __launch_bounds__(kThreads) reorder_kernel(const uint4* __restri
   const DualChunkLocation where = dual_chunk_locate_row(cu_seqlens_padded, max_seqs, cp, global_row);
   const int64_t gathered_row = where.rank * (total_rows / cp) + where.local_row;
   const uint4* from = gathered + gathered_row * words_per_row;
-  uint4* to = ordered + global_row * words_per_row;
+  uint4* to = ordered + global_row * ordered_words_per_row;
   for (int64_t word = threadIdx.x % 32; word < words_per_row; word += 32) to[word] = from[word];
 }
 
@@ -198,16 +200,21 @@ void pack_rows(const ConstThdTensor& src, void* dst, cudaStream_t stream) {
 }
 
 void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_bytes, const DeviceLayout& layout,
-                                int cp, cudaStream_t stream) {
+                                int cp, cudaStream_t stream, size_t ordered_pitch) {
   check_reorder_layout(layout, cp, "gathered_to_sequence_order");
   THDCP_CHECK(row_bytes % 16 == 0, "row_bytes=" << row_bytes << " must be a multiple of 16");
+  if (ordered_pitch == 0) ordered_pitch = row_bytes;
+  THDCP_CHECK(ordered_pitch % 16 == 0 && ordered_pitch >= row_bytes,
+              "ordered_pitch=" << ordered_pitch << " must be a multiple of 16 and at least row_bytes=" << row_bytes);
+  THDCP_CHECK((reinterpret_cast<uintptr_t>(gathered) | reinterpret_cast<uintptr_t>(ordered)) % 16 == 0,
+              "gathered_to_sequence_order: gathered and ordered must be 16-byte aligned");
   const int64_t words_per_row = static_cast<int64_t>(row_bytes / 16);
   const int64_t total_rows = layout.capacity.max_tokens;
   if (total_rows == 0 || words_per_row == 0) return;
   const int64_t blocks = (total_rows + kRowsPerBlock - 1) / kRowsPerBlock;
   reorder_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      static_cast<const uint4*>(gathered), static_cast<uint4*>(ordered), words_per_row, layout.cu_seqlens_padded,
-      layout.capacity.max_seqs, total_rows, cp);
+      static_cast<const uint4*>(gathered), static_cast<uint4*>(ordered), words_per_row,
+      static_cast<int64_t>(ordered_pitch / 16), layout.cu_seqlens_padded, layout.capacity.max_seqs, total_rows, cp);
   THDCP_CHECK_CUDA(cudaGetLastError());
 }
 

@@ -19,11 +19,13 @@
 namespace thdcp::cuda {
 
 // ordered[g] = gathered[owner(g)] for every global row g < layout.capacity.max_tokens.
-//   row_bytes  bytes per row, a multiple of 16 (rows are moved in 16-byte words)
-//   layout     the global layout in capacity form: every padded length a multiple of 2*cp
-//              (only cu_seqlens_padded is read)
+//   row_bytes      bytes per row, a multiple of 16 (rows are moved in 16-byte words)
+//   layout         the global layout in capacity form: every padded length a multiple of
+//                  2*cp (only cu_seqlens_padded is read)
+//   ordered_pitch  bytes from one row of `ordered` to the next (0: row_bytes); wider where
+//                  `ordered` is a slice of each row's heads. Both pointers 16-byte aligned.
 void gathered_to_sequence_order(const void* gathered, void* ordered, size_t row_bytes, const DeviceLayout& layout,
-                                int cp, cudaStream_t stream);
+                                int cp, cudaStream_t stream, size_t ordered_pitch = 0);
 
 // The two row orders of a CP layout's global rows.
 enum class RowOrder { kGathered, kSequence };
