@@ -116,27 +116,29 @@ def a2a_size(op: str, value, comm_name: str) -> int:
 
 
 def head_slices(op: str, value, comm_name: str) -> int:
-    """all_to_all's head slices (>= 1: each slice's exchange runs beside another slice's
-    attention); None takes 1. Only all_to_all slices its heads; whether they divide the heads
-    per rank is checked once the group's size is known (head_slices_fit)."""
+    """Head slices (>= 1: each slice's communication runs beside another slice's attention)
+    of all_to_all and all_gather; None takes 1. Whether they divide the heads is checked once
+    the group's size is known (head_slices_fit)."""
     if value is None:
         return 1
     slices = integer(op, "head_slices", value, 1, INT32_MAX)
-    if slices != 1 and comm_name != "all_to_all":
-        raise ValueError("thdcp.%s: head_slices=%d with cp_comm=%r: head slices are all_to_all's; pass "
-                         "cp_comm='all_to_all', or leave head_slices out" % (op, slices, comm_name))
+    if slices != 1 and comm_name not in ("all_to_all", "all_gather"):
+        raise ValueError("thdcp.%s: head_slices=%d with cp_comm=%r: head slices are all_to_all's and all_gather's; "
+                         "pass cp_comm='all_to_all' or 'all_gather', or leave head_slices out"
+                         % (op, slices, comm_name))
     return slices
 
 
-def head_slices_fit(op: str, slices: int, cp: int, q_heads: int, kv_heads: int) -> None:
-    """Each of all_to_all's head slices takes as many query and key heads of a rank's
-    (q_heads / cp, kv_heads / cp): slices must divide both."""
-    q, kv = q_heads // cp, kv_heads // cp
+def head_slices_fit(op: str, slices: int, cp: int, q_heads: int, kv_heads: int, comm_name: str = "all_to_all") -> None:
+    """Each head slice takes as many query and key heads: under all_to_all of a rank's
+    (q_heads / cp, kv_heads / cp), under all_gather of all of them. Slices must divide both."""
+    per_rank = comm_name == "all_to_all"
+    q, kv = (q_heads // cp, kv_heads // cp) if per_rank else (q_heads, kv_heads)
     if q % slices != 0 or kv % slices != 0:
         fits = [n for n in range(1, kv + 1) if q % n == 0 and kv % n == 0]
-        raise ValueError("thdcp.%s: head_slices=%d with %d query and %d key heads per rank (%d and %d over %d ranks): "
-                         "each slice takes as many of both; pass one of %s"
-                         % (op, slices, q, kv, q_heads, kv_heads, cp, ", ".join(str(n) for n in fits)))
+        where = (" per rank (%d and %d over %d ranks)" % (q_heads, kv_heads, cp)) if per_rank else ""
+        raise ValueError("thdcp.%s: head_slices=%d with %d query and %d key heads%s: each slice takes as many of "
+                         "both; pass one of %s" % (op, slices, q, kv, where, ", ".join(str(n) for n in fits)))
 
 
 def reduce_dtype(op: str, value, q: torch.Tensor) -> str:

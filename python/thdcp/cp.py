@@ -155,11 +155,13 @@ def cp_attention(
     in place of the ring). reduce_dtype: None / torch.float32 (dK/dV partial sums cross
     ranks in fp32, the default and the tightest) or q's dtype (half the reduce-scatter's
     bytes, for at most cp u times the partials' magnitudes more error; thdcp/cp/cp.h).
-    head_slices: all_to_all only, None or 1 (every head at once, the default) or S dividing
-    both head counts per rank: the rank's heads go through the exchanges and the attention in
-    S slices, each slice's exchange beside another slice's attention (bench/RESULTS.md
-    section 2 has what it gains: at cp 2, nothing over NCCL's kernels, 1.5 % over its copy
-    engines). sinks: as thdcp.attention's, the same on every
+    head_slices: None or 1 (every head at once, the default) or S. all_to_all: S divides both
+    head counts per rank; the rank's heads go through the exchanges and the attention in S
+    slices, each slice's exchange beside another slice's attention (bench/RESULTS.md section 2
+    has what it gains: at cp 2, nothing over NCCL's kernels, 1.5 % over its copy engines).
+    all_gather: S divides both head counts; the forward gathers K/V and attends in S slices of
+    heads, each slice's gather beside the attention of the one before, so that only the first
+    slice's gather waits (the same bits for every S). a2a+ag: 1. sinks: as thdcp.attention's, the same on every
     rank; their gradient is summed over the ranks' rows (every rank gets the whole [Hq]).
     cu_seqlens, cu_seqlens_padded: the global layout, int32 CUDA [B + 1], the same on every
     rank, the last padded entry T (cp_layout makes them for either layout). Returns this
@@ -188,7 +190,7 @@ def cp_attention(
     if cp_comm == "a2a+ag":
         arguments.a2a_groups("cp_attention", group_size, comm.size, q.shape[1], k.shape[1])
     if slices != 1:
-        arguments.head_slices_fit("cp_attention", slices, comm.size, q.shape[1], k.shape[1])
+        arguments.head_slices_fit("cp_attention", slices, comm.size, q.shape[1], k.shape[1], cp_comm)
     out, lse, max_logit = _ops.cp_attention_forward(
         q, k, v, cu_seqlens, cu_seqlens_padded, comm.handle, left, right, scale, bool(return_max_logit), sinks,
         layout, cp_comm, group_size, reduce, slices

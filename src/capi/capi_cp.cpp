@@ -172,18 +172,30 @@ CpConfig config_of(const thdcp_cp_params* given) {
                                                 "dtype; use THDCP_DTYPE_DEFAULT (fp32) or "
                                              << c_name(problem.dtype));
   THDCP_CAPI_REQUIRE(p.head_slices >= 0, "params->head_slices=" << p.head_slices << " must be >= 0 (0 or 1: all heads at once)");
-  THDCP_CAPI_REQUIRE(p.head_slices <= 1 || problem.comm == cp::CpComm::kAllToAll,
+  THDCP_CAPI_REQUIRE(p.head_slices <= 1 || problem.comm != cp::CpComm::kA2aAg,
                      "params->head_slices=" << p.head_slices
-                                            << " with a params->cp_comm other than THDCP_CP_COMM_ALL_TO_ALL: slices "
-                                               "are all_to_all's; use 0 or 1");
+                                            << " with params->cp_comm THDCP_CP_COMM_A2A_AG: slices are all_to_all's "
+                                               "and all_gather's; use 0 or 1");
   problem.head_slices = std::max(p.head_slices, 1);
-  if (problem.head_slices > 1) {  // all_to_all, so both head counts are multiples of cp here
+  if (problem.head_slices > 1 && problem.comm == cp::CpComm::kAllToAll) {  // head counts multiples of cp here
     const int64_t q = problem.q_heads / problem.cp, kv = problem.kv_heads / problem.cp;
     THDCP_CAPI_REQUIRE(q % problem.head_slices == 0 && kv % problem.head_slices == 0,
                        "params->head_slices=" << p.head_slices << " with q_heads/cp_size=" << q
                                               << " and kv_heads/cp_size=" << kv
                                               << " heads per rank: each slice takes as many of both; use a divisor "
                                                  "of both (1 takes every head at once)");
+  }
+  if (problem.head_slices > 1 && problem.comm == cp::CpComm::kAllGather) {
+    THDCP_CAPI_REQUIRE(problem.q_heads % problem.head_slices == 0 && problem.kv_heads % problem.head_slices == 0,
+                       "params->head_slices=" << p.head_slices << " with q_heads=" << problem.q_heads
+                                              << " and kv_heads=" << problem.kv_heads
+                                              << ": each slice takes as many of both; use a divisor of both (1 "
+                                                 "takes every head at once)");
+    THDCP_CAPI_REQUIRE(problem.kv_gather != cp::KvGather::kHalo,
+                       "params->head_slices=" << p.head_slices
+                                              << " with params->kv_gather THDCP_CP_KV_GATHER_HALO: all_gather's "
+                                                 "slices gather the whole K/V; use THDCP_CP_KV_GATHER_AUTO or "
+                                                 "WHOLE, or head_slices 0 or 1");
   }
   check_softmax_scale(p.softmax_scale, "params");
   c.softmax_scale = p.softmax_scale;

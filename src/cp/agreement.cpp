@@ -54,20 +54,32 @@ void check_a2a_size(const Problem& p) {
                                       << a2a_sizes_for(p, false));
 }
 
-// all_to_all's head slices: a divisor of both head counts per rank.
+// Head slices: all_to_all's (a divisor of both head counts per rank) and all_gather's (a
+// divisor of both head counts; the whole gather).
 void check_head_slices(const Problem& p) {
   THDCP_CHECK(p.head_slices >= 1, "head_slices=" << p.head_slices << " must be >= 1 (1: every head at once)");
   if (p.head_slices == 1) return;
-  THDCP_CHECK(p.comm == CpComm::kAllToAll, "head_slices=" << p.head_slices << " with comm=" << cp_comm_name(p.comm)
-                                                          << ": slices are all_to_all's; leave head_slices=1");
-  const int64_t q = p.q_heads / p.cp, kv = p.kv_heads / p.cp;  // heads per rank
+  THDCP_CHECK(p.comm == CpComm::kAllToAll || p.comm == CpComm::kAllGather,
+              "head_slices=" << p.head_slices << " with comm=" << cp_comm_name(p.comm)
+                             << ": slices are all_to_all's and all_gather's; leave head_slices=1");
+  THDCP_CHECK(p.comm == CpComm::kAllToAll || p.kv_gather != KvGather::kHalo,
+              "head_slices=" << p.head_slices
+                             << " with kv_gather=halo: all_gather's slices gather the whole K/V, a slice of heads "
+                                "at a time; use kv_gather=whole or auto (which then gathers the whole), or "
+                                "head_slices=1");
+  // Heads per rank under all_to_all, every head under all_gather.
+  const bool per_rank = p.comm == CpComm::kAllToAll;
+  const int64_t q = per_rank ? p.q_heads / p.cp : p.q_heads, kv = per_rank ? p.kv_heads / p.cp : p.kv_heads;
+  const char* q_name = per_rank ? "q_heads/cp" : "q_heads";
+  const char* kv_name = per_rank ? "kv_heads/cp" : "kv_heads";
   std::ostringstream fits;
   for (int64_t s = 1; s <= kv; ++s) {
     if (q % s == 0 && kv % s == 0) fits << (s == 1 ? "" : ", ") << s;
   }
   THDCP_CHECK(q % p.head_slices == 0 && kv % p.head_slices == 0,
-              "head_slices=" << p.head_slices << " with q_heads/cp=" << q << " and kv_heads/cp=" << kv
-                             << " heads per rank: each slice takes as many of both; use one of " << fits.str());
+              "head_slices=" << p.head_slices << " with " << q_name << "=" << q << " and " << kv_name << "=" << kv
+                             << (per_rank ? " heads per rank" : " heads")
+                             << ": each slice takes as many of both; use one of " << fits.str());
 }
 
 // Each rank of an all-to-all group takes heads/a2a_size of the query and of the key heads.

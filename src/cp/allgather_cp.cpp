@@ -97,7 +97,9 @@ uint64_t options_fingerprint(const AttentionOptions& options) {
 // auto where the halo rows of every rank add up to fewer than the whole gather's. Both moves
 // of a step (K/V out, dK/dV back) carry those rows, so fewer rows is fewer bytes both ways.
 std::optional<detail::HaloExchange> halo_for(const LayoutView& layout, const Problem& p, int rank) {
-  if (p.comm != CpComm::kAllGather || p.kv_gather == KvGather::kWhole) return std::nullopt;
+  // Head slices gather the whole K/V, a slice of heads at a time (kv_gather=halo with
+  // head_slices > 1 is refused when the plan is made).
+  if (p.comm != CpComm::kAllGather || p.kv_gather == KvGather::kWhole || p.head_slices > 1) return std::nullopt;
   detail::HaloExchange halo(layout, p, rank);
   const int64_t whole = static_cast<int64_t>(p.cp) * (p.cp - 1) * p.local_rows();
   if (p.kv_gather == KvGather::kAuto && halo.total_halo_rows() >= whole) return std::nullopt;
@@ -150,18 +152,27 @@ class CpuSteps {
     return ConstThdTensor(gathered.data(), local.dtype, local.tokens * p_.cp, local.heads, local.head_dim);
   }
 
-  ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot) {
+  // `gathered` holds the heads [first_head, first_head + gathered.heads) of every row.
+  ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot, int64_t first_head) {
     std::vector<unsigned char>& ordered = b_.sequence[index_of(slot)];
     const size_t row_bytes = gathered.row_bytes();
-    if (halo_) {
+    if (halo_) {  // every head at once (no slices with a halo)
       halo_->to_sequence_order(static_cast<const unsigned char*>(gathered.data), row_bytes,
                                maps_[static_cast<size_t>(comm_.rank())], ordered.data());
       return sequence_order(slot);
     }
-    const size_t local_bytes = static_cast<size_t>(p_.local_rows()) * row_bytes;
+    const ConstThdTensor whole = sequence_order(slot);
+    const size_t pitch = whole.row_bytes();
+    const size_t offset = static_cast<size_t>(first_head * gathered.head_dim) * dtype_size(gathered.dtype);
     const auto* src = static_cast<const unsigned char*>(gathered.data);
-    for (int r = 0; r < p_.cp; ++r) scatter_rows(src + r * local_bytes, ordered.data(), maps_[r], row_bytes);
-    return ConstThdTensor(ordered.data(), gathered.dtype, gathered.tokens, gathered.heads, gathered.head_dim);
+    for (int r = 0; r < p_.cp; ++r) {
+      const std::vector<int32_t>& map = maps_[static_cast<size_t>(r)];
+      const unsigned char* rows = src + static_cast<size_t>(r * p_.local_rows()) * row_bytes;
+      for (size_t i = 0; i < map.size(); ++i) {
+        std::memcpy(ordered.data() + static_cast<size_t>(map[i]) * pitch + offset, rows + i * row_bytes, row_bytes);
+      }
+    }
+    return detail::heads_of(whole, first_head, gathered.heads);
   }
 
   ConstThdTensor sequence_order(Slot slot) const {
@@ -178,8 +189,9 @@ class CpuSteps {
   }
 
   void attention_forward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, ThdTensor out,
-                         float* lse, float* max_logit) {
-    cpu::attention_forward(table_, ForwardTensors{q, k, v, out, lse, max_logit, sinks_}, options_);
+                         float* lse, float* max_logit, int64_t first_q_head) {
+    const float* sinks = sinks_ ? sinks_ + first_q_head : nullptr;
+    cpu::attention_forward(table_, ForwardTensors{q, k, v, out, lse, max_logit, sinks}, options_);
   }
 
   void max_reduce(float* max_logit, size_t count) { comm_.all_reduce_max(max_logit, count); }
@@ -347,7 +359,7 @@ void CpuPlan::forward(const LayoutView& layout, const ForwardTensors& tensors, T
   }
   CpuSteps steps(comm_, problem_, options_, *buffers_, layout, timings);
   steps.use_sinks(tensors.sinks, nullptr);
-  detail::run_forward(steps, tensors);
+  detail::run_forward(steps, tensors, problem_.head_slices);
 }
 
 void CpuPlan::backward(const LayoutView& layout, const BackwardTensors& tensors, Timings* timings) {

@@ -10,6 +10,7 @@
 #include "agreement.h"
 #include "allgather_steps.h"
 #include "alltoall_cuda.h"
+#include "head_views.h"
 #include "kv_ledger.h"
 #include "window_cuda.h"
 #include "thdcp/comm_device/nccl.h"
@@ -50,7 +51,7 @@ struct Edges {
 // fewer rows: every other rank's edges, (cp - 1)(left + right) rows, against the whole
 // gather's (cp - 1) T/cp. The mask alone decides it, so every batch of the plan runs the same.
 bool auto_takes_halo(const Problem& p) {
-  return p.kv_gather == KvGather::kAuto && p.cp > 1 && p.comm == CpComm::kAllGather &&
+  return p.kv_gather == KvGather::kAuto && p.cp > 1 && p.comm == CpComm::kAllGather && p.head_slices == 1 &&
          p.layout == CpLayout::kContiguous && p.mask.window_left >= 0 && p.mask.window_right >= 0 &&
          int64_t{p.mask.window_left} + p.mask.window_right < p.local_rows();
 }
@@ -99,10 +100,18 @@ cuda::TablePlan table_plan(const Problem& p, int rank = 0) {
 // (rank r holds the r-th piece of the packed rows); the dual-chunk layout needs a reorder.
 bool needs_reorder(const Problem& p) { return p.layout == CpLayout::kDualChunk; }
 
-// The attention of the rank's queries over the gathered keys.
-cuda::AttentionShape attention_shape(const Problem& p) {
+// Whether the K/V in sequence order are a buffer of their own: where the layout needs a
+// reorder, and where the forward gathers slices of heads (each slice's gathered rows then go
+// to its heads of that buffer).
+bool sequence_copy(const Problem& p) { return needs_reorder(p) || p.head_slices > 1; }
+
+// The attention of the rank's queries over the gathered keys; `slices`: of the heads (the
+// forward's, Problem::head_slices).
+cuda::AttentionShape attention_shape(const Problem& p, int slices = 1) {
   cuda::AttentionShape s;
   static_cast<HeadShape&>(s) = p.heads();
+  s.q_heads /= slices;
+  s.kv_heads /= slices;
   s.table = table_plan(p).table();
   s.dtype = p.dtype;
   s.dq_dtype = p.dtype;
@@ -148,7 +157,8 @@ Parts carve_parts(WorkspaceCarver& carver, const Problem& p, const AttentionOpti
   w.rank_rows = carver.take_array<int32_t>(reordered * static_cast<size_t>(p.capacity.max_tokens));
   for (unsigned char*& part : w.packed) part = carver.take<unsigned char>(local_elements * dtype_size(p.dtype));
   for (unsigned char*& part : w.gathered) part = carver.take<unsigned char>(elements * dtype_size(p.dtype));
-  for (unsigned char*& part : w.sequence) part = carver.take<unsigned char>(reordered * elements * dtype_size(p.dtype));
+  const size_t sequence = sequence_copy(p) ? 1 : 0;
+  for (unsigned char*& part : w.sequence) part = carver.take<unsigned char>(sequence * elements * dtype_size(p.dtype));
   // fp32 dK/dV of every gathered row, accumulated by the attention backward straight in rank
   // order (BackwardTensors::dkv_rows), so the reduce-scatter takes them as they are.
   for (float*& part : w.grad_ranked) part = carver.take_array<float>(elements);
@@ -164,7 +174,7 @@ Parts carve_parts(WorkspaceCarver& carver, const Problem& p, const AttentionOpti
   const size_t narrow = p.reduce_dtype != DType::kFloat32 && !e.on ? dtype_size(p.reduce_dtype) : 0;
   w.narrow_ranked = carver.take<unsigned char>(elements * narrow);
   w.narrow_local = carver.take<unsigned char>(local_elements * narrow);
-  w.forward_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p));
+  w.forward_bytes = cuda::ForwardPlan::workspace_size(attention_shape(p, p.head_slices));
   w.backward_bytes = cuda::BackwardPlan::workspace_size(attention_shape(p), options);
   w.forward = carver.take(w.forward_bytes);
   w.backward = carver.take(w.backward_bytes);
@@ -382,19 +392,28 @@ class CudaSteps {
     if (bytes > 0) THDCP_CHECK_CUDA(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, current_));
   }
 
-  ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot) {
-    const ConstThdTensor ordered = sequence_order(slot);
+  // `gathered` holds the heads [first_head, first_head + gathered.heads) of every row; the
+  // view returned is those heads of sequence_order(slot).
+  ConstThdTensor to_sequence_order(const ConstThdTensor& gathered, Slot slot, int64_t first_head) {
+    const ConstThdTensor whole = sequence_order(slot);
+    const ConstThdTensor ordered = detail::heads_of(whole, first_head, gathered.heads);
+    void* into = const_cast<void*>(ordered.data);
     if (needs_reorder(p_)) {
-      cuda::gathered_to_sequence_order(gathered.data, const_cast<void*>(ordered.data), gathered.row_bytes(),
-                                       layout_, p_.cp, current_);
+      cuda::gathered_to_sequence_order(gathered.data, into, gathered.row_bytes(), layout_, p_.cp, current_,
+                                       whole.row_bytes());
+    } else if (sequence_copy(p_) && gathered.numel() > 0) {  // rows in order already: the heads into place
+      THDCP_CHECK_CUDA(cudaMemcpy2DAsync(into, whole.row_bytes(), gathered.data, gathered.row_bytes(),
+                                         gathered.row_bytes(), static_cast<size_t>(gathered.tokens),
+                                         cudaMemcpyDeviceToDevice, current_));
     }
     return ordered;
   }
 
-  // The K or V in sequence order: the reordered copy, or (contiguous) the gathered rows.
+  // The K or V in sequence order: its own buffer (sequence_copy), or (contiguous, every head
+  // at once) the gathered rows.
   ConstThdTensor sequence_order(Slot slot) const {
     const int i = index_of(slot);
-    return ConstThdTensor(needs_reorder(p_) ? w_.parts.sequence[i] : w_.parts.gathered[i], p_.dtype, key_rows(p_),
+    return ConstThdTensor(sequence_copy(p_) ? w_.parts.sequence[i] : w_.parts.gathered[i], p_.dtype, key_rows(p_),
                           p_.kv_heads, dim_of(p_, slot));
   }
 
@@ -407,8 +426,9 @@ class CudaSteps {
   }
 
   void attention_forward(const ConstThdTensor& q, const ConstThdTensor& k, const ConstThdTensor& v, ThdTensor out,
-                         float* lse, float* max_logit) {
-    w_.forward->run(table_, ForwardTensors{q, k, v, out, lse, max_logit, sinks_}, current_);
+                         float* lse, float* max_logit, int64_t first_q_head) {
+    const float* sinks = sinks_ ? sinks_ + first_q_head : nullptr;
+    w_.forward->run(table_, ForwardTensors{q, k, v, out, lse, max_logit, sinks}, current_);
   }
 
   void max_reduce(float* max_logit, size_t count) { comm_.all_reduce_max(max_logit, count, current_); }
@@ -636,8 +656,8 @@ CudaPlan::CudaPlan(DeviceCommunicator& comm, const Problem& problem, const Atten
     workspace_->table = table_plan(problem, comm.rank());
     const Parts& parts = workspace_->parts;
     // The attention plans check dtype, head dim, kernel family and their workspaces.
-    workspace_->forward =
-        std::make_unique<cuda::ForwardPlan>(attention_shape(problem), options, parts.forward, parts.forward_bytes);
+    workspace_->forward = std::make_unique<cuda::ForwardPlan>(attention_shape(problem, problem.head_slices), options,
+                                                              parts.forward, parts.forward_bytes);
     workspace_->backward =
         std::make_unique<cuda::BackwardPlan>(attention_shape(problem), options, parts.backward, parts.backward_bytes);
   });
@@ -726,7 +746,7 @@ void CudaPlan::forward(const DeviceLayout& layout, const ForwardTensors& t, cuda
   }
   CudaSteps steps(comm_, problem_, *workspace_, *lanes_, events_.get(), timeline_.get(), layout, stream);
   steps.use_sinks(t.sinks, false);
-  detail::run_forward(steps, t);
+  detail::run_forward(steps, t, problem_.head_slices);
 }
 
 void CudaPlan::backward(const DeviceLayout& layout, const BackwardTensors& t, cudaStream_t stream, KvSource kv) {

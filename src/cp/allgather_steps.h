@@ -27,10 +27,16 @@
 //                                            one: Problem::kv_gather; its own rows, then
 //                                            the halo's) and return its dK/dV in
 //                                            to_rank_order / reduce_scatter
-//   ConstThdTensor to_sequence_order(gathered, Slot)   the K or V in sequence order
+//   ConstThdTensor to_sequence_order(gathered, Slot, first_head)   the K or V in sequence
+//                                            order: `gathered` holds the heads [first_head,
+//                                            first_head + gathered.heads) of every row, and
+//                                            the view returned is those heads of
+//                                            sequence_order(Slot)
 //   ConstThdTensor sequence_order(Slot)      the sequence-order K or V, as the last
 //                                            to_sequence_order call left it
-//   void attention_forward(q, k_seq, v_seq, out, lse, max_logit)
+//   void attention_forward(q, k_seq, v_seq, out, lse, max_logit, first_q_head)
+//                                            over views of heads [first_q_head, + q.heads)
+//                                            (the sinks from that head on)
 //   void max_reduce(max_logit, count)
 //   SequenceGrads attention_backward_keys(q, k_seq, v_seq, out, dout, lse, dq)
 //                                            fp32 dK/dV of every gathered row, in the order
@@ -47,10 +53,18 @@
 // The collectives are issued in the same order on every rank, and on the device one after
 // another: the collectives lane runs them in order, and the forward's max_reduce (on the
 // compute lane) starts only after the attention, which waited for the gather.
+//
+// Head slices (Problem::head_slices = S): the forward gathers and reorders the K/V heads of
+// one slice (Hkv / S heads) at a time, and the compute lane attends that slice's query heads
+// (Hq / S) as soon as they are in sequence order, beside the next slice's gather: only the
+// first slice's gather and reorder are left before the first attention. Every head is
+// computed alone, so every S gives the same bits. The K/V of every slice end up in the one
+// sequence-order buffer, which the backward then reads whole (gathered again or kept).
 #pragma once
 
 #include <tuple>
 
+#include "head_views.h"
 #include "thdcp/cp/cp.h"
 
 namespace thdcp::cp::detail {
@@ -65,22 +79,28 @@ struct SequenceGrads {
 };
 
 template <typename Steps>
-void run_forward(Steps& steps, const ForwardTensors& t) {
+void run_forward(Steps& steps, const ForwardTensors& t, int head_slices = 1) {
   steps.phase(Phase::kTable);
   steps.build_table();
   steps.fork();
-  steps.use(Lane::kCollectives);
-  steps.phase(Phase::kGather);
-  const ConstThdTensor k_gathered = steps.gather(t.k, Slot::kK);
-  const ConstThdTensor v_gathered = steps.gather(t.v, Slot::kV);
-  steps.phase(Phase::kReorder);
-  const ConstThdTensor k_seq = steps.to_sequence_order(k_gathered, Slot::kK);
-  const ConstThdTensor v_seq = steps.to_sequence_order(v_gathered, Slot::kV);
-  steps.signal(Ready::kKv);
-  steps.use(Lane::kCompute);
-  steps.await(Ready::kKv);
-  steps.phase(Phase::kAttention);
-  steps.attention_forward(t.q, k_seq, v_seq, t.out, t.lse, t.max_logit);
+  const int64_t q_heads = t.q.heads / head_slices, kv_heads = t.k.heads / head_slices;  // per slice
+  for (int s = 0; s < head_slices; ++s) {
+    const int64_t q0 = s * q_heads, kv0 = s * kv_heads;  // the slice's first heads
+    steps.use(Lane::kCollectives);
+    steps.phase(Phase::kGather);
+    const ConstThdTensor k_gathered = steps.gather(heads_of(t.k, kv0, kv_heads), Slot::kK);
+    const ConstThdTensor v_gathered = steps.gather(heads_of(t.v, kv0, kv_heads), Slot::kV);
+    steps.phase(Phase::kReorder);
+    const ConstThdTensor k_seq = steps.to_sequence_order(k_gathered, Slot::kK, kv0);
+    const ConstThdTensor v_seq = steps.to_sequence_order(v_gathered, Slot::kV, kv0);
+    steps.signal(Ready::kKv);
+    steps.use(Lane::kCompute);
+    steps.await(Ready::kKv);
+    steps.phase(Phase::kAttention);
+    // lse is [Hq, T_local]: the slice's planes follow one another.
+    steps.attention_forward(heads_of(t.q, q0, q_heads), k_seq, v_seq, heads_of(t.out, q0, q_heads),
+                            t.lse + q0 * t.q.tokens, t.max_logit ? t.max_logit + q0 : nullptr, q0);
+  }
   if (t.max_logit) {
     steps.phase(Phase::kReduce);
     steps.max_reduce(t.max_logit, static_cast<size_t>(t.q.heads));
@@ -102,8 +122,8 @@ void run_backward(Steps& steps, const BackwardTensors& t, bool gather_kv = true)
     const ConstThdTensor k_gathered = steps.gather(t.k, Slot::kK);
     const ConstThdTensor v_gathered = steps.gather(t.v, Slot::kV);
     steps.phase(Phase::kReorder);
-    steps.to_sequence_order(k_gathered, Slot::kK);
-    steps.to_sequence_order(v_gathered, Slot::kV);
+    steps.to_sequence_order(k_gathered, Slot::kK, 0);
+    steps.to_sequence_order(v_gathered, Slot::kV, 0);
     steps.signal(Ready::kKv);
     steps.use(Lane::kCompute);
     steps.await(Ready::kKv);

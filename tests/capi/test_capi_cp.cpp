@@ -636,9 +636,10 @@ TEST(CApiCpReduceDtype, Fp32OrTheProblemsDtype) {
 }
 
 // params->head_slices (the 120-byte struct's last field, reserved2 before): 0 and 1 take every
-// head at once in every mode; more only under all_to_all and dividing the heads per rank
-// (refused naming the values that would do); a negative value is refused.
-TEST(CApiCpHeadSlices, AllToAllOnlyAndADivisorOfTheHeadsPerRank) {
+// head at once in every mode; more under all_to_all dividing the heads per rank, and under
+// all_gather dividing the heads, with the whole gather (refused naming the values that would
+// do); a2a+ag and a negative value are refused.
+TEST(CApiCpHeadSlices, AllToAllAndAllGatherOnlyAndADivisorOfTheirHeads) {
   thdcp_cp_params p = mode_params(2, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_TO_ALL);
   p.q_heads = 8;
   p.kv_heads = 4;
@@ -655,9 +656,24 @@ TEST(CApiCpHeadSlices, AllToAllOnlyAndADivisorOfTheHeadsPerRank) {
   EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
                   "params->head_slices=-1 must be >= 0");
   p = mode_params(2, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_ALL_GATHER);
+  p.q_heads = 8;
+  p.kv_heads = 4;
+  for (const int accepted : {2, 4}) {
+    p.head_slices = accepted;
+    EXPECT_C_OK(thdcp_cp_plan_workspace_size(&p, &bytes)) << accepted;
+  }
+  p.head_slices = 8;
+  EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->head_slices=8 with q_heads=8 and kv_heads=4: each slice takes as many of both");
+  p.head_slices = 2;
+  p.kv_gather = THDCP_CP_KV_GATHER_HALO;
+  EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
+                  "params->head_slices=2 with params->kv_gather THDCP_CP_KV_GATHER_HALO");
+  p = mode_params(2, THDCP_CP_LAYOUT_DUAL_CHUNK, THDCP_CP_COMM_A2A_AG);
+  p.a2a_size = 2;
   p.head_slices = 2;
   EXPECT_C_STATUS(thdcp_cp_plan_workspace_size(&p, &bytes), THDCP_ERROR_INVALID_ARGUMENT,
-                  "params->head_slices=2 with a params->cp_comm other than THDCP_CP_COMM_ALL_TO_ALL");
+                  "params->head_slices=2 with params->cp_comm THDCP_CP_COMM_A2A_AG");
 }
 
 // A caller built against the 104-byte struct (before kv_gather and a2a_size) gets auto and no

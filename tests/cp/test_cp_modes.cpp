@@ -138,9 +138,10 @@ TEST(CpModesErrors, AllToAllNeedsHeadsDivisibleByCp) {
   test::expect_every_rank_says(test::plan_messages(q4, q4), "all_to_all with q_heads=6 and cp=4");
 }
 
-// Problem::head_slices (the CUDA all_to_all's slices; the CPU backend computes every head at
-// once): a divisor of both head counts per rank, all_to_all only, and the same on every rank.
-TEST(CpModesErrors, HeadSlicesDivideTheHeadsPerRankUnderAllToAllOnly) {
+// Problem::head_slices: under all_to_all a divisor of both head counts per rank, under
+// all_gather a divisor of both head counts with the whole gather; not a2a+ag; the same on
+// every rank.
+TEST(CpModesErrors, HeadSlicesDivideTheirHeadsUnderAllToAllAndAllGatherOnly) {
   cp::Problem p = problem_of(2, 16, 8, 4, CpLayout::kDualChunk, cp::CpComm::kAllToAll);
   p.head_slices = 2;
   expect_planned(p);
@@ -151,9 +152,22 @@ TEST(CpModesErrors, HeadSlicesDivideTheHeadsPerRankUnderAllToAllOnly) {
   p.head_slices = 0;
   test::expect_every_rank_says(test::plan_messages(p, p), "head_slices=0 must be >= 1");
   cp::Problem gather = problem_of(2, 16, 8, 4, CpLayout::kDualChunk, cp::CpComm::kAllGather);
-  gather.head_slices = 2;
+  gather.head_slices = 4;
+  expect_planned(gather);
+  gather.head_slices = 3;
   test::expect_every_rank_says(test::plan_messages(gather, gather),
-                               "head_slices=2 with comm=all_gather: slices are all_to_all's; leave head_slices=1");
+                               "head_slices=3 with q_heads=8 and kv_heads=4 heads: each slice takes as many of both; "
+                               "use one of 1, 2, 4");
+  gather.head_slices = 2;
+  gather.kv_gather = cp::KvGather::kHalo;
+  test::expect_every_rank_says(test::plan_messages(gather, gather),
+                               "head_slices=2 with kv_gather=halo: all_gather's slices gather the whole K/V");
+  cp::Problem hybrid = problem_of(2, 16, 8, 4, CpLayout::kDualChunk, cp::CpComm::kA2aAg);
+  hybrid.a2a_size = 2;
+  hybrid.head_slices = 2;
+  test::expect_every_rank_says(test::plan_messages(hybrid, hybrid),
+                               "head_slices=2 with comm=a2a+ag: slices are all_to_all's and all_gather's; leave "
+                               "head_slices=1");
   cp::Problem one = problem_of(2, 16, 8, 4, CpLayout::kDualChunk, cp::CpComm::kAllToAll), two = one;
   two.head_slices = 2;
   test::expect_every_rank_says(test::plan_messages(one, two), "rank 1 passed head_slices=2 but rank 0 passed head_slices=1");

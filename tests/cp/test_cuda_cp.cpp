@@ -56,23 +56,19 @@ TEST_P(CudaCpAllToAllSharedGpu, EagerMatchesReferenceAndGraphReplayMatchesEager)
   expect_shared_gpu_case(layout, cp::CpComm::kAllToAll, cp, index);
 }
 
-// all_to_all in head slices (Problem::head_slices: each slice's exchange runs beside the
-// attention of another, on the plan's second stream): the edge-case table against the
+// Head slices (Problem::head_slices): all_to_all's (each slice's exchange beside the
+// attention of another, on the plan's second stream) and all_gather's (the forward's gather of
+// each slice beside the attention of the one before): the edge-case table against the
 // reference, with one graph replayed against eager; and every rank's outputs the bits of one
-// slice's, with the backward's inputs exchanged again or kept from the forward.
+// slice's, with the backward's inputs moved again or kept from the forward.
 // (layout, (cp, n), edge case index): n is head_slices here, a2a_size for CudaCpA2aAgSharedGpu.
 using SizedParam = std::tuple<CpLayout, std::pair<int, int>, int>;
 using SlicesParam = SizedParam;
 
-class CudaCpHeadSlices : public test::CudaTest, public ::testing::WithParamInterface<SlicesParam> {};
-
-TEST_P(CudaCpHeadSlices, MatchReferenceReplayAndEqualOneSliceBitForBit) {
-  const auto [layout, sizes, index] = GetParam();
-  const auto [cp, slices] = sizes;
-  test::expect_group_case(layout, cp::CpComm::kAllToAll, cp, index, cp::KvGather::kAuto, 1, {}, DType::kFloat32,
-                          slices);
-  const EdgeCase c = test::heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp::CpComm::kAllToAll, 1, slices);
-  const cp::Problem one = problem_of(c, cp, layout, cp::CpComm::kAllToAll);
+void expect_slices_case(cp::CpComm cp_comm, CpLayout layout, int cp, int slices, int index) {
+  test::expect_group_case(layout, cp_comm, cp, index, cp::KvGather::kAuto, 1, {}, DType::kFloat32, slices);
+  const EdgeCase c = test::heads_for(edge_cases()[static_cast<size_t>(index)], cp, cp_comm, 1, slices);
+  const cp::Problem one = problem_of(c, cp, layout, cp_comm);
   cp::Problem sliced = one;
   sliced.head_slices = slices;
   const test::Batch b = make_case_batch(c, cp, one.capacity, 900 + index + cp, false, layout);
@@ -87,6 +83,20 @@ TEST_P(CudaCpHeadSlices, MatchReferenceReplayAndEqualOneSliceBitForBit) {
     EXPECT_TRUE(test::identical(by_slices[rank], whole[rank])) << "rank " << rank;
     EXPECT_TRUE(test::identical(kept[rank], whole[rank])) << "rank " << rank << ", kept";
   }
+}
+
+class CudaCpHeadSlices : public test::CudaTest, public ::testing::WithParamInterface<SlicesParam> {};
+
+TEST_P(CudaCpHeadSlices, MatchReferenceReplayAndEqualOneSliceBitForBit) {
+  const auto [layout, sizes, index] = GetParam();
+  expect_slices_case(cp::CpComm::kAllToAll, layout, sizes.first, sizes.second, index);
+}
+
+class CudaCpAllGatherHeadSlices : public CudaCpHeadSlices {};
+
+TEST_P(CudaCpAllGatherHeadSlices, MatchReferenceReplayAndEqualOneSliceBitForBit) {
+  const auto [layout, sizes, index] = GetParam();
+  expect_slices_case(cp::CpComm::kAllGather, layout, sizes.first, sizes.second, index);
 }
 
 // "<layout>cp<cp>_<what><n>_<edge case>": the name of a (layout, (cp, n), edge case) case.
@@ -104,6 +114,12 @@ INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpHeadSlices,
                          ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
                                             ::testing::Values(std::make_pair(2, 2), std::make_pair(2, 4),
                                                               std::make_pair(4, 2)),
+                                            ::testing::Range(0, 6)),
+                         slices_name);
+
+INSTANTIATE_TEST_SUITE_P(EdgeCases, CudaCpAllGatherHeadSlices,
+                         ::testing::Combine(::testing::Values(CpLayout::kDualChunk, CpLayout::kContiguous),
+                                            ::testing::Values(std::make_pair(2, 2), std::make_pair(3, 4)),
                                             ::testing::Range(0, 6)),
                          slices_name);
 
@@ -753,7 +769,8 @@ TEST_F(CudaCpFaults, BadHeadSlicesAreRefusedOnEveryRank) {
   for (const Bad& bad : {Bad{cp::CpComm::kAllToAll, 3,
                              "head_slices=3 with q_heads/cp=2 and kv_heads/cp=1 heads per rank: each slice takes as "
                              "many of both; use one of 1"},
-                         Bad{cp::CpComm::kAllGather, 2, "head_slices=2 with comm=all_gather: slices are all_to_all's"}}) {
+                         Bad{cp::CpComm::kA2aAg, 2,
+                             "head_slices=2 with comm=a2a+ag: slices are all_to_all's and all_gather's"}}) {
     const std::vector<std::string> messages = errors_of_two_ranks([&](DeviceCommunicator& comm) {
       cp::Problem p = small_problem(2);
       p.comm = bad.comm;

@@ -240,9 +240,10 @@ def test_cp_attention_refuses_an_unknown_layout_before_making_a_communicator():
     with pytest.raises(ValueError, match=r"cp_attention: reduce_dtype=torch.float16 with q of torch.float32: dK/dV "
                                          r"partial sums cross ranks in fp32 or in the tensors' dtype"):
         thdcp.cp_attention(**args, reduce_dtype=torch.float16)
-    with pytest.raises(ValueError, match=r"cp_attention: head_slices=2 with cp_comm='all_gather': head slices are "
-                                         r"all_to_all's; pass cp_comm='all_to_all', or leave head_slices out"):
-        thdcp.cp_attention(**args, head_slices=2)
+    with pytest.raises(ValueError, match=r"cp_attention: head_slices=2 with cp_comm='a2a\+ag': head slices are "
+                                         r"all_to_all's and all_gather's; pass cp_comm='all_to_all' or 'all_gather', "
+                                         r"or leave head_slices out"):
+        thdcp.cp_attention(**args, cp_comm="a2a+ag", a2a_size=2, head_slices=2)
     with pytest.raises(ValueError, match=r"cp_attention: head_slices=0 is out of range: pass an int in \[1, "):
         thdcp.cp_attention(**args, cp_comm="all_to_all", head_slices=0)
     with pytest.raises(ValueError, match=r"cp_attention: head_slices=1.5 is not an integer"):
@@ -257,6 +258,11 @@ def test_head_slices_that_do_not_divide_the_heads_per_rank_are_refused_naming_th
                                          r"1, 2, 4$"):
         arguments.head_slices_fit("cp_attention", 3, 2, 32, 8)
     arguments.head_slices_fit("cp_attention", 4, 2, 32, 8)  # 4 and 1 heads per slice
+    # all_gather slices every head, not a rank's share.
+    with pytest.raises(ValueError, match=r"cp_attention: head_slices=3 with 32 query and 8 key heads: each slice "
+                                         r"takes as many of both; pass one of 1, 2, 4, 8$"):
+        arguments.head_slices_fit("cp_attention", 3, 2, 32, 8, "all_gather")
+    arguments.head_slices_fit("cp_attention", 8, 2, 32, 8, "all_gather")  # 4 and 1 heads per slice
 
 
 def test_communicator_split_refuses_a_size_that_does_not_divide_it_and_a_closed_communicator():

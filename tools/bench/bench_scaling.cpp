@@ -105,9 +105,11 @@ const char* kHelp =
     "  --kv S[,S...]       where the backward takes K/V from, each a row: gather (all-gather them\n"
     "                      again, the default) or kept (the forward's, cp::KvSource::kFromForward;\n"
     "                      all_to_all keeps the forward's head-sharded q, k, v, out and lse)\n"
-    "  --head-slices S[,S...]  all_to_all rows' head slices, each a row (1): cp::Problem::head_slices,\n"
-    "                      each slice's exchange beside another's attention (Hq and Hkv multiples of\n"
-    "                      cp x S)\n"
+    "  --head-slices S[,S...]  head slices of the all_to_all and whole-gather all_gather rows, each a\n"
+    "                      row (1): cp::Problem::head_slices. all_to_all: each slice's exchange beside\n"
+    "                      another's attention (Hq and Hkv multiples of cp x S); all_gather: the\n"
+    "                      forward's gather of one slice beside the attention of the slice before\n"
+    "                      (Hq and Hkv multiples of S)\n"
     "  --sm-margin M[,M...]  AttentionOptions::sm_margin of the CP plans, each a row (0): SMs the\n"
     "                      persistent Hopper forward leaves to the collectives beside it\n"
     "  --cp-comm C[,C...]  CP communications, each a row (all_gather): all_gather, all_to_all\n"
@@ -152,7 +154,7 @@ struct Variant {
   cp::CpComm comm = cp::CpComm::kAllGather;
   bool peer = false;  // a peer-copy SharedGpuGroup instead of NCCL
   bool narrow_reduce = false;  // cp::Problem::reduce_dtype = the batch's dtype
-  int head_slices = 1;         // cp::Problem::head_slices (all_to_all rows)
+  int head_slices = 1;         // cp::Problem::head_slices (all_to_all and all_gather rows)
   int a2a_size = 1;            // cp::Problem::a2a_size (a2a+ag rows)
   bool copy_engine = false;    // NCCL with nccl::Options::copy_engine (set by name, after the rest)
 };
@@ -200,7 +202,7 @@ struct Row {
   bool peer = false;          // over a peer-copy SharedGpuGroup, not NCCL
   bool copy_engine = false;   // NCCL's copy-engine collectives
   bool narrow_reduce = false;  // dK/dV reduce-scattered in the batch's dtype
-  int head_slices = 1;         // all_to_all's head slices
+  int head_slices = 1;         // all_to_all's and all_gather's head slices
   int a2a_size = 1;            // a2a+ag's all-to-all group
 };
 
@@ -277,7 +279,8 @@ std::string backward_form(const Row& r) {
   if (r.comm == cp::CpComm::kA2aAg) {
     return "a2a+ag (groups of " + std::to_string(r.a2a_size) + ")" + (r.kept_kv ? ", kept" : "") + over;
   }
-  return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "") + (r.halo ? ", halo" : "") + over;
+  return std::string(r.kept_kv ? "kept" : "gathered") + (r.dq_pass ? ", dQ pass" : "") + (r.halo ? ", halo" : "") +
+         (r.head_slices > 1 ? ", " + std::to_string(r.head_slices) + " head slices" : "") + over;
 }
 
 // The open issues' targets: cp 2 all_gather 0.93 causal / 0.90 window at T <= 131072, 0.95 /
@@ -434,9 +437,10 @@ Options parse_options(const Args& args) {
                   // The halo's edges cross in fp32, and all-to-all reduces nothing across ranks.
                   if (reduce16 && (halo || comm == cp::CpComm::kAllToAll)) continue;
                   const int group = comm == cp::CpComm::kA2aAg ? a2a_size : 1;
-                  // Head slices are all_to_all's: other rows take one, once.
+                  // Head slices are all_to_all's and the whole gather's: other rows take one, once.
                   const std::vector<int> one{1};
-                  for (int slices : comm == cp::CpComm::kAllToAll ? slices_list : one) {
+                  const bool sliced = comm == cp::CpComm::kAllToAll || (comm == cp::CpComm::kAllGather && !halo);
+                  for (int slices : sliced ? slices_list : one) {
                     Variant v{c, kept, static_cast<int>(margin), dq_pass != 0, halo, comm, peer, reduce16, slices, group};
                     v.copy_engine = device_comm == 2;
                     o.variants.push_back(v);
@@ -815,12 +819,14 @@ void run_tokens(int64_t tokens, const Options& o, std::vector<Row>& rows, bool& 
                       static_cast<long long>(s.q_heads), static_cast<long long>(s.kv_heads));
           continue;
         }
-        const int64_t shards = static_cast<int64_t>(variant.cp) * variant.head_slices;
-        if (variant.comm == cp::CpComm::kAllToAll && (s.q_heads % shards != 0 || s.kv_heads % shards != 0)) {
-          std::printf("skip T=%lld %s cp=%d all_to_all, %d head slice(s): heads %lld:%lld are not multiples of "
-                      "cp x slices\n",
-                      static_cast<long long>(tokens), m.name.c_str(), variant.cp, variant.head_slices,
-                      static_cast<long long>(s.q_heads), static_cast<long long>(s.kv_heads));
+        // all_to_all slices a rank's share of the heads, all_gather every head.
+        const int64_t shards =
+            (variant.comm == cp::CpComm::kAllToAll ? static_cast<int64_t>(variant.cp) : 1) * variant.head_slices;
+        if (s.q_heads % shards != 0 || s.kv_heads % shards != 0) {
+          std::printf("skip T=%lld %s cp=%d %s, %d head slice(s): heads %lld:%lld are not multiples of %s\n",
+                      static_cast<long long>(tokens), m.name.c_str(), variant.cp, cp::cp_comm_name(variant.comm),
+                      variant.head_slices, static_cast<long long>(s.q_heads), static_cast<long long>(s.kv_heads),
+                      variant.comm == cp::CpComm::kAllToAll ? "cp x slices" : "the slices");
           continue;
         }
         AttentionOptions attention;

@@ -140,8 +140,13 @@ typedef struct thdcp_cp_params {
                             rank's heads in this many slices, each slice's exchange beside
                             another's attention (the same bits for every value): a divisor of
                             q_heads / cp_size and kv_heads / cp_size; the CPU backend computes
-                            every head at once. 0 or 1 (the default, and what an older struct
-                            got: this was reserved2, 0): all heads at once; other modes: 0 or 1 */
+                            every head at once. THDCP_CP_COMM_ALL_GATHER: the forward gathers
+                            and attends in this many slices of heads, each slice's gather
+                            beside the attention of the one before (the same bits): a divisor
+                            of q_heads and kv_heads, with the whole gather (not
+                            THDCP_CP_KV_GATHER_HALO). 0 or 1 (the default, and what an older
+                            struct got: this was reserved2, 0): all heads at once; a2a+ag: 0
+                            or 1 */
 } thdcp_cp_params;
 
 #define THDCP_CP_PARAMS_MIN_SIZE ((size_t)72)

@@ -100,11 +100,16 @@ struct Problem : HeadShape {
   // the collective, the sum in that dtype; see "Reduced-precision reduce-scatter" below).
   // The halo gather's edges always cross in fp32. a2a+ag: its AllGather's across the groups.
   DType reduce_dtype = DType::kFloat32;
-  // all_to_all only (other comms: leave it 1): the CUDA backend exchanges and attends each
-  // rank's H/cp heads in this many slices, on two streams, so that the exchange of one slice
-  // runs beside the attention of the slice before it. Every head is computed alone, so the
-  // results are the same bits for every value; a divisor of q_heads / cp and kv_heads / cp.
-  // The CPU backend computes every head at once whatever it says.
+  // Heads in slices, so that the communication of one slice runs beside the attention of
+  // the slice before it (on two streams in the CUDA backend). Every head is computed alone,
+  // so the results are the same bits for every value. a2a+ag: leave it 1.
+  //  - all_to_all: the CUDA backend exchanges and attends each rank's H/cp heads in this many
+  //    slices; a divisor of q_heads / cp and kv_heads / cp. The CPU backend computes every
+  //    head at once whatever it says.
+  //  - all_gather: the forward gathers K/V and attends in this many slices of heads (both
+  //    backends), so that only the first slice's gather is exposed; the backward is
+  //    unchanged. A divisor of q_heads and kv_heads; the whole gather (kv_gather halo is
+  //    refused; auto then gathers the whole).
   int head_slices = 1;
 
   int64_t local_rows() const { return capacity.max_tokens / cp; }

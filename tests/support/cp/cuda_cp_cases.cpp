@@ -63,7 +63,11 @@ cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout, cp::CpComm co
 
 EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm, int a2a_size, int head_slices) {
   EdgeCase out = c;
-  const int shards = comm == cp::CpComm::kAllToAll ? cp : comm == cp::CpComm::kA2aAg ? a2a_size : 0;
+  // all_gather with head slices: one key head per slice (the case's GQA ratio kept).
+  const int shards = comm == cp::CpComm::kAllToAll ? cp
+                     : comm == cp::CpComm::kA2aAg  ? a2a_size
+                     : head_slices > 1             ? 1
+                                                   : 0;
   if (shards > 0) {
     out.kv_heads = shards * head_slices;
     out.q_heads = c.q_heads / c.kv_heads * out.kv_heads;

@@ -57,7 +57,8 @@ cp::Problem problem_of(const EdgeCase& c, int cp, CpLayout layout = CpLayout::kD
 // `c` with heads `comm` can run at `cp`: all_to_all needs both head counts multiples of cp,
 // so it gets kv_heads = cp and the case's GQA ratio; a2a+ag the same with a2a_size in place
 // of cp; all_gather keeps them.
-// head_slices: both head counts times it (each slice of a rank's heads takes as many).
+// head_slices: both head counts times it (each slice of a rank's heads takes as many; under
+// all_gather, one key head per slice).
 EdgeCase heads_for(const EdgeCase& c, int cp, cp::CpComm comm, int a2a_size = 1, int head_slices = 1);
 
 // One rank of an edge case over a communicator whose ranks capture their own streams (NCCL:
