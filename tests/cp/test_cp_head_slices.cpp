@@ -31,6 +31,14 @@ std::vector<RankResult> run_ranks(const test::Batch& b, const cp::Problem& probl
   return got;
 }
 
+// The CP problem of `b` under `layout` and `mask` on cp ranks.
+cp::Problem problem_for(const test::Batch& b, int cp, CpLayout layout, const Mask& mask) {
+  cp::Problem problem = test::cp_problem(cp, Capacity{b.layout.num_seqs(), b.layout.total_rows()},
+                                         test::batch_shape(b, mask));
+  problem.layout = layout;
+  return problem;
+}
+
 using SliceCase = std::tuple<CpLayout, int /*cp*/, int /*gqa ratio*/>;
 
 class CpAllGatherHeadSlices : public ::testing::TestWithParam<SliceCase> {};
@@ -49,9 +57,7 @@ TEST_P(CpAllGatherHeadSlices, EverySliceCountGivesTheBitsOfOne) {
   }
   for (const Mask& mask : {Mask::causal(), Mask::window(9, 3), Mask::full()}) {
     SCOPED_TRACE(test::mask_label(mask));
-    cp::Problem problem = test::cp_problem(cp, Capacity{b.layout.num_seqs(), b.layout.total_rows()},
-                                           test::batch_shape(b, mask));
-    problem.layout = layout;
+    cp::Problem problem = problem_for(b, cp, layout, mask);
     const std::vector<RankResult> one = run_ranks(b, problem, sinks);
     for (int slices = 2; slices <= kv_heads; slices *= 2) {
       SCOPED_TRACE("head_slices " + std::to_string(slices));
@@ -80,14 +86,10 @@ INSTANTIATE_TEST_SUITE_P(Matrix, CpAllGatherHeadSlices,
 // kv_gather auto, which would take the halo for a two-sided window under the contiguous
 // layout, gathers the whole K/V with slices, and gives the bits of the whole gather.
 TEST(CpAllGatherHeadSlicesAuto, AutoGathersTheWholeWithSlices) {
-  const int cp = 4;
   Rng rng(23);
-  const BatchLayout rows = make_contiguous_layout(test::random_lengths(rng, 6, 120), cp);
-  const test::Batch b = test::make_batch(rows, DType::kBFloat16, 4, 2, 16, rng.next());
-  const Mask mask = Mask::window(6, 2);
-  cp::Problem whole = test::cp_problem(cp, Capacity{b.layout.num_seqs(), b.layout.total_rows()},
-                                       test::batch_shape(b, mask));
-  whole.layout = CpLayout::kContiguous;
+  const test::Batch b = test::make_batch(make_contiguous_layout(test::random_lengths(rng, 6, 120), 4),
+                                         DType::kBFloat16, 4, 2, 16, rng.next());
+  cp::Problem whole = problem_for(b, 4, CpLayout::kContiguous, Mask::window(6, 2));
   whole.kv_gather = cp::KvGather::kWhole;
   cp::Problem sliced = whole;
   sliced.kv_gather = cp::KvGather::kAuto;

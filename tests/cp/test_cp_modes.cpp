@@ -142,22 +142,28 @@ TEST(CpModesErrors, AllToAllNeedsHeadsDivisibleByCp) {
 // all_gather a divisor of both head counts with the whole gather; not a2a+ag; the same on
 // every rank.
 TEST(CpModesErrors, HeadSlicesDivideTheirHeadsUnderAllToAllAndAllGatherOnly) {
-  cp::Problem p = problem_of(2, 16, 8, 4, CpLayout::kDualChunk, cp::CpComm::kAllToAll);
-  p.head_slices = 2;
-  expect_planned(p);
-  p.head_slices = 4;
-  test::expect_every_rank_says(test::plan_messages(p, p),
-                               "head_slices=4 with q_heads/cp=4 and kv_heads/cp=2 heads per rank: each slice takes "
-                               "as many of both; use one of 1, 2");
-  p.head_slices = 0;
-  test::expect_every_rank_says(test::plan_messages(p, p), "head_slices=0 must be >= 1");
+  // all_to_all slices a rank's share of the heads (8:4 over 2 ranks: 4:2), all_gather every head.
+  struct Slices {
+    cp::CpComm comm;
+    int fits, refused;
+    const char* says;
+  };
+  for (const Slices& c : {Slices{cp::CpComm::kAllToAll, 2, 4,
+                                 "head_slices=4 with q_heads/cp=4 and kv_heads/cp=2 heads per rank: each slice "
+                                 "takes as many of both; use one of 1, 2"},
+                          Slices{cp::CpComm::kAllGather, 4, 3,
+                                 "head_slices=3 with q_heads=8 and kv_heads=4 heads: each slice takes as many of "
+                                 "both; use one of 1, 2, 4"}}) {
+    SCOPED_TRACE(cp::cp_comm_name(c.comm));
+    cp::Problem p = problem_of(2, 16, 8, 4, CpLayout::kDualChunk, c.comm);
+    p.head_slices = c.fits;
+    expect_planned(p);
+    p.head_slices = c.refused;
+    test::expect_every_rank_says(test::plan_messages(p, p), c.says);
+    p.head_slices = 0;
+    test::expect_every_rank_says(test::plan_messages(p, p), "head_slices=0 must be >= 1");
+  }
   cp::Problem gather = problem_of(2, 16, 8, 4, CpLayout::kDualChunk, cp::CpComm::kAllGather);
-  gather.head_slices = 4;
-  expect_planned(gather);
-  gather.head_slices = 3;
-  test::expect_every_rank_says(test::plan_messages(gather, gather),
-                               "head_slices=3 with q_heads=8 and kv_heads=4 heads: each slice takes as many of both; "
-                               "use one of 1, 2, 4");
   gather.head_slices = 2;
   gather.kv_gather = cp::KvGather::kHalo;
   test::expect_every_rank_says(test::plan_messages(gather, gather),
