@@ -112,7 +112,9 @@ class InProcessCommunicator final : public Communicator {
   void all_gather(const void* send, void* recv, size_t bytes) override {
     group_.publish(rank_, send, recv);
     group_.barrier();
-    for (int r = 0; r < size(); ++r) {
+    // Zero bytes on one rank is zero on all (equal sizes are the caller's contract); an empty
+    // tensor's data may then be null, which memcpy may not be given even for no bytes.
+    for (int r = 0; r < size() && bytes > 0; ++r) {
       std::memcpy(static_cast<unsigned char*>(recv) + r * bytes, group_.send_of(r), bytes);
     }
     group_.barrier();
@@ -140,14 +142,14 @@ class InProcessCommunicator final : public Communicator {
       for (size_t i = 0; i < count; ++i) result[i] = other[i] > result[i] ? other[i] : result[i];
     }
     group_.barrier();
-    std::memcpy(data, result.data(), count * sizeof(float));
+    if (count > 0) std::memcpy(data, result.data(), count * sizeof(float));
   }
 
   void all_to_all(const void* send, void* recv, size_t bytes) override {
     group_.publish(rank_, send, recv);
     group_.barrier();
     const size_t offset = static_cast<size_t>(rank_) * bytes;
-    for (int r = 0; r < size(); ++r) {
+    for (int r = 0; r < size() && bytes > 0; ++r) {  // no bytes: possibly null data (all_gather's note)
       std::memcpy(static_cast<unsigned char*>(recv) + r * bytes,
                   static_cast<const unsigned char*>(group_.send_of(r)) + offset, bytes);
     }

@@ -120,6 +120,18 @@ TEST(InProcessComm, ReduceScatterAddsInRankOrder) {
   EXPECT_EQ(result, (std::vector<float>{0.0f, 0.0f, 0.0f}));
 }
 
+// Empty tensors may have null data: collectives of zero bytes (or floats) read and write
+// nothing, and pass no null pointer to memcpy (UBSan reports that; the C ABI fuzzer found it
+// through a CP backward that gathered K/V of no bytes).
+TEST(InProcessComm, CollectivesOfNothingTakeNullPointers) {
+  run_in_process(3, [](Communicator& comm) {
+    comm.all_gather(nullptr, nullptr, 0);
+    comm.all_to_all(nullptr, nullptr, 0);
+    comm.all_reduce_max(nullptr, 0);
+    comm.reduce_scatter_sum(nullptr, nullptr, 0);
+  });
+}
+
 TEST(InProcessComm, FailingRankReleasesTheOthers) {
   // Rank 0 throws before its collective; the others must not hang in theirs.
   EXPECT_THDCP_ERROR(run_in_process(3,
