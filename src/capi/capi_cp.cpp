@@ -177,21 +177,18 @@ CpConfig config_of(const thdcp_cp_params* given) {
                                             << " with params->cp_comm THDCP_CP_COMM_A2A_AG: slices are all_to_all's "
                                                "and all_gather's; use 0 or 1");
   problem.head_slices = std::max(p.head_slices, 1);
-  if (problem.head_slices > 1 && problem.comm == cp::CpComm::kAllToAll) {  // head counts multiples of cp here
-    const int64_t q = problem.q_heads / problem.cp, kv = problem.kv_heads / problem.cp;
+  if (problem.head_slices > 1) {
+    // all_to_all slices a rank's heads (both counts are multiples of cp here), all_gather all.
+    const bool per_rank = problem.comm == cp::CpComm::kAllToAll;
+    const int64_t q = per_rank ? problem.q_heads / problem.cp : problem.q_heads;
+    const int64_t kv = per_rank ? problem.kv_heads / problem.cp : problem.kv_heads;
     THDCP_CAPI_REQUIRE(q % problem.head_slices == 0 && kv % problem.head_slices == 0,
-                       "params->head_slices=" << p.head_slices << " with q_heads/cp_size=" << q
-                                              << " and kv_heads/cp_size=" << kv
-                                              << " heads per rank: each slice takes as many of both; use a divisor "
-                                                 "of both (1 takes every head at once)");
-  }
-  if (problem.head_slices > 1 && problem.comm == cp::CpComm::kAllGather) {
-    THDCP_CAPI_REQUIRE(problem.q_heads % problem.head_slices == 0 && problem.kv_heads % problem.head_slices == 0,
-                       "params->head_slices=" << p.head_slices << " with q_heads=" << problem.q_heads
-                                              << " and kv_heads=" << problem.kv_heads
+                       "params->head_slices=" << p.head_slices << (per_rank ? " with q_heads/cp_size=" : " with q_heads=")
+                                              << q << (per_rank ? " and kv_heads/cp_size=" : " and kv_heads=") << kv
+                                              << (per_rank ? " heads per rank" : "")
                                               << ": each slice takes as many of both; use a divisor of both (1 "
                                                  "takes every head at once)");
-    THDCP_CAPI_REQUIRE(problem.kv_gather != cp::KvGather::kHalo,
+    THDCP_CAPI_REQUIRE(per_rank || problem.kv_gather != cp::KvGather::kHalo,
                        "params->head_slices=" << p.head_slices
                                               << " with params->kv_gather THDCP_CP_KV_GATHER_HALO: all_gather's "
                                                  "slices gather the whole K/V; use THDCP_CP_KV_GATHER_AUTO or "
